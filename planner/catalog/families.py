@@ -1,0 +1,117 @@
+"""Family adapters: a Hugging Face config.json (dict) -> ModelSpec.
+
+Defaults mirror the transformers configuration classes for each model_type when a key is
+absent (e.g. LlamaConfig.tie_word_embeddings=False, Gemma2Config=True, GPT2Config=True).
+Source: transformers configuration_*.py and modeling_*.py of each family.
+"""
+
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+from planner.errors import PlannerInputError
+from planner.specs import MlpKind, ModelSpec, NormKind
+
+
+def _llama_like(c: dict) -> dict:
+    h, a = c["hidden_size"], c["num_attention_heads"]
+    bias = bool(c.get("attention_bias", False))
+    return dict(
+        hidden_size=h,
+        num_layers=c["num_hidden_layers"],
+        num_heads=a,
+        num_kv_heads=c.get("num_key_value_heads") or a,
+        head_dim=c.get("head_dim") or h // a,
+        intermediate_size=c["intermediate_size"],
+        vocab_size=c["vocab_size"],
+        max_position_embeddings=c.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=bool(c.get("mlp_bias", False)),
+        dropout=float(c.get("attention_dropout", 0.0) or 0.0),
+    )
+
+
+def _qwen2(c: dict) -> dict:
+    return _llama_like(c) | dict(qkv_bias=True, o_bias=False)  # q/k/v biased, o_proj not
+
+
+def _qwen3(c: dict) -> dict:
+    return _llama_like(c) | dict(qk_norm=True)
+
+
+def _mixtral(c: dict) -> dict:
+    return _llama_like(c) | dict(num_experts=c.get("num_local_experts", 8), experts_per_token=c.get("num_experts_per_tok", 2))
+
+
+def _gemma2(c: dict) -> dict:
+    return _llama_like(c) | dict(
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+        head_dim=c.get("head_dim", 256),
+        norm_kind=NormKind.RMS_GEMMA,
+        norms_per_layer=4,
+        final_logit_softcapping=c.get("final_logit_softcapping"),
+        attn_logit_softcapping=c.get("attn_logit_softcapping"),
+    )
+
+
+def _phi3(c: dict) -> dict:
+    return _llama_like(c) | dict(fused_qkv=True, qkv_bias=False, o_bias=False)
+
+
+def _gpt2(c: dict) -> dict:
+    h, a = c.get("n_embd", 768), c.get("n_head", 12)
+    return dict(
+        hidden_size=h,
+        num_layers=c.get("n_layer", 12),
+        num_heads=a,
+        num_kv_heads=a,
+        head_dim=h // a,
+        intermediate_size=c.get("n_inner") or 4 * h,
+        vocab_size=c.get("vocab_size", 50257),
+        max_position_embeddings=c.get("n_positions", 1024),
+        learned_position_embeddings=True,
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        norm_kind=NormKind.LAYER,
+        mlp_kind=MlpKind.PLAIN,
+        dropout=float(max(c.get("attn_pdrop", 0.1), c.get("resid_pdrop", 0.1))),
+    )
+
+
+ADAPTERS: dict[str, Callable[[dict], dict]] = {
+    "llama": _llama_like,
+    "mistral": _llama_like,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "mixtral": _mixtral,
+    "gemma2": _gemma2,
+    "phi3": _phi3,
+    "gpt2": _gpt2,
+}
+SUPPORTED_FAMILIES = tuple(ADAPTERS)
+
+
+def spec_from_config(
+    config: dict, model_id: str, source: str, published: tuple[int | None, str | None] = (None, None)
+) -> ModelSpec:
+    family = config.get("model_type")
+    if family not in ADAPTERS:
+        raise PlannerInputError(
+            f"{model_id}: model_type {family!r} is not supported",
+            hint=f"Supported model types: {', '.join(SUPPORTED_FAMILIES)}.",
+        )
+    try:
+        fields = ADAPTERS[family](config)
+        return ModelSpec(
+            id=model_id, family=family, source=source,
+            published_parameters=published[0], published_parameters_source=published[1], **fields,
+        )
+    except KeyError as e:
+        raise PlannerInputError(f"{model_id}: config.json lacks {e.args[0]!r}, which a {family} model needs") from None
+    except (TypeError, ValueError, ValidationError) as e:
+        msg = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+        raise PlannerInputError(f"{model_id}: config.json has an unusable value: {msg}") from None

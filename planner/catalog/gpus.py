@@ -1,0 +1,169 @@
+"""GPU catalog (data/gpus/*.yaml) and the ``--gpus`` grammar.
+
+    GPUS := [NODES "x"] [GPUS_PER_NODE "x"] GPU
+    GPU  := a catalog id or alias (case-insensitive), or a path to a GPU YAML file
+
+``1xA100-40`` is one A100, ``8xH100-80`` one node of eight, ``4x8xH100-80`` four nodes of eight.
+"""
+
+import difflib
+import re
+from functools import cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.catalog import DATA_DIR
+from planner.errors import PlannerInputError
+from planner.specs import GpuSpec, HardwareSpec
+from planner.units import GB, MIB, TERA
+
+GPU_DIR = DATA_DIR / "gpus"
+GRAMMAR = "[NODES x] [GPUS_PER_NODE x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, or 2x./my-gpu.yaml"
+_SPEC = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(?:(\d+)\s*[x×*]\s*)?(\S.*?)\s*$", re.IGNORECASE)
+#: Default host RAM per node when --host-memory-gb is not given: twice the node's GPU memory,
+#: at least 64 GB. Assumption matching common cloud shapes (Colab A100: 83 GB for 40 GB of GPU;
+#: p4d 8xA100-40: 1152 GiB; p5 8xH100: 2 TiB); pass --host-memory-gb for your machine.
+DEFAULT_HOST_MEMORY_FACTOR = 2
+DEFAULT_HOST_MEMORY_MIN_BYTES = 64 * GB
+
+
+class _Link(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+    gb_per_s: float = Field(gt=0)
+
+
+class GpuFile(BaseModel):
+    """The schema of one GPU YAML file (catalog or user)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    name: str
+    aliases: list[str] = []
+    vendor: str
+    architecture: str
+    compute_capability: str | None = None
+    memory_mib: int = Field(gt=0)  # total as nvidia-smi reports it
+    memory_bandwidth_gb_per_s: float = Field(gt=0)
+    dense_tflops: dict[str, float | None]
+    gpu_link: _Link
+    host_link: _Link
+    max_gpus_per_node: int = Field(8, ge=1)
+    sources: dict[str, str] = {}
+
+    def to_spec(self) -> GpuSpec:
+        flops = {k: (v * TERA if v is not None else None) for k, v in self.dense_tflops.items()}
+        for dtype in ("fp32", "tf32", "fp16", "bf16", "fp8"):
+            flops.setdefault(dtype, None)
+        return GpuSpec(
+            id=self.id,
+            name=self.name,
+            vendor=self.vendor,
+            architecture=self.architecture,
+            compute_capability=self.compute_capability,
+            memory_bytes=self.memory_mib * MIB,
+            memory_bandwidth_bytes_per_s=self.memory_bandwidth_gb_per_s * GB,
+            dense_flops_per_s=flops,
+            gpu_link_kind=self.gpu_link.kind,
+            gpu_link_bytes_per_s=self.gpu_link.gb_per_s * GB,
+            host_link_kind=self.host_link.kind,
+            host_link_bytes_per_s=self.host_link.gb_per_s * GB,
+            max_gpus_per_node=self.max_gpus_per_node,
+            sources=self.sources,
+        )
+
+
+def normalize(name: str) -> str:
+    """Spelling-insensitive key: lowercase, no 'nvidia', no trailing 'gb', alphanumerics only."""
+    s = name.lower().replace("nvidia", "")
+    s = re.sub(r"[^a-z0-9]", "", s)
+    return s[:-2] if s.endswith("gb") else s
+
+
+def _read(path: Path) -> GpuFile:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlannerInputError(f"cannot read GPU file {path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise PlannerInputError(f"GPU file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise PlannerInputError(f"GPU file {path} must be a YAML mapping", hint=_yaml_hint())
+    try:
+        return GpuFile.model_validate(data)
+    except ValidationError as e:
+        problems = [f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
+        raise PlannerInputError(problems, hint=_yaml_hint()) from None
+
+
+def _yaml_hint() -> str:
+    example = GPU_DIR / "a100-sxm-40.yaml"
+    return f"A GPU file has the keys of the catalog files, for example {example}"
+
+
+@cache
+def catalog() -> dict[str, GpuFile]:
+    """Every catalog GPU by id."""
+    files = [_read(p) for p in sorted(GPU_DIR.glob("*.yaml"))]
+    return {f.id: f for f in files}
+
+
+@cache
+def _index() -> dict[str, str]:
+    index: dict[str, str] = {}
+    for gid, f in catalog().items():
+        for name in [gid, *f.aliases]:
+            index[normalize(name)] = gid
+    return index
+
+
+def resolve_gpu(name: str) -> GpuSpec:
+    """A catalog GPU by id or alias, or a user YAML file."""
+    if name.lower().endswith((".yaml", ".yml")) or Path(name).is_file():
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise PlannerInputError(f"GPU file not found: {path}", hint=_yaml_hint())
+        return _read(path).to_spec()
+    gid = _index().get(normalize(name))
+    if gid is None:
+        close = difflib.get_close_matches(normalize(name), list(_index()), n=4, cutoff=0.5)
+        ids = sorted({_index()[c] for c in close})
+        hint = f"Did you mean: {', '.join(ids)}?\n" if ids else ""
+        raise PlannerInputError(
+            f"unknown GPU {name!r}",
+            hint=f"{hint}Known GPUs: {', '.join(sorted(catalog()))}.\n"
+            f"For another GPU, pass a YAML file. Grammar: {GRAMMAR}",
+        )
+    return catalog()[gid].to_spec()
+
+
+def default_host_memory_bytes(gpu: GpuSpec, gpus_per_node: int) -> int:
+    return max(DEFAULT_HOST_MEMORY_MIN_BYTES, DEFAULT_HOST_MEMORY_FACTOR * gpus_per_node * gpu.memory_bytes)
+
+
+def parse_gpus(spec: str, host_memory_gb: float | None = None) -> HardwareSpec:
+    """Parse ``--gpus`` (and ``--host-memory-gb``, decimal GB per node) into a HardwareSpec."""
+    match = _SPEC.match(spec or "")
+    if not match:
+        raise PlannerInputError(f"malformed --gpus {spec!r}", hint=f"Grammar: {GRAMMAR}")
+    first, second, name = match.groups()
+    nodes, per_node = (int(first), int(second)) if second else (1, int(first or 1))
+    gpu = resolve_gpu(name)
+    problems = []
+    if nodes < 1 or per_node < 1:
+        problems.append(f"--gpus {spec!r}: counts must be at least 1")
+    if per_node > gpu.max_gpus_per_node:
+        nodes_needed = -(-per_node // gpu.max_gpus_per_node)
+        problems.append(
+            f"--gpus {spec!r}: a {gpu.id} node holds at most {gpu.max_gpus_per_node} GPUs; "
+            f"for {per_node} GPUs write e.g. {nodes_needed}x{gpu.max_gpus_per_node}x{name}"
+        )
+    if host_memory_gb is not None and not (0 < host_memory_gb < 1e7):
+        problems.append(f"--host-memory-gb {host_memory_gb}: give the host RAM per node in GB (e.g. 512)")
+    if problems:
+        raise PlannerInputError(problems, hint=f"Grammar: {GRAMMAR}")
+    host = int(host_memory_gb * GB) if host_memory_gb is not None else default_host_memory_bytes(gpu, per_node)
+    return HardwareSpec(gpu=gpu, nodes=nodes, gpus_per_node=per_node, host_memory_bytes_per_node=host)

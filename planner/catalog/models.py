@@ -1,0 +1,114 @@
+"""Model catalog (data/models/*.json), local config.json files and the local Hugging Face cache.
+
+``--model`` resolves, in order: a path to a config.json or to a folder holding one; a catalog
+id or alias (case-insensitive); an id in the local Hugging Face cache
+(``$HF_HUB_CACHE`` or ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``). Never the network.
+"""
+
+import difflib
+import json
+import os
+from functools import cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from planner.catalog import DATA_DIR
+from planner.catalog.families import SUPPORTED_FAMILIES, spec_from_config
+from planner.errors import PlannerInputError
+from planner.specs import ModelSpec
+
+MODEL_DIR = DATA_DIR / "models"
+
+
+class ModelFile(BaseModel):
+    """The schema of one catalog model file: the architecture fields of its config.json."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    aliases: list[str] = []
+    source: str
+    published_parameters: int | None = None
+    published_parameters_source: str | None = None
+    config: dict
+
+
+@cache
+def catalog() -> dict[str, ModelFile]:
+    files = [ModelFile.model_validate_json(p.read_text()) for p in sorted(MODEL_DIR.glob("*.json"))]
+    return {f.id: f for f in files}
+
+
+@cache
+def _index() -> dict[str, str]:
+    return {name.lower(): f.id for f in catalog().values() for name in [f.id, *f.aliases]}
+
+
+def _hub_cache_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get("HF_HUB_CACHE"):
+        dirs.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        dirs.append(Path(os.environ["HF_HOME"]) / "hub")
+    dirs.append(Path.home() / ".cache" / "huggingface" / "hub")
+    return dirs
+
+
+def _from_hub_cache(model_id: str) -> Path | None:
+    """config.json of ``model_id`` in the local HF cache: the snapshot refs/main names, else the newest."""
+    folder = "models--" + model_id.replace("/", "--")
+    for root in _hub_cache_dirs():
+        repo = root / folder
+        if not repo.is_dir():
+            continue
+        ref = repo / "refs" / "main"
+        if ref.is_file():
+            candidate = repo / "snapshots" / ref.read_text().strip() / "config.json"
+            if candidate.is_file():
+                return candidate
+        configs = sorted((repo / "snapshots").glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        if configs:
+            return configs[0]
+    return None
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlannerInputError(f"cannot read {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise PlannerInputError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise PlannerInputError(f"{path} must hold a JSON object (a Hugging Face config.json)")
+    return data
+
+
+def resolve_model(ref: str) -> ModelSpec:
+    """A ModelSpec for ``--model``: a path, a catalog id, or an id in the local HF cache."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise PlannerInputError(f"{path.parent} has no config.json", hint="Pass a model folder holding config.json, or the file itself.")
+    if path.is_file():
+        return spec_from_config(_read_config(path), model_id=str(ref), source=str(path.resolve()))
+    model_id = _index().get(ref.lower())
+    if model_id is not None:
+        f = catalog()[model_id]
+        return spec_from_config(
+            f.config, model_id=f.id, source=f.source,
+            published=(f.published_parameters, f.published_parameters_source),
+        )
+    cached = _from_hub_cache(ref)
+    if cached is not None:
+        return spec_from_config(_read_config(cached), model_id=ref, source=str(cached))
+    close = difflib.get_close_matches(ref.lower(), list(_index()), n=5, cutoff=0.6)
+    names = sorted({_index()[c] for c in close})
+    hint = f"Did you mean: {', '.join(names)}?\n" if names else ""
+    raise PlannerInputError(
+        f"unknown model {ref!r}: not a file, not in the catalog, not in the local Hugging Face cache",
+        hint=f"{hint}Pass a path to the model's config.json (or its folder) for any {', '.join(SUPPORTED_FAMILIES)} "
+        "model; `planner models` lists the catalog.",
+    )

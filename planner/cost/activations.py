@@ -1,0 +1,216 @@
+"""Activation memory: the tensors autograd saves for backward, per token, per decoder layer.
+
+Unit: bytes per token (multiply by micro_batch_size * seq_len). Each list names the tensors a
+family's transformers forward actually saves, so the dtype of each can differ:
+
+* ``c``: bytes of the compute dtype (2 for bf16/fp16, 4 for fp32),
+* ``r``: bytes of the residual stream. Under torch autocast with fp32 parameters (bf16-mixed
+  without sharding) the embedding output and every residual add stay fp32 (``r = 4``) while
+  matmul outputs are bf16; with bf16 parameters (DeepSpeed, FSDP param_dtype, bf16-pure) r = c.
+
+Sources: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models" (arXiv:2205.05198), Sec. 4 (the s*b*h*(34 + 5*a*s/h) GPT block); the transformers
+modeling files (RMSNorm upcasts to fp32 and saves the fp32 input; SDPA with ``enable_gqa``
+saves un-repeated k/v; eager attention repeats k/v and saves fp32 softmax probabilities);
+torch's SDPA flash/efficient kernels save q, k, v, output and a fp32 log-sum-exp per head and
+query. Assumptions are stated where a list is not a direct reading of the code; issue 6's traced
+probes check every list against FakeTensorMode + MemTracker.
+"""
+
+from dataclasses import dataclass
+
+from planner.specs import MlpKind, ModelSpec, NormKind
+from planner.vocabulary import Attention
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class DTypes:
+    """Byte sizes in force for one configuration."""
+
+    compute: int  # c: matmul outputs, attention tensors
+    residual: int  # r: the residual stream between blocks
+
+
+Saved = list[tuple[str, float]]  # (tensor, bytes per token)
+
+
+def korthikanti_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int) -> float:
+    """Bytes one GPT block saves with 16-bit activations, eager attention and dropout.
+
+    s*b*h*(34 + 5*a*s/h). Source: Korthikanti et al. 2022, Eq. (1). A reference formula: the
+    gpt2 family with eager attention, dropout and 16-bit activations reproduces it exactly.
+    """
+    s, b, h, a = seq_len, micro_batch, hidden, heads
+    return s * b * h * (34 + 5 * a * s / h)
+
+
+def _norm(m: ModelSpec, dt: DTypes, width: int, input_bytes: int) -> Saved:
+    """What one norm saves (excluding its output, which its consumer saves).
+
+    RMSNorm (Llama): ``x.to(fp32)`` (saved by pow; a no-op when x is fp32) and the normalised
+    tensor cast back to x's dtype (saved by the weight multiply).
+    Gemma RMSNorm: computes in fp32 and multiplies by (1 + weight): fp32 input and fp32
+    normalised tensor are saved. LayerNorm (GPT-2): its input (plus per-row mean/rstd, omitted:
+    2 floats per token).
+    """
+    if m.norm_kind == NormKind.RMS:
+        return [("norm fp32 input", FP32 * width), ("norm normalised", input_bytes * width)]
+    if m.norm_kind == NormKind.RMS_GEMMA:
+        return [("norm fp32 input", FP32 * width), ("norm fp32 normalised", FP32 * width)]
+    return [("layernorm input", input_bytes * width)]
+
+
+def _attention_core(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> Saved:
+    """Tensors the attention kernel saves, from post-RoPE q/k/v to its output."""
+    c, a, q, kv = dt.compute, m.num_heads, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    s = seq_len
+    if attention == Attention.SDPA:
+        # enable_gqa: k/v are not repeated; out is (b, s, a, d)-contiguous so o_proj's input is a view
+        return [("q", c * q), ("k", c * kv), ("v", c * kv), ("attn out", c * q), ("logsumexp fp32", FP32 * a)]
+    saved = [("q", c * q), ("k repeated", c * q), ("v repeated", c * q)]
+    if m.attn_logit_softcapping:
+        saved.append(("tanh(scores/cap)", c * a * s))
+    saved.append(("softmax fp32", FP32 * a * s))
+    if c != FP32:
+        saved.append(("probs in compute dtype", c * a * s))
+    if m.dropout > 0:
+        saved += [("attn dropout mask", 1 * a * s), ("dropped probs", c * a * s)]
+    saved.append(("attn out (contiguous)", c * q))
+    return saved
+
+
+def _gpt2_attention(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> Saved:
+    """Korthikanti's attention block list (eager) or the SDPA equivalent."""
+    c, h, a, s = dt.compute, m.hidden_size, m.num_heads, seq_len
+    if attention == Attention.SDPA:
+        return [("q k v", 3 * c * h), ("attn out", c * h), ("logsumexp fp32", FP32 * a)]
+    saved = [("q k", 2 * c * h), ("softmax", c * a * s)]
+    if m.dropout > 0:
+        saved += [("attn dropout mask", 1 * a * s), ("dropped probs", c * a * s)]
+    return saved + [("v", c * h), ("out-proj input", c * h)]
+
+
+def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
+    c, h, f, k, e = dt.compute, m.hidden_size, m.intermediate_size, m.experts_per_token, m.num_experts
+    if m.mlp_kind == MlpKind.PLAIN:
+        return [("act input", c * f), ("act output", c * f)]
+    gated = [("gate", c * f), ("act(gate)", c * f), ("up", c * f), ("act*up", c * f)]
+    if not m.is_moe:
+        return gated
+    # Mixtral: fp32 router softmax; each token is gathered into k experts and their outputs
+    # are scaled by the routing weight (the product saves the expert output).
+    per_expert = [("expert input", c * h)] + gated + [("expert out", c * h)]
+    return [("router softmax fp32", FP32 * e)] + [(f"{n} x{k}", b * k) for n, b in per_expert]
+
+
+def layer_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> Saved:
+    """Bytes per token one decoder layer saves with no checkpointing."""
+    c, r, h = dt.compute, dt.residual, m.hidden_size
+    if m.family == "gpt2":
+        masks = [("resid dropout mask", 1 * h)] if m.dropout > 0 else []
+        return (
+            _norm(m, dt, h, r)
+            + [("qkv input", c * h)]
+            + _gpt2_attention(m, dt, attention, seq_len)
+            + masks
+            + _norm(m, dt, h, r)
+            + [("fc input", c * h)]
+            + _mlp(m, dt)
+            + masks
+        )
+    saved = _norm(m, dt, h, r) + [("qkv input", c * h)]
+    if m.qk_norm:  # Qwen3: RMSNorm over head_dim on q and k before RoPE (input is bf16 matmul output)
+        q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+        saved += _norm(m, dt, q, c) + _norm(m, dt, kv, c)
+    if m.fused_qkv:  # Phi-3: v is a view of qkv_proj's output, so all of it stays alive
+        saved.append(("fused qkv (kept by v view)", c * (m.num_heads + m.num_kv_heads) * m.head_dim))
+    saved += _attention_core(m, dt, attention, seq_len)
+    if m.norms_per_layer == 4:  # Gemma-2: post-attention norm on o_proj output (c), pre-FF norm on residual (r)
+        saved += _norm(m, dt, h, c) + _norm(m, dt, h, r)
+    else:
+        saved += _norm(m, dt, h, r)
+    saved += [("mlp input", c * h)] + _mlp(m, dt)
+    if m.norms_per_layer == 4:
+        saved += _norm(m, dt, h, c)  # post-feedforward norm on down_proj output
+    return saved
+
+
+def layer_selective(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> Saved:
+    """Bytes per token one layer keeps under selective checkpointing.
+
+    Policy (torchtitan's op-level selective AC): save the outputs of matmuls and of the
+    attention kernel plus the layer input; recompute norms, activations, RoPE and elementwise ops.
+    """
+    c, r, h, f = dt.compute, dt.residual, m.hidden_size, m.intermediate_size
+    q, kv, a, s = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.num_heads, seq_len
+    attn = [("attn out", c * q), ("logsumexp fp32", FP32 * a)]
+    if attention == Attention.EAGER:
+        attn = [("scores", c * a * s), ("attn out", c * q)]
+    if m.mlp_kind == MlpKind.PLAIN:
+        mlp = [("fc_in out", c * f), ("fc_out out", c * h)]
+    elif m.is_moe:
+        k = m.experts_per_token
+        mlp = [("router logits", c * m.num_experts), (f"gate/up/down x{k}", k * (2 * c * f + c * h))]
+    else:
+        mlp = [("gate", c * f), ("up", c * f), ("down out", c * h)]
+    return [("layer input", r * h), ("q/k/v proj out", c * (q + 2 * kv))] + attn + [("o_proj out", c * h)] + mlp
+
+
+def layer_input_bytes(m: ModelSpec, dt: DTypes) -> float:
+    """Full checkpointing keeps only each layer's input: r*h bytes per token (2*s*b*h in bf16)."""
+    return dt.residual * m.hidden_size
+
+
+def backward_transient_bytes(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> float:
+    """Gradient temporaries alive while one layer runs backward, bytes per token.
+
+    Assumption (to be calibrated against traced probes, issue 6): two residual-stream gradients
+    in flight (r*h each) plus the MLP's intermediate gradients (3 tensors of the intermediate
+    size when gated, 2 when plain; per routed expert for MoE), plus, for eager attention, the
+    fp32 gradient of the softmax and its compute-dtype cast.
+    """
+    c, r, h, f = dt.compute, dt.residual, m.hidden_size, m.intermediate_size
+    mlp = (3 if m.mlp_kind == MlpKind.GATED else 2) * c * f * m.experts_per_token
+    attn = (FP32 + c) * m.num_heads * seq_len if attention == Attention.EAGER else 0
+    return 2 * r * h + mlp + attn
+
+
+def final_norm_bytes(m: ModelSpec, dt: DTypes) -> float:
+    """The final norm and the head's input, saved outside the checkpointed layers (bytes/token)."""
+    return sum(b for _, b in _norm(m, dt, m.hidden_size, dt.residual)) + dt.compute * m.hidden_size
+
+
+def logits_bytes(m: ModelSpec, dt: DTypes, held_bytes: int) -> float:
+    """Peak bytes per token of the output head and standard cross-entropy loss.
+
+    The model returns logits (``held_bytes`` per element: the compute dtype, or fp32 where
+    accelerate's autocast wrapper converts outputs to fp32), held by the output object; the HF
+    loss upcasts them to fp32 and log_softmax saves its fp32 output (4V). At the start of
+    backward the saved output, its incoming gradient and log_softmax's input gradient coexist
+    (3 * 4V), with the held logits: held*V + 12*V. Gemma-2's final soft-capping adds a divided and a
+    tanh copy in the compute dtype (2*c*V). Source: transformers loss_utils.ForCausalLMLoss;
+    DESIGN.md ("4*s*b*V bytes and their gradient").
+    """
+    v = m.vocab_size
+    softcap = 2 * dt.compute * v if m.final_logit_softcapping else 0
+    return held_bytes * v + 3 * FP32 * v + softcap
+
+
+def chunked_loss_bytes(m: ModelSpec, dt: DTypes, tokens: int) -> float:
+    """Bytes (total, not per token) of a fused linear + cross-entropy loss (Liger-Kernel FLCE).
+
+    Never materialises the full logits: it walks the tokens in chunks of
+    next_pow2(ceil(tokens / ceil(V / h))) and keeps one chunk's logits and their gradient
+    (2 * c * V per chunk token), plus the gradient of the head input (c*h per token).
+    Source: Liger-Kernel ops/fused_linear_cross_entropy.py.
+    """
+    h, v = m.hidden_size, m.vocab_size
+    inc = -(-v // h)
+    chunk = 1 << max(0, (-(-tokens // inc) - 1).bit_length())
+    return 2 * dt.compute * v * min(chunk, tokens) + dt.compute * h * tokens
+
+
+def total(saved: Saved) -> float:
+    return sum(b for _, b in saved)

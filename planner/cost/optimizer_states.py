@@ -1,0 +1,67 @@
+"""Optimizer state bytes per parameter tensor.
+
+Unit: bytes for one tensor of ``numel`` elements (``shape`` where the layout matters).
+``state_bytes`` is the byte size of a full-precision state element: 4 (fp32) unless the
+parameters themselves are bf16 (bf16-pure), where torch optimizers create states with
+``zeros_like(param)`` and so store them in bf16.
+"""
+
+from math import ceil, prod
+
+#: bitsandbytes keeps 32-bit state for tensors smaller than this (``min_8bit_size``).
+#: Source: bitsandbytes/optim/optimizer.py, Optimizer8bit args (default 4096).
+BNB_MIN_8BIT_SIZE = 4096
+#: Block-wise quantisation block and its fp32 absmax per state.
+#: Source: bitsandbytes/optim/optimizer.py Optimizer2State/1State.init_state
+#: (``blocks = n // 256 (+1)``; ``absmax = zeros(blocks, float32)``).
+BNB_BLOCK = 256
+#: bitsandbytes pages (CUDA unified memory) only state buffers of at least this many elements.
+#: Source: bitsandbytes/optim/optimizer.py ``get_state_buffer`` (``p.numel() < 1e5`` -> dense).
+BNB_PAGED_MIN_NUMEL = 100_000
+FP32 = 4
+
+
+def full_states(numel: int, n_states: int, state_bytes: int) -> int:
+    """AdamW (2 states: exp_avg, exp_avg_sq), Lion and SGD-with-momentum (1). Source: torch.optim."""
+    return n_states * numel * state_bytes
+
+
+def blockwise_8bit_states(numel: int, n_states: int) -> int:
+    """bitsandbytes 8-bit block-wise states: 1 byte per element plus one fp32 absmax per 256
+    elements, per state; tensors under 4096 elements keep fp32 states (small-tensor exemption).
+    Source: Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"; bitsandbytes
+    Optimizer2State.init_state."""
+    if numel < BNB_MIN_8BIT_SIZE:
+        return n_states * FP32 * numel
+    return n_states * (numel + FP32 * ceil(numel / BNB_BLOCK))
+
+
+def adam_mini_states(shape: tuple[int, ...], state_bytes: int) -> int:
+    """Adam-mini: a full first moment, and one second-moment scalar per block.
+
+    Blocks follow Adam-mini's Hessian-based partition: one per output row for embeddings,
+    output head, value/out projections and MLP matrices; one per head for q/k (fewer than rows:
+    we take rows, an upper bound); one per 1-D tensor. Source: Zhang et al. 2024, "Adam-mini: Use
+    Fewer Learning Rates To Gain More" (arXiv:2406.16793), Sec. 2 and the reference code. The
+    second moment is kept in fp32.
+    """
+    numel = prod(shape)
+    v = shape[0] if len(shape) == 2 else 1
+    return numel * state_bytes + v * FP32
+
+
+def adafactor_states(shape: tuple[int, ...]) -> int:
+    """Adafactor with beta1=None (transformers' default): factored second moment, a row and a
+    column vector (fp32) for matrices, a full fp32 vector for 1-D tensors; no first moment.
+    Source: Shazeer & Stern 2018 (arXiv:1804.04235), transformers.optimization.Adafactor."""
+    if len(shape) >= 2:
+        return FP32 * (prod(shape[:-1]) + prod(shape[:-2] + shape[-1:]))
+    return FP32 * prod(shape)
+
+
+def per_tensor_step_temporary(largest_numel: int) -> int:
+    """Step temporaries of optimizers that update one tensor at a time in Python (Adafactor,
+    Adam-mini): about two fp32 tensors the size of the largest parameter (e.g. Adafactor's
+    ``grad**2 + eps`` and its update). Fused AdamW and bitsandbytes kernels update in place (0).
+    Assumption, to be calibrated by measured probes (issue 7)."""
+    return 2 * FP32 * largest_numel

@@ -1,0 +1,135 @@
+"""Parameter inventory: every parameter tensor of a model, as transformers builds it.
+
+Counting is exact, tensor by tensor, so that per-tensor rules (bitsandbytes' small-tensor
+exemption, ZeRO-3's persistence threshold, Adafactor's factored moments) can be applied.
+Source for the layouts: the transformers modeling files of each family (modeling_llama.py,
+modeling_mistral.py, modeling_qwen2.py, modeling_qwen3.py, modeling_mixtral.py,
+modeling_gemma2.py, modeling_phi3.py, modeling_gpt2.py). A test builds every catalog model on the
+meta device with transformers and compares the total exactly.
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cache
+from math import prod
+
+from planner.specs import MlpKind, ModelSpec, NormKind
+
+
+class Part(StrEnum):
+    EMBEDDING = "embedding"
+    LAYER = "layer"  # one decoder layer; repeated num_layers times
+    FINAL_NORM = "final_norm"
+    HEAD = "head"
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    name: str
+    shape: tuple[int, ...]
+    part: Part
+    matmul: bool = False  # used as a matmul operand (FLOPs, autocast casts)
+    experts: int = 1  # copies, one per MoE expert
+    routed: bool = False  # an expert tensor: only experts_per_token of `experts` see each token
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape) * self.experts
+
+
+def _norm(name: str, m: ModelSpec, part: Part, width: int | None = None) -> list[ParamTensor]:
+    w = width or m.hidden_size
+    out = [ParamTensor(f"{name}.weight", (w,), part)]
+    if m.norm_kind == NormKind.LAYER:
+        out.append(ParamTensor(f"{name}.bias", (w,), part))
+    return out
+
+
+def _linear(name: str, out_f: int, in_f: int, bias: bool, experts: int = 1) -> list[ParamTensor]:
+    routed = experts > 1
+    out = [ParamTensor(f"{name}.weight", (out_f, in_f), Part.LAYER, True, experts, routed)]
+    if bias:
+        out.append(ParamTensor(f"{name}.bias", (out_f,), Part.LAYER, False, experts, routed))
+    return out
+
+
+def _attention(m: ModelSpec) -> list[ParamTensor]:
+    h, q, kv = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    if m.fused_qkv:
+        out = _linear("self_attn.qkv_proj", q + 2 * kv, h, m.qkv_bias)
+    else:
+        out = (
+            _linear("self_attn.q_proj", q, h, m.qkv_bias)
+            + _linear("self_attn.k_proj", kv, h, m.qkv_bias)
+            + _linear("self_attn.v_proj", kv, h, m.qkv_bias)
+        )
+    out += _linear("self_attn.o_proj", h, q, m.o_bias)
+    if m.qk_norm:
+        out += _norm("self_attn.q_norm", m, Part.LAYER, m.head_dim)
+        out += _norm("self_attn.k_norm", m, Part.LAYER, m.head_dim)
+    return out
+
+
+def _mlp(m: ModelSpec) -> list[ParamTensor]:
+    h, f, e, b = m.hidden_size, m.intermediate_size, m.num_experts, m.mlp_bias
+    if m.mlp_kind == MlpKind.PLAIN:
+        return _linear("mlp.fc_in", f, h, b, e) + _linear("mlp.fc_out", h, f, b, e)
+    if m.fused_qkv:
+        up = _linear("mlp.gate_up_proj", 2 * f, h, b, e)
+    else:
+        up = _linear("mlp.gate_proj", f, h, b, e) + _linear("mlp.up_proj", f, h, b, e)
+    out = up + _linear("mlp.down_proj", h, f, b, e)
+    if m.is_moe:  # the router: a bias-free linear from hidden to expert logits
+        out += _linear("mlp.router", e, h, False)
+    return out
+
+
+@cache
+def layer_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
+    """The parameter tensors of one decoder layer."""
+    norms = [t for i in range(m.norms_per_layer) for t in _norm(f"norm{i}", m, Part.LAYER)]
+    return tuple(_attention(m) + _mlp(m) + norms)
+
+
+@cache
+def model_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
+    """All parameter tensors; layer tensors appear once (multiply by ``num_layers``)."""
+    emb = [ParamTensor("embed_tokens.weight", (m.vocab_size, m.hidden_size), Part.EMBEDDING, m.tie_word_embeddings)]
+    if m.learned_position_embeddings:
+        emb.append(ParamTensor("embed_positions.weight", (m.max_position_embeddings, m.hidden_size), Part.EMBEDDING))
+    head = [] if m.tie_word_embeddings else [ParamTensor("lm_head.weight", (m.vocab_size, m.hidden_size), Part.HEAD, True)]
+    return tuple(emb) + layer_tensors(m) + tuple(_norm("norm", m, Part.FINAL_NORM)) + tuple(head)
+
+
+def multiplicity(m: ModelSpec, t: ParamTensor) -> int:
+    return m.num_layers if t.part == Part.LAYER else 1
+
+
+def layer_parameters(m: ModelSpec) -> int:
+    """Elements of one decoder layer (all experts)."""
+    return sum(t.numel for t in layer_tensors(m))
+
+
+def total_parameters(m: ModelSpec) -> int:
+    """Exact count of distinct parameters (tied embeddings counted once), elements."""
+    return sum(t.numel * multiplicity(m, t) for t in model_tensors(m))
+
+
+def active_parameters(m: ModelSpec) -> int:
+    """Parameters one token passes through: all but the unrouted experts (Mixtral: top-2 of 8)."""
+    total = 0
+    for t in model_tensors(m):
+        n = t.numel // t.experts * m.experts_per_token if t.routed else t.numel
+        total += n * multiplicity(m, t)
+    return total
+
+
+def matmul_parameters(m: ModelSpec) -> int:
+    """Elements of matmul weights (all experts), incl. the output head (tied or not)."""
+    n = sum(t.numel * multiplicity(m, t) for t in model_tensors(m) if t.matmul)
+    return n
+
+
+def root_parameters(m: ModelSpec) -> int:
+    """Parameters outside the decoder layers: embeddings, final norm, untied head (elements)."""
+    return sum(t.numel for t in model_tensors(m) if t.part != Part.LAYER)

@@ -1,0 +1,240 @@
+"""Evaluate one fully specified configuration: the per-GPU memory ledger and the verdict.
+
+``estimate(request)`` is what ``planner estimate`` runs; ``estimate_config`` is the fast core
+(model, hardware and config already resolved) that the search will call per candidate.
+"""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.catalog.gpus import parse_gpus
+from planner.catalog.models import resolve_model
+from planner.cost import params as P
+from planner.cost import runtime as R
+from planner.formatting import gib
+from planner.ledger import TERMS, Ledger, LedgerDraft, LedgerRow, Location, Phase
+from planner.specs import HardwareSpec, ModelSpec
+from planner.vocabulary import (
+    Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding, TrainingConfig,
+)
+from strategies import REGISTRY, Check, Engine, PlanContext
+from strategies.precision import layout
+
+
+class EstimateRequest(BaseModel):
+    """What a user asks ``planner estimate``: unset vocabulary fields take their defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    gpus: str
+    host_memory_gb: float | None = None
+    margin: float = Field(0.0, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
+    optimizer: Optimizer = Optimizer.ADAMW
+    precision: Precision = Precision.BF16_MIXED
+    checkpointing: Checkpointing = Checkpointing.NONE
+    sharding: Sharding | None = None  # default: none on one GPU, ddp on several
+    offload: Offload = Offload.NONE
+    loss: Loss = Loss.STANDARD
+    attention: Attention = Attention.SDPA
+    micro_batch_size: int = Field(1, ge=1, le=1_000_000)
+    grad_accum: int = Field(1, ge=1, le=1_000_000)
+    seq_len: int = Field(2048, ge=1, le=100_000_000)
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str
+    family: str
+    source: str
+    num_parameters: int
+    num_active_parameters: int
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+
+class HardwareInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpu: str
+    gpu_name: str
+    num_gpus: int
+    nodes: int
+    gpus_per_node: int
+    gpu_memory_bytes: int
+    host_memory_bytes_per_node: int
+
+
+class PagedInfo(BaseModel):
+    """Paged optimizer state (CUDA unified memory), per GPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    state_bytes: int
+    resident_bytes: int  # on the GPU, in the room the other terms leave
+    spilled_bytes: int  # in host RAM, migrated on demand
+
+
+class EstimateResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelInfo
+    hardware: HardwareInfo
+    config: TrainingConfig
+    memory: dict[str, int]  # bytes per GPU at the peak phase, each term, plus "peak"
+    peak_phase: Phase
+    phase_peaks: dict[Phase, int]
+    usable_bytes: int  # GPU memory less the safety margin
+    headroom_bytes: int  # usable - peak (negative: short by that much)
+    host_memory: dict[str, int]  # bytes per node
+    paged: PagedInfo | None
+    ledger: list[LedgerRow]
+    feasible: bool
+    fits: bool
+    reasons: list[str]
+    warnings: list[str]
+
+
+def estimate(request: EstimateRequest) -> EstimateResult:
+    model = resolve_model(request.model)
+    hardware = parse_gpus(request.gpus, request.host_memory_gb)
+    fields = request.model_dump(exclude={"model", "gpus", "host_memory_gb", "margin"})
+    if fields["sharding"] is None:
+        fields["sharding"] = Sharding.NONE if hardware.num_gpus == 1 else Sharding.DDP
+    return estimate_config(model, hardware, TrainingConfig(**fields), request.margin)
+
+
+def estimate_config(model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0) -> EstimateResult:
+    ctx = PlanContext(model, hardware, config)
+    check = Check()
+    for strategy in REGISTRY:
+        strategy.check(ctx, check)
+    _check_workload(ctx, check)
+
+    draft = LedgerDraft()
+    for strategy in REGISTRY:
+        strategy.apply(ctx, draft)
+    draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", R.CUDA_CONTEXT_BYTES, 1)
+    if hardware.num_gpus > 1:
+        draft.add("cuda_context", "NCCL buffers and communicators", R.NCCL_BYTES, 1)
+    allocated = max(Ledger.from_draft(draft).phase_bytes(p) for p in Phase) - sum(r.bytes for r in draft.of("cuda_context"))
+    draft.add(
+        "allocator_reserve", "caching-allocator fragmentation reserve", allocated, R.FRAGMENTATION_FRACTION,
+        note=f"{R.FRAGMENTATION_FRACTION:.0%} of the allocated peak",
+    )
+    usable = int(hardware.gpu.memory_bytes * (1 - margin))
+    paged = _place_paged_state(draft, usable)
+    ledger = Ledger.from_draft(draft)
+
+    phase_peaks = {p: ledger.phase_bytes(p) for p in Phase}
+    peak_phase = ledger.peak_phase()
+    memory = ledger.terms_at(peak_phase) | {"peak": phase_peaks[peak_phase]}
+    host = _host_memory(ctx, ledger, paged)
+    feasible = not check.infeasible
+    gpu_fits = memory["peak"] <= usable
+    host_fits = host["peak"] <= host["capacity"]
+    fits = feasible and gpu_fits and host_fits
+    return EstimateResult(
+        model=_model_info(model),
+        hardware=HardwareInfo(
+            gpu=hardware.gpu.id, gpu_name=hardware.gpu.name, num_gpus=hardware.num_gpus, nodes=hardware.nodes,
+            gpus_per_node=hardware.gpus_per_node, gpu_memory_bytes=hardware.gpu.memory_bytes,
+            host_memory_bytes_per_node=hardware.host_memory_bytes_per_node,
+        ),
+        config=config,
+        memory=memory,
+        peak_phase=peak_phase,
+        phase_peaks=phase_peaks,
+        usable_bytes=usable,
+        headroom_bytes=usable - memory["peak"],
+        host_memory=host,
+        paged=paged,
+        ledger=ledger.rows,
+        feasible=feasible,
+        fits=fits,
+        reasons=_reasons(check, memory["peak"], peak_phase, usable, margin, host, paged),
+        warnings=check.warnings,
+    )
+
+
+def _check_workload(ctx: PlanContext, out: Check) -> None:
+    m, s = ctx.model, ctx.config.seq_len
+    if s > m.max_position_embeddings:
+        if m.learned_position_embeddings:
+            out.infeasible.append(f"seq_len {s} exceeds {m.id}'s {m.max_position_embeddings} learned positions")
+        else:
+            out.warnings.append(f"seq_len {s} is beyond {m.id}'s max_position_embeddings ({m.max_position_embeddings})")
+
+
+def _place_paged_state(draft: LedgerDraft, usable: int) -> PagedInfo | None:
+    """Unified-memory rows occupy what the GPU has left at its peak; the rest spills to host."""
+    unified = [r for r in draft.rows if r.location == Location.UNIFIED]
+    if not unified:
+        return None
+    draft.remove(unified)
+    total = sum(r.bytes for r in unified)
+    gpu_peak = max(Ledger.from_draft(draft).phase_bytes(p) for p in Phase)
+    resident = max(0, min(total, usable - gpu_peak))
+    label = unified[0].label
+    draft.add("optimizer_states", f"{label}: resident on GPU", resident, 1, note="unified memory kept on the GPU")
+    draft.add(
+        "optimizer_states", f"{label}: spilled to host", total - resident, 1, location=Location.HOST,
+        note="unified memory migrated to host RAM under pressure",
+    )
+    return PagedInfo(state_bytes=total, resident_bytes=resident, spilled_bytes=total - resident)
+
+
+def _host_memory(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None) -> dict[str, int]:
+    """Host RAM per node: per-rank host rows times ranks per node, the processes' own memory,
+    and the model load (each process loads the checkpoint in its parameter dtype, except under
+    ZeRO-3 / FSDP where one process per node loads and the others start empty)."""
+    gpn = ctx.hardware.gpus_per_node
+    per_rank = max(ledger.phase_bytes(p, Location.HOST) for p in Phase)
+    spilled = paged.spilled_bytes if paged else 0
+    loaders = 1 if ctx.engine == Engine.FSDP or ctx.config.sharding == Sharding.ZERO3 else gpn
+    loading = loaders * P.total_parameters(ctx.model) * layout(ctx).weight_bytes
+    offloaded = (per_rank - spilled) * gpn
+    runtime = R.HOST_PROCESS_BYTES * gpn
+    return {
+        "offloaded": offloaded,
+        "paged_spill": spilled * gpn,
+        "process_runtime": runtime,
+        "model_loading": loading,
+        "peak": runtime + max(loading, offloaded + spilled * gpn),
+        "capacity": ctx.hardware.host_memory_bytes_per_node,
+    }
+
+
+def _reasons(check, peak, phase, usable, margin, host, paged) -> list[str]:
+    if check.infeasible:
+        return list(check.infeasible)
+    reasons = []
+    kept = f" ({margin:.0%} margin kept free)" if margin else ""
+    if peak > usable:
+        reasons.append(
+            f"does not fit: needs {gib(peak)} per GPU at its {phase} peak, {gib(usable)} usable{kept}: "
+            f"{gib(peak - usable)} short"
+        )
+    elif paged:
+        others = peak - paged.resident_bytes
+        reasons.append(
+            f"fits: {gib(others)} of {gib(usable)} per GPU{kept} without the paged optimizer state, which takes "
+            f"{gib(paged.resident_bytes)} of the rest and spills {gib(paged.spilled_bytes)} to host RAM"
+        )
+    else:
+        reasons.append(f"fits: {gib(peak)} of {gib(usable)} per GPU{kept}, {gib(usable - peak)} to spare")
+    if host["peak"] > host["capacity"]:
+        reasons.append(
+            f"host RAM: needs {gib(host['peak'])} per node, {gib(host['capacity'])} available: "
+            "pass --host-memory-gb if the machine has more"
+        )
+    return reasons
+
+
+def _model_info(m: ModelSpec) -> ModelInfo:
+    return ModelInfo(
+        id=m.id, family=m.family, source=m.source, num_parameters=P.total_parameters(m),
+        num_active_parameters=P.active_parameters(m), num_layers=m.num_layers, hidden_size=m.hidden_size,
+        vocab_size=m.vocab_size,
+    )
+
+
+__all__ = ["TERMS", "EstimateRequest", "EstimateResult", "estimate", "estimate_config"]

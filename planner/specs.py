@@ -1,0 +1,98 @@
+"""Value types for the inputs the planner keeps apart: model architecture and hardware.
+
+Both are frozen pydantic models. Catalog loaders build them from data files; nothing here
+reads files or knows a particular model or GPU.
+"""
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class NormKind(StrEnum):
+    RMS = "rms"  # weight only (Llama, Mistral, Qwen, Phi-3)
+    RMS_GEMMA = "rms-gemma"  # weight only, computes in fp32 and scales by (1 + weight)
+    LAYER = "layer"  # weight and bias (GPT-2)
+
+
+class MlpKind(StrEnum):
+    GATED = "gated"  # down(act(gate(x)) * up(x))
+    PLAIN = "plain"  # fc2(act(fc1(x)))
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer, reduced to what memory and FLOPs depend on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    family: str  # the transformers model_type: llama, mistral, qwen2, qwen3, mixtral, gemma2, phi3, gpt2
+    source: str
+    hidden_size: int = Field(ge=1)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    max_position_embeddings: int = Field(ge=1)
+    learned_position_embeddings: bool = False  # GPT-2 wpe: a hard limit on sequence length
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
+    fused_qkv: bool = False  # Phi-3 qkv_proj / gate_up_proj (same parameters, different saved tensors)
+    norm_kind: NormKind = NormKind.RMS
+    norms_per_layer: int = 2  # Gemma-2 has four
+    mlp_kind: MlpKind = MlpKind.GATED
+    num_experts: int = 1  # Mixtral: num_local_experts
+    experts_per_token: int = 1
+    dropout: float = 0.0  # attention-probability and residual dropout in training (GPT-2: 0.1)
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+    published_parameters: int | None = None
+    published_parameters_source: str | None = None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+
+class GpuSpec(BaseModel):
+    """One GPU model, from the catalog or a user YAML file. Base units only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    name: str
+    vendor: str
+    architecture: str
+    compute_capability: str | None
+    memory_bytes: int = Field(gt=0)
+    memory_bandwidth_bytes_per_s: float = Field(gt=0)
+    dense_flops_per_s: dict[str, float | None]  # fp32, tf32, fp16, bf16, fp8; None = unsupported
+    gpu_link_kind: str
+    gpu_link_bytes_per_s: float = Field(gt=0)  # per GPU, per direction
+    host_link_kind: str
+    host_link_bytes_per_s: float = Field(gt=0)  # per direction
+    max_gpus_per_node: int = Field(ge=1)
+    sources: dict[str, str]
+
+    def supports(self, dtype: str) -> bool:
+        return self.dense_flops_per_s.get(dtype) is not None
+
+
+class HardwareSpec(BaseModel):
+    """A homogeneous cluster: ``nodes`` machines of ``gpus_per_node`` GPUs each."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu: GpuSpec
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    host_memory_bytes_per_node: int = Field(gt=0)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node

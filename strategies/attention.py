@@ -1,0 +1,27 @@
+"""Attention implementation: sdpa (fused: flash / memory-efficient kernels) or eager.
+
+Its memory effect lives in planner.cost.activations (fused attention saves no s^2 tensor;
+eager saves fp32 softmax probabilities, a*s per token). Here: when a choice is unwise.
+"""
+
+from planner.ledger import LedgerDraft
+from planner.vocabulary import Attention
+from strategies.base import Check, PlanContext, Strategy
+
+
+def _check(ctx: PlanContext, out: Check) -> None:
+    m, a = ctx.model, ctx.config.attention
+    if a == Attention.SDPA and m.attn_logit_softcapping:
+        out.warnings.append(
+            f"{m.family}: SDPA ignores attention-logit soft-capping ({m.attn_logit_softcapping}); "
+            "transformers recommends eager attention for training this model"
+        )
+    if a == Attention.EAGER and ctx.config.seq_len >= 4096:
+        out.warnings.append("eager attention materialises s^2 scores per head; sdpa is faster and saves that memory")
+
+
+def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    return None
+
+
+STRATEGY = Strategy("attention", tuple(Attention), _check, _apply)

@@ -1,0 +1,63 @@
+"""What every strategy shares: the planning context and the Strategy record.
+
+A strategy owns one vocabulary field: its choices, when a choice is infeasible (reasons, never
+an exception), warnings, and its rows in the per-rank memory ledger. Strategies run in registry
+order (``strategies.REGISTRY``); later ones may adjust rows earlier ones wrote (sharding sets
+shard divisors, offload moves rows to host).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+
+from planner.ledger import LedgerDraft
+from planner.specs import HardwareSpec, ModelSpec
+from planner.vocabulary import Sharding, TrainingConfig
+
+
+class Engine(StrEnum):
+    """Which software owns the training step, which decides the memory layout."""
+
+    TORCH = "torch"  # plain PyTorch / DDP with torch autocast
+    DEEPSPEED = "deepspeed"  # ZeRO stages 1-3
+    FSDP = "fsdp"  # PyTorch FSDP2 (fully_shard)
+
+
+def engine_of(sharding: Sharding) -> Engine:
+    if sharding in (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3):
+        return Engine.DEEPSPEED
+    if sharding in (Sharding.FSDP, Sharding.FSDP_GRAD_OP, Sharding.FSDP_HYBRID):
+        return Engine.FSDP
+    return Engine.TORCH
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    model: ModelSpec
+    hardware: HardwareSpec
+    config: TrainingConfig
+
+    @property
+    def world_size(self) -> int:
+        return self.hardware.num_gpus
+
+    @cached_property
+    def engine(self) -> Engine:
+        return engine_of(self.config.sharding)
+
+
+@dataclass
+class Check:
+    """What a strategy says about a configuration before any row is written."""
+
+    infeasible: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    field: str  # the TrainingConfig field this strategy owns
+    choices: tuple[str, ...]
+    check: Callable[[PlanContext, Check], None]
+    apply: Callable[[PlanContext, LedgerDraft], None]

@@ -1,0 +1,32 @@
+"""Loss: standard cross-entropy over full fp32 logits, or a chunked fused linear cross-entropy."""
+
+from planner.cost import activations as A
+from planner.ledger import LedgerDraft, Phase
+from planner.vocabulary import Loss
+from strategies.base import Check, PlanContext, Strategy
+from strategies.precision import layout
+
+
+def _check(ctx: PlanContext, out: Check) -> None:
+    return None
+
+
+def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    tokens = cfg.tokens_per_micro_batch
+    fwd = frozenset({Phase.FORWARD})
+    if cfg.loss == Loss.CHUNKED:
+        ledger.add(
+            "logits", "chunked fused linear cross-entropy", A.chunked_loss_bytes(m, lay.dtypes, tokens), 1, phases=fwd,
+            note="one chunk of logits and its gradient, plus the head-input gradient",
+        )
+        return
+    held = 4 if lay.autocast else lay.dtypes.compute  # accelerate converts autocast outputs to fp32
+    per_token = A.logits_bytes(m, lay.dtypes, held)
+    ledger.add(
+        "logits", "logits and cross-entropy (fp32)", per_token, tokens, phases=fwd,
+        note=f"{per_token:,.0f} B/token: held logits + fp32 log-softmax, its grad and input grad (V={m.vocab_size:,})",
+    )
+
+
+STRATEGY = Strategy("loss", tuple(Loss), _check, _apply)

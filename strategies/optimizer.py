@@ -1,0 +1,102 @@
+"""Optimizer: state bytes per parameter tensor, paging, and the step's temporaries.
+
+Implementations modelled (what the emitted files will run):
+adamw: torch AdamW, fused (no step temporaries); adamw-8bit / paged-adamw / paged-adamw-8bit /
+lion / lion-8bit: bitsandbytes (32-bit bitsandbytes states are always fp32); adam-mini: the
+reference Adam-mini; adafactor: transformers Adafactor (beta1=None); sgd: torch SGD with the
+Trainer's default momentum 0 (no state).
+"""
+
+from planner.cost import optimizer_states as S
+from planner.cost import params as P
+from planner.ledger import LedgerDraft, Location, Phase
+from planner.vocabulary import Optimizer
+from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.precision import layout
+
+BITSANDBYTES_8BIT_OR_PAGED = (
+    Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT, Optimizer.LION_8BIT,
+)
+PAGED = (Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT)
+QUANTIZED = (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT, Optimizer.LION_8BIT)
+
+
+def tensor_state_bytes(opt: Optimizer, t: P.ParamTensor, state_bytes: int) -> int:
+    """Optimizer state bytes for one parameter tensor (all its experts)."""
+    match opt:
+        case Optimizer.ADAMW:
+            return S.full_states(t.numel, 2, state_bytes)
+        case Optimizer.PAGED_ADAMW:
+            return S.full_states(t.numel, 2, 4)
+        case Optimizer.ADAMW_8BIT | Optimizer.PAGED_ADAMW_8BIT:
+            return S.blockwise_8bit_states(t.numel // t.experts, 2) * t.experts
+        case Optimizer.ADAM_MINI:
+            return S.adam_mini_states(t.shape, state_bytes) * t.experts
+        case Optimizer.ADAFACTOR:
+            return S.adafactor_states(t.shape) * t.experts
+        case Optimizer.LION:
+            return S.full_states(t.numel, 1, 4)
+        case Optimizer.LION_8BIT:
+            return S.blockwise_8bit_states(t.numel // t.experts, 1) * t.experts
+        case Optimizer.SGD:
+            return 0
+    raise ValueError(opt)
+
+
+def state_bytes_split(ctx: PlanContext) -> tuple[int, int]:
+    """(dense bytes, paged bytes) of optimizer state for the whole model, unsharded."""
+    m, opt = ctx.model, ctx.config.optimizer
+    sb = layout(ctx).state_bytes
+    dense = paged = 0
+    for t in P.model_tensors(m):
+        b = tensor_state_bytes(opt, t, sb) * P.multiplicity(m, t)
+        if opt in PAGED and t.numel // t.experts >= S.BNB_PAGED_MIN_NUMEL:
+            paged += b
+        else:
+            dense += b
+    return dense, paged
+
+
+def _check(ctx: PlanContext, out: Check) -> None:
+    opt = ctx.config.optimizer
+    if opt in BITSANDBYTES_8BIT_OR_PAGED and ctx.engine == Engine.FSDP:
+        out.infeasible.append(
+            f"{opt}: bitsandbytes 8-bit and paged optimizers do not work under FSDP; "
+            "use zero2/zero3 with it, or adamw / adam-mini under FSDP"
+        )
+    if opt in QUANTIZED:
+        out.warnings.append(f"{opt} quantizes optimizer states to 8 bits block-wise: an approximation of 32-bit states")
+
+
+def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    opt = ctx.config.optimizer
+    dense, paged = state_bytes_split(ctx)
+    ledger.add("optimizer_states", f"optimizer states ({opt})", dense, 1, note=_note(opt))
+    if paged:
+        ledger.add(
+            "optimizer_states", f"paged optimizer states ({opt}, unified memory)", paged, 1,
+            location=Location.UNIFIED, note="CUDA managed memory: resident while the GPU has room, else host",
+        )
+    if opt in (Optimizer.ADAFACTOR, Optimizer.ADAM_MINI):
+        largest = max(t.numel // t.experts for t in P.model_tensors(ctx.model))
+        ledger.add(
+            "optimizer_step_temporaries", "per-tensor update temporaries", S.per_tensor_step_temporary(largest), 1,
+            phases=frozenset({Phase.STEP}), note="two fp32 tensors the size of the largest parameter",
+        )
+
+
+def _note(opt: Optimizer) -> str:
+    return {
+        Optimizer.ADAMW: "exp_avg + exp_avg_sq",
+        Optimizer.PAGED_ADAMW: "2 fp32 states",
+        Optimizer.ADAMW_8BIT: "2 x (1 B + fp32 absmax / 256), fp32 under 4096 elements",
+        Optimizer.PAGED_ADAMW_8BIT: "2 x (1 B + fp32 absmax / 256), fp32 under 4096 elements",
+        Optimizer.ADAM_MINI: "full m, one v per block",
+        Optimizer.ADAFACTOR: "factored second moment (row + column)",
+        Optimizer.LION: "momentum (fp32)",
+        Optimizer.LION_8BIT: "momentum 1 B + fp32 absmax / 256",
+        Optimizer.SGD: "no state (momentum 0)",
+    }[opt]
+
+
+STRATEGY = Strategy("optimizer", tuple(Optimizer), _check, _apply)

@@ -1,0 +1,115 @@
+"""Mixed precision: which dtype each model state is stored in, and what the compute runs in.
+
+Layouts (bytes per parameter; Psi = parameters). Sources: Micikevicius et al. 2018 "Mixed
+Precision Training"; ZeRO paper (Rajbhandari et al. 2020) Sec. 3.1 (2+2+K bytes); torch.amp
+(autocast keeps fp32 parameters and caches the low-precision casts of matmul weights until the
+autocast region exits, and they are saved for backward); DeepSpeed bf16/fp16 (16-bit
+parameters and gradients, fp32 master partition); FSDP2 MixedPrecisionPolicy (fp32 sharded
+parameters gathered as bf16).
+
+| precision  | engine          | weights | master | grads | residual stream |
+| fp32       | any             | 4       | -      | 4     | 4               |
+| *-mixed    | torch (autocast)| 4       | (= weights) | 4 | 4               |
+| *-mixed    | deepspeed       | 2       | 4      | 2     | 2               |
+| *-mixed    | fsdp            | 4 (sharded) | (= weights) | 4 | 2           |
+| bf16-pure  | torch / fsdp    | 2       | -      | 2     | 2               |
+
+fp8-mixed is bf16-mixed whose matmuls run in fp8 (torchao Float8Linear / Transformer Engine):
+memory as bf16-mixed plus one layer's fp8 weight casts; it is a speed knob (DESIGN.md).
+"""
+
+from dataclasses import dataclass
+
+from planner.cost import params as P
+from planner.cost.activations import DTypes
+from planner.ledger import ALL_PHASES, LedgerDraft, Phase
+from planner.vocabulary import Precision
+from strategies.base import Check, Engine, PlanContext, Strategy
+
+MIXED = (Precision.FP16_MIXED, Precision.BF16_MIXED, Precision.FP8_MIXED)
+
+
+@dataclass(frozen=True)
+class Layout:
+    weight_bytes: int  # the parameters as the engine stores them
+    master_bytes: int  # a separate fp32 master copy (0 when the weights are the master)
+    grad_bytes: int
+    state_bytes: int  # a full-precision optimizer state element (bf16 when parameters are bf16)
+    dtypes: DTypes
+    autocast: bool  # torch autocast casts fp32 weights to the compute dtype on the fly
+    gathered_bytes: int  # dtype of parameters gathered by ZeRO-3 / FSDP for compute
+
+
+def layout(ctx: PlanContext) -> Layout:
+    p, engine = ctx.config.precision, ctx.engine
+    if p == Precision.FP32:
+        return Layout(4, 0, 4, 4, DTypes(4, 4), False, 4)
+    if p == Precision.BF16_PURE:
+        return Layout(2, 0, 2, 2, DTypes(2, 2), False, 2)
+    if engine == Engine.DEEPSPEED:
+        return Layout(2, 4, 2, 4, DTypes(2, 2), False, 2)
+    if engine == Engine.FSDP:
+        return Layout(4, 0, 4, 4, DTypes(2, 2), False, 2)
+    return Layout(4, 0, 4, 4, DTypes(2, 4), True, 2)
+
+
+def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
+    """Gradients exist from the first backward on; with accumulation they persist across
+    micro-batches, so they are resident in the forward phase too."""
+    if ctx.config.grad_accum > 1:
+        return ALL_PHASES
+    return frozenset({Phase.BACKWARD, Phase.STEP})
+
+
+def _check(ctx: PlanContext, out: Check) -> None:
+    p, gpu = ctx.config.precision, ctx.hardware.gpu
+    if p in (Precision.BF16_MIXED, Precision.BF16_PURE, Precision.FP8_MIXED) and not gpu.supports("bf16"):
+        out.infeasible.append(
+            f"{p}: {gpu.id} ({gpu.architecture}) has no bf16 support (needs compute capability 8.0+); use fp16-mixed or fp32"
+        )
+    if p == Precision.FP8_MIXED and not gpu.supports("fp8"):
+        out.infeasible.append(
+            f"fp8-mixed: {gpu.id} ({gpu.architecture}) has no fp8 tensor cores (needs Ada, Hopper, Blackwell or MI300); use bf16-mixed"
+        )
+    if p == Precision.BF16_PURE and ctx.engine == Engine.DEEPSPEED:
+        out.infeasible.append(
+            "bf16-pure with DeepSpeed ZeRO: DeepSpeed always keeps fp32 master weights with bf16; use bf16-mixed, or fsdp for bf16-pure"
+        )
+    if p == Precision.FP16_MIXED and gpu.supports("bf16"):
+        out.warnings.append("fp16-mixed needs loss scaling and can overflow; bf16-mixed is safer on this GPU")
+
+
+def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    m, lay = ctx.model, layout(ctx)
+    n = P.total_parameters(m)
+    wdt = {4: "fp32", 2: "16-bit"}[lay.weight_bytes]
+    ledger.add("weights", f"weights ({wdt})", n, lay.weight_bytes, note=f"{n:,} params x {lay.weight_bytes} B")
+    if lay.master_bytes:
+        ledger.add("master_weights", "master weights (fp32)", n, lay.master_bytes, note=f"{n:,} params x 4 B")
+    gdt = {4: "fp32", 2: "16-bit"}[lay.grad_bytes]
+    ledger.add(
+        "gradients", f"gradients ({gdt})", n, lay.grad_bytes, phases=grads_in_forward(ctx),
+        note=f"{n:,} params x {lay.grad_bytes} B",
+    )
+    if lay.autocast:
+        # torch.amp caches the 16-bit cast of every matmul weight until the autocast region
+        # (the whole model forward, loss included) exits; without checkpointing they are also
+        # saved for backward. During backward one layer's casts are alive (recomputed or saved).
+        layer_mm = sum(t.numel for t in P.layer_tensors(m) if t.matmul)
+        ledger.add(
+            "autocast_weight_copies", "autocast casts of matmul weights (16-bit)", P.matmul_parameters(m), 2,
+            phases=frozenset({Phase.FORWARD}), note="torch.amp weight-cast cache, freed when forward exits autocast",
+        )
+        ledger.add(
+            "autocast_weight_copies", "autocast casts of one layer (backward)", layer_mm, 2,
+            phases=frozenset({Phase.BACKWARD}), note="one layer's casts during its backward",
+        )
+    if ctx.config.precision == Precision.FP8_MIXED:
+        layer_mm = sum(t.numel for t in P.layer_tensors(m) if t.matmul)
+        ledger.add(
+            "autocast_weight_copies", "fp8 casts of one layer's weights", layer_mm, 1,
+            phases=frozenset({Phase.FORWARD, Phase.BACKWARD}), note="Float8Linear casts weights per matmul",
+        )
+
+
+STRATEGY = Strategy("precision", tuple(Precision), _check, _apply)

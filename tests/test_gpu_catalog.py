@@ -1,0 +1,88 @@
+"""The GPU catalog and the --gpus grammar."""
+
+import pytest
+
+from planner.catalog.gpus import catalog, normalize, parse_gpus
+from planner.errors import PlannerInputError
+from planner.units import GB, GIB
+
+REQUIRED = [
+    "V100-SXM-16", "V100-SXM-32", "T4-16", "A10G-24", "L4-24", "L40S-48", "RTX3090-24", "RTX4090-24",
+    "RTXA6000-48", "A100-SXM-40", "A100-PCIE-40", "A100-SXM-80", "A100-PCIE-80", "H100-SXM-80",
+    "H100-PCIE-80", "H100-NVL-94", "H200-141", "B200-180", "MI300X-192",
+]
+FIGURES = ("memory", "memory_bandwidth", "dense_tflops", "gpu_link", "host_link", "compute_capability")
+
+
+def test_required_gpus_with_a_source_for_every_figure():
+    assert set(REQUIRED) <= set(catalog())
+    for gid, f in catalog().items():
+        assert set(FIGURES) <= set(f.sources), gid
+        assert all(f.sources[k].strip() for k in FIGURES), gid
+        assert set(f.dense_tflops) == {"fp32", "tf32", "fp16", "bf16", "fp8"}, gid
+
+
+def test_precision_support_follows_compute_capability():
+    """bf16 tensor cores from Ampere (8.0), fp8 from Ada (8.9): NVIDIA CUDA programming guide."""
+    for gid, f in catalog().items():
+        if f.vendor != "nvidia":
+            continue
+        cc = tuple(int(x) for x in f.compute_capability.split("."))
+        assert (f.dense_tflops["bf16"] is not None) == (cc >= (8, 0)), gid
+        assert (f.dense_tflops["fp8"] is not None) == (cc >= (8, 9)), gid
+        assert (f.dense_tflops["tf32"] is not None) == (cc >= (8, 0)), gid
+
+
+def test_no_spelling_names_two_gpus():
+    owner: dict[str, str] = {}
+    for gid, f in catalog().items():
+        for name in [gid, *f.aliases]:
+            assert owner.setdefault(normalize(name), gid) == gid, (name, owner[normalize(name)], gid)
+
+
+@pytest.mark.parametrize(
+    "spec, gpu, nodes, per_node",
+    [("1xA100-40", "A100-SXM-40", 1, 1), ("8xH100-80", "H100-SXM-80", 1, 8), ("4x8xH100-80", "H100-SXM-80", 4, 8),
+     ("4X8Xh100-80", "H100-SXM-80", 4, 8), ("2xa100-40gb", "A100-SXM-40", 1, 2), ("H100-SXM", "H100-SXM-80", 1, 1),
+     ("1xRTX4090-24", "RTX4090-24", 1, 1), ("8 x nvidia h200", "H200-141", 1, 8), ("2x4xMI300X", "MI300X-192", 2, 4)],
+)
+def test_grammar(spec, gpu, nodes, per_node):
+    hw = parse_gpus(spec)
+    assert (hw.gpu.id, hw.nodes, hw.gpus_per_node, hw.num_gpus) == (gpu, nodes, per_node, nodes * per_node)
+
+
+def test_a100_40_memory_is_40_gib():
+    assert parse_gpus("1xA100-40").gpu.memory_bytes == 40 * GIB
+
+
+@pytest.mark.parametrize("spec, needle", [("", "Grammar"), ("2xA1000", "A100"), ("0xH100-80", "at least 1"),
+                                          ("16xH100-80", "2x8x"), ("8xfoo.yaml", "not found")])
+def test_bad_specs_are_clear_errors(spec, needle):
+    with pytest.raises(PlannerInputError) as e:
+        parse_gpus(spec)
+    assert needle in e.value.message
+
+
+def test_user_gpu_yaml(tmp_path):
+    path = tmp_path / "mygpu.yaml"
+    path.write_text(
+        "id: MY-GPU\nname: My GPU\nvendor: nvidia\narchitecture: hopper\ncompute_capability: '9.0'\n"
+        "memory_mib: 65536\nmemory_bandwidth_gb_per_s: 2000\ndense_tflops: {fp32: 50, bf16: 600, fp8: 1200}\n"
+        "gpu_link: {kind: pcie5, gb_per_s: 64}\nhost_link: {kind: pcie5, gb_per_s: 64}\n"
+    )
+    hw = parse_gpus(f"2x{path}")
+    assert hw.gpu.id == "MY-GPU" and hw.gpus_per_node == 2 and hw.gpu.memory_bytes == 64 * GIB
+    assert hw.gpu.supports("fp8") and not hw.gpu.supports("tf32")
+    path.write_text("id: X\nmemory_mib: -3\n")
+    with pytest.raises(PlannerInputError) as e:
+        parse_gpus(str(path))
+    assert "memory_mib" in e.value.message and "name" in e.value.message  # every problem at once
+
+
+def test_host_memory_default_and_flag():
+    one = parse_gpus("1xA100-40")
+    assert one.host_memory_bytes_per_node == 80 * GIB  # 2 x 40 GiB > 64 GB
+    assert parse_gpus("1xT4").host_memory_bytes_per_node == 64 * GB
+    assert parse_gpus("1xA100-40", host_memory_gb=512).host_memory_bytes_per_node == 512 * GB
+    with pytest.raises(PlannerInputError):
+        parse_gpus("1xA100-40", host_memory_gb=-1)
