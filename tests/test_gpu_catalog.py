@@ -86,3 +86,8 @@ def test_host_memory_default_and_flag():
     assert parse_gpus("1xA100-40", host_memory_gb=512).host_memory_bytes_per_node == 512 * GB
     with pytest.raises(PlannerInputError):
         parse_gpus("1xA100-40", host_memory_gb=-1)
+
+
+def test_example_custom_gpu_file_loads():
+    hw = parse_gpus("4x./examples/custom-gpu.yaml")
+    assert hw.gpu.id == "MY-LAB-GPU-64" and hw.num_gpus == 4 and hw.gpu.memory_bytes == 64 * GIB

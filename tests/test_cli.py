@@ -1,0 +1,98 @@
+"""planner estimate as a user runs it: exit codes, JSON, clear errors, never a traceback."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.ledger import TERMS
+
+runner = CliRunner()
+BASE = ["estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40"]
+
+
+def invoke(*args):
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result
+
+
+def test_fits_exit_0_and_json_contract():
+    r = invoke(*BASE, "--optimizer", "paged-adamw-8bit", "--precision", "bf16-pure", "--checkpointing", "full",
+               "--seq-len", "512", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["model"]["num_parameters"] == 8_030_261_248
+    assert out["hardware"]["gpu"] == "A100-SXM-40" and out["hardware"]["num_gpus"] == 1
+    assert out["hardware"]["gpu_memory_bytes"] == 40 * 2**30
+    assert set(out["config"]) == {"optimizer", "precision", "checkpointing", "sharding", "offload", "loss",
+                                  "attention", "micro_batch_size", "grad_accum", "seq_len"}
+    assert set(out["memory"]) == set(TERMS) | {"peak"}
+    assert sum(v for k, v in out["memory"].items() if k != "peak") == out["memory"]["peak"]
+    assert {"peak", "capacity"} <= set(out["host_memory"])
+    assert out["fits"] is True and isinstance(out["reasons"], list) and out["reasons"]
+
+
+def test_does_not_fit_exit_1_says_by_how_much():
+    r = invoke(*BASE)
+    assert r.exit_code == 1
+    assert "DOES NOT FIT" in r.output and "short" in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40", "--precision", "fp8-mixed"], "fp8"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xV100-32", "--precision", "bf16-mixed"], "bf16"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100-80", "--optimizer", "adamw-8bit", "--sharding", "fsdp"],
+     "FSDP"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100-80", "--offload", "optimizer", "--sharding", "ddp"],
+     "ZeRO"),
+    (["--model", "openai-community/gpt2", "--gpus", "1xA100-40", "--seq-len", "2048"], "learned positions"),
+])
+def test_infeasible_exit_1_says_why(args, needle):
+    r = invoke("estimate", *args, "--json")
+    assert r.exit_code == 1
+    out = json.loads(r.output)
+    assert out["feasible"] is False and out["fits"] is False
+    assert any(needle in reason for reason in out["reasons"]), out["reasons"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "meta-llama/Llama-3.1-8", "--gpus", "1xA100-40"], "Did you mean"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA1000-40"], "unknown GPU"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "axb"], "unknown GPU"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40", "--micro-batch-size", "0"], "micro-batch-size"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40", "--margin", "1.5"], "margin"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40", "--optimizer", "adam"], "adam"),
+    (["--model", "/nonexistent/dir/config.json", "--gpus", "1xA100-40"], "unknown model"),
+])
+def test_bad_input_exit_2_with_a_message(args, needle):
+    r = invoke("estimate", *args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+
+
+def test_margin_turns_a_tight_fit_into_a_miss():
+    args = ["estimate", "--model", "meta-llama/Llama-3.2-3B", "--gpus", "1xA100-40", "--optimizer", "adamw-8bit",
+            "--precision", "bf16-pure", "--checkpointing", "full", "--seq-len", "512", "--json"]
+    fits = json.loads(invoke(*args).output)
+    assert fits["fits"]
+    need = fits["memory"]["peak"] / fits["hardware"]["gpu_memory_bytes"]
+    assert invoke(*args, "--margin", f"{1 - need - 0.01:.3f}").exit_code == 0
+    assert invoke(*args, "--margin", f"{1 - need + 0.01:.3f}").exit_code == 1
+
+
+def test_console_script_runs_without_torch_imported():
+    """The installed `planner` command starts without importing torch (DESIGN layers)."""
+    code = ("import sys; from planner.cli import app; from planner.estimate import estimate; import planner.report; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
+
+
+def test_lists_models_and_gpus():
+    assert "meta-llama/Llama-3.1-405B" in invoke("models").output
+    assert "H100-SXM-80" in invoke("gpus").output

@@ -1,0 +1,89 @@
+"""Properties the memory model must hold for every configuration (hypothesis)."""
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from planner.catalog.models import catalog
+from planner.ledger import Phase
+from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
+from tests.conftest import run
+
+MODELS = ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "google/gemma-2-2b", "microsoft/Phi-3-mini-4k-instruct",
+          "openai-community/gpt2", "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-0.6B"]
+GPUS = ["1xA100-80", "1xH100-80", "8xH100-80", "2x8xH100-80", "4xRTX4090-24", "1xMI300X"]
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+configs = st.fixed_dictionaries({
+    "optimizer": st.sampled_from(list(Optimizer)),
+    "precision": st.sampled_from(list(Precision)),
+    "checkpointing": st.sampled_from(list(Checkpointing)),
+    "sharding": st.sampled_from(list(Sharding)),
+    "offload": st.sampled_from(list(Offload)),
+    "loss": st.sampled_from(list(Loss)),
+    "attention": st.sampled_from(list(Attention)),
+    "micro_batch_size": st.integers(1, 16),
+    "grad_accum": st.integers(1, 8),
+    "seq_len": st.sampled_from([128, 512, 1000, 2048, 4096]),
+})
+
+
+def required(r) -> int:
+    """Peak GPU bytes the configuration needs (paged state fills whatever is left, so exclude it)."""
+    return r.memory["peak"] - (r.paged.resident_bytes if r.paged else 0)
+
+
+def activation_bytes(r, phase) -> int:
+    return sum(row.bytes for row in r.ledger if row.term == "activations" and phase in row.phases)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), gpus=st.sampled_from(GPUS), cfg=configs,
+       more_batch=st.integers(0, 8), more_seq=st.sampled_from([0, 1, 128, 2048]))
+def test_memory_never_decreases_as_batch_or_sequence_grow(model, gpus, cfg, more_batch, more_seq):
+    small = run(model, gpus, **cfg)
+    big = run(model, gpus, **(cfg | {"micro_batch_size": cfg["micro_batch_size"] + more_batch,
+                                     "seq_len": cfg["seq_len"] + more_seq}))
+    assert big.memory["peak"] >= small.memory["peak"]
+    assert required(big) >= required(small)
+    for phase in Phase:
+        assert big.phase_peaks[phase] >= small.phase_peaks[phase] or big.paged
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), cfg=configs,
+       sizes=st.sampled_from([("2xH100-80", "4xH100-80"), ("4xH100-80", "8xH100-80"), ("8xH100-80", "2x8xH100-80"),
+                              ("2x8xH100-80", "4x8xH100-80"), ("2xH100-80", "4x8xH100-80")]))
+def test_more_shards_never_increase_per_gpu_memory(model, cfg, sizes):
+    assume(cfg["sharding"] != Sharding.NONE)
+    fewer, more = (run(model, g, host_memory_gb=100_000, **cfg) for g in sizes)
+    assert required(more) <= required(fewer)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), gpus=st.sampled_from(GPUS), cfg=configs)
+def test_checkpointing_never_increases_activations(model, gpus, cfg):
+    none, selective, full = (run(model, gpus, **(cfg | {"checkpointing": c})) for c in Checkpointing)
+    for phase in Phase:
+        assert activation_bytes(full, phase) <= activation_bytes(selective, phase) <= activation_bytes(none, phase)
+    assert required(full) <= required(selective) <= required(none)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), gpus=st.sampled_from(GPUS), cfg=configs)
+def test_ledger_terms_sum_to_the_peak(model, gpus, cfg):
+    r = run(model, gpus, **cfg)
+    terms = {k: v for k, v in r.memory.items() if k != "peak"}
+    assert sum(terms.values()) == r.memory["peak"] == max(r.phase_peaks.values())
+    assert all(row.bytes >= 0 for row in r.ledger)
+    assert r.fits == (r.feasible and r.headroom_bytes >= 0 and r.host_memory["peak"] <= r.host_memory["capacity"])
+
+
+def test_8bit_states_are_smaller_than_32bit_for_every_catalog_model():
+    pairs = [("adamw-8bit", "adamw"), ("paged-adamw-8bit", "paged-adamw"), ("lion-8bit", "lion")]
+    for model in catalog():
+        for precision in ("bf16-mixed", "bf16-pure"):
+            for eight, full in pairs:
+                a = run(model, "1xH200", optimizer=eight, precision=precision)
+                b = run(model, "1xH200", optimizer=full, precision=precision)
+                states = lambda r: sum(x.bytes for x in r.ledger if x.term == "optimizer_states")  # noqa: E731
+                assert states(a) < states(b), (model, precision, eight)
