@@ -89,5 +89,7 @@ def test_host_memory_default_and_flag():
 
 
 def test_example_custom_gpu_file_loads():
-    hw = parse_gpus("4x./examples/custom-gpu.yaml")
+    from pathlib import Path
+
+    hw = parse_gpus(f"4x{Path(__file__).parent.parent / 'examples' / 'custom-gpu.yaml'}")
     assert hw.gpu.id == "MY-LAB-GPU-64" and hw.num_gpus == 4 and hw.gpu.memory_bytes == 64 * GIB

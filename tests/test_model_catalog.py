@@ -81,7 +81,10 @@ def test_unknown_model_names_close_matches_and_config_json():
 @pytest.mark.parametrize(
     "content, needle",
     [("{", "not valid JSON"), ("[1, 2]", "JSON object"), ('{"model_type": "bert"}', "not supported"),
-     ('{"model_type": "llama"}', "lacks"), ('{"model_type": "llama", "hidden_size": "x", "num_attention_heads": 2}', "config.json")],
+     ('{"model_type": "llama"}', "lacks"),
+     ('{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 0, "num_hidden_layers": 2,'
+      ' "intermediate_size": 8, "vocab_size": 10}', "unusable"),
+     ('{"model_type": "gpt2", "n_layer": -1}', "unusable"), ('{"model_type": "llama", "hidden_size": "x", "num_attention_heads": 2}', "config.json")],
 )
 def test_bad_config_files_are_clear_errors(tmp_path, content, needle):
     path = tmp_path / "config.json"

@@ -112,6 +112,6 @@ def spec_from_config(
         )
     except KeyError as e:
         raise PlannerInputError(f"{model_id}: config.json lacks {e.args[0]!r}, which a {family} model needs") from None
-    except (TypeError, ValueError, ValidationError) as e:
+    except (TypeError, ValueError, ArithmeticError, ValidationError) as e:
         msg = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
         raise PlannerInputError(f"{model_id}: config.json has an unusable value: {msg}") from None
