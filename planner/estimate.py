@@ -11,34 +11,22 @@ from planner.catalog.models import resolve_model
 from planner.cost import params as P
 from planner.cost import runtime as R
 from planner.formatting import gib
-from planner.ledger import TERMS, Ledger, LedgerDraft, LedgerRow, Location, Phase
+from planner.ledger import Ledger, LedgerDraft, LedgerRow, Location, Phase
 from planner.specs import HardwareSpec, ModelSpec
-from planner.vocabulary import (
-    Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding, TrainingConfig,
-)
+from planner.vocabulary import Sharding, TrainingConfig
 from strategies import REGISTRY, Check, Engine, PlanContext
 from strategies.precision import layout
 
 
-class EstimateRequest(BaseModel):
-    """What a user asks ``planner estimate``: unset vocabulary fields take their defaults."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class EstimateRequest(TrainingConfig):
+    """What a user asks ``planner estimate``: the vocabulary (unset fields take their defaults),
+    plus the model, the GPUs and how much memory to keep free."""
 
     model: str
     gpus: str
     host_memory_gb: float | None = None
     margin: float = Field(0.0, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
-    optimizer: Optimizer = Optimizer.ADAMW
-    precision: Precision = Precision.BF16_MIXED
-    checkpointing: Checkpointing = Checkpointing.NONE
     sharding: Sharding | None = None  # default: none on one GPU, ddp on several
-    offload: Offload = Offload.NONE
-    loss: Loss = Loss.STANDARD
-    attention: Attention = Attention.SDPA
-    micro_batch_size: int = Field(1, ge=1, le=1_000_000)
-    grad_accum: int = Field(1, ge=1, le=1_000_000)
-    seq_len: int = Field(2048, ge=1, le=100_000_000)
 
 
 class ModelInfo(BaseModel):
@@ -96,7 +84,7 @@ class EstimateResult(BaseModel):
 def estimate(request: EstimateRequest) -> EstimateResult:
     model = resolve_model(request.model)
     hardware = parse_gpus(request.gpus, request.host_memory_gb)
-    fields = request.model_dump(exclude={"model", "gpus", "host_memory_gb", "margin"})
+    fields = request.model_dump(include=set(TrainingConfig.model_fields))
     if fields["sharding"] is None:
         fields["sharding"] = Sharding.NONE if hardware.num_gpus == 1 else Sharding.DDP
     return estimate_config(model, hardware, TrainingConfig(**fields), request.margin)
@@ -115,7 +103,7 @@ def estimate_config(model: ModelSpec, hardware: HardwareSpec, config: TrainingCo
     draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", R.CUDA_CONTEXT_BYTES, 1)
     if hardware.num_gpus > 1:
         draft.add("cuda_context", "NCCL buffers and communicators", R.NCCL_BYTES, 1)
-    allocated = max(Ledger.from_draft(draft).phase_bytes(p) for p in Phase) - sum(r.bytes for r in draft.of("cuda_context"))
+    allocated = draft.peak_bytes() - sum(r.bytes for r in draft.of("cuda_context"))
     draft.add(
         "allocator_reserve", "caching-allocator fragmentation reserve", allocated, R.FRAGMENTATION_FRACTION,
         note=f"{R.FRAGMENTATION_FRACTION:.0%} of the allocated peak",
@@ -171,7 +159,7 @@ def _place_paged_state(draft: LedgerDraft, usable: int) -> PagedInfo | None:
         return None
     draft.remove(unified)
     total = sum(r.bytes for r in unified)
-    gpu_peak = max(Ledger.from_draft(draft).phase_bytes(p) for p in Phase)
+    gpu_peak = draft.peak_bytes()
     resident = max(0, min(total, usable - gpu_peak))
     label = unified[0].label
     draft.add("optimizer_states", f"{label}: resident on GPU", resident, 1, note="unified memory kept on the GPU")
@@ -203,7 +191,9 @@ def _host_memory(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None) -> d
     }
 
 
-def _reasons(check, peak, phase, usable, margin, host, paged) -> list[str]:
+def _reasons(
+    check: Check, peak: int, phase: Phase, usable: int, margin: float, host: dict[str, int], paged: PagedInfo | None
+) -> list[str]:
     if check.infeasible:
         return list(check.infeasible)
     reasons = []
@@ -237,4 +227,4 @@ def _model_info(m: ModelSpec) -> ModelInfo:
     )
 
 
-__all__ = ["TERMS", "EstimateRequest", "EstimateResult", "estimate", "estimate_config"]
+__all__ = ["EstimateRequest", "EstimateResult", "estimate", "estimate_config"]

@@ -53,6 +53,11 @@ TERMS: tuple[str, ...] = (
 )
 
 
+def phase_sum(rows, phase: Phase, location: Location) -> int:
+    """Bytes of the rows at ``location`` resident in ``phase`` (drafts and final rows alike)."""
+    return sum(r.bytes for r in rows if r.location == location and phase in r.phases)
+
+
 @dataclass
 class RowDraft:
     """A row while strategies still adjust it (sharding sets ``shard``, offload ``location``)."""
@@ -90,6 +95,9 @@ class LedgerDraft:
     def tagged(self, tag: str) -> list[RowDraft]:
         return [r for r in self.rows if r.tag == tag]
 
+    def peak_bytes(self, location: Location = Location.GPU) -> int:
+        return max(phase_sum(self.rows, p, location) for p in Phase)
+
     def remove(self, rows: list[RowDraft]) -> None:
         self.rows = [r for r in self.rows if all(r is not x for x in rows)]
 
@@ -126,7 +134,7 @@ class Ledger(BaseModel):
         return cls(rows=rows)
 
     def phase_bytes(self, phase: Phase, location: Location = Location.GPU) -> int:
-        return sum(r.bytes for r in self.rows if r.location == location and phase in r.phases)
+        return phase_sum(self.rows, phase, location)
 
     def peak_phase(self, location: Location = Location.GPU) -> Phase:
         # ties go to the earliest phase, so the report is stable

@@ -15,7 +15,6 @@ from planner.cost import params as P
 from planner.ledger import ALL_PHASES, LedgerDraft, Location
 from planner.vocabulary import Offload, Optimizer, Sharding
 from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.optimizer import BITSANDBYTES_8BIT_OR_PAGED
 from strategies.sharding import shard_degree
 
 DEEPSPEED_CPU_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.LION)
@@ -32,8 +31,7 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.infeasible.append("offload optimizer+params needs sharded parameters: use zero3 or fsdp")
     if ctx.engine == Engine.DEEPSPEED and opt not in DEEPSPEED_CPU_OPTIMIZERS:
         out.infeasible.append(f"offload runs DeepSpeed's CPU optimizer, which exists for adamw and lion, not {opt}")
-    elif opt in BITSANDBYTES_8BIT_OR_PAGED:
-        out.infeasible.append(f"{opt} needs its states on the GPU (bitsandbytes); it cannot be offloaded")
+    # (bitsandbytes optimizers under FSDP are rejected by the optimizer strategy)
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:

@@ -26,6 +26,13 @@ from strategies.precision import layout
 
 ZERO3_MAX_LIVE_PARAMETERS = 10**9
 ZERO_SUB_GROUP_SIZE = 10**9
+ALL_MODEL_STATES = ("weights", "master_weights", "optimizer_states", "gradients")
+#: What each mode divides by the sharding degree; ZeRO-3 and every FSDP mode divide all four.
+SHARDED_TERMS: dict[Sharding, tuple[str, ...]] = {
+    Sharding.NONE: (),
+    Sharding.ZERO1: ("master_weights", "optimizer_states"),
+    Sharding.ZERO2: ("master_weights", "optimizer_states", "gradients"),
+}
 FWD, BWD, STEP = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD}), frozenset({Phase.STEP})
 
 
@@ -70,13 +77,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
             note="reducer's flat buckets cover every gradient (gradient_as_bucket_view=False)",
         )
         return
-    sharded = {
-        Sharding.ZERO1: ("master_weights", "optimizer_states"),
-        Sharding.ZERO2: ("master_weights", "optimizer_states", "gradients"),
-    }.get(s, ("weights", "master_weights", "optimizer_states", "gradients"))
-    if s == Sharding.NONE:
-        sharded = ()
-    for row in ledger.of(*sharded):
+    for row in ledger.of(*SHARDED_TERMS.get(s, ALL_MODEL_STATES)):
         row.shard = n
     if ctx.engine == Engine.DEEPSPEED:
         _deepspeed_rows(ctx, ledger, n, total, layer, h)
@@ -112,7 +113,7 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, total: int, l
         phases=FWD, note="the output head is gathered at the loss; prefetch bucket 0.9*h*h",
     )
     ledger.add(
-        "gathered_parameters", "ZeRO-3 gathered layer + prefetch, and its gradients", min(live, layer + prefetch),
+        "gathered_parameters", "ZeRO-3 gathered layer + prefetch (backward)", min(live, layer + prefetch),
         lay.gathered_bytes, phases=BWD, note="one decoder layer and the prefetch bucket",
     )
     ledger.add("gathered_parameters", "ZeRO-3 unpartitioned layer gradients", layer, lay.grad_bytes, phases=BWD)

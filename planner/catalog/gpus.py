@@ -11,10 +11,10 @@ import re
 from functools import cache
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.catalog import DATA_DIR
+from planner.catalog.files import read_mapping
 from planner.errors import PlannerInputError
 from planner.specs import GpuSpec, HardwareSpec
 from planner.units import GB, MIB, TERA
@@ -84,14 +84,7 @@ def normalize(name: str) -> str:
 
 
 def _read(path: Path) -> GpuFile:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlannerInputError(f"cannot read GPU file {path}: {e}") from None
-    except yaml.YAMLError as e:
-        raise PlannerInputError(f"GPU file {path} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise PlannerInputError(f"GPU file {path} must be a YAML mapping", hint=_yaml_hint())
+    data = read_mapping(path, "GPU file", hint=_yaml_hint())
     try:
         return GpuFile.model_validate(data)
     except ValidationError as e:

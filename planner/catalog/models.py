@@ -6,7 +6,6 @@ id or alias (case-insensitive); an id in the local Hugging Face cache
 """
 
 import difflib
-import json
 import os
 from functools import cache
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from planner.catalog import DATA_DIR
+from planner.catalog.files import read_mapping
 from planner.catalog.families import SUPPORTED_FAMILIES, spec_from_config
 from planner.errors import PlannerInputError
 from planner.specs import ModelSpec
@@ -74,15 +74,7 @@ def _from_hub_cache(model_id: str) -> Path | None:
 
 
 def _read_config(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlannerInputError(f"cannot read {path}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise PlannerInputError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise PlannerInputError(f"{path} must hold a JSON object (a Hugging Face config.json)")
-    return data
+    return read_mapping(path, "model config", hint="Pass a Hugging Face config.json (a JSON object).")
 
 
 def resolve_model(ref: str) -> ModelSpec:

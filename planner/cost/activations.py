@@ -46,7 +46,7 @@ def korthikanti_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: 
     return s * b * h * (34 + 5 * a * s / h)
 
 
-def _norm(m: ModelSpec, dt: DTypes, width: int, input_bytes: int) -> Saved:
+def _norm(m: ModelSpec, width: int, input_bytes: int) -> Saved:
     """What one norm saves (excluding its output, which its consumer saves).
 
     RMSNorm (Llama): ``x.to(fp32)`` (saved by pow; a no-op when x is fp32) and the normalised
@@ -111,29 +111,29 @@ def layer_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) ->
     if m.family == "gpt2":
         masks = [("resid dropout mask", 1 * h)] if m.dropout > 0 else []
         return (
-            _norm(m, dt, h, r)
+            _norm(m, h, r)
             + [("qkv input", c * h)]
             + _gpt2_attention(m, dt, attention, seq_len)
             + masks
-            + _norm(m, dt, h, r)
+            + _norm(m, h, r)
             + [("fc input", c * h)]
             + _mlp(m, dt)
             + masks
         )
-    saved = _norm(m, dt, h, r) + [("qkv input", c * h)]
+    saved = _norm(m, h, r) + [("qkv input", c * h)]
     if m.qk_norm:  # Qwen3: RMSNorm over head_dim on q and k before RoPE (input is bf16 matmul output)
         q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-        saved += _norm(m, dt, q, c) + _norm(m, dt, kv, c)
+        saved += _norm(m, q, c) + _norm(m, kv, c)
     if m.fused_qkv:  # Phi-3: v is a view of qkv_proj's output, so all of it stays alive
         saved.append(("fused qkv (kept by v view)", c * (m.num_heads + m.num_kv_heads) * m.head_dim))
     saved += _attention_core(m, dt, attention, seq_len)
     if m.norms_per_layer == 4:  # Gemma-2: post-attention norm on o_proj output (c), pre-FF norm on residual (r)
-        saved += _norm(m, dt, h, c) + _norm(m, dt, h, r)
+        saved += _norm(m, h, c) + _norm(m, h, r)
     else:
-        saved += _norm(m, dt, h, r)
+        saved += _norm(m, h, r)
     saved += [("mlp input", c * h)] + _mlp(m, dt)
     if m.norms_per_layer == 4:
-        saved += _norm(m, dt, h, c)  # post-feedforward norm on down_proj output
+        saved += _norm(m, h, c)  # post-feedforward norm on down_proj output
     return saved
 
 
@@ -179,7 +179,7 @@ def backward_transient_bytes(m: ModelSpec, dt: DTypes, attention: Attention, seq
 
 def final_norm_bytes(m: ModelSpec, dt: DTypes) -> float:
     """The final norm and the head's input, saved outside the checkpointed layers (bytes/token)."""
-    return sum(b for _, b in _norm(m, dt, m.hidden_size, dt.residual)) + dt.compute * m.hidden_size
+    return sum(b for _, b in _norm(m, m.hidden_size, dt.residual)) + dt.compute * m.hidden_size
 
 
 def logits_bytes(m: ModelSpec, dt: DTypes, held_bytes: int) -> float:

@@ -126,8 +126,7 @@ def active_parameters(m: ModelSpec) -> int:
 
 def matmul_parameters(m: ModelSpec) -> int:
     """Elements of matmul weights (all experts), incl. the output head (tied or not)."""
-    n = sum(t.numel * multiplicity(m, t) for t in model_tensors(m) if t.matmul)
-    return n
+    return sum(t.numel * multiplicity(m, t) for t in model_tensors(m) if t.matmul)
 
 
 def root_parameters(m: ModelSpec) -> int:
