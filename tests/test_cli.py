@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.cli import app
@@ -91,6 +93,17 @@ def test_console_script_runs_without_torch_imported():
     code = ("import sys; from planner.cli import app; from planner.estimate import estimate; import planner.report; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
+
+
+@settings(max_examples=300, deadline=None)
+@given(model=st.one_of(st.sampled_from(["gpt2", "Qwen/Qwen2.5-0.5B", "", "."]), st.text(max_size=30)),
+       gpus=st.one_of(st.sampled_from(["1xA100-40", "2x4xH100", "0x0x", "8xH100-80"]), st.text(max_size=20)),
+       numbers=st.lists(st.one_of(st.integers(-10**20, 10**20), st.text(max_size=5)), min_size=3, max_size=3))
+def test_garbage_never_makes_a_traceback(model, gpus, numbers):
+    mbs, seq, host = (str(n) for n in numbers)
+    r = invoke("estimate", "--model", model, "--gpus", gpus, "--mbs", mbs, "--seq-len", seq,
+               "--host-memory-gb", host, "--json")
+    assert r.exit_code in (0, 1, 2)
 
 
 def test_lists_models_and_gpus():

@@ -79,6 +79,8 @@ def _read_config(path: Path) -> dict:
 
 def resolve_model(ref: str) -> ModelSpec:
     """A ModelSpec for ``--model``: a path, a catalog id, or an id in the local HF cache."""
+    if not ref.strip():
+        raise PlannerInputError("--model is empty", hint="Give a catalog id (`planner models`) or a path to a config.json.")
     path = Path(ref).expanduser()
     if path.is_dir():
         path = path / "config.json"
