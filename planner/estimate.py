@@ -200,22 +200,24 @@ def _reasons(
     kept = f" ({margin:.0%} margin kept free)" if margin else ""
     if peak > usable:
         reasons.append(
-            f"does not fit: needs {gib(peak)} per GPU at its {phase} peak, {gib(usable)} usable{kept}: "
+            f"GPU memory does not fit: needs {gib(peak)} per GPU at its {phase} peak, {gib(usable)} usable{kept}: "
             f"{gib(peak - usable)} short"
         )
     elif paged:
         others = peak - paged.resident_bytes
         reasons.append(
-            f"fits: {gib(others)} of {gib(usable)} per GPU{kept} without the paged optimizer state, which takes "
-            f"{gib(paged.resident_bytes)} of the rest and spills {gib(paged.spilled_bytes)} to host RAM"
+            f"GPU memory fits: {gib(others)} of {gib(usable)} per GPU{kept} without the paged optimizer state, "
+            f"which takes {gib(paged.resident_bytes)} of the rest and spills {gib(paged.spilled_bytes)} to host RAM"
         )
     else:
-        reasons.append(f"fits: {gib(peak)} of {gib(usable)} per GPU{kept}, {gib(usable - peak)} to spare")
+        reasons.append(f"GPU memory fits: {gib(peak)} of {gib(usable)} per GPU{kept}, {gib(usable - peak)} to spare")
     if host["peak"] > host["capacity"]:
         reasons.append(
-            f"host RAM: needs {gib(host['peak'])} per node, {gib(host['capacity'])} available: "
-            "pass --host-memory-gb if the machine has more"
+            f"host RAM does not fit: needs {gib(host['peak'])} per node, {gib(host['capacity'])} available: "
+            f"{gib(host['peak'] - host['capacity'])} short (pass --host-memory-gb if the machine has more)"
         )
+    else:
+        reasons.append(f"host RAM fits: {gib(host['peak'])} of {gib(host['capacity'])} per node")
     return reasons
 
 

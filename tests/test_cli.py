@@ -109,3 +109,16 @@ def test_garbage_never_makes_a_traceback(model, gpus, numbers):
 def test_lists_models_and_gpus():
     assert "meta-llama/Llama-3.1-405B" in invoke("models").output
     assert "H100-SXM-80" in invoke("gpus").output
+
+
+def test_host_ram_is_checked_for_offload():
+    """ZeRO-3 offload of a 7.6B model needs ~18 bytes/param of host RAM (ZeRO-Offload paper)."""
+    args = ["estimate", "--model", "Qwen/Qwen2.5-7B", "--gpus", "1xRTX4090-24", "--sharding", "zero3",
+            "--offload", "optimizer+params", "--checkpointing", "full", "--json"]
+    small = invoke(*args, "--host-memory-gb", "64")
+    assert small.exit_code == 1
+    out = json.loads(small.output)
+    assert out["memory"]["peak"] <= out["usable_bytes"]
+    assert any(r.startswith("host RAM does not fit") for r in out["reasons"])
+    assert out["host_memory"]["offloaded"] == pytest.approx(18 * out["model"]["num_parameters"], rel=1e-6)
+    assert invoke(*args, "--host-memory-gb", "256").exit_code == 0
