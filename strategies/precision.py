@@ -95,19 +95,17 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         # torch.amp caches the 16-bit cast of every matmul weight until the autocast region
         # (the whole model forward, loss included) exits; without checkpointing they are also
         # saved for backward. During backward one layer's casts are alive (recomputed or saved).
-        layer_mm = sum(t.numel for t in P.layer_tensors(m) if t.matmul)
         ledger.add(
             "autocast_weight_copies", "autocast casts of matmul weights (16-bit)", P.matmul_parameters(m), 2,
             phases=frozenset({Phase.FORWARD}), note="torch.amp weight-cast cache, freed when forward exits autocast",
         )
         ledger.add(
-            "autocast_weight_copies", "autocast casts of one layer (backward)", layer_mm, 2,
+            "autocast_weight_copies", "autocast casts of one layer (backward)", P.layer_matmul_parameters(m), 2,
             phases=frozenset({Phase.BACKWARD}), note="one layer's casts during its backward",
         )
     if ctx.config.precision == Precision.FP8_MIXED:
-        layer_mm = sum(t.numel for t in P.layer_tensors(m) if t.matmul)
         ledger.add(
-            "autocast_weight_copies", "fp8 casts of one layer's weights", layer_mm, 1,
+            "autocast_weight_copies", "fp8 casts of one layer's weights", P.layer_matmul_parameters(m), 1,
             phases=frozenset({Phase.FORWARD, Phase.BACKWARD}), note="Float8Linear casts weights per matmul",
         )
 

@@ -129,6 +129,11 @@ def matmul_parameters(m: ModelSpec) -> int:
     return sum(t.numel * multiplicity(m, t) for t in model_tensors(m) if t.matmul)
 
 
+def layer_matmul_parameters(m: ModelSpec) -> int:
+    """Elements of one decoder layer's matmul weights (all experts)."""
+    return sum(t.numel for t in layer_tensors(m) if t.matmul)
+
+
 def root_parameters(m: ModelSpec) -> int:
     """Parameters outside the decoder layers: embeddings, final norm, untied head (elements)."""
     return sum(t.numel for t in model_tensors(m) if t.part != Part.LAYER)
