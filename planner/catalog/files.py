@@ -7,6 +7,10 @@ import yaml
 
 from planner.errors import PlannerInputError
 
+#: libyaml's safe loader (shipped in PyYAML wheels) is ~10x faster than the pure-Python one;
+#: the catalog's 21 GPU files took 250 ms with the latter.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 def read_mapping(path: Path, what: str, hint: str = "") -> dict:
     """The top-level mapping of a .json / .yaml / .yml file; ``what`` names it in messages."""
@@ -15,7 +19,7 @@ def read_mapping(path: Path, what: str, hint: str = "") -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise PlannerInputError(f"cannot read {what} {path}: {e}", hint=hint) from None
     try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.load(text, Loader=_YAML_LOADER)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
         raise PlannerInputError(f"{what} {path} is not valid {kind}: {e}", hint=hint) from None
