@@ -118,7 +118,6 @@ def test_korthikanti_gpt_block(s, b):
     dt = A.DTypes(compute=2, residual=2)
     saved = A.total(A.layer_saved(m, dt, "eager", s)) * s * b
     assert saved == A.korthikanti_layer_bytes(s, b, m.hidden_size, m.num_heads)
-    assert A.korthikanti_layer_bytes(s, b, 1600, 25) == s * b * 1600 * (34 + 5 * 25 * s / 1600)
     # full recomputation keeps 2*s*b*h per layer (Korthikanti et al., Sec. 5)
     assert A.layer_input_bytes(m, dt) * s * b == 2 * s * b * m.hidden_size
 
