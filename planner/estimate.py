@@ -1,21 +1,27 @@
-"""Evaluate one fully specified configuration: the per-GPU memory ledger and the verdict.
+"""Evaluate one fully specified configuration: the memory ledger, the step time, the verdict.
 
-``estimate(request)`` is what ``planner estimate`` runs; ``estimate_config`` is the fast core
-(model, hardware and config already resolved) that the search will call per candidate.
+``evaluate`` is the fast core the search calls per candidate (plain drafts, no result objects);
+``estimate_config`` builds the full, documented result from it; ``estimate(request)`` is what
+``planner estimate`` runs.
 """
+
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
+from planner.cost import compute as C
 from planner.cost import params as P
 from planner.cost import runtime as R
 from planner.formatting import gib
-from planner.ledger import Ledger, LedgerDraft, LedgerRow, Location, Phase
+from planner.ledger import Ledger, LedgerDraft, LedgerRow, Location, PagedInfo, Phase, phase_sum, terms_at
 from planner.specs import HardwareSpec, ModelSpec
+from planner.timing import StepTime, TimeDraft, assemble, step_seconds
 from planner.vocabulary import Sharding, TrainingConfig
 from strategies import REGISTRY, Check, Engine, PlanContext
 from strategies.precision import layout
+from strategies.rates import peak_flops
 
 
 class EstimateRequest(TrainingConfig):
@@ -25,6 +31,7 @@ class EstimateRequest(TrainingConfig):
     model: str
     gpus: str
     host_memory_gb: float | None = None
+    inter_node_gbps: float | None = None
     margin: float = Field(0.0, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
     sharding: Sharding | None = None  # default: none on one GPU, ddp on several
 
@@ -50,15 +57,7 @@ class HardwareInfo(BaseModel):
     gpus_per_node: int
     gpu_memory_bytes: int
     host_memory_bytes_per_node: int
-
-
-class PagedInfo(BaseModel):
-    """Paged optimizer state (CUDA unified memory), per GPU."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    state_bytes: int
-    resident_bytes: int  # on the GPU, in the room the other terms leave
-    spilled_bytes: int  # in host RAM, migrated on demand
+    inter_node_bytes_per_s: float
 
 
 class EstimateResult(BaseModel):
@@ -75,28 +74,77 @@ class EstimateResult(BaseModel):
     host_memory: dict[str, int]  # bytes per node
     paged: PagedInfo | None
     ledger: list[LedgerRow]
+    time: StepTime
     feasible: bool
     fits: bool
     reasons: list[str]
     warnings: list[str]
 
 
+@dataclass
+class Evaluation:
+    """What the search needs of one candidate, before any result object is built."""
+
+    ctx: PlanContext
+    check: Check
+    usable: int
+    draft: LedgerDraft | None = None  # None: infeasible, not evaluated further
+    paged: PagedInfo | None = None
+    peak: int = 0
+    host: dict[str, int] | None = None
+    time_draft: TimeDraft | None = None
+    step_seconds: float = 0.0
+
+    @property
+    def feasible(self) -> bool:
+        return not self.check.infeasible
+
+    @property
+    def gpu_fits(self) -> bool:
+        return self.peak <= self.usable
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host is not None and self.host["peak"] <= self.host["capacity"]
+
+    @property
+    def fits(self) -> bool:
+        return self.feasible and self.gpu_fits and self.host_fits
+
+    @property
+    def tokens_per_step(self) -> int:
+        cfg = self.ctx.config
+        return cfg.micro_batch_size * cfg.grad_accum * cfg.seq_len * self.ctx.world_size
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.step_seconds if self.step_seconds else 0.0
+
+
 def estimate(request: EstimateRequest) -> EstimateResult:
     model = resolve_model(request.model)
-    hardware = parse_gpus(request.gpus, request.host_memory_gb)
+    hardware = parse_gpus(request.gpus, request.host_memory_gb, request.inter_node_gbps)
     fields = request.model_dump(include=set(TrainingConfig.model_fields))
     if fields["sharding"] is None:
         fields["sharding"] = Sharding.NONE if hardware.num_gpus == 1 else Sharding.DDP
     return estimate_config(model, hardware, TrainingConfig(**fields), request.margin)
 
 
-def estimate_config(model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0) -> EstimateResult:
-    ctx = PlanContext(model, hardware, config)
+def check_config(ctx: PlanContext) -> Check:
     check = Check()
     for strategy in REGISTRY:
         strategy.check(ctx, check)
     _check_workload(ctx, check)
+    return check
 
+
+def evaluate(
+    model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0, *, skip_infeasible: bool = False
+) -> Evaluation:
+    ctx = PlanContext(model, hardware, config)
+    ev = Evaluation(ctx, check_config(ctx), int(hardware.gpu.memory_bytes * (1 - margin)))
+    if skip_infeasible and not ev.feasible:
+        return ev
     draft = LedgerDraft()
     for strategy in REGISTRY:
         strategy.apply(ctx, draft)
@@ -108,38 +156,56 @@ def estimate_config(model: ModelSpec, hardware: HardwareSpec, config: TrainingCo
         "allocator_reserve", "caching-allocator fragmentation reserve", allocated, R.FRAGMENTATION_FRACTION,
         note=f"{R.FRAGMENTATION_FRACTION:.0%} of the allocated peak",
     )
-    usable = int(hardware.gpu.memory_bytes * (1 - margin))
-    paged = _place_paged_state(draft, usable)
-    ledger = Ledger.from_draft(draft)
+    ev.draft, ev.paged = draft, _place_paged_state(draft, ev.usable)
+    ev.peak = draft.peak_bytes()
+    ev.host = _host_memory(ctx, draft, ev.paged)
+    timing = TimeDraft(cpu_dispatch_seconds=model.num_layers * (
+        R.OPS_PER_LAYER_FORWARD * R.DISPATCH_SECONDS_PER_OP_FORWARD
+        + R.OPS_PER_LAYER_BACKWARD * R.DISPATCH_SECONDS_PER_OP_BACKWARD))
+    for strategy in REGISTRY:
+        strategy.time(ctx, draft, ev.paged, timing)
+    ev.time_draft, ev.step_seconds = timing, step_seconds(timing, config.grad_accum)
+    return ev
 
-    phase_peaks = {p: ledger.phase_bytes(p) for p in Phase}
-    peak_phase = ledger.peak_phase()
-    memory = ledger.terms_at(peak_phase) | {"peak": phase_peaks[peak_phase]}
-    host = _host_memory(ctx, ledger, paged)
-    feasible = not check.infeasible
-    gpu_fits = memory["peak"] <= usable
-    host_fits = host["peak"] <= host["capacity"]
-    fits = feasible and gpu_fits and host_fits
+
+def estimate_config(model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0) -> EstimateResult:
+    ev = evaluate(model, hardware, config, margin)
+    return result_of(ev, margin)
+
+
+def result_of(ev: Evaluation, margin: float) -> EstimateResult:
+    """The full, documented result of an evaluation."""
+    ctx, draft = ev.ctx, ev.draft
+    model, hardware, config = ctx.model, ctx.hardware, ctx.config
+    phase_peaks = {p: phase_sum(draft.rows, p, Location.GPU) for p in Phase}
+    peak_phase = max(Phase, key=lambda p: (phase_peaks[p], -list(Phase).index(p)))
+    memory = terms_at(draft.rows, peak_phase) | {"peak": ev.peak}
+    time = assemble(
+        ev.time_draft, config.grad_accum, ev.tokens_per_step, ctx.world_size,
+        C.model_flops_per_token(model, config.seq_len), peak_flops(ctx),
+    )
     return EstimateResult(
         model=_model_info(model),
         hardware=HardwareInfo(
             gpu=hardware.gpu.id, gpu_name=hardware.gpu.name, num_gpus=hardware.num_gpus, nodes=hardware.nodes,
             gpus_per_node=hardware.gpus_per_node, gpu_memory_bytes=hardware.gpu.memory_bytes,
             host_memory_bytes_per_node=hardware.host_memory_bytes_per_node,
+            inter_node_bytes_per_s=hardware.inter_node_bytes_per_s,
         ),
         config=config,
         memory=memory,
         peak_phase=peak_phase,
         phase_peaks=phase_peaks,
-        usable_bytes=usable,
-        headroom_bytes=usable - memory["peak"],
-        host_memory=host,
-        paged=paged,
-        ledger=ledger.rows,
-        feasible=feasible,
-        fits=fits,
-        reasons=_reasons(check, memory["peak"], peak_phase, usable, margin, host, paged),
-        warnings=check.warnings,
+        usable_bytes=ev.usable,
+        headroom_bytes=ev.usable - ev.peak,
+        host_memory=ev.host,
+        paged=ev.paged,
+        ledger=Ledger.from_draft(draft).rows,
+        time=time,
+        feasible=ev.feasible,
+        fits=ev.fits,
+        reasons=_reasons(ev.check, ev.peak, peak_phase, ev.usable, margin, ev.host, ev.paged),
+        warnings=ev.check.warnings,
     )
 
 
@@ -159,8 +225,7 @@ def _place_paged_state(draft: LedgerDraft, usable: int) -> PagedInfo | None:
         return None
     draft.remove(unified)
     total = sum(r.bytes for r in unified)
-    gpu_peak = draft.peak_bytes()
-    resident = max(0, min(total, usable - gpu_peak))
+    resident = max(0, min(total, usable - draft.peak_bytes()))
     label = unified[0].label
     draft.add("optimizer_states", f"{label}: resident on GPU", resident, 1, note="unified memory kept on the GPU")
     draft.add(
@@ -170,12 +235,12 @@ def _place_paged_state(draft: LedgerDraft, usable: int) -> PagedInfo | None:
     return PagedInfo(state_bytes=total, resident_bytes=resident, spilled_bytes=total - resident)
 
 
-def _host_memory(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None) -> dict[str, int]:
+def _host_memory(ctx: PlanContext, draft: LedgerDraft, paged: PagedInfo | None) -> dict[str, int]:
     """Host RAM per node: per-rank host rows times ranks per node, the processes' own memory,
     and the model load (each process loads the checkpoint in its parameter dtype, except under
     ZeRO-3 / FSDP where one process per node loads and the others start empty)."""
     gpn = ctx.hardware.gpus_per_node
-    per_rank = max(ledger.phase_bytes(p, Location.HOST) for p in Phase)
+    per_rank = draft.peak_bytes(Location.HOST)
     spilled = paged.spilled_bytes if paged else 0
     loaders = 1 if ctx.engine == Engine.FSDP or ctx.config.sharding == Sharding.ZERO3 else gpn
     loading = loaders * P.total_parameters(ctx.model) * layout(ctx).weight_bytes
@@ -229,4 +294,4 @@ def _model_info(m: ModelSpec) -> ModelInfo:
     )
 
 
-__all__ = ["EstimateRequest", "EstimateResult", "estimate", "estimate_config"]
+__all__ = ["EstimateRequest", "EstimateResult", "Evaluation", "estimate", "estimate_config", "evaluate"]

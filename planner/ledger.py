@@ -58,6 +58,15 @@ def phase_sum(rows, phase: Phase, location: Location) -> int:
     return sum(r.bytes for r in rows if r.location == location and phase in r.phases)
 
 
+def terms_at(rows, phase: Phase, location: Location = Location.GPU) -> dict[str, int]:
+    """Bytes per term resident in ``phase``; the values sum to ``phase_sum(rows, phase, location)``."""
+    out = dict.fromkeys(TERMS, 0)
+    for r in rows:
+        if r.location == location and phase in r.phases:
+            out[r.term] += r.bytes
+    return out
+
+
 @dataclass
 class RowDraft:
     """A row while strategies still adjust it (sharding sets ``shard``, offload ``location``)."""
@@ -97,6 +106,9 @@ class LedgerDraft:
 
     def peak_bytes(self, location: Location = Location.GPU) -> int:
         return max(phase_sum(self.rows, p, location) for p in Phase)
+
+    def phase_bytes(self, phase: Phase, location: Location = Location.GPU) -> int:
+        return phase_sum(self.rows, phase, location)
 
     def remove(self, rows: list[RowDraft]) -> None:
         self.rows = [r for r in self.rows if all(r is not x for x in rows)]
@@ -141,9 +153,13 @@ class Ledger(BaseModel):
         return max(Phase, key=lambda p: (self.phase_bytes(p, location), -list(Phase).index(p)))
 
     def terms_at(self, phase: Phase, location: Location = Location.GPU) -> dict[str, int]:
-        """Bytes per term resident in ``phase``; the values sum to ``phase_bytes(phase)``."""
-        out = dict.fromkeys(TERMS, 0)
-        for r in self.rows:
-            if r.location == location and phase in r.phases:
-                out[r.term] += r.bytes
-        return out
+        return terms_at(self.rows, phase, location)
+
+
+class PagedInfo(BaseModel):
+    """Paged optimizer state (CUDA unified memory), per GPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    state_bytes: int
+    resident_bytes: int  # on the GPU, in the room the other terms leave
+    spilled_bytes: int  # in host RAM, migrated on demand

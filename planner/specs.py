@@ -59,6 +59,21 @@ class ModelSpec(BaseModel):
         return self.num_experts > 1
 
 
+class Efficiency(BaseModel):
+    """Achieved fractions of a GPU's datasheet peaks (the step-time model's rates)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gemm: dict[str, float]  # compute dtype -> achieved / dense peak on large matmuls
+    attention: float = Field(gt=0, le=1)  # fused attention fwd+bwd / 16-bit dense peak
+    memory_bandwidth: float = Field(gt=0, le=1)  # achieved / datasheet bandwidth
+    saturation_tokens: float = Field(0.0, ge=0)  # T0: compute rates scale by T / (T + T0), T = tokens per micro-batch
+    source: str
+
+    def gemm_for(self, dtype: str) -> float:
+        return self.gemm.get(dtype) or min(self.gemm.values())
+
+
 class GpuSpec(BaseModel):
     """One GPU model, from the catalog or a user YAML file. Base units only."""
 
@@ -78,6 +93,7 @@ class GpuSpec(BaseModel):
     host_link_bytes_per_s: float = Field(gt=0)  # per direction
     max_gpus_per_node: int = Field(ge=1)
     sources: dict[str, str]
+    efficiency: Efficiency
 
     def supports(self, dtype: str) -> bool:
         return self.dense_flops_per_s.get(dtype) is not None
@@ -92,6 +108,11 @@ class HardwareSpec(BaseModel):
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)
     host_memory_bytes_per_node: int = Field(gt=0)
+    inter_node_bytes_per_s: float = Field(gt=0)  # network per node, per direction
+
+    @property
+    def inter_node_bytes_per_s_per_gpu(self) -> float:
+        return self.inter_node_bytes_per_s / self.gpus_per_node
 
     @property
     def num_gpus(self) -> int:

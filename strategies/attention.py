@@ -4,8 +4,10 @@ Its memory effect lives in planner.cost.activations (fused attention saves no s^
 eager saves fp32 softmax probabilities, a*s per token). Here: when a choice is unwise.
 """
 
-from planner.ledger import LedgerDraft
+from planner.ledger import Ledger, LedgerDraft, PagedInfo
+from planner.timing import TimeDraft, Window
 from planner.vocabulary import Attention
+from strategies import rates
 from strategies.base import Check, PlanContext, Strategy
 
 
@@ -24,4 +26,11 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     return None
 
 
-STRATEGY = Strategy("attention", tuple(Attention), _check, _apply)
+def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    fwd = rates.attention_forward_seconds(ctx)
+    how = "fused, causal blocks skipped" if ctx.config.attention == Attention.SDPA else "eager, full s^2"
+    draft.compute("attention", f"attention forward ({how})", fwd, Window.FORWARD)
+    draft.compute("attention", f"attention backward ({how})", 2 * fwd, Window.BACKWARD)
+
+
+STRATEGY = Strategy("attention", tuple(Attention), _check, _apply, _time)

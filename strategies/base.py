@@ -1,7 +1,8 @@
 """What every strategy shares: the planning context and the Strategy record.
 
 A strategy owns one vocabulary field: its choices, when a choice is infeasible (reasons, never
-an exception), warnings, and its rows in the per-rank memory ledger. Strategies run in registry
+an exception), warnings, its rows in the per-rank memory ledger, and its rows in the step-time
+ledger (planner.timing). Strategies run in registry
 order (``strategies.REGISTRY``); later ones may adjust rows earlier ones wrote (sharding sets
 shard divisors, offload moves rows to host).
 """
@@ -11,8 +12,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
-from planner.ledger import LedgerDraft
+from planner.ledger import Ledger, LedgerDraft, PagedInfo
 from planner.specs import HardwareSpec, ModelSpec
+from planner.timing import TimeDraft
 from planner.vocabulary import Sharding, TrainingConfig
 
 
@@ -55,9 +57,14 @@ class Check:
     warnings: list[str] = field(default_factory=list)
 
 
+def no_time(ctx: "PlanContext", ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    """For strategies whose choice costs no step time of its own."""
+
+
 @dataclass(frozen=True)
 class Strategy:
     field: str  # the TrainingConfig field this strategy owns
     choices: tuple[str, ...]
     check: Callable[[PlanContext, Check], None]
     apply: Callable[[PlanContext, LedgerDraft], None]
+    time: Callable[[PlanContext, Ledger, PagedInfo | None, TimeDraft], None] = no_time

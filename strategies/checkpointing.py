@@ -12,8 +12,11 @@ that one vector per token (< 0.1% of a step's peak).
 """
 
 from planner.cost import activations as A
-from planner.ledger import LedgerDraft, Phase
+from planner.cost import runtime as R
+from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.timing import TimeDraft, Window
 from planner.vocabulary import Checkpointing
+from strategies import rates
 from strategies.base import Check, PlanContext, Strategy
 from strategies.precision import layout
 
@@ -54,4 +57,23 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     )
 
 
-STRATEGY = Strategy("checkpointing", tuple(Checkpointing), _check, _apply)
+def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    """Elementwise traffic of the layers, and recomputation: full checkpointing runs every layer's
+    forward again during backward (matmuls, attention, elementwise: ~33% more compute,
+    Korthikanti et al. 2022); selective recomputes only the elementwise ops it did not keep."""
+    cfg, m = ctx.config, ctx.model
+    saved = A.total(A.layer_saved(m, layout(ctx).dtypes, cfg.attention, cfg.seq_len))
+    elementwise = rates.elementwise_forward_seconds(ctx, saved)
+    draft.compute("elementwise", "norms, activations, RoPE, residuals (forward)", elementwise, Window.FORWARD)
+    draft.compute("elementwise", "norms, activations, RoPE, residuals (backward)", 2 * elementwise, Window.BACKWARD)
+    if cfg.checkpointing == Checkpointing.FULL:
+        redo = rates.layer_matmul_forward_seconds(ctx) + rates.attention_forward_seconds(ctx) + elementwise
+        draft.compute("recompute", "full recomputation: each layer's forward again", redo, Window.BACKWARD)
+        draft.cpu_dispatch_seconds += m.num_layers * R.OPS_PER_LAYER_FORWARD * R.DISPATCH_SECONDS_PER_OP_FORWARD
+    elif cfg.checkpointing == Checkpointing.SELECTIVE:
+        kept = A.total(A.layer_selective(m, layout(ctx).dtypes, cfg.attention, cfg.seq_len))
+        redo = rates.elementwise_forward_seconds(ctx, max(0.0, saved - kept))
+        draft.compute("recompute", "selective recomputation of elementwise ops", redo, Window.BACKWARD)
+
+
+STRATEGY = Strategy("checkpointing", tuple(Checkpointing), _check, _apply, _time)

@@ -1,8 +1,10 @@
 """Loss: standard cross-entropy over full fp32 logits, or a chunked fused linear cross-entropy."""
 
 from planner.cost import activations as A
-from planner.ledger import LedgerDraft, Phase
+from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.timing import TimeDraft, Window
 from planner.vocabulary import Loss
+from strategies import rates
 from strategies.base import Check, PlanContext, Strategy
 from strategies.precision import layout
 
@@ -29,4 +31,17 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     )
 
 
-STRATEGY = Strategy("loss", tuple(Loss), _check, _apply)
+#: fp32 bytes per token x vocabulary the loss moves: forward upcast and log-softmax (~12V),
+#: backward NLL gradient, log-softmax backward and the cast back (~22V). A fused or chunked
+#: loss moves about the same bytes (it never keeps them). Assumption, calibrated in issue 7.
+LOSS_TRAFFIC_FORWARD_PER_VOCAB = 12
+LOSS_TRAFFIC_BACKWARD_PER_VOCAB = 22
+
+
+def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    per = ctx.model.vocab_size * rates.tokens(ctx) / rates.bandwidth(ctx)
+    draft.compute("loss", "cross-entropy over the vocabulary (forward)", LOSS_TRAFFIC_FORWARD_PER_VOCAB * per, Window.FORWARD)
+    draft.compute("loss", "cross-entropy over the vocabulary (backward)", LOSS_TRAFFIC_BACKWARD_PER_VOCAB * per, Window.BACKWARD)
+
+
+STRATEGY = Strategy("loss", tuple(Loss), _check, _apply, _time)

@@ -11,8 +11,11 @@ DeepSpeed's CPU optimizers exist for Adam(W) and Lion; FSDP offload runs any tor
 on the CPU (not bitsandbytes, which needs CUDA tensors).
 """
 
+from planner.cost import comms
 from planner.cost import params as P
-from planner.ledger import ALL_PHASES, LedgerDraft, Location
+from planner.cost import runtime as R
+from planner.ledger import ALL_PHASES, Ledger, LedgerDraft, Location, PagedInfo
+from planner.timing import TimeDraft, Window
 from planner.vocabulary import Offload, Optimizer, Sharding
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.sharding import shard_degree
@@ -53,4 +56,34 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         row.location = Location.HOST
 
 
-STRATEGY = Strategy("offload", tuple(Offload), _check, _apply)
+def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    """Host-link traffic per rank (pinned copies at HOST_LINK_EFFICIENCY of the GPU's host link)
+    and the CPU optimizer step, which all ranks of a node share and which nothing hides.
+    DeepSpeed: 16-bit gradients down every micro-batch, updated 16-bit parameters up once per
+    step; with offloaded parameters also the 16-bit partition up in forward and backward.
+    FSDP2 CPU offload: fp32 sharded parameters up in forward and backward, gradients down."""
+    off, hw = ctx.config.offload, ctx.hardware
+    if off == Offload.NONE:
+        return
+    partition = P.total_parameters(ctx.model) / shard_degree(ctx)
+    link = hw.gpu.host_link_bytes_per_s
+
+    def host(n_bytes: float) -> float:
+        return comms.transfer_seconds(n_bytes, link, R.HOST_LINK_EFFICIENCY)
+
+    if ctx.engine == Engine.DEEPSPEED:
+        draft.overlapped("offload", "gradient partition to host", host(2 * partition), Window.BACKWARD, True)
+        draft.serial("offload", "updated parameters to GPU", host(2 * partition))
+        if off == Offload.OPTIMIZER_PARAMS:
+            draft.overlapped("offload", "parameter partition to GPU (forward)", host(2 * partition), Window.FORWARD, True)
+            draft.overlapped("offload", "parameter partition to GPU (backward)", host(2 * partition), Window.BACKWARD, True)
+    else:
+        draft.overlapped("offload", "fp32 parameter shard to GPU (forward)", host(4 * partition), Window.FORWARD, True)
+        draft.overlapped("offload", "fp32 parameter shard to GPU (backward) + gradients to host",
+                         host(8 * partition), Window.BACKWARD, True)
+    cpu = partition * hw.gpus_per_node / R.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE
+    draft.serial("cpu_optimizer_step", "optimizer step on the CPU", cpu,
+                 note=f"{hw.gpus_per_node} ranks share the node's CPUs")
+
+
+STRATEGY = Strategy("offload", tuple(Offload), _check, _apply, _time)

@@ -9,8 +9,12 @@ Trainer's default momentum 0 (no state).
 
 from planner.cost import optimizer_states as S
 from planner.cost import params as P
-from planner.ledger import LedgerDraft, Location, Phase
+from planner.cost import comms
+from planner.cost import runtime as R
+from planner.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
+from planner.timing import TimeDraft
 from planner.vocabulary import Optimizer
+from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.precision import layout
 
@@ -99,4 +103,28 @@ def _note(opt: Optimizer) -> str:
     }[opt]
 
 
-STRATEGY = Strategy("optimizer", tuple(Optimizer), _check, _apply)
+def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    """The GPU optimizer step is memory bound: it reads gradients, reads and writes states and
+    the fp32 weights (or master copy, plus the 16-bit copy it refreshes) and any fp32 gradient
+    upcast: bytes from this rank's GPU ledger rows / achieved bandwidth (roofline). Paged state
+    that spilled migrates in and back out over the host link once per step."""
+    gpu_rows = [r for r in ledger.rows if r.location == Location.GPU]
+
+    def total(*terms: str) -> int:
+        return sum(r.bytes for r in gpu_rows if r.term in terms)
+
+    states, master, weights, grads = total("optimizer_states"), total("master_weights"), total("weights"), total("gradients")
+    upcast = sum(r.bytes for r in gpu_rows if "fp32 gradient partition" in r.label)
+    refreshed = 2 * master + weights if master else 2 * weights
+    traffic = 2 * states + grads + refreshed + 2 * upcast
+    if states or grads:
+        draft.serial("optimizer_step", f"{ctx.config.optimizer} step on the GPU", traffic / rates.bandwidth(ctx),
+                     note=f"{traffic / 2**30:.1f} GiB moved")
+    if paged and paged.spilled_bytes:
+        link = ctx.hardware.gpu.host_link_bytes_per_s
+        seconds = comms.transfer_seconds(2 * paged.spilled_bytes, link, R.HOST_LINK_EFFICIENCY)
+        draft.serial("paged_migration", "paged state in and out of host RAM", seconds,
+                     note=f"{paged.spilled_bytes / 2**30:.1f} GiB spilled")
+
+
+STRATEGY = Strategy("optimizer", tuple(Optimizer), _check, _apply, _time)

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 
 from planner.cost import params as P
 from planner.cost.activations import DTypes
-from planner.ledger import ALL_PHASES, LedgerDraft, Phase
+from planner.ledger import ALL_PHASES, Ledger, LedgerDraft, PagedInfo, Phase
+from planner.timing import TimeDraft, Window
 from planner.vocabulary import Precision
+from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 
 MIXED = (Precision.FP16_MIXED, Precision.BF16_MIXED, Precision.FP8_MIXED)
@@ -110,4 +112,11 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         )
 
 
-STRATEGY = Strategy("precision", tuple(Precision), _check, _apply)
+def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    fwd = rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
+    dtype = "fp8 layers" if ctx.config.precision == Precision.FP8_MIXED else rates.compute_dtype(ctx)
+    draft.compute("matmul", f"forward matmuls ({dtype})", fwd, Window.FORWARD, note="6N rule: 2 FLOPs/param/token")
+    draft.compute("matmul", f"backward matmuls ({dtype})", 2 * fwd, Window.BACKWARD, note="input and weight gradients")
+
+
+STRATEGY = Strategy("precision", tuple(Precision), _check, _apply, _time)

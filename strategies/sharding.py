@@ -18,13 +18,18 @@ sub_group_size = 1e9, overlap_comm = true (source: transformers integrations/dee
 DeepSpeed runtime/zero/config.py for the defaults).
 """
 
+from planner.cost import comms
 from planner.cost import params as P
-from planner.ledger import ALL_PHASES, LedgerDraft, Phase
+from planner.cost import runtime as R
+from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.timing import TimeDraft, Window
 from planner.vocabulary import Sharding
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.precision import layout
 
 ZERO3_MAX_LIVE_PARAMETERS = 10**9
+#: DDP's bucket_cap_mb default (25 MiB): one all-reduce call per bucket.
+DDP_BUCKET_BYTES = 25 * 2**20
 ZERO_SUB_GROUP_SIZE = 10**9
 ALL_MODEL_STATES = ("weights", "master_weights", "optimizer_states", "gradients")
 #: What each mode divides by the sharding degree; ZeRO-3 and every FSDP mode divide all four.
@@ -144,4 +149,66 @@ def _fsdp_rows(ctx: PlanContext, ledger: LedgerDraft, total: int, layer: int) ->
     )
 
 
-STRATEGY = Strategy("sharding", tuple(Sharding), _check, _apply)
+def _link(ctx: PlanContext, ranks_per_node: int, nodes: int) -> tuple[float, float]:
+    """(bytes/s, latency per collective) of a ring over ``nodes`` x ``ranks_per_node`` ranks:
+    the slowest link it spans (the GPU link inside a node, the network per GPU across nodes)."""
+    hw = ctx.hardware
+    if nodes > 1:
+        per_gpu = hw.inter_node_bytes_per_s / ranks_per_node
+        return min(hw.gpu.gpu_link_bytes_per_s, per_gpu), R.COLLECTIVE_LATENCY_INTER_S
+    return hw.gpu.gpu_link_bytes_per_s, R.COLLECTIVE_LATENCY_INTRA_S
+
+
+def _seconds(n_bytes: float, link: tuple[float, float], calls: int) -> float:
+    return comms.transfer_seconds(n_bytes, link[0], R.LINK_EFFICIENCY, calls * link[1])
+
+
+def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    """Collective volumes per rank (ring algorithms, planner.cost.comms) over the slowest link
+    the group spans, hidden under the compute of the pass that issues them (bucketed DDP
+    all-reduce and ZeRO-2 reduce-scatter under backward; ZeRO-3 / FSDP prefetched all-gathers
+    under forward and backward). End-of-step collectives (ZeRO-1 reduce, ZeRO-1/2 parameter
+    all-gather) run alone."""
+    s, m, lay, hw = ctx.config.sharding, ctx.model, layout(ctx), ctx.hardware
+    n, psi, layers = ctx.world_size, P.total_parameters(m), m.num_layers
+    if s == Sharding.NONE or n == 1:
+        return
+    world = _link(ctx, hw.gpus_per_node, hw.nodes)
+    g = lay.gathered_bytes
+    if s == Sharding.DDP:
+        buckets = max(1, int(psi * lay.grad_bytes // DDP_BUCKET_BYTES))
+        volume = comms.all_reduce_bytes(psi * lay.grad_bytes, n)
+        draft.overlapped("communication", "DDP gradient all-reduce", _seconds(volume, world, buckets), Window.BACKWARD,
+                         per_micro_batch=False, note="once per step, bucketed under the last backward")
+        return
+    if ctx.engine == Engine.DEEPSPEED:
+        gather = _seconds(comms.all_gather_bytes(psi * lay.weight_bytes, n), world, layers)
+        reduce = _seconds(comms.all_gather_bytes(psi * lay.grad_bytes, n), world, layers)
+        if s == Sharding.ZERO3:
+            draft.overlapped("communication", "ZeRO-3 parameter all-gather (forward)", gather, Window.FORWARD, True)
+            draft.overlapped("communication", "ZeRO-3 all-gather + gradient reduce-scatter (backward)", gather + reduce,
+                             Window.BACKWARD, True)
+            return
+        if s == Sharding.ZERO2:
+            draft.overlapped("communication", "ZeRO-2 gradient reduce-scatter", reduce, Window.BACKWARD, True,
+                             note="overlap_comm, every micro-batch")
+        else:
+            draft.serial("communication", "ZeRO-1 gradient reduce-scatter at the step", reduce)
+        draft.serial("communication", "updated 16-bit parameter all-gather", gather)
+        return
+    # FSDP2: all-gather params in param_dtype, reduce-scatter grads in fp32 (reduce_dtype)
+    reduce_bytes = g + (4 - g if g < 4 else 0)
+    group = _link(ctx, hw.gpus_per_node, 1) if s == Sharding.FSDP_HYBRID else world
+    ranks = hw.gpus_per_node if s == Sharding.FSDP_HYBRID else n
+    gather = _seconds(comms.all_gather_bytes(psi * g, ranks), group, layers + 1)
+    reduce = _seconds(comms.all_gather_bytes(psi * reduce_bytes, ranks), group, layers + 1)
+    draft.overlapped("communication", "FSDP parameter all-gather (forward)", gather, Window.FORWARD, True)
+    backward = reduce if s == Sharding.FSDP_GRAD_OP else gather + reduce
+    draft.overlapped("communication", "FSDP all-gather + reduce-scatter (backward)", backward, Window.BACKWARD, True)
+    if s == Sharding.FSDP_HYBRID:
+        across = comms.all_reduce_bytes(psi / ranks * reduce_bytes, hw.nodes)
+        draft.overlapped("communication", "HSDP gradient all-reduce across nodes", _seconds(across, world, layers + 1),
+                         Window.BACKWARD, True)
+
+
+STRATEGY = Strategy("sharding", tuple(Sharding), _check, _apply, _time)

@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.catalog import DATA_DIR
+from planner.catalog.efficiency import efficiency
 from planner.catalog.files import read_mapping
 from planner.errors import PlannerInputError
 from planner.specs import GpuSpec, HardwareSpec
@@ -27,6 +28,9 @@ _SPEC = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(?:(\d+)\s*[x×*]\s*)?(\S.*?)\s*$
 #: p4d 8xA100-40: 1152 GiB; p5 8xH100: 2 TiB); pass --host-memory-gb for your machine.
 DEFAULT_HOST_MEMORY_FACTOR = 2
 DEFAULT_HOST_MEMORY_MIN_BYTES = 64 * GB
+#: Default network between nodes when --inter-node-gbps is not given: 200 Gbit/s per GPU
+#: (DGX A100: 8 x 200 Gb/s HDR per node; DGX H100 has 8 x 400 Gb/s NDR; cloud nodes often less).
+DEFAULT_INTER_NODE_GBPS_PER_GPU = 200
 
 
 class _Link(BaseModel):
@@ -73,6 +77,7 @@ class GpuFile(BaseModel):
             host_link_bytes_per_s=self.host_link.gb_per_s * GB,
             max_gpus_per_node=self.max_gpus_per_node,
             sources=self.sources,
+            efficiency=efficiency(self.id, self.architecture),
         )
 
 
@@ -137,8 +142,9 @@ def default_host_memory_bytes(gpu: GpuSpec, gpus_per_node: int) -> int:
     return max(DEFAULT_HOST_MEMORY_MIN_BYTES, DEFAULT_HOST_MEMORY_FACTOR * gpus_per_node * gpu.memory_bytes)
 
 
-def parse_gpus(spec: str, host_memory_gb: float | None = None) -> HardwareSpec:
-    """Parse ``--gpus`` (and ``--host-memory-gb``, decimal GB per node) into a HardwareSpec."""
+def parse_gpus(spec: str, host_memory_gb: float | None = None, inter_node_gbps: float | None = None) -> HardwareSpec:
+    """Parse ``--gpus`` (and ``--host-memory-gb``, decimal GB per node; ``--inter-node-gbps``,
+    Gbit/s per node) into a HardwareSpec."""
     match = _SPEC.match(spec or "")
     if not match:
         raise PlannerInputError(f"malformed --gpus {spec!r}", hint=f"Grammar: {GRAMMAR}")
@@ -156,7 +162,13 @@ def parse_gpus(spec: str, host_memory_gb: float | None = None) -> HardwareSpec:
         )
     if host_memory_gb is not None and not (0 < host_memory_gb < 1e7):
         problems.append(f"--host-memory-gb {host_memory_gb}: give the host RAM per node in GB (e.g. 512)")
+    if inter_node_gbps is not None and not (0 < inter_node_gbps < 1e6):
+        problems.append(f"--inter-node-gbps {inter_node_gbps}: give the network bandwidth per node in Gbit/s (e.g. 3200)")
     if problems:
         raise PlannerInputError(problems, hint=f"Grammar: {GRAMMAR}")
     host = int(host_memory_gb * GB) if host_memory_gb is not None else default_host_memory_bytes(gpu, per_node)
-    return HardwareSpec(gpu=gpu, nodes=nodes, gpus_per_node=per_node, host_memory_bytes_per_node=host)
+    gbps = inter_node_gbps if inter_node_gbps is not None else DEFAULT_INTER_NODE_GBPS_PER_GPU * per_node
+    return HardwareSpec(
+        gpu=gpu, nodes=nodes, gpus_per_node=per_node, host_memory_bytes_per_node=host,
+        inter_node_bytes_per_s=gbps * 1e9 / 8,
+    )

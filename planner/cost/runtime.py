@@ -23,3 +23,29 @@ FRAGMENTATION_FRACTION = 0.05
 #: Host RAM per training process: Python, torch, CUDA host libraries, pinned staging and the
 #: data loader. Assumption (~3 GiB, typical RSS of a torch training process before model load).
 HOST_PROCESS_BYTES = 3 * GIB
+
+# --- step-time constants -------------------------------------------------------------------
+
+#: Host-side time to launch one op in eager PyTorch (Python + dispatcher + CUDA launch), and
+#: ops per decoder layer (HF Llama-style layer: ~35 forward ops; autograd runs ~2x as many
+#: backward nodes at a lower per-op cost). Assumptions (PyTorch dispatcher overhead is a few
+#: microseconds per op: "Making Deep Learning Go Brrrr From First Principles", He 2022),
+#: calibrated by measured probes in issue 7. They set a floor on micro-batch time for small models.
+DISPATCH_SECONDS_PER_OP_FORWARD = 8e-6
+DISPATCH_SECONDS_PER_OP_BACKWARD = 4e-6
+OPS_PER_LAYER_FORWARD = 35
+OPS_PER_LAYER_BACKWARD = 70
+
+#: Achieved fraction of a link's per-direction bandwidth by NCCL collectives (nccl-tests bus
+#: bandwidth: ~360-370 GB/s of NVLink4's 450, ~80% of PCIe and InfiniBand line rate).
+LINK_EFFICIENCY = 0.8
+#: Latency per collective call: ~10-30 us inside a node, ~50 us across nodes (nccl-tests small
+#: message times). Assumption.
+COLLECTIVE_LATENCY_INTRA_S = 20e-6
+COLLECTIVE_LATENCY_INTER_S = 50e-6
+#: Host-to-device copies from pinned memory reach ~80% of the PCIe link (CUDA bandwidthTest).
+HOST_LINK_EFFICIENCY = 0.8
+#: CPU optimizer (DeepSpeed CPU-Adam / torch on CPU) parameters updated per second per node.
+#: Assumption of order from ZeRO-Offload (Ren et al. 2021, Sec. 5: CPU-Adam updates ~1B
+#: parameters in under a second on a dual-socket server); calibrated in issue 7.
+CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE = 1.0e9

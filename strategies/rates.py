@@ -1,0 +1,99 @@
+"""This plan's achieved rates on its GPU, and the compute times several strategies share.
+
+Rate = datasheet dense peak x achieved fraction (GpuSpec.efficiency, from
+planner/catalog/data/efficiency.yaml). Matmul time per pass is a roofline: the larger of
+FLOPs / matmul rate and weight bytes read / memory bandwidth (small micro-batches are bound by
+reading the weights). Unit: seconds per micro-batch.
+"""
+
+from planner.cost import compute as C
+from planner.cost import params as P
+from planner.vocabulary import Attention, Precision
+from strategies.base import PlanContext
+
+COMPUTE_DTYPE = {
+    Precision.FP32: "fp32",
+    Precision.FP16_MIXED: "fp16",
+    Precision.BF16_MIXED: "bf16",
+    Precision.BF16_PURE: "bf16",
+    Precision.FP8_MIXED: "bf16",
+}
+
+
+def compute_dtype(ctx: PlanContext) -> str:
+    """The dtype of non-fp8 matmuls and of MFU's peak (torch keeps fp32 matmuls in fp32: TF32 is
+    off by default since torch 1.12)."""
+    return COMPUTE_DTYPE[ctx.config.precision]
+
+
+def peak_flops(ctx: PlanContext) -> float:
+    return ctx.hardware.gpu.dense_flops_per_s.get(compute_dtype(ctx)) or ctx.hardware.gpu.dense_flops_per_s["fp32"]
+
+
+def saturation(ctx: PlanContext) -> float:
+    """Fraction of the large-shape rate reached with T tokens per micro-batch: T / (T + T0).
+
+    Kernels on fewer tokens (smaller matmul M dimension, fewer attention rows) fill fewer waves
+    of the GPU's SMs and pay fixed per-layer costs; T0 per architecture is fitted to published
+    end-to-end MFU at several micro-batch sizes (efficiency.yaml)."""
+    t0 = ctx.hardware.gpu.efficiency.saturation_tokens
+    t = tokens(ctx)
+    return t / (t + t0)
+
+
+def matmul_rate(ctx: PlanContext, dtype: str) -> float:
+    gpu = ctx.hardware.gpu
+    peak = gpu.dense_flops_per_s.get(dtype) or gpu.dense_flops_per_s["fp32"]
+    return peak * gpu.efficiency.gemm_for(dtype) * saturation(ctx)
+
+
+def bandwidth(ctx: PlanContext) -> float:
+    gpu = ctx.hardware.gpu
+    return gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory_bandwidth
+
+
+def tokens(ctx: PlanContext) -> int:
+    return ctx.config.tokens_per_micro_batch
+
+
+def layer_matmul_forward_seconds(ctx: PlanContext) -> float:
+    """Decoder-layer matmuls, one forward pass (fp8 under fp8-mixed: torchao converts the
+    layers' linears, not the output head)."""
+    m = ctx.model
+    dtype = "fp8" if ctx.config.precision == Precision.FP8_MIXED else compute_dtype(ctx)
+    flops = C.matmul_flops_per_token(m, layers_only=True) * tokens(ctx)
+    weight_bytes = P.layer_matmul_parameters(m) * m.num_layers * (1 if dtype == "fp8" else _dtype_bytes(dtype))
+    return max(flops / matmul_rate(ctx, dtype), weight_bytes / bandwidth(ctx))
+
+
+def head_matmul_forward_seconds(ctx: PlanContext) -> float:
+    m, dtype = ctx.model, compute_dtype(ctx)
+    flops = (C.matmul_flops_per_token(m) - C.matmul_flops_per_token(m, layers_only=True)) * tokens(ctx)
+    weight_bytes = m.vocab_size * m.hidden_size * _dtype_bytes(dtype)
+    return max(flops / matmul_rate(ctx, dtype), weight_bytes / bandwidth(ctx))
+
+
+def attention_forward_seconds(ctx: PlanContext) -> float:
+    """Fused attention runs at the GPU's attention efficiency and skips masked blocks; eager
+    attention computes the full square with batched GEMMs and writes and reads its s^2 scores,
+    fp32 probabilities and their casts ((3c + 8) * a * s bytes per token per layer)."""
+    m, cfg = ctx.model, ctx.config
+    dtype = compute_dtype(ctx)
+    if cfg.attention == Attention.SDPA:
+        flops = C.attention_flops_per_token(m, cfg.seq_len, causal_skip=True) * tokens(ctx)
+        return flops / (peak_flops(ctx) * ctx.hardware.gpu.efficiency.attention * saturation(ctx))
+    flops = C.attention_flops_per_token(m, cfg.seq_len, causal_skip=False) * tokens(ctx)
+    c = _dtype_bytes(dtype)
+    traffic = (3 * c + 8) * m.num_heads * cfg.seq_len * m.num_layers * tokens(ctx)
+    return flops / matmul_rate(ctx, dtype) + traffic / bandwidth(ctx)
+
+
+def elementwise_forward_seconds(ctx: PlanContext, saved_bytes_per_token_per_layer: float) -> float:
+    """Norms, activations, RoPE, residual adds: memory bound. Assumption: a forward pass moves
+    about the bytes its saved activations occupy (each written once); backward moves twice that
+    (reads them, writes their gradients). Calibrated by measured probes (issue 7)."""
+    return saved_bytes_per_token_per_layer * ctx.model.num_layers * tokens(ctx) / bandwidth(ctx)
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}[dtype]
