@@ -48,6 +48,7 @@ def estimate(
     grad_accum: Annotated[int, typer.Option(help="gradient accumulation steps")] = 1,
     seq_len: Annotated[int, typer.Option(help="tokens per sequence")] = 2048,
     host_memory_gb: Annotated[float | None, typer.Option(help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")] = None,
+    inter_node_gbps: Annotated[float | None, typer.Option(help="network bandwidth per node, Gbit/s (default: 200 per GPU)")] = None,
     margin: Annotated[float, typer.Option(help="fraction of GPU memory to keep free, e.g. 0.05")] = 0.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
@@ -56,7 +57,8 @@ def estimate(
 
     try:
         request = EstimateRequest(
-            model=model, gpus=gpus, host_memory_gb=host_memory_gb, margin=margin, optimizer=optimizer,
+            model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
+            optimizer=optimizer,
             precision=precision, checkpointing=checkpointing, sharding=sharding, offload=offload, loss=loss,
             attention=attention, micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len,
         )
@@ -71,6 +73,55 @@ def estimate(
         from planner.report import console_for_stdout, render_estimate
 
         render_estimate(result, console_for_stdout())
+    raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
+
+
+@app.command(help=f"Search every configuration and print the fastest plans that fit. {EXIT_CODES.replace('fits', 'a plan fits').replace('does not fit or infeasible', 'nothing fits')}")
+def suggest(
+    model: Annotated[str, typer.Option(help="HF id from the catalog or local HF cache, or a config.json / model folder")],
+    gpus: Annotated[str, typer.Option(help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80")],
+    optimizer: Annotated[list[Optimizer] | None, typer.Option(help="allow only these (repeat the flag); default: adamw and its 8-bit, paged and Adam-mini forms")] = None,
+    precision: Annotated[list[Precision] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    checkpointing: Annotated[list[Checkpointing] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    sharding: Annotated[list[Sharding] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    offload: Annotated[list[Offload] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    loss: Annotated[list[Loss] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    attention: Annotated[list[Attention] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    micro_batch_size: Annotated[list[int] | None, typer.Option("--micro-batch-size", "--mbs", help="allow only these (repeatable); default: every divisor of the per-GPU share of the global batch")] = None,
+    seq_len: Annotated[int, typer.Option(help="tokens per sequence")] = 2048,
+    global_batch_size: Annotated[int | None, typer.Option(help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k >= 64)")] = None,
+    exact_optimizer: Annotated[bool, typer.Option("--exact-optimizer", help="exclude quantized (8-bit) optimizer states")] = False,
+    margin: Annotated[float, typer.Option(help="fraction of GPU memory to keep free, e.g. 0.05")] = 0.0,
+    top: Annotated[int, typer.Option(help="how many plans to show")] = 5,
+    host_memory_gb: Annotated[float | None, typer.Option(help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")] = None,
+    inter_node_gbps: Annotated[float | None, typer.Option(help="network bandwidth per node, Gbit/s (default: 200 per GPU)")] = None,
+    engine: Annotated[str, typer.Option(help="auto | exhaustive | tpe | nsga2 (auto: exhaustive up to 200,000 candidates)")] = "auto",
+    trials: Annotated[int, typer.Option(help="Optuna trials (tpe / nsga2 engines)")] = 400,
+    seed: Annotated[int, typer.Option(help="Optuna sampler seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    from planner.suggest import SuggestRequest
+    from planner.suggest import suggest as run_suggest
+
+    try:
+        request = SuggestRequest(
+            model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
+            seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer or [],
+            precision=precision or [], checkpointing=checkpointing or [], sharding=sharding or [],
+            offload=offload or [], loss=loss or [], attention=attention or [], micro_batch_size=micro_batch_size or [],
+            exact_optimizer=exact_optimizer, top=top, engine=engine, trials=trials, seed=seed,
+        )
+        result = run_suggest(request)
+    except ValidationError as e:
+        _fail(PlannerInputError(_validation_problems(e)))
+    except PlannerInputError as e:
+        _fail(e)
+    if as_json:
+        sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
+    else:
+        from planner.report import console_for_stdout, render_suggest
+
+        render_suggest(result, console_for_stdout())
     raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
 
 

@@ -151,13 +151,15 @@ def evaluate(
     draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", R.CUDA_CONTEXT_BYTES, 1)
     if hardware.num_gpus > 1:
         draft.add("cuda_context", "NCCL buffers and communicators", R.NCCL_BYTES, 1)
-    allocated = draft.peak_bytes() - sum(r.bytes for r in draft.of("cuda_context"))
-    draft.add(
+    peak = draft.peak_bytes()  # context and NCCL rows are resident in every phase
+    allocated = peak - sum(r.bytes for r in draft.of("cuda_context"))
+    reserve = draft.add(
         "allocator_reserve", "caching-allocator fragmentation reserve", allocated, R.FRAGMENTATION_FRACTION,
         note=f"{R.FRAGMENTATION_FRACTION:.0%} of the allocated peak",
     )
-    ev.draft, ev.paged = draft, _place_paged_state(draft, ev.usable)
-    ev.peak = draft.peak_bytes()
+    peak += reserve.bytes  # resident in every phase too
+    ev.draft, ev.paged = draft, _place_paged_state(draft, ev.usable, peak)
+    ev.peak = peak + (ev.paged.resident_bytes if ev.paged else 0)
     ev.host = _host_memory(ctx, draft, ev.paged)
     timing = TimeDraft(cpu_dispatch_seconds=model.num_layers * (
         R.OPS_PER_LAYER_FORWARD * R.DISPATCH_SECONDS_PER_OP_FORWARD
@@ -213,19 +215,19 @@ def _check_workload(ctx: PlanContext, out: Check) -> None:
     m, s = ctx.model, ctx.config.seq_len
     if s > m.max_position_embeddings:
         if m.learned_position_embeddings:
-            out.infeasible.append(f"seq_len {s} exceeds {m.id}'s {m.max_position_embeddings} learned positions")
+            out.reject("seq_len beyond learned positions", f"seq_len {s} exceeds {m.id}'s {m.max_position_embeddings} learned positions")
         else:
             out.warnings.append(f"seq_len {s} is beyond {m.id}'s max_position_embeddings ({m.max_position_embeddings})")
 
 
-def _place_paged_state(draft: LedgerDraft, usable: int) -> PagedInfo | None:
+def _place_paged_state(draft: LedgerDraft, usable: int, gpu_peak: int) -> PagedInfo | None:
     """Unified-memory rows occupy what the GPU has left at its peak; the rest spills to host."""
     unified = [r for r in draft.rows if r.location == Location.UNIFIED]
     if not unified:
         return None
     draft.remove(unified)
     total = sum(r.bytes for r in unified)
-    resident = max(0, min(total, usable - draft.peak_bytes()))
+    resident = max(0, min(total, usable - gpu_peak))
     label = unified[0].label
     draft.add("optimizer_states", f"{label}: resident on GPU", resident, 1, note="unified memory kept on the GPU")
     draft.add(

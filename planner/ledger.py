@@ -67,7 +67,10 @@ def terms_at(rows, phase: Phase, location: Location = Location.GPU) -> dict[str,
     return out
 
 
-@dataclass
+_TERM_SET = frozenset(TERMS)
+
+
+@dataclass(slots=True)
 class RowDraft:
     """A row while strategies still adjust it (sharding sets ``shard``, offload ``location``)."""
 
@@ -91,7 +94,7 @@ class LedgerDraft:
     rows: list[RowDraft] = field(default_factory=list)
 
     def add(self, term: str, label: str, elements: float, bytes_per_element: float, **kw) -> RowDraft:
-        if term not in TERMS:
+        if term not in _TERM_SET:
             raise ValueError(f"unknown ledger term {term!r}")
         row = RowDraft(term, label, elements, bytes_per_element, **kw)
         if row.bytes > 0:
@@ -105,7 +108,13 @@ class LedgerDraft:
         return [r for r in self.rows if r.tag == tag]
 
     def peak_bytes(self, location: Location = Location.GPU) -> int:
-        return max(phase_sum(self.rows, p, location) for p in Phase)
+        totals = dict.fromkeys(Phase, 0)
+        for r in self.rows:
+            if r.location == location:
+                b = r.bytes
+                for p in r.phases:
+                    totals[p] += b
+        return max(totals.values())
 
     def phase_bytes(self, phase: Phase, location: Location = Location.GPU) -> int:
         return phase_sum(self.rows, phase, location)

@@ -1,4 +1,4 @@
-"""Rich rendering of an EstimateResult: the ledger as a table, phases, host RAM, verdict."""
+"""Rich rendering of estimate and suggest results: ledgers as tables, phases, verdicts."""
 
 from rich.console import Console
 from rich.table import Table
@@ -14,23 +14,65 @@ PHASE_WORDS = {
 }
 
 
+def console_for_stdout() -> Console:
+    """Wide enough for the tables when stdout is not a terminal (pipes, CI logs)."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=170)
+    return console
+
+
+def gpus_spec(r: EstimateResult) -> str:
+    hw = r.hardware
+    nodes = f"{hw.nodes}x" if hw.nodes > 1 else ""
+    return f"{nodes}{hw.gpus_per_node}x{hw.gpu}"
+
+
 def render_estimate(r: EstimateResult, console: Console) -> None:
+    _header(r, console)
+    render_breakdown(r, console)
+    verdict = "[bold green]FITS[/]" if r.fits else ("[bold red]INFEASIBLE[/]" if not r.feasible else "[bold red]DOES NOT FIT[/]")
+    console.print(verdict)
+    for reason in r.reasons:
+        console.print(f"  {reason}")
+
+
+def render_breakdown(r: EstimateResult, console: Console) -> None:
+    """The memory ledger at the peak, phase totals, host RAM, warnings and the time ledger."""
+    _memory_table(r, console)
+    h = r.host_memory
+    console.print(
+        f"host RAM per node: {gib(h['peak'])} of {gib(h['capacity'])} "
+        f"(offloaded {gib(h['offloaded'])}, paged spill {gib(h['paged_spill'])}, "
+        f"processes {gib(h['process_runtime'])}, model load {gib(h['model_loading'])})"
+    )
+    for row in r.ledger:
+        if row.location == Location.HOST:
+            console.print(f"  on host, per GPU: {row.label}: {gib(row.bytes)}")
+    _time_table(r, console)
+    for w in r.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+
+
+def _header(r: EstimateResult, console: Console) -> None:
     m, hw, c = r.model, r.hardware, r.config
     active = f", {count(m.num_active_parameters)} active" if m.num_active_parameters != m.num_parameters else ""
     console.print(
         f"[bold]{m.id}[/] ({m.family}, {count(m.num_parameters)} params{active}) on "
-        f"[bold]{_gpus(r)}[/] ({gib(hw.gpu_memory_bytes)} per GPU)"
+        f"[bold]{gpus_spec(r)}[/] ({gib(hw.gpu_memory_bytes)} per GPU)"
     )
     console.print(
         f"optimizer {c.optimizer} | precision {c.precision} | checkpointing {c.checkpointing} | sharding {c.sharding} | "
         f"offload {c.offload} | loss {c.loss} | attention {c.attention} | micro-batch {c.micro_batch_size} x "
         f"accum {c.grad_accum} x seq {c.seq_len}"
     )
+
+
+def _memory_table(r: EstimateResult, console: Console) -> None:
+    hw = r.hardware
     table = Table(title=f"Memory per GPU at the {r.peak_phase} peak ({PHASE_WORDS[r.peak_phase]})", title_justify="left")
-    table.add_column("term")
-    table.add_column("GiB", justify="right")
-    table.add_column("of GPU", justify="right")
-    table.add_column("how")
+    for name, justify in (("term", "left"), ("GiB", "right"), ("of GPU", "right"), ("how", "left")):
+        table.add_column(name, justify=justify)
     for row in r.ledger:
         if row.location == Location.GPU and r.peak_phase in row.phases:
             table.add_row(row.label, f"{row.bytes / 2**30:,.2f}", share(row.bytes, hw.gpu_memory_bytes), row.note)
@@ -38,32 +80,53 @@ def render_estimate(r: EstimateResult, console: Console) -> None:
     table.add_row("[bold]peak[/]", f"[bold]{r.memory['peak'] / 2**30:,.2f}[/]", share(r.memory["peak"], hw.gpu_memory_bytes), "")
     console.print(table)
     console.print("phases: " + " | ".join(f"{p} {gib(b)}" for p, b in r.phase_peaks.items()))
-    host_rows = [row for row in r.ledger if row.location == Location.HOST]
-    h = r.host_memory
-    console.print(
-        f"host RAM per node: {gib(h['peak'])} of {gib(h['capacity'])} "
-        f"(offloaded {gib(h['offloaded'])}, paged spill {gib(h['paged_spill'])}, "
-        f"processes {gib(h['process_runtime'])}, model load {gib(h['model_loading'])})"
+
+
+def _time_table(r: EstimateResult, console: Console) -> None:
+    t = r.time
+    table = Table(
+        title=f"Step time: {t.step_seconds:,.3f} s per optimizer step, {t.tokens_per_second:,.0f} tokens/s "
+        f"({t.tokens_per_second_per_gpu:,.0f} per GPU), MFU {t.mfu:.1%}",
+        title_justify="left",
     )
-    for row in host_rows:
-        console.print(f"  on host, per GPU: {row.label}: {gib(row.bytes)}")
-    for w in r.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
-    verdict = "[bold green]FITS[/]" if r.fits else ("[bold red]INFEASIBLE[/]" if not r.feasible else "[bold red]DOES NOT FIT[/]")
-    console.print(verdict)
-    for reason in r.reasons:
+    for name, justify in (("term", "left"), ("s / step", "right"), ("share", "right"), ("before overlap", "right"), ("how", "left")):
+        table.add_column(name, justify=justify)
+    for row in t.rows:
+        table.add_row(row.label, f"{row.seconds:,.4f}", share(row.seconds, t.step_seconds), f"{row.raw_seconds:,.4f}", row.note)
+    console.print(table)
+
+
+def render_suggest(result, console: Console) -> None:
+    """The top plans, then the winner's memory and time breakdowns; or what would fit."""
+    if result.plans:
+        best = result.plans[0]
+        _header_models(best, console)
+        table = Table(title=f"Top {len(result.plans)} of {result.considered:,} candidates "
+                      f"(global batch {result.global_batch_size} x {result.seq_len} tokens, {result.engine})",
+                      title_justify="left")
+        right = ("#", "peak/GPU GiB", "host GiB", "tokens/s", "MFU", "step s")
+        for name in ("#", "optimizer", "precision", "ckpt", "sharding", "offload", "loss", "attn", "mbs x accum", *right[1:]):
+            table.add_column(name, justify="right" if name in right else "left", no_wrap=True)
+        for i, p in enumerate(result.plans, 1):
+            c = p.config
+            table.add_row(
+                str(i), c.optimizer, c.precision, c.checkpointing, c.sharding, c.offload, c.loss, c.attention,
+                f"{c.micro_batch_size} x {c.grad_accum}",
+                f"{p.memory['peak'] / 2**30:.1f}/{p.hardware.gpu_memory_bytes / 2**30:.1f}",
+                f"{p.host_memory['peak'] / 2**30:.0f}", f"{p.time.tokens_per_second:,.0f}", f"{p.time.mfu:.1%}",
+                f"{p.time.step_seconds:,.2f}",
+            )
+        console.print(table)
+        console.print("[bold]The winner[/]")
+        _header(best, console)
+        render_breakdown(best, console)
+    console.print(f"considered {result.considered:,}, evaluated {result.evaluated:,}; rejected: "
+                  + (", ".join(f"{k} {v:,}" for k, v in result.rejected.items()) or "none"))
+    console.print("[bold green]A PLAN FITS[/]" if result.fits else "[bold red]NOTHING FITS[/]")
+    for reason in result.reasons:
         console.print(f"  {reason}")
 
 
-def _gpus(r: EstimateResult) -> str:
-    hw = r.hardware
-    nodes = f"{hw.nodes}x" if hw.nodes > 1 else ""
-    return f"{nodes}{hw.gpus_per_node}x{hw.gpu}"
-
-
-def console_for_stdout() -> Console:
-    """Wide enough for the ledger table when stdout is not a terminal (pipes, CI logs)."""
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, width=120)
-    return console
+def _header_models(r: EstimateResult, console: Console) -> None:
+    m = r.model
+    console.print(f"[bold]{m.id}[/] ({m.family}, {count(m.num_parameters)} params) on [bold]{gpus_spec(r)}[/]")

@@ -42,7 +42,7 @@ class Window(StrEnum):
     BACKWARD = "backward"
 
 
-@dataclass
+@dataclass(slots=True)
 class TimeRowDraft:
     term: str
     label: str

@@ -51,10 +51,18 @@ class PlanContext:
 
 @dataclass
 class Check:
-    """What a strategy says about a configuration before any row is written."""
+    """What a strategy says about a configuration before any row is written.
+
+    ``codes`` are short, stable reasons (the search counts rejections by them); ``infeasible``
+    holds the full sentences a user reads, in the same order."""
 
     infeasible: list[str] = field(default_factory=list)
+    codes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+    def reject(self, code: str, message: str) -> None:
+        self.codes.append(code)
+        self.infeasible.append(message)
 
 
 def no_time(ctx: "PlanContext", ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:

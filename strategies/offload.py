@@ -29,11 +29,11 @@ def _check(ctx: PlanContext, out: Check) -> None:
         return
     if off == Offload.OPTIMIZER and ctx.engine != Engine.DEEPSPEED:
         hint = "use optimizer+params with fsdp" if ctx.engine == Engine.FSDP else "use zero1, zero2 or zero3"
-        out.infeasible.append(f"offload optimizer is DeepSpeed ZeRO-Offload and needs a ZeRO stage; {hint}")
+        out.reject("optimizer offload without ZeRO", f"offload optimizer is DeepSpeed ZeRO-Offload and needs a ZeRO stage; {hint}")
     if off == Offload.OPTIMIZER_PARAMS and not (s == Sharding.ZERO3 or ctx.engine == Engine.FSDP):
-        out.infeasible.append("offload optimizer+params needs sharded parameters: use zero3 or fsdp")
+        out.reject("parameter offload without zero3 or fsdp", "offload optimizer+params needs sharded parameters: use zero3 or fsdp")
     if ctx.engine == Engine.DEEPSPEED and opt not in DEEPSPEED_CPU_OPTIMIZERS:
-        out.infeasible.append(f"offload runs DeepSpeed's CPU optimizer, which exists for adamw and lion, not {opt}")
+        out.reject("no DeepSpeed CPU optimizer for it", f"offload runs DeepSpeed's CPU optimizer, which exists for adamw and lion, not {opt}")
     # (bitsandbytes optimizers under FSDP are rejected by the optimizer strategy)
 
 

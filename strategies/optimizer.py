@@ -9,9 +9,12 @@ Trainer's default momentum 0 (no state).
 
 from planner.cost import optimizer_states as S
 from planner.cost import params as P
+from functools import cache
+
 from planner.cost import comms
 from planner.cost import runtime as R
 from planner.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
+from planner.specs import ModelSpec
 from planner.timing import TimeDraft
 from planner.vocabulary import Optimizer
 from strategies import rates
@@ -49,8 +52,11 @@ def tensor_state_bytes(opt: Optimizer, t: P.ParamTensor, state_bytes: int) -> in
 
 def state_bytes_split(ctx: PlanContext) -> tuple[int, int]:
     """(dense bytes, paged bytes) of optimizer state for the whole model, unsharded."""
-    m, opt = ctx.model, ctx.config.optimizer
-    sb = layout(ctx).state_bytes
+    return _state_bytes_split(ctx.model, ctx.config.optimizer, layout(ctx).state_bytes)
+
+
+@cache
+def _state_bytes_split(m: ModelSpec, opt: Optimizer, sb: int) -> tuple[int, int]:
     dense = paged = 0
     for t in P.model_tensors(m):
         b = tensor_state_bytes(opt, t, sb) * P.multiplicity(m, t)
@@ -64,7 +70,8 @@ def state_bytes_split(ctx: PlanContext) -> tuple[int, int]:
 def _check(ctx: PlanContext, out: Check) -> None:
     opt = ctx.config.optimizer
     if opt in BITSANDBYTES_8BIT_OR_PAGED and ctx.engine == Engine.FSDP:
-        out.infeasible.append(
+        out.reject(
+            "bitsandbytes optimizer under FSDP",
             f"{opt}: bitsandbytes 8-bit and paged optimizers do not work under FSDP; "
             "use zero2/zero3 with it, or adamw / adam-mini under FSDP"
         )

@@ -19,6 +19,7 @@ memory as bf16-mixed plus one layer's fp8 weight casts; it is a speed knob (DESI
 """
 
 from dataclasses import dataclass
+from functools import cache
 
 from planner.cost import params as P
 from planner.cost.activations import DTypes
@@ -43,7 +44,11 @@ class Layout:
 
 
 def layout(ctx: PlanContext) -> Layout:
-    p, engine = ctx.config.precision, ctx.engine
+    return _layout(ctx.config.precision, ctx.engine)
+
+
+@cache
+def _layout(p: Precision, engine: Engine) -> Layout:
     if p == Precision.FP32:
         return Layout(4, 0, 4, 4, DTypes(4, 4), False, 4)
     if p == Precision.BF16_PURE:
@@ -66,15 +71,18 @@ def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
 def _check(ctx: PlanContext, out: Check) -> None:
     p, gpu = ctx.config.precision, ctx.hardware.gpu
     if p in (Precision.BF16_MIXED, Precision.BF16_PURE, Precision.FP8_MIXED) and not gpu.supports("bf16"):
-        out.infeasible.append(
+        out.reject(
+            "bf16 on a GPU without bf16",
             f"{p}: {gpu.id} ({gpu.architecture}) has no bf16 support (needs compute capability 8.0+); use fp16-mixed or fp32"
         )
     if p == Precision.FP8_MIXED and not gpu.supports("fp8"):
-        out.infeasible.append(
+        out.reject(
+            "fp8 on a GPU without fp8",
             f"fp8-mixed: {gpu.id} ({gpu.architecture}) has no fp8 tensor cores (needs Ada, Hopper, Blackwell or MI300); use bf16-mixed"
         )
     if p == Precision.BF16_PURE and ctx.engine == Engine.DEEPSPEED:
-        out.infeasible.append(
+        out.reject(
+            "bf16-pure under DeepSpeed",
             "bf16-pure with DeepSpeed ZeRO: DeepSpeed always keeps fp32 master weights with bf16; use bf16-mixed, or fsdp for bf16-pure"
         )
     if p == Precision.FP16_MIXED and gpu.supports("bf16"):

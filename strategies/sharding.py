@@ -63,11 +63,11 @@ def shard_degree(ctx: PlanContext) -> int:
 def _check(ctx: PlanContext, out: Check) -> None:
     s, n = ctx.config.sharding, ctx.world_size
     if s == Sharding.NONE and n > 1:
-        out.infeasible.append(f"sharding none runs one process, but {n} GPUs were given; use ddp, zero1-3 or fsdp")
+        out.reject("sharding none on several GPUs", f"sharding none runs one process, but {n} GPUs were given; use ddp, zero1-3 or fsdp")
     if s == Sharding.DDP and n == 1:
-        out.infeasible.append("ddp needs 2 or more GPUs; with one GPU use sharding none")
+        out.reject("ddp on one GPU", "ddp needs 2 or more GPUs; with one GPU use sharding none")
     if s == Sharding.FSDP_HYBRID and ctx.hardware.nodes == 1:
-        out.infeasible.append("fsdp-hybrid shards within a node and replicates across nodes: it needs 2+ nodes; use fsdp")
+        out.reject("fsdp-hybrid on one node", "fsdp-hybrid shards within a node and replicates across nodes: it needs 2+ nodes; use fsdp")
     if s not in (Sharding.NONE, Sharding.DDP) and n == 1 and ctx.config.offload == "none":
         out.warnings.append(f"{s} on one GPU divides nothing; it only helps together with offload")
 
@@ -171,6 +171,10 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     all-gather) run alone."""
     s, m, lay, hw = ctx.config.sharding, ctx.model, layout(ctx), ctx.hardware
     n, psi, layers = ctx.world_size, P.total_parameters(m), m.num_layers
+    if s == Sharding.ZERO3:
+        draft.cpu_dispatch_seconds += layers * R.ZERO3_HOOK_SECONDS_PER_LAYER
+    elif ctx.engine == Engine.FSDP:
+        draft.cpu_dispatch_seconds += layers * R.FSDP_HOOK_SECONDS_PER_LAYER
     if s == Sharding.NONE or n == 1:
         return
     world = _link(ctx, hw.gpus_per_node, hw.nodes)

@@ -13,9 +13,11 @@ from planner.estimate import estimate_config  # noqa: E402
 from planner.vocabulary import TrainingConfig  # noqa: E402
 
 
-def run(model: str, gpus: str, host_memory_gb: float | None = None, margin: float = 0.0, **config):
+def run(model: str, gpus: str, host_memory_gb: float | None = None, margin: float = 0.0,
+        inter_node_gbps: float | None = None, **config):
     """Estimate one configuration from strings, the way the CLI resolves them."""
-    return estimate_config(resolve_model(model), parse_gpus(gpus, host_memory_gb), TrainingConfig(**config), margin)
+    hardware = parse_gpus(gpus, host_memory_gb, inter_node_gbps)
+    return estimate_config(resolve_model(model), hardware, TrainingConfig(**config), margin)
 
 
 @pytest.fixture

@@ -12,10 +12,13 @@
   2022, Appendix B, with causal halving).
 """
 
+from functools import cache
+
 from planner.cost import params as P
 from planner.specs import ModelSpec
 
 
+@cache
 def matmul_flops_per_token(m: ModelSpec, layers_only: bool = False) -> float:
     """Forward matmul FLOPs per token: 2 x active matmul parameters (routed experts: top-k)."""
     total = 0

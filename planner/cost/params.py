@@ -105,16 +105,19 @@ def multiplicity(m: ModelSpec, t: ParamTensor) -> int:
     return m.num_layers if t.part == Part.LAYER else 1
 
 
+@cache
 def layer_parameters(m: ModelSpec) -> int:
     """Elements of one decoder layer (all experts)."""
     return sum(t.numel for t in layer_tensors(m))
 
 
+@cache
 def total_parameters(m: ModelSpec) -> int:
     """Exact count of distinct parameters (tied embeddings counted once), elements."""
     return sum(t.numel * multiplicity(m, t) for t in model_tensors(m))
 
 
+@cache
 def active_parameters(m: ModelSpec) -> int:
     """Parameters one token passes through: all but the unrouted experts (Mixtral: top-2 of 8)."""
     total = 0
@@ -124,16 +127,19 @@ def active_parameters(m: ModelSpec) -> int:
     return total
 
 
+@cache
 def matmul_parameters(m: ModelSpec) -> int:
     """Elements of matmul weights (all experts), incl. the output head (tied or not)."""
     return sum(t.numel * multiplicity(m, t) for t in model_tensors(m) if t.matmul)
 
 
+@cache
 def layer_matmul_parameters(m: ModelSpec) -> int:
     """Elements of one decoder layer's matmul weights (all experts)."""
     return sum(t.numel for t in layer_tensors(m) if t.matmul)
 
 
+@cache
 def root_parameters(m: ModelSpec) -> int:
     """Parameters outside the decoder layers: embeddings, final norm, untied head (elements)."""
     return sum(t.numel for t in model_tensors(m) if t.part != Part.LAYER)

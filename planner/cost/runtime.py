@@ -36,6 +36,14 @@ DISPATCH_SECONDS_PER_OP_BACKWARD = 4e-6
 OPS_PER_LAYER_FORWARD = 35
 OPS_PER_LAYER_BACKWARD = 70
 
+#: Host-side cost of the sharding engines' per-module hooks (gather, reshard, reduce) per decoder
+#: layer per micro-batch, forward and backward. FSDP2's hooks are light; DeepSpeed ZeRO-3
+#: fetches and releases parameters from Python per submodule. Assumptions (DeepSpeed ZeRO-3 is
+#: widely reported as CPU-bound on small models, e.g. DeepSpeed issue #5060 and its "ZeRO-3
+#: overheads" notes); calibrated in issue 7.
+FSDP_HOOK_SECONDS_PER_LAYER = 100e-6
+ZERO3_HOOK_SECONDS_PER_LAYER = 400e-6
+
 #: Achieved fraction of a link's per-direction bandwidth by NCCL collectives (nccl-tests bus
 #: bandwidth: ~360-370 GB/s of NVLink4's 450, ~80% of PCIe and InfiniBand line rate).
 LINK_EFFICIENCY = 0.8

@@ -1,0 +1,193 @@
+"""Search: the fastest fitting plans in a SearchSpace. One interface, two engines.
+
+- ``exhaustive``: evaluates the whole space (today's spaces: ~10^4-10^5 candidates), split
+  across the machine's cores (forked workers, each a share of the technique combinations).
+  Infeasible technique combinations are rejected once for all their micro-batch sizes; for a
+  feasible one, micro-batch sizes run in ascending order and stop at the first that does not
+  fit, because memory never decreases as the micro-batch grows (a property test holds the model
+  to it): the larger ones are counted as not fitting without being evaluated.
+- ``optuna``: a TPE (or NSGA-II) study over the same categorical space with memory as a
+  constraint (``trial.set_constraint``), seeded with the analytic
+  best of a greedy coordinate search; for spaces too large to enumerate.
+Both return a SearchOutcome: compact records ranked by tokens/s, ties broken by lower peak
+memory (then enumeration order, so results are deterministic).
+"""
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+
+from planner.estimate import Evaluation
+from planner.space import SearchSpace
+from planner.vocabulary import TrainingConfig
+
+EXHAUSTIVE_LIMIT = 200_000  # candidates; above this `auto` uses Optuna
+PARALLEL_MIN_CANDIDATES = 4_000  # below this, forking costs more than it saves
+NOT_FIT_GPU = "does not fit in GPU memory"
+NOT_FIT_HOST = "does not fit in host RAM"
+NEAREST = 5
+
+Evaluate = Callable[[TrainingConfig], Evaluation]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One evaluated candidate, small enough to return from a worker process."""
+
+    combo: int  # SearchSpace.combo(index)
+    micro_batch_size: int
+    tokens_per_second: float
+    peak: int
+    shortfall: int  # bytes short (GPU + host), 0 when it fits
+    reason: str | None  # None: fits
+
+    def rank_key(self) -> tuple:
+        return (-self.tokens_per_second, self.peak, self.combo, self.micro_batch_size)
+
+
+@dataclass
+class SearchOutcome:
+    space: SearchSpace
+    fitting: list[Record]  # ranked best first
+    considered: int
+    evaluated: int
+    rejected: Counter = field(default_factory=Counter)
+    nearest: list[Record] = field(default_factory=list)  # feasible misses, smallest shortfall first
+    engine: str = "exhaustive"
+
+    def config(self, record: Record) -> TrainingConfig:
+        return self.space.config(self.space.combo(record.combo), record.micro_batch_size)
+
+
+def shortfall(ev: Evaluation) -> int:
+    gpu = max(0, ev.peak - ev.usable)
+    host = max(0, ev.host["peak"] - ev.host["capacity"]) if ev.host else 0
+    return gpu + host
+
+
+def record_of(combo: int, ev: Evaluation) -> Record:
+    cfg = ev.ctx.config
+    if ev.fits:
+        reason = None
+    elif not ev.feasible:
+        reason = ev.check.codes[0]
+    else:
+        reason = NOT_FIT_GPU if not ev.gpu_fits else NOT_FIT_HOST
+    return Record(combo, cfg.micro_batch_size, ev.tokens_per_second if ev.fits else 0.0, ev.peak, shortfall(ev), reason)
+
+
+def _scan(space: SearchSpace, evaluate: Evaluate, combos: range | list[int]) -> tuple[list[Record], Counter, int]:
+    """Records of fitting candidates and of the first miss of each feasible combination."""
+    records, rejected, evaluated = [], Counter(), 0
+    sizes = space.micro_batch_sizes
+    for index in combos:
+        techniques = space.combo(index)
+        for i, mbs in enumerate(sizes):
+            rec = record_of(index, evaluate(space.config(techniques, mbs)))
+            evaluated += 1
+            if rec.reason is None:
+                records.append(rec)
+                continue
+            rejected[rec.reason] += len(sizes) - i  # the larger ones reject the same way
+            if i == 0 and rec.reason in (NOT_FIT_GPU, NOT_FIT_HOST):
+                records.append(rec)
+            break
+    return records, rejected, evaluated
+
+
+_JOB: tuple | None = None  # (space, evaluate) inherited by forked workers
+
+
+def _scan_share(share: int, workers: int) -> tuple[list[Record], Counter, int]:
+    space, evaluate = _JOB
+    return _scan(space, evaluate, range(share, space.combos, workers))
+
+
+def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = None) -> SearchOutcome:
+    global _JOB
+    if workers is None:
+        workers = min(2, os.cpu_count() or 1) if space.size >= PARALLEL_MIN_CANDIDATES else 1
+    if workers > 1:
+        _JOB = (space, evaluate)
+        try:
+            with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+                parts = list(pool.map(_scan_share, range(workers), [workers] * workers))
+        finally:
+            _JOB = None
+    else:
+        parts = [_scan(space, evaluate, range(space.combos))]
+    records = [r for recs, _, _ in parts for r in recs]
+    rejected = sum((c for _, c, _ in parts), Counter())
+    return _outcome(space, records, rejected, space.size, sum(n for _, _, n in parts), "exhaustive")
+
+
+def _outcome(space: SearchSpace, records: list[Record], rejected: Counter, considered: int, evaluated: int,
+             engine: str) -> SearchOutcome:
+    fitting = sorted((r for r in records if r.reason is None), key=Record.rank_key)
+    misses = sorted((r for r in records if r.reason in (NOT_FIT_GPU, NOT_FIT_HOST)),
+                    key=lambda r: (r.shortfall, r.combo, r.micro_batch_size))
+    return SearchOutcome(space, fitting, considered, evaluated, rejected, misses[:NEAREST], engine)
+
+
+def greedy_seeds(space: SearchSpace, evaluate: Evaluate, rounds: int = 2) -> list[dict]:
+    """The analytic best of a coordinate search: from the first choice of every field, change one
+    field (or the micro-batch) at a time, keeping the fastest fitting candidate."""
+    axes = dict(space.choices) | {"micro_batch_size": space.micro_batch_sizes}
+    current = {name: values[0] for name, values in axes.items()}
+    best: Record | None = None
+    for _ in range(rounds):
+        for name, values in axes.items():
+            for value in values:
+                trial = current | {name: value}
+                techniques = {k: v for k, v in trial.items() if k != "micro_batch_size"}
+                rec = record_of(space.combo_index(techniques), evaluate(space.config(techniques, trial["micro_batch_size"])))
+                if rec.reason is None and (best is None or rec.rank_key() < best.rank_key()):
+                    best, current = rec, trial
+    return [current] if best is not None else []
+
+
+def optuna_search(space: SearchSpace, evaluate: Evaluate, trials: int = 400, seed: int = 0, sampler: str = "tpe") -> SearchOutcome:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    seen: dict[tuple, Record] = {}
+
+    def objective(trial: "optuna.Trial") -> float:
+        techniques = {f: trial.suggest_categorical(f, list(v)) for f, v in space.choices.items()}
+        mbs = trial.suggest_categorical("micro_batch_size", list(space.micro_batch_sizes))
+        index = space.combo_index(techniques)
+        if (index, mbs) not in seen:
+            seen[index, mbs] = record_of(index, evaluate(space.config(techniques, mbs)))
+        rec = seen[index, mbs]
+        feasible = rec.reason in (None, NOT_FIT_GPU, NOT_FIT_HOST)
+        # bytes short of fitting (<= 0: satisfied); infeasible combinations are far outside
+        trial.set_constraint("memory_shortfall_bytes", float(rec.shortfall) if feasible else float(2**60))
+        return rec.tokens_per_second
+
+    samplers = {
+        "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
+        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
+    }
+    study = optuna.create_study(direction="maximize", sampler=samplers[sampler]())
+    for params in greedy_seeds(space, evaluate):
+        study.enqueue_trial(params)
+    study.optimize(objective, n_trials=trials)
+    records = list(seen.values())
+    rejected = Counter(r.reason for r in records if r.reason is not None)
+    return _outcome(space, records, rejected, len(records), len(records), f"optuna-{sampler}")
+
+
+ENGINES = ("auto", "exhaustive", "tpe", "nsga2")
+
+
+def search(space: SearchSpace, evaluate: Evaluate, engine: str = "auto", trials: int = 400, seed: int = 0) -> SearchOutcome:
+    if engine == "auto":
+        engine = "exhaustive" if space.size <= EXHAUSTIVE_LIMIT else "tpe"
+    if engine == "exhaustive":
+        return exhaustive(space, evaluate)
+    if engine in ("tpe", "nsga2"):
+        return optuna_search(space, evaluate, trials, seed, engine)
+    raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")

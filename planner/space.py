@@ -1,0 +1,131 @@
+"""The candidate space: every strategy's choices x micro-batch sizes, narrowed by the user.
+
+Global batch (in sequences): micro_batch x grad_accum x data-parallel degree. Its default works
+for any GPU count: the smallest dp x 2^k that is at least ``DEFAULT_MIN_GLOBAL_BATCH``
+sequences (64 on 1 or 8 GPUs, 512 on 512 GPUs), so every power-of-two micro-batch up to the
+per-GPU share divides it. Micro-batch sizes are the divisors of the per-GPU share.
+"""
+
+import itertools
+from collections.abc import Iterator
+from math import prod
+
+from pydantic import BaseModel, ConfigDict
+
+from planner.errors import PlannerInputError
+from planner.vocabulary import Optimizer, TrainingConfig
+from strategies import REGISTRY
+
+DEFAULT_MIN_GLOBAL_BATCH = 64
+QUANTIZED_OPTIMIZERS = (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT, Optimizer.LION_8BIT)
+#: The optimizers searched unless --optimizer names others: Adam and the implementations that
+#: approximate it (8-bit and paged states, Adam-mini's shared second moments). Lion, Adafactor
+#: and SGD are different learning algorithms whose hyperparameters do not carry over from
+#: AdamW, so the planner never swaps them in on its own.
+DEFAULT_OPTIMIZERS = (
+    Optimizer.ADAMW, Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT, Optimizer.ADAM_MINI,
+)
+FIELDS: tuple[str, ...] = tuple(s.field for s in REGISTRY)
+_ENUMS = {f: type(TrainingConfig.model_fields[f].default) for f in FIELDS}
+
+
+class SearchSpace(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    choices: dict[str, tuple[str, ...]]  # per technique field, in registry order
+    micro_batch_sizes: tuple[int, ...]  # ascending
+    seq_len: int
+    global_batch_size: int  # sequences per optimizer step, all GPUs
+    data_parallel: int
+
+    @property
+    def combos(self) -> int:
+        return prod(len(v) for v in self.choices.values())
+
+    @property
+    def size(self) -> int:
+        return self.combos * len(self.micro_batch_sizes)
+
+    def technique_combos(self) -> Iterator[dict]:
+        """Every technique combination, in a fixed order (index i is ``combo(i)``)."""
+        enums = [[_ENUMS[f](v) for v in values] for f, values in self.choices.items()]
+        for values in itertools.product(*enums):
+            yield dict(zip(self.choices, values))
+
+    def combo(self, index: int) -> dict:
+        out = {}
+        for f, values in reversed(self.choices.items()):
+            index, i = divmod(index, len(values))
+            out[f] = _ENUMS[f](values[i])
+        return {f: out[f] for f in self.choices}
+
+    def combo_index(self, techniques: dict) -> int:
+        index = 0
+        for f, values in self.choices.items():
+            index = index * len(values) + values.index(str(techniques[f]))
+        return index
+
+    def config(self, techniques: dict, micro_batch_size: int) -> TrainingConfig:
+        """A candidate. Values come from validated choices, so no re-validation (search hot path)."""
+        accum = self.global_batch_size // (micro_batch_size * self.data_parallel)
+        fields = {f: _ENUMS[f](v) for f, v in techniques.items()}
+        return TrainingConfig.model_construct(
+            **fields, micro_batch_size=micro_batch_size, grad_accum=accum, seq_len=self.seq_len
+        )
+
+
+def default_global_batch(data_parallel: int) -> int:
+    per_gpu = 1
+    while per_gpu * data_parallel < DEFAULT_MIN_GLOBAL_BATCH:
+        per_gpu *= 2
+    return per_gpu * data_parallel
+
+
+def build_space(
+    data_parallel: int,
+    seq_len: int,
+    fixed: dict[str, list[str]] | None = None,
+    micro_batch_sizes: list[int] | None = None,
+    global_batch_size: int | None = None,
+    exact_optimizer: bool = False,
+) -> SearchSpace:
+    """The space for ``data_parallel`` GPUs. ``fixed`` narrows fields to the listed values."""
+    fixed = {k: v for k, v in (fixed or {}).items() if v}
+    problems = []
+    choices: dict[str, tuple[str, ...]] = {}
+    for strategy in REGISTRY:
+        allowed = tuple(str(c) for c in strategy.choices)
+        default = tuple(map(str, DEFAULT_OPTIMIZERS)) if strategy.field == "optimizer" else allowed
+        wanted = tuple(str(v) for v in fixed.get(strategy.field, default))
+        unknown = [v for v in wanted if v not in allowed]
+        if unknown:
+            problems.append(f"--{strategy.field}: {', '.join(unknown)} not in {', '.join(allowed)}")
+        if strategy.field == "optimizer" and exact_optimizer:
+            wanted = tuple(v for v in wanted if v not in QUANTIZED_OPTIMIZERS)
+            if not wanted:
+                problems.append("--exact-optimizer excludes every optimizer you allowed (all are 8-bit)")
+        choices[strategy.field] = tuple(dict.fromkeys(wanted))
+    gbs = global_batch_size if global_batch_size is not None else default_global_batch(data_parallel)
+    if gbs < 1 or gbs % data_parallel:
+        problems.append(
+            f"--global-batch-size {gbs} must be a positive multiple of the {data_parallel} data-parallel GPUs "
+            f"(e.g. {default_global_batch(data_parallel)})"
+        )
+    per_gpu = gbs // data_parallel if gbs > 0 else 1
+    divisors = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0] if per_gpu <= 1 << 20 else [1]
+    if micro_batch_sizes:
+        bad = [b for b in micro_batch_sizes if b < 1 or (per_gpu and per_gpu % b)]
+        if bad:
+            problems.append(
+                f"--micro-batch-size {', '.join(map(str, bad))} must divide the {per_gpu} sequences per GPU "
+                f"of the global batch ({gbs} over {data_parallel} GPUs)"
+            )
+        divisors = sorted(set(micro_batch_sizes))
+    if seq_len < 1:
+        problems.append("--seq-len must be at least 1")
+    if problems:
+        raise PlannerInputError(problems)
+    return SearchSpace(
+        choices=choices, micro_batch_sizes=tuple(divisors), seq_len=seq_len, global_batch_size=gbs,
+        data_parallel=data_parallel,
+    )

@@ -1,0 +1,198 @@
+"""``planner suggest``: search the space, return the fastest fitting plans, or say what would fit.
+
+When nothing fits: the nearest candidates (how far each misses), and the smallest change of
+hardware with which a plan fits: more GPUs of the same kind (doubling, within a node first),
+or a larger kind from the catalog at the same count.
+"""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.catalog import gpus as gpu_catalog
+from planner.catalog.models import resolve_model
+from planner.errors import PlannerInputError
+from planner.estimate import EstimateResult, evaluate, result_of
+from planner.search import ENGINES, SearchOutcome, search
+from planner.space import SearchSpace, build_space, default_global_batch
+from planner.specs import HardwareSpec, ModelSpec
+from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
+
+MAX_NODES = 128
+
+
+class SuggestRequest(BaseModel):
+    """What a user asks ``planner suggest``. Empty lists leave a field to the search."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    gpus: str
+    host_memory_gb: float | None = None
+    inter_node_gbps: float | None = None
+    margin: float = Field(0.0, ge=0.0, lt=1.0)
+    seq_len: int = Field(2048, ge=1, le=100_000_000)
+    global_batch_size: int | None = Field(None, ge=1, le=100_000_000)
+    optimizer: list[Optimizer] = []
+    precision: list[Precision] = []
+    checkpointing: list[Checkpointing] = []
+    sharding: list[Sharding] = []
+    offload: list[Offload] = []
+    loss: list[Loss] = []
+    attention: list[Attention] = []
+    micro_batch_size: list[int] = []
+    exact_optimizer: bool = False
+    top: int = Field(5, ge=1, le=1000)
+    engine: str = "auto"
+    trials: int = Field(400, ge=1, le=1_000_000)
+    seed: int = 0
+
+
+class HardwareSuggestion(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    change: str  # "more GPUs" | "larger GPU"
+    gpus: str  # a --gpus spec
+    plan: EstimateResult  # the fastest plan there
+
+
+class SuggestResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plans: list[EstimateResult]  # best first
+    considered: int
+    rejected: dict[str, int]
+    evaluated: int
+    engine: str
+    global_batch_size: int
+    seq_len: int
+    fits: bool
+    nearest: list[EstimateResult]  # when nothing fits: the closest misses
+    hardware_suggestions: list[HardwareSuggestion]
+    reasons: list[str]
+
+
+def suggest(request: SuggestRequest) -> SuggestResult:
+    if request.engine not in ENGINES:
+        raise PlannerInputError(f"--engine {request.engine!r}: one of {', '.join(ENGINES)}")
+    model = resolve_model(request.model)
+    hardware = gpu_catalog.parse_gpus(request.gpus, request.host_memory_gb, request.inter_node_gbps)
+    space = _space(request, hardware.num_gpus, request.global_batch_size)
+    outcome = _search(request, model, hardware, space)
+    plans = [_result(request, model, hardware, outcome, r) for r in outcome.fitting[: request.top]]
+    nearest, hw_suggestions = [], []
+    if not plans:
+        nearest = [_result(request, model, hardware, outcome, r) for r in outcome.nearest]
+        hw_suggestions = _hardware_suggestions(request, model, hardware)
+    return SuggestResult(
+        plans=plans,
+        considered=outcome.considered,
+        rejected=dict(outcome.rejected.most_common()),
+        evaluated=outcome.evaluated,
+        engine=outcome.engine,
+        global_batch_size=space.global_batch_size,
+        seq_len=space.seq_len,
+        fits=bool(plans),
+        nearest=nearest,
+        hardware_suggestions=hw_suggestions,
+        reasons=_reasons(outcome, nearest, hw_suggestions),
+    )
+
+
+def _space(request: SuggestRequest, num_gpus: int, global_batch_size: int | None) -> SearchSpace:
+    fixed = {f: [str(v) for v in getattr(request, f)] for f in
+             ("optimizer", "precision", "checkpointing", "sharding", "offload", "loss", "attention")}
+    return build_space(num_gpus, request.seq_len, fixed, list(request.micro_batch_size), global_batch_size,
+                       request.exact_optimizer)
+
+
+def _search(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace) -> SearchOutcome:
+    def run(config):
+        return evaluate(model, hardware, config, request.margin, skip_infeasible=True)
+
+    return search(space, run, request.engine, request.trials, request.seed)
+
+
+def _result(request, model, hardware, outcome: SearchOutcome, record) -> EstimateResult:
+    return result_of(evaluate(model, hardware, outcome.config(record), request.margin), request.margin)
+
+
+def _hardware_ladder(hardware: HardwareSpec) -> list[str]:
+    """More GPUs of the kind: double within a node up to its size, then double the nodes."""
+    gpu, n = hardware.gpu, hardware.num_gpus
+    spec = gpu.id
+    out = []
+    per_node = gpu.max_gpus_per_node
+    count = n * 2
+    while count <= per_node * MAX_NODES:
+        out.append(f"{count}x{spec}" if count <= per_node else f"{count // per_node}x{per_node}x{spec}")
+        count *= 2
+    return out
+
+
+def _larger_kinds(hardware: HardwareSpec) -> list[str]:
+    current = hardware.gpu.memory_bytes
+    bigger = sorted(
+        (f for f in gpu_catalog.catalog().values() if f.memory_mib * 2**20 > current),
+        key=lambda f: (f.memory_mib, -(f.dense_tflops.get("bf16") or 0)),
+    )
+    shape = (f"{hardware.nodes}x" if hardware.nodes > 1 else "") + f"{hardware.gpus_per_node}x"
+    return [shape + f.id for f in bigger if hardware.gpus_per_node <= f.max_gpus_per_node]
+
+
+def _first_fitting(request: SuggestRequest, model: ModelSpec, specs: list[str], change: str) -> HardwareSuggestion | None:
+    for spec in specs:
+        hw = gpu_catalog.parse_gpus(spec, request.host_memory_gb, request.inter_node_gbps)
+        gbs = request.global_batch_size
+        if gbs is None or gbs % hw.num_gpus:
+            gbs = default_global_batch(hw.num_gpus)
+        try:
+            space = _space(request, hw.num_gpus, gbs)
+        except PlannerInputError:  # e.g. a fixed micro-batch that does not divide this share
+            continue
+        if not _any_fits(request, model, hw, space):
+            continue
+        outcome = _search(request, model, hw, space)
+        return HardwareSuggestion(change=change, gpus=spec, plan=_result(request, model, hw, outcome, outcome.fitting[0]))
+    return None
+
+
+def _any_fits(request: SuggestRequest, model: ModelSpec, hw: HardwareSpec, space: SearchSpace) -> bool:
+    """Whether any technique combination fits at the smallest micro-batch (memory is monotone
+    in the micro-batch, so a larger one cannot fit where the smallest does not)."""
+    mbs = space.micro_batch_sizes[0]
+    return any(
+        evaluate(model, hw, space.config(t, mbs), request.margin, skip_infeasible=True).fits
+        for t in space.technique_combos()
+    )
+
+
+def _hardware_suggestions(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec) -> list[HardwareSuggestion]:
+    found = [
+        _first_fitting(request, model, _hardware_ladder(hardware), "more GPUs"),
+        _first_fitting(request, model, _larger_kinds(hardware), "larger GPU"),
+    ]
+    return [s for s in found if s is not None]
+
+
+def _reasons(outcome: SearchOutcome, nearest: list[EstimateResult], hw: list[HardwareSuggestion]) -> list[str]:
+    from planner.formatting import gib
+
+    if outcome.fitting:
+        return [f"{len(outcome.fitting)} of {outcome.considered} candidates fit"]
+    reasons = [f"none of {outcome.considered} candidates fits"]
+    for r in nearest[:3]:
+        c = r.config
+        short = max(0, -r.headroom_bytes)
+        host_short = max(0, r.host_memory["peak"] - r.host_memory["capacity"])
+        what = f"GPU {gib(short)} short" if short else f"host RAM {gib(host_short)} short"
+        reasons.append(
+            f"nearest: {c.optimizer} / {c.precision} / ckpt {c.checkpointing} / {c.sharding} / offload {c.offload} / "
+            f"loss {c.loss} / mbs {c.micro_batch_size}: {what}"
+        )
+    for s in hw:
+        p = s.plan
+        reasons.append(
+            f"with {s.gpus} ({s.change}): fits at {gib(p.memory['peak'])} per GPU, "
+            f"{p.time.tokens_per_second:,.0f} tokens/s"
+        )
+    if not hw:
+        reasons.append("no catalog GPU and no count up to 128 nodes makes a plan fit with these restrictions")
+    return reasons

@@ -1,0 +1,155 @@
+"""planner suggest: the search, its two engines, and the issue's acceptance cases."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from planner.catalog.gpus import parse_gpus
+from planner.catalog.models import resolve_model
+from planner.cli import app
+from planner.estimate import EstimateRequest, estimate, evaluate
+from planner.search import exhaustive, greedy_seeds, optuna_search
+from planner.space import build_space, default_global_batch
+from planner.suggest import SuggestRequest, suggest
+
+LLAMA = "meta-llama/Llama-3.1-8B"
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return suggest(SuggestRequest(model=LLAMA, gpus="1xA100-40", top=1000))
+
+
+def test_llama_8b_fits_on_one_a100_40_but_never_with_plain_adamw_bf16_mixed(a100):
+    assert a100.fits and a100.plans
+    for p in a100.plans:
+        c = p.config
+        assert not (c.optimizer == "adamw" and c.precision == "bf16-mixed" and c.offload == "none"), c
+        assert p.fits
+
+
+def test_llama_8b_fits_on_one_rtx_4090():
+    r = suggest(SuggestRequest(model=LLAMA, gpus="1xRTX4090-24"))
+    assert r.fits and r.plans[0].memory["peak"] <= r.plans[0].usable_bytes
+
+
+def test_eight_h100_beat_one_without_offload():
+    eight = suggest(SuggestRequest(model=LLAMA, gpus="8xH100-80"))
+    one = suggest(SuggestRequest(model=LLAMA, gpus="1xH100-80"))
+    assert eight.plans[0].config.offload == "none"
+    assert eight.plans[0].time.tokens_per_second > one.plans[0].time.tokens_per_second
+
+
+def test_ranked_by_tokens_per_second_then_peak(a100):
+    keys = [(-p.time.tokens_per_second, p.memory["peak"]) for p in a100.plans]
+    assert keys == sorted(keys)
+
+
+def test_counts_add_up(a100):
+    assert len(a100.plans) + sum(a100.rejected.values()) <= a100.considered
+    fitting = a100.considered - sum(a100.rejected.values())
+    assert fitting >= len(a100.plans)
+
+
+def test_default_global_batch_works_for_any_gpu_count():
+    for n in (1, 2, 3, 6, 8, 48, 512, 1000):
+        g = default_global_batch(n)
+        assert g % n == 0 and g >= 64 and (g // n) & (g // n - 1) == 0
+        space = build_space(n, 2048)
+        assert all(g % (mbs * n) == 0 for mbs in space.micro_batch_sizes)
+
+
+def test_narrowing_and_exact_optimizer():
+    r = suggest(SuggestRequest(model=LLAMA, gpus="8xH100-80", sharding=["zero3"], optimizer=["adamw", "adamw-8bit"],
+                               exact_optimizer=True, top=50))
+    assert r.plans and {p.config.sharding for p in r.plans} == {"zero3"}
+    assert {p.config.optimizer for p in r.plans} == {"adamw"}
+
+
+def test_nothing_fits_names_nearest_and_hardware():
+    r = suggest(SuggestRequest(model="meta-llama/Llama-3.1-70B", gpus="1xA100-40", optimizer=["adamw"], offload=["none"]))
+    assert not r.fits and not r.plans
+    assert r.nearest and all(not n.fits for n in r.nearest)
+    assert any(s.change == "more GPUs" for s in r.hardware_suggestions)
+    more = next(s for s in r.hardware_suggestions if s.change == "more GPUs")
+    assert more.plan.fits and more.plan.config.optimizer == "adamw"
+    assert any("short" in reason for reason in r.reasons)
+
+
+def test_nothing_fits_suggests_a_larger_gpu():
+    r = suggest(SuggestRequest(model="meta-llama/Llama-3.2-3B", gpus="1xT4", precision=["fp16-mixed"],
+                               optimizer=["adamw"], offload=["none"], sharding=["none"]))
+    assert not r.fits
+    larger = next(s for s in r.hardware_suggestions if s.change == "larger GPU")
+    assert larger.plan.fits and larger.plan.hardware.gpu_memory_bytes > parse_gpus("1xT4").gpu.memory_bytes
+
+
+def test_optuna_engine_agrees_with_exhaustive():
+    """Same space, same evaluator: TPE (seeded with the greedy analytic best) finds the
+    exhaustive winner, and ranks what it evaluated the same way."""
+    m, hw = resolve_model(LLAMA), parse_gpus("8xH100-80")
+    space = build_space(8, 2048, {"precision": ["bf16-mixed"], "attention": ["sdpa"], "loss": ["chunked"]})
+
+    def run(config):
+        return evaluate(m, hw, config, skip_infeasible=True)
+
+    full = exhaustive(space, run, workers=1)
+    tpe = optuna_search(space, run, trials=150, seed=1)
+    assert tpe.fitting[0] == full.fitting[0]
+    ranked = [r for r in full.fitting if r in set(tpe.fitting)]
+    assert ranked == tpe.fitting
+    nsga = optuna_search(space, run, trials=60, seed=1, sampler="nsga2")
+    seed = greedy_seeds(space, run)[0]
+    techniques = {k: v for k, v in seed.items() if k != "micro_batch_size"}
+    seeded = next(r for r in full.fitting if r.combo == space.combo_index(techniques)
+                  and r.micro_batch_size == seed["micro_batch_size"])
+    assert nsga.fitting[0].rank_key() <= seeded.rank_key()  # never worse than the enqueued analytic seed
+
+
+def test_parallel_and_serial_exhaustive_agree():
+    m, hw = resolve_model("Qwen/Qwen2.5-7B"), parse_gpus("4xA100-80")
+    space = build_space(4, 1024)
+
+    def run(config):
+        return evaluate(m, hw, config, skip_infeasible=True)
+
+    serial, parallel = exhaustive(space, run, workers=1), exhaustive(space, run, workers=2)
+    assert serial.fitting == parallel.fitting and serial.rejected == parallel.rejected
+
+
+CASES = st.fixed_dictionaries({
+    "model": st.sampled_from([LLAMA, "Qwen/Qwen2.5-0.5B", "google/gemma-2-2b", "mistralai/Mixtral-8x7B-v0.1"]),
+    "gpus": st.sampled_from(["1xA100-40", "1xRTX4090-24", "2xL40S", "8xH100-80", "2x8xA100-80"]),
+    "margin": st.sampled_from([0.0, 0.05, 0.2]),
+    "seq_len": st.sampled_from([512, 2048, 8192]),
+})
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=CASES)
+def test_every_plan_fits_and_rechecks_with_estimate(case):
+    r = suggest(SuggestRequest(**case, top=3))
+    for p in r.plans:
+        assert p.memory["peak"] <= p.hardware.gpu_memory_bytes * (1 - case["margin"]) + 1
+        again = estimate(EstimateRequest(model=case["model"], gpus=case["gpus"], margin=case["margin"],
+                                         **p.config.model_dump()))
+        assert again.memory == p.memory and again.time == p.time and again.fits
+
+
+def test_cli_json_and_exit_codes():
+    runner = CliRunner()
+    ok = runner.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "1xA100-40", "--top", "3", "--json"])
+    assert ok.exit_code == 0, ok.output
+    out = json.loads(ok.output)
+    assert {"plans", "considered", "rejected"} <= set(out) and len(out["plans"]) == 3
+    assert {"step_seconds", "tokens_per_second", "tokens_per_second_per_gpu", "mfu"} <= set(out["plans"][0]["time"])
+    none = runner.invoke(app, ["suggest", "--model", "meta-llama/Llama-3.1-405B", "--gpus", "1xA100-40",
+                               "--optimizer", "adamw", "--offload", "none"])
+    assert none.exit_code == 1 and "NOTHING FITS" in none.output
+    bad = runner.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "8xH100-80", "--global-batch-size", "12"])
+    assert bad.exit_code == 2 and "multiple" in bad.output and "Traceback" not in bad.output
+    bad = runner.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "1xH100-80", "--engine", "magic"])
+    assert bad.exit_code == 2 and "engine" in bad.output
