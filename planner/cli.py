@@ -5,7 +5,8 @@ Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input.
 
 import json
 import sys
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -33,6 +34,24 @@ def _validation_problems(e: ValidationError) -> list[str]:
     return [f"--{'-'.join(map(str, er['loc'])).replace('_', '-')}: {er['msg']}" for er in e.errors()]
 
 
+def _serve(plan: Callable[[], Any], renderer: str, as_json: bool) -> None:
+    """Run one planning function; print its result as JSON or with ``planner.report.<renderer>``;
+    exit 0 when it fits, 1 when not, 2 on bad input (a message, never a traceback)."""
+    try:
+        result = plan()
+    except ValidationError as e:
+        _fail(PlannerInputError(_validation_problems(e)))
+    except PlannerInputError as e:
+        _fail(e)
+    if as_json:
+        sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
+    else:
+        from planner import report
+
+        getattr(report, renderer)(result, report.console_for_stdout())
+    raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
+
+
 @app.command(help=f"Estimate per-GPU memory of one configuration and say whether it fits. {EXIT_CODES}")
 def estimate(
     model: Annotated[str, typer.Option(help="HF id from the catalog or local HF cache, or a config.json / model folder")],
@@ -55,25 +74,12 @@ def estimate(
     from planner.estimate import EstimateRequest
     from planner.estimate import estimate as run_estimate
 
-    try:
-        request = EstimateRequest(
+    _serve(lambda: run_estimate(EstimateRequest(
             model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
             optimizer=optimizer,
             precision=precision, checkpointing=checkpointing, sharding=sharding, offload=offload, loss=loss,
             attention=attention, micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len,
-        )
-        result = run_estimate(request)
-    except ValidationError as e:
-        _fail(PlannerInputError(_validation_problems(e)))
-    except PlannerInputError as e:
-        _fail(e)
-    if as_json:
-        sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
-    else:
-        from planner.report import console_for_stdout, render_estimate
-
-        render_estimate(result, console_for_stdout())
-    raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
+    )), "render_estimate", as_json)
 
 
 @app.command(help=f"Search every configuration and print the fastest plans that fit. {EXIT_CODES.replace('fits', 'a plan fits').replace('does not fit or infeasible', 'nothing fits')}")
@@ -103,26 +109,13 @@ def suggest(
     from planner.suggest import SuggestRequest
     from planner.suggest import suggest as run_suggest
 
-    try:
-        request = SuggestRequest(
+    _serve(lambda: run_suggest(SuggestRequest(
             model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
             seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer or [],
             precision=precision or [], checkpointing=checkpointing or [], sharding=sharding or [],
             offload=offload or [], loss=loss or [], attention=attention or [], micro_batch_size=micro_batch_size or [],
             exact_optimizer=exact_optimizer, top=top, engine=engine, trials=trials, seed=seed,
-        )
-        result = run_suggest(request)
-    except ValidationError as e:
-        _fail(PlannerInputError(_validation_problems(e)))
-    except PlannerInputError as e:
-        _fail(e)
-    if as_json:
-        sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
-    else:
-        from planner.report import console_for_stdout, render_suggest
-
-        render_suggest(result, console_for_stdout())
-    raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
+    )), "render_suggest", as_json)
 
 
 @app.command(help="List the model catalog (ids usable with --model).")

@@ -15,7 +15,7 @@ from planner.cost import compute as C
 from planner.cost import params as P
 from planner.cost import runtime as R
 from planner.formatting import gib
-from planner.ledger import Ledger, LedgerDraft, LedgerRow, Location, PagedInfo, Phase, phase_sum, terms_at
+from planner.ledger import Ledger, LedgerDraft, LedgerRow, Location, PagedInfo, Phase, peak_phase, phase_sum, terms_at
 from planner.specs import HardwareSpec, ModelSpec
 from planner.timing import StepTime, TimeDraft, assemble, step_seconds
 from planner.vocabulary import Sharding, TrainingConfig
@@ -180,8 +180,8 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
     ctx, draft = ev.ctx, ev.draft
     model, hardware, config = ctx.model, ctx.hardware, ctx.config
     phase_peaks = {p: phase_sum(draft.rows, p, Location.GPU) for p in Phase}
-    peak_phase = max(Phase, key=lambda p: (phase_peaks[p], -list(Phase).index(p)))
-    memory = terms_at(draft.rows, peak_phase) | {"peak": ev.peak}
+    peak = peak_phase(draft.rows)
+    memory = terms_at(draft.rows, peak) | {"peak": ev.peak}
     time = assemble(
         ev.time_draft, config.grad_accum, ev.tokens_per_step, ctx.world_size,
         C.model_flops_per_token(model, config.seq_len), peak_flops(ctx),
@@ -196,7 +196,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
         ),
         config=config,
         memory=memory,
-        peak_phase=peak_phase,
+        peak_phase=peak,
         phase_peaks=phase_peaks,
         usable_bytes=ev.usable,
         headroom_bytes=ev.usable - ev.peak,
@@ -206,7 +206,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
         time=time,
         feasible=ev.feasible,
         fits=ev.fits,
-        reasons=_reasons(ev.check, ev.peak, peak_phase, ev.usable, margin, ev.host, ev.paged),
+        reasons=_reasons(ev.check, ev.peak, peak, ev.usable, margin, ev.host, ev.paged),
         warnings=ev.check.warnings,
     )
 

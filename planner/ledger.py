@@ -58,6 +58,11 @@ def phase_sum(rows, phase: Phase, location: Location) -> int:
     return sum(r.bytes for r in rows if r.location == location and phase in r.phases)
 
 
+def peak_phase(rows, location: Location = Location.GPU) -> Phase:
+    """The phase with the most bytes at ``location``; ties go to the earliest, so reports are stable."""
+    return max(Phase, key=lambda p: (phase_sum(rows, p, location), -list(Phase).index(p)))
+
+
 def terms_at(rows, phase: Phase, location: Location = Location.GPU) -> dict[str, int]:
     """Bytes per term resident in ``phase``; the values sum to ``phase_sum(rows, phase, location)``."""
     out = dict.fromkeys(TERMS, 0)
@@ -116,9 +121,6 @@ class LedgerDraft:
                     totals[p] += b
         return max(totals.values())
 
-    def phase_bytes(self, phase: Phase, location: Location = Location.GPU) -> int:
-        return phase_sum(self.rows, phase, location)
-
     def remove(self, rows: list[RowDraft]) -> None:
         self.rows = [r for r in self.rows if all(r is not x for x in rows)]
 
@@ -153,16 +155,6 @@ class Ledger(BaseModel):
             for r in draft.rows
         ]
         return cls(rows=rows)
-
-    def phase_bytes(self, phase: Phase, location: Location = Location.GPU) -> int:
-        return phase_sum(self.rows, phase, location)
-
-    def peak_phase(self, location: Location = Location.GPU) -> Phase:
-        # ties go to the earliest phase, so the report is stable
-        return max(Phase, key=lambda p: (self.phase_bytes(p, location), -list(Phase).index(p)))
-
-    def terms_at(self, phase: Phase, location: Location = Location.GPU) -> dict[str, int]:
-        return terms_at(self.rows, phase, location)
 
 
 class PagedInfo(BaseModel):

@@ -11,6 +11,7 @@ from planner.catalog import gpus as gpu_catalog
 from planner.catalog.models import resolve_model
 from planner.errors import PlannerInputError
 from planner.estimate import EstimateResult, evaluate, result_of
+from planner.formatting import gib
 from planner.search import ENGINES, SearchOutcome, search
 from planner.space import SearchSpace, build_space, default_global_batch
 from planner.specs import HardwareSpec, ModelSpec
@@ -173,8 +174,6 @@ def _hardware_suggestions(request: SuggestRequest, model: ModelSpec, hardware: H
 
 
 def _reasons(outcome: SearchOutcome, nearest: list[EstimateResult], hw: list[HardwareSuggestion]) -> list[str]:
-    from planner.formatting import gib
-
     if outcome.fitting:
         return [f"{len(outcome.fitting)} of {outcome.considered} candidates fit"]
     reasons = [f"none of {outcome.considered} candidates fits"]

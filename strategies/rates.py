@@ -8,6 +8,7 @@ reading the weights). Unit: seconds per micro-batch.
 
 from planner.cost import compute as C
 from planner.cost import params as P
+from planner.units import DTYPE_BYTES
 from planner.vocabulary import Attention, Precision
 from strategies.base import PlanContext
 
@@ -62,14 +63,14 @@ def layer_matmul_forward_seconds(ctx: PlanContext) -> float:
     m = ctx.model
     dtype = "fp8" if ctx.config.precision == Precision.FP8_MIXED else compute_dtype(ctx)
     flops = C.matmul_flops_per_token(m, layers_only=True) * tokens(ctx)
-    weight_bytes = P.layer_matmul_parameters(m) * m.num_layers * (1 if dtype == "fp8" else _dtype_bytes(dtype))
+    weight_bytes = P.layer_matmul_parameters(m) * m.num_layers * DTYPE_BYTES[dtype]
     return max(flops / matmul_rate(ctx, dtype), weight_bytes / bandwidth(ctx))
 
 
 def head_matmul_forward_seconds(ctx: PlanContext) -> float:
     m, dtype = ctx.model, compute_dtype(ctx)
     flops = (C.matmul_flops_per_token(m) - C.matmul_flops_per_token(m, layers_only=True)) * tokens(ctx)
-    weight_bytes = m.vocab_size * m.hidden_size * _dtype_bytes(dtype)
+    weight_bytes = m.vocab_size * m.hidden_size * DTYPE_BYTES[dtype]
     return max(flops / matmul_rate(ctx, dtype), weight_bytes / bandwidth(ctx))
 
 
@@ -83,7 +84,7 @@ def attention_forward_seconds(ctx: PlanContext) -> float:
         flops = C.attention_flops_per_token(m, cfg.seq_len, causal_skip=True) * tokens(ctx)
         return flops / (peak_flops(ctx) * ctx.hardware.gpu.efficiency.attention * saturation(ctx))
     flops = C.attention_flops_per_token(m, cfg.seq_len, causal_skip=False) * tokens(ctx)
-    c = _dtype_bytes(dtype)
+    c = DTYPE_BYTES[dtype]
     traffic = (3 * c + 8) * m.num_heads * cfg.seq_len * m.num_layers * tokens(ctx)
     return flops / matmul_rate(ctx, dtype) + traffic / bandwidth(ctx)
 
@@ -93,7 +94,3 @@ def elementwise_forward_seconds(ctx: PlanContext, saved_bytes_per_token_per_laye
     about the bytes its saved activations occupy (each written once); backward moves twice that
     (reads them, writes their gradients). Calibrated by measured probes (issue 7)."""
     return saved_bytes_per_token_per_layer * ctx.model.num_layers * tokens(ctx) / bandwidth(ctx)
-
-
-def _dtype_bytes(dtype: str) -> int:
-    return {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}[dtype]
