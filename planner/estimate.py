@@ -18,7 +18,7 @@ from planner.formatting import gib
 from planner.ledger import Ledger, LedgerDraft, LedgerRow, Location, PagedInfo, Phase, peak_phase, phase_sum, terms_at
 from planner.specs import HardwareSpec, ModelSpec
 from planner.timing import StepTime, TimeDraft, assemble, step_seconds
-from planner.vocabulary import Sharding, TrainingConfig
+from planner.vocabulary import DEFAULT_SEQ_LEN, Sharding, TrainingConfig
 from strategies import REGISTRY, Check, Engine, PlanContext
 from strategies.precision import layout
 from strategies.rates import peak_flops
@@ -34,6 +34,7 @@ class EstimateRequest(TrainingConfig):
     inter_node_gbps: float | None = None
     margin: float = Field(0.0, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
     sharding: Sharding | None = None  # default: none on one GPU, ddp on several
+    seq_len: int | None = Field(None, ge=1, le=100_000_000)  # default: min(2048, the model's positions)
 
 
 class ModelInfo(BaseModel):
@@ -127,7 +128,16 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     fields = request.model_dump(include=set(TrainingConfig.model_fields))
     if fields["sharding"] is None:
         fields["sharding"] = Sharding.NONE if hardware.num_gpus == 1 else Sharding.DDP
+    if fields["seq_len"] is None:
+        fields["seq_len"] = default_seq_len(model)
     return estimate_config(model, hardware, TrainingConfig(**fields), request.margin)
+
+
+def default_seq_len(model: ModelSpec) -> int:
+    """2048 tokens, or the model's learned-position limit where that is shorter (GPT-2: 1024)."""
+    if model.learned_position_embeddings:
+        return min(DEFAULT_SEQ_LEN, model.max_position_embeddings)
+    return DEFAULT_SEQ_LEN
 
 
 def check_config(ctx: PlanContext) -> Check:

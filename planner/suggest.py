@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.catalog import gpus as gpu_catalog
 from planner.catalog.models import resolve_model
 from planner.errors import PlannerInputError
-from planner.estimate import EstimateResult, evaluate, result_of
+from planner.estimate import EstimateResult, default_seq_len, evaluate, result_of
 from planner.formatting import gib
 from planner.search import ENGINES, SearchOutcome, search
 from planner.space import SearchSpace, build_space, default_global_batch
@@ -30,7 +30,7 @@ class SuggestRequest(BaseModel):
     host_memory_gb: float | None = None
     inter_node_gbps: float | None = None
     margin: float = Field(0.0, ge=0.0, lt=1.0)
-    seq_len: int = Field(2048, ge=1, le=100_000_000)
+    seq_len: int | None = Field(None, ge=1, le=100_000_000)  # default: min(2048, the model's positions)
     global_batch_size: int | None = Field(None, ge=1, le=100_000_000)
     optimizer: list[Optimizer] = []
     precision: list[Precision] = []
@@ -75,6 +75,8 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         raise PlannerInputError(f"--engine {request.engine!r}: one of {', '.join(ENGINES)}")
     model = resolve_model(request.model)
     hardware = gpu_catalog.parse_gpus(request.gpus, request.host_memory_gb, request.inter_node_gbps)
+    if request.seq_len is None:
+        request = request.model_copy(update={"seq_len": default_seq_len(model)})
     space = _space(request, hardware.num_gpus, request.global_batch_size)
     outcome = _search(request, model, hardware, space)
     plans = [_result(request, model, hardware, outcome, r) for r in outcome.fitting[: request.top]]
@@ -176,7 +178,8 @@ def _hardware_suggestions(request: SuggestRequest, model: ModelSpec, hardware: H
 def _reasons(outcome: SearchOutcome, nearest: list[EstimateResult], hw: list[HardwareSuggestion]) -> list[str]:
     if outcome.fitting:
         return [f"{len(outcome.fitting)} of {outcome.considered} candidates fit"]
-    reasons = [f"none of {outcome.considered} candidates fits"]
+    reasons = [f"none of {outcome.considered} candidates fits; rejected most often: "
+               + ", ".join(f"{why} ({n:,})" for why, n in outcome.rejected.most_common(3))]
     for r in nearest[:3]:
         c = r.config
         short = max(0, -r.headroom_bytes)

@@ -61,6 +61,11 @@ class Attention(StrEnum):
     EAGER = "eager"
 
 
+#: Sequence length when the user gives none: 2048 tokens, or less where the model's positions
+#: stop earlier (GPT-2's 1024 learned positions).
+DEFAULT_SEQ_LEN = 2048
+
+
 class TrainingConfig(BaseModel):
     """One fully specified training configuration, in vocabulary terms."""
 

@@ -153,3 +153,11 @@ def test_cli_json_and_exit_codes():
     assert bad.exit_code == 2 and "multiple" in bad.output and "Traceback" not in bad.output
     bad = runner.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "1xH100-80", "--engine", "magic"])
     assert bad.exit_code == 2 and "engine" in bad.output
+
+
+def test_default_seq_len_respects_learned_positions():
+    r = suggest(SuggestRequest(model="openai-community/gpt2", gpus="1xT4", top=1))
+    assert r.fits and r.seq_len == 1024 and r.plans[0].config.seq_len == 1024
+    forced = suggest(SuggestRequest(model="openai-community/gpt2", gpus="1xT4", seq_len=2048, top=1))
+    assert not forced.fits and "seq_len beyond learned positions" in forced.rejected
+    assert "rejected most often" in forced.reasons[0]
