@@ -13,6 +13,7 @@ Both return a SearchOutcome: compact records ranked by tokens/s, ties broken by 
 memory (then enumeration order, so results are deterministic).
 """
 
+import itertools
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -79,12 +80,13 @@ def record_of(combo: int, ev: Evaluation) -> Record:
     return Record(combo, cfg.micro_batch_size, ev.tokens_per_second if ev.fits else 0.0, ev.peak, shortfall(ev), reason)
 
 
-def _scan(space: SearchSpace, evaluate: Evaluate, combos: range | list[int]) -> tuple[list[Record], Counter, int]:
-    """Records of fitting candidates and of the first miss of each feasible combination."""
+def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1) -> tuple[list[Record], Counter, int]:
+    """Records of fitting candidates and of the first miss of each feasible combination, for
+    the combinations share, share + workers, share + 2 * workers, ..."""
     records, rejected, evaluated = [], Counter(), 0
     sizes = space.micro_batch_sizes
-    for index in combos:
-        techniques = space.combo(index)
+    mine = itertools.islice(space.technique_combos(), share, None, workers)
+    for index, techniques in zip(range(share, space.combos, workers), mine):
         for i, mbs in enumerate(sizes):
             rec = record_of(index, evaluate(space.config(techniques, mbs)))
             evaluated += 1
@@ -103,7 +105,7 @@ _JOB: tuple | None = None  # (space, evaluate) inherited by forked workers
 
 def _scan_share(share: int, workers: int) -> tuple[list[Record], Counter, int]:
     space, evaluate = _JOB
-    return _scan(space, evaluate, range(share, space.combos, workers))
+    return _scan(space, evaluate, share, workers)
 
 
 def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = None) -> SearchOutcome:
@@ -118,7 +120,7 @@ def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = Non
         finally:
             _JOB = None
     else:
-        parts = [_scan(space, evaluate, range(space.combos))]
+        parts = [_scan(space, evaluate)]
     records = [r for recs, _, _ in parts for r in recs]
     rejected = sum((c for _, c, _ in parts), Counter())
     return _outcome(space, records, rejected, space.size, sum(n for _, _, n in parts), "exhaustive")
@@ -142,8 +144,8 @@ def greedy_seeds(space: SearchSpace, evaluate: Evaluate, rounds: int = 2) -> lis
         for name, values in axes.items():
             for value in values:
                 trial = current | {name: value}
-                techniques = {k: v for k, v in trial.items() if k != "micro_batch_size"}
-                rec = record_of(space.combo_index(techniques), evaluate(space.config(techniques, trial["micro_batch_size"])))
+                index = space.combo_index({k: v for k, v in trial.items() if k != "micro_batch_size"})
+                rec = record_of(index, evaluate(space.config(space.combo(index), trial["micro_batch_size"])))
                 if rec.reason is None and (best is None or rec.rank_key() < best.rank_key()):
                     best, current = rec, trial
     return [current] if best is not None else []
@@ -160,7 +162,7 @@ def optuna_search(space: SearchSpace, evaluate: Evaluate, trials: int = 400, see
         mbs = trial.suggest_categorical("micro_batch_size", list(space.micro_batch_sizes))
         index = space.combo_index(techniques)
         if (index, mbs) not in seen:
-            seen[index, mbs] = record_of(index, evaluate(space.config(techniques, mbs)))
+            seen[index, mbs] = record_of(index, evaluate(space.config(space.combo(index), mbs)))
         rec = seen[index, mbs]
         feasible = rec.reason in (None, NOT_FIT_GPU, NOT_FIT_HOST)
         # bytes short of fitting (<= 0: satisfied); infeasible combinations are far outside

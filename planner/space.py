@@ -66,11 +66,11 @@ class SearchSpace(BaseModel):
         return index
 
     def config(self, techniques: dict, micro_batch_size: int) -> TrainingConfig:
-        """A candidate. Values come from validated choices, so no re-validation (search hot path)."""
+        """A candidate from ``combo()`` / ``technique_combos()`` values (enums, already validated:
+        no re-validation on the search's hot path)."""
         accum = self.global_batch_size // (micro_batch_size * self.data_parallel)
-        fields = {f: _ENUMS[f](v) for f, v in techniques.items()}
         return TrainingConfig.model_construct(
-            **fields, micro_batch_size=micro_batch_size, grad_accum=accum, seq_len=self.seq_len
+            **techniques, micro_batch_size=micro_batch_size, grad_accum=accum, seq_len=self.seq_len
         )
 
 

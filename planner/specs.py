@@ -58,6 +58,11 @@ class ModelSpec(BaseModel):
     def is_moe(self) -> bool:
         return self.num_experts > 1
 
+    def __hash__(self) -> int:
+        # pydantic's frozen hash walks every field; the formulas memoized on a ModelSpec are hot
+        # in the search. Equality still compares every field, so this only narrows buckets.
+        return hash((self.id, self.family, self.hidden_size, self.num_layers, self.vocab_size))
+
 
 class Efficiency(BaseModel):
     """Achieved fractions of a GPU's datasheet peaks (the step-time model's rates)."""

@@ -18,6 +18,7 @@ probes check every list against FakeTensorMode + MemTracker.
 """
 
 from dataclasses import dataclass
+from functools import cache
 
 from planner.specs import MlpKind, ModelSpec, NormKind
 from planner.vocabulary import Attention
@@ -34,6 +35,9 @@ class DTypes:
 
 
 Saved = list[tuple[str, float]]  # (tensor, bytes per token)
+
+# The public functions below are memoized: the search calls them with the same
+# (model, dtypes, attention, seq_len) for every candidate that shares them. They return tuples.
 
 
 def korthikanti_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int) -> float:
@@ -105,12 +109,13 @@ def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
     return [("router softmax fp32", FP32 * e)] + [(f"{n} x{k}", b * k) for n, b in per_expert]
 
 
-def layer_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> Saved:
+@cache
+def layer_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves with no checkpointing."""
     c, r, h = dt.compute, dt.residual, m.hidden_size
     if m.family == "gpt2":
         masks = [("resid dropout mask", 1 * h)] if m.dropout > 0 else []
-        return (
+        return tuple(
             _norm(m, h, r)
             + [("qkv input", c * h)]
             + _gpt2_attention(m, dt, attention, seq_len)
@@ -134,10 +139,11 @@ def layer_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) ->
     saved += [("mlp input", c * h)] + _mlp(m, dt)
     if m.norms_per_layer == 4:
         saved += _norm(m, h, c)  # post-feedforward norm on down_proj output
-    return saved
+    return tuple(saved)
 
 
-def layer_selective(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> Saved:
+@cache
+def layer_selective(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> tuple[tuple[str, float], ...]:
     """Bytes per token one layer keeps under selective checkpointing.
 
     Policy (torchtitan's op-level selective AC): save the outputs of matmuls and of the
@@ -155,7 +161,7 @@ def layer_selective(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int
         mlp = [("router logits", c * m.num_experts), (f"gate/up/down x{k}", k * (2 * c * f + c * h))]
     else:
         mlp = [("gate", c * f), ("up", c * f), ("down out", c * h)]
-    return [("layer input", r * h), ("q/k/v proj out", c * (q + 2 * kv))] + attn + [("o_proj out", c * h)] + mlp
+    return tuple([("layer input", r * h), ("q/k/v proj out", c * (q + 2 * kv))] + attn + [("o_proj out", c * h)] + mlp)
 
 
 def layer_input_bytes(m: ModelSpec, dt: DTypes) -> float:
@@ -163,6 +169,7 @@ def layer_input_bytes(m: ModelSpec, dt: DTypes) -> float:
     return dt.residual * m.hidden_size
 
 
+@cache
 def backward_transient_bytes(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> float:
     """Gradient temporaries alive while one layer runs backward, bytes per token.
 
@@ -177,11 +184,13 @@ def backward_transient_bytes(m: ModelSpec, dt: DTypes, attention: Attention, seq
     return 2 * r * h + mlp + attn
 
 
+@cache
 def final_norm_bytes(m: ModelSpec, dt: DTypes) -> float:
     """The final norm and the head's input, saved outside the checkpointed layers (bytes/token)."""
     return sum(b for _, b in _norm(m, m.hidden_size, dt.residual)) + dt.compute * m.hidden_size
 
 
+@cache
 def logits_bytes(m: ModelSpec, dt: DTypes, held_bytes: int) -> float:
     """Peak bytes per token of the output head and standard cross-entropy loss.
 
@@ -212,5 +221,5 @@ def chunked_loss_bytes(m: ModelSpec, dt: DTypes, tokens: int) -> float:
     return 2 * dt.compute * v * min(chunk, tokens) + dt.compute * h * tokens
 
 
-def total(saved: Saved) -> float:
+def total(saved) -> float:
     return sum(b for _, b in saved)
