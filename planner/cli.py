@@ -6,6 +6,7 @@ Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input.
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -102,6 +103,8 @@ def suggest(
     host_memory_gb: Annotated[float | None, typer.Option(help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")] = None,
     inter_node_gbps: Annotated[float | None, typer.Option(help="network bandwidth per node, Gbit/s (default: 200 per GPU)")] = None,
     engine: Annotated[str, typer.Option(help="auto | exhaustive | tpe | nsga2 (auto: exhaustive up to 200,000 candidates)")] = "auto",
+    out: Annotated[Path | None, typer.Option(help="write the winner's launch files here (accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite files already in --out")] = False,
     trials: Annotated[int, typer.Option(help="Optuna trials (tpe / nsga2 engines)")] = 400,
     seed: Annotated[int, typer.Option(help="Optuna sampler seed")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
@@ -109,13 +112,44 @@ def suggest(
     from planner.suggest import SuggestRequest
     from planner.suggest import suggest as run_suggest
 
-    _serve(lambda: run_suggest(SuggestRequest(
+    def plan_and_emit():
+        result = run_suggest(SuggestRequest(
             model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
             seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer or [],
             precision=precision or [], checkpointing=checkpointing or [], sharding=sharding or [],
             offload=offload or [], loss=loss or [], attention=attention or [], micro_batch_size=micro_batch_size or [],
             exact_optimizer=exact_optimizer, top=top, engine=engine, trials=trials, seed=seed,
-    )), "render_suggest", as_json)
+        ))
+        if out is not None and result.fits:
+            from planner.emit import emit as write_plan
+
+            for path in write_plan(result, out, force):
+                err.print(f"wrote {path}", highlight=False)
+        return result
+
+    _serve(plan_and_emit, "render_suggest", as_json)
+
+
+@app.command(help="Write a plan's launch files: accelerate_config.yaml, deepspeed_config.json (ZeRO), "
+             "training_args.json, launch.sh, plan.json, PLAN.md. Exit codes: 0 written, 1 the plan does not fit "
+             "(files still written, PLAN.md says so), 2 bad input.")
+def emit(
+    plan: Annotated[Path, typer.Option(help="planner suggest --json output, an emitted plan.json, or planner estimate --json output")],
+    out: Annotated[Path, typer.Option(help="directory to write into")],
+    rank: Annotated[int, typer.Option(help="which plan of a suggest result (1 = best)")] = 1,
+    gpus: Annotated[str | None, typer.Option(help="override the plan's GPUs (needed for a custom GPU YAML)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite files already in --out")] = False,
+) -> None:
+    from planner.emit import build_files, load_plan_file, write_files
+
+    try:
+        search = load_plan_file(plan)
+        files = build_files(search, rank, gpus)
+        for path in write_files(files, out, force):
+            typer.echo(f"wrote {path}")
+    except PlannerInputError as e:
+        _fail(e)
+    raise typer.Exit(EXIT_FITS if search.plans[rank - 1].fits else EXIT_DOES_NOT_FIT)
 
 
 @app.command(help="List the model catalog (ids usable with --model).")

@@ -280,6 +280,11 @@ def _reasons(
             f"GPU memory does not fit: needs {gib(peak)} per GPU at its {phase} peak, {gib(usable)} usable{kept}: "
             f"{gib(peak - usable)} short"
         )
+    elif paged and not paged.spilled_bytes:
+        reasons.append(
+            f"GPU memory fits: {gib(peak)} of {gib(usable)} per GPU{kept}, the paged optimizer state "
+            f"({gib(paged.state_bytes)}) stays on the GPU"
+        )
     elif paged:
         others = peak - paged.resident_bytes
         reasons.append(

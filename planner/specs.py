@@ -51,6 +51,7 @@ class ModelSpec(BaseModel):
     dropout: float = 0.0  # attention-probability and residual dropout in training (GPT-2: 0.1)
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
+    decoder_layer_class: str = ""  # the transformers block class (FSDP's wrap unit)
     published_parameters: int | None = None
     published_parameters_source: str | None = None
 

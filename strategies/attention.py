@@ -4,6 +4,7 @@ Its memory effect lives in planner.cost.activations (fused attention saves no s^
 eager saves fp32 softmax probabilities, a*s per token). Here: when a choice is unwise.
 """
 
+from planner.emitted import EmitDraft
 from planner.ledger import Ledger, LedgerDraft, PagedInfo
 from planner.timing import TimeDraft, Window
 from planner.vocabulary import Attention
@@ -33,4 +34,8 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     draft.compute("attention", f"attention backward ({how})", 2 * fwd, Window.BACKWARD)
 
 
-STRATEGY = Strategy("attention", tuple(Attention), _check, _apply, _time)
+def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    files.model_kwargs["attn_implementation"] = str(ctx.config.attention)
+
+
+STRATEGY = Strategy("attention", tuple(Attention), _check, _apply, _time, _emit)

@@ -2,7 +2,7 @@
 
 A strategy owns one vocabulary field: its choices, when a choice is infeasible (reasons, never
 an exception), warnings, its rows in the per-rank memory ledger, and its rows in the step-time
-ledger (planner.timing). Strategies run in registry
+ledger (planner.timing), and its fragment of each emitted file (planner.emitted). Strategies run in registry
 order (``strategies.REGISTRY``); later ones may adjust rows earlier ones wrote (sharding sets
 shard divisors, offload moves rows to host).
 """
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
+from planner.emitted import EmitDraft
 from planner.ledger import Ledger, LedgerDraft, PagedInfo
 from planner.specs import HardwareSpec, ModelSpec
 from planner.timing import TimeDraft
@@ -69,6 +70,10 @@ def no_time(ctx: "PlanContext", ledger: Ledger, paged: PagedInfo | None, draft: 
     """For strategies whose choice costs no step time of its own."""
 
 
+def no_emit(ctx: "PlanContext", files: EmitDraft) -> None:
+    """For strategies that add nothing to the emitted files."""
+
+
 @dataclass(frozen=True)
 class Strategy:
     field: str  # the TrainingConfig field this strategy owns
@@ -76,3 +81,4 @@ class Strategy:
     check: Callable[[PlanContext, Check], None]
     apply: Callable[[PlanContext, LedgerDraft], None]
     time: Callable[[PlanContext, Ledger, PagedInfo | None, TimeDraft], None] = no_time
+    emit: Callable[[PlanContext, EmitDraft], None] = no_emit

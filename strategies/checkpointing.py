@@ -13,11 +13,12 @@ that one vector per token (< 0.1% of a step's peak).
 
 from planner.cost import activations as A
 from planner.cost import runtime as R
+from planner.emitted import EmitDraft
 from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
 from planner.vocabulary import Checkpointing
 from strategies import rates
-from strategies.base import Check, PlanContext, Strategy
+from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.precision import layout
 
 
@@ -76,4 +77,24 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
         draft.compute("recompute", "selective recomputation of elementwise ops", redo, Window.BACKWARD)
 
 
-STRATEGY = Strategy("checkpointing", tuple(Checkpointing), _check, _apply, _time)
+def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    """Full: FSDP's own activation checkpointing under FSDP (the Trainer's would add a redundant
+    all-gather, transformers issue #30404), else HF gradient checkpointing, non-reentrant.
+    Selective: no switch exists in accelerate or the Trainer; the notes say how."""
+    c = ctx.config.checkpointing
+    fsdp = ctx.engine == Engine.FSDP
+    if c == Checkpointing.FULL and fsdp:
+        files.fsdp()["fsdp_activation_checkpointing"] = True
+        files.trainer_fsdp()["activation_checkpointing"] = True
+    files.training_args["gradient_checkpointing"] = c == Checkpointing.FULL and not fsdp
+    if c == Checkpointing.FULL and not fsdp:
+        files.training_args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    if c == Checkpointing.SELECTIVE:
+        files.notes.append(
+            "selective checkpointing: wrap each decoder layer in torch.utils.checkpoint with "
+            "create_selective_checkpoint_contexts and a policy that saves matmul and attention outputs "
+            "(examples/train_causal_lm.py does this); neither accelerate nor the Trainer has a switch for it"
+        )
+
+
+STRATEGY = Strategy("checkpointing", tuple(Checkpointing), _check, _apply, _time, _emit)

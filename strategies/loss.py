@@ -1,6 +1,7 @@
 """Loss: standard cross-entropy over full fp32 logits, or a chunked fused linear cross-entropy."""
 
 from planner.cost import activations as A
+from planner.emitted import EmitDraft
 from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
 from planner.vocabulary import Loss
@@ -44,4 +45,11 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     draft.compute("loss", "cross-entropy over the vocabulary (backward)", LOSS_TRAFFIC_BACKWARD_PER_VOCAB * per, Window.BACKWARD)
 
 
-STRATEGY = Strategy("loss", tuple(Loss), _check, _apply, _time)
+def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    chunked = ctx.config.loss == Loss.CHUNKED
+    files.training_args["use_liger_kernel"] = chunked
+    if chunked:
+        files.notes.append("chunked loss: pip install liger-kernel (fused linear cross-entropy; use_liger_kernel)")
+
+
+STRATEGY = Strategy("loss", tuple(Loss), _check, _apply, _time, _emit)

@@ -14,6 +14,7 @@ on the CPU (not bitsandbytes, which needs CUDA tensors).
 from planner.cost import comms
 from planner.cost import params as P
 from planner.cost import runtime as R
+from planner.emitted import EmitDraft
 from planner.ledger import ALL_PHASES, Ledger, LedgerDraft, Location, PagedInfo
 from planner.timing import TimeDraft, Window
 from planner.vocabulary import Offload, Optimizer, Sharding
@@ -86,4 +87,25 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
                  note=f"{hw.gpus_per_node} ranks share the node's CPUs")
 
 
-STRATEGY = Strategy("offload", tuple(Offload), _check, _apply, _time)
+def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    off = ctx.config.offload
+    if off == Offload.NONE:
+        return
+    if ctx.engine == Engine.DEEPSPEED:
+        zero = files.deepspeed["zero_optimization"]
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if off == Offload.OPTIMIZER_PARAMS:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        optimizer = files.deepspeed.get("optimizer")
+        if optimizer:  # DeepSpeed's CPU Adam / CPU Lion run the offloaded step
+            optimizer["params"].pop("torch_adam", None)
+        files.notes.append(
+            "offload: DeepSpeed compiles its CPU optimizer (cpu_adam / cpu_lion) on first use: a C++ compiler "
+            "and ninja must be on the machine"
+        )
+    else:
+        files.fsdp()["fsdp_offload_params"] = True
+        files.trainer_fsdp()["cpu_offload"] = True
+
+
+STRATEGY = Strategy("offload", tuple(Offload), _check, _apply, _time, _emit)

@@ -13,6 +13,7 @@ from functools import cache
 
 from planner.cost import comms
 from planner.cost import runtime as R
+from planner.emitted import EmitDraft
 from planner.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
 from planner.specs import ModelSpec
 from planner.timing import TimeDraft
@@ -134,4 +135,41 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
                      note=f"{paged.spilled_bytes / 2**30:.1f} GiB spilled")
 
 
-STRATEGY = Strategy("optimizer", tuple(Optimizer), _check, _apply, _time)
+#: transformers TrainingArguments.optim names (transformers.training_args.OptimizerNames).
+#: Adam-mini has none: the notes say how to pass it.
+TRAINER_OPTIM = {
+    Optimizer.ADAMW: "adamw_torch_fused",
+    Optimizer.ADAMW_8BIT: "adamw_bnb_8bit",
+    Optimizer.PAGED_ADAMW: "paged_adamw_32bit",
+    Optimizer.PAGED_ADAMW_8BIT: "paged_adamw_8bit",
+    Optimizer.ADAFACTOR: "adafactor",
+    Optimizer.LION: "lion_32bit",
+    Optimizer.LION_8BIT: "lion_8bit",
+    Optimizer.SGD: "sgd",
+}
+#: Optimizers DeepSpeed builds itself from its JSON (torch AdamW: DeepSpeed's fused Adam would
+#: need a CUDA toolchain at run time). Others are passed to DeepSpeed as client optimizers.
+DEEPSPEED_NATIVE = {Optimizer.ADAMW: "AdamW", Optimizer.LION: "Lion"}
+
+
+def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    opt = ctx.config.optimizer
+    if opt in TRAINER_OPTIM:
+        files.training_args["optim"] = TRAINER_OPTIM[opt]
+    else:
+        files.notes.append(
+            "adam-mini: transformers has no optim name for it; pip install adam-mini and pass "
+            "Trainer(optimizers=(Adam_mini(...), None)) (examples/train_causal_lm.py builds it)"
+        )
+    if opt in BITSANDBYTES_8BIT_OR_PAGED or opt == Optimizer.LION_8BIT:
+        files.notes.append(f"{opt}: pip install bitsandbytes (CUDA)")
+    if files.deepspeed is not None and opt in DEEPSPEED_NATIVE:
+        params = {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}
+        if opt == Optimizer.ADAMW:
+            params["torch_adam"] = True
+        else:
+            params.pop("eps")
+        files.deepspeed["optimizer"] = {"type": DEEPSPEED_NATIVE[opt], "params": params}
+
+
+STRATEGY = Strategy("optimizer", tuple(Optimizer), _check, _apply, _time, _emit)

@@ -23,6 +23,7 @@ from functools import cache
 
 from planner.cost import params as P
 from planner.cost.activations import DTypes
+from planner.emitted import EmitDraft
 from planner.ledger import ALL_PHASES, Ledger, LedgerDraft, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
 from planner.vocabulary import Precision
@@ -127,4 +128,42 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     draft.compute("matmul", f"backward matmuls ({dtype})", 2 * fwd, Window.BACKWARD, note="input and weight gradients")
 
 
-STRATEGY = Strategy("precision", tuple(Precision), _check, _apply, _time)
+ACCELERATE_MIXED_PRECISION = {
+    Precision.FP32: "no",
+    Precision.FP16_MIXED: "fp16",
+    Precision.BF16_MIXED: "bf16",
+    Precision.BF16_PURE: "no",  # the parameters themselves are bf16: nothing to autocast
+    Precision.FP8_MIXED: "fp8",
+}
+
+
+def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    """accelerate mixed_precision (fp8 through torchao, or Transformer Engine under DeepSpeed,
+    where accelerate's torchao path does not apply), DeepSpeed's bf16/fp16 sections (fp16 with
+    dynamic loss scaling), the Trainer's bf16/fp16 flags, and the load dtype for bf16-pure."""
+    p = ctx.config.precision
+    files.accelerate["mixed_precision"] = ACCELERATE_MIXED_PRECISION[p]
+    if p == Precision.FP8_MIXED:
+        files.accelerate["fp8_config"] = {"backend": "TE" if ctx.engine == Engine.DEEPSPEED else "AO"}
+        files.notes.append(
+            "fp8-mixed: accelerate converts the decoder layers' linears to fp8 "
+            + ("with Transformer Engine (pip install transformer-engine)" if ctx.engine == Engine.DEEPSPEED
+               else "with torchao (pip install torchao)")
+        )
+    if files.deepspeed is not None:
+        if p in (Precision.BF16_MIXED, Precision.FP8_MIXED):
+            files.deepspeed["bf16"] = {"enabled": True}
+        elif p == Precision.FP16_MIXED:
+            files.deepspeed["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
+                                       "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+    files.training_args["bf16"] = p in (Precision.BF16_MIXED, Precision.FP8_MIXED)
+    files.training_args["fp16"] = p == Precision.FP16_MIXED
+    if p == Precision.BF16_PURE:
+        files.model_kwargs["torch_dtype"] = "bfloat16"
+        files.notes.append(
+            "bf16-pure: load the model in bfloat16 (torch_dtype=torch.bfloat16); there is no fp32 master copy, "
+            "so gradients, weights and optimizer states are all bf16"
+        )
+
+
+STRATEGY = Strategy("precision", tuple(Precision), _check, _apply, _time, _emit)

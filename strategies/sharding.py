@@ -21,6 +21,7 @@ DeepSpeed runtime/zero/config.py for the defaults).
 from planner.cost import comms
 from planner.cost import params as P
 from planner.cost import runtime as R
+from planner.emitted import EmitDraft
 from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
 from planner.vocabulary import Sharding
@@ -215,4 +216,63 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
                          Window.BACKWARD, True)
 
 
-STRATEGY = Strategy("sharding", tuple(Sharding), _check, _apply, _time)
+def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    """distributed_type; the ZeRO block of the DeepSpeed JSON (the bucket sizes the memory model
+    assumes); the FSDP2 block (wrap the family's decoder layer, reshard after forward unless
+    grad-op, sharded state dict, rank-0 loading); hybrid FSDP2 through accelerate's
+    parallelism_config (replicate across nodes, shard within)."""
+    s, m, hw = ctx.config.sharding, ctx.model, ctx.hardware
+    acc, args = files.accelerate, files.training_args
+    if s == Sharding.NONE:
+        acc["distributed_type"] = "NO"
+    elif s == Sharding.DDP:
+        acc["distributed_type"] = "MULTI_GPU"
+        args["ddp_find_unused_parameters"] = False
+    elif ctx.engine == Engine.DEEPSPEED:
+        stage = {Sharding.ZERO1: 1, Sharding.ZERO2: 2, Sharding.ZERO3: 3}[s]
+        b = deepspeed_buckets(m.hidden_size)
+        zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+                "reduce_bucket_size": b["reduce_bucket_size"], "allgather_bucket_size": b["reduce_bucket_size"]}
+        if stage == 3:
+            del zero["allgather_bucket_size"]
+            zero |= {
+                "stage3_prefetch_bucket_size": b["stage3_prefetch_bucket_size"],
+                "stage3_param_persistence_threshold": b["stage3_param_persistence_threshold"],
+                "stage3_max_live_parameters": ZERO3_MAX_LIVE_PARAMETERS,
+                "stage3_max_reuse_distance": ZERO3_MAX_LIVE_PARAMETERS,
+                "sub_group_size": ZERO_SUB_GROUP_SIZE,
+                "stage3_gather_16bit_weights_on_model_save": True,
+            }
+        files.deepspeed["zero_optimization"] = zero
+        acc["distributed_type"] = "DEEPSPEED"
+        acc["deepspeed_config"] = {"deepspeed_config_file": "deepspeed_config.json", "zero3_init_flag": stage == 3}
+        if hw.nodes > 1:
+            acc["deepspeed_config"]["deepspeed_multinode_launcher"] = "standard"
+        args["deepspeed"] = "deepspeed_config.json"
+    else:
+        reshard = s != Sharding.FSDP_GRAD_OP
+        acc["distributed_type"] = "FSDP"
+        files.fsdp().update({
+            "fsdp_version": 2,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": m.decoder_layer_class,
+            "fsdp_reshard_after_forward": reshard,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_offload_params": False,
+            "fsdp_activation_checkpointing": False,
+        })
+        if s == Sharding.FSDP_HYBRID:
+            acc["parallelism_config"] = {
+                "parallelism_config_dp_replicate_size": hw.nodes,
+                "parallelism_config_dp_shard_size": hw.gpus_per_node,
+            }
+            files.notes.append("fsdp-hybrid: accelerate's parallelism_config replicates across nodes and shards within each")
+        args["fsdp"] = "full_shard" if reshard else "shard_grad_op"
+        files.trainer_fsdp().update({
+            "version": 2, "transformer_layer_cls_to_wrap": [m.decoder_layer_class], "reshard_after_forward": reshard,
+            "state_dict_type": "SHARDED_STATE_DICT", "cpu_ram_efficient_loading": True,
+        })
+
+
+STRATEGY = Strategy("sharding", tuple(Sharding), _check, _apply, _time, _emit)

@@ -82,6 +82,19 @@ def _gpt2(c: dict) -> dict:
     )
 
 
+#: The decoder block class of each family in transformers: what FSDP wraps as one unit.
+#: Source: each family's modeling file (``_no_split_modules``).
+DECODER_LAYER_CLASS: dict[str, str] = {
+    "llama": "LlamaDecoderLayer",
+    "mistral": "MistralDecoderLayer",
+    "qwen2": "Qwen2DecoderLayer",
+    "qwen3": "Qwen3DecoderLayer",
+    "mixtral": "MixtralDecoderLayer",
+    "gemma2": "Gemma2DecoderLayer",
+    "phi3": "Phi3DecoderLayer",
+    "gpt2": "GPT2Block",
+}
+
 ADAPTERS: dict[str, Callable[[dict], dict]] = {
     "llama": _llama_like,
     "mistral": _llama_like,
@@ -107,7 +120,7 @@ def spec_from_config(
     try:
         fields = ADAPTERS[family](config)
         return ModelSpec(
-            id=model_id, family=family, source=source,
+            id=model_id, family=family, source=source, decoder_layer_class=DECODER_LAYER_CLASS[family],
             published_parameters=published[0], published_parameters_source=published[1], **fields,
         )
     except KeyError as e:

@@ -1,0 +1,217 @@
+"""Emit a plan as the files its users launch with.
+
+accelerate_config.yaml, deepspeed_config.json (ZeRO plans), training_args.json (transformers
+TrainingArguments), launch.sh, plan.json (the suggest JSON of this plan) and PLAN.md. Each
+technique's piece comes from its strategy (``Strategy.emit``); this module adds the plan-wide
+keys, renders the launch script, and writes everything atomically, never over a file the user
+has without ``force``.
+"""
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import yaml
+
+from planner import __version__
+from planner.alternatives import memory_savers
+from planner.catalog.gpus import parse_gpus
+from planner.catalog.models import resolve_model
+from planner.emitted import EmitDraft
+from planner.errors import PlannerInputError
+from planner.estimate import EstimateResult, estimate_config
+from planner.plan_doc import render_plan_doc
+from planner.suggest import SuggestResult
+from strategies import REGISTRY, Engine, PlanContext
+
+FILE_NAMES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.json", "launch.sh", "plan.json", "PLAN.md")
+MAIN_PORT = 29500
+#: Set by launch.sh: expandable segments let the caching allocator grow segments instead of
+#: stranding free blocks, which shrinks fragmentation (torch.cuda memory management notes).
+LAUNCH_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def gpus_spec(plan: EstimateResult) -> str:
+    hw = plan.hardware
+    return (f"{hw.nodes}x" if hw.nodes > 1 else "") + f"{hw.gpus_per_node}x{hw.gpu}"
+
+
+def load_plan_file(path: Path) -> SuggestResult:
+    """A suggest JSON (``planner suggest --json`` or an emitted plan.json), or one plan object
+    (``planner estimate --json``), as a SuggestResult."""
+    from pydantic import ValidationError
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlannerInputError(f"cannot read plan file {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise PlannerInputError(f"plan file {path} is not valid JSON: {e}") from None
+    hint = "Pass the JSON of `planner suggest --json`, an emitted plan.json, or `planner estimate --json`."
+    try:
+        if isinstance(data, dict) and "plans" in data:
+            return SuggestResult.model_validate(data)
+        plan = EstimateResult.model_validate(data)
+    except ValidationError as e:
+        problems = [f"{path}: {'.'.join(map(str, er['loc']))}: {er['msg']}" for er in e.errors()[:10]]
+        raise PlannerInputError(problems, hint=hint) from None
+    return single_plan_result(plan)
+
+
+def single_plan_result(plan: EstimateResult, search: SuggestResult | None = None) -> SuggestResult:
+    """The suggest JSON of one plan: the plan, and the search that chose it when there was one."""
+    return SuggestResult(
+        plans=[plan],
+        considered=search.considered if search else 1,
+        rejected=search.rejected if search else {},
+        evaluated=search.evaluated if search else 1,
+        engine=search.engine if search else "estimate",
+        global_batch_size=plan.config.micro_batch_size * plan.config.grad_accum * plan.hardware.num_gpus,
+        seq_len=plan.config.seq_len,
+        fits=plan.fits,
+        nearest=[],
+        hardware_suggestions=[],
+        reasons=search.reasons if search else plan.reasons,
+    )
+
+
+def build_files(search: SuggestResult, rank: int = 1, gpus: str | None = None) -> dict[str, str]:
+    """File name -> content for the plan at ``rank`` (1 = best) of a suggest result."""
+    if not 1 <= rank <= len(search.plans):
+        raise PlannerInputError(f"--rank {rank}: the plan file holds {len(search.plans)} plan(s)")
+    old = search.plans[rank - 1]
+    model = resolve_model(old.model.id)
+    hw_in = old.hardware
+    hardware = parse_gpus(gpus or gpus_spec(old), hw_in.host_memory_bytes_per_node / 1e9,
+                          hw_in.inter_node_bytes_per_s * 8 / 1e9)
+    margin = 1 - old.usable_bytes / hw_in.gpu_memory_bytes
+    plan = estimate_config(model, hardware, old.config, margin)  # with this planner's model
+    ctx = PlanContext(model, hardware, plan.config)
+    files = _draft(ctx)
+    notes = list(files.notes)
+    if plan.memory["peak"] != old.memory["peak"]:
+        notes.append(f"re-estimated by planner {__version__}: peak {old.memory['peak']:,} -> {plan.memory['peak']:,} bytes")
+    if not plan.fits:
+        notes.append("WARNING: this plan does not fit: " + "; ".join(plan.reasons))
+    out = {
+        "accelerate_config.yaml": _yaml(files.accelerate),
+        "training_args.json": _json(files.training_args),
+        "launch.sh": launch_script(plan, files),
+        "plan.json": _json(single_plan_result(plan, search).model_dump(mode="json")),
+    }
+    if files.deepspeed is not None:
+        out["deepspeed_config.json"] = _json(files.deepspeed)
+    savers = memory_savers(model, hardware, plan.config, margin, baseline=plan)
+    out["PLAN.md"] = render_plan_doc(plan, search, rank, notes, files.model_kwargs, savers, sorted(out) + ["PLAN.md"])
+    return out
+
+
+def _draft(ctx: PlanContext) -> EmitDraft:
+    """Plan-wide keys first, then every strategy's fragment, in registry order."""
+    cfg, hw = ctx.config, ctx.hardware
+    files = EmitDraft()
+    files.accelerate = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "downcast_bf16": "no",
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "num_machines": hw.nodes,
+        "num_processes": hw.num_gpus,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if hw.nodes > 1:
+        files.accelerate["main_process_port"] = MAIN_PORT
+    if ctx.engine == Engine.DEEPSPEED:
+        files.deepspeed = {
+            "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+            "gradient_accumulation_steps": cfg.grad_accum,
+            "train_batch_size": cfg.micro_batch_size * cfg.grad_accum * hw.num_gpus,
+            "gradient_clipping": 1.0,
+            "steps_per_print": 100,
+            "wall_clock_breakdown": False,
+        }
+    files.training_args = {
+        "output_dir": "outputs",
+        "per_device_train_batch_size": cfg.micro_batch_size,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "max_grad_norm": 1.0,
+        "logging_steps": 10,
+        "report_to": "none",
+    }
+    for strategy in REGISTRY:
+        strategy.emit(ctx, files)
+    return files
+
+
+def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
+    c, hw = plan.config, plan.hardware
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Launch {plan.model.id} on {gpus_spec(plan)}: {c.optimizer}, {c.precision}, checkpointing {c.checkpointing},",
+        f"# sharding {c.sharding}, offload {c.offload}, micro-batch {c.micro_batch_size} x accumulation {c.grad_accum}"
+        f" x {hw.num_gpus} GPU(s), seq {c.seq_len}. Written by planner {__version__}; see PLAN.md.",
+        "#",
+        "#   TRAIN_SCRIPT=path/to/train.py ./launch.sh [arguments for the script]",
+        "#   (examples/train_causal_lm.py takes --plan plan.json; a Trainer script can read training_args.json)",
+    ]
+    if hw.nodes > 1:
+        lines += [
+            f"#   Run it on each of the {hw.nodes} machines with MACHINE_RANK=0..{hw.nodes - 1} and MAIN_ADDR set to",
+            "#   the address of machine 0 (MAIN_PORT defaults to 29500).",
+        ]
+    lines += ['set -euo pipefail', 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+              'TRAIN_SCRIPT="${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}"']
+    command = ['accelerate launch --config_file "$HERE/accelerate_config.yaml"']
+    if hw.nodes > 1:
+        lines += ['MACHINE_RANK="${MACHINE_RANK:?set MACHINE_RANK to this machine\'s rank}"',
+                  'MAIN_ADDR="${MAIN_ADDR:?set MAIN_ADDR to the address of machine rank 0}"',
+                  f'MAIN_PORT="${{MAIN_PORT:-{MAIN_PORT}}}"']
+        command.append('--machine_rank "$MACHINE_RANK" --main_process_ip "$MAIN_ADDR" --main_process_port "$MAIN_PORT"')
+    if files.deepspeed is not None:  # accelerate reads the JSON path relative to the working directory
+        command.append('--deepspeed_config_file "$HERE/deepspeed_config.json"')
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(LAUNCH_ENV.items()))
+    lines.append(f"export {env}")
+    lines.append("exec " + " \\\n  ".join(command + ['"$TRAIN_SCRIPT" "$@"']))
+    return "\n".join(lines) + "\n"
+
+
+def write_files(files: dict[str, str], out: Path, force: bool) -> list[Path]:
+    """Write atomically (temp file + rename). Refuse to overwrite without ``force``; with it, also
+    remove planner files a previous plan left that this plan does not have."""
+    if out.exists() and not out.is_dir():
+        raise PlannerInputError(f"--out {out} is a file, not a directory")
+    existing = sorted(n for n in FILE_NAMES if (out / n).exists())
+    if existing and not force:
+        raise PlannerInputError(f"{out} already has {', '.join(existing)}", hint="Pass --force to overwrite them.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, content in files.items():
+            target = out / name
+            tmp = out / f".{name}.tmp-{os.getpid()}"
+            tmp.write_text(content)
+            if name.endswith(".sh"):
+                tmp.chmod(0o755)
+            os.replace(tmp, target)
+            written.append(target)
+        for stale in set(existing) - set(files):
+            (out / stale).unlink()
+    except OSError as e:
+        raise PlannerInputError(f"cannot write to {out}: {e}") from None
+    return written
+
+
+def emit(search: SuggestResult, out: Path, force: bool = False, rank: int = 1, gpus: str | None = None) -> list[Path]:
+    return write_files(build_files(search, rank, gpus), out, force)
+
+
+def _yaml(data: dict) -> str:
+    return yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
+
+
+def _json(data: dict) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,22 @@
+"""The files a plan is emitted as, while strategies fill them in (core type; no I/O here).
+
+Each strategy writes its piece of each file (DESIGN.md: a strategy owns its fragment of every
+emitted file); planner.emit adds the plan-wide keys and writes them.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EmitDraft:
+    accelerate: dict = field(default_factory=dict)  # accelerate_config.yaml
+    deepspeed: dict | None = None  # deepspeed_config.json (ZeRO plans only)
+    training_args: dict = field(default_factory=dict)  # training_args.json (transformers.TrainingArguments)
+    model_kwargs: dict = field(default_factory=dict)  # from_pretrained / from_config keyword arguments
+    notes: list[str] = field(default_factory=list)  # what the user must do beyond the files (PLAN.md)
+
+    def fsdp(self) -> dict:
+        return self.accelerate.setdefault("fsdp_config", {})
+
+    def trainer_fsdp(self) -> dict:
+        return self.training_args.setdefault("fsdp_config", {})

@@ -1,0 +1,96 @@
+"""PLAN.md: why this plan, its memory and time breakdown, what was rejected, what to change
+first if it runs out of memory, and how to run it."""
+
+from planner.alternatives import Alternative
+from planner.estimate import EstimateResult
+from planner.formatting import count, gib, share
+from planner.ledger import Location
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.2f}"
+
+
+def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], model_kwargs: dict,
+                    savers: list[Alternative], files: list[str]) -> str:
+    c, hw, t, m = plan.config, plan.hardware, plan.time, plan.model
+    gpus = (f"{hw.nodes}x" if hw.nodes > 1 else "") + f"{hw.gpus_per_node}x{hw.gpu}"
+    out = [
+        f"# Plan: {m.id} on {gpus}",
+        "",
+        f"`{c.optimizer}` · `{c.precision}` · checkpointing `{c.checkpointing}` · sharding `{c.sharding}` · "
+        f"offload `{c.offload}` · loss `{c.loss}` · attention `{c.attention}` · micro-batch {c.micro_batch_size} × "
+        f"accumulation {c.grad_accum} × {hw.num_gpus} GPU(s) × {c.seq_len} tokens",
+        "",
+        "## Why this plan",
+        "",
+    ]
+    fitting = search.considered - sum(search.rejected.values()) if search.engine != "estimate" else None
+    if search.engine == "estimate":
+        out.append("- Estimated as given (`planner estimate`); no search ranked it.")
+    else:
+        out.append(f"- Rank {rank} of {fitting:,} fitting plans among {search.considered:,} candidates "
+                   f"({search.engine} search), ranked by tokens/s.")
+        if len(search.plans) > rank:
+            nxt = search.plans[rank]
+            out.append(f"- Next: {nxt.config.optimizer}, {nxt.config.precision}, {nxt.config.sharding}, checkpointing "
+                       f"{nxt.config.checkpointing}, micro-batch {nxt.config.micro_batch_size}: "
+                       f"{nxt.time.tokens_per_second:,.0f} tokens/s at {_gib(nxt.memory['peak'])} GiB.")
+    out += [
+        f"- {m.id}: {count(m.num_parameters)} parameters ({m.family}).",
+        f"- Throughput {t.tokens_per_second:,.0f} tokens/s ({t.tokens_per_second_per_gpu:,.0f} per GPU), "
+        f"MFU {t.mfu:.1%}, {t.step_seconds:,.3f} s per optimizer step.",
+        f"- Peak {_gib(plan.memory['peak'])} GiB of {_gib(plan.usable_bytes)} GiB usable per GPU at the "
+        f"{plan.peak_phase} phase ({_gib(plan.headroom_bytes)} GiB to spare); host RAM "
+        f"{_gib(plan.host_memory['peak'])} of {_gib(plan.host_memory['capacity'])} GiB per node.",
+        *[f"- {r}" for r in plan.reasons],
+        "",
+        f"## Memory per GPU at the {plan.peak_phase} peak",
+        "",
+        "| term | GiB | of GPU | how |",
+        "|---|---:|---:|---|",
+    ]
+    for row in plan.ledger:
+        if row.location == Location.GPU and plan.peak_phase in row.phases:
+            out.append(f"| {row.label} | {_gib(row.bytes)} | {share(row.bytes, hw.gpu_memory_bytes)} | {row.note} |")
+    out.append(f"| **peak** | **{_gib(plan.memory['peak'])}** | {share(plan.memory['peak'], hw.gpu_memory_bytes)} | |")
+    out += ["", "Phases: " + ", ".join(f"{p} {gib(b)}" for p, b in plan.phase_peaks.items()) + ".", ""]
+    host_rows = [r for r in plan.ledger if r.location == Location.HOST]
+    if host_rows:
+        out += ["On the host, per GPU: " + "; ".join(f"{r.label} {gib(r.bytes)}" for r in host_rows) + ".", ""]
+    out += ["## Step time", "", "| term | s / step | share | before overlap |", "|---|---:|---:|---:|"]
+    for row in t.rows:
+        out.append(f"| {row.label} | {row.seconds:,.4f} | {share(row.seconds, t.step_seconds)} | {row.raw_seconds:,.4f} |")
+    out += ["", "## What was rejected", ""]
+    if search.rejected:
+        out += ["| reason | candidates |", "|---|---:|"]
+        out += [f"| {why} | {n:,} |" for why, n in search.rejected.items()]
+    else:
+        out.append("Nothing: this plan was estimated, not searched.")
+    out += ["", "## If it runs out of memory", ""]
+    if savers:
+        out.append("Change first (fastest first; each keeps the global batch):")
+        out.append("")
+        for i, alt in enumerate(savers[:6], 1):
+            r = alt.result
+            out.append(f"{i}. {alt.change}: peak {_gib(plan.memory['peak'])} → {_gib(r.memory['peak'])} GiB, "
+                       f"{r.time.tokens_per_second:,.0f} tokens/s")
+    else:
+        out.append("No single change of this plan lowers its peak further; use more or larger GPUs.")
+    out += [
+        "",
+        "## How to run",
+        "",
+        "Files: " + ", ".join(f"`{f}`" for f in files) + ".",
+        "",
+        "```bash",
+        "TRAIN_SCRIPT=examples/train_causal_lm.py ./launch.sh --plan plan.json   # or your own script",
+        "```",
+        "",
+        "Load the model with: " + ", ".join(f"`{k}={v!r}`" for k, v in sorted(model_kwargs.items())) + ".",
+        "A Hugging Face Trainer script takes its arguments from `training_args.json` "
+        "(`HfArgumentParser(TrainingArguments).parse_json_file`).",
+    ]
+    if notes or plan.warnings:
+        out += ["", "Notes:", ""] + [f"- {n}" for n in notes + plan.warnings]
+    return "\n".join(out) + "\n"
