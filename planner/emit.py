@@ -167,7 +167,7 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
               'TRAIN_SCRIPT="${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}"']
     command = ['accelerate launch --config_file "$HERE/accelerate_config.yaml"']
     if hw.nodes > 1:
-        lines += ['MACHINE_RANK="${MACHINE_RANK:?set MACHINE_RANK to this machine\'s rank}"',
+        lines += ['MACHINE_RANK="${MACHINE_RANK:?set MACHINE_RANK to the rank of this machine}"',
                   'MAIN_ADDR="${MAIN_ADDR:?set MAIN_ADDR to the address of machine rank 0}"',
                   f'MAIN_PORT="${{MAIN_PORT:-{MAIN_PORT}}}"']
         command.append('--machine_rank "$MACHINE_RANK" --main_process_ip "$MAIN_ADDR" --main_process_port "$MAIN_PORT"')

@@ -86,9 +86,10 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     if c == Checkpointing.FULL and fsdp:
         files.fsdp()["fsdp_activation_checkpointing"] = True
         files.trainer_fsdp()["activation_checkpointing"] = True
-    files.training_args["gradient_checkpointing"] = c == Checkpointing.FULL and not fsdp
+    # transformers 5 names (gradient_checkpointing* are deprecated aliases, removed in v6)
+    files.training_args["activation_checkpointing"] = c == Checkpointing.FULL and not fsdp
     if c == Checkpointing.FULL and not fsdp:
-        files.training_args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        files.training_args["activation_checkpointing_kwargs"] = {"use_reentrant": False}
     if c == Checkpointing.SELECTIVE:
         files.notes.append(
             "selective checkpointing: wrap each decoder layer in torch.utils.checkpoint with "

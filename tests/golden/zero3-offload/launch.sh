@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Launch meta-llama/Llama-3.1-70B on 8xH100-SXM-80: adamw, bf16-mixed, checkpointing full,
+# sharding zero3, offload optimizer+params, micro-batch 1 x accumulation 1 x 8 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
+#
+#   TRAIN_SCRIPT=path/to/train.py ./launch.sh [arguments for the script]
+#   (examples/train_causal_lm.py takes --plan plan.json; a Trainer script can read training_args.json)
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+TRAIN_SCRIPT="${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}"
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+exec accelerate launch --config_file "$HERE/accelerate_config.yaml" \
+  --deepspeed_config_file "$HERE/deepspeed_config.json" \
+  "$TRAIN_SCRIPT" "$@"
