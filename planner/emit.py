@@ -166,6 +166,9 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
     lines += ['set -euo pipefail', 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
               'TRAIN_SCRIPT="${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}"']
     command = ['accelerate launch --config_file "$HERE/accelerate_config.yaml"']
+    if hw.nodes == 1 and hw.num_gpus > 1:
+        lines.append(f'MAIN_PORT="${{MAIN_PORT:-{MAIN_PORT}}}"')
+        command.append('--main_process_port "$MAIN_PORT"')
     if hw.nodes > 1:
         lines += ['MACHINE_RANK="${MACHINE_RANK:?set MACHINE_RANK to the rank of this machine}"',
                   'MAIN_ADDR="${MAIN_ADDR:?set MAIN_ADDR to the address of machine rank 0}"',

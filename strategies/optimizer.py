@@ -164,11 +164,11 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     if opt in BITSANDBYTES_8BIT_OR_PAGED or opt == Optimizer.LION_8BIT:
         files.notes.append(f"{opt}: pip install bitsandbytes (CUDA)")
     if files.deepspeed is not None and opt in DEEPSPEED_NATIVE:
-        params = {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}
+        # lr and weight_decay: "auto" (the Trainer and accelerate's DummyOptim fill them); betas and
+        # eps: the Trainer's defaults written out, because accelerate fills only lr / weight_decay
+        params = {"lr": "auto", "weight_decay": "auto", "betas": [0.9, 0.999]}
         if opt == Optimizer.ADAMW:
-            params["torch_adam"] = True
-        else:
-            params.pop("eps")
+            params |= {"eps": 1e-8, "torch_adam": True}
         files.deepspeed["optimizer"] = {"type": DEEPSPEED_NATIVE[opt], "params": params}
 
 

@@ -86,6 +86,12 @@ def _check(ctx: PlanContext, out: Check) -> None:
             "bf16-pure under DeepSpeed",
             "bf16-pure with DeepSpeed ZeRO: DeepSpeed always keeps fp32 master weights with bf16; use bf16-mixed, or fsdp for bf16-pure"
         )
+    if p == Precision.FP8_MIXED and ctx.engine == Engine.DEEPSPEED:
+        out.reject(
+            "fp8 under DeepSpeed",
+            "fp8-mixed with DeepSpeed ZeRO: accelerate applies fp8 only from its own mixed_precision setting, which it "
+            "refuses next to a DeepSpeed config file; use fsdp (torchao fp8) or bf16-mixed with ZeRO",
+        )
     if p == Precision.FP16_MIXED and gpu.supports("bf16"):
         out.warnings.append("fp16-mixed needs loss scaling and can overflow; bf16-mixed is safer on this GPU")
 
@@ -138,18 +144,15 @@ ACCELERATE_MIXED_PRECISION = {
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
-    """accelerate mixed_precision (fp8 through torchao, or Transformer Engine under DeepSpeed,
-    where accelerate's torchao path does not apply), DeepSpeed's bf16/fp16 sections (fp16 with
-    dynamic loss scaling), the Trainer's bf16/fp16 flags, and the load dtype for bf16-pure."""
+    """accelerate mixed_precision (fp8 through torchao; none next to a DeepSpeed file, whose
+    bf16/fp16 sections decide), DeepSpeed's bf16/fp16 sections (fp16 with dynamic loss scaling),
+    the Trainer's bf16/fp16 flags, and the load dtype for bf16-pure."""
     p = ctx.config.precision
-    files.accelerate["mixed_precision"] = ACCELERATE_MIXED_PRECISION[p]
+    if files.deepspeed is None:  # with a DeepSpeed file, its bf16 / fp16 sections decide (accelerate rule)
+        files.accelerate["mixed_precision"] = ACCELERATE_MIXED_PRECISION[p]
     if p == Precision.FP8_MIXED:
-        files.accelerate["fp8_config"] = {"backend": "TE" if ctx.engine == Engine.DEEPSPEED else "AO"}
-        files.notes.append(
-            "fp8-mixed: accelerate converts the decoder layers' linears to fp8 "
-            + ("with Transformer Engine (pip install transformer-engine)" if ctx.engine == Engine.DEEPSPEED
-               else "with torchao (pip install torchao)")
-        )
+        files.accelerate["fp8_config"] = {"backend": "AO"}
+        files.notes.append("fp8-mixed: accelerate converts the decoder layers' linears to fp8 with torchao (pip install torchao)")
     if files.deepspeed is not None:
         if p in (Precision.BF16_MIXED, Precision.FP8_MIXED):
             files.deepspeed["bf16"] = {"enabled": True}

@@ -7,6 +7,8 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TRAIN_SCRIPT="${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}"
+MAIN_PORT="${MAIN_PORT:-29500}"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 exec accelerate launch --config_file "$HERE/accelerate_config.yaml" \
+  --main_process_port "$MAIN_PORT" \
   "$TRAIN_SCRIPT" "$@"
