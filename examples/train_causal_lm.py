@@ -140,7 +140,7 @@ def main() -> None:
     config = AutoConfig.for_model(**model_config(plan["model"]["id"]))
     config.use_cache = False
     dtype = torch.bfloat16 if c["precision"] == "bf16-pure" else torch.float32
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype, attn_implementation=c["attention"])
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=c["attention"])
     fsdp = acc.distributed_type == DistributedType.FSDP
     if c["checkpointing"] == "full" and not fsdp:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

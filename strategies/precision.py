@@ -162,9 +162,9 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     files.training_args["bf16"] = p in (Precision.BF16_MIXED, Precision.FP8_MIXED)
     files.training_args["fp16"] = p == Precision.FP16_MIXED
     if p == Precision.BF16_PURE:
-        files.model_kwargs["torch_dtype"] = "bfloat16"
+        files.model_kwargs["dtype"] = "bfloat16"
         files.notes.append(
-            "bf16-pure: load the model in bfloat16 (torch_dtype=torch.bfloat16); there is no fp32 master copy, "
+            "bf16-pure: load the model in bfloat16 (dtype=torch.bfloat16); there is no fp32 master copy, "
             "so gradients, weights and optimizer states are all bf16"
         )
 
