@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 from planner import __version__
 from planner.alternatives import memory_savers
@@ -32,16 +33,9 @@ MAIN_PORT = 29500
 LAUNCH_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
-def gpus_spec(plan: EstimateResult) -> str:
-    hw = plan.hardware
-    return (f"{hw.nodes}x" if hw.nodes > 1 else "") + f"{hw.gpus_per_node}x{hw.gpu}"
-
-
 def load_plan_file(path: Path) -> SuggestResult:
     """A suggest JSON (``planner suggest --json`` or an emitted plan.json), or one plan object
     (``planner estimate --json``), as a SuggestResult."""
-    from pydantic import ValidationError
-
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as e:
@@ -83,7 +77,7 @@ def build_files(search: SuggestResult, rank: int = 1, gpus: str | None = None) -
     old = search.plans[rank - 1]
     model = resolve_model(old.model.id)
     hw_in = old.hardware
-    hardware = parse_gpus(gpus or gpus_spec(old), hw_in.host_memory_bytes_per_node / 1e9,
+    hardware = parse_gpus(gpus or old.hardware.spec, hw_in.host_memory_bytes_per_node / 1e9,
                           hw_in.inter_node_bytes_per_s * 8 / 1e9)
     margin = 1 - old.usable_bytes / hw_in.gpu_memory_bytes
     plan = estimate_config(model, hardware, old.config, margin)  # with this planner's model
@@ -151,7 +145,7 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
     c, hw = plan.config, plan.hardware
     lines = [
         "#!/usr/bin/env bash",
-        f"# Launch {plan.model.id} on {gpus_spec(plan)}: {c.optimizer}, {c.precision}, checkpointing {c.checkpointing},",
+        f"# Launch {plan.model.id} on {plan.hardware.spec}: {c.optimizer}, {c.precision}, checkpointing {c.checkpointing},",
         f"# sharding {c.sharding}, offload {c.offload}, micro-batch {c.micro_batch_size} x accumulation {c.grad_accum}"
         f" x {hw.num_gpus} GPU(s), seq {c.seq_len}. Written by planner {__version__}; see PLAN.md.",
         "#",

@@ -60,6 +60,11 @@ class HardwareInfo(BaseModel):
     host_memory_bytes_per_node: int
     inter_node_bytes_per_s: float
 
+    @property
+    def spec(self) -> str:
+        """The --gpus spelling of this hardware: 8xH100-SXM-80, 2x8xH100-SXM-80."""
+        return (f"{self.nodes}x" if self.nodes > 1 else "") + f"{self.gpus_per_node}x{self.gpu}"
+
 
 class EstimateResult(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

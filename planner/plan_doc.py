@@ -14,7 +14,7 @@ def _gib(n: float) -> str:
 def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], model_kwargs: dict,
                     savers: list[Alternative], files: list[str]) -> str:
     c, hw, t, m = plan.config, plan.hardware, plan.time, plan.model
-    gpus = (f"{hw.nodes}x" if hw.nodes > 1 else "") + f"{hw.gpus_per_node}x{hw.gpu}"
+    gpus = hw.spec
     out = [
         f"# Plan: {m.id} on {gpus}",
         "",

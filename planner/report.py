@@ -22,12 +22,6 @@ def console_for_stdout() -> Console:
     return console
 
 
-def gpus_spec(r: EstimateResult) -> str:
-    hw = r.hardware
-    nodes = f"{hw.nodes}x" if hw.nodes > 1 else ""
-    return f"{nodes}{hw.gpus_per_node}x{hw.gpu}"
-
-
 def render_estimate(r: EstimateResult, console: Console) -> None:
     _header(r, console)
     render_breakdown(r, console)
@@ -59,7 +53,7 @@ def _header(r: EstimateResult, console: Console) -> None:
     active = f", {count(m.num_active_parameters)} active" if m.num_active_parameters != m.num_parameters else ""
     console.print(
         f"[bold]{m.id}[/] ({m.family}, {count(m.num_parameters)} params{active}) on "
-        f"[bold]{gpus_spec(r)}[/] ({gib(hw.gpu_memory_bytes)} per GPU)"
+        f"[bold]{r.hardware.spec}[/] ({gib(hw.gpu_memory_bytes)} per GPU)"
     )
     console.print(
         f"optimizer {c.optimizer} | precision {c.precision} | checkpointing {c.checkpointing} | sharding {c.sharding} | "
@@ -129,4 +123,4 @@ def render_suggest(result, console: Console) -> None:
 
 def _header_models(r: EstimateResult, console: Console) -> None:
     m = r.model
-    console.print(f"[bold]{m.id}[/] ({m.family}, {count(m.num_parameters)} params) on [bold]{gpus_spec(r)}[/]")
+    console.print(f"[bold]{m.id}[/] ({m.family}, {count(m.num_parameters)} params) on [bold]{r.hardware.spec}[/]")
