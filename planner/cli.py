@@ -152,6 +152,45 @@ def emit(
     raise typer.Exit(EXIT_FITS if search.plans[rank - 1].fits else EXIT_DOES_NOT_FIT)
 
 
+CHECK_EXIT_CODES = "Exit codes: 0 fits, 1 will not fit, 2 bad input (unreadable file, unknown key, contradiction)."
+
+
+@app.command(help="Will this job fit? Reads the job's own files (accelerate YAML, DeepSpeed JSON, Trainer "
+             f"arguments JSON/YAML, any subset, or --job-dir); flags fill gaps or override. {CHECK_EXIT_CODES}")
+def check(
+    model: Annotated[str, typer.Option(help="HF id from the catalog or local HF cache, or a config.json / model folder")],
+    gpus: Annotated[str, typer.Option(help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80")],
+    accelerate_config: Annotated[Path | None, typer.Option(help="the job's accelerate config YAML")] = None,
+    deepspeed_config: Annotated[Path | None, typer.Option(help="the job's DeepSpeed JSON")] = None,
+    training_args: Annotated[Path | None, typer.Option(help="the job's Trainer arguments (JSON or YAML)")] = None,
+    job_dir: Annotated[Path | None, typer.Option(help="a directory holding those files (and plan.json), e.g. from suggest --out")] = None,
+    optimizer: Optimizer | None = None,
+    precision: Precision | None = None,
+    checkpointing: Checkpointing | None = None,
+    sharding: Sharding | None = None,
+    offload: Offload | None = None,
+    loss: Loss | None = None,
+    attention: Attention | None = None,
+    micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", "--mbs")] = None,
+    grad_accum: int | None = None,
+    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (files rarely say; default 2048)")] = None,
+    margin: Annotated[float, typer.Option(help="fraction of GPU memory to keep free, e.g. 0.05")] = 0.0,
+    host_memory_gb: Annotated[float | None, typer.Option(help="host RAM per node, GB")] = None,
+    inter_node_gbps: Annotated[float | None, typer.Option(help="network bandwidth per node, Gbit/s")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    from planner.preflight import CheckRequest
+    from planner.preflight import check as run_check
+
+    _serve(lambda: run_check(CheckRequest(
+        model=model, gpus=gpus, accelerate_config=accelerate_config, deepspeed_config=deepspeed_config,
+        training_args=training_args, job_dir=job_dir, optimizer=optimizer, precision=precision,
+        checkpointing=checkpointing, sharding=sharding, offload=offload, loss=loss, attention=attention,
+        micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len, margin=margin,
+        host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps,
+    )), "render_check", as_json)
+
+
 @app.command(help="List the model catalog (ids usable with --model).")
 def models() -> None:
     from planner.catalog.models import catalog, resolve_model

@@ -124,3 +124,32 @@ def render_suggest(result, console: Console) -> None:
 def _header_models(r: EstimateResult, console: Console) -> None:
     m = r.model
     console.print(f"[bold]{m.id}[/] ({m.family}, {count(m.num_parameters)} params) on [bold]{r.hardware.spec}[/]")
+
+
+def render_check(result, console: Console) -> None:
+    """The job as read (each value with its source), the estimate, the verdict, what to change."""
+    r = result.estimate
+    _header(r, console)
+    table = Table(title="The job as read", title_justify="left")
+    table.add_column("setting")
+    table.add_column("value")
+    table.add_column("from")
+    for name, where in result.sources.items():
+        table.add_row(name.replace("_", "-"), str(getattr(r.config, name)), where)
+    console.print(table)
+    h = r.host_memory
+    console.print(f"peak per GPU {gib(r.memory['peak'])} of {gib(r.usable_bytes)} usable ({gib(r.hardware.gpu_memory_bytes)} "
+                  f"on the GPU), at the {r.peak_phase} phase; host RAM per node {gib(h['peak'])} of {gib(h['capacity'])}")
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    console.print("[bold green]FITS[/]" if result.fits else "[bold red]WILL NOT FIT[/]")
+    for reason in r.reasons:
+        console.print(f"  {reason}")
+    if result.changes:
+        console.print("Changes that make it fit (fastest first):")
+        for c in result.changes:
+            console.print(f"  {c.change}: {gib(r.memory['peak'])} -> {gib(c.peak_bytes)}, {c.tokens_per_second:,.0f} tokens/s")
+    if result.faster:
+        console.print(f"Faster plans that also fit (now {r.time.tokens_per_second:,.0f} tokens/s):")
+        for c in result.faster:
+            console.print(f"  {c.change}: {c.tokens_per_second:,.0f} tokens/s, peak {gib(c.peak_bytes)}")

@@ -1,0 +1,243 @@
+"""`planner check`: will this job fit, before it is queued?
+
+One function, `check(CheckRequest) -> CheckResult`, for the CLI and for launchers written in
+Python. The job's own files (accelerate YAML, DeepSpeed JSON, Trainer arguments) are mapped
+onto the vocabulary (planner.job_files); flags fill what the files leave open or override it; a
+job directory written by `planner suggest --out` also supplies its plan.json for what the files
+cannot say (bf16-pure weights, attention, selective checkpointing, Adam-mini, sequence length).
+
+Verdict: the estimate at the job's configuration. When it does not fit, the cheapest changes
+that make it fit (one change, else two, else the fastest fitting plans), each with its peak;
+when it fits, faster plans that also fit. Exit codes: 0 fits, 1 will not fit, 2 bad input.
+"""
+
+from itertools import combinations
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.alternatives import memory_savers
+from planner.catalog.gpus import parse_gpus
+from planner.catalog.models import resolve_model
+from planner.errors import PlannerInputError
+from planner.estimate import EstimateResult, default_seq_len, estimate_config, evaluate
+from planner.formatting import gib
+from planner.job_files import NOT_MIXED, Reading, read_accelerate, read_deepspeed, read_deepspeed_dict, read_training_args
+from planner.search import search
+from planner.space import build_space
+from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding, TrainingConfig
+
+JOB_FILES = {"accelerate_config": "accelerate_config.yaml", "deepspeed_config": "deepspeed_config.json",
+             "training_args": "training_args.json"}
+FIELDS = tuple(TrainingConfig.model_fields)
+
+
+class CheckRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    gpus: str
+    accelerate_config: Path | None = None
+    deepspeed_config: Path | None = None
+    training_args: Path | None = None
+    job_dir: Path | None = None  # a directory of the files above (and plan.json), as `suggest --out` writes
+    host_memory_gb: float | None = None
+    inter_node_gbps: float | None = None
+    margin: float = Field(0.0, ge=0.0, lt=1.0)
+    optimizer: Optimizer | None = None
+    precision: Precision | None = None
+    checkpointing: Checkpointing | None = None
+    sharding: Sharding | None = None
+    offload: Offload | None = None
+    loss: Loss | None = None
+    attention: Attention | None = None
+    micro_batch_size: int | None = Field(None, ge=1, le=1_000_000)
+    grad_accum: int | None = Field(None, ge=1, le=1_000_000)
+    seq_len: int | None = Field(None, ge=1, le=100_000_000)
+    alternatives: int = Field(5, ge=0, le=50)  # how many changes / faster plans to list
+
+
+class Change(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    change: str  # "checkpointing none -> full"
+    peak_bytes: int
+    fits: bool
+    tokens_per_second: float
+    config: TrainingConfig
+
+
+class CheckResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fits: bool
+    estimate: EstimateResult
+    sources: dict[str, str]  # field -> where its value came from
+    warnings: list[str]  # what the files say that the planner does not model
+    changes: list[Change]  # when it does not fit: cheapest changes that make it fit
+    faster: list[Change]  # when it fits: faster plans that also fit
+    reasons: list[str]
+
+
+def check(request: CheckRequest) -> CheckResult:
+    reading, plan_config = _read_files(request)
+    model = resolve_model(request.model)
+    hardware = parse_gpus(request.gpus, request.host_memory_gb, request.inter_node_gbps)
+    config, sources = _resolve(request, reading, plan_config, model, hardware.num_gpus, hardware.nodes)
+    result = estimate_config(model, hardware, config, request.margin)
+    changes, faster = [], []
+    if request.alternatives:
+        if result.fits:
+            faster = _faster_plans(model, hardware, config, request.margin, result, request.alternatives)
+        else:
+            changes = _changes_that_fit(model, hardware, config, request.margin, result, request.alternatives)
+    return CheckResult(
+        fits=result.fits, estimate=result, sources=sources, warnings=reading.warnings + result.warnings,
+        changes=changes, faster=faster, reasons=_reasons(result, changes, faster),
+    )
+
+
+def _read_files(request: CheckRequest) -> tuple[Reading, dict | None]:
+    paths = {k: getattr(request, k) for k in JOB_FILES}
+    plan_config = None
+    if request.job_dir is not None:
+        if not request.job_dir.is_dir():
+            raise PlannerInputError(f"--job-dir {request.job_dir} is not a directory")
+        for key, name in JOB_FILES.items():
+            if paths[key] is None and (request.job_dir / name).is_file():
+                paths[key] = request.job_dir / name
+        plan_config = _plan_config(request.job_dir / "plan.json")
+    if not any(paths.values()) and request.job_dir is None:
+        raise PlannerInputError("no job files given",
+                                hint="Pass --accelerate-config, --deepspeed-config, --training-args or --job-dir.")
+    r = Reading()
+    ds_source = paths["deepspeed_config"]
+    errors = []
+    for key, reader in (("accelerate_config", read_accelerate), ("training_args", read_training_args)):
+        if paths[key] is None:
+            continue
+        try:
+            named = reader(paths[key], r)
+        except PlannerInputError as e:
+            errors += e.problems
+            continue
+        if isinstance(named, dict):
+            read_deepspeed_dict(named, f"{paths[key].name}: deepspeed", r)
+        elif named is not None and ds_source is None:
+            ds_source = named
+    if ds_source is not None:
+        try:
+            read_deepspeed(ds_source, r)
+        except PlannerInputError as e:
+            errors += e.problems
+    if errors or r.problems:
+        raise PlannerInputError(errors + r.problems, hint="Fix the files (or the flags) and run planner check again.")
+    return r, plan_config
+
+
+def _plan_config(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    from planner.emit import load_plan_file
+
+    return load_plan_file(path).plans[0].config.model_dump(mode="json")
+
+
+def _resolve(request, reading: Reading, plan_config, model, num_gpus: int, nodes: int) -> tuple[TrainingConfig, dict]:
+    problems = []
+    if reading.processes and reading.processes[0] != num_gpus:
+        problems.append(f"{reading.processes[1]} = {reading.processes[0]}, but --gpus {request.gpus} is {num_gpus} GPUs")
+    if reading.machines and reading.machines[0] != nodes:
+        problems.append(f"{reading.machines[1]} = {reading.machines[0]}, but --gpus {request.gpus} is {nodes} node(s)")
+    values = {k: v for k, (v, _) in reading.values.items()}
+    sources = {k: where for k, (_, where) in reading.values.items()}
+    for name in FIELDS:
+        flag = getattr(request, name)
+        if flag is not None:
+            values[name], sources[name] = str(flag) if not isinstance(flag, int) else flag, f"--{name.replace('_', '-')}"
+        elif name not in values and plan_config is not None:
+            values[name], sources[name] = plan_config[name], "plan.json"
+    if values.get("precision") == NOT_MIXED:
+        pure = plan_config is not None and plan_config["precision"] == "bf16-pure"
+        values["precision"] = "bf16-pure" if pure else "fp32"
+        sources["precision"] += " (plan.json: bf16 weights)" if pure else " (fp32 weights)"
+    defaults = {"sharding": "none" if num_gpus == 1 else "ddp", "seq_len": default_seq_len(model)}
+    for name in FIELDS:
+        if name not in values:
+            values[name] = defaults.get(name, TrainingConfig.model_fields[name].default)
+            sources[name] = "default"
+    if reading.train_batch:
+        total = values["micro_batch_size"] * values["grad_accum"] * num_gpus
+        if reading.train_batch[0] != total:
+            problems.append(
+                f"{reading.train_batch[1]} = {reading.train_batch[0]}, but micro-batch {values['micro_batch_size']} x "
+                f"accumulation {values['grad_accum']} x {num_gpus} GPUs = {total}"
+            )
+    try:
+        config = TrainingConfig(**values)
+    except ValidationError as e:
+        problems += [f"{'.'.join(map(str, er['loc']))} ({sources.get(str(er['loc'][0]), '?')}): {er['msg']}"
+                     for er in e.errors()]
+    if problems:
+        raise PlannerInputError(problems, hint="The files, the flags and --gpus must describe the same job.")
+    return config, sources
+
+
+def describe(old: TrainingConfig, new: TrainingConfig) -> str:
+    parts = []
+    for name in FIELDS:
+        a, b = getattr(old, name), getattr(new, name)
+        if a != b:
+            parts.append(f"{name.replace('_', '-')} {a} -> {b}")
+    return ", ".join(parts)
+
+
+def _change(old: TrainingConfig, r: EstimateResult, label: str | None = None) -> Change:
+    return Change(change=label or describe(old, r.config), peak_bytes=r.memory["peak"], fits=r.fits,
+                  tokens_per_second=r.time.tokens_per_second, config=r.config)
+
+
+def _changes_that_fit(model, hardware, config, margin, result, limit) -> list[Change]:
+    """One change if any fits, else two, else the fastest fitting plans for this job's batch."""
+    savers = memory_savers(model, hardware, config, margin, baseline=result) if result.feasible else []
+    single = [_change(config, a.result, a.change) for a in savers if a.result.fits]
+    if single:
+        return single[:limit]
+    pairs = []
+    for a, b in combinations(savers, 2):
+        merged = a.result.config.model_copy(update={k: getattr(b.result.config, k) for k in FIELDS
+                                                    if getattr(b.result.config, k) != getattr(config, k)})
+        r = estimate_config(model, hardware, merged, margin)
+        if r.fits:
+            pairs.append(_change(config, r, f"{a.change}; {b.change}"))
+    pairs.sort(key=lambda c: -c.tokens_per_second)
+    return pairs[:limit] or _plans(model, hardware, config, margin, limit, faster_than=0.0)
+
+
+def _faster_plans(model, hardware, config, margin, result, limit) -> list[Change]:
+    return _plans(model, hardware, config, margin, limit, faster_than=result.time.tokens_per_second)
+
+
+def _plans(model, hardware, config, margin, limit, faster_than: float) -> list[Change]:
+    """The fastest fitting plans with this job's sequence length and global batch."""
+    global_batch = config.micro_batch_size * config.grad_accum * hardware.num_gpus
+    try:
+        space = build_space(hardware.num_gpus, config.seq_len, global_batch_size=global_batch)
+    except PlannerInputError:
+        return []
+    outcome = search(space, lambda c: evaluate(model, hardware, c, margin, skip_infeasible=True))
+    out = []
+    for record in outcome.fitting:
+        if record.tokens_per_second <= faster_than or len(out) >= limit:
+            break
+        out.append(_change(config, estimate_config(model, hardware, outcome.config(record), margin)))
+    return out
+
+
+def _reasons(result: EstimateResult, changes: list[Change], faster: list[Change]) -> list[str]:
+    reasons = list(result.reasons)
+    for c in changes:
+        reasons.append(f"{c.change}: {gib(result.memory['peak'])} -> {gib(c.peak_bytes)}, {c.tokens_per_second:,.0f} tokens/s")
+    for c in faster:
+        reasons.append(f"faster and fits: {c.change}: {c.tokens_per_second:,.0f} tokens/s "
+                       f"(now {result.time.tokens_per_second:,.0f}), peak {gib(c.peak_bytes)}")
+    return reasons

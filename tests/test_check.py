@@ -1,0 +1,244 @@
+"""planner check: the job's files mapped onto the vocabulary, the verdict, what to change,
+exit codes, and no traceback for any input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.emit import emit
+from planner.estimate import estimate_config
+from planner.preflight import CheckRequest, check
+from planner.suggest import SuggestRequest, suggest
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA = "meta-llama/Llama-3.1-8B"
+runner = CliRunner()
+
+
+def cli(*args):
+    r = runner.invoke(app, ["check", *args])
+    assert "Traceback" not in r.output and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
+    return r
+
+
+def write(path: Path, data) -> Path:
+    path.write_text(json.dumps(data) if path.suffix == ".json" else yaml.safe_dump(data))
+    return path
+
+
+def test_known_keys_match_the_installed_libraries(tmp_path):
+    pytest.importorskip("deepspeed")
+    subprocess.run([sys.executable, str(ROOT / "tests/tools/known_keys.py"), str(tmp_path / "keys.json")],
+                   check=True, capture_output=True)
+    fresh = json.loads((tmp_path / "keys.json").read_text())
+    shipped = json.loads((ROOT / "planner/catalog/data/known_keys.json").read_text())
+    for group in ("accelerate", "training_args", "deepspeed_zero"):
+        assert set(shipped[group]) == set(fresh[group]), group
+
+
+@pytest.mark.parametrize("model, gpus, narrowing", [
+    (LLAMA, "1xA100-40", {}),  # paged, bf16-pure: needs plan.json for the bf16 weights
+    (LLAMA, "8xH100-80", {"sharding": ["zero3"]}),
+    (LLAMA, "8xH100-80", {"sharding": ["fsdp"], "precision": ["bf16-mixed"]}),
+    (LLAMA, "2x8xH100-80", {"sharding": ["fsdp-hybrid"]}),
+    (LLAMA, "4xA100-80", {"sharding": ["zero2"], "offload": ["optimizer"], "optimizer": ["adamw"]}),
+    ("Qwen/Qwen2.5-1.5B", "2xL40S", {"sharding": ["ddp"], "optimizer": ["adamw-8bit"]}),
+])
+def test_round_trip_from_suggest_out(tmp_path, model, gpus, narrowing):
+    """check on the files `planner suggest --out` wrote: exit 0 and the plan's peak."""
+    result = suggest(SuggestRequest(model=model, gpus=gpus, top=1, **narrowing))
+    assert result.fits
+    emit(result, tmp_path)
+    plan = result.plans[0]
+    r = cli("--model", model, "--gpus", gpus, "--job-dir", str(tmp_path), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["estimate"]["memory"]["peak"] == plan.memory["peak"]
+    assert out["estimate"]["config"] == plan.config.model_dump(mode="json")
+
+
+def test_files_alone_with_flags_for_what_files_cannot_say(tmp_path):
+    result = suggest(SuggestRequest(model=LLAMA, gpus="8xH100-80", sharding=["zero2"], checkpointing=["full"], top=1))
+    emit(result, tmp_path)
+    c = result.plans[0].config
+    args = ["--model", LLAMA, "--gpus", "8xH100-80", "--accelerate-config", str(tmp_path / "accelerate_config.yaml"),
+            "--training-args", str(tmp_path / "training_args.json"), "--attention", c.attention, "--seq-len", str(c.seq_len),
+            "--optimizer", c.optimizer, "--json"]
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["estimate"]["memory"]["peak"] == result.plans[0].memory["peak"]
+    assert out["sources"]["sharding"].startswith("deepspeed_config.json")  # found through the accelerate config
+
+
+def test_mappings(tmp_path):
+    acc = write(tmp_path / "a.yaml", {"distributed_type": "FSDP", "num_processes": 16, "num_machines": 2,
+                                     "mixed_precision": "bf16", "fsdp_config": {"fsdp_version": 1,
+                                     "fsdp_sharding_strategy": "HYBRID_SHARD", "fsdp_offload_params": True,
+                                     "fsdp_activation_checkpointing": True}})
+    targs = write(tmp_path / "t.yaml", {"output_dir": "o", "per_device_train_batch_size": 2, "optim": "adamw_torch",
+                                        "max_seq_length": 4096, "use_liger_kernel": True})
+    r = check(CheckRequest(model=LLAMA, gpus="2x8xH100-80", accelerate_config=acc, training_args=targs, alternatives=0))
+    c = r.estimate.config
+    assert (c.sharding, c.offload, c.checkpointing, c.precision, c.loss, c.seq_len, c.micro_batch_size) == (
+        "fsdp-hybrid", "optimizer+params", "full", "bf16-mixed", "chunked", 4096, 2)
+    assert any("FSDP1" in w for w in r.warnings)
+    ds = write(tmp_path / "ds.json", {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}},
+                                      "fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1,
+                                      "gradient_accumulation_steps": 8, "train_batch_size": 64,
+                                      "optimizer": {"type": "AdamW"}})
+    r = check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=ds, alternatives=0))
+    c = r.estimate.config
+    assert (c.sharding, c.offload, c.precision, c.grad_accum, c.optimizer) == ("zero2", "optimizer", "fp16-mixed", 8, "adamw")
+    assert any("NVMe" in w for w in r.warnings)
+    assert r.sources["grad_accum"] == "ds.json: gradient_accumulation_steps"
+
+
+def test_not_fitting_job_gets_changes_that_fit(tmp_path):
+    targs = write(tmp_path / "t.json", {"output_dir": "o", "per_device_train_batch_size": 4,
+                                        "gradient_accumulation_steps": 4, "bf16": True, "optim": "adamw_torch",
+                                        "max_seq_length": 4096})
+    r = cli("--model", LLAMA, "--gpus", "4xA100-80", "--training-args", str(targs), "--sharding", "zero2", "--json")
+    assert r.exit_code == 1
+    out = json.loads(r.output)
+    assert not out["fits"] and out["changes"]
+    assert out["changes"][0]["change"] == "checkpointing none -> full"  # one change suffices here
+    from planner.catalog.gpus import parse_gpus
+    from planner.catalog.models import resolve_model
+    from planner.vocabulary import TrainingConfig
+
+    for change in out["changes"]:
+        again = estimate_config(resolve_model(LLAMA), parse_gpus("4xA100-80"), TrainingConfig(**change["config"]))
+        assert again.fits and again.memory["peak"] == change["peak_bytes"] < out["estimate"]["memory"]["peak"]
+    assert any("->" in reason for reason in out["reasons"])
+
+
+def test_fitting_job_lists_faster_plans(tmp_path):
+    targs = write(tmp_path / "t.json", {"output_dir": "o", "per_device_train_batch_size": 1,
+                                        "gradient_accumulation_steps": 8, "bf16": True, "optim": "adamw_torch",
+                                        "gradient_checkpointing": True})
+    r = check(CheckRequest(model=LLAMA, gpus="8xH100-80", training_args=targs, sharding="zero3"))
+    assert r.fits and r.faster
+    assert all(f.fits and f.tokens_per_second > r.estimate.time.tokens_per_second for f in r.faster)
+
+
+@pytest.mark.parametrize("files, flags, needle", [
+    ({"t.json": {"bf16": True, "fp16": True}}, [], "both bf16 and fp16"),
+    ({"t.json": {"fp16": True}, "ds.json": {"bf16": {"enabled": True}}}, [], "contradiction"),
+    ({"ds.json": {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "train_batch_size": 64}}, [],
+     "train_batch_size"),
+    ({"a.yaml": {"distributed_type": "MULTI_GPU", "num_processes": 4}}, [], "num_processes"),
+    ({"a.yaml": {"distributed_type": "FSDP", "num_processes": 8}, "t.json": {"deepspeed": {"zero_optimization": {"stage": 2}}}},
+     [], "contradiction"),
+    ({"t.json": {"learning_rat": 1e-4}}, [], "unknown key"),
+    ({"a.yaml": {"distributed_typ": "NO"}}, [], "unknown key"),
+    ({"ds.json": {"zero_optimization": {"stag": 2}}}, [], "unknown key"),
+    ({"t.json": {"per_device_train_batch_size": "four"}}, [], "must be an integer"),
+    ({"t.json": {"per_device_train_batch_size": -3}}, [], "out of range"),
+    ({"t.json": {"per_device_train_batch_size": 10**30}}, [], "out of range"),
+    ({"ds.json": {"zero_optimization": {"stage": 7}}}, [], "ZeRO stage"),
+    ({"a.yaml": {"distributed_type": "XLA", "num_processes": 8}}, [], "not planned"),
+    ({"t.json": {"per_device_train_batch_size": 2}}, ["--gpus", "1xNOPE"], "unknown GPU"),
+])
+def test_bad_input_exit_2(tmp_path, files, flags, needle):
+    args = []
+    for name, data in files.items():
+        option = {"t": "--training-args", "d": "--deepspeed-config", "a": "--accelerate-config"}[name[0]]
+        args += [option, str(write(tmp_path / name, data))]
+    gpus = [] if "--gpus" in flags else ["--gpus", "8xH100-80"]
+    r = cli("--model", LLAMA, *gpus, *flags, *args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+
+
+def test_unreadable_inputs_exit_2(tmp_path):
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "trunc.yaml").write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: [2,\n")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "bin.json").write_bytes(bytes(range(256)))
+    for option, path in [("--training-args", tmp_path / "empty.json"), ("--accelerate-config", tmp_path / "trunc.yaml"),
+                         ("--accelerate-config", tmp_path / "list.yaml"), ("--deepspeed-config", tmp_path / "bin.json"),
+                         ("--training-args", tmp_path), ("--training-args", tmp_path / "missing.json"),
+                         ("--job-dir", tmp_path / "missing")]:
+        r = cli("--model", LLAMA, "--gpus", "8xH100-80", option, str(path))
+        assert r.exit_code == 2, (option, path, r.output)
+    assert cli("--model", LLAMA, "--gpus", "8xH100-80").exit_code == 2  # no files at all
+
+
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**40, 10**40), st.floats(allow_nan=True),
+                    st.text(max_size=12))
+KEYS = st.sampled_from(["distributed_type", "num_processes", "mixed_precision", "fsdp_config", "deepspeed_config",
+                        "zero_optimization", "stage", "bf16", "fp16", "enabled", "optim", "deepspeed", "fsdp",
+                        "per_device_train_batch_size", "gradient_accumulation_steps", "train_batch_size",
+                        "offload_optimizer", "device", "fsdp_version", "use_cpu", "max_seq_length"]) | st.text(max_size=8)
+TREES = st.recursive(SCALARS, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(KEYS, kids, max_size=4),
+                     max_leaves=12)
+
+
+@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(content=st.one_of(TREES.map(lambda t: ("json", json.dumps(t, allow_nan=True))),
+                         TREES.map(lambda t: ("yaml", yaml.safe_dump(t))),
+                         st.text(max_size=200).map(lambda t: ("yaml", t)),
+                         st.binary(max_size=100).map(lambda b: ("json", b.decode("latin-1"))),
+                         TREES.map(lambda t: ("yaml", yaml.safe_dump(t)[: len(yaml.safe_dump(t)) // 2]))),
+       option=st.sampled_from(["--accelerate-config", "--deepspeed-config", "--training-args"]),
+       gpus=st.sampled_from(["8xH100-80", "1xA100-40", "x", "0x8xH100", "99999999999999999999xA100"]),
+       extra=st.sampled_from([[], ["--mbs", "-1"], ["--seq-len", "0"], ["--margin", "7"], ["--grad-accum", "3"]]))
+def test_garbage_never_makes_a_traceback(tmp_path_factory, content, option, gpus, extra):
+    suffix, text = content
+    path = tmp_path_factory.getbasetemp() / f"garbage.{suffix}"
+    path.write_text(text, errors="surrogateescape")
+    r = runner.invoke(app, ["check", "--model", LLAMA, "--gpus", gpus, option, str(path), *extra])
+    assert r.exception is None or isinstance(r.exception, SystemExit), (text, r.exception)
+    assert "Traceback" not in r.output
+    assert r.exit_code in (0, 1, 2)
+    if r.exit_code == 2:
+        assert r.output.startswith("error:") or "Usage:" in r.output or "Error" in r.output
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "optim",
+                            "use_liger_kernel", "max_seq_length", "gradient_checkpointing", "deepspeed", "fsdp_config"]),
+       value=st.one_of(st.integers(-10**40, -1), st.integers(10**7, 10**40), st.lists(st.integers(), min_size=1, max_size=2),
+                       st.dictionaries(st.text(min_size=1, max_size=3), st.integers(), min_size=1, max_size=2),
+                       st.floats(allow_nan=True)).filter(lambda v: not isinstance(v, bool)),
+       unknown=st.text(alphabet="qxzjvk_", min_size=3, max_size=10))
+def test_invalid_job_files_exit_2(tmp_path_factory, key, value, unknown):
+    """Wrong types, impossible numbers and unknown keys: always exit 2 with a message."""
+    path = tmp_path_factory.getbasetemp() / "invalid.json"
+    path.write_text(json.dumps({"output_dir": "o", key: value, unknown: 1}))
+    r = runner.invoke(app, ["check", "--model", LLAMA, "--gpus", "8xH100-80", "--training-args", str(path)])
+    assert r.exit_code == 2 and r.output.startswith("error:"), (key, value, r.output)
+
+
+def test_python_api_is_the_json(tmp_path):
+    targs = write(tmp_path / "t.json", {"output_dir": "o", "per_device_train_batch_size": 1, "bf16": True,
+                                        "optim": "paged_adamw_8bit", "gradient_checkpointing": True})
+    api = check(CheckRequest(model=LLAMA, gpus="1xA100-40", training_args=targs, precision="bf16-pure", seq_len=512))
+    cli_out = json.loads(cli("--model", LLAMA, "--gpus", "1xA100-40", "--training-args", str(targs),
+                             "--precision", "bf16-pure", "--seq-len", "512", "--json").output)
+    assert api.model_dump(mode="json") == cli_out
+
+
+def test_examples_launch_only_what_fits(tmp_path):
+    fits = suggest(SuggestRequest(model=LLAMA, gpus="8xH100-80", top=1))
+    emit(fits, tmp_path / "ok")
+    env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    ok = subprocess.run([sys.executable, str(ROOT / "examples/launch_with_check.py"), "--model", LLAMA, "--gpus",
+                         "8xH100-80", "--job-dir", str(tmp_path / "ok"), "--margin", "0", "--", "echo", "LAUNCHED"],
+                        capture_output=True, text=True, env=env)
+    assert ok.returncode == 0 and "LAUNCHED" in ok.stdout, ok.stderr
+    big = write(tmp_path / "big.json", {"output_dir": "o", "per_device_train_batch_size": 8, "bf16": True})
+    no = subprocess.run([sys.executable, str(ROOT / "examples/launch_with_check.py"), "--model", LLAMA, "--gpus",
+                         "1xA100-40", "--training-args", str(big), "--", "echo", "LAUNCHED"],
+                        capture_output=True, text=True, env=env)
+    assert no.returncode == 1 and "LAUNCHED" not in no.stdout and "will not fit" in no.stderr
+    subprocess.run(["bash", "-n", str(ROOT / "examples/slurm_preflight.sbatch")], check=True)
