@@ -81,6 +81,17 @@ def _typed(d: dict, key: str, kinds: tuple, where: str, r: Reading, default=None
     return v
 
 
+def _section(d: dict, key: str, where: str, r: Reading) -> dict:
+    """A nested mapping (``{}`` when absent); anything else is a problem."""
+    value = d.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        r.problems.append(f"{where}: {key} must be a mapping, not {value!r}"[:300])
+        return {}
+    return value
+
+
 def _unknown(d: dict, known: frozenset[str], where: str, what: str, r: Reading, extra: tuple = ()) -> None:
     unknown = sorted(str(k) for k in d if k not in known and k not in extra)
     if unknown:
@@ -103,7 +114,7 @@ def read_accelerate(path: Path, r: Reading) -> Path | None:
     mp = _typed(d, "mixed_precision", (str,), where, r, "no")
     ds_file = None
     if dt == "DEEPSPEED":
-        ds = _typed(d, "deepspeed_config", (dict,), where, r, {}) or {}
+        ds = _section(d, "deepspeed_config", where, r)
         ds_file = ds.get("deepspeed_config_file")
         if ds_file is None:
             _inline_deepspeed(ds, where, r)
@@ -118,20 +129,26 @@ def read_accelerate(path: Path, r: Reading) -> Path | None:
     elif dt == "MULTI_GPU":
         r.set("sharding", "ddp", f"{where}: distributed_type MULTI_GPU")
     elif dt == "FSDP":
-        par = _typed(d, "parallelism_config", (dict,), where, r, {}) or {}
+        par = _section(d, "parallelism_config", where, r)
         replicas = par.get("parallelism_config_dp_replicate_size", 1)
         hybrid = isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1
-        _fsdp(_typed(d, "fsdp_config", (dict,), where, r, {}) or {}, where, r, accelerate=True,
+        _fsdp(_section(d, "fsdp_config", where, r), where, r, accelerate=True,
               options=["hybrid_shard"] if hybrid else None)
     elif dt is not None and dt != "DEEPSPEED":
         r.problems.append(f"{where}: distributed_type {dt} is not planned (planner plans NO, MULTI_GPU, FSDP, DEEPSPEED)")
-    fp8 = d.get("fp8_config") or {}
-    if isinstance(fp8, dict) and str(fp8.get("backend", "AO")).upper() != "AO":
+    fp8 = _section(d, "fp8_config", where, r)
+    if str(fp8.get("backend", "AO")).upper() != "AO":
         r.warnings.append(f"{where}: fp8 backend {fp8.get('backend')} is modelled as torchao fp8")
-    if ds_file:
-        candidate = (path.parent / ds_file) if not Path(ds_file).is_absolute() else Path(ds_file)
-        return candidate if candidate.exists() else Path(ds_file)
-    return None
+    return _beside(path, ds_file) if ds_file else None
+
+
+def _beside(path: Path, named: str) -> Path:
+    """A file another file names: relative to that file's folder if it is there, else as given."""
+    candidate = Path(named) if Path(named).is_absolute() else path.parent / named
+    try:
+        return candidate if candidate.exists() else Path(named)
+    except (OSError, ValueError):  # unreadable or impossible names (e.g. a NUL byte) fail when read
+        return Path(named)
 
 
 def _map_mixed_precision(mp: str | None, where: str, r: Reading) -> None:
@@ -166,7 +183,7 @@ def _stage(stage: Any, where: str, r: Reading) -> None:
 def _offload(opt_dev: Any, param_dev: Any, where: str, r: Reading) -> None:
     devices = {None: False, "none": False, "cpu": True, "nvme": True}
     for dev in (opt_dev, param_dev):
-        if dev not in devices:
+        if not isinstance(dev, (str, type(None))) or dev not in devices:
             r.problems.append(f"{where}: offload device must be none, cpu or nvme, not {dev!r}")
             return
     if "nvme" in (opt_dev, param_dev):
@@ -182,20 +199,15 @@ def read_deepspeed(path: Path, r: Reading) -> None:
 
 
 def read_deepspeed_dict(d: dict, where: str, r: Reading) -> None:
-    zero = _typed(d, "zero_optimization", (dict,), where, r, {}) or {}
+    zero = _section(d, "zero_optimization", where, r)
     _unknown(zero, known_keys()["deepspeed_zero"], f"{where}: zero_optimization", "DeepSpeed's ZeRO config", r)
     if "stage" in zero:
         _stage(zero["stage"], f"{where}: zero_optimization.stage", r)
-    devices = []
-    for key in ("offload_optimizer", "offload_param"):
-        section = zero.get(key)
-        if section is not None and not isinstance(section, dict):
-            r.problems.append(f"{where}: zero_optimization.{key} must be a mapping")
-            section = None
-        devices.append((section or {}).get("device"))
+    devices = [_section(zero, key, f"{where}: zero_optimization", r).get("device")
+               for key in ("offload_optimizer", "offload_param")]
     _offload(*devices, f"{where}: zero_optimization", r)
-    bf16 = _typed(d.get("bf16") or {}, "enabled", (bool,), f"{where}: bf16", r, False, allow_auto=True)
-    fp16 = _typed(d.get("fp16") or {}, "enabled", (bool,), f"{where}: fp16", r, False, allow_auto=True)
+    bf16 = _typed(_section(d, "bf16", where, r), "enabled", (bool,), f"{where}: bf16", r, False, allow_auto=True)
+    fp16 = _typed(_section(d, "fp16", where, r), "enabled", (bool,), f"{where}: fp16", r, False, allow_auto=True)
     if bf16 and fp16:
         r.problems.append(f"contradiction: {where} enables both bf16 and fp16")
     elif bf16:
@@ -211,8 +223,8 @@ def read_deepspeed_dict(d: dict, where: str, r: Reading) -> None:
         r.set("grad_accum", accum, f"{where}: gradient_accumulation_steps")
     if total:
         r.train_batch = (total, f"{where}: train_batch_size")
-    opt = d.get("optimizer")
-    if isinstance(opt, dict) and isinstance(opt.get("type"), str):
+    opt = _section(d, "optimizer", where, r)
+    if isinstance(opt.get("type"), str):
         name = DEEPSPEED_OPTIMIZERS.get(opt["type"].lower())
         if name:
             r.set("optimizer", name, f"{where}: optimizer.type {opt['type']}")
@@ -269,8 +281,7 @@ def read_training_args(path: Path, r: Reading) -> Path | dict | None:
         r.problems.append(f"{where}: deepspeed must be a path or a mapping")
         return None
     if isinstance(ds, str):
-        candidate = path.parent / ds if not Path(ds).is_absolute() else Path(ds)
-        return candidate if candidate.exists() else Path(ds)
+        return _beside(path, ds)
     return ds
 
 

@@ -242,3 +242,13 @@ def test_examples_launch_only_what_fits(tmp_path):
                         capture_output=True, text=True, env=env)
     assert no.returncode == 1 and "LAUNCHED" not in no.stdout and "will not fit" in no.stderr
     subprocess.run(["bash", "-n", str(ROOT / "examples/slurm_preflight.sbatch")], check=True)
+
+
+@pytest.mark.parametrize("content", [
+    {"distributed_type": "DEEPSPEED", "num_processes": 8, "deepspeed_config": {"offload_optimizer_device": [1]}},
+    {"distributed_type": "DEEPSPEED", "num_processes": 8, "deepspeed_config": {"deepspeed_config_file": "a\x00b.json"}},
+    {"distributed_type": "DEEPSPEED", "num_processes": 8, "deepspeed_config": {"zero_stage": {"x": 1}}},
+])
+def test_odd_values_in_nested_sections_exit_2(tmp_path, content):
+    path = write(tmp_path / "a.yaml", content)
+    assert cli("--model", LLAMA, "--gpus", "8xH100-80", "--accelerate-config", str(path)).exit_code == 2

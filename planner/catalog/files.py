@@ -16,7 +16,7 @@ def read_mapping(path: Path, what: str, hint: str = "") -> dict:
     """The top-level mapping of a .json / .yaml / .yml file; ``what`` names it in messages."""
     try:
         text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: a NUL byte in the name
         raise PlannerInputError(f"cannot read {what} {path}: {e}", hint=hint) from None
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.load(text, Loader=_YAML_LOADER)
