@@ -24,15 +24,22 @@ from strategies.precision import layout
 from strategies.rates import peak_flops
 
 
-class EstimateRequest(TrainingConfig):
-    """What a user asks ``planner estimate``: the vocabulary (unset fields take their defaults),
-    plus the model, the GPUs and how much memory to keep free."""
+class PlanTarget(BaseModel):
+    """What every command plans for: a model on some GPUs, and how much memory to keep free."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str
     gpus: str
-    host_memory_gb: float | None = None
-    inter_node_gbps: float | None = None
+    host_memory_gb: float | None = None  # per node, decimal GB
+    inter_node_gbps: float | None = None  # per node, Gbit/s
     margin: float = Field(0.0, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
+
+
+class EstimateRequest(TrainingConfig, PlanTarget):
+    """What a user asks ``planner estimate``: the vocabulary (unset fields take their defaults)
+    for a PlanTarget."""
+
     sharding: Sharding | None = None  # default: none on one GPU, ddp on several
     seq_len: int | None = Field(None, ge=1, le=100_000_000)  # default: min(2048, the model's positions)
 

@@ -20,7 +20,7 @@ from planner.alternatives import memory_savers
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.errors import PlannerInputError
-from planner.estimate import EstimateResult, default_seq_len, estimate_config, evaluate
+from planner.estimate import EstimateResult, PlanTarget, default_seq_len, estimate_config, evaluate
 from planner.formatting import gib
 from planner.job_files import NOT_MIXED, Reading, read_accelerate, read_deepspeed, read_deepspeed_dict, read_training_args
 from planner.search import search
@@ -32,18 +32,13 @@ JOB_FILES = {"accelerate_config": "accelerate_config.yaml", "deepspeed_config": 
 FIELDS = tuple(TrainingConfig.model_fields)
 
 
-class CheckRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class CheckRequest(PlanTarget):
+    """The job's files (any subset, or a job directory) and flags that fill or override them."""
 
-    model: str
-    gpus: str
     accelerate_config: Path | None = None
     deepspeed_config: Path | None = None
     training_args: Path | None = None
     job_dir: Path | None = None  # a directory of the files above (and plan.json), as `suggest --out` writes
-    host_memory_gb: float | None = None
-    inter_node_gbps: float | None = None
-    margin: float = Field(0.0, ge=0.0, lt=1.0)
     optimizer: Optimizer | None = None
     precision: Precision | None = None
     checkpointing: Checkpointing | None = None

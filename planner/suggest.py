@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.catalog import gpus as gpu_catalog
 from planner.catalog.models import resolve_model
 from planner.errors import PlannerInputError
-from planner.estimate import EstimateResult, default_seq_len, evaluate, result_of
+from planner.estimate import EstimateResult, PlanTarget, default_seq_len, evaluate, result_of
 from planner.formatting import gib
 from planner.search import ENGINES, SearchOutcome, search
 from planner.space import SearchSpace, build_space, default_global_batch
@@ -20,16 +20,9 @@ from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimize
 MAX_NODES = 128
 
 
-class SuggestRequest(BaseModel):
+class SuggestRequest(PlanTarget):
     """What a user asks ``planner suggest``. Empty lists leave a field to the search."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str
-    gpus: str
-    host_memory_gb: float | None = None
-    inter_node_gbps: float | None = None
-    margin: float = Field(0.0, ge=0.0, lt=1.0)
     seq_len: int | None = Field(None, ge=1, le=100_000_000)  # default: min(2048, the model's positions)
     global_batch_size: int | None = Field(None, ge=1, le=100_000_000)
     optimizer: list[Optimizer] = []
