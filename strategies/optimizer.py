@@ -89,6 +89,13 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
             "optimizer_states", f"paged optimizer states ({opt}, unified memory)", paged, 1,
             location=Location.UNIFIED, note="CUDA managed memory: resident while the GPU has room, else host",
         )
+    if opt == Optimizer.ADAMW:
+        # torch AdamW keeps an fp32 `step` scalar per parameter tensor (torch/optim/adamw.py
+        # _init_group; on the device when fused). DeepSpeed hands it flat partitions: one per group.
+        # Every rank holds all of them, so sharding does not divide this row.
+        count = 1 if ctx.engine == Engine.DEEPSPEED else sum(P.multiplicity(ctx.model, t) for t in P.model_tensors(ctx.model))
+        ledger.add("optimizer_states", "optimizer step counters (fp32 scalar per tensor)", count, 4,
+                   tag="step_counters", note=f"{count:,} tensors")
     if opt in (Optimizer.ADAFACTOR, Optimizer.ADAM_MINI):
         largest = max(t.numel // t.experts for t in P.model_tensors(ctx.model))
         ledger.add(

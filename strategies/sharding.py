@@ -84,7 +84,8 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         )
         return
     for row in ledger.of(*SHARDED_TERMS.get(s, ALL_MODEL_STATES)):
-        row.shard = n
+        if row.tag != "step_counters":  # per-tensor scalars: every rank keeps them all
+            row.shard = n
     if ctx.engine == Engine.DEEPSPEED:
         _deepspeed_rows(ctx, ledger, n, total, layer, h)
     elif ctx.engine == Engine.FSDP:
