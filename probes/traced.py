@@ -73,16 +73,20 @@ def run_trace(req: TraceRequest) -> TraceResult:
     notes = ["traced on CPU fake tensors: CPU attention kernels and CPU autocast lists"]
     pure = c.precision == "bf16-pure"
     param_dtype = torch.bfloat16 if pure else torch.float32
-    if req.world_size > 1:
+    mesh = None
+    if c.sharding.startswith("fsdp"):  # the mesh holds a real rank tensor: build it outside fake mode
+        from torch.distributed.device_mesh import init_device_mesh
+
         _fake_process_group(req.world_size)
+        mesh = init_device_mesh("cpu", (req.world_size,))
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=param_dtype, attn_implementation=c.attention)
         if c.checkpointing == "full" and not c.sharding.startswith("fsdp"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         elif c.checkpointing == "selective" or (c.checkpointing == "full" and c.sharding.startswith("fsdp")):
             _checkpoint_layers(model, selective=c.checkpointing == "selective")
-        if c.sharding.startswith("fsdp"):
-            _fully_shard(model, c, req.world_size)
+        if mesh is not None:
+            _fully_shard(model, c, mesh)
             notes.append(f"FSDP2 fully_shard under a fake process group of {req.world_size} ranks (one rank traced)")
         elif c.sharding.startswith("zero"):
             notes.append("ZeRO is not traced (DeepSpeed does not run under fake tensors): model states are computed")
@@ -123,12 +127,10 @@ def _fake_process_group(world: int) -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
-def _fully_shard(model, c: TrainingConfig, world: int) -> None:
+def _fully_shard(model, c: TrainingConfig, mesh) -> None:
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh("cpu", (world,))
     mixed = c.precision in ("bf16-mixed", "fp8-mixed", "fp16-mixed")
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
     reshard = c.sharding != "fsdp-grad-op"
