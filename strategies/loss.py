@@ -24,11 +24,10 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
             note="one chunk of logits and its gradient, plus the head-input gradient",
         )
         return
-    held = 4 if lay.autocast else lay.dtypes.compute  # accelerate converts autocast outputs to fp32
-    per_token = A.logits_bytes(m, lay.dtypes, held)
+    per_token = A.logits_bytes(m, lay.dtypes)
     ledger.add(
         "logits", "logits and cross-entropy (fp32)", per_token, tokens, phases=fwd,
-        note=f"{per_token:,.0f} B/token: held logits + fp32 log-softmax, its grad and input grad (V={m.vocab_size:,})",
+        note=f"{per_token:,.0f} B/token: fp32 log-softmax output, its grad and input grad (V={m.vocab_size:,})",
     )
 
 

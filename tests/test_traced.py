@@ -47,3 +47,14 @@ def test_failures_and_timeouts_are_errors_not_crashes():
     slow = TraceRequest(config_json=catalog()[MODEL].config, config=TrainingConfig(seq_len=64), layers=2)
     with pytest.raises(RuntimeError, match="timed out"):
         trace(slow, timeout=0.5)
+
+
+def test_forward_activations_and_logits_within_5_percent_bf16_pure():
+    """One point of issue 6's matrix, already held: bf16 weights, SDPA, no checkpointing. The
+    trace's activations and temporaries at the peak (which comes at the start of backward) against
+    the analytic forward-phase activations and logits."""
+    config = TrainingConfig(precision="bf16-pure", optimizer="adamw", micro_batch_size=2, seq_len=256)
+    traced = trace(TraceRequest(config_json=catalog()[MODEL].config, config=config, layers=2), timeout=300)
+    a = analytic(config, 2)
+    forward = sum(r.bytes for r in a.ledger if r.term in ("activations", "logits") and "forward" in r.phases)
+    assert traced.activations_peak_bytes == pytest.approx(forward, rel=0.05)

@@ -191,20 +191,21 @@ def final_norm_bytes(m: ModelSpec, dt: DTypes) -> float:
 
 
 @cache
-def logits_bytes(m: ModelSpec, dt: DTypes, held_bytes: int) -> float:
+def logits_bytes(m: ModelSpec, dt: DTypes) -> float:
     """Peak bytes per token of the output head and standard cross-entropy loss.
 
-    The model returns logits (``held_bytes`` per element: the compute dtype, or fp32 where
-    accelerate's autocast wrapper converts outputs to fp32), held by the output object; the HF
-    loss upcasts them to fp32 and log_softmax saves its fp32 output (4V). At the start of
-    backward the saved output, its incoming gradient and log_softmax's input gradient coexist
-    (3 * 4V), with the held logits: held*V + 12*V. Gemma-2's final soft-capping adds a divided and a
+    The HF loss upcasts the logits to fp32 and log_softmax saves its fp32 output (4V). Training
+    loops keep only ``outputs.loss`` (the Trainer's compute_loss, accelerate scripts), so the
+    returned logits are freed when forward returns; at the start of backward the saved output,
+    its incoming gradient and log_softmax's input gradient coexist: 3 * 4V = 12V. (At the loss's
+    forward the compute-dtype logits, their fp32 copy and the saved output make at most 10V.)
+    Checked by the traced probe (tests/test_traced.py). Gemma-2's final soft-capping adds a divided and a
     tanh copy in the compute dtype (2*c*V). Source: transformers loss_utils.ForCausalLMLoss;
     DESIGN.md ("4*s*b*V bytes and their gradient").
     """
     v = m.vocab_size
     softcap = 2 * dt.compute * v if m.final_logit_softcapping else 0
-    return held_bytes * v + 3 * FP32 * v + softcap
+    return 3 * FP32 * v + softcap
 
 
 def chunked_loss_bytes(m: ModelSpec, dt: DTypes, tokens: int) -> float:
