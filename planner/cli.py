@@ -13,7 +13,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from planner.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS, PlannerInputError
+from planner.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, PlannerInputError
 from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
 
 EXIT_CODES = "Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input."
@@ -28,7 +28,7 @@ err = Console(stderr=True)
 
 def _fail(e: PlannerInputError) -> None:
     err.print(f"[bold red]error:[/] {e.message}", highlight=False)
-    raise typer.Exit(EXIT_BAD_INPUT)
+    raise typer.Exit(e.exit_code)
 
 
 def _validation_problems(e: ValidationError) -> list[str]:

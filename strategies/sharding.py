@@ -151,13 +151,12 @@ def _fsdp_rows(ctx: PlanContext, ledger: LedgerDraft, total: int, layer: int) ->
     )
 
 
-def _link(ctx: PlanContext, ranks_per_node: int, nodes: int) -> tuple[float, float]:
-    """(bytes/s, latency per collective) of a ring over ``nodes`` x ``ranks_per_node`` ranks:
-    the slowest link it spans (the GPU link inside a node, the network per GPU across nodes)."""
+def _link(ctx: PlanContext, spans_nodes: bool) -> tuple[float, float]:
+    """(bytes/s, latency per collective) of a ring: the slowest link it spans (the GPU link
+    inside a node; across nodes, each GPU's share of the node's network)."""
     hw = ctx.hardware
-    if nodes > 1:
-        per_gpu = hw.inter_node_bytes_per_s / ranks_per_node
-        return min(hw.gpu.gpu_link_bytes_per_s, per_gpu), R.COLLECTIVE_LATENCY_INTER_S
+    if spans_nodes:
+        return min(hw.gpu.gpu_link_bytes_per_s, hw.inter_node_bytes_per_s_per_gpu), R.COLLECTIVE_LATENCY_INTER_S
     return hw.gpu.gpu_link_bytes_per_s, R.COLLECTIVE_LATENCY_INTRA_S
 
 
@@ -179,7 +178,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
         draft.cpu_dispatch_seconds += layers * R.FSDP_HOOK_SECONDS_PER_LAYER
     if s == Sharding.NONE or n == 1:
         return
-    world = _link(ctx, hw.gpus_per_node, hw.nodes)
+    world = _link(ctx, hw.nodes > 1)
     g = lay.gathered_bytes
     if s == Sharding.DDP:
         buckets = max(1, int(psi * lay.grad_bytes // DDP_BUCKET_BYTES))
@@ -204,7 +203,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
         return
     # FSDP2: all-gather params in param_dtype, reduce-scatter grads in fp32 (reduce_dtype)
     reduce_bytes = g + (4 - g if g < 4 else 0)
-    group = _link(ctx, hw.gpus_per_node, 1) if s == Sharding.FSDP_HYBRID else world
+    group = _link(ctx, False) if s == Sharding.FSDP_HYBRID else world
     ranks = hw.gpus_per_node if s == Sharding.FSDP_HYBRID else n
     gather = _seconds(comms.all_gather_bytes(psi * g, ranks), group, layers + 1)
     reduce = _seconds(comms.all_gather_bytes(psi * reduce_bytes, ranks), group, layers + 1)
