@@ -42,12 +42,13 @@ class ModelSpec(BaseModel):
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
-    fused_qkv: bool = False  # Phi-3 qkv_proj / gate_up_proj (same parameters, different saved tensors)
+    fused_qkv: bool = False  # Phi-3 qkv_proj / gate_up_proj, GPT-2 c_attn (same parameters, fewer tensors)
     norm_kind: NormKind = NormKind.RMS
     norms_per_layer: int = 2  # Gemma-2 has four
     mlp_kind: MlpKind = MlpKind.GATED
     num_experts: int = 1  # Mixtral: num_local_experts
     experts_per_token: int = 1
+    activation: str = "silu"  # the MLP activation as transformers names it (GPT-2: gelu_new, a Python-level tanh GELU)
     dropout: float = 0.0  # attention-probability and residual dropout in training (GPT-2: 0.1)
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None

@@ -1,25 +1,27 @@
 """The traced fidelity: the real transformers model on fake tensors, every byte attributed.
 
-torch's FakeTensorMode runs the model without allocating memory; MemTracker
-(torch.distributed._tools.mem_tracker) attributes every tensor to parameters, buffers,
-gradients, activations, temporaries or optimizer state, and records the peak. One process
-sees one rank: sharded plans run FSDP2 (``fully_shard``) under a fake process group of the
-plan's world size.
+torch's FakeTensorMode runs the model without allocating memory; the step tracker (torch's
+MemTracker, or FSDPMemTracker for sharded plans, plus the planner's phases: probes/tracker.py)
+attributes every tensor to parameters, gradients, optimizer state, activations or temporaries,
+and records each phase's peak. One process sees one rank: sharded plans run FSDP2
+(``fully_shard``) under a fake process group of the plan's world size.
 
 What is traced and what is computed (reported in ``TraceResult.notes``):
-- traced: parameters, gradients, activations, temporaries, the peak; optimizer state for torch
-  optimizers (AdamW, SGD, Adafactor);
+- traced: parameters, gradients, activations, temporaries, each phase's peak; optimizer state
+  for torch optimizers (AdamW, SGD, Adafactor); the chunked loss through a re-implementation
+  with Liger-Kernel's allocations (probes/chunked_loss.py);
 - computed: bitsandbytes 8-bit / paged and Adam-mini states (their kernels do not run under fake
   tensors): the planner's state-layout formula for the traced parameters;
-- not traced: ZeRO (DeepSpeed does not run under fake tensors): compare ZeRO plans through their
-  activations with sharding none;
+- not traced: ZeRO (DeepSpeed does not run under fake tensors): per-rank model states follow the
+  ZeRO partition rules (planner.cost.zero); compare a ZeRO plan's activations with sharding none;
 - CPU kernels: fake tensors live on the CPU (a CPU build of torch cannot fake CUDA tensors), so
   attention dispatches to the CPU flash kernel and autocast uses the CPU lists.
 
-Each trace runs in a child process with a timeout (`trace`): a crash inside torch can never take
-the planner down.
+Each trace runs in a child process with a timeout (``trace``, ``trace_many``): a crash inside
+torch can never take the planner down.
 """
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -28,8 +30,6 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from planner.vocabulary import TrainingConfig
-
-TRACED_OPTIMIZERS = ("adamw", "sgd", "adafactor")
 
 
 class TraceRequest(BaseModel):
@@ -40,195 +40,161 @@ class TraceRequest(BaseModel):
     world_size: int = 1
     layers: int | None = None  # reduced depth (None: full depth)
     iterations: int = 2
+    explain: bool = False  # list the tensors alive at the peak
+    real: bool = False  # real CPU tensors instead of fake ones (small models only: checks the fake trace)
 
 
 class TraceResult(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    peak_bytes: int  # all categories at the step's peak
-    at_peak: dict[str, int]  # category -> bytes at that moment
-    parameters_bytes: int
+    peak_bytes: int  # the whole step's peak (largest phase)
+    peak_phase: str
+    phase_peaks: dict[str, int]  # forward / backward / step -> bytes
+    at_peak: dict[str, int]  # category -> bytes at the step's peak
+    phase_snapshots: dict[str, dict[str, int]]  # phase -> category -> bytes at that phase's peak
+    parameters_bytes: int  # this rank's parameters (sharded under FSDP)
     gradients_bytes: int  # after backward, before the step
     optimizer_state_bytes: int
-    activations_peak_bytes: int  # activations + temporaries at the peak
+    transient_peak_bytes: int  # the most bytes outside model states at any moment: activations, temporaries, gathered
+    transient_at_peak: dict[str, int]  # the categories at that moment
+    baseline_bytes: int  # alive when the measured iteration starts (model states)
+    inplace_adds: int  # gradient accumulations counted as in place (see probes/tracker.py)
     seconds: float
     notes: list[str]
+    explanation: list[str] = []
 
 
 def run_trace(req: TraceRequest) -> TraceResult:
-    """In this process: build, run ``iterations`` steps under MemTracker, report."""
+    """In this process: build, run ``iterations`` steps under the step tracker, report the last."""
     import torch
-    import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from probes import model_setup as S
+    from probes.tracker import StepTracker, fsdp_step_tracker
 
     start = time.perf_counter()
-    cfg_dict = dict(req.config_json)
-    if req.layers is not None:
-        cfg_dict["num_hidden_layers" if "num_hidden_layers" in cfg_dict or cfg_dict.get("model_type") != "gpt2"
-                 else "n_layer"] = req.layers
-    cfg = transformers.AutoConfig.for_model(**cfg_dict)
-    cfg.use_cache = False
     c = req.config
-    notes = ["traced on CPU fake tensors: CPU attention kernels and CPU autocast lists"]
-    pure = c.precision == "bf16-pure"
-    param_dtype = torch.bfloat16 if pure else torch.float32
+    cfg = S.build_config(req.config_json, req.layers)
+    fsdp = c.sharding.startswith("fsdp")
+    notes = ["real CPU tensors" if req.real else "traced on CPU fake tensors: CPU attention kernels and CPU autocast lists"]
     mesh = None
-    if c.sharding.startswith("fsdp"):  # the mesh holds a real rank tensor: build it outside fake mode
+    if fsdp:  # the mesh holds a real rank tensor: build it outside fake mode
         from torch.distributed.device_mesh import init_device_mesh
 
-        _fake_process_group(req.world_size)
+        S.fake_process_group(req.world_size)
         mesh = init_device_mesh("cpu", (req.world_size,))
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=param_dtype, attn_implementation=c.attention)
-        if c.checkpointing == "full" and not c.sharding.startswith("fsdp"):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        elif c.checkpointing == "selective" or (c.checkpointing == "full" and c.sharding.startswith("fsdp")):
-            _checkpoint_layers(model, selective=c.checkpointing == "selective")
-        if mesh is not None:
-            _fully_shard(model, c, mesh)
+    mode = contextlib.nullcontext() if req.real else FakeTensorMode(allow_non_fake_inputs=True)
+    undo = (lambda: None) if req.real else S.gpu_attention_with_dropout()
+    with mode, contextlib.ExitStack() as cleanup:
+        cleanup.callback(undo)
+        model = S.build_model(cfg, c)
+        S.apply_checkpointing(model, c)
+        if c.loss == "chunked":
+            model.forward = __import__("probes.chunked_loss", fromlist=["x"]).chunked_causal_lm_forward(model)
+            notes.append("chunked loss: Liger-Kernel's allocations re-implemented in PyTorch (probes/chunked_loss.py)")
+        if fsdp:
+            S.apply_fsdp(model, c, mesh)
             notes.append(f"FSDP2 fully_shard under a fake process group of {req.world_size} ranks (one rank traced)")
         elif c.sharding.startswith("zero"):
             notes.append("ZeRO is not traced (DeepSpeed does not run under fake tensors): model states are computed")
-        optimizer = _optimizer(c.optimizer, model, notes)
+        optimizer = S.build_optimizer(c.optimizer, model)
+        if optimizer is None:
+            notes.append(f"{c.optimizer}: states computed from their layout (the optimizer does not run under fake tensors)")
         ids = torch.randint(0, cfg.vocab_size, (c.micro_batch_size, c.seq_len))
-        tracker = MemTracker()
-        tracker.track_external(model, *( [optimizer] if optimizer is not None else []))
+        if fsdp:
+            tracker = fsdp_step_tracker(model, optimizer, explain=req.explain)
+        else:
+            tracker = StepTracker(explain=req.explain)
+            tracker.track_external(model, *([optimizer] if optimizer is not None else []))
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=S.autocast_on(c))
         grads = 0
         with tracker:
             for i in range(req.iterations):
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.precision in ("bf16-mixed", "fp8-mixed")):
-                    loss = model(input_ids=ids, labels=ids).loss
+                tracker.measuring = i == req.iterations - 1  # the last iteration: optimizer states exist
+                if tracker.measuring:
+                    baseline = _categories(tracker.get_tracker_snapshot("current"), None)
+                tracker.phase = "forward"
+                with autocast:
+                    loss = model(input_ids=ids, labels=ids)
+                    loss = loss if isinstance(loss, torch.Tensor) else loss.loss
+                tracker.start_backward()
                 loss.backward()
+                del loss
                 if i == req.iterations - 1:
-                    grads = _category(tracker.get_tracker_snapshot("current"), "Gradient")
+                    grads = _categories(tracker.get_tracker_snapshot("current"), {"Gradient", "Sharded Grad"})
+                tracker.phase = "step"
                 if optimizer is not None:
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
-                if i == 0:
+                else:
+                    model.zero_grad(set_to_none=True)
+                if i < req.iterations - 1:
                     tracker.reset_mod_stats()
-        peak = _flat(tracker.get_tracker_snapshot("peak"))
-        current = _flat(tracker.get_tracker_snapshot("current"))
-    params = current.get("Parameter", 0)
-    states = current.get("Optstate", 0) if optimizer is not None else _computed_states(model, c, notes)
+        current = tracker.get_tracker_snapshot("current")
+    params = _categories(current, {"Parameter", "Sharded Param"})
+    states = (_categories(current, {"Optstate", "OptState"}) if optimizer is not None
+              else S.computed_state_bytes(model, c))
+    peaks = dict(tracker.phase_peaks)
+    phase = max(peaks, key=peaks.get)
     return TraceResult(
-        peak_bytes=peak.get("Total", 0), at_peak={k: v for k, v in peak.items() if k != "Total"},
+        peak_bytes=peaks[phase], peak_phase=phase, phase_peaks=peaks, at_peak=tracker.phase_snapshots[phase],
+        phase_snapshots=tracker.phase_snapshots,
         parameters_bytes=params, gradients_bytes=grads, optimizer_state_bytes=states,
-        activations_peak_bytes=peak.get("Activation", 0) + peak.get("Temp", 0),
-        seconds=time.perf_counter() - start, notes=notes,
+        transient_peak_bytes=tracker.transient_peak, transient_at_peak=tracker.transient_snapshot,
+        baseline_bytes=baseline, inplace_adds=tracker.inplace_adds, seconds=time.perf_counter() - start, notes=notes,
+        explanation=tracker.explanation() if req.explain else [],
     )
 
 
-def _fake_process_group(world: int) -> None:
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if not dist.is_initialized():
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-
-
-def _fully_shard(model, c: TrainingConfig, mesh) -> None:
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mixed = c.precision in ("bf16-mixed", "fp8-mixed", "fp16-mixed")
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
-    reshard = c.sharding != "fsdp-grad-op"
-    for layer in _layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-
-
-def _layers(model):
-    return model.model.layers if hasattr(model, "model") else model.transformer.h
-
-
-def _checkpoint_layers(model, selective: bool) -> None:
-    from functools import partial
-
-    import torch
-    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-
-    aten = torch.ops.aten
-    save = {aten.mm.default, aten.addmm.default, aten.bmm.default}
-    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_efficient_attention"):
-        if hasattr(aten, name):
-            save.add(getattr(aten, name).default)
-
-    def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
-
-    for layer in _layers(model):
-        kw = {"context_fn": partial(create_selective_checkpoint_contexts, policy)} if selective else {}
-        layer.forward = partial(checkpoint, layer.forward, use_reentrant=False, **kw)
-
-
-def _optimizer(name: str, model, notes: list[str]):
-    import torch
-
-    params = list(model.parameters())
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4, foreach=False)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-4)
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=1e-4, relative_step=False, scale_parameter=False)
-    notes.append(f"{name}: states computed from their layout (the optimizer does not run under fake tensors)")
-    return None
-
-
-def _computed_states(model, c: TrainingConfig, notes: list[str]) -> int:
-    from planner.cost import optimizer_states as S
-
+def _categories(snapshot: dict, names: set[str] | None) -> int:
+    """Bytes of the named categories in a tracker snapshot (None: the total)."""
     total = 0
-    for p in model.parameters():
-        n = p.numel()
-        if c.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
-            total += S.blockwise_8bit_states(n, 2)
-        elif c.optimizer == "lion-8bit":
-            total += S.blockwise_8bit_states(n, 1)
-        elif c.optimizer in ("paged-adamw",):
-            total += S.full_states(n, 2, 4)
-        elif c.optimizer == "lion":
-            total += S.full_states(n, 1, 4)
-        elif c.optimizer == "adam-mini":
-            total += S.adam_mini_states(tuple(p.shape), p.element_size())
+    for per_device in snapshot.values():
+        for key, value in per_device.items():
+            name = key.value if hasattr(key, "value") else key
+            if (names is None and name == "Total") or (names is not None and name in names):
+                total += value
     return total
 
 
-def _flat(snapshot: dict) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for per_device in snapshot.values():
-        for key, value in per_device.items():
-            name = key if isinstance(key, str) else key.value
-            out[name] = out.get(name, 0) + value
+def trace_many(requests: list[TraceRequest], timeout: float = 600) -> list[TraceResult | str]:
+    """Run each request in one child process (one process per world size: the fake process group
+    is per process) with a timeout for the batch. A failed request yields its error text."""
+    out: list[TraceResult | str] = [""] * len(requests)
+    by_world: dict[int, list[int]] = {}
+    for i, r in enumerate(requests):
+        by_world.setdefault(r.world_size if r.config.sharding.startswith("fsdp") else 1, []).append(i)
+    for indices in by_world.values():
+        batch = "[" + ",".join(requests[i].model_dump_json() for i in indices) + "]"
+        try:
+            proc = subprocess.run([sys.executable, "-m", "probes.traced"], input=batch, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"traced probe timed out after {timeout:g} s") from None
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"traced probe failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        for i, item in zip(indices, json.loads(lines[-1]), strict=True):
+            out[i] = TraceResult.model_validate(item) if isinstance(item, dict) else item
     return out
-
-
-def _category(snapshot: dict, name: str) -> int:
-    return _flat(snapshot).get(name, 0)
 
 
 def trace(req: TraceRequest, timeout: float = 600) -> TraceResult:
     """Run ``run_trace`` in a child process (JSON in, JSON out) with a timeout."""
-    try:
-        proc = subprocess.run([sys.executable, "-m", "probes.traced"], input=req.model_dump_json(), capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"traced probe timed out after {timeout:g} s") from None
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"traced probe failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    return TraceResult.model_validate_json(lines[-1])
+    result = trace_many([req], timeout)[0]
+    if isinstance(result, str):
+        raise RuntimeError(f"traced probe failed: {result}")
+    return result
 
 
 def main() -> None:
-    req = TraceRequest.model_validate_json(sys.stdin.read())
-    result = run_trace(req)
-    sys.stdout.write("\n" + json.dumps(result.model_dump()) + "\n")
+    results: list = []
+    for raw in json.loads(sys.stdin.read()):
+        try:
+            results.append(run_trace(TraceRequest.model_validate(raw)).model_dump())
+        except Exception as exc:  # one bad request must not lose the batch
+            results.append(f"{type(exc).__name__}: {str(exc)[:1500]}")
+    sys.stdout.write("\n" + json.dumps(results) + "\n")
 
 
 if __name__ == "__main__":

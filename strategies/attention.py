@@ -12,9 +12,20 @@ from strategies import rates
 from strategies.base import Check, PlanContext, Strategy
 
 
+#: Families whose transformers class has no SDPA path (Gemma2ForCausalLM raises ValueError on
+#: attn_implementation="sdpa" in transformers 5; found by the traced probe).
+NO_SDPA = frozenset({"gemma2"})
+
+
 def _check(ctx: PlanContext, out: Check) -> None:
     m, a = ctx.model, ctx.config.attention
-    if a == Attention.SDPA and m.attn_logit_softcapping:
+    if a == Attention.SDPA and m.family in NO_SDPA:
+        out.reject(
+            "sdpa unsupported by the model",
+            f"{m.family}: transformers' model class refuses attn_implementation='sdpa' (attention-logit "
+            "soft-capping); use --attention eager",
+        )
+    elif a == Attention.SDPA and m.attn_logit_softcapping:
         out.warnings.append(
             f"{m.family}: SDPA ignores attention-logit soft-capping ({m.attn_logit_softcapping}); "
             "transformers recommends eager attention for training this model"

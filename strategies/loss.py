@@ -6,29 +6,90 @@ from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
 from planner.vocabulary import Loss
 from strategies import rates
-from strategies.base import Check, PlanContext, Strategy
-from strategies.precision import layout
+from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.precision import cache_only_casts, layout
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
     return None
 
 
-def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
+def head_gradient_moment_bytes(ctx: PlanContext) -> int:
+    """Bytes of the output head's weight gradient just after the head's matmul backward.
+
+    The matmul makes the gradient in the compute dtype (V*h*c) in the parameter's own layout
+    (torch's mm_mat2_backward follows the weight's strides), so AccumulateGrad keeps it without a
+    copy. With torch autocast (fp32 weights) ToCopyBackward then upcasts it to fp32 while the 16-bit
+    one is alive: V*h*(c+4). Checked by the traced probe (tests/test_traced.py).
+    """
+    m, lay = ctx.model, layout(ctx)
+    vh, c = m.vocab_size * m.hidden_size, lay.dtypes.compute
+    return vh * (c + 4) if lay.autocast else vh * c
+
+
+def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str]:
+    """The loss's largest moment, bytes, above the saved activations and saved weight casts.
+
+    Standard loss (per token: V fp32 elements = 4V bytes; T tokens; hc = the head's autocast cast
+    V*h*c, 0 without autocast):
+    - end of forward, inside autocast: the casts only the cache holds, hc, and the loss forward
+      (compute-dtype logits, their fp32 copy and log_softmax's saved output: (c + 8) V T);
+    - start of backward: hc and 12 V T (logits_bytes);
+    - the head's backward: hc with the logits gradient and the 16-bit weight gradient
+      (c V T + V h c), then the weight gradient's own moment (head_gradient_moment_bytes).
+    Chunked loss (Liger): inside autocast, the cache-only casts, hc, one more uncached cast of the
+    transposed head weight per chunk matmul (V*h*c), the weight gradient Liger makes in forward
+    (V*h, weight dtype) and the chunk (chunked_loss_bytes). Checked by the traced probe.
+    """
     m, lay, cfg = ctx.model, layout(ctx), ctx.config
-    tokens = cfg.tokens_per_micro_batch
-    fwd = frozenset({Phase.FORWARD})
+    tokens, c = cfg.tokens_per_micro_batch, lay.dtypes.compute
+    vh = m.vocab_size * m.hidden_size
+    hc = vh * c if lay.autocast else 0
+    cached = cache_only_casts(ctx)
     if cfg.loss == Loss.CHUNKED:
+        w = lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes
+        total = cached + 2 * hc + vh * w + A.chunked_loss_bytes(m, lay.dtypes, tokens)
+        return int(total), "chunked loss: one chunk, the head weight gradient made in forward, weight casts"
+    v_t = m.vocab_size * tokens
+    softcap = 2 * c * v_t if m.final_logit_softcapping else 0
+    moments = {
+        "loss forward inside autocast": cached + hc + (c + 8) * v_t + softcap,
+        "start of backward: fp32 log-softmax output, its gradient and input gradient": hc + A.logits_bytes(m, lay.dtypes) * tokens,
+        "head backward: logits gradient and head weight gradient": max(hc + c * v_t + vh * c, head_gradient_moment_bytes(ctx)),
+    }
+    label = max(moments, key=moments.get)
+    return int(moments[label]), label
+
+
+def tied_accumulation_bytes(ctx: PlanContext) -> int:
+    """Bytes beyond the finished gradients when the embedding's and the head's gradients meet (end of backward).
+
+    Tied: the head's gradient (V*h*g) waits in the autograd input buffer through the whole
+    backward; the embedding's joins it and the engine adds them in place when the waiting one is a
+    fresh tensor it alone holds (the autocast upcast; the chunked loss's own buffer), else out of
+    place: one more V*h*g (torch/csrc/autograd/input_buffer.cpp ``can_accumulate_inplace``).
+    Measured on real CPU tensors by the allocator in tests/test_traced.py. (FSDP2's root unit holds
+    its unsharded gradients until its reduce-scatter; the traced matrix shows this term is not yet
+    right there: benchmarks/traced_matrix.py.)
+    """
+    m, lay = ctx.model, layout(ctx)
+    vh = m.vocab_size * m.hidden_size
+    if not m.tie_word_embeddings:
+        return 0
+    in_place = lay.autocast or ctx.config.loss == Loss.CHUNKED
+    return vh * lay.grad_bytes * (1 if in_place else 2)
+
+
+def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    m, fwd = ctx.model, frozenset({Phase.FORWARD})
+    tied = tied_accumulation_bytes(ctx)
+    if tied:
         ledger.add(
-            "logits", "chunked fused linear cross-entropy", A.chunked_loss_bytes(m, lay.dtypes, tokens), 1, phases=fwd,
-            note="one chunk of logits and its gradient, plus the head-input gradient",
+            "activations", "tied embedding: head gradient waiting for the embedding's", tied, 1,
+            phases=frozenset({Phase.BACKWARD}), note="autograd input buffer; added in place only to a fresh tensor",
         )
-        return
-    per_token = A.logits_bytes(m, lay.dtypes)
-    ledger.add(
-        "logits", "logits and cross-entropy (fp32)", per_token, tokens, phases=fwd,
-        note=f"{per_token:,.0f} B/token: fp32 log-softmax output, its grad and input grad (V={m.vocab_size:,})",
-    )
+    moment, label = loss_moment_bytes(ctx)
+    ledger.add("logits", label, moment, 1, phases=fwd, note=f"the largest of the loss's moments (V={m.vocab_size:,})")
 
 
 #: fp32 bytes per token x vocabulary the loss moves: forward upcast and log-softmax (~12V),

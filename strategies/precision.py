@@ -26,7 +26,7 @@ from planner.cost.activations import DTypes
 from planner.emitted import EmitDraft
 from planner.ledger import ALL_PHASES, Ledger, LedgerDraft, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
-from planner.vocabulary import Precision
+from planner.vocabulary import Checkpointing, Precision
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 
@@ -59,6 +59,20 @@ def _layout(p: Precision, engine: Engine) -> Layout:
     if engine == Engine.FSDP:
         return Layout(4, 0, 4, 4, DTypes(2, 2), False, 2)
     return Layout(4, 0, 4, 4, DTypes(2, 4), True, 2)
+
+
+def head_parameters(m) -> int:
+    """Elements of the output head's weight (the embedding's when tied)."""
+    return m.vocab_size * m.hidden_size
+
+
+def cache_only_casts(ctx: PlanContext) -> int:
+    """Bytes of autocast weight casts alive only while the autocast region runs (the layers' casts
+    when checkpointing recomputes them), excluding the head's."""
+    m, lay = ctx.model, layout(ctx)
+    if not lay.autocast or ctx.config.checkpointing == Checkpointing.NONE:
+        return 0
+    return (P.matmul_parameters(m) - head_parameters(m)) * lay.dtypes.compute
 
 
 def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
@@ -109,13 +123,17 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         note=f"{n:,} params x {lay.grad_bytes} B",
     )
     if lay.autocast:
-        # torch.amp caches the 16-bit cast of every matmul weight until the autocast region
-        # (the whole model forward, loss included) exits; without checkpointing they are also
-        # saved for backward. During backward one layer's casts are alive (recomputed or saved).
-        ledger.add(
-            "autocast_weight_copies", "autocast casts of matmul weights (16-bit)", P.matmul_parameters(m), 2,
-            phases=frozenset({Phase.FORWARD}), note="torch.amp weight-cast cache, freed when forward exits autocast",
-        )
+        # torch.amp caches the 16-bit cast of every matmul weight until the autocast region (the
+        # model forward and the loss) exits; the matmuls save them for backward, so without
+        # checkpointing they outlive it. The head's cast and the casts that live only in the cache
+        # belong to the loss's moments (strategies/loss.py). During backward one layer's casts are
+        # alive (recomputed or saved).
+        if ctx.config.checkpointing == Checkpointing.NONE:
+            ledger.add(
+                "autocast_weight_copies", "autocast casts of the layers' matmul weights (saved for backward)",
+                P.matmul_parameters(m) - head_parameters(m), lay.dtypes.compute, phases=frozenset({Phase.FORWARD}),
+                note="torch.amp weight casts, saved by the matmuls that use them",
+            )
         ledger.add(
             "autocast_weight_copies", "autocast casts of one layer (backward)", P.layer_matmul_parameters(m), 2,
             phases=frozenset({Phase.BACKWARD}), note="one layer's casts during its backward",

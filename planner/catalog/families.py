@@ -73,6 +73,8 @@ def _gpt2(c: dict) -> dict:
         max_position_embeddings=c.get("n_positions", 1024),
         learned_position_embeddings=True,
         tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+        fused_qkv=True,  # Conv1D c_attn: one weight and one bias for q, k and v
+        activation=str(c.get("activation_function", "gelu_new")),
         qkv_bias=True,
         o_bias=True,
         mlp_bias=True,

@@ -99,6 +99,11 @@ def _gpt2_attention(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int
 def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
     c, h, f, k, e = dt.compute, m.hidden_size, m.intermediate_size, m.experts_per_token, m.num_experts
     if m.mlp_kind == MlpKind.PLAIN:
+        if m.activation == "gelu_new":
+            # transformers NewGELUActivation: 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x^3))) in Python
+            # ops; pow saves x, tanh its output, the final product both factors (0.5x and 1 + tanh)
+            return [("act input", c * f), ("tanh output", c * f), ("0.5x", c * f), ("1 + tanh", c * f),
+                    ("act output", c * f)]
         return [("act input", c * f), ("act output", c * f)]
     gated = [("gate", c * f), ("act(gate)", c * f), ("up", c * f), ("act*up", c * f)]
     if not m.is_moe:
@@ -209,17 +214,20 @@ def logits_bytes(m: ModelSpec, dt: DTypes) -> float:
 
 
 def chunked_loss_bytes(m: ModelSpec, dt: DTypes, tokens: int) -> float:
-    """Bytes (total, not per token) of a fused linear + cross-entropy loss (Liger-Kernel FLCE).
+    """Bytes (total, not per token) of a fused linear + cross-entropy loss (Liger-Kernel FLCE),
+    excluding the head's weight gradient it makes in forward (strategies/loss.py adds that).
 
     Never materialises the full logits: it walks the tokens in chunks of
-    next_pow2(ceil(tokens / ceil(V / h))) and keeps one chunk's logits and their gradient
-    (2 * c * V per chunk token), plus the gradient of the head input (c*h per token).
-    Source: Liger-Kernel ops/fused_linear_cross_entropy.py.
+    min(next_pow2(ceil(tokens / ceil(V / h))), tokens) and keeps one chunk's logits, which its
+    kernel overwrites with their gradient (c * V per chunk token), and the chunk's input gradient
+    (c * h per chunk token); for the whole micro-batch, the head-input gradient in the input's dtype
+    (r * h per token: the final norm's output) and an fp32 loss per token.
+    Source: Liger-Kernel ops/fused_linear_cross_entropy.py (reduction "mean", chunk_mem_const 1).
     """
     h, v = m.hidden_size, m.vocab_size
     inc = -(-v // h)
-    chunk = 1 << max(0, (-(-tokens // inc) - 1).bit_length())
-    return 2 * dt.compute * v * min(chunk, tokens) + dt.compute * h * tokens
+    chunk = min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
+    return dt.compute * (v + h) * chunk + (dt.residual * h + 4) * tokens
 
 
 def total(saved) -> float:

@@ -1,0 +1,107 @@
+"""Analytic against traced: the cost model's ledger next to the traced step, term by term.
+
+Compared (bytes per GPU, one rank):
+- parameters, gradients, optimizer states: must agree exactly;
+- activations: the forward phase (end of forward and start of backward, up to the last decoder
+  layer's backward) less the parameters and optimizer states held through it: saved activations,
+  autocast weight casts, gathered FSDP parameters, the loss and the head's backward;
+- each phase's peak (forward, backward, step: planner/ledger.py), and the step peak (the largest).
+What a trace cannot see is left out of the analytic side: the CUDA context and NCCL, the
+allocator's fragmentation reserve, and DDP/ZeRO communication buckets (DDP and ZeRO do not run
+under the trace). Model states of ZeRO plans are computed, not traced (probes/traced.py).
+"""
+
+from pydantic import BaseModel, ConfigDict
+
+from planner.ledger import Location, Phase
+from planner.vocabulary import TrainingConfig
+
+UNTRACED = frozenset({"cuda_context", "allocator_reserve", "communication_buffers"})
+STATES = {"parameters": ("weights", "master_weights"), "gradients": ("gradients",),
+          "optimizer_states": ("optimizer_states",)}
+TOLERANCE = 0.05  # issue 6: transients and the step peak within 5 %
+
+
+class TermComparison(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    term: str
+    analytic: int
+    traced: int
+    exact: bool  # must agree to the byte (else within TOLERANCE)
+
+    @property
+    def error(self) -> float:
+        """(analytic - traced) / traced: positive when the cost model over-estimates."""
+        return (self.analytic - self.traced) / self.traced if self.traced else float(self.analytic != 0)
+
+    @property
+    def agrees(self) -> bool:
+        return self.analytic == self.traced if self.exact else abs(self.error) <= TOLERANCE
+
+
+class Comparison(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    config: TrainingConfig
+    world_size: int
+    layers: int | None
+    terms: list[TermComparison]
+    trace_seconds: float
+    notes: list[str]
+
+    @property
+    def agrees(self) -> bool:
+        return all(t.agrees for t in self.terms)
+
+
+def analytic_result(model: str, config: TrainingConfig, world_size: int, layers: int | None, gpu: str = "H100-80"):
+    from planner.catalog.gpus import parse_gpus
+    from planner.catalog.models import resolve_model
+    from planner.estimate import estimate_config
+
+    spec = resolve_model(model)
+    if layers is not None:
+        spec = spec.model_copy(update={"num_layers": layers})
+    return estimate_config(spec, parse_gpus(f"{world_size}x{gpu}"), config)
+
+
+def compare_result(model: str, config: TrainingConfig, world_size: int, layers: int | None, traced) -> Comparison:
+    """Set the analytic ledger of the same plan beside a TraceResult."""
+    rows = [r for r in analytic_result(model, config, world_size, layers).ledger
+            if r.location == Location.GPU and r.term not in UNTRACED]
+
+    def phase_sum(phase: Phase) -> int:
+        return sum(r.bytes for r in rows if phase in r.phases)
+
+    traced_states = {"parameters": traced.parameters_bytes, "gradients": traced.gradients_bytes,
+                     "optimizer_states": traced.optimizer_state_bytes}
+    terms = [TermComparison(term=name, analytic=sum(r.bytes for r in rows if r.term in analytic_terms),
+                            traced=traced_states[name], exact=True)
+             for name, analytic_terms in STATES.items()]
+    resident = traced.parameters_bytes + traced.optimizer_state_bytes  # held through the forward phase
+    analytic_resident = terms[0].analytic + terms[2].analytic
+    forward = phase_sum(Phase.FORWARD)
+    terms.append(TermComparison(term="activations", analytic=forward - analytic_resident,
+                                traced=traced.phase_peaks.get("forward", 0) - resident, exact=False))
+    for p in Phase:
+        terms.append(TermComparison(term=f"{p}_peak", analytic=phase_sum(p), traced=traced.phase_peaks.get(p, 0),
+                                    exact=False))
+    terms.append(TermComparison(term="step_peak", analytic=max(phase_sum(p) for p in Phase),
+                                traced=traced.peak_bytes, exact=False))
+    return Comparison(model=model, config=config, world_size=world_size, layers=layers, terms=terms,
+                      trace_seconds=traced.seconds, notes=traced.notes)
+
+
+def per_layer_comparison(deep: Comparison, shallow: Comparison) -> TermComparison:
+    """Activations of one decoder layer: the difference of two depths' forward phases, over the
+    difference in depth. The loss, embeddings and head cancel, so this checks the per-layer lists
+    (planner.cost.activations) even where the loss dominates a shallow model's memory."""
+    depth = (deep.layers or 0) - (shallow.layers or 0)
+
+    def act(c: Comparison, side: str) -> int:
+        return getattr(next(t for t in c.terms if t.term == "activations"), side)
+
+    return TermComparison(term="layer_activations", analytic=(act(deep, "analytic") - act(shallow, "analytic")) // depth,
+                          traced=(act(deep, "traced") - act(shallow, "traced")) // depth, exact=False)
