@@ -217,5 +217,50 @@ def gpus() -> None:
         )
 
 
+PROBE_EXIT_CODES = "Exit codes: 0 analytic and traced agree, 1 they differ, 2 bad input, 3 the probe failed."
+
+
+@app.command(help="Run the plan's real model on fake tensors (CPU, no GPU) and compare every memory term with "
+                  f"the cost model. Needs the [probes] extra. {PROBE_EXIT_CODES}")
+def probe(
+    model: Annotated[str, typer.Option(help="HF id from the catalog or local HF cache, or a config.json / model folder")],
+    gpus: Annotated[str, typer.Option(help="the plan's GPUs; their count is FSDP's world size, e.g. 8xH100-80")],
+    fidelity: Annotated[str, typer.Option(help="traced: FakeTensorMode + MemTracker on this machine's CPU")] = "traced",
+    optimizer: Optimizer = Optimizer.ADAMW,
+    precision: Precision = Precision.BF16_MIXED,
+    checkpointing: Checkpointing = Checkpointing.NONE,
+    sharding: Annotated[Sharding | None, typer.Option(help="none or fsdp / fsdp-grad-op (default: none on one GPU)")] = None,
+    loss: Loss = Loss.STANDARD,
+    attention: Attention = Attention.SDPA,
+    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", "--mbs")] = 1,
+    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (default as estimate)")] = None,
+    layers: Annotated[int | None, typer.Option(help="trace a reduced depth (default: the full model)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds before the probe's child process is stopped")] = 1800.0,
+    explain: Annotated[bool, typer.Option("--explain", help="list the tensors alive at the traced peak")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    from probes.command import EXIT_AGREE, EXIT_DISAGREE, EXIT_PROBE_FAILED, ProbeRequest, render_probe, run_probe
+
+    try:
+        result = run_probe(ProbeRequest(
+            model=model, gpus=gpus, fidelity=fidelity, optimizer=optimizer, precision=precision,
+            checkpointing=checkpointing, sharding=sharding, loss=loss, attention=attention,
+            micro_batch_size=micro_batch_size, seq_len=seq_len, layers=layers, timeout=timeout, explain=explain))
+    except ValidationError as e:
+        _fail(PlannerInputError(_validation_problems(e)))
+    except PlannerInputError as e:
+        _fail(e)
+    except RuntimeError as e:
+        err.print(f"[bold red]probe failed:[/] {str(e)[-1500:]}", highlight=False)
+        raise typer.Exit(EXIT_PROBE_FAILED) from None
+    if as_json:
+        sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
+    else:
+        from planner import report
+
+        render_probe(result, report.console_for_stdout())
+    raise typer.Exit(EXIT_AGREE if result.agrees else EXIT_DISAGREE)
+
+
 def main() -> None:
     app()

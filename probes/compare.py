@@ -56,20 +56,23 @@ class Comparison(BaseModel):
         return all(t.agrees for t in self.terms)
 
 
-def analytic_result(model: str, config: TrainingConfig, world_size: int, layers: int | None, gpu: str = "H100-80"):
+def analytic_result(model: str, config: TrainingConfig, world_size: int, layers: int | None, gpu: str = "H100-80",
+                    spec=None):
+    """The ledger of the plan (the GPU only sets capacity and speed: memory terms do not depend on it)."""
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
     from planner.estimate import estimate_config
 
-    spec = resolve_model(model)
+    spec = spec or resolve_model(model)
     if layers is not None:
         spec = spec.model_copy(update={"num_layers": layers})
     return estimate_config(spec, parse_gpus(f"{world_size}x{gpu}"), config)
 
 
-def compare_result(model: str, config: TrainingConfig, world_size: int, layers: int | None, traced) -> Comparison:
+def compare_result(model: str, config: TrainingConfig, world_size: int, layers: int | None, traced,
+                   gpu: str = "H100-80", spec=None) -> Comparison:
     """Set the analytic ledger of the same plan beside a TraceResult."""
-    rows = [r for r in analytic_result(model, config, world_size, layers).ledger
+    rows = [r for r in analytic_result(model, config, world_size, layers, gpu, spec).ledger
             if r.location == Location.GPU and r.term not in UNTRACED]
 
     def phase_sum(phase: Phase) -> int:
@@ -86,7 +89,7 @@ def compare_result(model: str, config: TrainingConfig, world_size: int, layers: 
     terms.append(TermComparison(term="activations", analytic=forward - analytic_resident,
                                 traced=traced.phase_peaks.get("forward", 0) - resident, exact=False))
     for p in Phase:
-        terms.append(TermComparison(term=f"{p}_peak", analytic=phase_sum(p), traced=traced.phase_peaks.get(p, 0),
+        terms.append(TermComparison(term=f"{p}_phase", analytic=phase_sum(p), traced=traced.phase_peaks.get(p, 0),
                                     exact=False))
     terms.append(TermComparison(term="step_peak", analytic=max(phase_sum(p) for p in Phase),
                                 traced=traced.peak_bytes, exact=False))

@@ -110,7 +110,6 @@ class _StepTracking:
         transient = sum(v for k, v in cats.items() if k not in MODEL_STATE)
         if transient > self.transient_peak:
             self.transient_peak, self.transient_snapshot = transient, dict(cats)
-            self.transient_op = (self._op_name, self.phase, self._discount)
         if total > self.phase_peaks.get(self.phase, -1):
             self.phase_peaks[self.phase] = total
             self.phase_snapshots[self.phase] = dict(cats)

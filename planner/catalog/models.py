@@ -79,6 +79,16 @@ def _read_config(path: Path) -> dict:
 
 def resolve_model(ref: str) -> ModelSpec:
     """A ModelSpec for ``--model``: a path, a catalog id, or an id in the local HF cache."""
+    config, model_id, source, published = _locate(ref)
+    return spec_from_config(config, model_id=model_id, source=source, published=published)
+
+
+def model_config(ref: str) -> dict:
+    """The config.json mapping behind ``--model`` (what the traced probe builds the model from)."""
+    return _locate(ref)[0]
+
+
+def _locate(ref: str) -> tuple[dict, str, str, tuple]:
     if not ref.strip():
         raise PlannerInputError("--model is empty", hint="Give a catalog id (`planner models`) or a path to a config.json.")
     path = Path(ref).expanduser()
@@ -87,17 +97,14 @@ def resolve_model(ref: str) -> ModelSpec:
         if not path.is_file():
             raise PlannerInputError(f"{path.parent} has no config.json", hint="Pass a model folder holding config.json, or the file itself.")
     if path.is_file():
-        return spec_from_config(_read_config(path), model_id=str(ref), source=str(path.resolve()))
+        return _read_config(path), str(ref), str(path.resolve()), (None, None)
     model_id = _index().get(ref.lower())
     if model_id is not None:
         f = catalog()[model_id]
-        return spec_from_config(
-            f.config, model_id=f.id, source=f.source,
-            published=(f.published_parameters, f.published_parameters_source),
-        )
+        return f.config, f.id, f.source, (f.published_parameters, f.published_parameters_source)
     cached = _from_hub_cache(ref)
     if cached is not None:
-        return spec_from_config(_read_config(cached), model_id=ref, source=str(cached))
+        return _read_config(cached), ref, str(cached), (None, None)
     close = difflib.get_close_matches(ref.lower(), list(_index()), n=5, cutoff=0.6)
     names = sorted({_index()[c] for c in close})
     hint = f"Did you mean: {', '.join(names)}?\n" if names else ""

@@ -1,0 +1,98 @@
+"""``planner probe``: run a probe of one plan and set it beside the cost model.
+
+Fidelity ``traced`` (issue 6): the real transformers model on fake tensors (probes/traced.py) in a
+child process; the comparison is probes/compare.py. The probe needs the ``[probes]`` extra
+(torch, transformers); without it the command says how to install it.
+"""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import PlannerInputError
+from planner.estimate import EstimateRequest
+from planner.vocabulary import TrainingConfig
+from probes.compare import Comparison
+
+FIDELITIES = ("traced",)
+EXIT_AGREE, EXIT_DISAGREE, EXIT_PROBE_FAILED = 0, 1, 3
+
+
+class ProbeRequest(EstimateRequest):
+    fidelity: str = "traced"
+    layers: int | None = Field(None, ge=1)  # reduced depth (default: the model's full depth)
+    timeout: float = Field(1800.0, gt=0)  # seconds for the child process
+    explain: bool = False
+
+
+class ProbeResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fidelity: str
+    comparison: Comparison
+    phase_peaks: dict[str, int]
+    explanation: list[str]
+
+    @property
+    def agrees(self) -> bool:
+        return self.comparison.agrees
+
+
+def run_probe(req: ProbeRequest) -> ProbeResult:
+    """Resolve the plan as ``planner estimate`` does, trace it, compare. Raises PlannerInputError for
+    bad input and RuntimeError when the probe itself fails (crash, timeout)."""
+    if req.fidelity not in FIDELITIES:
+        raise PlannerInputError(f"--fidelity {req.fidelity!r} is not available",
+                                hint=f"Choose one of: {', '.join(FIDELITIES)}.")
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise PlannerInputError("the traced probe needs torch and transformers",
+                                hint="Install the probe extra: pip install -e '.[probes]' (torch first, CPU build).") from None
+    from planner.catalog.gpus import parse_gpus
+    from planner.catalog.models import model_config, resolve_model
+    from planner.estimate import default_seq_len
+    from probes.compare import compare_result
+    from probes.traced import TraceRequest, trace
+
+    spec = resolve_model(req.model)
+    hardware = parse_gpus(req.gpus, req.host_memory_gb, req.inter_node_gbps)
+    fields = req.model_dump(include=set(TrainingConfig.model_fields))
+    fields["sharding"] = fields["sharding"] or ("none" if hardware.num_gpus == 1 else "ddp")
+    fields["seq_len"] = fields["seq_len"] or default_seq_len(spec)
+    config = TrainingConfig(**fields)
+    if config.sharding in ("ddp", "zero1", "zero2", "zero3", "fsdp-hybrid"):
+        raise PlannerInputError(f"--sharding {config.sharding} is not traced",
+                                hint="The traced probe runs sharding none and FSDP2 (fsdp, fsdp-grad-op); DDP and "
+                                     "ZeRO keep the activations of sharding none: trace that.")
+    if config.offload != "none":
+        raise PlannerInputError("offload is not traced", hint="Trace the plan with --offload none.")
+    if config.grad_accum != 1:
+        raise PlannerInputError("--grad-accum is not traced", hint="Trace one micro-batch (--grad-accum 1).")
+    traced = trace(TraceRequest(config_json=model_config(req.model), config=config, world_size=hardware.num_gpus,
+                                layers=req.layers, explain=req.explain), timeout=req.timeout)
+    comparison = compare_result(req.model, config, hardware.num_gpus, req.layers, traced,
+                                gpu=hardware.gpu.id, spec=spec)
+    return ProbeResult(fidelity=req.fidelity, comparison=comparison, phase_peaks=traced.phase_peaks,
+                       explanation=traced.explanation)
+
+
+def render_probe(r: ProbeResult, console) -> None:
+    from rich.table import Table
+
+    c = r.comparison
+    depth = f", {c.layers} layers" if c.layers else ""
+    console.print(f"[bold]{c.model}[/] traced on CPU fake tensors{depth}, world size {c.world_size}: "
+                  f"{c.trace_seconds:.1f} s")
+    table = Table("term", "analytic (MiB)", "traced (MiB)", "error", "agrees")
+    for t in c.terms:
+        table.add_row(t.term, f"{t.analytic / 2**20:,.1f}", f"{t.traced / 2**20:,.1f}", f"{t.error:+.1%}",
+                      ("exact" if t.agrees else "[red]differs[/]") if t.exact else
+                      ("yes" if t.agrees else "[red]no[/]"))
+    console.print(table)
+    for note in c.notes:
+        console.print(f"note: {note}", highlight=False)
+    if r.explanation:
+        console.print("alive at the traced peak (bytes | category | op | module | shape | dtype | phase):")
+        for line in r.explanation:
+            console.print(line, highlight=False)
+    console.print("[bold green]AGREE[/]" if r.agrees else "[bold red]DISAGREE[/] (states exact, the rest within 5 %)")
