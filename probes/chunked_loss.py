@@ -17,11 +17,7 @@ Numerics are a stand-in (the probe traces memory, not values).
 
 import torch
 
-
-def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
-    """Liger's chunk size: the transient logits stay near tokens x hidden elements."""
-    inc = -(-vocab // hidden)
-    return min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
+from planner.cost.activations import liger_chunk_tokens
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -29,7 +25,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor):
         tokens, hidden = x.shape
-        step = chunk_tokens(tokens, weight.shape[0], hidden)
+        step = liger_chunk_tokens(tokens, weight.shape[0], hidden)
         grad_input = torch.zeros_like(x)
         grad_weight = torch.zeros_like(weight)
         loss_1d = torch.zeros(tokens, dtype=torch.float32, device=x.device)

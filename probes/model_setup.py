@@ -91,9 +91,6 @@ def apply_fsdp(model, c: TrainingConfig, mesh) -> None:
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
 
 
-TRACED_OPTIMIZERS = ("adamw", "sgd", "adafactor")
-
-
 def build_optimizer(name: str, model):
     """The torch optimizer the plan names, or None when it cannot run under fake tensors (its
     states are then computed from their layout)."""

@@ -55,8 +55,6 @@ class TraceResult(BaseModel):
     parameters_bytes: int  # this rank's parameters (sharded under FSDP)
     gradients_bytes: int  # after backward, before the step
     optimizer_state_bytes: int
-    transient_peak_bytes: int  # the most bytes outside model states at any moment: activations, temporaries, gathered
-    transient_at_peak: dict[str, int]  # the categories at that moment
     baseline_bytes: int  # alive when the measured iteration starts (model states)
     inplace_adds: int  # gradient accumulations counted as in place (see probes/tracker.py)
     seconds: float
@@ -140,7 +138,6 @@ def run_trace(req: TraceRequest) -> TraceResult:
         peak_bytes=peaks[phase], peak_phase=phase, phase_peaks=peaks, at_peak=tracker.phase_snapshots[phase],
         phase_snapshots=tracker.phase_snapshots,
         parameters_bytes=params, gradients_bytes=grads, optimizer_state_bytes=states,
-        transient_peak_bytes=tracker.transient_peak, transient_at_peak=tracker.transient_snapshot,
         baseline_bytes=baseline, inplace_adds=tracker.inplace_adds, seconds=time.perf_counter() - start, notes=notes,
         explanation=tracker.explanation() if req.explain else [],
     )

@@ -22,11 +22,6 @@ from collections import Counter
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-PHASES = ("forward", "backward", "step")
-#: Categories that hold model states (torch's MemTracker and FSDPMemTracker names); the rest are
-#: activations, temporaries and gathered (unsharded) parameters and gradients.
-MODEL_STATE = frozenset({"Parameter", "Sharded Param", "Buffer", "Gradient", "Sharded Grad", "Optstate", "OptState",
-                         "Inputs"})
 _ADD = torch.ops.aten.add.Tensor
 _LAYER = re.compile(r"\.(layers|h)\.\d+")  # a decoder layer's module path (model.layers.N, transformer.h.N)
 
@@ -40,8 +35,6 @@ class _StepTracking:
         self.measuring = True
         self.phase_peaks: dict[str, int] = {}
         self.phase_snapshots: dict[str, dict[str, int]] = {}
-        self.transient_peak = 0  # the most bytes outside model states at any moment
-        self.transient_snapshot: dict[str, int] = {}
         self.explain = explain
         self.peak_live: list[tuple] = []
         self._origin: dict[int, tuple] = {}
@@ -107,9 +100,6 @@ class _StepTracking:
                     cats[key.value] += value
                 else:
                     total += value
-        transient = sum(v for k, v in cats.items() if k not in MODEL_STATE)
-        if transient > self.transient_peak:
-            self.transient_peak, self.transient_snapshot = transient, dict(cats)
         if total > self.phase_peaks.get(self.phase, -1):
             self.phase_peaks[self.phase] = total
             self.phase_snapshots[self.phase] = dict(cats)

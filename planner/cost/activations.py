@@ -225,9 +225,15 @@ def chunked_loss_bytes(m: ModelSpec, dt: DTypes, tokens: int) -> float:
     Source: Liger-Kernel ops/fused_linear_cross_entropy.py (reduction "mean", chunk_mem_const 1).
     """
     h, v = m.hidden_size, m.vocab_size
-    inc = -(-v // h)
-    chunk = min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
+    chunk = liger_chunk_tokens(tokens, v, h)
     return dt.compute * (v + h) * chunk + (dt.residual * h + 4) * tokens
+
+
+def liger_chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
+    """Tokens per chunk of Liger's fused linear cross-entropy: min(next_pow2(ceil(T / ceil(V/h))), T),
+    so one chunk's logits stay near T*h elements (Liger-Kernel ops/fused_linear_cross_entropy.py)."""
+    inc = -(-vocab // hidden)
+    return min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
 
 
 def total(saved) -> float:
