@@ -229,7 +229,7 @@ def probe(
     optimizer: Optimizer = Optimizer.ADAMW,
     precision: Precision = Precision.BF16_MIXED,
     checkpointing: Checkpointing = Checkpointing.NONE,
-    sharding: Annotated[Sharding | None, typer.Option(help="none or fsdp / fsdp-grad-op (default: none on one GPU)")] = None,
+    sharding: Annotated[Sharding | None, typer.Option(help="none, fsdp, fsdp-grad-op (traced as one rank), ddp, zero1-3 (activations traced, ZeRO states computed); default: none on one GPU, ddp on several")] = None,
     loss: Loss = Loss.STANDARD,
     attention: Attention = Attention.SDPA,
     micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", "--mbs")] = 1,

@@ -5,12 +5,15 @@ step phases in which the row is resident); ``Ledger.peak`` sums the GPU rows of 
 takes the largest. The breakdown a user sees is the ledger itself.
 
 Phases of one optimizer step (activations and gradients are never all resident at once):
-- ``forward``: end of forward / start of backward. All saved activations and the loss' logits
-  are alive; gradients are not (``zero_grad(set_to_none=True)``) unless accumulated over
-  micro-batches.
-- ``backward``: end of backward. Every gradient exists; of the activations only the first
-  layer's (and its recomputation and backward temporaries) remain. The memory between the two
-  endpoints is linear in the layer index, so its maximum is at one of them.
+- ``forward``: end of forward / start of backward, up to the last decoder layer's backward. All
+  saved activations and the loss's largest moment are alive; gradients are not
+  (``zero_grad(set_to_none=True)``) unless accumulated over micro-batches.
+- ``backward``: the decoder layers' backward, at the first layer. Every gradient but the input
+  embedding's (made last) exists; of the activations only that layer's (recomputed or kept) and
+  its backward temporaries remain. The memory between the forward endpoint and this one is
+  linear in the layer index, so its maximum is at one of them.
+- ``backward_end``: the embeddings' backward. Every gradient exists; a tied embedding's gradient
+  meets the head's, and sharded engines reduce the root unit's gradients.
 - ``step``: the optimizer step: gradients, states and the step's own temporaries.
 """
 
@@ -24,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 class Phase(StrEnum):
     FORWARD = "forward"
     BACKWARD = "backward"
+    BACKWARD_END = "backward_end"
     STEP = "step"
 
 
@@ -53,9 +57,22 @@ TERMS: tuple[str, ...] = (
 )
 
 
+def resident(rows, phase: Phase, location: Location = Location.GPU) -> list:
+    """The rows at ``location`` resident at ``phase``'s peak: the rows of no moment, plus those of the
+    phase's largest moment. A row's ``moment`` names one of alternative instants within its phases
+    (e.g. the loss, or the last layer's forward): rows of different moments never coexist."""
+    base, moments = [], {}
+    for r in rows:
+        if r.location == location and phase in r.phases:
+            (moments.setdefault(r.moment, []) if r.moment else base).append(r)
+    if moments:
+        base += max(moments.values(), key=lambda rs: sum(r.bytes for r in rs))
+    return base
+
+
 def phase_sum(rows, phase: Phase, location: Location) -> int:
-    """Bytes of the rows at ``location`` resident in ``phase`` (drafts and final rows alike)."""
-    return sum(r.bytes for r in rows if r.location == location and phase in r.phases)
+    """Bytes at ``location`` at ``phase``'s peak (drafts and final rows alike)."""
+    return sum(r.bytes for r in resident(rows, phase, location))
 
 
 def peak_phase(rows, location: Location = Location.GPU) -> Phase:
@@ -64,11 +81,10 @@ def peak_phase(rows, location: Location = Location.GPU) -> Phase:
 
 
 def terms_at(rows, phase: Phase, location: Location = Location.GPU) -> dict[str, int]:
-    """Bytes per term resident in ``phase``; the values sum to ``phase_sum(rows, phase, location)``."""
+    """Bytes per term resident at ``phase``'s peak; the values sum to ``phase_sum(rows, phase, location)``."""
     out = dict.fromkeys(TERMS, 0)
-    for r in rows:
-        if r.location == location and phase in r.phases:
-            out[r.term] += r.bytes
+    for r in resident(rows, phase, location):
+        out[r.term] += r.bytes
     return out
 
 
@@ -88,6 +104,7 @@ class RowDraft:
     shard: int = 1
     note: str = ""
     tag: str = ""  # an internal handle for strategies that adjust rows written by others
+    moment: str = ""  # one of alternative instants within its phases (see ``resident``)
 
     @property
     def bytes(self) -> int:
@@ -113,13 +130,7 @@ class LedgerDraft:
         return [r for r in self.rows if r.tag == tag]
 
     def peak_bytes(self, location: Location = Location.GPU) -> int:
-        totals = dict.fromkeys(Phase, 0)
-        for r in self.rows:
-            if r.location == location:
-                b = r.bytes
-                for p in r.phases:
-                    totals[p] += b
-        return max(totals.values())
+        return max(phase_sum(self.rows, p, location) for p in Phase)
 
     def remove(self, rows: list[RowDraft]) -> None:
         self.rows = [r for r in self.rows if all(r is not x for x in rows)]
@@ -134,6 +145,7 @@ class LedgerRow(BaseModel):
     location: Location
     phases: list[Phase]
     note: str
+    moment: str = ""  # one of alternative instants within its phases (planner.ledger.resident)
 
 
 class Ledger(BaseModel):
@@ -151,6 +163,7 @@ class Ledger(BaseModel):
                 location=r.location,
                 phases=sorted(r.phases, key=list(Phase).index),
                 note=r.note,
+                moment=r.moment,
             )
             for r in draft.rows
         ]

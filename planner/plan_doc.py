@@ -4,7 +4,7 @@ first if it runs out of memory, and how to run it."""
 from planner.alternatives import Alternative
 from planner.estimate import EstimateResult
 from planner.formatting import count, gib, share
-from planner.ledger import Location
+from planner.ledger import Location, resident
 
 
 def _gib(n: float) -> str:
@@ -50,9 +50,8 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], m
         "| term | GiB | of GPU | how |",
         "|---|---:|---:|---|",
     ]
-    for row in plan.ledger:
-        if row.location == Location.GPU and plan.peak_phase in row.phases:
-            out.append(f"| {row.label} | {_gib(row.bytes)} | {share(row.bytes, hw.gpu_memory_bytes)} | {row.note} |")
+    for row in resident(plan.ledger, plan.peak_phase):
+        out.append(f"| {row.label} | {_gib(row.bytes)} | {share(row.bytes, hw.gpu_memory_bytes)} | {row.note} |")
     out.append(f"| **peak** | **{_gib(plan.memory['peak'])}** | {share(plan.memory['peak'], hw.gpu_memory_bytes)} | |")
     out += ["", "Phases: " + ", ".join(f"{p} {gib(b)}" for p, b in plan.phase_peaks.items()) + ".", ""]
     host_rows = [r for r in plan.ledger if r.location == Location.HOST]

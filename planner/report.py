@@ -5,11 +5,12 @@ from rich.table import Table
 
 from planner.estimate import EstimateResult
 from planner.formatting import count, gib, share
-from planner.ledger import Location
+from planner.ledger import Location, resident
 
 PHASE_WORDS = {
     "forward": "end of forward / start of backward",
-    "backward": "end of backward",
+    "backward": "the decoder layers' backward",
+    "backward_end": "the embeddings' backward, end of backward",
     "step": "optimizer step",
 }
 
@@ -67,9 +68,8 @@ def _memory_table(r: EstimateResult, console: Console) -> None:
     table = Table(title=f"Memory per GPU at the {r.peak_phase} peak ({PHASE_WORDS[r.peak_phase]})", title_justify="left")
     for name, justify in (("term", "left"), ("GiB", "right"), ("of GPU", "right"), ("how", "left")):
         table.add_column(name, justify=justify)
-    for row in r.ledger:
-        if row.location == Location.GPU and r.peak_phase in row.phases:
-            table.add_row(row.label, f"{row.bytes / 2**30:,.2f}", share(row.bytes, hw.gpu_memory_bytes), row.note)
+    for row in resident(r.ledger, r.peak_phase):
+        table.add_row(row.label, f"{row.bytes / 2**30:,.2f}", share(row.bytes, hw.gpu_memory_bytes), row.note)
     table.add_section()
     table.add_row("[bold]peak[/]", f"[bold]{r.memory['peak'] / 2**30:,.2f}[/]", share(r.memory["peak"], hw.gpu_memory_bytes), "")
     console.print(table)

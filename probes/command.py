@@ -1,7 +1,10 @@
 """``planner probe``: run a probe of one plan and set it beside the cost model.
 
 Fidelity ``traced`` (issue 6): the real transformers model on fake tensors (probes/traced.py) in a
-child process; the comparison is probes/compare.py. The probe needs the ``[probes]`` extra
+child process; the comparison is probes/compare.py. FSDP2 plans are traced as one rank under a fake
+process group; DDP as sharding none (its gradient buckets are computed, not traced); ZeRO plans as
+sharding none in 16-bit for the activations, with the rank's model states computed from the ZeRO
+partition rules (the output's notes say so). The probe needs the ``[probes]`` extra
 (torch, transformers); without it the command says how to install it.
 """
 
@@ -10,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.errors import PlannerInputError
 from planner.estimate import EstimateRequest
 from planner.vocabulary import TrainingConfig
-from probes.compare import Comparison
+from probes.compare import STATE_BYTES_PER_PARAMETER, ZERO_STAGES, Comparison
 
 FIDELITIES = ("traced",)
 EXIT_AGREE, EXIT_DISAGREE, EXIT_PROBE_FAILED = 0, 1, 3
@@ -51,7 +54,7 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import model_config, resolve_model
     from planner.estimate import default_seq_len
-    from probes.compare import compare_result
+    from probes.compare import compare_result, compare_zero_result
     from probes.traced import TraceRequest, trace
 
     spec = resolve_model(req.model)
@@ -60,18 +63,28 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
     fields["sharding"] = fields["sharding"] or ("none" if hardware.num_gpus == 1 else "ddp")
     fields["seq_len"] = fields["seq_len"] or default_seq_len(spec)
     config = TrainingConfig(**fields)
-    if config.sharding in ("ddp", "zero1", "zero2", "zero3", "fsdp-hybrid"):
-        raise PlannerInputError(f"--sharding {config.sharding} is not traced",
-                                hint="The traced probe runs sharding none and FSDP2 (fsdp, fsdp-grad-op); DDP and "
-                                     "ZeRO keep the activations of sharding none: trace that.")
+    if config.sharding == "fsdp-hybrid":
+        raise PlannerInputError("--sharding fsdp-hybrid is not traced",
+                                hint="Trace fsdp on one node's GPU count: one rank's memory is the same.")
     if config.offload != "none":
         raise PlannerInputError("offload is not traced", hint="Trace the plan with --offload none.")
     if config.grad_accum != 1:
         raise PlannerInputError("--grad-accum is not traced", hint="Trace one micro-batch (--grad-accum 1).")
-    traced = trace(TraceRequest(config_json=model_config(req.model), config=config, world_size=hardware.num_gpus,
+    zero = config.sharding in ZERO_STAGES
+    if zero and config.optimizer not in STATE_BYTES_PER_PARAMETER:
+        raise PlannerInputError(f"--optimizer {config.optimizer} with ZeRO is not probed",
+                                hint=f"Use one of {', '.join(STATE_BYTES_PER_PARAMETER)} with ZeRO.")
+    traced_config, world = config, hardware.num_gpus
+    if zero or config.sharding == "ddp":
+        # one rank runs the whole model: sharding none (DeepSpeed's module is 16-bit)
+        sixteen = zero and config.precision in ("bf16-mixed", "fp16-mixed")
+        traced_config = TrainingConfig(**(config.model_dump() | {"sharding": "none"}
+                                          | ({"precision": "bf16-pure"} if sixteen else {})))
+        world = 1
+    traced = trace(TraceRequest(config_json=model_config(req.model), config=traced_config, world_size=world,
                                 layers=req.layers, explain=req.explain), timeout=req.timeout)
-    comparison = compare_result(req.model, config, hardware.num_gpus, req.layers, traced,
-                                gpu=hardware.gpu.id, spec=spec)
+    compare = compare_zero_result if zero else compare_result
+    comparison = compare(req.model, config, hardware.num_gpus, req.layers, traced, gpu=hardware.gpu.id, spec=spec)
     return ProbeResult(fidelity=req.fidelity, comparison=comparison, phase_peaks=traced.phase_peaks,
                        explanation=traced.explanation)
 
@@ -83,9 +96,9 @@ def render_probe(r: ProbeResult, console) -> None:
     depth = f", {c.layers} layers" if c.layers else ""
     console.print(f"[bold]{c.model}[/] traced on CPU fake tensors{depth}, world size {c.world_size}: "
                   f"{c.trace_seconds:.1f} s")
-    table = Table("term", "analytic (MiB)", "traced (MiB)", "error", "agrees")
+    table = Table("term", "analytic (MiB)", "probe (MiB)", "probe is", "error", "agrees")
     for t in c.terms:
-        table.add_row(t.term, f"{t.analytic / 2**20:,.1f}", f"{t.traced / 2**20:,.1f}", f"{t.error:+.1%}",
+        table.add_row(t.term, f"{t.analytic / 2**20:,.1f}", f"{t.traced / 2**20:,.1f}", t.source, f"{t.error:+.1%}",
                       ("exact" if t.agrees else "[red]differs[/]") if t.exact else
                       ("yes" if t.agrees else "[red]no[/]"))
     console.print(table)

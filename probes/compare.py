@@ -8,15 +8,17 @@ Compared (bytes per GPU, one rank):
 - each phase's peak (forward, backward, step: planner/ledger.py), and the step peak (the largest).
 What a trace cannot see is left out of the analytic side: the CUDA context and NCCL, the
 allocator's fragmentation reserve, and DDP/ZeRO communication buckets (DDP and ZeRO do not run
-under the trace). Model states of ZeRO plans are computed, not traced (probes/traced.py).
+under the trace; FSDP2's all-gather and reduce-scatter buffers do, and are compared). Model states of ZeRO plans are computed, not traced (probes/traced.py).
 """
 
 from pydantic import BaseModel, ConfigDict
 
 from planner.ledger import Location, Phase
+from planner.ledger import phase_sum as ledger_phase_sum
+from planner.ledger import resident as ledger_resident
 from planner.vocabulary import TrainingConfig
 
-UNTRACED = frozenset({"cuda_context", "allocator_reserve", "communication_buffers"})
+UNTRACED = frozenset({"cuda_context", "allocator_reserve"})  # and DDP / ZeRO buckets (not traced)
 STATES = {"parameters": ("weights", "master_weights"), "gradients": ("gradients",),
           "optimizer_states": ("optimizer_states",)}
 TOLERANCE = 0.05  # issue 6: transients and the step peak within 5 %
@@ -29,6 +31,7 @@ class TermComparison(BaseModel):
     analytic: int
     traced: int
     exact: bool  # must agree to the byte (else within TOLERANCE)
+    source: str = "traced"  # or "computed" (ZeRO model states: partition rules, not traced)
 
     @property
     def error(self) -> float:
@@ -72,15 +75,17 @@ def analytic_result(model: str, config: TrainingConfig, world_size: int, layers:
 def compare_result(model: str, config: TrainingConfig, world_size: int, layers: int | None, traced,
                    gpu: str = "H100-80", spec=None) -> Comparison:
     """Set the analytic ledger of the same plan beside a TraceResult."""
+    untraced = UNTRACED | ({"communication_buffers"} if not config.sharding.startswith("fsdp") else set())
     rows = [r for r in analytic_result(model, config, world_size, layers, gpu, spec).ledger
-            if r.location == Location.GPU and r.term not in UNTRACED]
+            if r.location == Location.GPU and r.term not in untraced]
 
     def phase_sum(phase: Phase) -> int:
-        return sum(r.bytes for r in rows if phase in r.phases)
+        return ledger_phase_sum(rows, phase, Location.GPU)
 
     traced_states = {"parameters": traced.parameters_bytes, "gradients": traced.gradients_bytes,
                      "optimizer_states": traced.optimizer_state_bytes}
-    terms = [TermComparison(term=name, analytic=sum(r.bytes for r in rows if r.term in analytic_terms),
+    terms = [TermComparison(term=name, analytic=sum(r.bytes for r in rows if r.term in analytic_terms
+                                                    and Phase.STEP in r.phases),
                             traced=traced_states[name], exact=True)
              for name, analytic_terms in STATES.items()]
     resident = traced.parameters_bytes + traced.optimizer_state_bytes  # held through the forward phase
@@ -93,8 +98,9 @@ def compare_result(model: str, config: TrainingConfig, world_size: int, layers: 
                                     exact=False))
     terms.append(TermComparison(term="step_peak", analytic=max(phase_sum(p) for p in Phase),
                                 traced=traced.peak_bytes, exact=False))
+    ddp = ["DDP: one rank traced as sharding none; DDP's gradient buckets are not traced"] if config.sharding == "ddp" else []
     return Comparison(model=model, config=config, world_size=world_size, layers=layers, terms=terms,
-                      trace_seconds=traced.seconds, notes=traced.notes)
+                      trace_seconds=traced.seconds, notes=[*traced.notes, *ddp])
 
 
 def per_layer_comparison(deep: Comparison, shallow: Comparison) -> TermComparison:
@@ -108,3 +114,47 @@ def per_layer_comparison(deep: Comparison, shallow: Comparison) -> TermCompariso
 
     return TermComparison(term="layer_activations", analytic=(act(deep, "analytic") - act(shallow, "analytic")) // depth,
                           traced=(act(deep, "traced") - act(shallow, "traced")) // depth, exact=False)
+
+
+#: ZeRO stage of each DeepSpeed sharding mode.
+ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+#: Optimizer state bytes per parameter where it is uniform (fp32 states).
+STATE_BYTES_PER_PARAMETER = {"adamw": 8, "paged-adamw": 8, "lion": 4, "sgd": 0}
+
+
+def zero_rank_states(psi: int, stage: int, world: int, optimizer: str) -> dict[str, float]:
+    """One rank's model states under ZeRO (bytes), from the ZeRO paper's partition rules
+    (Rajbhandari et al. 2020, Sec. 5.1; planner/cost/zero.py): 16-bit weights (partitioned from
+    stage 3), fp32 master weights and optimizer states (partitioned from stage 1), 16-bit gradients
+    (partitioned from stage 2), for ``psi`` parameters."""
+    k = STATE_BYTES_PER_PARAMETER[optimizer]
+    return {"parameters": 2 * psi / (world if stage >= 3 else 1) + 4 * psi / world,
+            "gradients": 2 * psi / (world if stage >= 2 else 1),
+            "optimizer_states": k * psi / world}
+
+
+def compare_zero_result(model: str, config: TrainingConfig, world_size: int, layers: int | None, traced,
+                        gpu: str = "H100-80", spec=None) -> Comparison:
+    """A ZeRO plan beside a trace of the same model with sharding none in 16-bit (DeepSpeed runs the
+    module in bf16/fp16; its fp32 master weights live in the optimizer's partition).
+
+    Computed, not traced: the rank's model states, from the ZeRO partition rules applied to the
+    traced parameter count (the ledger's rows add ZeRO-3's unpartitioned small parameters and the
+    step counter; they agree within the tolerance). Traced: the activations (the forward phase less
+    the traced model states). DeepSpeed's buffers (reduce buckets, ZeRO-3 gathers) are not traced,
+    so phases and the step peak are not compared."""
+    rows = [r for r in analytic_result(model, config, world_size, layers, gpu, spec).ledger
+            if r.location == Location.GPU and r.term not in UNTRACED | {"communication_buffers"}]
+    states = zero_rank_states(traced.parameters_bytes // 2, ZERO_STAGES[config.sharding], world_size, config.optimizer)
+    terms = [TermComparison(term=name, analytic=sum(r.bytes for r in rows if r.term in analytic_terms
+                                                    and Phase.STEP in r.phases),
+                            traced=round(states[name]), exact=False, source="computed")
+             for name, analytic_terms in STATES.items()]
+    activation_terms = ("activations", "logits", "autocast_weight_copies")
+    analytic = sum(r.bytes for r in ledger_resident(rows, Phase.FORWARD) if r.term in activation_terms)
+    traced_act = traced.phase_peaks.get("forward", 0) - traced.parameters_bytes - traced.optimizer_state_bytes
+    terms.append(TermComparison(term="activations", analytic=analytic, traced=traced_act, exact=False))
+    notes = [*traced.notes, "ZeRO: model states computed from the ZeRO partition rules on the traced parameter count; "
+             "activations traced with sharding none in 16-bit; DeepSpeed's buffers are not traced (phases not compared)"]
+    return Comparison(model=model, config=config, world_size=world_size, layers=layers, terms=terms,
+                      trace_seconds=traced.seconds, notes=notes)

@@ -4,7 +4,9 @@
 
 - phase peaks, in the ledger's phases (planner/ledger.py): ``forward`` runs until backward
   reaches the last decoder layer (the loss and the head's backward belong to it), ``backward``
-  from there, ``step`` is the optimizer; the tracker keeps each phase's peak total and categories;
+  from there, ``backward_end`` from the embeddings' backward (``embedding_dense_backward``, after
+  every decoder layer's), ``step`` is the optimizer; the tracker keeps each phase's peak total and
+  categories;
 - in-place gradient accumulation. When two gradients meet in one autograd input buffer (a residual
   stream, tied embeddings) the engine adds them in place if it holds the only reference
   (``can_accumulate_inplace`` in torch/csrc/autograd/input_buffer.cpp) but never for tensor
@@ -23,6 +25,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 _ADD = torch.ops.aten.add.Tensor
+_EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default  # the embeddings' backward: made last
 _LAYER = re.compile(r"\.(layers|h)\.\d+")  # a decoder layer's module path (model.layers.N, transformer.h.N)
 
 
@@ -50,6 +53,8 @@ class _StepTracking:
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self._await_layer and self._mod_tracker.is_bw and any(_LAYER.search(p) for p in self._mod_tracker.parents):
             self._await_layer, self.phase = False, "backward"
+        elif func is _EMBEDDING_BACKWARD and self.phase == "backward":
+            self.phase = "backward_end"
         # Only plain facts about the call are kept: holding its tensors would change what is alive.
         self._op_name = str(func)
         self._discount = self._inplace_discount(func, args, kwargs)

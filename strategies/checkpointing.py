@@ -5,13 +5,14 @@
   recomputed (torchtitan op-level selective AC).
 - full: the layer input only (HF gradient checkpointing, non-reentrant); during backward one
   layer is recomputed in full. Korthikanti et al. 2022, Sec. 5: 2*s*b*h per layer in 16 bit.
-In every mode, at the end of backward one layer's saved tensors (recomputed or kept) and its
-gradient temporaries are alive; the checkpointed layer input that recomputation starts from
-(r*h bytes per token) is counted as part of that layer, which understates the recompute case by
-that one vector per token (< 0.1% of a step's peak).
+In every mode, at the first layer's backward its saved tensors (recomputed or kept) and its
+gradient temporaries are alive (``first_layer_backward``); the checkpointed layer input that
+recomputation starts from (r*h bytes per token) is counted as part of that layer, which
+understates the recompute case by that one vector per token (< 0.1% of a step's peak).
 """
 
 from planner.cost import activations as A
+from planner.cost import params as P
 from planner.cost import runtime as R
 from planner.emitted import EmitDraft
 from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
@@ -19,7 +20,8 @@ from planner.timing import TimeDraft, Window
 from planner.vocabulary import Checkpointing
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.precision import layout
+from strategies.sharding import AFTER_TOP_LAYER, LAST_LAYER_FORWARD, LOSS_MOMENT, ROOT_REGATHER, fsdp_resharding
+from strategies.precision import GRADIENTS_BEFORE_FIRST_LAYER, gradients_sharded, layout
 
 
 def per_layer_forward_bytes(ctx: PlanContext) -> float:
@@ -43,19 +45,105 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     m, dt, cfg = ctx.model, layout(ctx).dtypes, ctx.config
     tokens = cfg.tokens_per_micro_batch
     per_layer = per_layer_forward_bytes(ctx)
-    ledger.add(
-        "activations", f"saved activations, {m.num_layers} layers ({cfg.checkpointing})", per_layer * m.num_layers,
-        tokens, phases=frozenset({Phase.FORWARD}), note=f"{per_layer:,.0f} B/token/layer x {tokens:,} tokens",
-    )
+    note = f"{per_layer:,.0f} B/token/layer x {tokens:,} tokens"
+    if fsdp_resharding(ctx):  # the last layer's saved tensors do not exist yet when its parameters are gathered
+        ledger.add("activations", f"saved activations, {m.num_layers - 1} layers ({cfg.checkpointing})",
+                   per_layer * (m.num_layers - 1), tokens, phases=frozenset({Phase.FORWARD}), note=note)
+        for moment in (LAST_LAYER_FORWARD, LOSS_MOMENT, ROOT_REGATHER):
+            ledger.add("activations", f"saved activations, the last layer ({cfg.checkpointing})", per_layer, tokens,
+                       phases=frozenset({Phase.FORWARD}), moment=moment, note=note)
+    else:
+        ledger.add("activations", f"saved activations, {m.num_layers} layers ({cfg.checkpointing})",
+                   per_layer * m.num_layers, tokens, phases=frozenset({Phase.FORWARD}), note=note)
     ledger.add(
         "activations", "final norm and head input", A.final_norm_bytes(m, dt), tokens, phases=frozenset({Phase.FORWARD}),
+        moment=LOSS_MOMENT,
     )
-    one_layer = A.total(A.layer_saved(m, dt, cfg.attention, cfg.seq_len))
-    transient = A.backward_transient_bytes(m, dt, cfg.attention, cfg.seq_len)
-    ledger.add(
-        "activations", "one layer's activations and gradient temporaries (backward)", one_layer + transient,
-        tokens, phases=frozenset({Phase.BACKWARD}), note="recomputed or kept, plus backward temporaries",
-    )
+    label, moment = first_layer_backward(ctx)
+    before = ledger.tagged(GRADIENTS_BEFORE_FIRST_LAYER) + ledger.tagged(AFTER_TOP_LAYER)
+    top = top_layer_backward(ctx)
+    if sum(top.values()) > sum(r.bytes for r in before) + sum(moment.values()):
+        ledger.remove(before)
+        label, moment, who = "start", top, "top layer's backward"
+    else:
+        who = "first layer's backward"
+    for term, what in (("gradients", "gradients so far"), ("autocast_weight_copies", "weight casts"),
+                       ("activations", "activations and gradient temporaries")):
+        ledger.add(term, f"{who}, {label}: {what}", moment[term], 1, phases=frozenset({Phase.BACKWARD}),
+                   note="the larger of the top and the first layer's backward")
+
+
+def top_layer_backward(ctx: PlanContext) -> dict[str, float]:
+    """The start of the top decoder layer's backward, bytes per term beyond the sharding buffers.
+
+    From the top layer down, each layer's backward adds its gradients and frees its saved tensors,
+    so the ledger's ``backward`` phase is the larger of the top and the first layer's moments
+    (``first_layer_backward``). At the top: the head's (and final norm's) gradients (none here when
+    sharded: FSDP holds them unsharded as a buffer), every layer below still holding its saved
+    tensors (checkpointed form), the top layer's full saved set, its MLP gradient temporaries and
+    its autocast casts (with the layers' below when checkpointing none keeps them). No layer above
+    has a reduce-scatter input in flight (FSDP), so that row goes when this moment is the larger.
+    """
+    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    dt, T = lay.dtypes, cfg.tokens_per_micro_batch
+    g = 0 if gradients_sharded(ctx) or cfg.grad_accum > 1 else lay.grad_bytes
+    cast = P.layer_matmul_parameters(m) * (dt.compute if lay.autocast else 0)
+    below = m.num_layers - 1
+    return {
+        "gradients": (P.root_parameters(m) - P.late_gradient_parameters(m)) * g,
+        "autocast_weight_copies": cast * (1 + (below if cfg.checkpointing == Checkpointing.NONE else 0)),
+        "activations": (per_layer_forward_bytes(ctx) * below + A.total(A.layer_saved(m, dt, cfg.attention, cfg.seq_len))
+                        + A.mlp_backward_transient_bytes(m, dt)) * T,
+    }
+
+
+def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
+    """The largest moment of the first decoder layer's backward (the ledger's ``backward`` phase):
+    bytes per term beyond the gradients made before it, the loss-side rows and the sharding buffers.
+
+    Every checkpointing mode has the layer's full set of saved tensors at its backward (kept, or
+    recomputed). Backward runs the MLP, then the attention. Three moments (T tokens; g gradient
+    bytes; c compute bytes; casts: the layer's autocast weight casts, c per matmul weight, which
+    the matmuls save; 0 without autocast):
+    - start: every saved tensor of the layer, the MLP's gradient temporaries, every cast;
+    - last MLP weight gradient: the MLP's gradients (under autocast also the compute-dtype copy of
+      the largest one before its fp32 upcast), the attention half's saved tensors, the pre-MLP norm
+      and the MLP input, one intermediate gradient (c*f per routed expert) and two residual
+      gradients, the attention casts and the largest MLP weight's;
+    - attention backward: the MLP's and the output projection's gradients, the attention half's
+      saved tensors and its gradient temporaries (eager: the softmax gradient), the attention casts.
+    With sharded gradients (ZeRO-2/3, FSDP) the layer's unsharded gradients are a sharding buffer,
+    so the moments hold none. The end of the layer's backward (all its gradients, little else) is
+    below the embeddings' backward (``backward_end``). Checked by the traced probe
+    (benchmarks/traced_matrix.py).
+    """
+    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    dt, T, c, h = lay.dtypes, cfg.tokens_per_micro_batch, lay.dtypes.compute, ctx.model.hidden_size
+    g = 0 if gradients_sharded(ctx) or cfg.grad_accum > 1 else lay.grad_bytes
+    cast = c if lay.autocast else 0
+    attention = A.total(A.attention_saved(m, dt, cfg.attention, cfg.seq_len))
+    mlp_grads, big = P.layer_block_parameters(m, "mlp"), P.largest_mlp_matrix(m)
+    attention_casts = P.layer_block_parameters(m, "self_attn", matmul_only=True) * cast
+    mlp_side = A.norm_bytes(m, dt) + c * h + c * m.intermediate_size * m.experts_per_token + 2 * dt.residual * h
+    moments = {
+        "start": {
+            "gradients": 0,
+            "autocast_weight_copies": P.layer_matmul_parameters(m) * cast,
+            "activations": (attention + A.total(A.mlp_saved(m, dt)) + A.mlp_backward_transient_bytes(m, dt)) * T,
+        },
+        "last MLP weight gradient": {
+            "gradients": mlp_grads * g + (big * cast if g else 0),
+            "autocast_weight_copies": attention_casts + big * cast,
+            "activations": (attention + mlp_side) * T,
+        },
+        "attention": {
+            "gradients": (mlp_grads + P.output_projection_parameters(m)) * g,
+            "autocast_weight_copies": attention_casts,
+            "activations": (attention + A.attention_backward_transient_bytes(m, dt, cfg.attention, cfg.seq_len)) * T,
+        },
+    }
+    label = max(moments, key=lambda k: sum(moments[k].values()))
+    return label, moments[label]
 
 
 def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:

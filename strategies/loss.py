@@ -1,6 +1,7 @@
 """Loss: standard cross-entropy over full fp32 logits, or a chunked fused linear cross-entropy."""
 
 from planner.cost import activations as A
+from planner.cost import params as P
 from planner.emitted import EmitDraft
 from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
@@ -8,6 +9,7 @@ from planner.vocabulary import Loss
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.precision import cache_only_casts, layout
+from strategies.sharding import LOSS_MOMENT, ROOT_REGATHER, fsdp_resharding
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -39,57 +41,99 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str]:
       (c V T + V h c), then the weight gradient's own moment (head_gradient_moment_bytes).
     Chunked loss (Liger): inside autocast, the cache-only casts, hc, one more uncached cast of the
     transposed head weight per chunk matmul (V*h*c), the weight gradient Liger makes in forward
-    (V*h, weight dtype) and the chunk (chunked_loss_bytes). Checked by the traced probe.
+    (V*h, weight dtype) and the chunk (chunked_loss_bytes).
+    Both: the final norm's backward, with the head's gradient (V*h in the weight's dtype; FSDP: the
+    unsharded one) and the norm's temporaries (final_norm_backward_bytes, less what the ledger
+    already counts for the final norm). Checked by the traced probe.
     """
     m, lay, cfg = ctx.model, layout(ctx), ctx.config
     tokens, c = cfg.tokens_per_micro_batch, lay.dtypes.compute
     vh = m.vocab_size * m.hidden_size
     hc = vh * c if lay.autocast else 0
     cached = cache_only_casts(ctx)
+    w = lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes  # the head's gradient, unsharded
+    norm = vh * w + (A.final_norm_backward_bytes(m, lay.dtypes) - A.final_norm_bytes(m, lay.dtypes)) * tokens
+    norm_label = "final norm backward: the head's gradient and the norm's fp32 temporaries"
     if cfg.loss == Loss.CHUNKED:
-        w = lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes
-        total = cached + 2 * hc + vh * w + A.chunked_loss_bytes(m, lay.dtypes, tokens)
-        return int(total), "chunked loss: one chunk, the head weight gradient made in forward, weight casts"
-    v_t = m.vocab_size * tokens
-    softcap = 2 * c * v_t if m.final_logit_softcapping else 0
-    moments = {
-        "loss forward inside autocast": cached + hc + (c + 8) * v_t + softcap,
-        "start of backward: fp32 log-softmax output, its gradient and input gradient": hc + A.logits_bytes(m, lay.dtypes) * tokens,
-        "head backward: logits gradient and head weight gradient": max(hc + c * v_t + vh * c, head_gradient_moment_bytes(ctx)),
-    }
+        moments = {
+            "chunked loss: one chunk, the head weight gradient made in forward, weight casts":
+                cached + 2 * hc + vh * w + A.chunked_loss_bytes(m, lay.dtypes, tokens),
+            norm_label: norm,
+        }
+    else:
+        v_t = m.vocab_size * tokens
+        softcap = c * v_t if m.final_logit_softcapping else 0
+        moments = {
+            "loss forward inside autocast": cached + hc + (c + 8) * v_t + softcap,
+            "start of backward: fp32 log-softmax output, its gradient and input gradient":
+                hc + A.logits_bytes(m, lay.dtypes) * tokens,
+            "head backward: logits gradient and head weight gradient":
+                max(hc + c * v_t + vh * c, head_gradient_moment_bytes(ctx)),
+            norm_label: norm,
+        }
     label = max(moments, key=moments.get)
     return int(moments[label]), label
 
 
-def tied_accumulation_bytes(ctx: PlanContext) -> int:
-    """Bytes beyond the finished gradients when the embedding's and the head's gradients meet (end of backward).
+def embedding_backward_bytes(ctx: PlanContext) -> tuple[int, str]:
+    """Bytes beyond the finished gradients at the embeddings' backward (phase ``backward_end``), the
+    larger of its two moments.
 
-    Tied: the head's gradient (V*h*g) waits in the autograd input buffer through the whole
-    backward; the embedding's joins it and the engine adds them in place when the waiting one is a
-    fresh tensor it alone holds (the autocast upcast; the chunked loss's own buffer), else out of
-    place: one more V*h*g (torch/csrc/autograd/input_buffer.cpp ``can_accumulate_inplace``).
-    Measured on real CPU tensors by the allocator in tests/test_traced.py. (FSDP2's root unit holds
-    its unsharded gradients until its reduce-scatter; the traced matrix shows this term is not yet
-    right there: benchmarks/traced_matrix.py.)
+    - ``embedding_dense_backward``: its input, the residual-stream gradient (r*h per token), is
+      alive while it makes the embedding's gradient. Untied, that output is the parameter's gradient
+      itself; tied, the head's gradient (V*h*g) waits beside it in the autograd input buffer, so
+      one more V*h*g.
+    - Tied, when the two gradients meet: the engine adds them in place when the waiting one is a
+      fresh tensor it alone holds (the autocast upcast; the chunked loss's own buffer), else out of
+      place, so the waiting one, the new one and their sum: two more V*h*g
+      (torch/csrc/autograd/input_buffer.cpp ``can_accumulate_inplace``).
+    Measured on real CPU tensors by the allocator in tests/test_traced.py.
     """
-    m, lay = ctx.model, layout(ctx)
-    vh = m.vocab_size * m.hidden_size
-    if not m.tie_word_embeddings:
-        return 0
-    in_place = lay.autocast or ctx.config.loss == Loss.CHUNKED
-    return vh * lay.grad_bytes * (1 if in_place else 2)
+    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    if ctx.engine == Engine.FSDP:
+        return 0, "the root unit's gradients under FSDP (strategies/sharding.py)"
+    vhg = m.vocab_size * m.hidden_size * lay.grad_bytes if m.tie_word_embeddings else 0
+    moments = {"embedding backward: its input gradient" + (" and the head's waiting gradient" if vhg else ""):
+               lay.dtypes.residual * m.hidden_size * cfg.tokens_per_micro_batch + vhg}
+    if vhg and not (lay.autocast or cfg.loss == Loss.CHUNKED):
+        moments["tied embedding: the head's and the embedding's gradients added out of place"] = 2 * vhg
+    label = max(moments, key=moments.get)
+    return int(moments[label]), label
+
+
+def loss_saved_bytes(ctx: PlanContext) -> int:
+    """Bytes the loss keeps from its forward to its backward: the standard loss's fp32 log-softmax
+    output (4 V per token; Gemma-2's soft-capping also its tanh output, c V); Liger's gradients
+    made in forward, the head's (V*h in the weight's dtype, unsharded under FSDP) and the head
+    input's (r*h per token)."""
+    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    tokens, vh = cfg.tokens_per_micro_batch, m.vocab_size * m.hidden_size
+    if cfg.loss == Loss.CHUNKED:
+        w = lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes
+        return vh * w + lay.dtypes.residual * m.hidden_size * tokens
+    softcap = lay.dtypes.compute if m.final_logit_softcapping else 0
+    return (A.FP32 + softcap) * m.vocab_size * tokens
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     m, fwd = ctx.model, frozenset({Phase.FORWARD})
-    tied = tied_accumulation_bytes(ctx)
-    if tied:
-        ledger.add(
-            "activations", "tied embedding: head gradient waiting for the embedding's", tied, 1,
-            phases=frozenset({Phase.BACKWARD}), note="autograd input buffer; added in place only to a fresh tensor",
-        )
+    if fsdp_resharding(ctx):
+        # backward starts: the root unit is all-gathered again (its output buffer beside the
+        # unsharded parameters, strategies/sharding.py) while the loss's and the final norm's
+        # saved tensors wait
+        lay = layout(ctx)
+        ledger.add("gathered_parameters", "FSDP root unit: all-gather output for backward", P.root_parameters(m),
+                   lay.gathered_bytes, phases=fwd, moment=ROOT_REGATHER)
+        ledger.add("logits", "the loss's tensors saved for backward", loss_saved_bytes(ctx), 1, phases=fwd,
+                   moment=ROOT_REGATHER)
+        ledger.add("activations", "final norm and head input", A.final_norm_bytes(m, lay.dtypes),
+                   ctx.config.tokens_per_micro_batch, phases=fwd, moment=ROOT_REGATHER)
+    end, end_label = embedding_backward_bytes(ctx)
+    ledger.add("activations", end_label, end, 1, phases=frozenset({Phase.BACKWARD_END}),
+               note="the larger of the embeddings' backward moments")
     moment, label = loss_moment_bytes(ctx)
-    ledger.add("logits", label, moment, 1, phases=fwd, note=f"the largest of the loss's moments (V={m.vocab_size:,})")
+    ledger.add("logits", label, moment, 1, phases=fwd, note=f"the largest of the loss's moments (V={m.vocab_size:,})",
+               moment=LOSS_MOMENT)
 
 
 #: fp32 bytes per token x vocabulary the loss moves: forward upcast and log-softmax (~12V),

@@ -123,7 +123,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     the fp32 weights (or master copy, plus the 16-bit copy it refreshes) and any fp32 gradient
     upcast: bytes from this rank's GPU ledger rows / achieved bandwidth (roofline). Paged state
     that spilled migrates in and back out over the host link once per step."""
-    gpu_rows = [r for r in ledger.rows if r.location == Location.GPU]
+    gpu_rows = [r for r in ledger.rows if r.location == Location.GPU and Phase.STEP in r.phases]
 
     def total(*terms: str) -> int:
         return sum(r.bytes for r in gpu_rows if r.term in terms)

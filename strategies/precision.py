@@ -26,7 +26,7 @@ from planner.cost.activations import DTypes
 from planner.emitted import EmitDraft
 from planner.ledger import ALL_PHASES, Ledger, LedgerDraft, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
-from planner.vocabulary import Checkpointing, Precision
+from planner.vocabulary import Checkpointing, Precision, Sharding
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 
@@ -80,7 +80,28 @@ def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
     micro-batches, so they are resident in the forward phase too."""
     if ctx.config.grad_accum > 1:
         return ALL_PHASES
-    return frozenset({Phase.BACKWARD, Phase.STEP})
+    return frozenset({Phase.BACKWARD_END, Phase.STEP})
+
+
+#: The tag of the gradients row of the first layer's backward moment (strategies/checkpointing.py
+#: replaces it when the top layer's moment is the larger).
+GRADIENTS_BEFORE_FIRST_LAYER = "gradients_before_first_layer"
+
+
+def gradients_sharded(ctx: PlanContext) -> bool:
+    """Whether a layer's gradients go to a sharded partition as its backward ends (ZeRO-2/3 buckets,
+    FSDP's reduce-scatter): the unsharded ones are then a buffer (strategies/sharding.py), not a
+    gradient row."""
+    return ctx.engine == Engine.FSDP or ctx.config.sharding in (Sharding.ZERO2, Sharding.ZERO3)
+
+
+def late_gradient_parameters(ctx: PlanContext) -> int:
+    """Elements whose gradients appear only after every decoder layer's backward: the input
+    embeddings' (planner.cost.params.late_gradient_parameters); under FSDP the whole root unit's
+    (embeddings, final norm, head), which FSDP2 reduce-scatters when the root's backward ends."""
+    if ctx.engine == Engine.FSDP:
+        return P.root_parameters(ctx.model)
+    return P.late_gradient_parameters(ctx.model)
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -118,26 +139,31 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     if lay.master_bytes:
         ledger.add("master_weights", "master weights (fp32)", n, lay.master_bytes, note=f"{n:,} params x 4 B")
     gdt = {4: "fp32", 2: "16-bit"}[lay.grad_bytes]
-    ledger.add(
-        "gradients", f"gradients ({gdt})", n, lay.grad_bytes, phases=grads_in_forward(ctx),
-        note=f"{n:,} params x {lay.grad_bytes} B",
-    )
+    phases = grads_in_forward(ctx)
+    if Phase.BACKWARD not in phases:  # (accumulating: every gradient exists from the first micro-batch on)
+        late = late_gradient_parameters(ctx)
+        ledger.add(
+            "gradients", f"gradients ({gdt}) made before the first layer's backward", n - late - P.layer_parameters(m),
+            lay.grad_bytes, phases=frozenset({Phase.BACKWARD}), note="the head's and the layers' above the first",
+            tag=GRADIENTS_BEFORE_FIRST_LAYER,
+        )
+        if ctx.engine == Engine.FSDP:  # the root unit's sharded gradients come from its reduce-scatter, last
+            ledger.add("gradients", f"gradients ({gdt}) of the decoder layers", n - late, lay.grad_bytes,
+                       phases=frozenset({Phase.BACKWARD_END}), note="before the root unit's reduce-scatter")
+            phases = phases - {Phase.BACKWARD_END}
+    ledger.add("gradients", f"gradients ({gdt})", n, lay.grad_bytes, phases=phases, note=f"{n:,} params x {lay.grad_bytes} B")
     if lay.autocast:
         # torch.amp caches the 16-bit cast of every matmul weight until the autocast region (the
         # model forward and the loss) exits; the matmuls save them for backward, so without
         # checkpointing they outlive it. The head's cast and the casts that live only in the cache
-        # belong to the loss's moments (strategies/loss.py). During backward one layer's casts are
-        # alive (recomputed or saved).
+        # belong to the loss's moments (strategies/loss.py); the first layer's, to its backward's
+        # moments (strategies/checkpointing.py).
         if ctx.config.checkpointing == Checkpointing.NONE:
             ledger.add(
                 "autocast_weight_copies", "autocast casts of the layers' matmul weights (saved for backward)",
                 P.matmul_parameters(m) - head_parameters(m), lay.dtypes.compute, phases=frozenset({Phase.FORWARD}),
                 note="torch.amp weight casts, saved by the matmuls that use them",
             )
-        ledger.add(
-            "autocast_weight_copies", "autocast casts of one layer (backward)", P.layer_matmul_parameters(m), 2,
-            phases=frozenset({Phase.BACKWARD}), note="one layer's casts during its backward",
-        )
     if ctx.config.precision == Precision.FP8_MIXED:
         ledger.add(
             "autocast_weight_copies", "fp8 casts of one layer's weights", P.layer_matmul_parameters(m), 1,

@@ -6,9 +6,10 @@ FSDP: Zhao et al. 2023 "PyTorch FSDP", and the FSDP2 fully_shard docs):
   (gradient_as_bucket_view=False, the default): one more gradient-sized copy.
 - zero1: master weights and optimizer states. zero2: also gradients. zero3: also weights, which
   are gathered one module at a time (plus the prefetch bucket).
-- fsdp (full shard): everything, gathered per decoder layer (+1 prefetched) with the root unit
-  (embeddings, final norm, head) kept unsharded from forward to backward (FSDP2 does not
-  reshard the root after forward). fsdp-grad-op keeps every layer unsharded between forward and
+- fsdp (full shard): everything, gathered per decoder layer (+1 prefetched, and the previous
+  all-gather output FSDP2 holds until the next one) and the root unit (embeddings, final norm,
+  head) for its forward, then again for backward: planner emits reshard_after_forward=True for
+  every unit, the root included. fsdp-grad-op keeps every layer unsharded between forward and
   backward. fsdp-hybrid shards within a node and replicates across nodes.
 
 DeepSpeed settings modelled are those planner emits, the Hugging Face "auto" values:
@@ -24,7 +25,7 @@ from planner.cost import runtime as R
 from planner.emitted import EmitDraft
 from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
-from planner.vocabulary import Sharding
+from planner.vocabulary import Loss, Sharding
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.precision import layout
 
@@ -40,6 +41,16 @@ SHARDED_TERMS: dict[Sharding, tuple[str, ...]] = {
     Sharding.ZERO2: ("master_weights", "optimizer_states", "gradients"),
 }
 FWD, BWD, STEP = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD}), frozenset({Phase.STEP})
+#: Alternative instants of the forward phase (planner.ledger.resident): the loss (strategies/loss.py,
+#: with the final norm's saved tensors) or, under FSDP, moments of the last layer's forward.
+LOSS_MOMENT = "the loss"
+#: FSDP (resharding after forward): the last layer's all-gather copied out while the previous
+#: layer's output is still held, and the end of its forward (its saved tensors made).
+LAST_LAYER_GATHER, LAST_LAYER_FORWARD = "the last layer's all-gather", "the last layer's forward"
+#: The tag of backward rows that exist only below the top layer (the layer above's reduce-scatter).
+AFTER_TOP_LAYER = "after_top_layer"
+#: FSDP (resharding after forward): the root unit gathered again when backward starts.
+ROOT_REGATHER = "the root unit's all-gather for backward"
 
 
 def deepspeed_buckets(h: int) -> dict[str, int]:
@@ -83,8 +94,14 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
             note="reducer's flat buckets cover every gradient (gradient_as_bucket_view=False)",
         )
         return
+    rank0 = P.fsdp_rank0_elements(m, n) if ctx.engine == Engine.FSDP else None
     for row in ledger.of(*SHARDED_TERMS.get(s, ALL_MODEL_STATES)):
-        if row.tag != "step_counters":  # per-tensor scalars: every rank keeps them all
+        if row.tag == "step_counters":  # per-tensor scalars: every rank keeps them all
+            continue
+        if rank0 is not None and row.elements * row.bytes_per_element % total == 0:
+            # whole-model rows of uniform bytes per parameter: rank 0's padded dim-0 chunks
+            row.elements, row.bytes_per_element = rank0, row.elements * row.bytes_per_element // total
+        else:
             row.shard = n
     if ctx.engine == Engine.DEEPSPEED:
         _deepspeed_rows(ctx, ledger, n, total, layer, h)
@@ -136,19 +153,78 @@ def _fsdp_rows(ctx: PlanContext, ledger: LedgerDraft, total: int, layer: int) ->
             note="reshard_after_forward=False",
         )
     else:
+        # reshard_after_forward=True for every unit, the root included (the emitted accelerate
+        # config): the root is unsharded from its pre-forward to its post-forward and gathered
+        # again when backward starts (strategies/loss.py writes that moment); FSDP2 holds the last
+        # all-gather's output until the next one is copied out.
         ledger.add(
-            "gathered_parameters", "FSDP root unit (embeddings, norm, head) + 2 layers", root + 2 * layer, g, phases=FWD,
-            note="root stays unsharded; one layer computing, one prefetched",
+            "gathered_parameters", "FSDP root unit (embeddings, norm, head)", root, g, phases=FWD,
+            note="unsharded from the root's pre-forward to its post-forward, and again for backward",
         )
+        for moment, layers, note in (
+                (LAST_LAYER_GATHER, 3, "its all-gather output and unsharded parameters, the previous output held"),
+                (LAST_LAYER_FORWARD, 2, "its unsharded parameters and all-gather output"),
+                (LOSS_MOMENT, 1, "the last layer's all-gather output, held until the next all-gather")):
+            ledger.add("gathered_parameters", f"FSDP at {moment}: {layers} layer(s)", layers * layer, g, phases=FWD,
+                       moment=moment, note=note)
     ledger.add(
         "gathered_parameters", "FSDP root unit + 2 layers (backward)", root + 2 * layer, g, phases=BWD,
         note="one layer computing, one prefetched",
     )
-    reduce_bytes = g + (4 if g < 4 else 0)  # unsharded grads in param_dtype, upcast to fp32 for reduce-scatter
     ledger.add(
-        "communication_buffers", "unsharded layer gradients for reduce-scatter", layer, reduce_bytes, phases=BWD,
-        note=f"{g} B param_dtype gradient" + (" + fp32 reduce copy" if g < 4 else ""),
+        "communication_buffers", "a layer's reduce-scatter input", layer, fsdp_reduce_bytes(ctx), phases=BWD,
+        note="FSDP2 copies the unsharded gradients in and frees them before making the sharded output",
+        tag=AFTER_TOP_LAYER,
     )
+    waiting = root - P.late_gradient_parameters(m)
+    ledger.add(
+        "communication_buffers", "FSDP root unit: the head's unsharded gradient (until the root's reduce-scatter)",
+        waiting, g, phases=BWD, note="made by the head's backward, reduced when the root unit's backward ends",
+    )
+    label, moment = fsdp_backward_end(ctx)
+    for term, bytes_ in moment.items():
+        ledger.add(term, f"FSDP end of backward, {label}", bytes_, 1, phases=frozenset({Phase.BACKWARD_END}),
+                   note="the larger of the embeddings' backward and the root unit's reduce-scatter")
+
+
+def fsdp_resharding(ctx: PlanContext) -> bool:
+    """FSDP that reshards every unit after forward (fsdp, fsdp-hybrid; not fsdp-grad-op)."""
+    return ctx.engine == Engine.FSDP and ctx.config.sharding != Sharding.FSDP_GRAD_OP
+
+
+def fsdp_reduce_bytes(ctx: PlanContext) -> int:
+    """Bytes per element of FSDP2's reduce-scatter input: the MixedPrecisionPolicy reduce_dtype,
+    which is the sharded gradients' dtype (fp32 for the mixed precisions planner emits, else the
+    parameters' dtype)."""
+    return layout(ctx).grad_bytes
+
+
+def fsdp_backward_end(ctx: PlanContext) -> tuple[str, dict[str, int]]:
+    """FSDP2 at the end of backward (phase ``backward_end``), bytes per term beyond the layers'
+    sharded gradients; the larger of two moments (g: parameter dtype bytes; red: reduce dtype).
+
+    - the embeddings' backward: the root unit is unsharded (root*g), the first layer's
+      reduce-scatter input is still held until the next reduce-scatter (layer*red; FSDP2 keeps
+      ``reduce_scatter_state``), the head's unsharded gradient waits, and the embeddings' backward
+      makes its gradient (late*g; tied: one more V*h*g) from the residual gradient (r*h per token).
+      Tied, the two table gradients are then added out of place (FSDP's unsharded gradients are
+      plain parameters' .grad, no autocast copy): the new one and the sum, 2*V*h*g;
+    - the root unit's reduce-scatter: its unsharded gradients (root*g) and their reduce-dtype
+      input (root*red).
+    Traced with FSDP2 under a fake process group (benchmarks/traced_matrix.py).
+    """
+    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    g, red = lay.gathered_bytes, fsdp_reduce_bytes(ctx)
+    root, late, layer = P.root_parameters(m), P.late_gradient_parameters(m), P.layer_parameters(m)
+    vh = m.vocab_size * m.hidden_size if m.tie_word_embeddings else 0
+    held = {"gathered_parameters": root * g, "communication_buffers": layer * red + (root - late) * g}
+    rht = lay.dtypes.residual * m.hidden_size * cfg.tokens_per_micro_batch
+    moments = {"the embeddings' backward": held | {"activations": rht + (late + vh) * g}}
+    if vh and cfg.loss != Loss.CHUNKED:  # the chunked loss's buffer is fresh: added in place
+        moments["tied gradients added out of place"] = held | {"activations": (late + 2 * vh) * g}
+    moments["the root unit's reduce-scatter"] = {"communication_buffers": root * (g + red)}
+    label = max(moments, key=lambda k: sum(moments[k].values()))
+    return label, moments[label]
 
 
 def _link(ctx: PlanContext, spans_nodes: bool) -> tuple[float, float]:

@@ -2,11 +2,11 @@
 
 - The fake trace is faithful: its phase peaks equal a real-tensor run measured by the CPU
   allocator (torch profiler), including where autograd accumulates gradients in place.
-- Model states agree to the byte over the matrix of six
-  architectures x checkpointing x attention x two shapes x bf16-mixed/pure x standard/chunked loss
-  (reduced depth); activations and the step peak within 5 % is still open there (a strict
-  xfail: it fails the day it passes); FSDP2 at 2 and 8 ranks: model states exact. benchmarks/traced_matrix.py prints
-  the whole matrix with every term, one layer's activations and FSDP's errors.
+- Over the matrix of six architectures x checkpointing x attention x two shapes x bf16-mixed/pure
+  x standard/chunked loss x sharding none / FSDP2 at 2 and 8 ranks (reduced depth): model states
+  agree to the byte; activations, each phase's peak and the step peak within 5 %.
+  benchmarks/traced_matrix.py prints the whole matrix with every term and one layer's activations.
+- ZeRO plans: states computed from the partition rules, activations traced.
 """
 
 import functools
@@ -56,7 +56,8 @@ def test_fake_trace_equals_the_real_allocator(precision):
     increments = {p: v - fake.baseline_bytes for p, v in fake.phase_peaks.items()}
     # the tracker's forward phase runs into backward (up to the last layer), the profiler's spans
     # do not: compare forward + backward as one, where the tied accumulation is the peak
-    assert max(increments["forward"], increments["backward"]) == max(real["forward"], real["backward"])
+    fake_fb = max(increments["forward"], increments["backward"], increments.get("backward_end", 0))
+    assert fake_fb == max(real["forward"], real["backward"])
     assert abs(increments["step"] - real["step"]) <= 64  # python-side scalars
     assert fake.inplace_adds > 0
 
@@ -80,44 +81,81 @@ def matrix(model):
 
 
 @functools.cache
-def matrix_comparisons(model):
-    plans = list(matrix(model))
-    results = trace_many([request(model, **p) for p in plans], timeout=1800)
+def matrix_comparisons(model, world):
+    plans = [p | {"sharding": "fsdp" if world > 1 else "none"} for p in matrix(model)]
+    results = trace_many([request(model, world=world, **p) for p in plans], timeout=2400)
     out = []
     for plan, traced in zip(plans, results, strict=True):
         assert not isinstance(traced, str), f"{plan}: {traced}"
-        out.append((plan, compare_result(model, TrainingConfig(**plan), 1, LAYERS, traced)))
+        out.append((plan, compare_result(model, TrainingConfig(**plan), world, LAYERS, traced)))
     return out
 
 
-def misses(model, terms):
+def misses(model, world, exact):
     return [f"{plan} {t.term}: analytic {t.analytic:,} traced {t.traced:,} ({t.error:+.2%})"
-            for plan, c in matrix_comparisons(model) for t in c.terms if t.term in terms and not t.agrees]
+            for plan, c in matrix_comparisons(model, world) for t in c.terms if t.exact == exact and not t.agrees]
 
 
+WORLDS = [1, 2, 8]  # sharding none; FSDP2 at 2 and 8 ranks (one rank traced under a fake process group)
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("model", ARCHS)
-def test_matrix_model_states_exact(model):
-    assert not misses(model, ("parameters", "gradients", "optimizer_states"))
-
-
-@pytest.mark.xfail(strict=True, reason="open (issue 6): the backward phase over-counts one layer's activations next to "
-                   "the finished gradients; with the chunked loss and with eager attention the step peak is 5-13 % high")
-@pytest.mark.parametrize("model", ARCHS)
-def test_matrix_activations_and_step_peak_within_5_percent(model):
-    missed = misses(model, ("activations", "step_peak"))
+def test_matrix_model_states_exact(model, world):
+    """Parameters, gradients and optimizer states of the (rank's) plan, to the byte."""
+    missed = misses(model, world, exact=True)
     assert not missed, "\n".join(missed)
 
 
-@pytest.mark.parametrize("world", [2, 8])
-def test_fsdp_rank_states_exact(world):
-    """One rank of an FSDP2 run under a fake process group: the sharded parameters, gradients and
-    optimizer states are exactly the ledger's (padded) shards."""
-    plans = [dict(sharding="fsdp", precision=p, checkpointing=ck, micro_batch_size=2, seq_len=128)
-             for p in ("bf16-mixed", "bf16-pure") for ck in ("none", "full")]
-    for model in ("meta-llama/Llama-3.2-1B", QWEN):
-        results = trace_many([request(model, world=world, **p) for p in plans], timeout=900)
-        for plan, traced in zip(plans, results, strict=True):
-            assert not isinstance(traced, str), f"{plan}: {traced}"
-            c = compare_result(model, TrainingConfig(**plan), world, LAYERS, traced)
-            for t in c.terms[:3]:
-                assert t.agrees, f"{model} {plan} {t.term}: {t.analytic:,} vs {t.traced:,}"
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("model", ARCHS)
+def test_matrix_activations_phases_and_step_peak_within_5_percent(model, world):
+    """Activations, each phase's peak and the step peak within 5 % (probes/compare.py TOLERANCE)."""
+    missed = misses(model, world, exact=False)
+    assert not missed, "\n".join(missed)
+
+
+@pytest.mark.parametrize("sharding", ["zero2", "zero3"])
+def test_zero_plan_states_computed_and_activations_traced(sharding):
+    """ZeRO plans: the rank's model states from the ZeRO partition rules on the traced parameter
+    count agree with the ledger; the activations of the 16-bit module traced with sharding none agree
+    within 5 %; the result says which is which."""
+    from probes.compare import compare_zero_result
+
+    plan = dict(precision="bf16-mixed", sharding=sharding, micro_batch_size=2, seq_len=256)
+    traced = trace(request(QWEN, **(plan | {"sharding": "none", "precision": "bf16-pure"})), timeout=900)
+    c = compare_zero_result(QWEN, TrainingConfig(**plan), 8, LAYERS, traced)
+    assert [t.source for t in c.terms] == ["computed"] * 3 + ["traced"]
+    bad = [f"{t.term}: {t.analytic:,} vs {t.traced:,}" for t in c.terms if not t.agrees]
+    assert not bad, bad
+    assert any("computed from the ZeRO partition rules" in n for n in c.notes)
+
+
+def probe_cli(*args):
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    r = CliRunner().invoke(app, ["probe", "--model", QWEN, "--layers", "2", "--seq-len", "128", *args])
+    assert "Traceback" not in r.output, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    return r.exit_code, (json.loads(r.stdout) if "--json" in args and r.exit_code in (0, 1) else r.output)
+
+
+def test_probe_cli_exit_codes():
+    """0: analytic and traced agree (JSON with every term and the traced phases); 2: bad input with a
+    hint; 3: the probe's child process failed (here: its timeout)."""
+    code, out = probe_cli("--gpus", "2xH100-80", "--sharding", "fsdp", "--json")
+    assert code == 0, out
+    terms = {t["term"]: t for t in out["comparison"]["terms"]}
+    assert {"parameters", "gradients", "optimizer_states", "activations", "step_peak"} <= set(terms)
+    assert terms["parameters"]["analytic"] == terms["parameters"]["traced"]
+    assert set(out["phase_peaks"]) == {"forward", "backward", "backward_end", "step"}
+    code, out = probe_cli("--gpus", "2x8xH100-80", "--sharding", "fsdp-hybrid")
+    assert code == 2 and "not traced" in out
+    code, out = probe_cli("--gpus", "1xH100-80", "--fidelity", "measured")
+    assert code == 2 and "traced" in out
+    code, out = probe_cli("--gpus", "1xH100-80", "--timeout", "0.5")
+    assert code == 3 and "timed out" in out

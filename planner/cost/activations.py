@@ -115,21 +115,13 @@ def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
 
 
 @cache
-def layer_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> tuple[tuple[str, float], ...]:
-    """Bytes per token one decoder layer saves with no checkpointing."""
+def attention_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> tuple[tuple[str, float], ...]:
+    """Bytes per token the attention half of one decoder layer saves (no checkpointing): its norm,
+    projections' inputs and the attention kernel's tensors (Gemma-2: and the post-attention norm)."""
     c, r, h = dt.compute, dt.residual, m.hidden_size
     if m.family == "gpt2":
         masks = [("resid dropout mask", 1 * h)] if m.dropout > 0 else []
-        return tuple(
-            _norm(m, h, r)
-            + [("qkv input", c * h)]
-            + _gpt2_attention(m, dt, attention, seq_len)
-            + masks
-            + _norm(m, h, r)
-            + [("fc input", c * h)]
-            + _mlp(m, dt)
-            + masks
-        )
+        return tuple(_norm(m, h, r) + [("qkv input", c * h)] + _gpt2_attention(m, dt, attention, seq_len) + masks)
     saved = _norm(m, h, r) + [("qkv input", c * h)]
     if m.qk_norm:  # Qwen3: RMSNorm over head_dim on q and k before RoPE (input is bf16 matmul output)
         q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
@@ -137,14 +129,29 @@ def layer_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) ->
     if m.fused_qkv:  # Phi-3: v is a view of qkv_proj's output, so all of it stays alive
         saved.append(("fused qkv (kept by v view)", c * (m.num_heads + m.num_kv_heads) * m.head_dim))
     saved += _attention_core(m, dt, attention, seq_len)
-    if m.norms_per_layer == 4:  # Gemma-2: post-attention norm on o_proj output (c), pre-FF norm on residual (r)
-        saved += _norm(m, h, c) + _norm(m, h, r)
-    else:
-        saved += _norm(m, h, r)
-    saved += [("mlp input", c * h)] + _mlp(m, dt)
-    if m.norms_per_layer == 4:
-        saved += _norm(m, h, c)  # post-feedforward norm on down_proj output
+    if m.norms_per_layer == 4:  # Gemma-2: post-attention norm on o_proj output (c)
+        saved += _norm(m, h, c)
     return tuple(saved)
+
+
+@cache
+def mlp_saved(m: ModelSpec, dt: DTypes) -> tuple[tuple[str, float], ...]:
+    """Bytes per token the MLP half of one decoder layer saves (no checkpointing): its norm, input
+    and intermediate tensors (Gemma-2: and the post-feedforward norm)."""
+    c, r, h = dt.compute, dt.residual, m.hidden_size
+    if m.family == "gpt2":
+        masks = [("resid dropout mask", 1 * h)] if m.dropout > 0 else []
+        return tuple(_norm(m, h, r) + [("fc input", c * h)] + _mlp(m, dt) + masks)
+    saved = _norm(m, h, r) + [("mlp input", c * h)] + _mlp(m, dt)
+    if m.norms_per_layer == 4:  # Gemma-2: post-feedforward norm on down_proj output
+        saved += _norm(m, h, c)
+    return tuple(saved)
+
+
+@cache
+def layer_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> tuple[tuple[str, float], ...]:
+    """Bytes per token one decoder layer saves with no checkpointing: its attention and MLP halves."""
+    return attention_saved(m, dt, attention, seq_len) + mlp_saved(m, dt)
 
 
 @cache
@@ -175,24 +182,56 @@ def layer_input_bytes(m: ModelSpec, dt: DTypes) -> float:
 
 
 @cache
-def backward_transient_bytes(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> float:
-    """Gradient temporaries alive while one layer runs backward, bytes per token.
+def mlp_backward_transient_bytes(m: ModelSpec, dt: DTypes) -> float:
+    """Gradient temporaries alive while one layer's MLP runs backward, bytes per token.
 
-    Assumption (to be calibrated against traced probes, issue 6): two residual-stream gradients
-    in flight (r*h each) plus the MLP's intermediate gradients (3 tensors of the intermediate
-    size when gated, 2 when plain; per routed expert for MoE), plus, for eager attention, the
-    fp32 gradient of the softmax and its compute-dtype cast.
+    Two residual-stream gradients in flight (r*h each) plus the MLP's intermediate gradients (3
+    tensors of the intermediate size when gated, 2 when plain; per routed expert for MoE).
+    Checked against traced probes (benchmarks/traced_matrix.py).
     """
     c, r, h, f = dt.compute, dt.residual, m.hidden_size, m.intermediate_size
-    mlp = (3 if m.mlp_kind == MlpKind.GATED else 2) * c * f * m.experts_per_token
-    attn = (FP32 + c) * m.num_heads * seq_len if attention == Attention.EAGER else 0
-    return 2 * r * h + mlp + attn
+    return 2 * r * h + (3 if m.mlp_kind == MlpKind.GATED else 2) * c * f * m.experts_per_token
+
+
+@cache
+def attention_backward_transient_bytes(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> float:
+    """Gradient temporaries alive while one layer's attention runs backward, bytes per token.
+
+    Two residual-stream gradients in flight (r*h each) plus, for eager attention, the fp32
+    gradient of the softmax and its compute-dtype cast (a*s each), for SDPA the kernel's q, k and v
+    gradients. Checked against traced probes (benchmarks/traced_matrix.py).
+    """
+    c, r, h, a = dt.compute, dt.residual, m.hidden_size, m.num_heads
+    if attention == Attention.EAGER:
+        return 2 * r * h + (FP32 + c) * a * seq_len
+    return 2 * r * h + c * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+
+
+@cache
+def norm_bytes(m: ModelSpec, dt: DTypes) -> float:
+    """What one hidden-width norm on the residual stream saves, bytes per token."""
+    return total(_norm(m, m.hidden_size, dt.residual))
+
+
+@cache
+def final_norm_backward_bytes(m: ModelSpec, dt: DTypes) -> float:
+    """Bytes per token alive at the peak of the final norm's backward, from the norm itself.
+
+    RMSNorm (Llama, Gemma): its saved fp32 input and five fp32 tensors of the width (the gradient
+    through the rsqrt product, mean-backward's division, pow-backward's x and 2x and their product
+    with the incoming gradient); traced (benchmarks/traced_matrix.py). LayerNorm: its saved input,
+    the incoming gradient and the input gradient (native_layer_norm_backward).
+    """
+    h = m.hidden_size
+    if m.norm_kind == NormKind.LAYER:
+        return (2 * dt.residual + dt.compute) * h
+    return 6 * FP32 * h
 
 
 @cache
 def final_norm_bytes(m: ModelSpec, dt: DTypes) -> float:
     """The final norm and the head's input, saved outside the checkpointed layers (bytes/token)."""
-    return sum(b for _, b in _norm(m, m.hidden_size, dt.residual)) + dt.compute * m.hidden_size
+    return norm_bytes(m, dt) + dt.compute * m.hidden_size
 
 
 @cache
@@ -204,12 +243,12 @@ def logits_bytes(m: ModelSpec, dt: DTypes) -> float:
     returned logits are freed when forward returns; at the start of backward the saved output,
     its incoming gradient and log_softmax's input gradient coexist: 3 * 4V = 12V. (At the loss's
     forward the compute-dtype logits, their fp32 copy and the saved output make at most 10V.)
-    Checked by the traced probe (tests/test_traced.py). Gemma-2's final soft-capping adds a divided and a
-    tanh copy in the compute dtype (2*c*V). Source: transformers loss_utils.ForCausalLMLoss;
+    Checked by the traced probe (tests/test_traced.py). Gemma-2's final soft-capping (divide, tanh,
+    multiply) adds the tanh output, which tanh saves, in the compute dtype (c*V). Source: transformers loss_utils.ForCausalLMLoss;
     DESIGN.md ("4*s*b*V bytes and their gradient").
     """
     v = m.vocab_size
-    softcap = 2 * dt.compute * v if m.final_logit_softcapping else 0
+    softcap = dt.compute * v if m.final_logit_softcapping else 0
     return 3 * FP32 * v + softcap
 
 

@@ -143,3 +143,42 @@ def layer_matmul_parameters(m: ModelSpec) -> int:
 def root_parameters(m: ModelSpec) -> int:
     """Parameters outside the decoder layers: embeddings, final norm, untied head (elements)."""
     return sum(t.numel for t in model_tensors(m) if t.part != Part.LAYER)
+
+
+@cache
+def late_gradient_parameters(m: ModelSpec) -> int:
+    """Elements whose gradients autograd makes after every decoder layer's: the input embeddings'
+    (token and learned position tables). A tied token table is excluded: the head's gradient for it
+    exists from the loss on (it waits in the autograd input buffer). Backward runs in reverse
+    order of forward, and the embeddings run first in forward (transformers modeling files)."""
+    return sum(t.numel for t in model_tensors(m) if t.part == Part.EMBEDDING and not t.matmul)
+
+
+@cache
+def layer_block_parameters(m: ModelSpec, block: str, matmul_only: bool = False) -> int:
+    """Elements of one decoder layer's ``block`` ("self_attn" or "mlp"; all experts), or of its
+    matmul weights only."""
+    return sum(t.numel for t in layer_tensors(m) if t.name.startswith(block + ".") and (t.matmul or not matmul_only))
+
+
+@cache
+def largest_mlp_matrix(m: ModelSpec) -> int:
+    """Elements of one decoder layer's largest MLP weight (all experts of it)."""
+    return max(t.numel for t in layer_tensors(m) if t.name.startswith("mlp.") and t.matmul)
+
+
+@cache
+def output_projection_parameters(m: ModelSpec) -> int:
+    """Elements of one decoder layer's attention output projection (weight and bias)."""
+    return sum(t.numel for t in layer_tensors(m) if t.name.startswith("self_attn.o_proj."))
+
+
+@cache
+def fsdp_rank0_elements(m: ModelSpec, world: int) -> int:
+    """Elements of rank 0's FSDP2 shards: each parameter is split on dim 0 into ``world`` chunks
+    of ceil(dim0 / world) rows (the last ranks' chunks padded or empty), so rank 0 holds
+    ceil(dim0 / world) rows of every tensor (torch fully_shard, ``FSDPParam`` chunking)."""
+    total = 0
+    for t in model_tensors(m):  # MoE experts counted as separate tensors of ``shape`` (not traced)
+        total += -(-t.shape[0] // world) * prod(t.shape[1:]) * t.experts * multiplicity(m, t)
+    return total
