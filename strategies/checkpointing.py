@@ -68,6 +68,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     else:
         who = "first layer's backward"
     for term, what in (("gradients", "gradients so far"), ("autocast_weight_copies", "weight casts"),
+                       ("gathered_parameters", "FSDP's unsharded layers"),
                        ("activations", "activations and gradient temporaries")):
         ledger.add(term, f"{who}, {label}: {what}", moment[term], 1, phases=frozenset({Phase.BACKWARD}),
                    note="the larger of the top and the first layer's backward")
@@ -89,7 +90,9 @@ def top_layer_backward(ctx: PlanContext) -> dict[str, float]:
     g = 0 if gradients_sharded(ctx) or cfg.grad_accum > 1 else lay.grad_bytes
     cast = P.layer_matmul_parameters(m) * (dt.compute if lay.autocast else 0)
     below = m.num_layers - 1
+    fsdp_layers = 2 * P.layer_parameters(m) * lay.gathered_bytes if ctx.engine == Engine.FSDP else 0
     return {
+        "gathered_parameters": fsdp_layers,  # FSDP: the top layer and the next one, prefetched
         "gradients": (P.root_parameters(m) - P.late_gradient_parameters(m)) * g,
         "autocast_weight_copies": cast * (1 + (below if cfg.checkpointing == Checkpointing.NONE else 0)),
         "activations": (per_layer_forward_bytes(ctx) * below + A.total(A.layer_saved(m, dt, cfg.attention, cfg.seq_len))
@@ -119,8 +122,13 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     """
     m, lay, cfg = ctx.model, layout(ctx), ctx.config
     dt, T, c, h = lay.dtypes, cfg.tokens_per_micro_batch, lay.dtypes.compute, ctx.model.hidden_size
-    g = 0 if gradients_sharded(ctx) or cfg.grad_accum > 1 else lay.grad_bytes
+    fsdp = ctx.engine == Engine.FSDP
+    if fsdp:  # the layer's unsharded gradients, in the parameters' dtype, until its reduce-scatter
+        g = lay.gathered_bytes
+    else:
+        g = 0 if gradients_sharded(ctx) or cfg.grad_accum > 1 else lay.grad_bytes
     cast = c if lay.autocast else 0
+    gathered = P.layer_parameters(m) * lay.gathered_bytes if fsdp else 0  # the layer computing, unsharded
     attention = A.total(A.attention_saved(m, dt, cfg.attention, cfg.seq_len))
     mlp_grads, big = P.layer_block_parameters(m, "mlp"), P.largest_mlp_matrix(m)
     attention_casts = P.layer_block_parameters(m, "self_attn", matmul_only=True) * cast
@@ -142,6 +150,8 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             "activations": (attention + A.attention_backward_transient_bytes(m, dt, cfg.attention, cfg.seq_len)) * T,
         },
     }
+    for moment in moments.values():
+        moment["gathered_parameters"] = gathered
     label = max(moments, key=lambda k: sum(moments[k].values()))
     return label, moments[label]
 

@@ -47,6 +47,7 @@ LOSS_MOMENT = "the loss"
 #: FSDP (resharding after forward): the last layer's all-gather copied out while the previous
 #: layer's output is still held, and the end of its forward (its saved tensors made).
 LAST_LAYER_GATHER, LAST_LAYER_FORWARD = "the last layer's all-gather", "the last layer's forward"
+FIRST_LAYER_GATHER = "the first layer's all-gather"
 #: The tag of backward rows that exist only below the top layer (the layer above's reduce-scatter).
 AFTER_TOP_LAYER = "after_top_layer"
 #: FSDP (resharding after forward): the root unit gathered again when backward starts.
@@ -162,14 +163,17 @@ def _fsdp_rows(ctx: PlanContext, ledger: LedgerDraft, total: int, layer: int) ->
             note="unsharded from the root's pre-forward to its post-forward, and again for backward",
         )
         for moment, layers, note in (
+                (FIRST_LAYER_GATHER, 2 + root / layer, "the root's all-gather output held until the first layer's is "
+                 "copied out (the saved tensors of the layers below are counted though none exist yet)"),
                 (LAST_LAYER_GATHER, 3, "its all-gather output and unsharded parameters, the previous output held"),
                 (LAST_LAYER_FORWARD, 2, "its unsharded parameters and all-gather output"),
                 (LOSS_MOMENT, 1, "the last layer's all-gather output, held until the next all-gather")):
-            ledger.add("gathered_parameters", f"FSDP at {moment}: {layers} layer(s)", layers * layer, g, phases=FWD,
+            what = "the root and 2 layers" if moment == FIRST_LAYER_GATHER else f"{layers} layer(s)"
+            ledger.add("gathered_parameters", f"FSDP at {moment}: {what}", layers * layer, g, phases=FWD,
                        moment=moment, note=note)
     ledger.add(
-        "gathered_parameters", "FSDP root unit + 2 layers (backward)", root + 2 * layer, g, phases=BWD,
-        note="one layer computing, one prefetched",
+        "gathered_parameters", "FSDP root unit (backward)", root, g, phases=BWD,
+        note="gathered again when backward starts; the layers' gathers are in the layer moments",
     )
     ledger.add(
         "communication_buffers", "a layer's reduce-scatter input", layer, fsdp_reduce_bytes(ctx), phases=BWD,

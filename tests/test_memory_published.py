@@ -17,10 +17,12 @@ STATE_TERMS = ("weights", "master_weights", "gradients", "optimizer_states")
 
 
 def gpu_state_rows(result, *, persistent_small=False) -> int:
-    """Per-GPU model states: every GPU row of the four model-state terms (all phases)."""
+    """Per-GPU model states: the GPU rows of the four model-state terms at the optimizer step (the
+    backward phases hold partial gradient rows of their own)."""
     return sum(
         r.bytes for r in result.ledger
-        if r.location == Location.GPU and r.term in STATE_TERMS and ("persistent" in r.label) == persistent_small
+        if r.location == Location.GPU and r.term in STATE_TERMS and Phase.STEP in r.phases
+        and ("persistent" in r.label) == persistent_small
     )
 
 
