@@ -20,8 +20,15 @@ from planner.timing import TimeDraft, Window
 from planner.vocabulary import Checkpointing
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.sharding import AFTER_TOP_LAYER, LAST_LAYER_FORWARD, LOSS_MOMENT, ROOT_REGATHER, fsdp_resharding
-from strategies.precision import GRADIENTS_BEFORE_FIRST_LAYER, gradients_sharded, layout
+from strategies.fsdp_memory import fsdp_resharding
+from strategies.moments import (
+    AFTER_TOP_LAYER,
+    GRADIENTS_BEFORE_FIRST_LAYER,
+    LAST_LAYER_FORWARD,
+    LOSS_MOMENT,
+    ROOT_REGATHER,
+)
+from strategies.precision import gradients_sharded, layout
 
 
 def per_layer_forward_bytes(ctx: PlanContext) -> float:
@@ -82,7 +89,8 @@ def top_layer_backward(ctx: PlanContext) -> dict[str, float]:
     (``first_layer_backward``). At the top: the head's (and final norm's) gradients (none here when
     sharded: FSDP holds them unsharded as a buffer), every layer below still holding its saved
     tensors (checkpointed form), the top layer's full saved set, its MLP gradient temporaries and
-    its autocast casts (with the layers' below when checkpointing none keeps them). No layer above
+    its autocast casts (with the layers' below when checkpointing none keeps them); FSDP: the top
+    layer and the next one (prefetched) unsharded. No layer above
     has a reduce-scatter input in flight (FSDP), so that row goes when this moment is the larger.
     """
     m, lay, cfg = ctx.model, layout(ctx), ctx.config
@@ -115,10 +123,11 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
       gradients, the attention casts and the largest MLP weight's;
     - attention backward: the MLP's and the output projection's gradients, the attention half's
       saved tensors and its gradient temporaries (eager: the softmax gradient), the attention casts.
-    With sharded gradients (ZeRO-2/3, FSDP) the layer's unsharded gradients are a sharding buffer,
-    so the moments hold none. The end of the layer's backward (all its gradients, little else) is
-    below the embeddings' backward (``backward_end``). Checked by the traced probe
-    (benchmarks/traced_matrix.py).
+    ZeRO-2/3: the layer's gradients go to the bucketed partitions (sharding buffers), so the moments
+    hold none. FSDP: the layer's unsharded parameters and its unsharded gradients so far, both in
+    the parameters' dtype (FSDP2 reduce-scatters them when the layer's backward ends). The end of
+    the layer's backward (all its gradients, little else) is below the embeddings' backward
+    (``backward_end``). Checked by the traced probe (benchmarks/traced_matrix.py).
     """
     m, lay, cfg = ctx.model, layout(ctx), ctx.config
     dt, T, c, h = lay.dtypes, cfg.tokens_per_micro_batch, lay.dtypes.compute, ctx.model.hidden_size

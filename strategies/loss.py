@@ -8,8 +8,9 @@ from planner.timing import TimeDraft, Window
 from planner.vocabulary import Loss
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.fsdp_memory import fsdp_resharding
+from strategies.moments import LOSS_MOMENT, ROOT_REGATHER
 from strategies.precision import cache_only_casts, layout
-from strategies.sharding import LOSS_MOMENT, ROOT_REGATHER, fsdp_resharding
 
 
 def _check(ctx: PlanContext, out: Check) -> None:

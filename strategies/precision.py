@@ -29,6 +29,7 @@ from planner.timing import TimeDraft, Window
 from planner.vocabulary import Checkpointing, Precision, Sharding
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.moments import GRADIENTS_BEFORE_FIRST_LAYER
 
 MIXED = (Precision.FP16_MIXED, Precision.BF16_MIXED, Precision.FP8_MIXED)
 
@@ -81,11 +82,6 @@ def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
     if ctx.config.grad_accum > 1:
         return ALL_PHASES
     return frozenset({Phase.BACKWARD_END, Phase.STEP})
-
-
-#: The tag of the gradients row of the first layer's backward moment (strategies/checkpointing.py
-#: replaces it when the top layer's moment is the larger).
-GRADIENTS_BEFORE_FIRST_LAYER = "gradients_before_first_layer"
 
 
 def gradients_sharded(ctx: PlanContext) -> bool:

@@ -25,8 +25,9 @@ from planner.cost import runtime as R
 from planner.emitted import EmitDraft
 from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
-from planner.vocabulary import Loss, Sharding
+from planner.vocabulary import Sharding
 from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.fsdp_memory import fsdp_rows
 from strategies.precision import layout
 
 ZERO3_MAX_LIVE_PARAMETERS = 10**9
@@ -41,18 +42,6 @@ SHARDED_TERMS: dict[Sharding, tuple[str, ...]] = {
     Sharding.ZERO2: ("master_weights", "optimizer_states", "gradients"),
 }
 FWD, BWD, STEP = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD}), frozenset({Phase.STEP})
-#: Alternative instants of the forward phase (planner.ledger.resident): the loss (strategies/loss.py,
-#: with the final norm's saved tensors) or, under FSDP, moments of the last layer's forward.
-LOSS_MOMENT = "the loss"
-#: FSDP (resharding after forward): the last layer's all-gather copied out while the previous
-#: layer's output is still held, and the end of its forward (its saved tensors made).
-LAST_LAYER_GATHER, LAST_LAYER_FORWARD = "the last layer's all-gather", "the last layer's forward"
-FIRST_LAYER_GATHER = "the first layer's all-gather"
-#: The tag of backward rows that exist only below the top layer (the layer above's reduce-scatter).
-AFTER_TOP_LAYER = "after_top_layer"
-#: FSDP (resharding after forward): the root unit gathered again when backward starts.
-ROOT_REGATHER = "the root unit's all-gather for backward"
-
 
 def deepspeed_buckets(h: int) -> dict[str, int]:
     """The bucket sizes (elements) planner writes into DeepSpeed configs for hidden size h."""
@@ -107,7 +96,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     if ctx.engine == Engine.DEEPSPEED:
         _deepspeed_rows(ctx, ledger, n, total, layer, h)
     elif ctx.engine == Engine.FSDP:
-        _fsdp_rows(ctx, ledger, total, layer)
+        fsdp_rows(ctx, ledger)
 
 
 def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, total: int, layer: int, h: int) -> None:
@@ -142,93 +131,6 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, total: int, l
         lay.gathered_bytes, phases=BWD, note="one decoder layer and the prefetch bucket",
     )
     ledger.add("gathered_parameters", "ZeRO-3 unpartitioned layer gradients", layer, lay.grad_bytes, phases=BWD)
-
-
-def _fsdp_rows(ctx: PlanContext, ledger: LedgerDraft, total: int, layer: int) -> None:
-    m, lay = ctx.model, layout(ctx)
-    root = P.root_parameters(m)
-    g = lay.gathered_bytes
-    if ctx.config.sharding == Sharding.FSDP_GRAD_OP:
-        ledger.add(
-            "gathered_parameters", "unsharded parameters kept from forward to backward", total, g, phases=FWD,
-            note="reshard_after_forward=False",
-        )
-    else:
-        # reshard_after_forward=True for every unit, the root included (the emitted accelerate
-        # config): the root is unsharded from its pre-forward to its post-forward and gathered
-        # again when backward starts (strategies/loss.py writes that moment); FSDP2 holds the last
-        # all-gather's output until the next one is copied out.
-        ledger.add(
-            "gathered_parameters", "FSDP root unit (embeddings, norm, head)", root, g, phases=FWD,
-            note="unsharded from the root's pre-forward to its post-forward, and again for backward",
-        )
-        for moment, layers, note in (
-                (FIRST_LAYER_GATHER, 2 + root / layer, "the root's all-gather output held until the first layer's is "
-                 "copied out (the saved tensors of the layers below are counted though none exist yet)"),
-                (LAST_LAYER_GATHER, 3, "its all-gather output and unsharded parameters, the previous output held"),
-                (LAST_LAYER_FORWARD, 2, "its unsharded parameters and all-gather output"),
-                (LOSS_MOMENT, 1, "the last layer's all-gather output, held until the next all-gather")):
-            what = "the root and 2 layers" if moment == FIRST_LAYER_GATHER else f"{layers} layer(s)"
-            ledger.add("gathered_parameters", f"FSDP at {moment}: {what}", layers * layer, g, phases=FWD,
-                       moment=moment, note=note)
-    ledger.add(
-        "gathered_parameters", "FSDP root unit (backward)", root, g, phases=BWD,
-        note="gathered again when backward starts; the layers' gathers are in the layer moments",
-    )
-    ledger.add(
-        "communication_buffers", "a layer's reduce-scatter input", layer, fsdp_reduce_bytes(ctx), phases=BWD,
-        note="FSDP2 copies the unsharded gradients in and frees them before making the sharded output",
-        tag=AFTER_TOP_LAYER,
-    )
-    waiting = root - P.late_gradient_parameters(m)
-    ledger.add(
-        "communication_buffers", "FSDP root unit: the head's unsharded gradient (until the root's reduce-scatter)",
-        waiting, g, phases=BWD, note="made by the head's backward, reduced when the root unit's backward ends",
-    )
-    label, moment = fsdp_backward_end(ctx)
-    for term, bytes_ in moment.items():
-        ledger.add(term, f"FSDP end of backward, {label}", bytes_, 1, phases=frozenset({Phase.BACKWARD_END}),
-                   note="the larger of the embeddings' backward and the root unit's reduce-scatter")
-
-
-def fsdp_resharding(ctx: PlanContext) -> bool:
-    """FSDP that reshards every unit after forward (fsdp, fsdp-hybrid; not fsdp-grad-op)."""
-    return ctx.engine == Engine.FSDP and ctx.config.sharding != Sharding.FSDP_GRAD_OP
-
-
-def fsdp_reduce_bytes(ctx: PlanContext) -> int:
-    """Bytes per element of FSDP2's reduce-scatter input: the MixedPrecisionPolicy reduce_dtype,
-    which is the sharded gradients' dtype (fp32 for the mixed precisions planner emits, else the
-    parameters' dtype)."""
-    return layout(ctx).grad_bytes
-
-
-def fsdp_backward_end(ctx: PlanContext) -> tuple[str, dict[str, int]]:
-    """FSDP2 at the end of backward (phase ``backward_end``), bytes per term beyond the layers'
-    sharded gradients; the larger of two moments (g: parameter dtype bytes; red: reduce dtype).
-
-    - the embeddings' backward: the root unit is unsharded (root*g), the first layer's
-      reduce-scatter input is still held until the next reduce-scatter (layer*red; FSDP2 keeps
-      ``reduce_scatter_state``), the head's unsharded gradient waits, and the embeddings' backward
-      makes its gradient (late*g; tied: one more V*h*g) from the residual gradient (r*h per token).
-      Tied, the two table gradients are then added out of place (FSDP's unsharded gradients are
-      plain parameters' .grad, no autocast copy): the new one and the sum, 2*V*h*g;
-    - the root unit's reduce-scatter: its unsharded gradients (root*g) and their reduce-dtype
-      input (root*red).
-    Traced with FSDP2 under a fake process group (benchmarks/traced_matrix.py).
-    """
-    m, lay, cfg = ctx.model, layout(ctx), ctx.config
-    g, red = lay.gathered_bytes, fsdp_reduce_bytes(ctx)
-    root, late, layer = P.root_parameters(m), P.late_gradient_parameters(m), P.layer_parameters(m)
-    vh = m.vocab_size * m.hidden_size if m.tie_word_embeddings else 0
-    held = {"gathered_parameters": root * g, "communication_buffers": layer * red + (root - late) * g}
-    rht = lay.dtypes.residual * m.hidden_size * cfg.tokens_per_micro_batch
-    moments = {"the embeddings' backward": held | {"activations": rht + (late + vh) * g}}
-    if vh and cfg.loss != Loss.CHUNKED:  # the chunked loss's buffer is fresh: added in place
-        moments["tied gradients added out of place"] = held | {"activations": (late + 2 * vh) * g}
-    moments["the root unit's reduce-scatter"] = {"communication_buffers": root * (g + red)}
-    label = max(moments, key=lambda k: sum(moments[k].values()))
-    return label, moments[label]
 
 
 def _link(ctx: PlanContext, spans_nodes: bool) -> tuple[float, float]:

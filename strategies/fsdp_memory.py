@@ -1,0 +1,119 @@
+"""FSDP2's memory beyond the sharded model states: gathered units, reduce-scatter buffers and the
+root unit, phase by phase and moment by moment (planner.ledger.resident).
+
+Behaviour modelled (torch ``fully_shard``, as planner emits it: every decoder layer and then the
+root wrapped, reshard_after_forward=True for each unit, the root included, except fsdp-grad-op):
+- a unit's all-gather output is held (``all_gather_state``) until the next unit's all-gather has
+  been copied out, so a layer's gather briefly holds the previous output, its own output and its
+  unsharded parameters;
+- a layer's reduce-scatter input (reduce dtype) is held (``reduce_scatter_state``) until the next
+  reduce-scatter; the unsharded gradients are copied in and freed before the sharded output;
+- the root unit is resharded after forward and gathered again when backward starts; its gradients
+  (the head's from the loss on, the embeddings' last) are reduce-scattered when its backward ends.
+Every figure is checked against FSDP2 traced under a fake process group (tests/test_traced.py,
+benchmarks/traced_matrix.py).
+"""
+
+from planner.cost import params as P
+from planner.ledger import LedgerDraft, Phase
+from planner.vocabulary import Loss, Sharding
+from strategies.base import Engine, PlanContext
+from strategies.moments import (
+    AFTER_TOP_LAYER,
+    FIRST_LAYER_GATHER,
+    LAST_LAYER_FORWARD,
+    LAST_LAYER_GATHER,
+    LOSS_MOMENT,
+)
+from strategies.precision import layout
+
+FWD, BWD = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD})
+
+
+def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    """The FSDP2 rows of every phase (the model-state rows are divided by strategies/sharding.py)."""
+    m, lay = ctx.model, layout(ctx)
+    root, layer, total = P.root_parameters(m), P.layer_parameters(m), P.total_parameters(m)
+    g = lay.gathered_bytes
+    if ctx.config.sharding == Sharding.FSDP_GRAD_OP:
+        ledger.add(
+            "gathered_parameters", "unsharded parameters kept from forward to backward", total, g, phases=FWD,
+            note="reshard_after_forward=False",
+        )
+    else:
+        # reshard_after_forward=True for every unit, the root included (the emitted accelerate
+        # config): the root is unsharded from its pre-forward to its post-forward and gathered
+        # again when backward starts (strategies/loss.py writes that moment); FSDP2 holds the last
+        # all-gather's output until the next one is copied out.
+        ledger.add(
+            "gathered_parameters", "FSDP root unit (embeddings, norm, head)", root, g, phases=FWD,
+            note="unsharded from the root's pre-forward to its post-forward, and again for backward",
+        )
+        for moment, elements, what, note in (
+                (FIRST_LAYER_GATHER, root + 2 * layer, "the root's all-gather output and 2 layers",
+                 "held until the first layer's output is copied out (the saved tensors of the layers below are "
+                 "counted here though none exist yet)"),
+                (LAST_LAYER_GATHER, 3 * layer, "3 layers", "its all-gather output and unsharded parameters, the "
+                 "previous output held"),
+                (LAST_LAYER_FORWARD, 2 * layer, "2 layers", "its unsharded parameters and all-gather output"),
+                (LOSS_MOMENT, layer, "1 layer", "the last layer's all-gather output, held until the next all-gather")):
+            ledger.add("gathered_parameters", f"FSDP at {moment}: {what}", elements, g, phases=FWD, moment=moment,
+                       note=note)
+    ledger.add(
+        "gathered_parameters", "FSDP root unit (backward)", root, g, phases=BWD,
+        note="gathered again when backward starts; the layers' gathers are in the layer moments",
+    )
+    ledger.add(
+        "communication_buffers", "a layer's reduce-scatter input", layer, fsdp_reduce_bytes(ctx), phases=BWD,
+        note="FSDP2 copies the unsharded gradients in and frees them before making the sharded output",
+        tag=AFTER_TOP_LAYER,
+    )
+    waiting = root - P.late_gradient_parameters(m)
+    ledger.add(
+        "communication_buffers", "FSDP root unit: the head's unsharded gradient (until the root's reduce-scatter)",
+        waiting, g, phases=BWD, note="made by the head's backward, reduced when the root unit's backward ends",
+    )
+    label, moment = fsdp_backward_end(ctx)
+    for term, bytes_ in moment.items():
+        ledger.add(term, f"FSDP end of backward, {label}", bytes_, 1, phases=frozenset({Phase.BACKWARD_END}),
+                   note="the larger of the embeddings' backward and the root unit's reduce-scatter")
+
+
+def fsdp_resharding(ctx: PlanContext) -> bool:
+    """FSDP that reshards every unit after forward (fsdp, fsdp-hybrid; not fsdp-grad-op)."""
+    return ctx.engine == Engine.FSDP and ctx.config.sharding != Sharding.FSDP_GRAD_OP
+
+
+def fsdp_reduce_bytes(ctx: PlanContext) -> int:
+    """Bytes per element of FSDP2's reduce-scatter input: the MixedPrecisionPolicy reduce_dtype,
+    which is the sharded gradients' dtype (fp32 for the mixed precisions planner emits, else the
+    parameters' dtype)."""
+    return layout(ctx).grad_bytes
+
+
+def fsdp_backward_end(ctx: PlanContext) -> tuple[str, dict[str, int]]:
+    """FSDP2 at the end of backward (phase ``backward_end``), bytes per term beyond the layers'
+    sharded gradients; the larger of two moments (g: parameter dtype bytes; red: reduce dtype).
+
+    - the embeddings' backward: the root unit is unsharded (root*g), the first layer's
+      reduce-scatter input is still held until the next reduce-scatter (layer*red; FSDP2 keeps
+      ``reduce_scatter_state``), the head's unsharded gradient waits, and the embeddings' backward
+      makes its gradient (late*g; tied: one more V*h*g) from the residual gradient (r*h per token).
+      Tied, the two table gradients are then added out of place (FSDP's unsharded gradients are
+      plain parameters' .grad, no autocast copy): the new one and the sum, 2*V*h*g;
+    - the root unit's reduce-scatter: its unsharded gradients (root*g) and their reduce-dtype
+      input (root*red).
+    Traced with FSDP2 under a fake process group (benchmarks/traced_matrix.py).
+    """
+    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    g, red = lay.gathered_bytes, fsdp_reduce_bytes(ctx)
+    root, late, layer = P.root_parameters(m), P.late_gradient_parameters(m), P.layer_parameters(m)
+    vh = m.vocab_size * m.hidden_size if m.tie_word_embeddings else 0
+    held = {"gathered_parameters": root * g, "communication_buffers": layer * red + (root - late) * g}
+    rht = lay.dtypes.residual * m.hidden_size * cfg.tokens_per_micro_batch
+    moments = {"the embeddings' backward": held | {"activations": rht + (late + vh) * g}}
+    if vh and cfg.loss != Loss.CHUNKED:  # the chunked loss's buffer is fresh: added in place
+        moments["tied gradients added out of place"] = held | {"activations": (late + 2 * vh) * g}
+    moments["the root unit's reduce-scatter"] = {"communication_buffers": root * (g + red)}
+    label = max(moments, key=lambda k: sum(moments[k].values()))
+    return label, moments[label]
