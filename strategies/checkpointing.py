@@ -15,7 +15,7 @@ from planner.cost import activations as A
 from planner.cost import params as P
 from planner.cost import runtime as R
 from planner.emitted import EmitDraft
-from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
 from planner.timing import TimeDraft, Window
 from planner.vocabulary import Checkpointing
 from strategies import rates
@@ -25,6 +25,7 @@ from strategies.moments import (
     AFTER_TOP_LAYER,
     GRADIENTS_BEFORE_FIRST_LAYER,
     LAST_LAYER_FORWARD,
+    LAST_LAYER_GATHER,
     LOSS_MOMENT,
     ROOT_REGATHER,
 )
@@ -53,12 +54,11 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     tokens = cfg.tokens_per_micro_batch
     per_layer = per_layer_forward_bytes(ctx)
     note = f"{per_layer:,.0f} B/token/layer x {tokens:,} tokens"
-    if fsdp_resharding(ctx):  # the last layer's saved tensors do not exist yet when its parameters are gathered
-        ledger.add("activations", f"saved activations, {m.num_layers - 1} layers ({cfg.checkpointing})",
-                   per_layer * (m.num_layers - 1), tokens, phases=frozenset({Phase.FORWARD}), note=note)
-        for moment in (LAST_LAYER_FORWARD, LOSS_MOMENT, ROOT_REGATHER):
-            ledger.add("activations", f"saved activations, the last layer ({cfg.checkpointing})", per_layer, tokens,
-                       phases=frozenset({Phase.FORWARD}), moment=moment, note=note)
+    if fsdp_resharding(ctx):  # the layers' saved tensors at each moment of FSDP's forward phase
+        for moment, layers in ((LAST_LAYER_GATHER, m.num_layers - 1), (LAST_LAYER_FORWARD, m.num_layers),
+                               (LOSS_MOMENT, m.num_layers), (ROOT_REGATHER, m.num_layers)):
+            ledger.add("activations", f"saved activations, {layers} layers ({cfg.checkpointing})", per_layer * layers,
+                       tokens, phases=frozenset({Phase.FORWARD}), moment=moment, note=note)
     else:
         ledger.add("activations", f"saved activations, {m.num_layers} layers ({cfg.checkpointing})",
                    per_layer * m.num_layers, tokens, phases=frozenset({Phase.FORWARD}), note=note)
@@ -68,10 +68,10 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     )
     label, moment = first_layer_backward(ctx)
     before = ledger.tagged(GRADIENTS_BEFORE_FIRST_LAYER) + ledger.tagged(AFTER_TOP_LAYER)
-    top = top_layer_backward(ctx)
-    if sum(top.values()) > sum(r.bytes for r in before) + sum(moment.values()):
+    top_label, top = top_layer_backward(ctx)
+    if sum(top.values()) > sum(r.bytes for r in before if r.location == Location.GPU) + sum(moment.values()):
         ledger.remove(before)
-        label, moment, who = "start", top, "top layer's backward"
+        label, moment, who = top_label, top, "top layer's backward"
     else:
         who = "first layer's backward"
     for term, what in (("gradients", "gradients so far"), ("autocast_weight_copies", "weight casts"),
@@ -81,31 +81,47 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                    note="the larger of the top and the first layer's backward")
 
 
-def top_layer_backward(ctx: PlanContext) -> dict[str, float]:
-    """The start of the top decoder layer's backward, bytes per term beyond the sharding buffers.
+def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
+    """The top decoder layer's backward, bytes per term beyond the sharding buffers: the larger of
+    its start and its end.
 
     From the top layer down, each layer's backward adds its gradients and frees its saved tensors,
     so the ledger's ``backward`` phase is the larger of the top and the first layer's moments
-    (``first_layer_backward``). At the top: the head's (and final norm's) gradients (none here when
-    sharded: FSDP holds them unsharded as a buffer), every layer below still holding its saved
-    tensors (checkpointed form), the top layer's full saved set, its MLP gradient temporaries and
-    its autocast casts (with the layers' below when checkpointing none keeps them); FSDP: the top
-    layer and the next one (prefetched) unsharded. No layer above
+    (``first_layer_backward``). At the top's start: the head's (and final norm's) gradients (none
+    here when sharded: FSDP holds them unsharded as a buffer), every layer below still holding its
+    saved tensors (checkpointed form), the top layer's full saved set, its MLP gradient temporaries
+    and its autocast casts (with the layers' below when checkpointing none keeps them). At its end:
+    the layer's gradients too, its saved tensors gone but two residual gradients. FSDP: the top layer
+    and the next one (prefetched) unsharded, and the top layer's unsharded gradients at its end
+    (the gathered layers break the linearity the ends rely on, so the end counts). No layer above
     has a reduce-scatter input in flight (FSDP), so that row goes when this moment is the larger.
     """
     m, lay, cfg = ctx.model, layout(ctx), ctx.config
     dt, T = lay.dtypes, cfg.tokens_per_micro_batch
+    fsdp = ctx.engine == Engine.FSDP
     g = 0 if gradients_sharded(ctx) or cfg.grad_accum > 1 else lay.grad_bytes
+    layer_grads = P.layer_parameters(m) * (lay.gathered_bytes if fsdp else g)
     cast = P.layer_matmul_parameters(m) * (dt.compute if lay.autocast else 0)
     below = m.num_layers - 1
-    fsdp_layers = 2 * P.layer_parameters(m) * lay.gathered_bytes if ctx.engine == Engine.FSDP else 0
-    return {
-        "gathered_parameters": fsdp_layers,  # FSDP: the top layer and the next one, prefetched
+    saved_casts = cast * (below if cfg.checkpointing == Checkpointing.NONE else 0)
+    common = {
+        "gathered_parameters": 2 * P.layer_parameters(m) * lay.gathered_bytes if fsdp else 0,
         "gradients": (P.root_parameters(m) - P.late_gradient_parameters(m)) * g,
-        "autocast_weight_copies": cast * (1 + (below if cfg.checkpointing == Checkpointing.NONE else 0)),
-        "activations": (per_layer_forward_bytes(ctx) * below + A.total(A.layer_saved(m, dt, cfg.attention, cfg.seq_len))
-                        + A.mlp_backward_transient_bytes(m, dt)) * T,
     }
+    moments = {
+        "start": common | {
+            "autocast_weight_copies": cast + saved_casts,
+            "activations": (per_layer_forward_bytes(ctx) * below + A.total(A.layer_saved(m, dt, cfg.attention, cfg.seq_len))
+                            + A.mlp_backward_transient_bytes(m, dt)) * T,
+        },
+        "end": common | {
+            "gradients": common["gradients"] + layer_grads,
+            "autocast_weight_copies": saved_casts,
+            "activations": (per_layer_forward_bytes(ctx) * below + 2 * dt.residual * m.hidden_size) * T,
+        },
+    }
+    label = max(moments, key=lambda k: sum(moments[k].values()))
+    return label, moments[label]
 
 
 def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:

@@ -51,8 +51,7 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
         )
         for moment, elements, what, note in (
                 (FIRST_LAYER_GATHER, root + 2 * layer, "the root's all-gather output and 2 layers",
-                 "held until the first layer's output is copied out (the saved tensors of the layers below are "
-                 "counted here though none exist yet)"),
+                 "held until the first layer's output is copied out; no saved tensors yet"),
                 (LAST_LAYER_GATHER, 3 * layer, "3 layers", "its all-gather output and unsharded parameters, the "
                  "previous output held"),
                 (LAST_LAYER_FORWARD, 2 * layer, "2 layers", "its unsharded parameters and all-gather output"),

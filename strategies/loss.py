@@ -10,7 +10,7 @@ from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.fsdp_memory import fsdp_resharding
 from strategies.moments import LOSS_MOMENT, ROOT_REGATHER
-from strategies.precision import cache_only_casts, layout
+from strategies.precision import cache_only_casts, gradients_sharded, layout
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -28,6 +28,13 @@ def head_gradient_moment_bytes(ctx: PlanContext) -> int:
     m, lay = ctx.model, layout(ctx)
     vh, c = m.vocab_size * m.hidden_size, lay.dtypes.compute
     return vh * (c + 4) if lay.autocast else vh * c
+
+
+def head_gradient_bytes_per_element(ctx: PlanContext) -> int:
+    """The head's whole gradient once backward has made it: the weight's dtype (FSDP: the unsharded
+    parameters' dtype, until the root unit's reduce-scatter)."""
+    lay = layout(ctx)
+    return lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes
 
 
 def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str]:
@@ -52,7 +59,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str]:
     vh = m.vocab_size * m.hidden_size
     hc = vh * c if lay.autocast else 0
     cached = cache_only_casts(ctx)
-    w = lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes  # the head's gradient, unsharded
+    w = head_gradient_bytes_per_element(ctx)
     norm = vh * w + (A.final_norm_backward_bytes(m, lay.dtypes) - A.final_norm_bytes(m, lay.dtypes)) * tokens
     norm_label = "final norm backward: the head's gradient and the norm's fp32 temporaries"
     if cfg.loss == Loss.CHUNKED:
@@ -88,14 +95,18 @@ def embedding_backward_bytes(ctx: PlanContext) -> tuple[int, str]:
       fresh tensor it alone holds (the autocast upcast; the chunked loss's own buffer), else out of
       place, so the waiting one, the new one and their sum: two more V*h*g
       (torch/csrc/autograd/input_buffer.cpp ``can_accumulate_inplace``).
-    Measured on real CPU tensors by the allocator in tests/test_traced.py.
+    Measured on real CPU tensors by the allocator in tests/test_traced.py. Under ZeRO-2/3 the
+    embeddings' new gradients are full-size beside the rank's partition (an assumption).
     """
     m, lay, cfg = ctx.model, layout(ctx), ctx.config
     if ctx.engine == Engine.FSDP:
-        return 0, "the root unit's gradients under FSDP (strategies/sharding.py)"
+        return 0, "the root unit's gradients under FSDP (strategies/fsdp_memory.py)"
     vhg = m.vocab_size * m.hidden_size * lay.grad_bytes if m.tie_word_embeddings else 0
+    # ZeRO-2/3 (assumption; DeepSpeed is not traced): the gradients row holds the rank's partition,
+    # so the embeddings' new full-size gradients count until DeepSpeed's hooks copy them to buckets
+    full = P.late_gradient_parameters(m) * lay.grad_bytes if gradients_sharded(ctx) else 0
     moments = {"embedding backward: its input gradient" + (" and the head's waiting gradient" if vhg else ""):
-               lay.dtypes.residual * m.hidden_size * cfg.tokens_per_micro_batch + vhg}
+               lay.dtypes.residual * m.hidden_size * cfg.tokens_per_micro_batch + vhg + full}
     if vhg and not (lay.autocast or cfg.loss == Loss.CHUNKED):
         moments["tied embedding: the head's and the embedding's gradients added out of place"] = 2 * vhg
     label = max(moments, key=moments.get)
@@ -110,8 +121,7 @@ def loss_saved_bytes(ctx: PlanContext) -> int:
     m, lay, cfg = ctx.model, layout(ctx), ctx.config
     tokens, vh = cfg.tokens_per_micro_batch, m.vocab_size * m.hidden_size
     if cfg.loss == Loss.CHUNKED:
-        w = lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes
-        return vh * w + lay.dtypes.residual * m.hidden_size * tokens
+        return vh * head_gradient_bytes_per_element(ctx) + lay.dtypes.residual * m.hidden_size * tokens
     softcap = lay.dtypes.compute if m.final_logit_softcapping else 0
     return (A.FP32 + softcap) * m.vocab_size * tokens
 
@@ -120,7 +130,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     m, fwd = ctx.model, frozenset({Phase.FORWARD})
     if fsdp_resharding(ctx):
         # backward starts: the root unit is all-gathered again (its output buffer beside the
-        # unsharded parameters, strategies/sharding.py) while the loss's and the final norm's
+        # unsharded parameters, strategies/fsdp_memory.py) while the loss's and the final norm's
         # saved tensors wait
         lay = layout(ctx)
         ledger.add("gathered_parameters", "FSDP root unit: all-gather output for backward", P.root_parameters(m),

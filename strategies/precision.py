@@ -86,8 +86,8 @@ def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
 
 def gradients_sharded(ctx: PlanContext) -> bool:
     """Whether a layer's gradients go to a sharded partition as its backward ends (ZeRO-2/3 buckets,
-    FSDP's reduce-scatter): the unsharded ones are then a buffer (strategies/sharding.py), not a
-    gradient row."""
+    FSDP's reduce-scatter): the unsharded ones are then a buffer (strategies/sharding.py,
+    strategies/fsdp_memory.py), not a gradient row."""
     return ctx.engine == Engine.FSDP or ctx.config.sharding in (Sharding.ZERO2, Sharding.ZERO3)
 
 
