@@ -151,3 +151,29 @@ def gpu_attention_with_dropout():
 
     F.scaled_dot_product_attention = sdpa
     return lambda: setattr(F, "scaled_dot_product_attention", original)
+
+
+def gpu_dropout():
+    """A patch of ``dropout`` for fake tensors: on a CUDA tensor ``at::dropout`` runs the fused
+    ``native_dropout`` kernel, which saves a boolean mask (1 byte per element); on a CPU tensor it
+    multiplies by a noise tensor in the input's dtype, which autograd saves (2 or 4 bytes). Training
+    calls go to ``native_dropout``, as on a GPU. Returns an undo function."""
+    import torch.nn.functional as F
+
+    original = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if training and 0 < p < 1 and input.numel():
+            out = torch.ops.aten.native_dropout(input, p, True)[0]
+            return input.copy_(out) if inplace else out
+        return original(input, p, training, inplace)
+
+    F.dropout = dropout
+    return lambda: setattr(F, "dropout", original)
+
+
+def gpu_kernels():
+    """The GPU kernels' allocations for fake tensors on the CPU: SDPA with dropout and dropout
+    (``gpu_attention_with_dropout``, ``gpu_dropout``). Returns one undo function."""
+    undo = [gpu_attention_with_dropout(), gpu_dropout()]
+    return lambda: [u() for u in undo]

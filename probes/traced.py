@@ -15,7 +15,8 @@ What is traced and what is computed (reported in ``TraceResult.notes``):
 - not traced: ZeRO (DeepSpeed does not run under fake tensors): per-rank model states follow the
   ZeRO partition rules (planner.cost.zero); compare a ZeRO plan's activations with sharding none;
 - CPU kernels: fake tensors live on the CPU (a CPU build of torch cannot fake CUDA tensors), so
-  attention dispatches to the CPU flash kernel and autocast uses the CPU lists.
+  attention dispatches to the CPU flash kernel and autocast uses the CPU lists; dropout and SDPA
+  with dropout are sent to the GPU kernels' ops (probes/model_setup.py ``gpu_kernels``).
 
 Each trace runs in a child process with a timeout (``trace``, ``trace_many``): a crash inside
 torch can never take the planner down.
@@ -82,7 +83,7 @@ def run_trace(req: TraceRequest) -> TraceResult:
         S.fake_process_group(req.world_size)
         mesh = init_device_mesh("cpu", (req.world_size,))
     mode = contextlib.nullcontext() if req.real else FakeTensorMode(allow_non_fake_inputs=True)
-    undo = (lambda: None) if req.real else S.gpu_attention_with_dropout()
+    undo = (lambda: None) if req.real else S.gpu_kernels()
     with mode, contextlib.ExitStack() as cleanup:
         cleanup.callback(undo)
         model = S.build_model(cfg, c)
