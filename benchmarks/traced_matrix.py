@@ -1,6 +1,6 @@
 """The traced-probe cross-validation matrix: analytic vs traced, per term, and the error.
 
-    python benchmarks/traced_matrix.py                 # the whole matrix (about half an hour on 2 cores)
+    python benchmarks/traced_matrix.py                 # the whole matrix (1,584 traces, one child per core)
     python benchmarks/traced_matrix.py --quick         # one shape, one loss, sharding none
     python benchmarks/traced_matrix.py --csv out.csv   # also write every row
 
@@ -14,6 +14,7 @@ the step peak, and one layer's activations (the difference of the two depths). E
 import argparse
 import csv
 import itertools
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,7 +55,7 @@ def main() -> int:
     requests = [TraceRequest(config_json=catalog()[arch].config, config=cfg, layers=depth, world_size=world)
                 for arch, world, cfg in todo for depth in DEPTHS]
     start = time.perf_counter()
-    results = trace_many(requests, timeout=7200)
+    results = trace_many(requests, timeout=7200, workers=max(1, os.cpu_count() or 1))
     rows, agree, total = [], 0, 0
     header = f"{'model':16} {'prec':10} {'ckpt':9} {'attn':5} {'loss':8} {'shape':7} {'shard':6} " + \
              " ".join(f"{t:>9}" for t in ("act", "fwd", "bwd", "bwd_end", "step", "peak", "layer")) + "  states"

@@ -61,13 +61,13 @@ def resident(rows, phase: Phase, location: Location = Location.GPU) -> list:
     """The rows at ``location`` resident at ``phase``'s peak: the rows of no moment, plus those of the
     phase's largest moment. A row's ``moment`` names one of alternative instants within its phases
     (e.g. the loss, or the last layer's forward): rows of different moments never coexist."""
-    base, moments = [], {}
-    for r in rows:
-        if r.location == location and phase in r.phases:
-            (moments.setdefault(r.moment, []) if r.moment else base).append(r)
-    if moments:
-        base += max(moments.values(), key=lambda rs: sum(r.bytes for r in rs))
-    return base
+    here = [r for r in rows if r.location == location and phase in r.phases]
+    moments: dict[str, int] = {}
+    for r in here:
+        if r.moment:
+            moments[r.moment] = moments.get(r.moment, 0) + r.bytes
+    largest = max(moments, key=moments.get) if moments else ""
+    return [r for r in here if r.moment in ("", largest)]  # in ledger order
 
 
 def phase_sum(rows, phase: Phase, location: Location) -> int:

@@ -155,26 +155,36 @@ def _categories(snapshot: dict, names: set[str] | None) -> int:
     return total
 
 
-def trace_many(requests: list[TraceRequest], timeout: float = 600) -> list[TraceResult | str]:
-    """Run each request in one child process (one process per world size: the fake process group
-    is per process) with a timeout for the batch. A failed request yields its error text."""
-    out: list[TraceResult | str] = [""] * len(requests)
+def trace_many(requests: list[TraceRequest], timeout: float = 600, workers: int = 1) -> list[TraceResult | str]:
+    """Run the requests in child processes (one per world size at least: the fake process group is
+    per process; each world's requests split over ``workers`` children, at most ``workers`` running
+    at once), each child with ``timeout`` seconds. A failed request yields its error text."""
+    from concurrent.futures import ThreadPoolExecutor
+
     by_world: dict[int, list[int]] = {}
     for i, r in enumerate(requests):
         by_world.setdefault(r.world_size if r.config.sharding.startswith("fsdp") else 1, []).append(i)
-    for indices in by_world.values():
-        batch = "[" + ",".join(requests[i].model_dump_json() for i in indices) + "]"
-        try:
-            proc = subprocess.run([sys.executable, "-m", "probes.traced"], input=batch, capture_output=True,
-                                  text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"traced probe timed out after {timeout:g} s") from None
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"traced probe failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-        for i, item in zip(indices, json.loads(lines[-1]), strict=True):
-            out[i] = TraceResult.model_validate(item) if isinstance(item, dict) else item
+    chunks = [indices[k::workers] for indices in by_world.values() for k in range(workers) if indices[k::workers]]
+    out: list[TraceResult | str] = [""] * len(requests)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for indices, items in zip(chunks, pool.map(lambda c: _run_child([requests[i] for i in c], timeout), chunks)):
+            for i, item in zip(indices, items, strict=True):
+                out[i] = TraceResult.model_validate(item) if isinstance(item, dict) else item
     return out
+
+
+def _run_child(batch: list[TraceRequest], timeout: float) -> list:
+    """One child process over ``batch`` (same world size): the raw JSON items it returns."""
+    payload = "[" + ",".join(r.model_dump_json() for r in batch) + "]"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "probes.traced"], input=payload, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"traced probe timed out after {timeout:g} s") from None
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"traced probe failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(lines[-1])
 
 
 def trace(req: TraceRequest, timeout: float = 600) -> TraceResult:

@@ -105,7 +105,9 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     below = m.num_layers - 1
     saved_casts = cast * (below if cfg.checkpointing == Checkpointing.NONE else 0)
     common = {
-        "gathered_parameters": 2 * P.layer_parameters(m) * lay.gathered_bytes if fsdp else 0,
+        # FSDP: the top layer and the next one, prefetched (fsdp-grad-op: every layer, kept from forward)
+        "gathered_parameters": (m.num_layers if not fsdp_resharding(ctx) else min(2, m.num_layers))
+        * P.layer_parameters(m) * lay.gathered_bytes if fsdp else 0,
         "gradients": (P.root_parameters(m) - P.late_gradient_parameters(m)) * g,
     }
     moments = {

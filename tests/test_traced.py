@@ -11,6 +11,7 @@
 
 import functools
 import itertools
+import os
 
 import pytest
 
@@ -26,6 +27,7 @@ QWEN = "Qwen/Qwen2.5-0.5B"  # biases, GQA, tied embeddings
 ARCHS = ("meta-llama/Llama-3.2-1B", QWEN, "mistralai/Mistral-7B-v0.3", "google/gemma-2-2b",
          "microsoft/Phi-3-mini-4k-instruct", "openai-community/gpt2")
 LAYERS = 2
+WORLDS = [1, 2, 8]  # sharding none; FSDP2 at 2 and 8 ranks (one rank traced under a fake process group)
 
 
 def request(model, layers=LAYERS, world=1, **cfg) -> TraceRequest:
@@ -81,22 +83,28 @@ def matrix(model):
 
 
 @functools.cache
+def matrix_traces():
+    """Every plan of the matrix, traced once for all tests (in parallel children, one per core)."""
+    keys = [(model, world, p | {"sharding": "fsdp" if world > 1 else "none"})
+            for model in ARCHS for world in WORLDS for p in matrix(model)]
+    results = trace_many([request(model, world=world, **p) for model, world, p in keys], timeout=3600,
+                         workers=max(1, os.cpu_count() or 1))
+    return list(zip(keys, results, strict=True))
+
+
+@functools.cache
 def matrix_comparisons(model, world):
-    plans = [p | {"sharding": "fsdp" if world > 1 else "none"} for p in matrix(model)]
-    results = trace_many([request(model, world=world, **p) for p in plans], timeout=2400)
     out = []
-    for plan, traced in zip(plans, results, strict=True):
-        assert not isinstance(traced, str), f"{plan}: {traced}"
-        out.append((plan, compare_result(model, TrainingConfig(**plan), world, LAYERS, traced)))
+    for (m, w, plan), traced in matrix_traces():
+        if (m, w) == (model, world):
+            assert not isinstance(traced, str), f"{plan}: {traced}"
+            out.append((plan, compare_result(model, TrainingConfig(**plan), world, LAYERS, traced)))
     return out
 
 
 def misses(model, world, exact):
     return [f"{plan} {t.term}: analytic {t.analytic:,} traced {t.traced:,} ({t.error:+.2%})"
             for plan, c in matrix_comparisons(model, world) for t in c.terms if t.exact == exact and not t.agrees]
-
-
-WORLDS = [1, 2, 8]  # sharding none; FSDP2 at 2 and 8 ranks (one rank traced under a fake process group)
 
 
 @pytest.mark.parametrize("world", WORLDS)
