@@ -5,7 +5,7 @@ Compared (bytes per GPU, one rank):
 - activations: the forward phase (end of forward and start of backward, up to the last decoder
   layer's backward) less the parameters and optimizer states held through it: saved activations,
   autocast weight casts, gathered FSDP parameters, the loss and the head's backward;
-- each phase's peak (forward, backward, step: planner/ledger.py), and the step peak (the largest).
+- each phase's peak (forward, backward, backward_end, step: planner/ledger.py), and the step peak (the largest).
 What a trace cannot see is left out of the analytic side: the CUDA context and NCCL, the
 allocator's fragmentation reserve, and DDP/ZeRO communication buckets (DDP and ZeRO do not run
 under the trace; FSDP2's all-gather and reduce-scatter buffers do, and are compared). Model states of ZeRO plans are computed, not traced (probes/traced.py).
