@@ -35,8 +35,9 @@ def _validation_problems(e: ValidationError) -> list[str]:
     return [f"--{'-'.join(map(str, er['loc'])).replace('_', '-')}: {er['msg']}" for er in e.errors()]
 
 
-def _serve(plan: Callable[[], Any], renderer: str, as_json: bool) -> None:
-    """Run one planning function; print its result as JSON or with ``planner.report.<renderer>``;
+def _serve(plan: Callable[[], Any], renderer: str | Callable, as_json: bool) -> None:
+    """Run one planning function; print its result as JSON or with ``planner.report.<renderer>``
+    (or the renderer function given);
     exit 0 when it fits, 1 when not, 2 on bad input (a message, never a traceback)."""
     try:
         result = plan()
@@ -49,7 +50,8 @@ def _serve(plan: Callable[[], Any], renderer: str, as_json: bool) -> None:
     else:
         from planner import report
 
-        getattr(report, renderer)(result, report.console_for_stdout())
+        render = getattr(report, renderer) if isinstance(renderer, str) else renderer
+        render(result, report.console_for_stdout())
     raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
 
 
@@ -107,12 +109,21 @@ def suggest(
     force: Annotated[bool, typer.Option("--force", help="overwrite files already in --out")] = False,
     trials: Annotated[int, typer.Option(help="Optuna trials (tpe / nsga2 engines)")] = 400,
     seed: Annotated[int, typer.Option(help="Optuna sampler seed")] = 0,
+    probe: Annotated[int, typer.Option(help="measure the top K plans on this machine's GPU (a real short run each, in a child process; kept in the calibration store); the fastest measured plan is the winner --out writes. Exit 2 without a GPU.")] = 0,
+    probe_timeout: Annotated[float, typer.Option(help="seconds per measured probe")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     from planner.suggest import SuggestRequest
     from planner.suggest import suggest as run_suggest
 
     def plan_and_emit():
+        device = None
+        if probe:
+            if probe < 0:
+                raise PlannerInputError(f"--probe {probe}: how many of the top plans to measure, e.g. 3")
+            from probes.measured_command import require_gpu
+
+            device = require_gpu()  # before the search: no GPU, no wait
         result = run_suggest(SuggestRequest(
             model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
             seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer or [],
@@ -120,14 +131,25 @@ def suggest(
             offload=offload or [], loss=loss or [], attention=attention or [], micro_batch_size=micro_batch_size or [],
             exact_optimizer=exact_optimizer, top=top, engine=engine, trials=trials, seed=seed,
         ))
+        winner, served = 1, result
+        if device is not None and result.fits:
+            from probes.measured_command import probe_suggestion
+
+            served = probe_suggestion(result, probe, device, probe_timeout)
+            winner = served.best_rank or 1
         if out is not None and result.fits:
             from planner.emit import emit as write_plan
 
-            for path in write_plan(result, out, force):
+            for path in write_plan(result, out, force, rank=winner):
                 err.print(f"wrote {path}", highlight=False)
-        return result
+        return served
 
-    _serve(plan_and_emit, "render_suggest", as_json)
+    renderer: str | Callable = "render_suggest"
+    if probe:
+        from probes.measured_command import render_probed
+
+        renderer = render_probed
+    _serve(plan_and_emit, renderer, as_json)
 
 
 @app.command(help="Write a plan's launch files: accelerate_config.yaml, deepspeed_config.json (ZeRO), "
@@ -217,35 +239,60 @@ def gpus() -> None:
         )
 
 
-PROBE_EXIT_CODES = "Exit codes: 0 analytic and traced agree, 1 they differ, 2 bad input, 3 the probe failed."
+PROBE_EXIT_CODES = ("Exit codes: 0 the probe agrees with the analytic model, 1 it differs (measured: or ran out of "
+                    "memory where a fit was predicted), 2 bad input or no GPU for --fidelity measured, 3 the probe "
+                    "failed (crash, timeout).")
 
 
-@app.command(help="Run the plan's real model on fake tensors (CPU, no GPU) and compare every memory term with "
-                  f"the cost model. Needs the [probes] extra. {PROBE_EXIT_CODES}")
+@app.command(help="Probe a plan and compare it with the cost model. --fidelity traced: the real model on fake "
+                  "tensors (CPU, no GPU), every memory term. --fidelity measured: a short real run on this "
+                  "machine's GPU in a child process (peaks, OOM, step time), kept in the calibration store. "
+                  f"Give the plan as flags or as --plan FILE. Needs the [probes] extra. {PROBE_EXIT_CODES}")
 def probe(
-    model: Annotated[str, typer.Option(help="HF id from the catalog or local HF cache, or a config.json / model folder")],
-    gpus: Annotated[str, typer.Option(help="the plan's GPUs; their count is FSDP's world size, e.g. 8xH100-80")],
-    fidelity: Annotated[str, typer.Option(help="traced: FakeTensorMode + MemTracker on this machine's CPU")] = "traced",
+    model: Annotated[str | None, typer.Option(help="HF id from the catalog or local HF cache, or a config.json / model folder")] = None,
+    gpus: Annotated[str | None, typer.Option(help="the plan's GPUs; their count is FSDP's world size, e.g. 8xH100-80")] = None,
+    plan: Annotated[Path | None, typer.Option(help="probe a planned config: planner suggest --json output, an emitted plan.json, or planner estimate --json output (instead of --model, --gpus and the config flags)")] = None,
+    rank: Annotated[int, typer.Option(help="with --plan: which plan of a suggest result (1 = best)")] = 1,
+    fidelity: Annotated[str, typer.Option(help="traced: FakeTensorMode + MemTracker on this machine's CPU; measured: a real run on this machine's GPU")] = "traced",
     optimizer: Optimizer = Optimizer.ADAMW,
     precision: Precision = Precision.BF16_MIXED,
     checkpointing: Checkpointing = Checkpointing.NONE,
-    sharding: Annotated[Sharding | None, typer.Option(help="none, fsdp, fsdp-grad-op (traced as one rank), ddp, zero1-3 (activations traced, ZeRO states computed); default: none on one GPU, ddp on several")] = None,
+    sharding: Annotated[Sharding | None, typer.Option(help="none, fsdp, fsdp-grad-op (one rank), ddp, zero1-3 (traced: activations traced, ZeRO states computed; measured: DeepSpeed under a fake process group); default: none on one GPU, ddp on several")] = None,
+    offload: Offload = Offload.NONE,
     loss: Loss = Loss.STANDARD,
     attention: Attention = Attention.SDPA,
     micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", "--mbs")] = 1,
+    grad_accum: Annotated[int, typer.Option(help="gradient accumulation steps (measured only)")] = 1,
     seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (default as estimate)")] = None,
-    layers: Annotated[int | None, typer.Option(help="trace a reduced depth (default: the full model)")] = None,
-    timeout: Annotated[float, typer.Option(help="seconds before the probe's child process is stopped")] = 1800.0,
-    explain: Annotated[bool, typer.Option("--explain", help="list the tensors alive at the traced peak")] = False,
+    layers: Annotated[int | None, typer.Option(help="probe a reduced depth (default: the full model)")] = None,
+    extrapolate_from: Annotated[str | None, typer.Option(help="measured: two reduced depths, e.g. 2,4; the full depth is extrapolated from them (big models on one GPU)")] = None,
+    steps: Annotated[int, typer.Option(help="measured: timed optimizer steps")] = 5,
+    warmup_steps: Annotated[int, typer.Option(help="measured: untimed steps first")] = 2,
+    timeout: Annotated[float, typer.Option(help="seconds before a probe's child process is stopped")] = 1800.0,
+    explain: Annotated[bool, typer.Option("--explain", help="traced: list the tensors alive at the traced peak")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     from probes.command import EXIT_AGREE, EXIT_DISAGREE, EXIT_PROBE_FAILED, ProbeRequest, render_probe, run_probe
 
     try:
-        result = run_probe(ProbeRequest(
-            model=model, gpus=gpus, fidelity=fidelity, optimizer=optimizer, precision=precision,
-            checkpointing=checkpointing, sharding=sharding, loss=loss, attention=attention,
-            micro_batch_size=micro_batch_size, seq_len=seq_len, layers=layers, timeout=timeout, explain=explain))
+        fields = dict(model=model, gpus=gpus, optimizer=optimizer, precision=precision, checkpointing=checkpointing,
+                      sharding=sharding, offload=offload, loss=loss, attention=attention,
+                      micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len)
+        if plan is not None:
+            from probes.measured_command import plan_fields
+
+            fields = plan_fields(plan, rank)
+        elif model is None or gpus is None:
+            raise PlannerInputError("give the plan: --model and --gpus (and config flags), or --plan FILE")
+        request = ProbeRequest(**fields, fidelity=fidelity, layers=layers, timeout=timeout, explain=explain,
+                               extrapolate_from=_depths(extrapolate_from), steps=steps, warmup_steps=warmup_steps)
+        if fidelity == "measured":
+            from probes.measured_command import render_measured, run_measured_probe
+
+            result, render = run_measured_probe(request), render_measured
+            failed = result.status in ("error", "timeout", "refused")
+        else:
+            result, render, failed = run_probe(request), render_probe, False
     except ValidationError as e:
         _fail(PlannerInputError(_validation_problems(e)))
     except PlannerInputError as e:
@@ -258,8 +305,52 @@ def probe(
     else:
         from planner import report
 
-        render_probe(result, report.console_for_stdout())
-    raise typer.Exit(EXIT_AGREE if result.agrees else EXIT_DISAGREE)
+        render(result, report.console_for_stdout())
+    raise typer.Exit(EXIT_PROBE_FAILED if failed else EXIT_AGREE if result.agrees else EXIT_DISAGREE)
+
+
+def _depths(text: str | None) -> list[int]:
+    """``--extrapolate-from 2,4`` -> [2, 4]."""
+    if not text:
+        return []
+    try:
+        depths = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise PlannerInputError(f"--extrapolate-from {text!r}: two depths, e.g. 2,4") from None
+    if len(depths) != 2 or min(depths) < 1:
+        raise PlannerInputError(f"--extrapolate-from {text!r}: two depths of at least one layer, e.g. 2,4")
+    return depths
+
+
+CALIBRATE_EXIT_CODES = ("Exit codes: 0 fitted, 1 nothing to fit (no measurement with status ok), "
+                        "2 bad input (no store, no measurements).")
+
+
+@app.command(help="Fit the analytic model to measured probes (planner probe --fidelity measured): per GPU the CUDA "
+                  "context, the allocator's fragmentation reserve and achieved FLOP/s per compute dtype. Saves them "
+                  f"in the calibration store, where estimate, suggest and check use them. {CALIBRATE_EXIT_CODES}")
+def calibrate(
+    store: Annotated[Path | None, typer.Option(help="the calibration store (default: $PLANNER_CALIBRATION, else ~/.cache/planner/calibration.sqlite)")] = None,
+    gpu: Annotated[str | None, typer.Option(help="fit only the measurements taken on this GPU (catalog id or alias)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="fit and print; save nothing")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    from planner.calibrate import EXIT_FITTED, EXIT_NOTHING_TO_FIT, CalibrateRequest
+    from planner.calibrate import calibrate as run_calibrate
+
+    try:
+        result = run_calibrate(CalibrateRequest(store=store, gpu=gpu, dry_run=dry_run))
+    except ValidationError as e:
+        _fail(PlannerInputError(_validation_problems(e)))
+    except PlannerInputError as e:
+        _fail(e)
+    if as_json:
+        sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
+    else:
+        from planner import report
+
+        report.render_calibrate(result, report.console_for_stdout())
+    raise typer.Exit(EXIT_FITTED if result.fitted else EXIT_NOTHING_TO_FIT)
 
 
 def main() -> None:

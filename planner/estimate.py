@@ -66,6 +66,7 @@ class HardwareInfo(BaseModel):
     gpu_memory_bytes: int
     host_memory_bytes_per_node: int
     inter_node_bytes_per_s: float
+    calibration: str | None = None  # the measured corrections in use (planner calibrate); None: assumptions
 
     @property
     def spec(self) -> str:
@@ -170,14 +171,16 @@ def evaluate(
     draft = LedgerDraft()
     for strategy in REGISTRY:
         strategy.apply(ctx, draft)
-    draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", R.CUDA_CONTEXT_BYTES, 1)
+    context, fragmentation, measured = runtime_reserves(hardware)
+    draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", context, 1,
+              note="measured (planner calibrate)" if measured["context"] else "")
     if hardware.num_gpus > 1:
         draft.add("cuda_context", "NCCL buffers and communicators", R.NCCL_BYTES, 1)
     peak = draft.peak_bytes()  # context and NCCL rows are resident in every phase
     allocated = peak - sum(r.bytes for r in draft.of("cuda_context"))
     reserve = draft.add(
-        "allocator_reserve", "caching-allocator fragmentation reserve", allocated, R.FRAGMENTATION_FRACTION,
-        note=f"{R.FRAGMENTATION_FRACTION:.0%} of the allocated peak",
+        "allocator_reserve", "caching-allocator fragmentation reserve", allocated, fragmentation,
+        note=f"{fragmentation:.1%} of the allocated peak" + (", measured" if measured["fragmentation"] else ""),
     )
     peak += reserve.bytes  # resident in every phase too
     ev.draft, ev.paged = draft, _place_paged_state(draft, ev.usable, peak)
@@ -190,6 +193,19 @@ def evaluate(
         strategy.time(ctx, draft, ev.paged, timing)
     ev.time_draft, ev.step_seconds = timing, step_seconds(timing, config.grad_accum)
     return ev
+
+
+def runtime_reserves(hardware: HardwareSpec) -> tuple[int, float, dict[str, bool]]:
+    """Bytes of CUDA context per GPU and the allocator's reserve as a fraction of the allocated
+    peak: fitted from measured probes on this GPU when the calibration store has them
+    (GpuSpec.calibration), else the assumptions of planner/cost/runtime.py."""
+    cal = hardware.gpu.calibration
+    context = cal.context_bytes if cal and cal.context_bytes is not None else R.CUDA_CONTEXT_BYTES
+    fragmentation = (cal.fragmentation_fraction if cal and cal.fragmentation_fraction is not None
+                     else R.FRAGMENTATION_FRACTION)
+    measured = {"context": bool(cal and cal.context_bytes is not None),
+                "fragmentation": bool(cal and cal.fragmentation_fraction is not None)}
+    return context, fragmentation, measured
 
 
 def estimate_config(model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0) -> EstimateResult:
@@ -215,6 +231,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
             gpus_per_node=hardware.gpus_per_node, gpu_memory_bytes=hardware.gpu.memory_bytes,
             host_memory_bytes_per_node=hardware.host_memory_bytes_per_node,
             inter_node_bytes_per_s=hardware.inter_node_bytes_per_s,
+            calibration=hardware.gpu.calibration.note if hardware.gpu.calibration else None,
         ),
         config=config,
         memory=memory,

@@ -45,6 +45,8 @@ def render_breakdown(r: EstimateResult, console: Console) -> None:
         if row.location == Location.HOST:
             console.print(f"  on host, per GPU: {row.label}: {gib(row.bytes)}")
     _time_table(r, console)
+    if r.hardware.calibration:
+        console.print(f"[cyan]calibration:[/] {r.hardware.gpu}: {r.hardware.calibration}", highlight=False)
     for w in r.warnings:
         console.print(f"[yellow]warning:[/] {w}")
 
@@ -153,3 +155,51 @@ def render_check(result, console: Console) -> None:
         console.print(f"Faster plans that also fit (now {r.time.tokens_per_second:,.0f} tokens/s):")
         for c in result.faster:
             console.print(f"  {c.change}: {c.tokens_per_second:,.0f} tokens/s, peak {gib(c.peak_bytes)}")
+
+
+def render_calibrate(result, console: Console) -> None:
+    """``planner calibrate``: per GPU, the fitted corrections beside the assumptions they replace,
+    the analytic model's errors before / after / leave-one-out, and where they are now used."""
+    from planner.cost import runtime as R
+
+    def pct(x):
+        return "-" if x is None else f"{x:.1%}"
+
+    for c in result.corrections:
+        rep = c.report
+        table = Table(title=f"{c.gpu}: fitted on {c.measurements} measured probes ({c.software})", title_justify="left")
+        for name in ("term", "fitted", "assumption before", "from"):
+            table.add_column(name)
+        table.add_row("CUDA context per process", "-" if c.context_bytes is None else gib(c.context_bytes),
+                      gib(R.CUDA_CONTEXT_BYTES), f"{rep.get('memory_rows', 0)} memory rows (driver-seen - reserved)")
+        table.add_row("allocator reserve", pct(c.fragmentation_fraction), pct(R.FRAGMENTATION_FRACTION),
+                      "(reserved - allocated) / allocated")
+        for dtype in ("bf16", "fp16", "fp32", "fp8"):
+            rows = rep.get(f"time_rows_{dtype}") or 0
+            if dtype in c.flops_scale or rows:
+                scale = c.flops_scale.get(dtype)
+                table.add_row(f"achieved FLOP/s, {dtype}", "-" if scale is None else f"x {scale:.3f}", "x 1 (efficiency.yaml)",
+                              f"{rows} timed rows")
+        console.print(table)
+        errors = Table(title=f"{c.gpu}: analytic error |predicted - measured| / measured, median / worst",
+                       title_justify="left")
+        for name in ("quantity", "rows", "before", "after (in sample)", "leave-one-out"):
+            errors.add_column(name, justify="left" if name == "quantity" else "right")
+        for quantity, key, rows in (("peak memory per GPU", "memory", rep.get("memory_rows")),
+                                    ("step time", "time", rep.get("time_rows"))):
+            errors.add_row(quantity, str(rows or 0), *(
+                f"{pct(rep.get(f'{key}_median_error_{w}'))} / {pct(rep.get(f'{key}_worst_error_{w}'))}"
+                for w in ("before", "after", "loo")))
+        console.print(errors)
+        if rep.get("time_rows_clamped"):
+            console.print(f"[yellow]warning:[/] {rep['time_rows_clamped']} timed rows fell outside the searched FLOP/s "
+                          "factors (1/20 to 20) and were clamped")
+        if result.saved and result.in_use:
+            console.print(f"saved to {result.store}: planner estimate / suggest / check now use them for {c.gpu}")
+        elif result.saved:
+            console.print(f"saved to {result.store}: planner estimate / suggest / check use them for {c.gpu} when "
+                          f"PLANNER_CALIBRATION={result.store}")
+    if not result.corrections:
+        console.print(f"nothing to fit: {result.measurements} measurements in {result.store}, none with status ok on a GPU")
+    elif not result.saved:
+        console.print("dry run: nothing saved")

@@ -81,6 +81,18 @@ class Efficiency(BaseModel):
         return self.gemm.get(dtype) or min(self.gemm.values())
 
 
+class Calibration(BaseModel):
+    """Corrections fitted from measured probes on this GPU (``planner calibrate``;
+    planner/catalog/calibration.py). None: the assumption stays (planner/cost/runtime.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    context_bytes: int | None = None  # CUDA context + driver-side memory per process
+    fragmentation_fraction: float | None = None  # allocator reserve / allocated peak
+    flops_scale: dict[str, float] = {}  # compute dtype -> factor applied to the efficiency table
+    note: str  # what it was fitted on, for the output
+
+
 class GpuSpec(BaseModel):
     """One GPU model, from the catalog or a user YAML file. Base units only."""
 
@@ -101,6 +113,7 @@ class GpuSpec(BaseModel):
     max_gpus_per_node: int = Field(ge=1)
     sources: dict[str, str]
     efficiency: Efficiency
+    calibration: Calibration | None = None  # measured corrections in use (None: assumptions only)
 
     def supports(self, dtype: str) -> bool:
         return self.dense_flops_per_s.get(dtype) is not None

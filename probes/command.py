@@ -15,7 +15,7 @@ from planner.estimate import EstimateRequest
 from planner.vocabulary import TrainingConfig
 from probes.compare import STATE_BYTES_PER_PARAMETER, ZERO_STAGES, Comparison
 
-FIDELITIES = ("traced",)
+FIDELITIES = ("traced", "measured")
 EXIT_AGREE, EXIT_DISAGREE, EXIT_PROBE_FAILED = 0, 1, 3
 
 
@@ -24,6 +24,9 @@ class ProbeRequest(EstimateRequest):
     layers: int | None = Field(None, ge=1)  # reduced depth (default: the model's full depth)
     timeout: float = Field(1800.0, gt=0)  # seconds for the child process
     explain: bool = False
+    extrapolate_from: list[int] = []  # measured: two reduced depths, extrapolated to the full depth
+    warmup_steps: int = Field(2, ge=1)  # measured
+    steps: int = Field(5, ge=1)  # measured: timed steps
 
 
 class ProbeResult(BaseModel):
@@ -45,6 +48,9 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
     if req.fidelity not in FIDELITIES:
         raise PlannerInputError(f"--fidelity {req.fidelity!r} is not available",
                                 hint=f"Choose one of: {', '.join(FIDELITIES)}.")
+    if req.extrapolate_from:
+        raise PlannerInputError("--extrapolate-from is for --fidelity measured",
+                                hint="Trace a reduced depth with --layers N.")
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401

@@ -24,7 +24,6 @@ torch can never take the planner down.
 
 import contextlib
 import json
-import subprocess
 import sys
 import time
 
@@ -175,16 +174,14 @@ def trace_many(requests: list[TraceRequest], timeout: float = 600, workers: int 
 
 def _run_child(batch: list[TraceRequest], timeout: float) -> list:
     """One child process over ``batch`` (same world size): the raw JSON items it returns."""
-    payload = "[" + ",".join(r.model_dump_json() for r in batch) + "]"
-    try:
-        proc = subprocess.run([sys.executable, "-m", "probes.traced"], input=payload, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"traced probe timed out after {timeout:g} s") from None
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"traced probe failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    return json.loads(lines[-1])
+    from probes.child import run_child
+
+    outcome = run_child("probes.traced", "[" + ",".join(r.model_dump_json() for r in batch) + "]", timeout)
+    if outcome.status == "timeout":
+        raise RuntimeError(f"traced probe timed out after {timeout:g} s")
+    if outcome.status != "ok" or outcome.returncode != 0:
+        raise RuntimeError(f"traced probe failed: {outcome.describe()}")
+    return outcome.value
 
 
 def trace(req: TraceRequest, timeout: float = 600) -> TraceResult:
@@ -196,13 +193,15 @@ def trace(req: TraceRequest, timeout: float = 600) -> TraceResult:
 
 
 def main() -> None:
+    from probes.child import answer
+
     results: list = []
     for raw in json.loads(sys.stdin.read()):
         try:
             results.append(run_trace(TraceRequest.model_validate(raw)).model_dump())
         except Exception as exc:  # one bad request must not lose the batch
             results.append(f"{type(exc).__name__}: {str(exc)[:1500]}")
-    sys.stdout.write("\n" + json.dumps(results) + "\n")
+    answer(results)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("DS_BUILD_OPS", "0")
+# Never a developer's own calibration store: tests that need one point PLANNER_CALIBRATION at a tmp file.
+os.environ["PLANNER_CALIBRATION"] = "off"
 
 import pytest  # noqa: E402
 

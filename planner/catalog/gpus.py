@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.catalog import DATA_DIR
+from planner.catalog import calibration
 from planner.catalog.efficiency import efficiency
 from planner.catalog.files import read_mapping
 from planner.errors import PlannerInputError
@@ -62,7 +63,7 @@ class GpuFile(BaseModel):
         flops = {k: (v * TERA if v is not None else None) for k, v in self.dense_tflops.items()}
         for dtype in ("fp32", "tf32", "fp16", "bf16", "fp8"):
             flops.setdefault(dtype, None)
-        return GpuSpec(
+        spec = GpuSpec(
             id=self.id,
             name=self.name,
             vendor=self.vendor,
@@ -79,6 +80,7 @@ class GpuFile(BaseModel):
             sources=self.sources,
             efficiency=efficiency(self.id, self.architecture),
         )
+        return calibration.apply(spec, calibration.corrections_for(self.id))
 
 
 def normalize(name: str) -> str:

@@ -1,0 +1,175 @@
+"""The calibration store: measured probe results and the per-GPU corrections fitted from them.
+
+One SQLite file (stdlib ``sqlite3``; no torch needed to read it):
+- ``measurements``: one row per measured probe, keyed by architecture (a hash of the model's
+  config.json and the measured depth), plan (the training configuration and world size), GPU
+  (the device it ran on) and software (torch, CUDA and the libraries that change memory and
+  speed). Probing the same key again replaces the row: the store keeps the latest measurement.
+- ``corrections``: per GPU, what ``planner calibrate`` fitted (planner/calibrate.py): the CUDA
+  context, the caching allocator's reserve, and achieved FLOP/s per compute dtype as a factor on
+  the catalog's efficiency. ``apply`` puts them into a GpuSpec; the analytic model then uses them
+  and its output says so (GpuSpec.calibration).
+
+Where: ``$PLANNER_CALIBRATION`` (a file path; ``off`` disables the store everywhere), else
+``$XDG_CACHE_HOME/planner/calibration.sqlite`` (``~/.cache`` when unset).
+"""
+
+import hashlib
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import PlannerInputError
+from planner.specs import Calibration, GpuSpec
+
+ENV = "PLANNER_CALIBRATION"
+OFF = ("off", "none", "0", "")
+#: Software whose version changes memory or speed: part of every measurement's key.
+SOFTWARE = ("torch", "cuda", "transformers", "accelerate", "deepspeed", "bitsandbytes", "torchao")
+STATUSES = ("ok", "oom", "error", "timeout", "refused")
+
+
+class Measurement(BaseModel):
+    """One measured probe of one plan on one device (probes/measured.py fills it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str  # the --model reference as given (catalog id, or a path)
+    config_json: dict  # the architecture measured (re-evaluated by the fit)
+    layers: int | None = None  # depth measured (None: the model's full depth)
+    config: dict  # planner.vocabulary.TrainingConfig as JSON
+    world_size: int = Field(1, ge=1)  # the plan's GPU count (FSDP / ZeRO ranks under a fake process group)
+    target_gpus: str  # the plan's --gpus
+    device_gpu: str  # catalog id of the GPU it ran on ("cpu" for a CPU run)
+    device_name: str  # as the driver names it
+    versions: dict[str, str | None]  # SOFTWARE -> version (None: not installed)
+    status: str  # one of STATUSES
+    message: str = ""
+    max_allocated_bytes: int | None = None  # torch.cuda.max_memory_allocated
+    max_reserved_bytes: int | None = None  # torch.cuda.max_memory_reserved
+    driver_used_bytes: int | None = None  # what the driver sees the process use (context included)
+    driver_method: str = ""  # how driver_used_bytes was read
+    driver_reserved_bytes: int | None = None  # the GPU's memory (nvidia-smi total, the catalog's) less CUDA's total
+    alloc_retries: int | None = None  # memory_stats num_alloc_retries (cudaMalloc retried after a cache flush)
+    num_ooms: int | None = None
+    step_seconds: list[float] = []  # each timed optimizer step
+    median_step_seconds: float | None = None
+    tokens_per_second: float | None = None  # this rank's tokens per second (median step)
+    mfu: float | None = None  # model FLOPs / (median step x the device's dense peak in the compute dtype)
+    communication: str = "none"  # none (one GPU), modelled (fake process group: collectives return at once)
+    created: str = ""  # ISO timestamp
+
+    @property
+    def architecture(self) -> str:
+        return architecture_key(self.config_json, self.layers)
+
+    @property
+    def plan_key(self) -> str:
+        return _digest({"config": self.config, "world_size": self.world_size, "target_gpus": self.target_gpus})
+
+    @property
+    def software_key(self) -> str:
+        return " ".join(f"{k}={self.versions.get(k)}" for k in SOFTWARE)
+
+
+class Corrections(BaseModel):
+    """What ``planner calibrate`` fitted for one GPU. None: not enough measurements for that term
+    (the assumption in planner/cost/runtime.py or the catalog's efficiency stays)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu: str
+    software: str  # the software of the measurements it was fitted on
+    measurements: int = Field(ge=1)
+    context_bytes: int | None = None  # driver-seen process memory beyond the allocator's reserved peak
+    fragmentation_fraction: float | None = Field(None, ge=0, le=1)  # (reserved - allocated) / allocated at the peak
+    flops_scale: dict[str, float] = {}  # compute dtype -> factor on the catalog's achieved FLOP/s
+    fitted_at: str
+    report: dict[str, float | int | None] = {}  # errors before / after, for people
+
+
+def architecture_key(config_json: dict, layers: int | None) -> str:
+    return _digest({"config": config_json, "layers": layers})
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def store_path() -> Path | None:
+    """The store's file, or None when ``$PLANNER_CALIBRATION`` is ``off``."""
+    value = os.environ.get(ENV)
+    if value is not None:
+        return None if value.strip().lower() in OFF else Path(value).expanduser()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "planner" / "calibration.sqlite"
+
+
+class CalibrationStore:
+    """The SQLite file. Every method opens and closes its own connection (probes and several
+    workers may write at once: SQLite's file lock serialises them)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            con = sqlite3.connect(self.path, timeout=30)
+            con.executescript(
+                "CREATE TABLE IF NOT EXISTS measurements (architecture TEXT, plan TEXT, gpu TEXT, software TEXT,"
+                " status TEXT, created TEXT, body TEXT, PRIMARY KEY (architecture, plan, gpu, software));"
+                "CREATE TABLE IF NOT EXISTS corrections (gpu TEXT PRIMARY KEY, body TEXT);")
+            return con
+        except (sqlite3.Error, OSError) as e:
+            raise PlannerInputError(f"calibration store {self.path}: {e}",
+                                    hint=f"Point {ENV} at a writable SQLite file, or set {ENV}=off.") from None
+
+    def add(self, m: Measurement) -> None:
+        with self._connect() as con:
+            con.execute("INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (m.architecture, m.plan_key, m.device_gpu, m.software_key, m.status, m.created,
+                         m.model_dump_json()))
+
+    def measurements(self, gpu: str | None = None) -> list[Measurement]:
+        with self._connect() as con:
+            rows = con.execute("SELECT body FROM measurements" + (" WHERE gpu = ?" if gpu else "")
+                               + " ORDER BY created", (gpu,) if gpu else ()).fetchall()
+        return [Measurement.model_validate_json(body) for (body,) in rows]
+
+    def save_corrections(self, c: Corrections) -> None:
+        with self._connect() as con:
+            con.execute("INSERT OR REPLACE INTO corrections VALUES (?, ?)", (c.gpu, c.model_dump_json()))
+
+    def corrections(self, gpu: str) -> Corrections | None:
+        with self._connect() as con:
+            row = con.execute("SELECT body FROM corrections WHERE gpu = ?", (gpu,)).fetchone()
+        return Corrections.model_validate_json(row[0]) if row else None
+
+
+def corrections_for(gpu_id: str) -> Corrections | None:
+    """This GPU's fitted corrections from the store at ``store_path()``, if any. Reading never
+    creates the file."""
+    path = store_path()
+    if path is None or not path.is_file():
+        return None
+    return CalibrationStore(path).corrections(gpu_id)
+
+
+def apply(spec: GpuSpec, c: Corrections | None) -> GpuSpec:
+    """The GPU with its fitted corrections: achieved FLOP/s scaled per compute dtype (attention
+    follows the 16-bit factor; fractions stay at most 1) and the context and allocator reserve."""
+    if c is None:
+        return spec
+    eff = spec.efficiency
+    gemm = {k: min(1.0, v * c.flops_scale.get(k, 1.0)) for k, v in eff.gemm.items()}
+    sixteen = c.flops_scale.get("bf16", c.flops_scale.get("fp16", 1.0))
+    note = (f"calibrated on {c.measurements} measured probes ({c.software}; fitted {c.fitted_at})")
+    efficiency = eff.model_copy(update={"gemm": gemm, "attention": min(1.0, eff.attention * sixteen),
+                                        "source": f"{note}; before: {eff.source}"})
+    return spec.model_copy(update={"efficiency": efficiency, "calibration": Calibration(
+        context_bytes=c.context_bytes, fragmentation_fraction=c.fragmentation_fraction,
+        flops_scale=c.flops_scale, note=note)})

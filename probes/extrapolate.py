@@ -1,0 +1,64 @@
+"""Full depth from two truncated depths: a big model on one GPU, measured at real width.
+
+A decoder's layers are identical, so every per-step figure is affine in the depth L within a
+phase: value(L) = fixed + L x per_layer, where fixed holds the embeddings, the head and loss, the
+context, and per_layer one layer's states, activations and time. Two depths d1 < d2 give
+
+    per_layer = (v2 - v1) / (d2 - d1)        fixed = v1 - d1 x per_layer
+
+and value(L) follows. Memory is extrapolated per phase (forward, backward, step) and the peak is
+the largest phase at depth L, because the phase that peaks may change with depth (the loss's
+logits dominate a shallow model, the layers a deep one). Unit: as the input (bytes, seconds).
+Assumption: the two depths exercise the same code paths as full depth (both above one layer,
+models without alternating layer kinds between the two depths: Gemma-2 alternates sliding and
+global attention, so measure it at even depths).
+"""
+
+import statistics
+
+from probes.measured import MeasureResult
+
+
+def affine(d1: int, v1: float, d2: int, v2: float, depth: int) -> float:
+    """value(depth) on the line through (d1, v1) and (d2, v2)."""
+    if d1 == d2:
+        raise ValueError("two different depths are needed")
+    per_layer = (v2 - v1) / (d2 - d1)
+    return v1 + (depth - d1) * per_layer
+
+
+def extrapolate(shallow: MeasureResult, d1: int, deep: MeasureResult, d2: int, depth: int) -> MeasureResult:
+    """The figures of a ``depth``-layer run from runs at ``d1`` and ``d2`` layers. A failed run
+    (oom, error, timeout, refused) is returned as it is: nothing is extrapolated from it."""
+    for run in (shallow, deep):
+        if run.status != "ok":
+            return run
+
+    def line(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else affine(d1, a, d2, b, depth)
+
+    phases = {p: round(line(shallow.phase_peaks[p], deep.phase_peaks[p]))
+              for p in deep.phase_peaks if p in shallow.phase_peaks}
+    allocated = max(phases.values()) if phases else line(shallow.max_allocated_bytes, deep.max_allocated_bytes)
+    reserved = line(shallow.max_reserved_bytes, deep.max_reserved_bytes)
+    # quantiles pair with quantiles: the i-th fastest step of each depth
+    steps = [line(a, b) for a, b in zip(sorted(shallow.step_seconds), sorted(deep.step_seconds), strict=False)]
+    context = deep.context_bytes
+    note = (f"extrapolated to {depth} layers from measured runs at {d1} and {d2} layers "
+            f"(median step {statistics.median(shallow.step_seconds):.4f} s and "
+            f"{statistics.median(deep.step_seconds):.4f} s)")
+    return deep.model_copy(update={
+        "phase_peaks": phases, "max_allocated_bytes": _int(allocated), "max_reserved_bytes": _int(reserved),
+        "driver_used_bytes": _int(None if reserved is None or context is None else reserved + context),
+        "step_seconds": steps, "notes": [*deep.notes, note],
+        "alloc_retries": _sum(shallow.alloc_retries, deep.alloc_retries), "num_ooms": _sum(shallow.num_ooms, deep.num_ooms),
+        "seconds": shallow.seconds + deep.seconds,
+    })
+
+
+def _int(x: float | None) -> int | None:
+    return None if x is None else round(x)
+
+
+def _sum(a: int | None, b: int | None) -> int | None:
+    return None if a is None and b is None else (a or 0) + (b or 0)

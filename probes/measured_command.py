@@ -1,0 +1,333 @@
+"""``planner probe --fidelity measured`` and ``planner suggest --probe K``: measure plans on this
+machine's GPU, set them beside the analytic model, keep them in the calibration store.
+
+The plan's GPU and this machine's may differ: memory figures transfer (the allocator is capped
+at the plan's GPU memory), step times are this device's. Sharded plans run as one rank under a
+fake process group: their communication time is modelled, not measured, and the comparison
+leaves it out of the prediction (and NCCL's buffers out of the predicted peak).
+"""
+
+import json
+import statistics
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from planner.catalog.calibration import CalibrationStore, Measurement, store_path
+from planner.errors import PlannerInputError
+from planner.estimate import EstimateResult
+from planner.suggest import SuggestResult
+from planner.vocabulary import TrainingConfig
+from probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
+from probes.measured import MeasureRequest, MeasureResult, measure
+
+#: Agreement bands: the issue's targets for one plan (peak memory within 10 % worst case, step
+#: time within 15 %).
+MEMORY_BAND, TIME_BAND = 0.10, 0.15
+
+
+class MeasuredComparison(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    gpus: str  # the plan's
+    device: str  # the GPU measured on, as the driver names it
+    device_gpu: str  # its catalog id
+    config: TrainingConfig
+    layers: int | None  # measured depth (None: full depth, or extrapolated to it)
+    extrapolated_from: list[int]
+    status: str
+    message: str
+    where: str
+    predicted_fits: bool
+    predicted_peak_bytes: int  # less NCCL under a fake process group
+    predicted_allocated_bytes: int  # the peak less context, NCCL and the allocator reserve
+    predicted_step_seconds: float  # less communication under a fake process group
+    modelled_communication_seconds: float
+    measured_peak_bytes: int | None  # driver-seen (driver reserve + context + reserved peak), else reserved + predicted context
+    measured_allocated_bytes: int | None
+    measured_reserved_bytes: int | None
+    measured_step_seconds: float | None
+    tokens_per_second: float | None  # this rank's
+    mfu: float | None
+    memory_error: float | None  # (predicted - measured) / measured
+    time_error: float | None
+    agrees: bool
+    verdict: str
+    notes: list[str]
+    stored: str | None  # the calibration store written to
+    measurement: MeasureResult
+
+
+def require_gpu(timeout: float = 180.0) -> DeviceInfo:
+    device = local_device(timeout)
+    if not device.available:
+        raise PlannerInputError(f"no GPU for a measured probe: {device.message}", hint=NO_GPU_HINT)
+    return device
+
+
+def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device: DeviceInfo, *,
+                 layers: int | None = None, extrapolate_from: list[int] | None = None, warmup_steps: int = 2,
+                 steps: int = 5, timeout: float = 900.0, runner=measure, device_kind: str = "cuda") -> MeasuredComparison:
+    """Measure one plan (``plan``: its analytic estimate at full depth) and compare. ``runner``
+    is ``probes.measured.measure`` (tests pass a CPU runner); each run gets ``timeout`` seconds."""
+    from planner.catalog.models import resolve_model
+    from planner.cost import compute as C
+    from planner.estimate import estimate_config
+    from probes.extrapolate import extrapolate
+
+    c = plan.config
+    spec = resolve_model(model_ref)
+    hardware = _hardware(plan)
+    world = plan.hardware.num_gpus
+    sharded = c.sharding.startswith(("fsdp", "zero"))
+    depths = sorted(extrapolate_from or [])
+    base = dict(config_json=config_json, config=c, world_size=world if sharded else 1,
+                warmup_steps=warmup_steps, timed_steps=steps, device=device_kind,
+                memory_cap_bytes=plan.hardware.gpu_memory_bytes if device_kind == "cuda" else None,
+                unified_bytes=plan.paged.state_bytes if plan.paged else 0,
+                deepspeed_config=_deepspeed_config(plan) if c.sharding.startswith("zero") else None)
+    store = _store()
+    device_gpu = catalog_gpu(device.name, device.total_bytes) if device_kind == "cuda" else "cpu"
+    runs: list[tuple[int | None, MeasureResult]] = []
+    for depth in depths or [layers]:
+        result = runner(MeasureRequest(**base, layers=depth), timeout)
+        runs.append((depth, result))
+        if store is not None:
+            flops = C.model_flops_per_token(spec.model_copy(update={"num_layers": depth or spec.num_layers}), c.seq_len)
+            store.add(_measurement(model_ref, config_json, depth, c, world if sharded else 1, plan, device,
+                                   device_gpu, result, flops))
+    if depths:
+        (d1, shallow), (d2, deep) = runs
+        result, layers = extrapolate(shallow, d1, deep, d2, spec.num_layers), None
+    else:
+        result = runs[0][1]
+    at_depth = plan if layers is None else estimate_config(
+        spec.model_copy(update={"num_layers": layers}), hardware, c,
+        1 - plan.usable_bytes / plan.hardware.gpu_memory_bytes)
+    return _compare(at_depth, model_ref, device, device_gpu, layers, depths, sharded, result,
+                    str(store.path) if store is not None else None)
+
+
+def _compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gpu: str, layers: int | None,
+             depths: list[int], sharded: bool, m: MeasureResult, stored: str | None) -> MeasuredComparison:
+    rows = plan.ledger
+    nccl = sum(r.bytes for r in rows if r.term == "cuda_context" and "NCCL" in r.label) if sharded else 0
+    context = sum(r.bytes for r in rows if r.term == "cuda_context") - nccl
+    reserve = sum(r.bytes for r in rows if r.term == "allocator_reserve")
+    predicted_peak = plan.memory["peak"] - nccl
+    communication = plan.time.terms.get("communication", 0.0) if sharded else 0.0
+    predicted_step = plan.time.step_seconds - communication
+    measured_peak = (m.driver_used_bytes + _driver_reserved(device_gpu, m) if m.driver_used_bytes is not None
+                     else m.max_reserved_bytes + context if m.max_reserved_bytes is not None else None)
+    step = statistics.median(m.step_seconds) if m.step_seconds else None
+    tokens = plan.config.micro_batch_size * plan.config.grad_accum * plan.config.seq_len
+    notes = list(m.notes)
+    if sharded:
+        notes.append(f"communication modelled, not measured: {communication:.4f} s of the analytic step is left out")
+    if plan.hardware.gpu != device_gpu:
+        notes.append(f"measured on {device.name or device_gpu} for a plan on {plan.hardware.gpu}: memory transfers "
+                     "(the allocator was capped at the plan's GPU memory); step times are this device's")
+    memory_error = _error(predicted_peak, measured_peak)
+    time_error = _error(predicted_step, step)
+    if m.status == "ok":
+        agrees = (memory_error is None or abs(memory_error) <= MEMORY_BAND) and (
+            time_error is None or abs(time_error) <= TIME_BAND)
+        verdict = "AGREE" if agrees else "DIFFER"
+    elif m.status == "oom":
+        agrees = not plan.fits
+        verdict = "OOM, as predicted" if agrees else "OOM, but the plan was predicted to fit"
+    else:
+        agrees, verdict = False, f"PROBE {m.status.upper()}"
+    return MeasuredComparison(
+        model=model_ref, gpus=plan.hardware.spec, device=device.name, device_gpu=device_gpu, config=plan.config,
+        layers=layers, extrapolated_from=depths, status=m.status, message=m.message, where=m.where,
+        predicted_fits=plan.fits, predicted_peak_bytes=predicted_peak,
+        predicted_allocated_bytes=predicted_peak - context - reserve, predicted_step_seconds=predicted_step,
+        modelled_communication_seconds=communication, measured_peak_bytes=measured_peak,
+        measured_allocated_bytes=m.max_allocated_bytes, measured_reserved_bytes=m.max_reserved_bytes,
+        measured_step_seconds=step, tokens_per_second=tokens / step if step else None,
+        mfu=_mfu(plan.time.model_flops_per_token * tokens, plan.config.precision, device_gpu, step),
+        memory_error=memory_error, time_error=time_error, agrees=agrees,
+        verdict=verdict, notes=notes, stored=stored, measurement=m)
+
+
+def _driver_reserved(device_gpu: str, m: MeasureResult) -> int:
+    """Bytes of the GPU's memory (the catalog's figure: nvidia-smi's total) that CUDA never
+    offers (cudaMemGetInfo's total is smaller): the driver's own reservation, outside any process."""
+    from planner.catalog.gpus import catalog
+
+    gpu = catalog().get(device_gpu)
+    if gpu is None or not m.device_total_bytes:
+        return 0
+    return max(0, gpu.memory_mib * 2**20 - m.device_total_bytes)
+
+
+def _error(predicted: float, measured: float | None) -> float | None:
+    return None if not measured else (predicted - measured) / measured
+
+
+def _mfu(step_flops: float, precision: str, device_gpu: str, step: float | None) -> float | None:
+    """Model FLOPs of this rank's step / (step seconds x the measuring GPU's dense peak in the
+    plan's compute dtype), as StepTime.mfu defines it (recomputation is not model FLOPs)."""
+    from planner.catalog.gpus import catalog
+    from strategies.rates import COMPUTE_DTYPE
+
+    gpu = catalog().get(device_gpu)
+    if gpu is None or not step:
+        return None
+    peak = (gpu.dense_tflops.get(COMPUTE_DTYPE[precision]) or gpu.dense_tflops["fp32"]) * 1e12
+    return step_flops / (step * peak)
+
+
+def _hardware(plan: EstimateResult):
+    from planner.catalog.gpus import parse_gpus
+
+    hw = plan.hardware
+    return parse_gpus(hw.spec, hw.host_memory_bytes_per_node / 1e9, hw.inter_node_bytes_per_s * 8 / 1e9)
+
+
+def _deepspeed_config(plan: EstimateResult) -> dict:
+    from planner.emit import build_files, single_plan_result
+
+    return json.loads(build_files(single_plan_result(plan))["deepspeed_config.json"])
+
+
+def _store() -> CalibrationStore | None:
+    path = store_path()
+    return CalibrationStore(path) if path is not None else None
+
+
+def _measurement(model_ref: str, config_json: dict, layers: int | None, c: TrainingConfig, world: int,
+                 plan: EstimateResult, device: DeviceInfo, device_gpu: str, m: MeasureResult,
+                 flops_per_token: float) -> Measurement:
+    step = statistics.median(m.step_seconds) if m.step_seconds else None
+    tokens = c.micro_batch_size * c.grad_accum * c.seq_len
+    return Measurement(
+        model=model_ref, config_json=config_json, layers=layers, config=c.model_dump(mode="json"), world_size=world,
+        target_gpus=plan.hardware.spec, device_gpu=device_gpu, device_name=device.name or device_gpu,
+        versions=m.versions or device.versions, status=m.status, message=(m.where + ": " + m.message)[:2000] if m.message else "",
+        max_allocated_bytes=m.max_allocated_bytes, max_reserved_bytes=m.max_reserved_bytes,
+        driver_used_bytes=m.driver_used_bytes, driver_method=m.driver_method,
+        driver_reserved_bytes=_driver_reserved(device_gpu, m), alloc_retries=m.alloc_retries,
+        num_ooms=m.num_ooms, step_seconds=m.step_seconds, median_step_seconds=step,
+        tokens_per_second=tokens / step if step else None,
+        mfu=_mfu(flops_per_token * tokens, c.precision, device_gpu, step),
+        communication="modelled" if world > 1 else "none", created=datetime.now(UTC).isoformat(timespec="seconds"))
+
+
+def plan_fields(path, rank: int) -> dict:
+    """``model``, ``gpus`` and the training configuration of the plan at ``rank`` of a plan file
+    (``planner suggest --json``, an emitted plan.json, ``planner estimate --json``)."""
+    from planner.emit import load_plan_file
+
+    search = load_plan_file(path)
+    if not 1 <= rank <= len(search.plans):
+        raise PlannerInputError(f"--rank {rank}: {path} holds {len(search.plans)} plan(s)")
+    plan = search.plans[rank - 1]
+    return {"model": plan.model.id, "gpus": plan.hardware.spec, **plan.config.model_dump()}
+
+
+def run_measured_probe(req, device: DeviceInfo | None = None) -> MeasuredComparison:
+    """``planner probe --fidelity measured`` for a probes.command.ProbeRequest."""
+    from planner.catalog.models import model_config
+    from planner.estimate import estimate
+
+    if req.explain:
+        raise PlannerInputError("--explain lists traced tensors", hint="Use it with --fidelity traced.")
+    if req.extrapolate_from and (len(set(req.extrapolate_from)) != 2 or req.layers is not None):
+        raise PlannerInputError("--extrapolate-from takes two different depths, e.g. 2,4, and no --layers")
+    plan = estimate(req)  # bad input is reported before any GPU work
+    device = device or require_gpu()
+    if plan.config.precision == "fp8-mixed" and device.capability and float(device.capability) < 8.9:
+        raise PlannerInputError(f"fp8-mixed needs compute capability 8.9+; {device.name} has {device.capability}")
+    return measure_plan(plan, req.model, model_config(req.model), device, layers=req.layers,
+                        extrapolate_from=req.extrapolate_from, warmup_steps=req.warmup_steps, steps=req.steps,
+                        timeout=req.timeout)
+
+
+def render_measured(r: MeasuredComparison, console) -> None:
+    from rich.table import Table
+
+    depth = (f", extrapolated from {r.extrapolated_from[0]} and {r.extrapolated_from[1]} layers"
+             if r.extrapolated_from else f", {r.layers} layers" if r.layers else "")
+    console.print(f"[bold]{r.model}[/] measured on {r.device or r.device_gpu} for {r.gpus}{depth}: {r.status}"
+                  + (f" at {r.where}" if r.where else ""), highlight=False)
+    table = Table("figure", "analytic", "measured", "error")
+    gib = 2**30
+
+    def row(name: str, predicted: float | None, measured: float | None, unit: float, fmt: str, error=None):
+        table.add_row(name, "-" if predicted is None else fmt.format(predicted / unit),
+                      "-" if measured is None else fmt.format(measured / unit), "" if error is None else f"{error:+.1%}")
+
+    row("peak GPU memory (GiB)", r.predicted_peak_bytes, r.measured_peak_bytes, gib, "{:,.2f}", r.memory_error)
+    row("allocated peak (GiB)", r.predicted_allocated_bytes, r.measured_allocated_bytes, gib, "{:,.2f}")
+    row("reserved peak (GiB)", None, r.measured_reserved_bytes, gib, "{:,.2f}")
+    row("step (s)", r.predicted_step_seconds, r.measured_step_seconds, 1, "{:.4f}", r.time_error)
+    row("tokens/s (this GPU)", None, r.tokens_per_second, 1, "{:,.0f}")
+    row("MFU", None, r.mfu, 0.01, "{:.1f} %")
+    console.print(table)
+    m = r.measurement
+    if m.alloc_retries:
+        console.print(f"allocator retries: {m.alloc_retries} (cudaMalloc failed and the cache was flushed: "
+                      "the step ran near the memory limit)", highlight=False)
+    if r.message:
+        console.print(f"message: {r.message}", highlight=False)
+    for note in r.notes:
+        console.print(f"note: {note}", highlight=False)
+    if r.stored:
+        console.print(f"stored in {r.stored} (planner calibrate fits the cost model's corrections from it)",
+                      highlight=False)
+    console.print(("[bold green]" if r.agrees else "[bold red]") + r.verdict + "[/]")
+
+
+class ProbedSuggestion(BaseModel):
+    """``planner suggest --probe K``: the search, and its top K plans measured."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    suggestion: SuggestResult
+    probes: list[MeasuredComparison]  # rank order
+    best_rank: int | None  # 1-based rank of the fastest measured plan that ran (None: none ran)
+
+    @property
+    def fits(self) -> bool:
+        return self.suggestion.fits
+
+
+def probe_suggestion(result, k: int, device: DeviceInfo, timeout: float, runner=measure,
+                     device_kind: str = "cuda") -> ProbedSuggestion:
+    """Measure the top ``k`` plans of a suggest result, best first; the winner is the one with
+    the most measured tokens per second per GPU among those that ran without OOM."""
+    from planner.catalog.models import model_config
+
+    probes = []
+    for plan in result.plans[:k]:
+        probes.append(measure_plan(plan, plan.model.id, model_config(plan.model.id), device, timeout=timeout,
+                                   runner=runner, device_kind=device_kind))
+    ran = [(p.tokens_per_second, i + 1) for i, p in enumerate(probes) if p.status == "ok" and p.tokens_per_second]
+    return ProbedSuggestion(suggestion=result, probes=probes, best_rank=max(ran)[1] if ran else None)
+
+
+def render_probed(r: ProbedSuggestion, console) -> None:
+    from rich.table import Table
+
+    from planner import report
+
+    report.render_suggest(r.suggestion, console)
+    table = Table("rank", "config", "peak GiB analytic", "measured", "tokens/s/GPU analytic", "measured", "verdict")
+    for i, p in enumerate(r.probes, 1):
+        c = p.config
+        label = f"{c.optimizer} {c.precision} ckpt {c.checkpointing} {c.sharding} mbs {c.micro_batch_size}x{c.grad_accum}"
+        analytic_rate = c.micro_batch_size * c.grad_accum * c.seq_len / p.predicted_step_seconds
+        table.add_row(str(i), label, f"{p.predicted_peak_bytes / 2**30:.2f}",
+                      "-" if p.measured_peak_bytes is None else f"{p.measured_peak_bytes / 2**30:.2f}",
+                      f"{analytic_rate:,.0f}", "-" if p.tokens_per_second is None else f"{p.tokens_per_second:,.0f}",
+                      p.verdict)
+    console.print(f"measured on {r.probes[0].device if r.probes else '-'} "
+                  "(sharded plans: one rank, communication modelled and left out of both rates):", highlight=False)
+    console.print(table)
+    if r.best_rank:
+        console.print(f"[bold]fastest measured: plan {r.best_rank}[/]")
+    else:
+        console.print("[bold red]no probed plan ran[/]")
