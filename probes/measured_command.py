@@ -100,6 +100,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
     if depths:
         (d1, shallow), (d2, deep) = runs
         result, layers = extrapolate(shallow, d1, deep, d2, spec.num_layers), None
+        result = _over_capacity(result, plan.hardware.gpu_memory_bytes, device_gpu)
     else:
         result = runs[0][1]
     at_depth = plan if layers is None else estimate_config(
@@ -150,6 +151,17 @@ def _compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gp
         mfu=_mfu(plan.time.model_flops_per_token * tokens, plan.config.precision, device_gpu, step),
         memory_error=memory_error, time_error=time_error, agrees=agrees,
         verdict=verdict, notes=notes, stored=stored, measurement=m)
+
+
+def _over_capacity(m: MeasureResult, capacity: int, device_gpu: str) -> MeasureResult:
+    """An extrapolated run whose peak exceeds the plan's GPU memory would have run out of memory:
+    it is reported as an OOM (where: "extrapolated"), as a real full-depth run would be."""
+    peak = (m.driver_used_bytes + _driver_reserved(device_gpu, m) if m.driver_used_bytes is not None
+            else m.max_reserved_bytes)
+    if m.status != "ok" or peak is None or peak <= capacity:
+        return m
+    return m.model_copy(update={"status": "oom", "where": "extrapolated", "message": (
+        f"the extrapolated peak, {peak / 2**30:.2f} GiB, exceeds the GPU's {capacity / 2**30:.2f} GiB")})
 
 
 def _driver_reserved(device_gpu: str, m: MeasureResult) -> int:
