@@ -13,7 +13,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from planner.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, PlannerInputError
+from planner.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerInputError
 from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
 
 EXIT_CODES = "Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input."
@@ -35,16 +35,27 @@ def _validation_problems(e: ValidationError) -> list[str]:
     return [f"--{'-'.join(map(str, er['loc'])).replace('_', '-')}: {er['msg']}" for er in e.errors()]
 
 
-def _serve(plan: Callable[[], Any], renderer: str | Callable, as_json: bool) -> None:
+def _fits_exit(result: Any) -> int:
+    return EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT
+
+
+def _serve(plan: Callable[[], Any], renderer: str | Callable, as_json: bool,
+           exit_code: Callable[[Any], int] = _fits_exit, probe: bool = False) -> None:
     """Run one planning function; print its result as JSON or with ``planner.report.<renderer>``
-    (or the renderer function given);
-    exit 0 when it fits, 1 when not, 2 on bad input (a message, never a traceback)."""
+    (or the renderer function given); exit with ``exit_code(result)`` (default: 0 when it fits,
+    1 when not), 2 on bad input (a message, never a traceback), and, for a probe, 3 when the probe
+    itself failed (RuntimeError)."""
     try:
         result = plan()
     except ValidationError as e:
         _fail(PlannerInputError(_validation_problems(e)))
     except PlannerInputError as e:
         _fail(e)
+    except RuntimeError as e:
+        if not probe:
+            raise
+        err.print(f"[bold red]probe failed:[/] {str(e)[-1500:]}", highlight=False)
+        raise typer.Exit(EXIT_PROBE_FAILED) from None
     if as_json:
         sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
     else:
@@ -52,7 +63,7 @@ def _serve(plan: Callable[[], Any], renderer: str | Callable, as_json: bool) -> 
 
         render = getattr(report, renderer) if isinstance(renderer, str) else renderer
         render(result, report.console_for_stdout())
-    raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
+    raise typer.Exit(exit_code(result))
 
 
 @app.command(help=f"Estimate per-GPU memory of one configuration and say whether it fits. {EXIT_CODES}")
@@ -272,9 +283,9 @@ def probe(
     explain: Annotated[bool, typer.Option("--explain", help="traced: list the tensors alive at the traced peak")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    from probes.command import EXIT_AGREE, EXIT_DISAGREE, EXIT_PROBE_FAILED, ProbeRequest, render_probe, run_probe
+    from probes.command import EXIT_AGREE, EXIT_DISAGREE, ProbeRequest, render_probe, run_probe
 
-    try:
+    def run():
         fields = dict(model=model, gpus=gpus, optimizer=optimizer, precision=precision, checkpointing=checkpointing,
                       sharding=sharding, offload=offload, loss=loss, attention=attention,
                       micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len)
@@ -287,26 +298,22 @@ def probe(
         request = ProbeRequest(**fields, fidelity=fidelity, layers=layers, timeout=timeout, explain=explain,
                                extrapolate_from=_depths(extrapolate_from), steps=steps, warmup_steps=warmup_steps)
         if fidelity == "measured":
-            from probes.measured_command import render_measured, run_measured_probe
+            from probes.measured_command import run_measured_probe
 
-            result, render = run_measured_probe(request), render_measured
-            failed = result.status in ("error", "timeout", "refused")
-        else:
-            result, render, failed = run_probe(request), render_probe, False
-    except ValidationError as e:
-        _fail(PlannerInputError(_validation_problems(e)))
-    except PlannerInputError as e:
-        _fail(e)
-    except RuntimeError as e:
-        err.print(f"[bold red]probe failed:[/] {str(e)[-1500:]}", highlight=False)
-        raise typer.Exit(EXIT_PROBE_FAILED) from None
-    if as_json:
-        sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
-    else:
-        from planner import report
+            return run_measured_probe(request)
+        return run_probe(request)
 
-        render(result, report.console_for_stdout())
-    raise typer.Exit(EXIT_PROBE_FAILED if failed else EXIT_AGREE if result.agrees else EXIT_DISAGREE)
+    def exit_code(result) -> int:
+        if getattr(result, "status", "ok") in ("error", "timeout", "refused"):
+            return EXIT_PROBE_FAILED
+        return EXIT_AGREE if result.agrees else EXIT_DISAGREE
+
+    renderer: Callable = render_probe
+    if fidelity == "measured":
+        from probes.measured_command import render_measured
+
+        renderer = render_measured
+    _serve(run, renderer, as_json, exit_code, probe=True)
 
 
 def _depths(text: str | None) -> list[int]:
@@ -338,19 +345,8 @@ def calibrate(
     from planner.calibrate import EXIT_FITTED, EXIT_NOTHING_TO_FIT, CalibrateRequest
     from planner.calibrate import calibrate as run_calibrate
 
-    try:
-        result = run_calibrate(CalibrateRequest(store=store, gpu=gpu, dry_run=dry_run))
-    except ValidationError as e:
-        _fail(PlannerInputError(_validation_problems(e)))
-    except PlannerInputError as e:
-        _fail(e)
-    if as_json:
-        sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
-    else:
-        from planner import report
-
-        report.render_calibrate(result, report.console_for_stdout())
-    raise typer.Exit(EXIT_FITTED if result.fitted else EXIT_NOTHING_TO_FIT)
+    _serve(lambda: run_calibrate(CalibrateRequest(store=store, gpu=gpu, dry_run=dry_run)), "render_calibrate", as_json,
+           lambda result: EXIT_FITTED if result.fitted else EXIT_NOTHING_TO_FIT)
 
 
 def main() -> None:

@@ -4,11 +4,13 @@ Exit codes (documented in README and ``--help``):
     0  the plan fits
     1  the plan does not fit, or the combination is infeasible
     2  bad input: a flag, a spec or a file the planner cannot use
+    3  planner probe: the probe itself failed (crash, timeout)
 """
 
 EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
 EXIT_BAD_INPUT = 2
+EXIT_PROBE_FAILED = 3  # planner probe: the probe itself failed (crash, timeout)
 
 
 class PlannerInputError(Exception):

@@ -16,7 +16,7 @@ from planner.vocabulary import TrainingConfig
 from probes.compare import STATE_BYTES_PER_PARAMETER, ZERO_STAGES, Comparison
 
 FIDELITIES = ("traced", "measured")
-EXIT_AGREE, EXIT_DISAGREE, EXIT_PROBE_FAILED = 0, 1, 3
+EXIT_AGREE, EXIT_DISAGREE = 0, 1
 
 
 class ProbeRequest(EstimateRequest):
