@@ -43,6 +43,9 @@ def build_run(req, device: torch.device) -> Run:
     """Model, optimizer and one training step for ``req`` (a probes.measured.MeasureRequest)."""
     c: TrainingConfig = req.config
     notes: list[str] = []
+    if device.type == "cpu" and c.offload != "none":  # host offload needs an accelerator to offload from
+        c = c.model_copy(update={"offload": "none"})
+        notes.append("CPU run: offload has no device to offload from; run without it")
     cfg = S.build_config(req.config_json, req.layers)
     fsdp = c.sharding.startswith("fsdp")
     zero = c.sharding.startswith("zero")
@@ -73,7 +76,7 @@ def build_run(req, device: torch.device) -> Run:
         notes.append(_chunked_loss(model))
     if fsdp:
         S.apply_fsdp(model, c, mesh)
-        _materialize(model, device)
+        _materialize(model, torch.device("cpu") if c.offload != "none" else device)
     ids = torch.randint(0, cfg.vocab_size, (c.micro_batch_size, c.seq_len), device=device)
     if zero:
         return _deepspeed_run(req, model, ids, notes)

@@ -81,14 +81,17 @@ def fake_process_group(world: int) -> None:
 def apply_fsdp(model, c: TrainingConfig, mesh) -> None:
     """FSDP2 ``fully_shard`` on every decoder layer, then the root (embeddings, final norm, head), as
     the emitted plan wraps it; bf16 compute with fp32 gradient reduction for the mixed precisions."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mixed = c.precision in MIXED
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
     reshard = c.sharding != "fsdp-grad-op"
+    # offload optimizer+params: the emitted fsdp_offload_params (parameters, gradients and the
+    # optimizer step on the host)
+    offload = CPUOffloadPolicy() if c.offload != "none" else OffloadPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard, offload_policy=offload)
 
 
 def build_optimizer(name: str, model):
