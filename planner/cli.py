@@ -329,6 +329,89 @@ def _depths(text: str | None) -> list[int]:
     return depths
 
 
+TUNE_EXIT_CODES = "Exit codes: 0 a probed plan fits (the best is shown and written), 1 none does, 2 bad input."
+
+
+@app.command(help="Find the fastest plan by measurement: an Optuna study over suggest's search space that spends "
+                  "--trials probes (measured on this machine's GPU; without one, traced memory and analytic time), "
+                  "skips what the analytic model rejects, resumes where it stopped, and can be shared by workers "
+                  f"(--storage). {TUNE_EXIT_CODES}")
+def tune(
+    model: Annotated[str, typer.Option(help="HF id from the catalog or local HF cache, or a config.json / model folder")],
+    gpus: Annotated[str, typer.Option(help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80")],
+    trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count)")] = 20,
+    timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)")] = None,
+    fidelity: Annotated[str, typer.Option(help="auto (measured with a GPU, else traced) | measured | traced | analytic")] = "auto",
+    band: Annotated[float, typer.Option(help="the model's relative error on throughput: stop when no unprobed candidate can beat the best probed one by more")] = 0.15,
+    storage: Annotated[str | None, typer.Option(help="an Optuna storage URL shared by workers (default: sqlite:///OUT/study.db, or ./planner-tune.db)")] = None,
+    study_name: Annotated[str | None, typer.Option(help="default: from the model, GPUs, fidelity and search space")] = None,
+    out: Annotated[Path | None, typer.Option(help="write the best plan's launch files, tune.png and the study file here")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite files already in --out")] = False,
+    optimizer: Annotated[list[Optimizer] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    precision: Annotated[list[Precision] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    checkpointing: Annotated[list[Checkpointing] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    sharding: Annotated[list[Sharding] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    offload: Annotated[list[Offload] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    loss: Annotated[list[Loss] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    attention: Annotated[list[Attention] | None, typer.Option(help="allow only these (repeatable)")] = None,
+    micro_batch_size: Annotated[list[int] | None, typer.Option("--micro-batch-size", "--mbs", help="allow only these (repeatable)")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (default as suggest)")] = None,
+    global_batch_size: Annotated[int | None, typer.Option(help="sequences per optimizer step over all GPUs (default as suggest)")] = None,
+    exact_optimizer: Annotated[bool, typer.Option("--exact-optimizer", help="exclude quantized (8-bit) optimizer states")] = False,
+    margin: Annotated[float, typer.Option(help="fraction of GPU memory to keep free, e.g. 0.05")] = 0.0,
+    host_memory_gb: Annotated[float | None, typer.Option(help="host RAM per node, GB")] = None,
+    inter_node_gbps: Annotated[float | None, typer.Option(help="network bandwidth per node, Gbit/s")] = None,
+    enqueue: Annotated[int, typer.Option(help="the analytic model's top candidates probed first")] = 5,
+    probe_timeout: Annotated[float, typer.Option(help="seconds per probe")] = 900.0,
+    heartbeat_seconds: Annotated[int, typer.Option(help="a dead worker's trial is retried after twice this")] = 30,
+    seed: Annotated[int, typer.Option(help="Optuna sampler seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    from planner.tune import FIDELITIES, TuneRequest
+    from planner.tune import tune as run_tune
+
+    def run():
+        if fidelity not in FIDELITIES:
+            raise PlannerInputError(f"--fidelity {fidelity!r}", hint=f"One of: {', '.join(FIDELITIES)}.")
+        if out is not None and not force:
+            from planner.emit import FILE_NAMES
+
+            existing = sorted(n for n in FILE_NAMES if (out / n).exists())
+            if existing:  # say so before any probe is spent
+                raise PlannerInputError(f"{out} already has {', '.join(existing)}", hint="Pass --force to overwrite them.")
+        request = TuneRequest(
+            model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
+            seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer or [],
+            precision=precision or [], checkpointing=checkpointing or [], sharding=sharding or [],
+            offload=offload or [], loss=loss or [], attention=attention or [], micro_batch_size=micro_batch_size or [],
+            exact_optimizer=exact_optimizer, seed=seed, fidelity=fidelity, band=band, probes=trials, timeout=timeout,
+            probe_timeout=probe_timeout, storage=storage, study_name=study_name, out=out, enqueue=enqueue,
+            heartbeat_seconds=heartbeat_seconds)
+        from planner.tune_report import Progress, plot
+        from probes.tune_probes import choose
+
+        chosen, probe, notes = choose(fidelity, probe_timeout)
+        with Progress(trials, chosen, err) as progress:
+            result = run_tune(request, probe, chosen, progress.update, notes)
+        if out is not None and result.best_plan is not None:
+            from planner.emit import emit as write_plan
+            from planner.emit import single_plan_result
+
+            for path in write_plan(single_plan_result(result.best_plan), out, force):
+                err.print(f"wrote {path}", highlight=False)
+            picture = plot(result, out / "tune.png")
+            err.print(f"wrote {picture}" if picture else "no tune.png: pip install matplotlib for the plot", highlight=False)
+        return result
+
+    _serve(run, _render_tune, as_json)
+
+
+def _render_tune(result, console) -> None:
+    from planner.tune_report import render_tune
+
+    render_tune(result, console)
+
+
 CALIBRATE_EXIT_CODES = ("Exit codes: 0 fitted, 1 nothing to fit (no measurement with status ok), "
                         "2 bad input (no store, no measurements).")
 

@@ -1,0 +1,324 @@
+"""``planner tune``: spend a budget of probes to find the plan that is fastest when measured.
+
+An Optuna study over the search space ``suggest`` uses (planner/space.py: the strategies' choices
+and micro-batch sizes), in a storage that outlives the process:
+- the analytic model ranks the space first (planner/search.py); its top candidates are enqueued,
+  so the first probes go where the model expects the best plans;
+- every trial is evaluated analytically first: a candidate predicted not to fit is recorded as an
+  infeasible trial (``trial.set_constraint``) and no probe is spent on it;
+- the rest are probed by the fidelity given (``probe``: measured on a GPU, traced memory with the
+  analytic time on a CPU, or the analytic model itself); a probe's OOM is an infeasible trial
+  (memory constraint > 0), a crash or timeout is recorded with its message, never raised;
+- every trial records the fidelity that produced its values and, for probed ones, the analytic
+  prediction beside the probe's figures;
+- a candidate already probed (by this worker, another worker, or before an interruption) is never
+  probed again: a trial that samples it is pruned and the best unprobed candidate is enqueued;
+- a worker that dies mid-probe leaves a trial whose heartbeat stops; once stale it is failed and
+  retried (Optuna's RetryHeartbeatStaleTrialCallback), so no trial is lost;
+- it stops at ``trials`` probes (over the whole study, so a resumed tune continues its count),
+  at ``timeout``, or early when no unprobed candidate can beat the best measured one by more than
+  the model's error band (see ``can_still_win``).
+
+No torch here: probes are passed in as a function (probes/tune_probes.py builds them).
+"""
+
+import hashlib
+import json
+import os
+import socket
+import statistics
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.catalog import gpus as gpu_catalog
+from planner.catalog.models import resolve_model
+from planner.errors import PlannerInputError
+from planner.estimate import EstimateResult, default_seq_len, evaluate, result_of
+from planner.search import search
+from planner.suggest import SuggestRequest, _space
+
+FIDELITIES = ("auto", "analytic", "traced", "measured")
+#: Far outside any memory: the constraint of a candidate that cannot run at all.
+INFEASIBLE = float(2**60)
+#: Trials (pruned duplicates and analytic rejections included) per probe before the study gives up
+#: on a sampler that keeps proposing what was already decided.
+TRIALS_PER_PROBE_CAP = 30
+
+
+class ProbeOutcome(BaseModel):
+    """What one probe of one plan found (the fidelities: probes/tune_probes.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fidelity: str  # analytic | traced | measured: what produced the values
+    status: str  # ok | oom | error | timeout | refused
+    peak_bytes: int | None = None  # per GPU, comparable with the analytic peak
+    step_seconds: float | None = None  # the step tokens/s is computed from (measured: + modelled communication)
+    message: str = ""
+
+
+Probe = Callable[[EstimateResult], ProbeOutcome]
+
+
+class TuneRequest(SuggestRequest):
+    fidelity: str = "auto"  # auto: measured with a GPU, else traced
+    band: float = Field(0.15, ge=0, le=10)  # the model's relative error on throughput (early stop)
+    probes: int = Field(20, ge=1, le=100_000)  # probe budget over the whole study (--trials)
+    timeout: float | None = Field(None, gt=0)  # seconds for this invocation
+    probe_timeout: float = Field(900.0, gt=0)
+    storage: str | None = None  # any Optuna storage URL; default: a SQLite file next to the output
+    study_name: str | None = None
+    out: Path | None = None
+    enqueue: int = Field(5, ge=0, le=1000)  # analytic top candidates probed first
+    heartbeat_seconds: int = Field(30, ge=1)  # a dead worker's trial is retried after 2x this
+
+
+class TrialRow(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    number: int
+    state: str
+    config: dict
+    fidelity: str
+    status: str
+    probed: bool
+    predicted_peak_bytes: int | None
+    predicted_tokens_per_second: float | None
+    peak_bytes: int | None
+    tokens_per_second: float | None
+    message: str
+    feasible: bool  # every constraint met (memory within the GPU)
+
+
+class TuneResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    study_name: str
+    storage: str
+    fidelity: str
+    probes: int  # probes spent over the whole study
+    stopped: str  # why it stopped
+    best: TrialRow | None
+    best_plan: EstimateResult | None
+    trials: list[TrialRow]
+    notes: list[str]
+
+    @property
+    def fits(self) -> bool:
+        return self.best is not None
+
+
+def study_name(req: TuneRequest, fidelity: str) -> str:
+    """Default name: the model, GPUs, fidelity and a hash of everything that shapes the space, so
+    the same command resumes the same study and a changed one starts another."""
+    shape = req.model_dump(mode="json", exclude={"timeout", "probe_timeout", "storage", "study_name", "out",
+                                                  "probes", "enqueue", "heartbeat_seconds", "top", "engine",
+                                                  "trials", "band"})
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
+    slug = "".join(ch if ch.isalnum() else "-" for ch in req.model.split("/")[-1]).strip("-")
+    return f"tune-{slug}-{req.gpus}-{fidelity}-{digest}"
+
+
+def default_storage(out: Path | None) -> str:
+    """A SQLite study file next to the output (``--out``), else in the working directory."""
+    path = (out / "study.db") if out is not None else Path("planner-tune.db")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path.resolve()}"
+
+
+def can_still_win(analytic_tps: float, best_measured: float, ratio: float, band: float) -> bool:
+    """Whether a candidate the model rates at ``analytic_tps`` tokens/s could beat the best
+    measured one: its expected measured rate is analytic x ``ratio`` (the median measured/analytic
+    ratio of the probes so far: the model's bias on this machine), and it may do ``band`` better
+    than expected (the model's error band). Unit: tokens/s; both sides per the same GPU count."""
+    return analytic_tps * ratio * (1 + band) > best_measured
+
+
+def tune(req: TuneRequest, probe: Probe, fidelity: str, on_trial: Callable[[TrialRow, int], None] | None = None,
+         notes: list[str] | None = None) -> TuneResult:
+    import optuna
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    model = resolve_model(req.model)
+    hardware = gpu_catalog.parse_gpus(req.gpus, req.host_memory_gb, req.inter_node_gbps)
+    if req.seq_len is None:
+        req = req.model_copy(update={"seq_len": default_seq_len(model)})
+    space = _space(req, hardware.num_gpus, req.global_batch_size)
+
+    def analytic(config):
+        return evaluate(model, hardware, config, req.margin)
+
+    ranked = search(space, lambda c: evaluate(model, hardware, c, req.margin, skip_infeasible=True),
+                    req.engine, req.trials, req.seed).fitting
+    url = req.storage or default_storage(req.out)
+    name = req.study_name or study_name(req, fidelity)
+    study = _open_study(url, name, req)
+    if not study.trials:
+        study.set_user_attr("request", req.model_dump(mode="json", exclude={"out"}))
+        study.set_user_attr("fidelity", fidelity)
+
+    def enqueue_next(trials) -> None:
+        """Queue the analytic model's next-best unprobed candidate, one at a time (up to
+        ``enqueue`` in all): a short queue lets a retried trial of a dead worker run next."""
+        waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+        queued = study.user_attrs.get("enqueued", [])
+        if waiting or len(queued) >= req.enqueue:
+            return
+        done = probed_keys(trials) | {tuple(k) for k in queued}
+        nxt = next((r for r in ranked if (r.combo, r.micro_batch_size) not in done), None)
+        if nxt is not None:
+            study.set_user_attr("enqueued", [*queued, [nxt.combo, nxt.micro_batch_size]])
+            study.enqueue_trial(_params(space, nxt.combo, nxt.micro_batch_size))
+
+    def key_of(params: dict) -> tuple[int, int]:
+        techniques = {f: params[f] for f in space.choices}
+        return space.combo_index(techniques), params["micro_batch_size"]
+
+    def probed_keys(trials) -> set:
+        return {tuple(t.user_attrs["candidate"]) for t in trials if t.user_attrs.get("probed")}
+
+    def objective(trial) -> float:
+        params = {f: trial.suggest_categorical(f, list(v)) for f, v in space.choices.items()}
+        params["micro_batch_size"] = trial.suggest_categorical("micro_batch_size", list(space.micro_batch_sizes))
+        key = key_of(params)
+        trial.set_user_attr("candidate", list(key))
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        claimed = [t for t in study.get_trials(deepcopy=False)
+                   if t.number < trial.number and t.user_attrs.get("candidate") == list(key)
+                   and t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE)]
+        if claimed:  # probed (or being probed) already: never twice; go to the best unprobed candidate
+            trial.set_user_attr("duplicate_of", claimed[0].number)
+            done = probed_keys(study.get_trials(deepcopy=False)) | {key}
+            nxt = next((r for r in ranked if (r.combo, r.micro_batch_size) not in done), None)
+            if nxt is not None:
+                study.enqueue_trial(_params(space, nxt.combo, nxt.micro_batch_size), skip_if_exists=True)
+            raise optuna.TrialPruned()
+        ev = analytic(space.config(space.combo(key[0]), key[1]))
+        if not ev.fits:  # the analytic model prunes it: no probe spent
+            trial.set_user_attr("fidelity", "analytic")
+            trial.set_user_attr("status", "predicted not to fit" if ev.feasible else "infeasible")
+            trial.set_user_attr("message", "; ".join(result_of(ev, req.margin).reasons)[:500])
+            trial.set_user_attr("predicted_peak_bytes", ev.peak)
+            trial.set_constraint("memory_shortfall_bytes", float(max(1, ev.peak - ev.usable)) if ev.feasible else INFEASIBLE)
+            return 0.0
+        plan = result_of(ev, req.margin)
+        try:
+            outcome = probe(plan)
+        except Exception as e:  # a probe's own failure is a result
+            outcome = ProbeOutcome(fidelity=fidelity, status="error", message=f"{type(e).__name__}: {e}"[:1000])
+        tps = ev.tokens_per_step / outcome.step_seconds if outcome.status == "ok" and outcome.step_seconds else 0.0
+        for attr, value in (("fidelity", outcome.fidelity), ("status", outcome.status), ("probed", True),
+                            ("message", outcome.message[:1000]), ("predicted_peak_bytes", ev.peak),
+                            ("predicted_tokens_per_second", ev.tokens_per_second), ("peak_bytes", outcome.peak_bytes),
+                            ("tokens_per_second", tps)):
+            trial.set_user_attr(attr, value)
+        if outcome.status == "ok":
+            peak = outcome.peak_bytes if outcome.peak_bytes is not None else ev.peak
+            trial.set_constraint("memory_shortfall_bytes", float(peak - ev.usable))
+        else:  # OOM: over the memory; a crash or timeout: nothing known, so never the best
+            trial.set_constraint("memory_shortfall_bytes", 1.0 if outcome.status == "oom" else INFEASIBLE)
+        return tps
+
+    def stop_reason(trials) -> str | None:
+        """Why the study is done (None: go on): budget, every fitting candidate probed, the early
+        stop of ``can_still_win``, or a sampler stuck on decided candidates."""
+        spent = sum(1 for t in trials if t.user_attrs.get("probed"))
+        retries = [t for t in trials if t.state == optuna.trial.TrialState.WAITING
+                   and RetryHeartbeatStaleTrialCallback.retried_trial_number(t) is not None]
+        if spent >= req.probes and not retries:  # a dead worker's probe is owed: it never counted
+            return f"probe budget: {spent} probes"
+        done = probed_keys(trials)
+        left = [r for r in ranked if (r.combo, r.micro_batch_size) not in done]
+        if not left:
+            return "every candidate that fits was probed"
+        ok = [t for t in trials if t.user_attrs.get("probed") and t.user_attrs.get("status") == "ok" and _feasible(t)
+              and t.state == optuna.trial.TrialState.COMPLETE]
+        if ok:
+            best = max(t.user_attrs["tokens_per_second"] for t in ok)
+            ratio = statistics.median(t.user_attrs["tokens_per_second"] / t.user_attrs["predicted_tokens_per_second"]
+                                      for t in ok)
+            if not any(can_still_win(r.tokens_per_second, best, ratio, req.band) for r in left):
+                return (f"early: no unprobed candidate can beat {best:,.0f} tokens/s by more than the "
+                        f"{req.band:.0%} band (measured/analytic ratio {ratio:.2f})")
+        if len(trials) >= TRIALS_PER_PROBE_CAP * req.probes:
+            return "the sampler kept proposing decided candidates"
+        return None
+
+    stopped = [stop_reason(study.get_trials(deepcopy=False))
+               or (None if ranked else "nothing fits: the analytic model rejects every candidate")]
+
+    def after_trial(study, frozen) -> None:
+        trials = study.get_trials(deepcopy=False)
+        if on_trial is not None and frozen.state != optuna.trial.TrialState.PRUNED:
+            on_trial(_row(frozen), sum(1 for t in trials if t.user_attrs.get("probed")))
+        reason = stop_reason(trials)
+        if reason:
+            stopped[0] = reason
+            study.stop()
+        else:
+            enqueue_next(trials)
+
+    if ranked and stopped[0] is None:
+        enqueue_next(study.get_trials(deepcopy=False))
+        study.optimize(objective, timeout=req.timeout, callbacks=[after_trial], catch=())
+        stopped[0] = stopped[0] or (f"timeout after {req.timeout:g} s" if req.timeout else "stopped")
+    skip = (optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.WAITING)  # duplicates; queued, never run
+    final = [t for t in study.get_trials(deepcopy=False) if t.state not in skip]
+    rows = [_row(t) for t in final]
+    measured = [r for r, t in zip(rows, final, strict=True)
+                if r.probed and r.status == "ok" and r.tokens_per_second and _feasible(t)]
+    best = max(measured, key=lambda r: (r.tokens_per_second, -r.number), default=None)
+    best_plan = None
+    if best is not None:
+        best_plan = result_of(analytic(space.config(space.combo(key_of(best.config)[0]), best.config["micro_batch_size"])),
+                              req.margin)
+    return TuneResult(study_name=name, storage=url, fidelity=fidelity,
+                      probes=sum(1 for r in rows if r.probed), stopped=stopped[0], best=best, best_plan=best_plan,
+                      trials=rows, notes=list(notes or []))
+
+
+def _open_study(url: str, name: str, req: TuneRequest):
+    """Create or load the study. Workers starting together race to create the schema and the
+    study; SQLite also serialises writers: so a few retries, and a long lock timeout for SQLite."""
+    import time
+
+    import optuna
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else None
+    error: Exception | None = None
+    for attempt in range(5):
+        try:
+            storage = RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=req.heartbeat_seconds,
+                                 grace_period=2 * req.heartbeat_seconds,
+                                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3))
+            return optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True,
+                                       sampler=optuna.samplers.TPESampler(seed=req.seed))
+        except Exception as e:  # a bad URL, an unreachable database, or a worker creating it right now
+            error = e
+            time.sleep(0.5 * (attempt + 1))
+    raise PlannerInputError(f"--storage {url}: {error}", hint="Give an Optuna storage URL, e.g. sqlite:///tune.db")
+
+
+def _params(space, combo: int, mbs: int) -> dict:
+    return {k: str(v) for k, v in space.combo(combo).items()} | {"micro_batch_size": mbs}
+
+
+def _feasible(t) -> bool:
+    """Every constraint of the frozen trial is satisfied (Optuna: feasible when all are <= 0)."""
+    return all(v <= 0 for v in t.constraints.values())
+
+
+def _row(t) -> TrialRow:
+    a = t.user_attrs
+    return TrialRow(number=t.number, state=t.state.name, config=dict(t.params), fidelity=a.get("fidelity", ""),
+                    status=a.get("status", ""), probed=bool(a.get("probed")),
+                    predicted_peak_bytes=a.get("predicted_peak_bytes"),
+                    predicted_tokens_per_second=a.get("predicted_tokens_per_second"), peak_bytes=a.get("peak_bytes"),
+                    tokens_per_second=a.get("tokens_per_second"), message=a.get("message", ""),
+                    feasible=_feasible(t))

@@ -1,0 +1,116 @@
+"""What ``planner tune`` shows: live progress, the predicted-vs-probed table, the PNG plot."""
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.tune import TrialRow, TuneResult
+
+GIB = 2**30
+
+
+class Progress:
+    """A live line on stderr: probes spent of the budget, the best so far, the fidelity."""
+
+    def __init__(self, budget: int, fidelity: str, console: Console) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
+
+        self.fidelity, self.best = fidelity, 0.0
+        self.bar = Bar(TextColumn("[bold]tune[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), console=console, transient=False)
+        self.task = self.bar.add_task(self._text(None), total=budget)
+
+    def _text(self, row: TrialRow | None) -> str:
+        last = "" if row is None else f" | trial {row.number}: {row.status or row.state}"
+        return f"{self.fidelity}, best {self.best:,.0f} tokens/s{last}"
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+    def update(self, row: TrialRow, probes: int) -> None:
+        if row.probed and row.status == "ok" and row.feasible and row.tokens_per_second:
+            self.best = max(self.best, row.tokens_per_second)
+        self.bar.update(self.task, completed=probes, description=self._text(row))
+
+
+def render_tune(r: TuneResult, console: Console) -> None:
+    console.print(f"study [bold]{r.study_name}[/] in {r.storage}", highlight=False)
+    console.print(f"fidelity: {r.fidelity}; {r.probes} probes; stopped: {r.stopped}", highlight=False)
+    for note in r.notes:
+        console.print(f"note: {note}", highlight=False)
+    table = Table("trial", "config", "fidelity", "status", "peak GiB predicted", "probed",
+                  "tokens/s predicted", "probed")
+    for t in r.trials:
+        if not t.probed:
+            continue
+        c = t.config
+        label = (f"{c.get('optimizer')} {c.get('precision')} ckpt {c.get('checkpointing')} {c.get('sharding')} "
+                 f"off {c.get('offload')} {c.get('loss')} {c.get('attention')} mbs {c.get('micro_batch_size')}")
+        best = r.best is not None and t.number == r.best.number
+        table.add_row(("* " if best else "") + str(t.number), label, t.fidelity, t.status + ("" if t.feasible else " (over)"),
+                      _gib(t.predicted_peak_bytes), _gib(t.peak_bytes), _rate(t.predicted_tokens_per_second),
+                      _rate(t.tokens_per_second))
+    console.print(table)
+    pruned = sum(1 for t in r.trials if not t.probed)
+    console.print(f"{pruned} trials decided by the analytic model without a probe (predicted not to fit or infeasible)")
+    if r.best_plan is not None:
+        c = r.best_plan.config
+        console.print(f"[bold green]best probed plan:[/] trial {r.best.number}: {r.best.tokens_per_second:,.0f} tokens/s "
+                      f"({r.best.fidelity}); {c.optimizer} {c.precision} checkpointing {c.checkpointing} sharding "
+                      f"{c.sharding} offload {c.offload} loss {c.loss} attention {c.attention} "
+                      f"micro-batch {c.micro_batch_size} x {c.grad_accum}", highlight=False)
+    else:
+        console.print("[bold red]no probed plan ran within the GPU's memory[/]")
+    console.print(f"open the study: optuna-dashboard {r.storage}", highlight=False)
+
+
+def plot(r: TuneResult, path: Path) -> Path | None:
+    """predicted vs probed peak memory and throughput, one point per probed trial, to a PNG.
+    None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [t for t in r.trials if t.probed and t.predicted_peak_bytes]
+    fig, (mem, rate) = plt.subplots(1, 2, figsize=(11, 5))
+    for axis, pairs, unit in (
+        (mem, [(t.predicted_peak_bytes / GIB, t.peak_bytes / GIB, t) for t in rows if t.peak_bytes], "peak memory (GiB)"),
+        (rate, [(t.predicted_tokens_per_second, t.tokens_per_second, t) for t in rows if t.tokens_per_second],
+         "tokens/s"),
+    ):
+        if pairs:
+            xs, ys, ts = zip(*pairs, strict=True)
+            colours = ["tab:red" if t.status != "ok" or not t.feasible else "tab:blue" for t in ts]
+            axis.scatter(xs, ys, c=colours)
+            top = max(max(xs), max(ys)) * 1.05
+            axis.plot([0, top], [0, top], color="grey", linewidth=0.8, label="probed = predicted")
+            axis.set_xlim(0, top)
+            axis.set_ylim(0, top)
+            axis.legend(loc="upper left")
+        axis.set_xlabel(f"predicted {unit}")
+        axis.set_ylabel(f"{r.fidelity} {unit}")
+    mem.set_title("peak memory per GPU (red: over the GPU or failed)")
+    rate.set_title("throughput")
+    fig.suptitle(f"planner tune: {r.study_name}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _gib(x: int | None) -> str:
+    return "-" if x is None else f"{x / GIB:.2f}"
+
+
+def _rate(x: float | None) -> str:
+    return "-" if not x else f"{x:,.0f}"

@@ -1,0 +1,156 @@
+"""``planner tune`` on the CPU: the analytic fidelity reproduces ``suggest``; crashes and OOMs are
+recorded trials; no probe is spent on a plan the model rejects; a killed tune resumes with no
+trial lost or repeated; two workers share one study."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+from planner.suggest import SuggestRequest, suggest  # noqa: E402
+from planner.tune import ProbeOutcome, TuneRequest, tune  # noqa: E402
+
+TINY = str(Path(__file__).parent / "data" / "tiny-llama" / "config.json")
+LLAMA = dict(model="meta-llama/Llama-3.2-1B", gpus="1xH100-80", seq_len=2048)
+CLI = [sys.executable, "-c", "from planner.cli import main; main()"]
+
+
+def analytic(plan) -> ProbeOutcome:
+    return ProbeOutcome(fidelity="analytic", status="ok", peak_bytes=plan.memory["peak"],
+                        step_seconds=plan.time.step_seconds)
+
+
+def probed(study) -> list[tuple]:
+    return [tuple(t.user_attrs["candidate"]) for t in study.trials
+            if t.user_attrs.get("probed") and t.state == optuna.trial.TrialState.COMPLETE]
+
+
+def test_analytic_tune_finds_suggests_best(tmp_path):
+    r = tune(TuneRequest(**LLAMA, storage=f"sqlite:///{tmp_path}/s.db", probes=10, band=0.0), analytic, "analytic")
+    best = suggest(SuggestRequest(**LLAMA)).plans[0]
+    assert r.best_plan.config == best.config
+    assert r.best.tokens_per_second == pytest.approx(best.time.tokens_per_second)
+    assert all(t.fidelity == "analytic" for t in r.trials)
+
+
+def test_crash_and_oom_are_recorded_not_fatal(tmp_path):
+    calls = []
+
+    def flaky(plan) -> ProbeOutcome:
+        calls.append(plan.config)
+        if len(calls) == 1:
+            raise RuntimeError("injected crash")
+        if len(calls) == 2:
+            return ProbeOutcome(fidelity="measured", status="oom", message="CUDA out of memory (injected)")
+        return analytic(plan)
+
+    r = tune(TuneRequest(**LLAMA, storage=f"sqlite:///{tmp_path}/s.db", probes=5, band=10.0), flaky, "measured")
+    statuses = {t.number: t.status for t in r.trials if t.probed}
+    assert len(statuses) == 5 and r.probes == 5
+    crash = next(t for t in r.trials if t.status == "error")
+    oom = next(t for t in r.trials if t.status == "oom")
+    assert "injected crash" in crash.message and not crash.feasible and not oom.feasible
+    assert r.best is not None and r.best.number not in (crash.number, oom.number)
+
+
+def test_no_probe_is_spent_on_a_plan_predicted_not_to_fit(tmp_path):
+    seen = []
+
+    def record(plan) -> ProbeOutcome:
+        seen.append(plan.fits)
+        return analytic(plan)
+
+    r = tune(TuneRequest(model="meta-llama/Llama-3.1-8B", gpus="1xA100-40", seq_len=2048,
+                         storage=f"sqlite:///{tmp_path}/s.db", probes=4, band=10.0, enqueue=0, seed=3),
+             record, "analytic")
+    assert seen and all(seen)
+    assert any(not t.probed and t.status == "predicted not to fit" for t in r.trials)
+
+
+def _study(url: str):
+    names = optuna.get_all_study_names(url)
+    assert len(names) == 1
+    return optuna.load_study(study_name=names[0], storage=url)
+
+
+def _tune_cmd(url: str, trials: int, *extra: str) -> list[str]:
+    return [*CLI, "tune", "--model", TINY, "--gpus", "1xH100-80", "--seq-len", "64", "--fidelity", "traced",
+            "--trials", str(trials), "--storage", url, "--heartbeat-seconds", "1", "--band", "10", "--json", *extra]
+
+
+def _probing_now(db: Path) -> bool:
+    """Some trial has been probed and another is running (mid-probe)."""
+    if not db.exists():
+        return False
+    try:
+        with sqlite3.connect(db) as con:
+            states = Counter(s for (s,) in con.execute("SELECT state FROM trials"))
+    except sqlite3.Error:
+        return False
+    return states.get("COMPLETE", 0) >= 1 and states.get("RUNNING", 0) >= 1
+
+
+def test_killed_tune_resumes_without_losing_or_repeating_a_trial(tmp_path):
+    db = tmp_path / "study.db"
+    url = f"sqlite:///{db}"
+    proc = subprocess.Popen(_tune_cmd(url, 4), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 600
+    while not _probing_now(db) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the tune ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-probe, no chance to clean up
+    proc.wait()
+    before = _study(url)
+    interrupted = [t for t in before.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(interrupted) == 1
+    time.sleep(2.5)  # past the heartbeat's grace period
+    done = subprocess.run(_tune_cmd(url, 4), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = _study(url)
+    keys = probed(after)
+    assert len(keys) == 4 and len(set(keys)) == 4  # the budget, each candidate once
+    lost = after.trials[interrupted[0].number]
+    assert lost.state == optuna.trial.TrialState.FAIL
+    assert tuple(lost.user_attrs["candidate"]) in keys  # the interrupted candidate was retried
+    assert json.loads(done.stdout)["probes"] == 4
+
+
+def test_two_workers_share_one_study(tmp_path):
+    url = f"sqlite:///{tmp_path}/shared.db"
+    cmd = _tune_cmd(url, 4, "--study-name", "shared")
+    workers = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [w.communicate(timeout=900) for w in workers]
+    assert all(w.returncode == 0 for w in workers), [e[-1500:] for _, e in outs]
+    study = optuna.load_study(study_name="shared", storage=url)
+    keys = probed(study)
+    assert 4 <= len(keys) <= 5 and len(set(keys)) == len(keys)  # at most one probe in flight past the budget
+    assert len({t.user_attrs["worker"] for t in study.trials if t.user_attrs.get("probed")}) == 2
+
+
+def test_cli_tune_writes_the_best_plan_and_the_plot(tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run([*CLI, "tune", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "1xH100-80",
+                        "--fidelity", "analytic", "--trials", "5", "--out", str(out), "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    assert result["best"]["fidelity"] == "analytic"
+    assert (out / "study.db").exists() and (out / "plan.json").exists() and (out / "accelerate_config.yaml").exists()
+    plan = json.loads((out / "plan.json").read_text())["plans"][0]["config"]
+    assert plan == result["best_plan"]["config"]
+    pytest.importorskip("matplotlib")
+    assert (out / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = subprocess.run([*CLI, "tune", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "1xH100-80",
+                            "--fidelity", "analytic", "--trials", "5", "--out", str(out)],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
