@@ -91,10 +91,10 @@ def plot(r: TuneResult, path: Path) -> Path | None:
             xs, ys, ts = zip(*pairs, strict=True)
             colours = ["tab:red" if t.status != "ok" or not t.feasible else "tab:blue" for t in ts]
             axis.scatter(xs, ys, c=colours)
-            top = max(max(xs), max(ys)) * 1.05
-            axis.plot([0, top], [0, top], color="grey", linewidth=0.8, label="probed = predicted")
-            axis.set_xlim(0, top)
-            axis.set_ylim(0, top)
+            top, low = max(max(xs), max(ys)) * 1.05, min(min(xs), min(ys)) * 0.9
+            axis.plot([low, top], [low, top], color="grey", linewidth=0.8, label="probed = predicted")
+            axis.set_xlim(low, top)
+            axis.set_ylim(low, top)
             axis.legend(loc="upper left")
         axis.set_xlabel(f"predicted {unit}")
         axis.set_ylabel(f"{r.fidelity} {unit}")

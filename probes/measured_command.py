@@ -82,13 +82,15 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
     world = plan.hardware.num_gpus
     sharded = c.sharding.startswith(("fsdp", "zero"))
     depths = sorted(extrapolate_from or [])
+    device_gpu = catalog_gpu(device.name, device.total_bytes) if device_kind == "cuda" else "cpu"
+    # the plan's GPU offers its memory less what its driver keeps (taken as this device's share)
+    reserve = _driver_reserved(device_gpu, MeasureResult(status="ok", device_total_bytes=device.total_bytes or None))
     base = dict(config_json=config_json, config=c, world_size=world if sharded else 1,
                 warmup_steps=warmup_steps, timed_steps=steps, device=device_kind,
-                memory_cap_bytes=plan.hardware.gpu_memory_bytes if device_kind == "cuda" else None,
+                memory_cap_bytes=plan.hardware.gpu_memory_bytes - reserve if device_kind == "cuda" else None,
                 unified_bytes=plan.paged.state_bytes if plan.paged else 0,
                 deepspeed_config=_deepspeed_config(plan) if c.sharding.startswith("zero") else None)
     store = _store()
-    device_gpu = catalog_gpu(device.name, device.total_bytes) if device_kind == "cuda" else "cpu"
     runs: list[tuple[int | None, MeasureResult]] = []
     for depth in depths or [layers]:
         result = runner(MeasureRequest(**base, layers=depth), timeout)
@@ -106,25 +108,27 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
     at_depth = plan if layers is None else estimate_config(
         spec.model_copy(update={"num_layers": layers}), hardware, c,
         1 - plan.usable_bytes / plan.hardware.gpu_memory_bytes)
-    return _compare(at_depth, model_ref, device, device_gpu, layers, depths, sharded, result,
+    return _compare(at_depth, model_ref, device, device_gpu, layers, depths, world > 1, result,
                     str(store.path) if store is not None else None)
 
 
 def _compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gpu: str, layers: int | None,
-             depths: list[int], sharded: bool, m: MeasureResult, stored: str | None) -> MeasuredComparison:
+             depths: list[int], modelled: bool, m: MeasureResult, stored: str | None) -> MeasuredComparison:
+    """``modelled``: the plan has several GPUs, and one process ran (one rank under a fake process
+    group, or DDP as one process): NCCL's buffers and the communication time are left out."""
     rows = plan.ledger
-    nccl = sum(r.bytes for r in rows if r.term == "cuda_context" and "NCCL" in r.label) if sharded else 0
+    nccl = sum(r.bytes for r in rows if r.term == "cuda_context" and "NCCL" in r.label) if modelled else 0
     context = sum(r.bytes for r in rows if r.term == "cuda_context") - nccl
     reserve = sum(r.bytes for r in rows if r.term == "allocator_reserve")
     predicted_peak = plan.memory["peak"] - nccl
-    communication = plan.time.terms.get("communication", 0.0) if sharded else 0.0
+    communication = plan.time.terms.get("communication", 0.0) if modelled else 0.0
     predicted_step = plan.time.step_seconds - communication
     measured_peak = (m.driver_used_bytes + _driver_reserved(device_gpu, m) if m.driver_used_bytes is not None
                      else m.max_reserved_bytes + context if m.max_reserved_bytes is not None else None)
     step = statistics.median(m.step_seconds) if m.step_seconds else None
     tokens = plan.config.micro_batch_size * plan.config.grad_accum * plan.config.seq_len
     notes = list(m.notes)
-    if sharded:
+    if modelled:
         notes.append(f"communication modelled, not measured: {communication:.4f} s of the analytic step is left out")
     if plan.hardware.gpu != device_gpu:
         notes.append(f"measured on {device.name or device_gpu} for a plan on {plan.hardware.gpu}: memory transfers "
