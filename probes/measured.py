@@ -124,11 +124,14 @@ def memory_budget(total: int, free: int, context: int, cap: int | None, unified:
 
 def classify_failure(exc: BaseException) -> str:
     """``oom`` for an allocation failure (torch.OutOfMemoryError, MemoryError, or an error whose
-    message says the allocator failed: cuBLAS/cuDNN workspaces, the CPU allocator), else ``error``."""
+    message says the allocator failed: cuBLAS/cuDNN workspaces, the CPU allocator); ``refused``
+    when a package the plan needs is not installed here (the message says which); else ``error``."""
     import torch
 
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return "oom"
+    if isinstance(exc, ImportError):
+        return "refused"
     text = str(exc).lower()
     return "oom" if any(m in text for m in OOM_MESSAGES) else "error"
 

@@ -343,6 +343,10 @@ def render_probed(r: ProbedSuggestion, console) -> None:
     console.print(f"measured on {r.probes[0].device if r.probes else '-'} "
                   "(sharded plans: one rank, communication modelled and left out of both rates):", highlight=False)
     console.print(table)
+    for i, p in enumerate(r.probes, 1):
+        if p.status != "ok":
+            console.print(f"plan {i}: {p.status}" + (f" at {p.where}" if p.where else "") + f": {p.message}",
+                          highlight=False)
     if r.best_rank:
         console.print(f"[bold]fastest measured: plan {r.best_rank}[/]")
     else:

@@ -61,6 +61,7 @@ def test_failures_are_classified():
     assert classify_failure(MemoryError()) == "oom"
     assert classify_failure(RuntimeError("CUDA error: an illegal memory access was encountered")) == "error"
     assert classify_failure(ValueError("bad config")) == "error"
+    assert classify_failure(ImportError("adam-mini is not installed (pip install adam-mini)")) == "refused"
 
 
 def test_catalog_gpu_from_driver_names():

@@ -154,3 +154,16 @@ def test_cli_tune_writes_the_best_plan_and_the_plot(tmp_path):
                             "--fidelity", "analytic", "--trials", "5", "--out", str(out)],
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_timeout_stops_the_run_and_the_study_resumes(tmp_path):
+    def slow(plan) -> ProbeOutcome:
+        time.sleep(1.0)
+        return analytic(plan)
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    first = tune(TuneRequest(**LLAMA, storage=url, probes=50, band=10.0, timeout=2.0), slow, "analytic")
+    assert first.stopped.startswith("timeout") and 1 <= first.probes < 50
+    second = tune(TuneRequest(**LLAMA, storage=url, probes=first.probes + 2, band=10.0), slow, "analytic")
+    assert second.study_name == first.study_name and second.probes == first.probes + 2
+    assert len(probed(_study(url))) == len(set(probed(_study(url)))) == first.probes + 2
