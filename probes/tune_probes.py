@@ -10,6 +10,8 @@
 - analytic: the cost model itself (for tests and dry runs: its best is ``suggest``'s best).
 """
 
+import importlib.util
+
 from planner.errors import PlannerInputError
 from planner.estimate import EstimateResult
 from planner.tune import ProbeOutcome
@@ -68,6 +70,12 @@ def choose(fidelity: str, timeout: float):
         device = local_device()
         if device.available:
             return "measured", measured_probe(device, timeout), []
+    if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
+        if fidelity == "traced":
+            raise PlannerInputError("the traced fidelity needs torch and transformers",
+                                    hint="Install the probe extra: pip install -e '.[probes]' (torch first, CPU build).")
+        return "analytic", analytic_probe, ["no GPU and no torch here: the analytic model's figures, nothing probed "
+                                            "(pip install -e '.[probes]' for the traced fidelity)"]
     return "traced", traced_probe(timeout), [
         "no GPU on this machine: memory from the traced fidelity (fake tensors), time from the analytic model"
         if fidelity == "auto" else "traced fidelity: memory traced, time analytic"]
