@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from planner.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerInputError
 from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
@@ -27,7 +28,7 @@ err = Console(stderr=True)
 
 
 def _fail(e: PlannerInputError) -> None:
-    err.print(f"[bold red]error:[/] {e.message}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False)
     raise typer.Exit(e.exit_code)
 
 

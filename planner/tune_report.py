@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from planner.tune import TrialRow, TuneResult
@@ -43,7 +44,7 @@ def render_tune(r: TuneResult, console: Console) -> None:
     console.print(f"study [bold]{r.study_name}[/] in {r.storage}", highlight=False)
     console.print(f"fidelity: {r.fidelity}; {r.probes} probes; stopped: {r.stopped}", highlight=False)
     for note in r.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {escape(note)}", highlight=False)
     table = Table("trial", "config", "fidelity", "status", "peak GiB predicted", "probed",
                   "tokens/s predicted", "probed")
     for t in r.trials:

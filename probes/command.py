@@ -96,6 +96,7 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
 
 
 def render_probe(r: ProbeResult, console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     c = r.comparison
@@ -109,7 +110,7 @@ def render_probe(r: ProbeResult, console) -> None:
                       ("yes" if t.agrees else "[red]no[/]"))
     console.print(table)
     for note in c.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {escape(note)}", highlight=False)
     if r.explanation:
         console.print("alive at the traced peak (bytes | category | op | module | shape | dtype | phase):")
         for line in r.explanation:

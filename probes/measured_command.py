@@ -12,6 +12,7 @@ import statistics
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
+from rich.markup import escape
 
 from planner.catalog.calibration import CalibrationStore, Measurement, store_path
 from planner.errors import PlannerInputError
@@ -288,9 +289,9 @@ def render_measured(r: MeasuredComparison, console) -> None:
         console.print(f"allocator retries: {m.alloc_retries} (cudaMalloc failed and the cache was flushed: "
                       "the step ran near the memory limit)", highlight=False)
     if r.message:
-        console.print(f"message: {r.message}", highlight=False)
+        console.print(f"message: {escape(r.message)}", highlight=False)
     for note in r.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {escape(note)}", highlight=False)
     if r.stored:
         console.print(f"stored in {r.stored} (planner calibrate fits the cost model's corrections from it)",
                       highlight=False)
@@ -345,7 +346,7 @@ def render_probed(r: ProbedSuggestion, console) -> None:
     console.print(table)
     for i, p in enumerate(r.probes, 1):
         if p.status != "ok":
-            console.print(f"plan {i}: {p.status}" + (f" at {p.where}" if p.where else "") + f": {p.message}",
+            console.print(f"plan {i}: {p.status}" + (f" at {p.where}" if p.where else "") + f": {escape(p.message)}",
                           highlight=False)
     if r.best_rank:
         console.print(f"[bold]fastest measured: plan {r.best_rank}[/]")
