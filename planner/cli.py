@@ -26,6 +26,34 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 
+# Options suggest and tune share (the search space and the plan target).
+ModelOpt = Annotated[str, typer.Option("--model", help="HF id from the catalog or local HF cache, or a config.json / model folder")]
+GpusOpt = Annotated[str, typer.Option("--gpus", help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80")]
+OptimizersOpt = Annotated[list[Optimizer] | None, typer.Option("--optimizer", help="allow only these (repeat the flag); default: adamw and its 8-bit, paged and Adam-mini forms")]
+PrecisionsOpt = Annotated[list[Precision] | None, typer.Option("--precision", help="allow only these (repeatable)")]
+CheckpointingsOpt = Annotated[list[Checkpointing] | None, typer.Option("--checkpointing", help="allow only these (repeatable)")]
+ShardingsOpt = Annotated[list[Sharding] | None, typer.Option("--sharding", help="allow only these (repeatable)")]
+OffloadsOpt = Annotated[list[Offload] | None, typer.Option("--offload", help="allow only these (repeatable)")]
+LossesOpt = Annotated[list[Loss] | None, typer.Option("--loss", help="allow only these (repeatable)")]
+AttentionsOpt = Annotated[list[Attention] | None, typer.Option("--attention", help="allow only these (repeatable)")]
+MicroBatchesOpt = Annotated[list[int] | None, typer.Option("--micro-batch-size", "--mbs", help="allow only these (repeatable); default: every divisor of the per-GPU share of the global batch")]
+SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", help="tokens per sequence (default: 2048, or the model's position limit if shorter)")]
+GlobalBatchOpt = Annotated[int | None, typer.Option("--global-batch-size", help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k >= 64)")]
+ExactOptimizerOpt = Annotated[bool, typer.Option("--exact-optimizer", help="exclude quantized (8-bit) optimizer states")]
+MarginOpt = Annotated[float, typer.Option("--margin", help="fraction of GPU memory to keep free, e.g. 0.05")]
+HostMemoryOpt = Annotated[float | None, typer.Option("--host-memory-gb", help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")]
+InterNodeOpt = Annotated[float | None, typer.Option("--inter-node-gbps", help="network bandwidth per node, Gbit/s (default: 200 per GPU)")]
+SPACE_LISTS = ("optimizer", "precision", "checkpointing", "sharding", "offload", "loss", "attention", "micro_batch_size")
+SPACE_VALUES = ("model", "gpus", "seq_len", "global_batch_size", "exact_optimizer", "margin", "host_memory_gb",
+                "inter_node_gbps")
+
+
+def _space_fields(options: dict) -> dict:
+    """The shared flags among a command's ``locals()``, as request fields: an unset list leaves
+    that choice to the search."""
+    return {k: options[k] or [] for k in SPACE_LISTS} | {k: options[k] for k in SPACE_VALUES}
+
+
 
 def _fail(e: PlannerInputError) -> None:
     err.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False)
@@ -99,23 +127,23 @@ def estimate(
 
 @app.command(help=f"Search every configuration and print the fastest plans that fit. {EXIT_CODES.replace('fits', 'a plan fits').replace('does not fit or infeasible', 'nothing fits')}")
 def suggest(
-    model: Annotated[str, typer.Option(help="HF id from the catalog or local HF cache, or a config.json / model folder")],
-    gpus: Annotated[str, typer.Option(help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80")],
-    optimizer: Annotated[list[Optimizer] | None, typer.Option(help="allow only these (repeat the flag); default: adamw and its 8-bit, paged and Adam-mini forms")] = None,
-    precision: Annotated[list[Precision] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    checkpointing: Annotated[list[Checkpointing] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    sharding: Annotated[list[Sharding] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    offload: Annotated[list[Offload] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    loss: Annotated[list[Loss] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    attention: Annotated[list[Attention] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    micro_batch_size: Annotated[list[int] | None, typer.Option("--micro-batch-size", "--mbs", help="allow only these (repeatable); default: every divisor of the per-GPU share of the global batch")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (default: 2048, or the model's position limit if shorter)")] = None,
-    global_batch_size: Annotated[int | None, typer.Option(help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k >= 64)")] = None,
-    exact_optimizer: Annotated[bool, typer.Option("--exact-optimizer", help="exclude quantized (8-bit) optimizer states")] = False,
-    margin: Annotated[float, typer.Option(help="fraction of GPU memory to keep free, e.g. 0.05")] = 0.0,
+    model: ModelOpt,
+    gpus: GpusOpt,
+    optimizer: OptimizersOpt = None,
+    precision: PrecisionsOpt = None,
+    checkpointing: CheckpointingsOpt = None,
+    sharding: ShardingsOpt = None,
+    offload: OffloadsOpt = None,
+    loss: LossesOpt = None,
+    attention: AttentionsOpt = None,
+    micro_batch_size: MicroBatchesOpt = None,
+    seq_len: SeqLenOpt = None,
+    global_batch_size: GlobalBatchOpt = None,
+    exact_optimizer: ExactOptimizerOpt = False,
+    margin: MarginOpt = 0.0,
     top: Annotated[int, typer.Option(help="how many plans to show")] = 5,
-    host_memory_gb: Annotated[float | None, typer.Option(help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")] = None,
-    inter_node_gbps: Annotated[float | None, typer.Option(help="network bandwidth per node, Gbit/s (default: 200 per GPU)")] = None,
+    host_memory_gb: HostMemoryOpt = None,
+    inter_node_gbps: InterNodeOpt = None,
     engine: Annotated[str, typer.Option(help="auto | exhaustive | tpe | nsga2 (auto: exhaustive up to 200,000 candidates)")] = "auto",
     out: Annotated[Path | None, typer.Option(help="write the winner's launch files here (accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite files already in --out")] = False,
@@ -128,6 +156,8 @@ def suggest(
     from planner.suggest import SuggestRequest
     from planner.suggest import suggest as run_suggest
 
+    space = _space_fields(locals())
+
     def plan_and_emit():
         device = None
         if probe:
@@ -136,13 +166,7 @@ def suggest(
             from probes.measured_command import require_gpu
 
             device = require_gpu()  # before the search: no GPU, no wait
-        result = run_suggest(SuggestRequest(
-            model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
-            seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer or [],
-            precision=precision or [], checkpointing=checkpointing or [], sharding=sharding or [],
-            offload=offload or [], loss=loss or [], attention=attention or [], micro_batch_size=micro_batch_size or [],
-            exact_optimizer=exact_optimizer, top=top, engine=engine, trials=trials, seed=seed,
-        ))
+        result = run_suggest(SuggestRequest(**space, top=top, engine=engine, trials=trials, seed=seed))
         winner, served = 1, result
         if device is not None and result.fits:
             from probes.measured_command import probe_suggestion
@@ -338,8 +362,8 @@ TUNE_EXIT_CODES = "Exit codes: 0 a probed plan fits (the best is shown and writt
                   "skips what the analytic model rejects, resumes where it stopped, and can be shared by workers "
                   f"(--storage). {TUNE_EXIT_CODES}")
 def tune(
-    model: Annotated[str, typer.Option(help="HF id from the catalog or local HF cache, or a config.json / model folder")],
-    gpus: Annotated[str, typer.Option(help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80")],
+    model: ModelOpt,
+    gpus: GpusOpt,
     trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count)")] = 20,
     timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)")] = None,
     fidelity: Annotated[str, typer.Option(help="auto (measured with a GPU, else traced) | measured | traced | analytic")] = "auto",
@@ -348,20 +372,20 @@ def tune(
     study_name: Annotated[str | None, typer.Option(help="default: from the model, GPUs, fidelity and search space")] = None,
     out: Annotated[Path | None, typer.Option(help="write the best plan's launch files, tune.png and the study file here")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite files already in --out")] = False,
-    optimizer: Annotated[list[Optimizer] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    precision: Annotated[list[Precision] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    checkpointing: Annotated[list[Checkpointing] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    sharding: Annotated[list[Sharding] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    offload: Annotated[list[Offload] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    loss: Annotated[list[Loss] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    attention: Annotated[list[Attention] | None, typer.Option(help="allow only these (repeatable)")] = None,
-    micro_batch_size: Annotated[list[int] | None, typer.Option("--micro-batch-size", "--mbs", help="allow only these (repeatable)")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (default as suggest)")] = None,
-    global_batch_size: Annotated[int | None, typer.Option(help="sequences per optimizer step over all GPUs (default as suggest)")] = None,
-    exact_optimizer: Annotated[bool, typer.Option("--exact-optimizer", help="exclude quantized (8-bit) optimizer states")] = False,
-    margin: Annotated[float, typer.Option(help="fraction of GPU memory to keep free, e.g. 0.05")] = 0.0,
-    host_memory_gb: Annotated[float | None, typer.Option(help="host RAM per node, GB")] = None,
-    inter_node_gbps: Annotated[float | None, typer.Option(help="network bandwidth per node, Gbit/s")] = None,
+    optimizer: OptimizersOpt = None,
+    precision: PrecisionsOpt = None,
+    checkpointing: CheckpointingsOpt = None,
+    sharding: ShardingsOpt = None,
+    offload: OffloadsOpt = None,
+    loss: LossesOpt = None,
+    attention: AttentionsOpt = None,
+    micro_batch_size: MicroBatchesOpt = None,
+    seq_len: SeqLenOpt = None,
+    global_batch_size: GlobalBatchOpt = None,
+    exact_optimizer: ExactOptimizerOpt = False,
+    margin: MarginOpt = 0.0,
+    host_memory_gb: HostMemoryOpt = None,
+    inter_node_gbps: InterNodeOpt = None,
     enqueue: Annotated[int, typer.Option(help="the analytic model's top candidates probed first")] = 5,
     probe_timeout: Annotated[float, typer.Option(help="seconds per probe")] = 900.0,
     heartbeat_seconds: Annotated[int, typer.Option(help="a dead worker's trial is retried after twice this")] = 30,
@@ -370,6 +394,8 @@ def tune(
 ) -> None:
     from planner.tune import FIDELITIES, TuneRequest
     from planner.tune import tune as run_tune
+
+    space = _space_fields(locals())
 
     def run():
         if fidelity not in FIDELITIES:
@@ -381,11 +407,7 @@ def tune(
             if existing:  # say so before any probe is spent
                 raise PlannerInputError(f"{out} already has {', '.join(existing)}", hint="Pass --force to overwrite them.")
         request = TuneRequest(
-            model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
-            seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer or [],
-            precision=precision or [], checkpointing=checkpointing or [], sharding=sharding or [],
-            offload=offload or [], loss=loss or [], attention=attention or [], micro_batch_size=micro_batch_size or [],
-            exact_optimizer=exact_optimizer, seed=seed, fidelity=fidelity, band=band, probes=trials, timeout=timeout,
+            **space, seed=seed, fidelity=fidelity, band=band, probes=trials, timeout=timeout,
             probe_timeout=probe_timeout, storage=storage, study_name=study_name, out=out, enqueue=enqueue,
             heartbeat_seconds=heartbeat_seconds)
         from planner.tune_report import Progress, plot
