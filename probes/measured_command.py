@@ -82,11 +82,14 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
     hardware = _hardware(plan)
     world = plan.hardware.num_gpus
     sharded = c.sharding.startswith(("fsdp", "zero"))
+    # fsdp-hybrid shards inside a node and replicates across nodes: one rank holds what a node's
+    # fully sharded rank holds
+    ranks = plan.hardware.gpus_per_node if c.sharding == "fsdp-hybrid" else world
     depths = sorted(extrapolate_from or [])
     device_gpu = catalog_gpu(device.name, device.total_bytes) if device_kind == "cuda" else "cpu"
     # the plan's GPU offers its memory less what its driver keeps (taken as this device's share)
     reserve = _driver_reserved(device_gpu, MeasureResult(status="ok", device_total_bytes=device.total_bytes or None))
-    base = dict(config_json=config_json, config=c, world_size=world if sharded else 1,
+    base = dict(config_json=config_json, config=c, world_size=ranks if sharded else 1,
                 warmup_steps=warmup_steps, timed_steps=steps, device=device_kind,
                 memory_cap_bytes=plan.hardware.gpu_memory_bytes - reserve if device_kind == "cuda" else None,
                 unified_bytes=plan.paged.state_bytes if plan.paged else 0,
@@ -98,7 +101,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
         runs.append((depth, result))
         if store is not None:
             flops = C.model_flops_per_token(spec.model_copy(update={"num_layers": depth or spec.num_layers}), c.seq_len)
-            store.add(_measurement(model_ref, config_json, depth, c, world if sharded else 1, plan, device,
+            store.add(_measurement(model_ref, config_json, depth, c, ranks if sharded else 1, plan, device,
                                    device_gpu, result, flops))
     if depths:
         (d1, shallow), (d2, deep) = runs
