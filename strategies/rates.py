@@ -92,5 +92,6 @@ def attention_forward_seconds(ctx: PlanContext) -> float:
 def elementwise_forward_seconds(ctx: PlanContext, saved_bytes_per_token_per_layer: float) -> float:
     """Norms, activations, RoPE, residual adds: memory bound. Assumption: a forward pass moves
     about the bytes its saved activations occupy (each written once); backward moves twice that
-    (reads them, writes their gradients). Calibrated by measured probes (issue 7)."""
+    (reads them, writes their gradients). Not fitted separately: ``planner calibrate``'s FLOP/s factor
+    absorbs its error on the measured GPU."""
     return saved_bytes_per_token_per_layer * ctx.model.num_layers * tokens(ctx) / bandwidth(ctx)

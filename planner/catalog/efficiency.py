@@ -1,7 +1,7 @@
 """Achieved fractions of peak per GPU (data/efficiency.yaml): the step-time model's rates.
 
-Architecture defaults with per-GPU overrides; ``planner calibrate`` (issue 7) will replace them
-with fitted values per GPU and software version.
+Architecture defaults with per-GPU overrides; ``planner calibrate`` scales the gemm and attention
+fractions per GPU from measured probes (planner/catalog/calibration.py ``apply``).
 """
 
 from functools import cache

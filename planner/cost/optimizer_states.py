@@ -63,5 +63,5 @@ def per_tensor_step_temporary(largest_numel: int) -> int:
     """Step temporaries of optimizers that update one tensor at a time in Python (Adafactor,
     Adam-mini): about two fp32 tensors the size of the largest parameter (e.g. Adafactor's
     ``grad**2 + eps`` and its update). Fused AdamW and bitsandbytes kernels update in place (0).
-    Assumption, to be calibrated by measured probes (issue 7)."""
+    Assumption (measured probes report the allocated peak that would show it)."""
     return 2 * FP32 * largest_numel

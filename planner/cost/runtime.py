@@ -1,7 +1,9 @@
 """Memory that exists before and around the tensors: CUDA context, NCCL, allocator slack, host.
 
-These are assumptions with sources, to be replaced per GPU and software version by the measured
-calibration of issue 7 (which is why they live together, here).
+These are assumptions with sources (which is why they live together, here). ``planner calibrate``
+replaces the CUDA context and the allocator reserve per GPU from measured probes
+(GpuSpec.calibration, planner/estimate.py ``runtime_reserves``); the others stay assumptions: a
+measured step folds them into the fitted FLOP/s factor.
 """
 
 from planner.units import GIB
@@ -18,7 +20,7 @@ CUDA_CONTEXT_BYTES = 1 * GIB
 NCCL_BYTES = GIB // 2
 #: The caching allocator's reserved-but-unallocated slack, as a fraction of the allocated peak
 #: (block rounding and segment splitting; torch.cuda memory_stats reserved vs allocated is
-#: commonly 1.02-1.10 in steady training). Assumption, calibrated in issue 7.
+#: commonly 1.02-1.10 in steady training). Assumption; ``planner calibrate`` fits it per GPU.
 FRAGMENTATION_FRACTION = 0.05
 #: Host RAM per training process: Python, torch, CUDA host libraries, pinned staging and the
 #: data loader. Assumption (~3 GiB, typical RSS of a torch training process before model load).
@@ -30,7 +32,8 @@ HOST_PROCESS_BYTES = 3 * GIB
 #: ops per decoder layer (HF Llama-style layer: ~35 forward ops; autograd runs ~2x as many
 #: backward nodes at a lower per-op cost). Assumptions (PyTorch dispatcher overhead is a few
 #: microseconds per op: "Making Deep Learning Go Brrrr From First Principles", He 2022),
-#: calibrated by measured probes in issue 7. They set a floor on micro-batch time for small models.
+#: not fitted separately (measured steps fold them into the FLOP/s factor). They set a floor
+#: on micro-batch time for small models.
 DISPATCH_SECONDS_PER_OP_FORWARD = 8e-6
 DISPATCH_SECONDS_PER_OP_BACKWARD = 4e-6
 OPS_PER_LAYER_FORWARD = 35
@@ -40,7 +43,7 @@ OPS_PER_LAYER_BACKWARD = 70
 #: layer per micro-batch, forward and backward. FSDP2's hooks are light; DeepSpeed ZeRO-3
 #: fetches and releases parameters from Python per submodule. Assumptions (DeepSpeed ZeRO-3 is
 #: widely reported as CPU-bound on small models, e.g. DeepSpeed issue #5060 and its "ZeRO-3
-#: overheads" notes); calibrated in issue 7.
+#: overheads" notes); not fitted separately.
 FSDP_HOOK_SECONDS_PER_LAYER = 100e-6
 ZERO3_HOOK_SECONDS_PER_LAYER = 400e-6
 
@@ -55,5 +58,5 @@ COLLECTIVE_LATENCY_INTER_S = 50e-6
 HOST_LINK_EFFICIENCY = 0.8
 #: CPU optimizer (DeepSpeed CPU-Adam / torch on CPU) parameters updated per second per node.
 #: Assumption of order from ZeRO-Offload (Ren et al. 2021, Sec. 5: CPU-Adam updates ~1B
-#: parameters in under a second on a dual-socket server); calibrated in issue 7.
+#: parameters in under a second on a dual-socket server); not fitted separately.
 CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE = 1.0e9
