@@ -109,6 +109,17 @@ def test_corrections_round_trip(tmp_path):
     assert store.corrections(GPU).context_bytes == 5  # one row per GPU: the latest fit
 
 
+def test_reading_never_writes(tmp_path):
+    missing = CalibrationStore(tmp_path / "missing.sqlite")
+    assert missing.measurements() == [] and missing.corrections(GPU) is None
+    assert not missing.path.exists()  # reading does not create the store
+    empty = tmp_path / "empty.sqlite"
+    sqlite3.connect(empty).close()  # a SQLite file without the store's tables
+    assert CalibrationStore(empty).corrections(GPU) is None
+    with sqlite3.connect(empty) as con:
+        assert con.execute("SELECT name FROM sqlite_master").fetchall() == []  # still no tables
+
+
 def test_unwritable_store_is_a_user_error(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

@@ -115,39 +115,60 @@ class CalibrationStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, write: bool) -> sqlite3.Connection:
+        """A connection; writing creates the file and its tables, reading never writes (the
+        store may be read-only, or shared)."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            con = sqlite3.connect(self.path, timeout=30)
-            con.executescript(
-                "CREATE TABLE IF NOT EXISTS measurements (architecture TEXT, plan TEXT, gpu TEXT, software TEXT,"
-                " status TEXT, created TEXT, body TEXT, PRIMARY KEY (architecture, plan, gpu, software));"
-                "CREATE TABLE IF NOT EXISTS corrections (gpu TEXT PRIMARY KEY, body TEXT);")
-            return con
+            if write:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                con = sqlite3.connect(self.path, timeout=30)
+                con.executescript(
+                    "CREATE TABLE IF NOT EXISTS measurements (architecture TEXT, plan TEXT, gpu TEXT, software TEXT,"
+                    " status TEXT, created TEXT, body TEXT, PRIMARY KEY (architecture, plan, gpu, software));"
+                    "CREATE TABLE IF NOT EXISTS corrections (gpu TEXT PRIMARY KEY, body TEXT);")
+                return con
+            return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
         except (sqlite3.Error, OSError) as e:
             raise PlannerInputError(f"calibration store {self.path}: {e}",
                                     hint=f"Point {ENV} at a writable SQLite file, or set {ENV}=off.") from None
 
+    def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """Rows of a query; none when the store has no such table yet."""
+        if not self.path.is_file():
+            return []
+        con = self._connect(write=False)
+        try:
+            return con.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return []
+            raise PlannerInputError(f"calibration store {self.path}: {e}", hint=f"Set {ENV}=off to ignore it.") from None
+        finally:
+            con.close()
+
+    def _write(self, sql: str, args: tuple) -> None:
+        con = self._connect(write=True)
+        try:
+            with con:
+                con.execute(sql, args)
+        finally:
+            con.close()
+
     def add(self, m: Measurement) -> None:
-        with self._connect() as con:
-            con.execute("INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (m.architecture, m.plan_key, m.device_gpu, m.software_key, m.status, m.created,
-                         m.model_dump_json()))
+        self._write("INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (m.architecture, m.plan_key, m.device_gpu, m.software_key, m.status, m.created, m.model_dump_json()))
 
     def measurements(self, gpu: str | None = None) -> list[Measurement]:
-        with self._connect() as con:
-            rows = con.execute("SELECT body FROM measurements" + (" WHERE gpu = ?" if gpu else "")
-                               + " ORDER BY created", (gpu,) if gpu else ()).fetchall()
+        rows = self._read("SELECT body FROM measurements" + (" WHERE gpu = ?" if gpu else "") + " ORDER BY created",
+                          (gpu,) if gpu else ())
         return [Measurement.model_validate_json(body) for (body,) in rows]
 
     def save_corrections(self, c: Corrections) -> None:
-        with self._connect() as con:
-            con.execute("INSERT OR REPLACE INTO corrections VALUES (?, ?)", (c.gpu, c.model_dump_json()))
+        self._write("INSERT OR REPLACE INTO corrections VALUES (?, ?)", (c.gpu, c.model_dump_json()))
 
     def corrections(self, gpu: str) -> Corrections | None:
-        with self._connect() as con:
-            row = con.execute("SELECT body FROM corrections WHERE gpu = ?", (gpu,)).fetchone()
-        return Corrections.model_validate_json(row[0]) if row else None
+        rows = self._read("SELECT body FROM corrections WHERE gpu = ?", (gpu,))
+        return Corrections.model_validate_json(rows[0][0]) if rows else None
 
 
 def corrections_for(gpu_id: str) -> Corrections | None:
