@@ -11,7 +11,8 @@ store, from which ``planner calibrate`` fits the corrections; ``benchmarks/calib
 prints the errors before and after.
 
 The grid (45 configurations):
-- Llama-3.2-1B and Qwen2.5-0.5B at full depth, Llama-3.1-8B extrapolated from 2 and 4 layers;
+- Llama-3.2-1B and Qwen2.5-0.5B at full depth, Llama-3.1-8B extrapolated from 4 and 8 layers (2
+  layers checks that memory is linear in depth: probes/extrapolate.py);
 - per model, at micro-batch 1 x 2048 tokens: optimizers adamw / adamw-8bit / paged-adamw-8bit x
   precisions bf16-mixed / bf16-pure / fp8-mixed with full checkpointing (9), and adamw with no
   checkpointing in each precision (3);
@@ -19,8 +20,8 @@ The grid (45 configurations):
   checkpointing (4, where the analytic model predicts a fit; the rest are kept to show the OOM
   verdict).
 Plus the depth check: Llama-3.1-8B adamw-8bit bf16-mixed full checkpointing at full depth (it fits
-on 80 GiB and more) beside its extrapolation, and the 1B and 0.5B extrapolated from 2 and 4 layers
-beside their full-depth runs.
+on 141 GiB; on 80 GiB it shows the OOM verdict) beside its extrapolation, and the 1B and 0.5B
+extrapolated from 2, 4 and 8 layers beside their full-depth runs.
 """
 
 import argparse
@@ -37,7 +38,7 @@ from probes.device import catalog_gpu  # noqa: E402
 from probes.measured_command import measure_plan, require_gpu  # noqa: E402
 
 MODELS = {"llama-1b": ("meta-llama/Llama-3.2-1B", None), "qwen-0.5b": ("Qwen/Qwen2.5-0.5B", None),
-          "llama-8b": ("meta-llama/Llama-3.1-8B", [2, 4])}
+          "llama-8b": ("meta-llama/Llama-3.1-8B", [2, 4, 8])}
 COLUMNS = ["key", "model", "depth", "optimizer", "precision", "checkpointing", "micro_batch_size", "seq_len", "status",
            "predicted_fits", "predicted_peak_gib", "measured_peak_gib", "measured_reserved_gib", "predicted_allocated_gib",
            "measured_allocated_gib", "memory_error", "predicted_step_s", "measured_step_s", "time_error",
@@ -60,7 +61,7 @@ def grid() -> list[dict]:
     depth_check = {"optimizer": "adamw-8bit", "precision": "bf16-mixed", "checkpointing": "full", "mbs": 1, "seq": 2048}
     rows.append({"name": "llama-8b", "model": "meta-llama/Llama-3.1-8B", "extrapolate_from": None} | depth_check)
     for name in ("llama-1b", "qwen-0.5b"):
-        rows.append({"name": name, "model": MODELS[name][0], "extrapolate_from": [2, 4]} | depth_check)
+        rows.append({"name": name, "model": MODELS[name][0], "extrapolate_from": [2, 4, 8]} | depth_check)
     return rows
 
 

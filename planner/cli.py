@@ -301,7 +301,7 @@ def probe(
     grad_accum: Annotated[int, typer.Option(help="gradient accumulation steps (measured only)")] = 1,
     seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (default as estimate)")] = None,
     layers: Annotated[int | None, typer.Option(help="probe a reduced depth (default: the full model)")] = None,
-    extrapolate_from: Annotated[str | None, typer.Option(help="measured: two reduced depths, e.g. 2,4; the full depth is extrapolated from them (big models on one GPU)")] = None,
+    extrapolate_from: Annotated[str | None, typer.Option(help="measured: two reduced depths, e.g. 2,4, the full depth extrapolated from them (big models on one GPU); a third, e.g. 2,4,8, checks that memory is linear in depth")] = None,
     steps: Annotated[int, typer.Option(help="measured: timed optimizer steps")] = 5,
     warmup_steps: Annotated[int, typer.Option(help="measured: untimed steps first")] = 2,
     timeout: Annotated[float, typer.Option(help="seconds before a probe's child process is stopped")] = 1800.0,
@@ -342,15 +342,15 @@ def probe(
 
 
 def _depths(text: str | None) -> list[int]:
-    """``--extrapolate-from 2,4`` -> [2, 4]."""
+    """``--extrapolate-from 2,4`` -> [2, 4] (or three depths)."""
     if not text:
         return []
     try:
         depths = [int(x) for x in text.split(",")]
     except ValueError:
-        raise PlannerInputError(f"--extrapolate-from {text!r}: two depths, e.g. 2,4") from None
-    if len(depths) != 2 or min(depths) < 1:
-        raise PlannerInputError(f"--extrapolate-from {text!r}: two depths of at least one layer, e.g. 2,4")
+        raise PlannerInputError(f"--extrapolate-from {text!r}: two or three depths, e.g. 2,4") from None
+    if len(depths) not in (2, 3) or min(depths) < 1:
+        raise PlannerInputError(f"--extrapolate-from {text!r}: two or three depths of at least one layer, e.g. 2,4")
     return depths
 
 

@@ -24,7 +24,7 @@ class ProbeRequest(EstimateRequest):
     layers: int | None = Field(None, ge=1)  # reduced depth (default: the model's full depth)
     timeout: float = Field(1800.0, gt=0)  # seconds for the child process
     explain: bool = False
-    extrapolate_from: list[int] = []  # measured: two reduced depths, extrapolated to the full depth
+    extrapolate_from: list[int] = []  # measured: two (or three, one a check) reduced depths, extrapolated to full depth
     warmup_steps: int = Field(2, ge=1)  # measured
     steps: int = Field(5, ge=1)  # measured: timed steps
 

@@ -11,12 +11,21 @@ the largest phase at depth L, because the phase that peaks may change with depth
 logits dominate a shallow model, the layers a deep one). Unit: as the input (bytes, seconds).
 Assumption: the two depths exercise the same code paths as full depth (both above one layer,
 models without alternating layer kinds between the two depths: Gemma-2 alternates sliding and
-global attention, so measure it at even depths).
+global attention, so measure it at even depths), and the moment that peaks inside each phase is
+the same at those depths as at full depth. That can fail: Llama-3.2-1B with full checkpointing
+peaks in the forward phase at one moment up to ~6 layers and at another (the bf16 weight copies
+of every layer alive) beyond, so 2 and 4 layers read its forward phase at 16 layers 6.9 % low.
+A third, shallower depth checks it: the line through the two deepest must pass within
+``LINEARITY_TOLERANCE`` of the third in every phase, else the result says which phase bends.
 """
 
 import statistics
 
 from probes.measured import MeasureResult
+
+#: Largest relative miss of the third depth by the line through the two deepest, per phase,
+#: before the result warns that memory is not affine in depth over the measured range.
+LINEARITY_TOLERANCE = 0.01
 
 
 def affine(d1: int, v1: float, d2: int, v2: float, depth: int) -> float:
@@ -62,3 +71,24 @@ def _int(x: float | None) -> int | None:
 
 def _sum(a: int | None, b: int | None) -> int | None:
     return None if a is None and b is None else (a or 0) + (b or 0)
+
+
+def extrapolate_runs(runs: list[tuple[int, MeasureResult]], depth: int) -> MeasureResult:
+    """Extrapolate from two depths, or from the two deepest of three with the shallowest as a
+    check of linearity (a note names each phase the line misses by more than
+    LINEARITY_TOLERANCE)."""
+    runs = sorted(runs, key=lambda r: r[0])
+    (d2, shallow), (d3, deep) = runs[-2:]
+    out = extrapolate(shallow, d2, deep, d3, depth)
+    if len(runs) < 3 or out.status != "ok" or runs[0][1].status != "ok":
+        return out
+    d1, check = runs[0]
+    bent = []
+    for phase, value in check.phase_peaks.items():
+        if phase in shallow.phase_peaks and phase in deep.phase_peaks and value:
+            line = affine(d2, shallow.phase_peaks[phase], d3, deep.phase_peaks[phase], d1)
+            if abs(line - value) / value > LINEARITY_TOLERANCE:
+                bent.append(f"{phase} {(line - value) / value:+.1%}")
+    note = (f"linearity check at {d1} layers: " + (", ".join(bent) + " off the line through "
+            f"{d2} and {d3} layers: the extrapolation of those phases is unreliable" if bent else "every phase on the line"))
+    return out.model_copy(update={"notes": [*out.notes, note], "seconds": out.seconds + check.seconds})

@@ -75,7 +75,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
     from planner.catalog.models import resolve_model
     from planner.cost import compute as C
     from planner.estimate import estimate_config
-    from probes.extrapolate import extrapolate
+    from probes.extrapolate import extrapolate_runs
 
     c = plan.config
     spec = resolve_model(model_ref)
@@ -104,8 +104,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
             store.add(_measurement(model_ref, config_json, depth, c, ranks if sharded else 1, plan, device,
                                    device_gpu, result, flops))
     if depths:
-        (d1, shallow), (d2, deep) = runs
-        result, layers = extrapolate(shallow, d1, deep, d2, spec.num_layers), None
+        result, layers = extrapolate_runs(runs, spec.num_layers), None
         result = _over_capacity(result, plan.hardware.gpu_memory_bytes, device_gpu)
     else:
         result = runs[0][1]
@@ -255,8 +254,9 @@ def run_measured_probe(req, device: DeviceInfo | None = None) -> MeasuredCompari
 
     if req.explain:
         raise PlannerInputError("--explain lists traced tensors", hint="Use it with --fidelity traced.")
-    if req.extrapolate_from and (len(set(req.extrapolate_from)) != 2 or req.layers is not None):
-        raise PlannerInputError("--extrapolate-from takes two different depths, e.g. 2,4, and no --layers")
+    if req.extrapolate_from and (len(set(req.extrapolate_from)) not in (2, 3) or req.layers is not None):
+        raise PlannerInputError("--extrapolate-from takes two or three different depths, e.g. 2,4 or 2,4,8, "
+                                "and no --layers")
     plan = estimate(req)  # bad input is reported before any GPU work
     device = device or require_gpu()
     if plan.config.precision == "fp8-mixed" and device.capability and float(device.capability) < 8.9:
@@ -269,7 +269,7 @@ def run_measured_probe(req, device: DeviceInfo | None = None) -> MeasuredCompari
 def render_measured(r: MeasuredComparison, console) -> None:
     from rich.table import Table
 
-    depth = (f", extrapolated from {r.extrapolated_from[0]} and {r.extrapolated_from[1]} layers"
+    depth = (f", extrapolated from {', '.join(map(str, r.extrapolated_from))} layers"
              if r.extrapolated_from else f", {r.layers} layers" if r.layers else "")
     console.print(f"[bold]{r.model}[/] measured on {r.device or r.device_gpu} for {r.gpus}{depth}: {r.status}"
                   + (f" at {r.where}" if r.where else ""), highlight=False)

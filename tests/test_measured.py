@@ -142,6 +142,24 @@ def test_extrapolation_from_two_depths_matches_full_depth():
     assert out.max_allocated_bytes == pytest.approx(traced[2].peak_bytes, rel=0.005)
 
 
+def test_a_third_depth_checks_linearity():
+    """Figures affine in depth pass the check; a phase that bends below the two deepest depths is
+    named (the Llama-3.2-1B forward phase with full checkpointing, from traced figures in MiB:
+    5911.3 / 7307.4 / 10339.7 at 2 / 4 / 8 layers)."""
+    from probes.extrapolate import extrapolate_runs
+    from probes.measured import MeasureResult
+
+    def run(forward: float, step: float) -> MeasureResult:
+        return MeasureResult(status="ok", phase_peaks={"forward": round(forward * 2**20), "step": round(step * 2**20)},
+                             max_allocated_bytes=round(max(forward, step) * 2**20), step_seconds=[1.0])
+
+    straight = extrapolate_runs([(2, run(100, 200)), (4, run(140, 260)), (8, run(220, 380))], 16)
+    assert straight.phase_peaks["step"] == round(620 * 2**20) and "every phase on the line" in straight.notes[-1]
+    bent = extrapolate_runs([(2, run(5911.3, 200)), (4, run(7307.4, 260)), (8, run(10339.7, 380))], 16)
+    assert "forward -2.0%" in bent.notes[-1] and "step" not in bent.notes[-1].split("off the line")[0]
+    assert bent.phase_peaks["forward"] == round((10339.7 + 8 * (10339.7 - 7307.4) / 4) * 2**20)
+
+
 def test_probe_takes_a_plan_file(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(cli("estimate", "--model", TINY, "--gpus", "1xH100-80", "--seq-len", "64", "--json").stdout)
