@@ -364,7 +364,7 @@ TUNE_EXIT_CODES = "Exit codes: 0 a probed plan fits (the best is shown and writt
 def tune(
     model: ModelOpt,
     gpus: GpusOpt,
-    trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count)")] = 20,
+    trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count; 0 reports an existing study's best and writes its files, probing nothing)")] = 20,
     timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)")] = None,
     fidelity: Annotated[str, typer.Option(help="auto (measured with a GPU, else traced) | measured | traced | analytic")] = "auto",
     band: Annotated[float, typer.Option(help="the model's relative error on throughput: stop when no unprobed candidate can beat the best probed one by more")] = 0.15,

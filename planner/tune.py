@@ -66,7 +66,7 @@ Probe = Callable[[EstimateResult], ProbeOutcome]
 class TuneRequest(SuggestRequest):
     fidelity: str = "auto"  # auto: measured with a GPU, else traced
     band: float = Field(0.15, ge=0, le=10)  # the model's relative error on throughput (early stop)
-    probes: int = Field(20, ge=1, le=100_000)  # probe budget over the whole study (--trials)
+    probes: int = Field(20, ge=0, le=100_000)  # probe budget over the whole study (--trials; 0: report the study)
     timeout: float | None = Field(None, gt=0)  # seconds for this invocation
     probe_timeout: float = Field(900.0, gt=0)
     storage: str | None = None  # any Optuna storage URL; default: a SQLite file next to the output
@@ -245,7 +245,7 @@ def tune(req: TuneRequest, probe: Probe, fidelity: str, on_trial: Callable[[Tria
             if not any(can_still_win(r.tokens_per_second, best, ratio, req.band) for r in left):
                 return (f"early: no unprobed candidate can beat {best:,.0f} tokens/s by more than the "
                         f"{req.band:.0%} band (measured/analytic ratio {ratio:.2f})")
-        if len(trials) >= TRIALS_PER_PROBE_CAP * req.probes:
+        if len(trials) >= TRIALS_PER_PROBE_CAP * max(req.probes, 1):
             return "the sampler kept proposing decided candidates"
         return None
 

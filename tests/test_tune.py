@@ -167,3 +167,9 @@ def test_timeout_stops_the_run_and_the_study_resumes(tmp_path):
     second = tune(TuneRequest(**LLAMA, storage=url, probes=first.probes + 2, band=10.0), slow, "analytic")
     assert second.study_name == first.study_name and second.probes == first.probes + 2
     assert len(probed(_study(url))) == len(set(probed(_study(url)))) == first.probes + 2
+
+    def never(plan) -> ProbeOutcome:
+        raise AssertionError("--trials 0 must not probe")
+
+    report = tune(TuneRequest(**LLAMA, storage=url, probes=0, band=10.0), never, "analytic")
+    assert report.probes == second.probes and report.best == second.best and report.stopped.startswith("probe budget")
