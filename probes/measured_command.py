@@ -88,7 +88,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
     depths = sorted(extrapolate_from or [])
     device_gpu = catalog_gpu(device.name, device.total_bytes) if device_kind == "cuda" else "cpu"
     # the plan's GPU offers its memory less what its driver keeps (taken as this device's share)
-    reserve = _driver_reserved(device_gpu, MeasureResult(status="ok", device_total_bytes=device.total_bytes or None))
+    reserve = _driver_reserved(device_gpu, device.total_bytes)
     base = dict(config_json=config_json, config=c, world_size=ranks if sharded else 1,
                 warmup_steps=warmup_steps, timed_steps=steps, device=device_kind,
                 memory_cap_bytes=plan.hardware.gpu_memory_bytes - reserve if device_kind == "cuda" else None,
@@ -126,8 +126,9 @@ def _compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gp
     predicted_peak = plan.memory["peak"] - nccl
     communication = plan.time.terms.get("communication", 0.0) if modelled else 0.0
     predicted_step = plan.time.step_seconds - communication
-    measured_peak = (m.driver_used_bytes + _driver_reserved(device_gpu, m) if m.driver_used_bytes is not None
-                     else m.max_reserved_bytes + context if m.max_reserved_bytes is not None else None)
+    measured_peak = _driver_peak(m, device_gpu)
+    if measured_peak is None and m.max_reserved_bytes is not None:
+        measured_peak = m.max_reserved_bytes + context
     step = statistics.median(m.step_seconds) if m.step_seconds else None
     tokens = plan.config.micro_batch_size * plan.config.grad_accum * plan.config.seq_len
     notes = list(m.notes)
@@ -163,23 +164,31 @@ def _compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gp
 def _over_capacity(m: MeasureResult, capacity: int, device_gpu: str) -> MeasureResult:
     """An extrapolated run whose peak exceeds the plan's GPU memory would have run out of memory:
     it is reported as an OOM (where: "extrapolated"), as a real full-depth run would be."""
-    peak = (m.driver_used_bytes + _driver_reserved(device_gpu, m) if m.driver_used_bytes is not None
-            else m.max_reserved_bytes)
+    peak = _driver_peak(m, device_gpu)
+    peak = m.max_reserved_bytes if peak is None else peak
     if m.status != "ok" or peak is None or peak <= capacity:
         return m
     return m.model_copy(update={"status": "oom", "where": "extrapolated", "message": (
         f"the extrapolated peak, {peak / 2**30:.2f} GiB, exceeds the GPU's {capacity / 2**30:.2f} GiB")})
 
 
-def _driver_reserved(device_gpu: str, m: MeasureResult) -> int:
+def _driver_reserved(device_gpu: str, cuda_total_bytes: int | None) -> int:
     """Bytes of the GPU's memory (the catalog's figure: nvidia-smi's total) that CUDA never
     offers (cudaMemGetInfo's total is smaller): the driver's own reservation, outside any process."""
     from planner.catalog.gpus import catalog
 
     gpu = catalog().get(device_gpu)
-    if gpu is None or not m.device_total_bytes:
+    if gpu is None or not cuda_total_bytes:
         return 0
-    return max(0, gpu.memory_mib * 2**20 - m.device_total_bytes)
+    return max(0, gpu.memory_mib * 2**20 - cuda_total_bytes)
+
+
+def _driver_peak(m: MeasureResult, device_gpu: str) -> int | None:
+    """The run's peak share of the GPU's memory as the driver sees it: the process (context and
+    reserved peak) plus the driver's own reservation; None without a driver reading."""
+    if m.driver_used_bytes is None:
+        return None
+    return m.driver_used_bytes + _driver_reserved(device_gpu, m.device_total_bytes)
 
 
 def _error(predicted: float, measured: float | None) -> float | None:
@@ -228,7 +237,7 @@ def _measurement(model_ref: str, config_json: dict, layers: int | None, c: Train
         versions=m.versions or device.versions, status=m.status, message=(m.where + ": " + m.message)[:2000] if m.message else "",
         max_allocated_bytes=m.max_allocated_bytes, max_reserved_bytes=m.max_reserved_bytes,
         driver_used_bytes=m.driver_used_bytes, driver_method=m.driver_method,
-        driver_reserved_bytes=_driver_reserved(device_gpu, m), alloc_retries=m.alloc_retries,
+        driver_reserved_bytes=_driver_reserved(device_gpu, m.device_total_bytes), alloc_retries=m.alloc_retries,
         num_ooms=m.num_ooms, step_seconds=m.step_seconds, median_step_seconds=step,
         tokens_per_second=tokens / step if step else None,
         mfu=_mfu(flops_per_token * tokens, c.precision, device_gpu, step),
