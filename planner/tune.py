@@ -14,7 +14,9 @@ and micro-batch sizes), in a storage that outlives the process:
 - a candidate already probed (by this worker, another worker, or before an interruption) is never
   probed again: a trial that samples it is pruned and the best unprobed candidate is enqueued;
 - a worker that dies mid-probe leaves a trial whose heartbeat stops; once stale it is failed and
-  retried (Optuna's RetryHeartbeatStaleTrialCallback), so no trial is lost;
+  retried (Optuna's RetryHeartbeatStaleTrialCallback), so no trial is lost; one that dies in the
+  instant between creating a trial and its first heartbeat leaves a trial Optuna never reclaims,
+  so a later tune fails and re-enqueues it (``_reclaim_orphans``);
 - it stops at ``trials`` probes (over the whole study, so a resumed tune continues its count),
   at ``timeout``, or early when no unprobed candidate can beat the best measured one by more than
   the model's error band (see ``can_still_win``).
@@ -46,6 +48,11 @@ INFEASIBLE = float(2**60)
 #: Trials (pruned duplicates and analytic rejections included) per probe before the study gives up
 #: on a sampler that keeps proposing what was already decided.
 TRIALS_PER_PROBE_CAP = 30
+#: Seconds after which a RUNNING trial that never recorded a heartbeat is taken for dead. A live
+#: worker records its first heartbeat right after creating the trial; only a write lock can delay
+#: that, and SQLite waits at most its 120 s lock timeout (``_open_study``). Optuna never fails such
+#: a trial itself (its stale check skips trials with no heartbeat), so ``_reclaim_orphans`` does.
+ORPHAN_AFTER_SECONDS = 300.0
 
 
 class ProbeOutcome(BaseModel):
@@ -158,6 +165,7 @@ def tune(req: TuneRequest, probe: Probe, fidelity: str, on_trial: Callable[[Tria
     url = req.storage or default_storage(req.out)
     name = req.study_name or study_name(req, fidelity)
     study = _open_study(url, name, req)
+    _reclaim_orphans(study, ORPHAN_AFTER_SECONDS)
     if not study.trials:
         study.set_user_attr("request", req.model_dump(mode="json", exclude={"out"}))
         study.set_user_attr("fidelity", fidelity)
@@ -229,7 +237,8 @@ def tune(req: TuneRequest, probe: Probe, fidelity: str, on_trial: Callable[[Tria
         stop of ``can_still_win``, or a sampler stuck on decided candidates."""
         spent = sum(1 for t in trials if t.user_attrs.get("probed"))
         retries = [t for t in trials if t.state == optuna.trial.TrialState.WAITING
-                   and RetryHeartbeatStaleTrialCallback.retried_trial_number(t) is not None]
+                   and (RetryHeartbeatStaleTrialCallback.retried_trial_number(t) is not None
+                        or "retry_of" in t.user_attrs)]
         if spent >= req.probes and not retries:  # a dead worker's probe is owed: it never counted
             return f"probe budget: {spent} probes"
         done = probed_keys(trials)
@@ -303,6 +312,44 @@ def _open_study(url: str, name: str, req: TuneRequest):
             error = e
             time.sleep(0.5 * (attempt + 1))
     raise PlannerInputError(f"--storage {url}: {error}", hint="Give an Optuna storage URL, e.g. sqlite:///tune.db")
+
+
+def _reclaim_orphans(study, after_seconds: float) -> list[int]:
+    """Fail and re-enqueue every RUNNING trial that never recorded a heartbeat and started more than
+    ``after_seconds`` ago (by this machine's clock against the creator's ``datetime_start``, both
+    local time as Optuna writes them): its worker died before its first heartbeat, and Optuna's
+    stale check, which only looks at trials with a heartbeat, would leave it RUNNING for ever and
+    its candidate claimed. Reads Optuna's ``trial_heartbeats`` table (RDB storages only). Returns
+    the numbers of the trials failed."""
+    import datetime
+
+    import optuna
+    import sqlalchemy
+    from optuna.storages import RDBStorage
+
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)  # Optuna wraps an RDBStorage in a cache
+    if not isinstance(backend, RDBStorage):
+        return []
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if not running:
+        return []
+    with backend.engine.connect() as con:
+        beating = {row[0] for row in con.execute(sqlalchemy.text("SELECT trial_id FROM trial_heartbeats"))}
+    now = datetime.datetime.now()
+    failed = []
+    for t in running:
+        if t._trial_id in beating or t.datetime_start is None or (now - t.datetime_start).total_seconds() < after_seconds:
+            continue
+        try:
+            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # it finished after all
+            continue
+        params = t.params or t.system_attrs.get("fixed_params")  # sampled, or queued and not yet sampled
+        if params:
+            study.enqueue_trial(params, user_attrs={"retry_of": t.number})
+        failed.append(t.number)
+    return failed
 
 
 def _params(space, combo: int, mbs: int) -> dict:

@@ -88,15 +88,20 @@ def _tune_cmd(url: str, trials: int, *extra: str) -> list[str]:
 
 
 def _probing_now(db: Path) -> bool:
-    """Some trial has been probed and another is running (mid-probe)."""
+    """Some trial has been probed and another is running with its heartbeat recorded. Optuna only
+    fails a RUNNING trial as stale once it has a heartbeat; a worker killed in the instant between
+    creating a trial and its first heartbeat leaves a trial Optuna never reclaims, so the test waits
+    for the heartbeat (a real kill lands mid-probe, seconds after it)."""
     if not db.exists():
         return False
     try:
         with sqlite3.connect(db) as con:
             states = Counter(s for (s,) in con.execute("SELECT state FROM trials"))
+            beating = con.execute("SELECT COUNT(*) FROM trials t JOIN trial_heartbeats h ON h.trial_id = t.trial_id"
+                                  " WHERE t.state = 'RUNNING'").fetchone()[0]
     except sqlite3.Error:
         return False
-    return states.get("COMPLETE", 0) >= 1 and states.get("RUNNING", 0) >= 1
+    return states.get("COMPLETE", 0) >= 1 and beating >= 1
 
 
 def test_killed_tune_resumes_without_losing_or_repeating_a_trial(tmp_path):
@@ -123,6 +128,31 @@ def test_killed_tune_resumes_without_losing_or_repeating_a_trial(tmp_path):
     assert lost.state == optuna.trial.TrialState.FAIL
     assert tuple(lost.user_attrs["candidate"]) in keys  # the interrupted candidate was retried
     assert json.loads(done.stdout)["probes"] == 4
+
+
+def test_a_trial_orphaned_before_its_first_heartbeat_is_failed_and_retried(tmp_path, monkeypatch):
+    import planner.tune as tune_module
+
+    req = TuneRequest(**LLAMA, storage=f"sqlite:///{tmp_path}/s.db", probes=1, band=10.0, heartbeat_seconds=1)
+    first = tune(req, analytic, "analytic")
+    study = _study(req.storage)
+    done = study.trials[first.trials[0].number]
+    orphan = study.ask()  # RUNNING with no heartbeat thread: a worker killed right after creating it
+    for name, dist in done.distributions.items():  # the probed plan with the next micro-batch size
+        pick = done.params[name]
+        if name == "micro_batch_size":
+            pick = dist.choices[(dist.choices.index(pick) + 1) % len(dist.choices)]
+        study._storage.set_trial_param(orphan._trial_id, name, dist.to_internal_repr(pick), dist)
+    monkeypatch.setattr(tune_module, "ORPHAN_AFTER_SECONDS", 300.0)
+    tune(req.model_copy(update={"probes": 1}), analytic, "analytic")  # too young: left alone
+    assert _study(req.storage).trials[orphan.number].state == optuna.trial.TrialState.RUNNING
+    monkeypatch.setattr(tune_module, "ORPHAN_AFTER_SECONDS", 0.0)
+    tune(req.model_copy(update={"probes": 2}), analytic, "analytic")
+    after = _study(req.storage)
+    assert after.trials[orphan.number].state == optuna.trial.TrialState.FAIL
+    retry = [t for t in after.trials if t.user_attrs.get("retry_of") == orphan.number]
+    assert len(retry) == 1 and retry[0].state == optuna.trial.TrialState.COMPLETE
+    assert retry[0].params == after.trials[orphan.number].params
 
 
 def test_two_workers_share_one_study(tmp_path):
