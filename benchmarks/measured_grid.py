@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.catalog.models import model_config  # noqa: E402
-from planner.estimate import EstimateRequest, estimate  # noqa: E402
+from planner.engine.estimate import EstimateRequest, estimate  # noqa: E402
 from probes.device import catalog_gpu  # noqa: E402
 from probes.measured_command import measure_plan, require_gpu  # noqa: E402
 

@@ -17,9 +17,9 @@ import time
 
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
-from planner.estimate import evaluate
-from planner.search import search
-from planner.space import build_space
+from planner.engine.estimate import evaluate
+from planner.engine.search import search
+from planner.engine.space import build_space
 
 MODEL = "meta-llama/Llama-3.1-8B"
 GPUS = ("1xA100-40", "8xH100-80", "64x8xH100-80")

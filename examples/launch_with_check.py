@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from planner.errors import PlannerInputError
-from planner.preflight import CheckRequest, check
+from planner.core.errors import PlannerInputError
+from planner.check.preflight import CheckRequest, check
 
 
 def main() -> int:

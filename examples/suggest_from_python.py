@@ -3,7 +3,7 @@
     python examples/suggest_from_python.py
 """
 
-from planner.suggest import SuggestRequest, suggest
+from planner.engine.suggest import SuggestRequest, suggest
 
 result = suggest(SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", margin=0.05, top=3))
 print(f"{result.considered:,} candidates, {sum(result.rejected.values()):,} rejected")

@@ -10,9 +10,9 @@ partition rules (the output's notes say so). The probe needs the ``[probes]`` ex
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.errors import PlannerInputError
-from planner.estimate import EstimateRequest
-from planner.vocabulary import TrainingConfig
+from planner.core.errors import PlannerInputError
+from planner.engine.estimate import EstimateRequest
+from planner.core.vocabulary import TrainingConfig
 from probes.compare import STATE_BYTES_PER_PARAMETER, ZERO_STAGES, Comparison
 
 FIDELITIES = ("traced", "measured")
@@ -59,7 +59,7 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
                                 hint="Install the probe extra: pip install -e '.[probes]' (torch first, CPU build).") from None
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import model_config, resolve_model
-    from planner.estimate import default_seq_len
+    from planner.engine.estimate import default_seq_len
     from probes.compare import compare_result, compare_zero_result
     from probes.traced import TraceRequest, trace
 

@@ -5,7 +5,7 @@ Compared (bytes per GPU, one rank):
 - activations: the forward phase (end of forward and start of backward, up to the last decoder
   layer's backward) less the parameters and optimizer states held through it: saved activations,
   autocast weight casts, gathered FSDP parameters, the loss and the head's backward;
-- each phase's peak (forward, backward, backward_end, step: planner/ledger.py), and the step peak (the largest).
+- each phase's peak (forward, backward, backward_end, step: planner/core/ledger.py), and the step peak (the largest).
 What a trace cannot see is left out of the analytic side: the CUDA context and NCCL, the
 allocator's fragmentation reserve, and DDP/ZeRO communication buckets (DDP and ZeRO do not run
 under the trace; FSDP2's all-gather and reduce-scatter buffers do, and are compared). Model states of ZeRO plans are computed, not traced (probes/traced.py).
@@ -13,10 +13,10 @@ under the trace; FSDP2's all-gather and reduce-scatter buffers do, and are compa
 
 from pydantic import BaseModel, ConfigDict
 
-from planner.ledger import Location, Phase
-from planner.ledger import phase_sum as ledger_phase_sum
-from planner.ledger import resident as ledger_resident
-from planner.vocabulary import TrainingConfig
+from planner.core.ledger import Location, Phase
+from planner.core.ledger import phase_sum as ledger_phase_sum
+from planner.core.ledger import resident as ledger_resident
+from planner.core.vocabulary import TrainingConfig
 
 UNTRACED = frozenset({"cuda_context", "allocator_reserve"})  # and DDP / ZeRO buckets (not traced)
 STATES = {"parameters": ("weights", "master_weights"), "gradients": ("gradients",),
@@ -64,7 +64,7 @@ def analytic_result(model: str, config: TrainingConfig, world_size: int, layers:
     """The ledger of the plan (the GPU only sets capacity and speed: memory terms do not depend on it)."""
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
-    from planner.estimate import estimate_config
+    from planner.engine.estimate import estimate_config
 
     spec = spec or resolve_model(model)
     if layers is not None:

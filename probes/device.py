@@ -36,7 +36,7 @@ def catalog_gpu(name: str, total_bytes: int) -> str:
     name or alias ("NVIDIA H100 80GB HBM3", "NVIDIA H200"), else the catalog GPU whose model
     appears in the name and whose memory is within 5 %; else the driver's name itself."""
     from planner.catalog.gpus import catalog, normalize, resolve_gpu
-    from planner.errors import PlannerInputError
+    from planner.core.errors import PlannerInputError
 
     try:
         return resolve_gpu(name).id

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict
 from rich.markup import escape
 
 from planner.catalog.calibration import CalibrationStore, Measurement, store_path
-from planner.errors import PlannerInputError
-from planner.estimate import EstimateResult
-from planner.suggest import SuggestResult
-from planner.vocabulary import TrainingConfig
+from planner.core.errors import PlannerInputError
+from planner.engine.estimate import EstimateResult
+from planner.engine.suggest import SuggestResult
+from planner.core.vocabulary import TrainingConfig
 from probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
 from probes.measured import MeasureRequest, MeasureResult, measure
 
@@ -74,7 +74,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
     is ``probes.measured.measure`` (tests pass a CPU runner); each run gets ``timeout`` seconds."""
     from planner.catalog.models import resolve_model
     from planner.cost import compute as C
-    from planner.estimate import estimate_config
+    from planner.engine.estimate import estimate_config
     from probes.extrapolate import extrapolate_runs
 
     c = plan.config
@@ -259,7 +259,7 @@ def plan_fields(path, rank: int) -> dict:
 def run_measured_probe(req, device: DeviceInfo | None = None) -> MeasuredComparison:
     """``planner probe --fidelity measured`` for a probes.command.ProbeRequest."""
     from planner.catalog.models import model_config
-    from planner.estimate import estimate
+    from planner.engine.estimate import estimate
 
     if req.explain:
         raise PlannerInputError("--explain lists traced tensors", hint="Use it with --fidelity traced.")
@@ -341,7 +341,7 @@ def probe_suggestion(result, k: int, device: DeviceInfo, timeout: float, runner=
 def render_probed(r: ProbedSuggestion, console) -> None:
     from rich.table import Table
 
-    from planner import report
+    from planner.render import report
 
     report.render_suggest(r.suggestion, console)
     table = Table("rank", "config", "peak GiB analytic", "measured", "tokens/s/GPU analytic", "measured", "verdict")

@@ -1,5 +1,5 @@
 """What a measured probe trains, built the way the emitted files make accelerate, the Trainer and
-DeepSpeed build it (planner/emit.py writes those files):
+DeepSpeed build it (planner/emit/files.py writes those files):
 
 - model: the transformers class from the architecture's config.json, random weights, built
   directly on the device (``with torch.device(...)``); bf16 weights for bf16-pure, fp32 otherwise;
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from planner.vocabulary import TrainingConfig
+from planner.core.vocabulary import TrainingConfig
 from probes import model_setup as S
 
 LEARNING_RATE = 1e-4

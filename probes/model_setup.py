@@ -5,7 +5,7 @@ from functools import partial
 
 import torch
 
-from planner.vocabulary import TrainingConfig
+from planner.core.vocabulary import TrainingConfig
 
 MIXED = ("bf16-mixed", "fp8-mixed", "fp16-mixed")
 

@@ -29,7 +29,7 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
-from planner.vocabulary import TrainingConfig
+from planner.core.vocabulary import TrainingConfig
 
 
 class TraceRequest(BaseModel):

@@ -2,7 +2,7 @@
 
 ``StepTracker`` (and ``FsdpStepTracker``, over torch's FSDPMemTracker) add to torch's tracker:
 
-- phase peaks, in the ledger's phases (planner/ledger.py): ``forward`` runs until backward
+- phase peaks, in the ledger's phases (planner/core/ledger.py): ``forward`` runs until backward
   reaches the last decoder layer (the loss and the head's backward belong to it), ``backward``
   from there, ``backward_end`` from the embeddings' backward (``embedding_dense_backward``, after
   every decoder layer's), ``step`` is the optimizer; the tracker keeps each phase's peak total and

@@ -1,4 +1,4 @@
-"""The probes ``planner tune`` spends (planner/tune.py takes them as functions):
+"""The probes ``planner tune`` spends (planner/engine/tune.py takes them as functions):
 
 - measured (a GPU on this machine): a short real run (probes/measured_command.py); the step is the
   measured one plus the analytic model's exposed communication, because sharded plans run as one
@@ -12,9 +12,9 @@
 
 import importlib.util
 
-from planner.errors import PlannerInputError
-from planner.estimate import EstimateResult
-from planner.tune import ProbeOutcome
+from planner.core.errors import PlannerInputError
+from planner.engine.estimate import EstimateResult
+from planner.engine.tune import ProbeOutcome
 
 
 def analytic_probe(plan: EstimateResult) -> ProbeOutcome:

@@ -4,10 +4,10 @@ Its memory effect lives in planner.cost.activations (fused attention saves no s^
 eager saves fp32 softmax probabilities, a*s per token). Here: when a choice is unwise.
 """
 
-from planner.emitted import EmitDraft
-from planner.ledger import Ledger, LedgerDraft, PagedInfo
-from planner.timing import TimeDraft, Window
-from planner.vocabulary import Attention
+from planner.core.emitted import EmitDraft
+from planner.core.ledger import Ledger, LedgerDraft, PagedInfo
+from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import Attention
 from strategies import rates
 from strategies.base import Check, PlanContext, Strategy
 

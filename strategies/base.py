@@ -2,7 +2,7 @@
 
 A strategy owns one vocabulary field: its choices, when a choice is infeasible (reasons, never
 an exception), warnings, its rows in the per-rank memory ledger, and its rows in the step-time
-ledger (planner.timing), and its fragment of each emitted file (planner.emitted). Strategies run in registry
+ledger (planner.core.timing), and its fragment of each emitted file (planner.core.emitted). Strategies run in registry
 order (``strategies.REGISTRY``); later ones may adjust rows earlier ones wrote (sharding sets
 shard divisors, offload moves rows to host).
 """
@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
-from planner.emitted import EmitDraft
-from planner.ledger import Ledger, LedgerDraft, PagedInfo
-from planner.specs import HardwareSpec, ModelSpec
-from planner.timing import TimeDraft
-from planner.vocabulary import Sharding, TrainingConfig
+from planner.core.emitted import EmitDraft
+from planner.core.ledger import Ledger, LedgerDraft, PagedInfo
+from planner.core.specs import HardwareSpec, ModelSpec
+from planner.core.timing import TimeDraft
+from planner.core.vocabulary import Sharding, TrainingConfig
 
 
 class Engine(StrEnum):

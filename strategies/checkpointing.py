@@ -14,10 +14,10 @@ understates the recompute case by that one vector per token (< 0.1% of a step's 
 from planner.cost import activations as A
 from planner.cost import params as P
 from planner.cost import runtime as R
-from planner.emitted import EmitDraft
-from planner.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
-from planner.timing import TimeDraft, Window
-from planner.vocabulary import Checkpointing
+from planner.core.emitted import EmitDraft
+from planner.core.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
+from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import Checkpointing
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.fsdp_memory import fsdp_resharding

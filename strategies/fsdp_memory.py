@@ -1,5 +1,5 @@
 """FSDP2's memory beyond the sharded model states: gathered units, reduce-scatter buffers and the
-root unit, phase by phase and moment by moment (planner.ledger.resident).
+root unit, phase by phase and moment by moment (planner.core.ledger.resident).
 
 Behaviour modelled (torch ``fully_shard``, as planner emits it: every decoder layer and then the
 root wrapped, reshard_after_forward=True for each unit, the root included, except fsdp-grad-op):
@@ -15,8 +15,8 @@ benchmarks/traced_matrix.py).
 """
 
 from planner.cost import params as P
-from planner.ledger import LedgerDraft, Phase
-from planner.vocabulary import Loss, Sharding
+from planner.core.ledger import LedgerDraft, Phase
+from planner.core.vocabulary import Loss, Sharding
 from strategies.base import Engine, PlanContext
 from strategies.moments import (
     AFTER_TOP_LAYER,

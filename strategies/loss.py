@@ -2,10 +2,10 @@
 
 from planner.cost import activations as A
 from planner.cost import params as P
-from planner.emitted import EmitDraft
-from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
-from planner.timing import TimeDraft, Window
-from planner.vocabulary import Loss
+from planner.core.emitted import EmitDraft
+from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import Loss
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.fsdp_memory import fsdp_resharding

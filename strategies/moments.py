@@ -1,4 +1,4 @@
-"""Names shared by the strategies that write rows of one moment (planner.ledger.resident) or adjust
+"""Names shared by the strategies that write rows of one moment (planner.core.ledger.resident) or adjust
 rows another strategy wrote (tags)."""
 
 #: Alternative instants of the forward phase: the loss (strategies/loss.py, with the final norm's

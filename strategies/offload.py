@@ -14,10 +14,10 @@ on the CPU (not bitsandbytes, which needs CUDA tensors).
 from planner.cost import comms
 from planner.cost import params as P
 from planner.cost import runtime as R
-from planner.emitted import EmitDraft
-from planner.ledger import ALL_PHASES, Ledger, LedgerDraft, Location, PagedInfo
-from planner.timing import TimeDraft, Window
-from planner.vocabulary import Offload, Optimizer, Sharding
+from planner.core.emitted import EmitDraft
+from planner.core.ledger import ALL_PHASES, Ledger, LedgerDraft, Location, PagedInfo
+from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import Offload, Optimizer, Sharding
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.sharding import shard_degree
 

@@ -13,11 +13,11 @@ from functools import cache
 
 from planner.cost import comms
 from planner.cost import runtime as R
-from planner.emitted import EmitDraft
-from planner.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
-from planner.specs import ModelSpec
-from planner.timing import TimeDraft
-from planner.vocabulary import Optimizer
+from planner.core.emitted import EmitDraft
+from planner.core.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
+from planner.core.specs import ModelSpec
+from planner.core.timing import TimeDraft
+from planner.core.vocabulary import Optimizer
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.precision import layout

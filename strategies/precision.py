@@ -23,10 +23,10 @@ from functools import cache
 
 from planner.cost import params as P
 from planner.cost.activations import DTypes
-from planner.emitted import EmitDraft
-from planner.ledger import ALL_PHASES, Ledger, LedgerDraft, PagedInfo, Phase
-from planner.timing import TimeDraft, Window
-from planner.vocabulary import Checkpointing, Precision, Sharding
+from planner.core.emitted import EmitDraft
+from planner.core.ledger import ALL_PHASES, Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import Checkpointing, Precision, Sharding
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.moments import GRADIENTS_BEFORE_FIRST_LAYER

@@ -8,8 +8,8 @@ reading the weights). Unit: seconds per micro-batch.
 
 from planner.cost import compute as C
 from planner.cost import params as P
-from planner.units import DTYPE_BYTES
-from planner.vocabulary import Attention, Precision
+from planner.core.units import DTYPE_BYTES
+from planner.core.vocabulary import Attention, Precision
 from strategies.base import PlanContext
 
 COMPUTE_DTYPE = {

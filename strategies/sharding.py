@@ -22,10 +22,10 @@ DeepSpeed runtime/zero/config.py for the defaults).
 from planner.cost import comms
 from planner.cost import params as P
 from planner.cost import runtime as R
-from planner.emitted import EmitDraft
-from planner.ledger import Ledger, LedgerDraft, PagedInfo, Phase
-from planner.timing import TimeDraft, Window
-from planner.vocabulary import Sharding
+from planner.core.emitted import EmitDraft
+from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import Sharding
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.fsdp_memory import fsdp_rows
 from strategies.precision import layout

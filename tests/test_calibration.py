@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from planner.calibrate import fit, predict, scaled, uncalibrated_gpu
+from planner.engine.calibrate import fit, predict, scaled, uncalibrated_gpu
 from planner.catalog.calibration import (
     CalibrationStore,
     Corrections,
@@ -20,10 +20,10 @@ from planner.catalog.calibration import (
 from planner.catalog.models import model_config
 from planner.cli import app
 from planner.cost import runtime as R
-from planner.errors import PlannerInputError
-from planner.estimate import EstimateRequest, estimate
-from planner.units import GIB, MIB
-from planner.vocabulary import TrainingConfig
+from planner.core.errors import PlannerInputError
+from planner.engine.estimate import EstimateRequest, estimate
+from planner.core.units import GIB, MIB
+from planner.core.vocabulary import TrainingConfig
 
 GPU = "H100-SXM-80"
 CONTEXT = int(1.4 * GIB)

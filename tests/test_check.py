@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.emit import emit
-from planner.estimate import estimate_config
-from planner.preflight import CheckRequest, check
-from planner.suggest import SuggestRequest, suggest
+from planner.engine.estimate import estimate_config
+from planner.check.preflight import CheckRequest, check
+from planner.engine.suggest import SuggestRequest, suggest
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA = "meta-llama/Llama-3.1-8B"
@@ -113,7 +113,7 @@ def test_not_fitting_job_gets_changes_that_fit(tmp_path):
     assert out["changes"][0]["change"] == "checkpointing none -> full"  # one change suffices here
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
-    from planner.vocabulary import TrainingConfig
+    from planner.core.vocabulary import TrainingConfig
 
     for change in out["changes"]:
         again = estimate_config(resolve_model(LLAMA), parse_gpus("4xA100-80"), TrainingConfig(**change["config"]))

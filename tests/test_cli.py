@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.ledger import TERMS
+from planner.core.ledger import TERMS
 
 runner = CliRunner()
 BASE = ["estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40"]
@@ -90,7 +90,7 @@ def test_margin_turns_a_tight_fit_into_a_miss():
 
 def test_console_script_runs_without_torch_imported():
     """The installed `planner` command starts without importing torch (DESIGN layers)."""
-    code = ("import sys; from planner.cli import app; from planner.estimate import estimate; import planner.report; "
+    code = ("import sys; from planner.cli import app; from planner.engine.estimate import estimate; import planner.render.report; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
 

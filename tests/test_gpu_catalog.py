@@ -3,8 +3,8 @@
 import pytest
 
 from planner.catalog.gpus import catalog, normalize, parse_gpus
-from planner.errors import PlannerInputError
-from planner.units import GB, GIB
+from planner.core.errors import PlannerInputError
+from planner.core.units import GB, GIB
 
 REQUIRED = [
     "V100-SXM-16", "V100-SXM-32", "T4-16", "A10G-24", "L4-24", "L40S-48", "RTX3090-24", "RTX4090-24",

@@ -4,8 +4,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = {"planner.units", "planner.errors", "planner.vocabulary", "planner.specs", "planner.ledger",
-        "planner.formatting", "planner"}
+CORE = {"planner.core.units", "planner.core.errors", "planner.core.vocabulary", "planner.core.specs", "planner.core.ledger",
+        "planner.core.formatting", "planner"}
 HEAVY = {"torch", "transformers", "accelerate", "deepspeed", "optuna", "bitsandbytes"}
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from planner.catalog.models import catalog, resolve_model
 from planner.cost import params as P
-from planner.errors import PlannerInputError
+from planner.core.errors import PlannerInputError
 
 REQUIRED = [
     "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.2-1B",

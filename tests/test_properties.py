@@ -4,8 +4,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from planner.catalog.models import catalog
-from planner.ledger import Phase
-from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
+from planner.core.ledger import Phase
+from planner.core.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
 from tests.conftest import run
 
 MODELS = ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "google/gemma-2-2b", "microsoft/Phi-3-mini-4k-instruct",

@@ -4,7 +4,7 @@ import pytest
 
 from planner.cost import comms
 from planner.cost import runtime as R
-from planner.timing import OVERLAP_EFFICIENCY
+from planner.core.timing import OVERLAP_EFFICIENCY
 from tests.conftest import run
 
 LLAMA = "meta-llama/Llama-3.1-8B"

@@ -6,8 +6,8 @@ import pytest
 
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
-from planner.ledger import TERMS, LedgerDraft
-from planner.vocabulary import TrainingConfig
+from planner.core.ledger import TERMS, LedgerDraft
+from planner.core.vocabulary import TrainingConfig
 from strategies import REGISTRY, Check, PlanContext
 
 CONTEXTS = [

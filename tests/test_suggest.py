@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.cli import app
-from planner.estimate import EstimateRequest, estimate, evaluate
-from planner.search import exhaustive, greedy_seeds, optuna_search
-from planner.space import build_space, default_global_batch
-from planner.suggest import SuggestRequest, suggest
+from planner.engine.estimate import EstimateRequest, estimate, evaluate
+from planner.engine.search import exhaustive, greedy_seeds, optuna_search
+from planner.engine.space import build_space, default_global_batch
+from planner.engine.suggest import SuggestRequest, suggest
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 

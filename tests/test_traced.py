@@ -16,7 +16,7 @@ import os
 import pytest
 
 from planner.catalog.models import catalog
-from planner.vocabulary import TrainingConfig
+from planner.core.vocabulary import TrainingConfig
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

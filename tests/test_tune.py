@@ -16,8 +16,8 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-from planner.suggest import SuggestRequest, suggest  # noqa: E402
-from planner.tune import ProbeOutcome, TuneRequest, tune  # noqa: E402
+from planner.engine.suggest import SuggestRequest, suggest  # noqa: E402
+from planner.engine.tune import ProbeOutcome, TuneRequest, tune  # noqa: E402
 
 TINY = str(Path(__file__).parent / "data" / "tiny-llama" / "config.json")
 LLAMA = dict(model="meta-llama/Llama-3.2-1B", gpus="1xH100-80", seq_len=2048)
@@ -131,7 +131,7 @@ def test_killed_tune_resumes_without_losing_or_repeating_a_trial(tmp_path):
 
 
 def test_a_trial_orphaned_before_its_first_heartbeat_is_failed_and_retried(tmp_path, monkeypatch):
-    import planner.tune as tune_module
+    import planner.engine.tune as tune_module
 
     req = TuneRequest(**LLAMA, storage=f"sqlite:///{tmp_path}/s.db", probes=1, band=10.0, heartbeat_seconds=1)
     first = tune(req, analytic, "analytic")

@@ -5,7 +5,7 @@ One SQLite file (stdlib ``sqlite3``; no torch needed to read it):
   config.json and the measured depth), plan (the training configuration and world size), GPU
   (the device it ran on) and software (torch, CUDA and the libraries that change memory and
   speed). Probing the same key again replaces the row: the store keeps the latest measurement.
-- ``corrections``: per GPU, what ``planner calibrate`` fitted (planner/calibrate.py): the CUDA
+- ``corrections``: per GPU, what ``planner calibrate`` fitted (planner/engine/calibrate.py): the CUDA
   context, the caching allocator's reserve, and achieved FLOP/s per compute dtype as a factor on
   the catalog's efficiency. ``apply`` puts them into a GpuSpec; the analytic model then uses them
   and its output says so (GpuSpec.calibration).
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.errors import PlannerInputError
-from planner.specs import Calibration, GpuSpec
+from planner.core.errors import PlannerInputError
+from planner.core.specs import Calibration, GpuSpec
 
 ENV = "PLANNER_CALIBRATION"
 OFF = ("off", "none", "0", "")
@@ -40,7 +40,7 @@ class Measurement(BaseModel):
     model: str  # the --model reference as given (catalog id, or a path)
     config_json: dict  # the architecture measured (re-evaluated by the fit)
     layers: int | None = None  # depth measured (None: the model's full depth)
-    config: dict  # planner.vocabulary.TrainingConfig as JSON
+    config: dict  # planner.core.vocabulary.TrainingConfig as JSON
     world_size: int = Field(1, ge=1)  # the plan's GPU count (FSDP / ZeRO ranks under a fake process group)
     target_gpus: str  # the plan's --gpus
     device_gpu: str  # catalog id of the GPU it ran on ("cpu" for a CPU run)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.catalog import DATA_DIR
 from planner.catalog.files import read_mapping
-from planner.specs import Efficiency
+from planner.core.specs import Efficiency
 
 #: Used for a user GPU file whose architecture is not listed: conservative Ampere-like rates.
 FALLBACK_ARCHITECTURE = "ampere"

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from planner.errors import PlannerInputError
-from planner.specs import MlpKind, ModelSpec, NormKind
+from planner.core.errors import PlannerInputError
+from planner.core.specs import MlpKind, ModelSpec, NormKind
 
 
 def _llama_like(c: dict) -> dict:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from planner.errors import PlannerInputError
+from planner.core.errors import PlannerInputError
 
 #: libyaml's safe loader (shipped in PyYAML wheels) is ~10x faster than the pure-Python one;
 #: the catalog's 21 GPU files took 250 ms with the latter.

@@ -17,9 +17,9 @@ from planner.catalog import DATA_DIR
 from planner.catalog import calibration
 from planner.catalog.efficiency import efficiency
 from planner.catalog.files import read_mapping
-from planner.errors import PlannerInputError
-from planner.specs import GpuSpec, HardwareSpec
-from planner.units import GB, MIB, TERA
+from planner.core.errors import PlannerInputError
+from planner.core.specs import GpuSpec, HardwareSpec
+from planner.core.units import GB, MIB, TERA
 
 GPU_DIR = DATA_DIR / "gpus"
 GRAMMAR = "[NODES x] [GPUS_PER_NODE x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, or 2x./my-gpu.yaml"

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict
 from planner.catalog import DATA_DIR
 from planner.catalog.files import read_mapping
 from planner.catalog.families import SUPPORTED_FAMILIES, spec_from_config
-from planner.errors import PlannerInputError
-from planner.specs import ModelSpec
+from planner.core.errors import PlannerInputError
+from planner.core.specs import ModelSpec
 
 MODEL_DIR = DATA_DIR / "models"
 

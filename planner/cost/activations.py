@@ -20,8 +20,8 @@ probes check every list against FakeTensorMode + MemTracker.
 from dataclasses import dataclass
 from functools import cache
 
-from planner.specs import MlpKind, ModelSpec, NormKind
-from planner.vocabulary import Attention
+from planner.core.specs import MlpKind, ModelSpec, NormKind
+from planner.core.vocabulary import Attention
 
 FP32 = 4
 

@@ -15,7 +15,7 @@
 from functools import cache
 
 from planner.cost import params as P
-from planner.specs import ModelSpec
+from planner.core.specs import ModelSpec
 
 
 @cache

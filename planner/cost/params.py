@@ -13,7 +13,7 @@ from enum import StrEnum
 from functools import cache
 from math import prod
 
-from planner.specs import MlpKind, ModelSpec, NormKind
+from planner.core.specs import MlpKind, ModelSpec, NormKind
 
 
 class Part(StrEnum):

@@ -2,11 +2,11 @@
 
 These are assumptions with sources (which is why they live together, here). ``planner calibrate``
 replaces the CUDA context and the allocator reserve per GPU from measured probes
-(GpuSpec.calibration, planner/estimate.py ``runtime_reserves``); the others stay assumptions: a
+(GpuSpec.calibration, planner/engine/estimate.py ``runtime_reserves``); the others stay assumptions: a
 measured step folds them into the fitted FLOP/s factor.
 """
 
-from planner.units import GIB
+from planner.core.units import GIB
 
 #: Per GPU: the driver's reservation (nvidia-smi total minus what CUDA can allocate: A100-40GB
 #: 40960 vs 40339 MiB, ~0.6 GiB), the process's CUDA context with lazy module loading

@@ -16,14 +16,14 @@ import yaml
 from pydantic import ValidationError
 
 from planner import __version__
-from planner.alternatives import memory_savers
+from planner.engine.alternatives import memory_savers
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
-from planner.emitted import EmitDraft
-from planner.errors import PlannerInputError
-from planner.estimate import EstimateResult, estimate_config
-from planner.plan_doc import render_plan_doc
-from planner.suggest import SuggestResult
+from planner.core.emitted import EmitDraft
+from planner.core.errors import PlannerInputError
+from planner.engine.estimate import EstimateResult, estimate_config
+from planner.emit.plan_doc import render_plan_doc
+from planner.engine.suggest import SuggestResult
 from strategies import REGISTRY, Engine, PlanContext
 
 FILE_NAMES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.json", "launch.sh", "plan.json", "PLAN.md")

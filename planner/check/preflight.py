@@ -2,7 +2,7 @@
 
 One function, `check(CheckRequest) -> CheckResult`, for the CLI and for launchers written in
 Python. The job's own files (accelerate YAML, DeepSpeed JSON, Trainer arguments) are mapped
-onto the vocabulary (planner.job_files); flags fill what the files leave open or override it; a
+onto the vocabulary (planner.check.job_files); flags fill what the files leave open or override it; a
 job directory written by `planner suggest --out` also supplies its plan.json for what the files
 cannot say (bf16-pure weights, attention, selective checkpointing, Adam-mini, sequence length).
 
@@ -16,16 +16,16 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from planner.alternatives import memory_savers
+from planner.engine.alternatives import memory_savers
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
-from planner.errors import PlannerInputError
-from planner.estimate import EstimateResult, PlanTarget, default_seq_len, estimate_config, evaluate
-from planner.formatting import gib
-from planner.job_files import NOT_MIXED, Reading, read_accelerate, read_deepspeed, read_deepspeed_dict, read_training_args
-from planner.search import search
-from planner.space import build_space
-from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding, TrainingConfig
+from planner.core.errors import PlannerInputError
+from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, estimate_config, evaluate
+from planner.core.formatting import gib
+from planner.check.job_files import NOT_MIXED, Reading, read_accelerate, read_deepspeed, read_deepspeed_dict, read_training_args
+from planner.engine.search import search
+from planner.engine.space import build_space
+from planner.core.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding, TrainingConfig
 
 JOB_FILES = {"accelerate_config": "accelerate_config.yaml", "deepspeed_config": "deepspeed_config.json",
              "training_args": "training_args.json"}

@@ -41,11 +41,11 @@ from planner.catalog.gpus import (
     resolve_gpu,
 )
 from planner.cost import runtime as R
-from planner.errors import PlannerInputError
-from planner.estimate import evaluate, runtime_reserves
-from planner.specs import GpuSpec, HardwareSpec, ModelSpec
-from planner.timing import TimeDraft, step_seconds
-from planner.vocabulary import Precision, TrainingConfig
+from planner.core.errors import PlannerInputError
+from planner.engine.estimate import evaluate, runtime_reserves
+from planner.core.specs import GpuSpec, HardwareSpec, ModelSpec
+from planner.core.timing import TimeDraft, step_seconds
+from planner.core.vocabulary import Precision, TrainingConfig
 
 #: The efficiency-table entry a plan's step time is fitted to. fp8-mixed runs its decoder-layer
 #: matmuls in fp8 and the rest in bf16 (strategies/rates.py), so it fits the "fp8" entry with the
@@ -153,7 +153,7 @@ def predict(m: Measurement, gpu: GpuSpec | None = None) -> Prediction:
     allocated = peak - cuda_context rows - allocator_reserve rows - paged state resident on the GPU
     (bytes; torch.cuda.max_memory_allocated sees neither the context nor CUDA managed memory).
     The step time without communication drops the "communication" time rows and resolves the rest
-    again (planner/timing.py): under a fake process group collectives return at once."""
+    again (planner/core/timing.py): under a fake process group collectives return at once."""
     gpu = gpu or uncalibrated_gpu(m.device_gpu)
     hardware = hardware_for(m, gpu)
     config = training_config(m)

@@ -9,13 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.catalog import gpus as gpu_catalog
 from planner.catalog.models import resolve_model
-from planner.errors import PlannerInputError
-from planner.estimate import EstimateResult, PlanTarget, default_seq_len, evaluate, result_of
-from planner.formatting import gib
-from planner.search import ENGINES, SearchOutcome, search
-from planner.space import SearchSpace, build_space, default_global_batch
-from planner.specs import HardwareSpec, ModelSpec
-from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
+from planner.core.errors import PlannerInputError
+from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, evaluate, result_of
+from planner.core.formatting import gib
+from planner.engine.search import ENGINES, SearchOutcome, search
+from planner.engine.space import SearchSpace, build_space, default_global_batch
+from planner.core.specs import HardwareSpec, ModelSpec
+from planner.core.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
 
 MAX_NODES = 128
 

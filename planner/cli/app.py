@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from planner.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerInputError
-from planner.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
+from planner.core.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerInputError
+from planner.core.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
 
 EXIT_CODES = "Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input."
 app = typer.Typer(
@@ -70,7 +70,7 @@ def _fits_exit(result: Any) -> int:
 
 def _serve(plan: Callable[[], Any], renderer: str | Callable, as_json: bool,
            exit_code: Callable[[Any], int] = _fits_exit, probe: bool = False) -> None:
-    """Run one planning function; print its result as JSON or with ``planner.report.<renderer>``
+    """Run one planning function; print its result as JSON or with ``planner.render.report.<renderer>``
     (or the renderer function given); exit with ``exit_code(result)`` (default: 0 when it fits,
     1 when not), 2 on bad input (a message, never a traceback), and, for a probe, 3 when the probe
     itself failed (RuntimeError)."""
@@ -88,7 +88,7 @@ def _serve(plan: Callable[[], Any], renderer: str | Callable, as_json: bool,
     if as_json:
         sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
     else:
-        from planner import report
+        from planner.render import report
 
         render = getattr(report, renderer) if isinstance(renderer, str) else renderer
         render(result, report.console_for_stdout())
@@ -114,8 +114,8 @@ def estimate(
     margin: Annotated[float, typer.Option(help="fraction of GPU memory to keep free, e.g. 0.05")] = 0.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    from planner.estimate import EstimateRequest
-    from planner.estimate import estimate as run_estimate
+    from planner.engine.estimate import EstimateRequest
+    from planner.engine.estimate import estimate as run_estimate
 
     _serve(lambda: run_estimate(EstimateRequest(
             model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
@@ -153,8 +153,8 @@ def suggest(
     probe_timeout: Annotated[float, typer.Option(help="seconds per measured probe")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    from planner.suggest import SuggestRequest
-    from planner.suggest import suggest as run_suggest
+    from planner.engine.suggest import SuggestRequest
+    from planner.engine.suggest import suggest as run_suggest
 
     space = _space_fields(locals())
 
@@ -237,8 +237,8 @@ def check(
     inter_node_gbps: Annotated[float | None, typer.Option(help="network bandwidth per node, Gbit/s")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    from planner.preflight import CheckRequest
-    from planner.preflight import check as run_check
+    from planner.check.preflight import CheckRequest
+    from planner.check.preflight import check as run_check
 
     _serve(lambda: run_check(CheckRequest(
         model=model, gpus=gpus, accelerate_config=accelerate_config, deepspeed_config=deepspeed_config,
@@ -253,7 +253,7 @@ def check(
 def models() -> None:
     from planner.catalog.models import catalog, resolve_model
     from planner.cost.params import total_parameters
-    from planner.formatting import count
+    from planner.core.formatting import count
 
     for mid in sorted(catalog(), key=str.lower):
         spec = resolve_model(mid)
@@ -392,8 +392,8 @@ def tune(
     seed: Annotated[int, typer.Option(help="Optuna sampler seed")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    from planner.tune import FIDELITIES, TuneRequest
-    from planner.tune import tune as run_tune
+    from planner.engine.tune import FIDELITIES, TuneRequest
+    from planner.engine.tune import tune as run_tune
 
     space = _space_fields(locals())
 
@@ -410,7 +410,7 @@ def tune(
             **space, seed=seed, fidelity=fidelity, band=band, probes=trials, timeout=timeout,
             probe_timeout=probe_timeout, storage=storage, study_name=study_name, out=out, enqueue=enqueue,
             heartbeat_seconds=heartbeat_seconds)
-        from planner.tune_report import Progress, plot
+        from planner.render.tune import Progress, plot
         from probes.tune_probes import choose
 
         chosen, probe, notes = choose(fidelity, probe_timeout)
@@ -430,7 +430,7 @@ def tune(
 
 
 def _render_tune(result, console) -> None:
-    from planner.tune_report import render_tune
+    from planner.render.tune import render_tune
 
     render_tune(result, console)
 
@@ -448,8 +448,8 @@ def calibrate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="fit and print; save nothing")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    from planner.calibrate import EXIT_FITTED, EXIT_NOTHING_TO_FIT, CalibrateRequest
-    from planner.calibrate import calibrate as run_calibrate
+    from planner.engine.calibrate import EXIT_FITTED, EXIT_NOTHING_TO_FIT, CalibrateRequest
+    from planner.engine.calibrate import calibrate as run_calibrate
 
     _serve(lambda: run_calibrate(CalibrateRequest(store=store, gpu=gpu, dry_run=dry_run)), "render_calibrate", as_json,
            lambda result: EXIT_FITTED if result.fitted else EXIT_NOTHING_TO_FIT)

@@ -12,8 +12,8 @@ from math import prod
 
 from pydantic import BaseModel, ConfigDict
 
-from planner.errors import PlannerInputError
-from planner.vocabulary import Optimizer, TrainingConfig
+from planner.core.errors import PlannerInputError
+from planner.core.vocabulary import Optimizer, TrainingConfig
 from strategies import REGISTRY
 
 DEFAULT_MIN_GLOBAL_BATCH = 64

@@ -1,10 +1,10 @@
 """PLAN.md: why this plan, its memory and time breakdown, what was rejected, what to change
 first if it runs out of memory, and how to run it."""
 
-from planner.alternatives import Alternative
-from planner.estimate import EstimateResult
-from planner.formatting import count, gib, share
-from planner.ledger import Location, resident
+from planner.engine.alternatives import Alternative
+from planner.engine.estimate import EstimateResult
+from planner.core.formatting import count, gib, share
+from planner.core.ledger import Location, resident
 
 
 def _gib(n: float) -> str:

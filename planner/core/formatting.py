@@ -1,6 +1,6 @@
 """Formatting for people, in one place. Internal values stay in base units."""
 
-from planner.units import GIB
+from planner.core.units import GIB
 
 
 def gib(n_bytes: float, digits: int = 2) -> str:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from planner.tune import TrialRow, TuneResult
+from planner.engine.tune import TrialRow, TuneResult
 
 GIB = 2**30
 

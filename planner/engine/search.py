@@ -21,9 +21,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
-from planner.estimate import Evaluation
-from planner.space import SearchSpace
-from planner.vocabulary import TrainingConfig
+from planner.engine.estimate import Evaluation
+from planner.engine.space import SearchSpace
+from planner.core.vocabulary import TrainingConfig
 
 EXHAUSTIVE_LIMIT = 200_000  # candidates; above this `auto` uses Optuna
 PARALLEL_MIN_CANDIDATES = 4_000  # below this, forking costs more than it saves

@@ -14,11 +14,11 @@ from planner.catalog.models import resolve_model
 from planner.cost import compute as C
 from planner.cost import params as P
 from planner.cost import runtime as R
-from planner.formatting import gib
-from planner.ledger import Ledger, LedgerDraft, LedgerRow, Location, PagedInfo, Phase, peak_phase, phase_sum, terms_at
-from planner.specs import HardwareSpec, ModelSpec
-from planner.timing import StepTime, TimeDraft, assemble, step_seconds
-from planner.vocabulary import DEFAULT_SEQ_LEN, Sharding, TrainingConfig
+from planner.core.formatting import gib
+from planner.core.ledger import Ledger, LedgerDraft, LedgerRow, Location, PagedInfo, Phase, peak_phase, phase_sum, terms_at
+from planner.core.specs import HardwareSpec, ModelSpec
+from planner.core.timing import StepTime, TimeDraft, assemble, step_seconds
+from planner.core.vocabulary import DEFAULT_SEQ_LEN, Sharding, TrainingConfig
 from strategies import REGISTRY, Check, Engine, PlanContext
 from strategies.precision import layout
 from strategies.rates import peak_flops

@@ -8,9 +8,9 @@ in throughput; only changes that lower the peak and stay feasible are kept.
 
 from dataclasses import dataclass
 
-from planner.estimate import EstimateResult, estimate_config
-from planner.specs import HardwareSpec, ModelSpec
-from planner.vocabulary import Checkpointing, Loss, Offload, Optimizer, Sharding, TrainingConfig
+from planner.engine.estimate import EstimateResult, estimate_config
+from planner.core.specs import HardwareSpec, ModelSpec
+from planner.core.vocabulary import Checkpointing, Loss, Offload, Optimizer, Sharding, TrainingConfig
 
 EIGHT_BIT = {Optimizer.ADAMW: Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW: Optimizer.PAGED_ADAMW_8BIT,
              Optimizer.LION: Optimizer.LION_8BIT}

@@ -3,9 +3,9 @@
 from rich.console import Console
 from rich.table import Table
 
-from planner.estimate import EstimateResult
-from planner.formatting import count, gib, share
-from planner.ledger import Location, resident
+from planner.engine.estimate import EstimateResult
+from planner.core.formatting import count, gib, share
+from planner.core.ledger import Location, resident
 
 PHASE_WORDS = {
     "forward": "end of forward / start of backward",

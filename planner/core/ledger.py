@@ -145,7 +145,7 @@ class LedgerRow(BaseModel):
     location: Location
     phases: list[Phase]
     note: str
-    moment: str = ""  # one of alternative instants within its phases (planner.ledger.resident)
+    moment: str = ""  # one of alternative instants within its phases (planner.core.ledger.resident)
 
 
 class Ledger(BaseModel):

@@ -1,8 +1,8 @@
 """``planner tune``: spend a budget of probes to find the plan that is fastest when measured.
 
-An Optuna study over the search space ``suggest`` uses (planner/space.py: the strategies' choices
+An Optuna study over the search space ``suggest`` uses (planner/engine/space.py: the strategies' choices
 and micro-batch sizes), in a storage that outlives the process:
-- the analytic model ranks the space first (planner/search.py); its top candidates are enqueued,
+- the analytic model ranks the space first (planner/engine/search.py); its top candidates are enqueued,
   so the first probes go where the model expects the best plans;
 - every trial is evaluated analytically first: a candidate predicted not to fit is recorded as an
   infeasible trial (``trial.set_constraint``) and no probe is spent on it;
@@ -37,10 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.catalog import gpus as gpu_catalog
 from planner.catalog.models import resolve_model
-from planner.errors import PlannerInputError
-from planner.estimate import EstimateResult, default_seq_len, evaluate, result_of
-from planner.search import search
-from planner.suggest import SuggestRequest, _space
+from planner.core.errors import PlannerInputError
+from planner.engine.estimate import EstimateResult, default_seq_len, evaluate, result_of
+from planner.engine.search import search
+from planner.engine.suggest import SuggestRequest, _space
 
 FIDELITIES = ("auto", "analytic", "traced", "measured")
 #: Far outside any memory: the constraint of a candidate that cannot run at all.
