@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.catalog.models import catalog  # noqa: E402
-from planner.core.vocabulary import TrainingConfig  # noqa: E402
+from strategies import TrainingConfig  # noqa: E402
 from probes.compare import compare_result  # noqa: E402
 from probes.traced import TraceRequest, trace  # noqa: E402
 

@@ -4,13 +4,12 @@
     accelerate launch --config_file OUT/accelerate_config.yaml examples/train_causal_lm.py --plan OUT/plan.json
 
 Random weights built from the model's config (no download) and synthetic tokens. The emitted
-accelerate config decides distribution (DDP, FSDP2, DeepSpeed) and mixed precision; this script
-applies the rest of the plan as the emitted files describe it:
-- bf16-pure: the model is built in bfloat16;
-- attention: ``attn_implementation`` (sdpa or eager);
+accelerate config decides distribution (DDP, FSDP2, DeepSpeed) and mixed precision; planner's
+runtime (planner/runtime/) applies the rest of the plan, the same way the probes do:
+- bf16-pure: the model is built in bfloat16; attention: ``attn_implementation`` (sdpa or eager);
 - checkpointing: full = HF gradient checkpointing, non-reentrant (under FSDP, FSDP's own,
   switched on by the config); selective = torch selective checkpointing of each decoder layer
-  that saves matmul and attention outputs and recomputes the rest;
+  that saves the ops of strategies/checkpointing.py SELECTIVE_SAVE_OPS and recomputes the rest;
 - optimizer: torch AdamW / SGD, bitsandbytes 8-bit, paged and Lion, Adam-mini (adam-mini
   package), transformers Adafactor; DeepSpeed's own optimizer where its JSON names one;
 - micro-batch and gradient accumulation; gradient clipping at 1.0.
@@ -27,7 +26,6 @@ this happens when CUDA is available.
 import argparse
 import json
 import os
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -81,51 +79,6 @@ def cpu_shims(acc: Accelerator) -> None:
                           local_process_index=int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def selective_checkpointing(model: torch.nn.Module) -> None:
-    """Checkpoint each decoder layer, saving matmul and attention outputs (torchtitan's op-level
-    selective activation checkpointing), recomputing norms, activations and RoPE."""
-    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-
-    aten = torch.ops.aten
-    save = {aten.mm.default, aten.addmm.default, aten.bmm.default}
-    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention"):
-        if hasattr(aten, name):
-            save.add(getattr(aten, name).default)
-
-    def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
-
-    layers = model.model.layers if hasattr(model, "model") else model.transformer.h
-    for layer in layers:
-        forward = layer.forward
-        layer.forward = partial(checkpoint, forward, use_reentrant=False,
-                                context_fn=partial(create_selective_checkpoint_contexts, policy))
-
-
-def build_optimizer(name: str, model: torch.nn.Module, lr: float, cfg) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, fused=torch.cuda.is_available())
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=lr, relative_step=False, scale_parameter=False)
-    if name == "adam-mini":
-        from adam_mini import Adam_mini
-
-        return Adam_mini(named_parameters=model.named_parameters(), lr=lr, dim=cfg.hidden_size,
-                         n_heads=cfg.num_attention_heads, n_kv_heads=getattr(cfg, "num_key_value_heads", None))
-    import bitsandbytes as bnb  # the 8-bit, paged and Lion optimizers need CUDA
-
-    return {
-        "adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw": bnb.optim.PagedAdamW32bit,
-        "paged-adamw-8bit": bnb.optim.PagedAdamW8bit, "lion": bnb.optim.Lion32bit, "lion-8bit": bnb.optim.Lion8bit,
-    }[name](params, lr=lr)
-
-
 def main() -> None:
     args = parse_args()
     plan = load_plan(args.plan, args.rank)
@@ -135,30 +88,22 @@ def main() -> None:
     cpu_shims(acc)
     torch.manual_seed(args.seed)
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from planner import runtime
+    from planner.runtime.model import build_config, build_model
+    from planner.runtime.optimizer import build as build_optimizer
+    from strategies import TrainingConfig
 
-    config = AutoConfig.for_model(**model_config(plan["model"]["id"]))
-    config.use_cache = False
-    dtype = torch.bfloat16 if c["precision"] == "bf16-pure" else torch.float32
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=c["attention"])
-    fsdp = acc.distributed_type == DistributedType.FSDP
-    if c["checkpointing"] == "full" and not fsdp:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif c["checkpointing"] == "selective":
-        selective_checkpointing(model)
-    if c["loss"] == "chunked":
-        try:
-            from liger_kernel.transformers import _apply_liger_kernel_to_instance
-
-            _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
-        except Exception as e:  # no CUDA / no Triton / not installed
-            acc.print(f"chunked loss unavailable here ({type(e).__name__}); running the standard loss")
+    plan_config = TrainingConfig.model_validate(c)
+    config = build_config(model_config(plan["model"]["id"]))
+    model = build_model(config, plan_config)  # the plan's dtype and attention implementation
+    for note in runtime.prepare(model, plan_config, runtime.Site.LAUNCH):  # checkpointing, chunked loss
+        acc.print(note)
 
     ds_config = acc.state.deepspeed_plugin.deepspeed_config if deepspeed else {}
     if "optimizer" in ds_config:  # DeepSpeed builds it; fill the JSON's "auto" values (the Trainer does the same)
         optimizer = DummyOptim(model.parameters(), lr=args.lr, weight_decay=0.0)
     else:
-        optimizer = build_optimizer(c["optimizer"], model, args.lr, config)
+        optimizer = build_optimizer(c["optimizer"], model, config, lr=args.lr, fused=torch.cuda.is_available())
 
     per_step = c["micro_batch_size"] * c["grad_accum"] * acc.num_processes
     g = torch.Generator().manual_seed(args.seed)

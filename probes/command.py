@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
 from planner.engine.estimate import EstimateRequest
-from planner.core.vocabulary import TrainingConfig
+from strategies import TrainingConfig
 from probes.compare import STATE_BYTES_PER_PARAMETER, ZERO_STAGES, Comparison
 
 FIDELITIES = ("traced", "measured")
@@ -44,7 +44,7 @@ class ProbeResult(BaseModel):
 
 def run_probe(req: ProbeRequest) -> ProbeResult:
     """Resolve the plan as ``planner estimate`` does, trace it, compare. Raises PlannerInputError for
-    bad input and RuntimeError when the probe itself fails (crash, timeout)."""
+    bad input and ProbeFailedError when the probe itself fails (crash, timeout)."""
     if req.fidelity not in FIDELITIES:
         raise PlannerInputError(f"--fidelity {req.fidelity!r} is not available",
                                 hint=f"Choose one of: {', '.join(FIDELITIES)}.")
@@ -57,18 +57,14 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
     except ImportError:
         raise PlannerInputError("the traced probe needs torch and transformers",
                                 hint="Install the probe extra: pip install -e '.[probes]' (torch first, CPU build).") from None
-    from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import model_config, resolve_model
-    from planner.engine.estimate import default_seq_len
+    from planner.engine.estimate import resolve_config
     from probes.compare import compare_result, compare_zero_result
     from probes.traced import TraceRequest, trace
 
     spec = resolve_model(req.model)
-    hardware = parse_gpus(req.gpus, req.host_memory_gb, req.inter_node_gbps)
-    fields = req.model_dump(include=set(TrainingConfig.model_fields))
-    fields["sharding"] = fields["sharding"] or ("none" if hardware.num_gpus == 1 else "ddp")
-    fields["seq_len"] = fields["seq_len"] or default_seq_len(spec)
-    config = TrainingConfig(**fields)
+    hardware = req.hardware()
+    config = resolve_config(req, spec, hardware)
     if config.sharding == "fsdp-hybrid":
         raise PlannerInputError("--sharding fsdp-hybrid is not traced",
                                 hint="Trace fsdp on one node's GPU count: one rank's memory is the same.")
@@ -93,26 +89,3 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
     comparison = compare(req.model, config, hardware.num_gpus, req.layers, traced, gpu=hardware.gpu.id, spec=spec)
     return ProbeResult(fidelity=req.fidelity, comparison=comparison, phase_peaks=traced.phase_peaks,
                        explanation=traced.explanation)
-
-
-def render_probe(r: ProbeResult, console) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    c = r.comparison
-    depth = f", {c.layers} layers" if c.layers else ""
-    console.print(f"[bold]{c.model}[/] traced on CPU fake tensors{depth}, world size {c.world_size}: "
-                  f"{c.trace_seconds:.1f} s")
-    table = Table("term", "analytic (MiB)", "probe (MiB)", "probe is", "error", "agrees")
-    for t in c.terms:
-        table.add_row(t.term, f"{t.analytic / 2**20:,.1f}", f"{t.traced / 2**20:,.1f}", t.source, f"{t.error:+.1%}",
-                      ("exact" if t.agrees else "[red]differs[/]") if t.exact else
-                      ("yes" if t.agrees else "[red]no[/]"))
-    console.print(table)
-    for note in c.notes:
-        console.print(f"note: {escape(note)}", highlight=False)
-    if r.explanation:
-        console.print("alive at the traced peak (bytes | category | op | module | shape | dtype | phase):")
-        for line in r.explanation:
-            console.print(line, highlight=False)
-    console.print("[bold green]AGREE[/]" if r.agrees else "[bold red]DISAGREE[/] (states exact, the rest within 5 %)")

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from planner.core.ledger import Location, Phase
 from planner.core.ledger import phase_sum as ledger_phase_sum
 from planner.core.ledger import resident as ledger_resident
-from planner.core.vocabulary import TrainingConfig
+from strategies import TrainingConfig
 
 UNTRACED = frozenset({"cuda_context", "allocator_reserve"})  # and DDP / ZeRO buckets (not traced)
 STATES = {"parameters": ("weights", "master_weights"), "gradients": ("gradients",),

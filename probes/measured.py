@@ -34,7 +34,7 @@ from importlib import metadata
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.core.vocabulary import TrainingConfig
+from strategies import TrainingConfig
 
 #: Device memory a probe leaves free for everyone else on a shared GPU (and the driver).
 SHARED_RESERVE_BYTES = 1 << 30

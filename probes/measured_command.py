@@ -10,15 +10,15 @@ leaves it out of the prediction (and NCCL's buffers out of the predicted peak).
 import json
 import statistics
 from datetime import UTC, datetime
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
-from rich.markup import escape
 
-from planner.catalog.calibration import CalibrationStore, Measurement, store_path
+from planner.catalog.calibration import CalibrationStore, Measurement
 from planner.core.errors import PlannerInputError
 from planner.engine.estimate import EstimateResult
 from planner.engine.suggest import SuggestResult
-from planner.core.vocabulary import TrainingConfig
+from strategies import TrainingConfig
 from probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
 from probes.measured import MeasureRequest, MeasureResult, measure
 
@@ -69,9 +69,11 @@ def require_gpu(timeout: float = 180.0) -> DeviceInfo:
 
 def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device: DeviceInfo, *,
                  layers: int | None = None, extrapolate_from: list[int] | None = None, warmup_steps: int = 2,
-                 steps: int = 5, timeout: float = 900.0, runner=measure, device_kind: str = "cuda") -> MeasuredComparison:
-    """Measure one plan (``plan``: its analytic estimate at full depth) and compare. ``runner``
-    is ``probes.measured.measure`` (tests pass a CPU runner); each run gets ``timeout`` seconds."""
+                 steps: int = 5, timeout: float = 900.0, runner=measure, device_kind: str = "cuda",
+                 store: Path | None = None) -> MeasuredComparison:
+    """Measure one plan (``plan``: its analytic estimate at full depth), compare, and keep every run
+    in the calibration ``store`` (None: keep nothing). ``runner`` is ``probes.measured.measure``
+    (tests pass a CPU runner); each run gets ``timeout`` seconds."""
     from planner.catalog.models import resolve_model
     from planner.cost import compute as C
     from planner.engine.estimate import estimate_config
@@ -94,7 +96,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
                 memory_cap_bytes=plan.hardware.gpu_memory_bytes - reserve if device_kind == "cuda" else None,
                 unified_bytes=plan.paged.state_bytes if plan.paged else 0,
                 deepspeed_config=_deepspeed_config(plan) if c.sharding.startswith("zero") else None)
-    store = _store()
+    store = CalibrationStore(store) if store is not None else None
     runs: list[tuple[int | None, MeasureResult]] = []
     for depth in depths or [layers]:
         result = runner(MeasureRequest(**base, layers=depth), timeout)
@@ -199,7 +201,7 @@ def _mfu(step_flops: float, precision: str, device_gpu: str, step: float | None)
     """Model FLOPs of this rank's step / (step seconds x the measuring GPU's dense peak in the
     plan's compute dtype), as StepTime.mfu defines it (recomputation is not model FLOPs)."""
     from planner.catalog.gpus import catalog
-    from strategies.rates import COMPUTE_DTYPE
+    from strategies.precision import COMPUTE_DTYPE
 
     gpu = catalog().get(device_gpu)
     if gpu is None or not step:
@@ -219,11 +221,6 @@ def _deepspeed_config(plan: EstimateResult) -> dict:
     from planner.emit import build_files, single_plan_result
 
     return json.loads(build_files(single_plan_result(plan))["deepspeed_config.json"])
-
-
-def _store() -> CalibrationStore | None:
-    path = store_path()
-    return CalibrationStore(path) if path is not None else None
 
 
 def _measurement(model_ref: str, config_json: dict, layers: int | None, c: TrainingConfig, world: int,
@@ -272,42 +269,7 @@ def run_measured_probe(req, device: DeviceInfo | None = None) -> MeasuredCompari
         raise PlannerInputError(f"fp8-mixed needs compute capability 8.9+; {device.name} has {device.capability}")
     return measure_plan(plan, req.model, model_config(req.model), device, layers=req.layers,
                         extrapolate_from=req.extrapolate_from, warmup_steps=req.warmup_steps, steps=req.steps,
-                        timeout=req.timeout)
-
-
-def render_measured(r: MeasuredComparison, console) -> None:
-    from rich.table import Table
-
-    depth = (f", extrapolated from {', '.join(map(str, r.extrapolated_from))} layers"
-             if r.extrapolated_from else f", {r.layers} layers" if r.layers else "")
-    console.print(f"[bold]{r.model}[/] measured on {r.device or r.device_gpu} for {r.gpus}{depth}: {r.status}"
-                  + (f" at {r.where}" if r.where else ""), highlight=False)
-    table = Table("figure", "analytic", "measured", "error")
-    gib = 2**30
-
-    def row(name: str, predicted: float | None, measured: float | None, unit: float, fmt: str, error=None):
-        table.add_row(name, "-" if predicted is None else fmt.format(predicted / unit),
-                      "-" if measured is None else fmt.format(measured / unit), "" if error is None else f"{error:+.1%}")
-
-    row("peak GPU memory (GiB)", r.predicted_peak_bytes, r.measured_peak_bytes, gib, "{:,.2f}", r.memory_error)
-    row("allocated peak (GiB)", r.predicted_allocated_bytes, r.measured_allocated_bytes, gib, "{:,.2f}")
-    row("reserved peak (GiB)", None, r.measured_reserved_bytes, gib, "{:,.2f}")
-    row("step (s)", r.predicted_step_seconds, r.measured_step_seconds, 1, "{:.4f}", r.time_error)
-    row("tokens/s (this GPU)", None, r.tokens_per_second, 1, "{:,.0f}")
-    row("MFU", None, r.mfu, 0.01, "{:.1f} %")
-    console.print(table)
-    m = r.measurement
-    if m.alloc_retries:
-        console.print(f"allocator retries: {m.alloc_retries} (cudaMalloc failed and the cache was flushed: "
-                      "the step ran near the memory limit)", highlight=False)
-    if r.message:
-        console.print(f"message: {escape(r.message)}", highlight=False)
-    for note in r.notes:
-        console.print(f"note: {escape(note)}", highlight=False)
-    if r.stored:
-        console.print(f"stored in {r.stored} (planner calibrate fits the cost model's corrections from it)",
-                      highlight=False)
-    console.print(("[bold green]" if r.agrees else "[bold red]") + r.verdict + "[/]")
+                        timeout=req.timeout, store=req.calibration)
 
 
 class ProbedSuggestion(BaseModel):
@@ -325,7 +287,7 @@ class ProbedSuggestion(BaseModel):
 
 
 def probe_suggestion(result, k: int, device: DeviceInfo, timeout: float, runner=measure,
-                     device_kind: str = "cuda") -> ProbedSuggestion:
+                     device_kind: str = "cuda", store: Path | None = None) -> ProbedSuggestion:
     """Measure the top ``k`` plans of a suggest result, best first; the winner is the one with
     the most measured tokens per second per GPU among those that ran without OOM."""
     from planner.catalog.models import model_config
@@ -333,34 +295,6 @@ def probe_suggestion(result, k: int, device: DeviceInfo, timeout: float, runner=
     probes = []
     for plan in result.plans[:k]:
         probes.append(measure_plan(plan, plan.model.id, model_config(plan.model.id), device, timeout=timeout,
-                                   runner=runner, device_kind=device_kind))
+                                   runner=runner, device_kind=device_kind, store=store))
     ran = [(p.tokens_per_second, i + 1) for i, p in enumerate(probes) if p.status == "ok" and p.tokens_per_second]
     return ProbedSuggestion(suggestion=result, probes=probes, best_rank=max(ran)[1] if ran else None)
-
-
-def render_probed(r: ProbedSuggestion, console) -> None:
-    from rich.table import Table
-
-    from planner.render import report
-
-    report.render_suggest(r.suggestion, console)
-    table = Table("rank", "config", "peak GiB analytic", "measured", "tokens/s/GPU analytic", "measured", "verdict")
-    for i, p in enumerate(r.probes, 1):
-        c = p.config
-        label = f"{c.optimizer} {c.precision} ckpt {c.checkpointing} {c.sharding} mbs {c.micro_batch_size}x{c.grad_accum}"
-        analytic_rate = c.micro_batch_size * c.grad_accum * c.seq_len / p.predicted_step_seconds
-        table.add_row(str(i), label, f"{p.predicted_peak_bytes / 2**30:.2f}",
-                      "-" if p.measured_peak_bytes is None else f"{p.measured_peak_bytes / 2**30:.2f}",
-                      f"{analytic_rate:,.0f}", "-" if p.tokens_per_second is None else f"{p.tokens_per_second:,.0f}",
-                      p.verdict)
-    console.print(f"measured on {r.probes[0].device if r.probes else '-'} "
-                  "(sharded plans: one rank, communication modelled and left out of both rates):", highlight=False)
-    console.print(table)
-    for i, p in enumerate(r.probes, 1):
-        if p.status != "ok":
-            console.print(f"plan {i}: {p.status}" + (f" at {p.where}" if p.where else "") + f": {escape(p.message)}",
-                          highlight=False)
-    if r.best_rank:
-        console.print(f"[bold]fastest measured: plan {r.best_rank}[/]")
-    else:
-        console.print("[bold red]no probed plan ran[/]")

@@ -7,12 +7,10 @@ DeepSpeed build it (planner/emit/files.py writes those files):
   as accelerate does; FSDP2 casts parameters itself (``MixedPrecisionPolicy``); DeepSpeed runs
   its 16-bit module; fp8-mixed converts the linears to torchao ``Float8Linear`` with accelerate's
   own ``convert_model_to_fp8_ao`` (first and last linear kept in bf16, as accelerate does);
-- checkpointing, attention, FSDP2 wrapping: probes/model_setup.py (shared with the traced probe);
+- checkpointing, attention, precision, FSDP2 wrapping, the optimizer: the runtime (planner/runtime/),
+  as every user of a plan applies them;
 - chunked loss: Liger-Kernel's fused linear cross-entropy when installed, else the PyTorch
   re-implementation of its allocations (probes/chunked_loss.py; same memory, not Liger's speed);
-- optimizer: the class the emitted Trainer ``optim`` name makes transformers build (torch fused
-  AdamW, bitsandbytes 8-bit / paged / Lion), torchao's 8-bit AdamW under FSDP2 (bitsandbytes does
-  not work there), Adam-mini from the adam-mini package, transformers Adafactor;
 - ZeRO: ``deepspeed.initialize`` with the emitted DeepSpeed JSON, its ``"auto"`` values filled as
   the Trainer fills them;
 - a step: ``grad_accum`` micro-batches (FSDP2 skips the gradient reduction on all but the last,
@@ -20,17 +18,20 @@ DeepSpeed build it (planner/emit/files.py writes those files):
   ``max_grad_norm``), the optimizer step, gradients set to None.
 """
 
-import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from planner.core.vocabulary import TrainingConfig
+from planner import runtime
+from planner.runtime.model import build_config, build_model
+from planner.runtime.optimizer import LEARNING_RATE
+from planner.runtime.optimizer import build as build_optimizer
+from planner.runtime.precision import autocast
+from planner.runtime.sharding import apply_fsdp
 from probes import model_setup as S
-
-LEARNING_RATE = 1e-4
+from strategies import TrainingConfig
 
 
 @dataclass
@@ -46,7 +47,7 @@ def build_run(req, device: torch.device) -> Run:
     if device.type == "cpu" and c.offload != "none":  # host offload needs an accelerator to offload from
         c = c.model_copy(update={"offload": "none"})
         notes.append("CPU run: offload has no device to offload from; run without it")
-    cfg = S.build_config(req.config_json, req.layers)
+    cfg = build_config(req.config_json, req.layers)
     fsdp = c.sharding.startswith("fsdp")
     zero = c.sharding.startswith("zero")
     mesh = None
@@ -64,24 +65,19 @@ def build_run(req, device: torch.device) -> Run:
     # FSDP: built on the meta device, sharded, then materialised (one rank's shards only, as a
     # real FSDP2 job); ZeRO: on the host, DeepSpeed places it; otherwise on the device itself
     with torch.device("meta" if fsdp else "cpu" if zero else device):
-        model = S.build_model(cfg, c)
+        model = build_model(cfg, c)
     model.train()
-    if c.precision == "fp8-mixed":
-        from accelerate.utils.ao import convert_model_to_fp8_ao
+    from probes.chunked_loss import chunked_causal_lm_forward
 
-        convert_model_to_fp8_ao(model)
-        notes.append("fp8: torchao Float8Linear through accelerate's convert_model_to_fp8_ao")
-    S.apply_checkpointing(model, c)
-    if c.loss == "chunked":
-        notes.append(_chunked_loss(model))
+    notes += runtime.prepare(model, c, runtime.Site.MEASURED, chunked_fallback=chunked_causal_lm_forward)
     if fsdp:
-        S.apply_fsdp(model, c, mesh)
+        apply_fsdp(model, c, mesh)
         _materialize(model, torch.device("cpu") if c.offload != "none" else device)
     ids = torch.randint(0, cfg.vocab_size, (c.micro_batch_size, c.seq_len), device=device)
     if zero:
         return _deepspeed_run(req, model, ids, notes)
-    optimizer = build_optimizer(c.optimizer, model, cfg, fsdp)
-    autocast = _autocast(c, device, fsdp)
+    optimizer = build_optimizer(c.optimizer, model, cfg, fsdp=fsdp)
+    forward_autocast = autocast(c, device.type)
     scaler = torch.amp.GradScaler(device.type) if c.precision == "fp16-mixed" and not fsdp else None
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -90,7 +86,7 @@ def build_run(req, device: torch.device) -> Run:
             if fsdp and c.grad_accum > 1:
                 model.set_requires_gradient_sync(micro == c.grad_accum - 1)
             mark("forward")
-            with autocast:
+            with forward_autocast:
                 loss = model(input_ids=ids, labels=ids).loss / c.grad_accum
             mark("backward")
             (scaler.scale(loss) if scaler else loss).backward()
@@ -126,67 +122,12 @@ def _materialize(model, device: torch.device) -> None:
                     buffer.copy_(fresh[name])
 
 
-def _autocast(c: TrainingConfig, device: torch.device, fsdp: bool):
-    if c.precision not in S.MIXED or fsdp:
-        return contextlib.nullcontext()
-    dtype = torch.float16 if c.precision == "fp16-mixed" else torch.bfloat16
-    return torch.autocast(device.type, dtype=dtype)
-
-
 def _fake_ranks(world: int) -> None:
     """The fake process group (probes/model_setup.py), and the environment DeepSpeed checks."""
     for key, value in (("LOCAL_RANK", "0"), ("RANK", "0"), ("WORLD_SIZE", str(world)),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
         os.environ.setdefault(key, value)
     S.fake_process_group(world)
-
-
-def _chunked_loss(model) -> str:
-    try:
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance
-
-        _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
-        return "chunked loss: Liger-Kernel fused linear cross-entropy"
-    except Exception as e:  # not installed, or no Triton here
-        from probes.chunked_loss import chunked_causal_lm_forward
-
-        model.forward = chunked_causal_lm_forward(model)
-        return (f"chunked loss: Liger-Kernel unavailable ({type(e).__name__}); its allocations re-implemented in "
-                "PyTorch (probes/chunked_loss.py): the memory is Liger's, the speed is not")
-
-
-def build_optimizer(name: str, model, cfg, fsdp: bool) -> torch.optim.Optimizer:
-    """The optimizer the emitted plan trains with (see the module docstring). Raises ImportError
-    with what to install when its package is missing."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    on_gpu = next(model.parameters()).device.type == "cuda"
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=LEARNING_RATE, fused=on_gpu)  # Trainer optim adamw_torch_fused
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=LEARNING_RATE)
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=LEARNING_RATE, relative_step=False, scale_parameter=False)
-    if name == "adam-mini":
-        try:
-            from adam_mini import Adam_mini
-        except ImportError:
-            raise ImportError("adam-mini is not installed (pip install adam-mini)") from None
-        return Adam_mini(named_parameters=model.named_parameters(), lr=LEARNING_RATE, dim=cfg.hidden_size,
-                         n_heads=cfg.num_attention_heads, n_kv_heads=getattr(cfg, "num_key_value_heads", None))
-    if name == "adamw-8bit" and fsdp:
-        from torchao.optim import AdamW8bit
-
-        return AdamW8bit(params, lr=LEARNING_RATE)
-    try:
-        import bitsandbytes as bnb
-    except ImportError:
-        raise ImportError(f"{name} needs bitsandbytes (pip install bitsandbytes; CUDA)") from None
-    return {
-        "adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw": bnb.optim.PagedAdamW32bit,
-        "paged-adamw-8bit": bnb.optim.PagedAdamW8bit, "lion": bnb.optim.Lion32bit, "lion-8bit": bnb.optim.Lion8bit,
-    }[name](params, lr=LEARNING_RATE)
 
 
 def filled_deepspeed_config(ds: dict, c: TrainingConfig, world: int) -> dict:
@@ -222,7 +163,7 @@ def _deepspeed_run(req, model, ids, notes: list[str]) -> Run:
     ds = filled_deepspeed_config(req.deepspeed_config, c, req.world_size)
     optimizer = None
     if "optimizer" not in ds:
-        optimizer = build_optimizer(c.optimizer, model, model.config, fsdp=False)
+        optimizer = build_optimizer(c.optimizer, model, model.config)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds, dist_init_required=False)
     notes.append("DeepSpeed engine from the emitted deepspeed_config.json (\"auto\" values filled)")
 

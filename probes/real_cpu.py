@@ -15,17 +15,20 @@ def real_phase_increments(req) -> dict[str, int]:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from probes import model_setup as S
+    from planner import runtime
+    from planner.runtime.model import build_config, build_model
+    from planner.runtime.optimizer import build as build_optimizer
+    from planner.runtime.precision import autocast_on
 
     c = req.config
-    cfg = S.build_config(req.config_json, req.layers)
-    model = S.build_model(cfg, c)
-    S.apply_checkpointing(model, c)
     if c.loss == "chunked":
         raise ValueError("the chunked loss's fp32-accumulating addmm has no CPU kernel: trace it with fake tensors")
-    optimizer = S.build_optimizer(c.optimizer, model)
+    cfg = build_config(req.config_json, req.layers)
+    model = build_model(cfg, c)
+    runtime.prepare(model, c, runtime.Site.TRACED)
+    optimizer = build_optimizer(c.optimizer, model, cfg, fused=True, fake=True)
     ids = torch.randint(0, cfg.vocab_size, (c.micro_batch_size, c.seq_len))
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=S.autocast_on(c))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_on(c))
 
     def step(mark):
         with mark("forward"), autocast:

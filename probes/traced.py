@@ -29,7 +29,8 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
-from planner.core.vocabulary import TrainingConfig
+from planner.core.errors import ProbeFailedError
+from strategies import TrainingConfig
 
 
 class TraceRequest(BaseModel):
@@ -67,12 +68,18 @@ def run_trace(req: TraceRequest) -> TraceResult:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from planner import runtime
+    from planner.runtime.model import build_config, build_model
+    from planner.runtime.optimizer import build as build_optimizer
+    from planner.runtime.precision import autocast_on
+    from planner.runtime.sharding import apply_fsdp
     from probes import model_setup as S
+    from probes.chunked_loss import chunked_causal_lm_forward
     from probes.tracker import StepTracker, fsdp_step_tracker
 
     start = time.perf_counter()
     c = req.config
-    cfg = S.build_config(req.config_json, req.layers)
+    cfg = build_config(req.config_json, req.layers)
     fsdp = c.sharding.startswith("fsdp")
     notes = ["real CPU tensors" if req.real else "traced on CPU fake tensors: CPU attention kernels and CPU autocast lists"]
     mesh = None
@@ -85,17 +92,14 @@ def run_trace(req: TraceRequest) -> TraceResult:
     undo = (lambda: None) if req.real else S.gpu_kernels()
     with mode, contextlib.ExitStack() as cleanup:
         cleanup.callback(undo)
-        model = S.build_model(cfg, c)
-        S.apply_checkpointing(model, c)
-        if c.loss == "chunked":
-            model.forward = __import__("probes.chunked_loss", fromlist=["x"]).chunked_causal_lm_forward(model)
-            notes.append("chunked loss: Liger-Kernel's allocations re-implemented in PyTorch (probes/chunked_loss.py)")
+        model = build_model(cfg, c)
+        notes += runtime.prepare(model, c, runtime.Site.TRACED, chunked_fallback=chunked_causal_lm_forward)
         if fsdp:
-            S.apply_fsdp(model, c, mesh)
+            apply_fsdp(model, c, mesh)
             notes.append(f"FSDP2 fully_shard under a fake process group of {req.world_size} ranks (one rank traced)")
         elif c.sharding.startswith("zero"):
             notes.append("ZeRO is not traced (DeepSpeed does not run under fake tensors): model states are computed")
-        optimizer = S.build_optimizer(c.optimizer, model)
+        optimizer = build_optimizer(c.optimizer, model, cfg, fused=True, fake=True)
         if optimizer is None:
             notes.append(f"{c.optimizer}: states computed from their layout (the optimizer does not run under fake tensors)")
         ids = torch.randint(0, cfg.vocab_size, (c.micro_batch_size, c.seq_len))
@@ -104,7 +108,7 @@ def run_trace(req: TraceRequest) -> TraceResult:
         else:
             tracker = StepTracker(explain=req.explain)
             tracker.track_external(model, *([optimizer] if optimizer is not None else []))
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=S.autocast_on(c))
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_on(c))
         grads = 0
         with tracker:
             for i in range(req.iterations):
@@ -178,9 +182,9 @@ def _run_child(batch: list[TraceRequest], timeout: float) -> list:
 
     outcome = run_child("probes.traced", "[" + ",".join(r.model_dump_json() for r in batch) + "]", timeout)
     if outcome.status == "timeout":
-        raise RuntimeError(f"traced probe timed out after {timeout:g} s")
+        raise ProbeFailedError(f"traced probe timed out after {timeout:g} s")
     if outcome.status != "ok" or outcome.returncode != 0:
-        raise RuntimeError(f"traced probe failed: {outcome.describe()}")
+        raise ProbeFailedError(f"traced probe failed: {outcome.describe()}")
     return outcome.value
 
 
@@ -188,7 +192,7 @@ def trace(req: TraceRequest, timeout: float = 600) -> TraceResult:
     """Run ``run_trace`` in a child process (JSON in, JSON out) with a timeout."""
     result = trace_many([req], timeout)[0]
     if isinstance(result, str):
-        raise RuntimeError(f"traced probe failed: {result}")
+        raise ProbeFailedError(f"traced probe failed: {result}")
     return result
 
 

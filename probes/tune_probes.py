@@ -12,7 +12,7 @@
 
 import importlib.util
 
-from planner.core.errors import PlannerInputError
+from planner.core.errors import PlannerInputError, ProbeFailedError
 from planner.engine.estimate import EstimateResult
 from planner.engine.tune import ProbeOutcome
 
@@ -31,7 +31,7 @@ def traced_probe(timeout: float):
             result = run_probe(ProbeRequest(model=plan.model.id, gpus=plan.hardware.spec, timeout=timeout, **fields))
         except PlannerInputError as e:  # not traceable: the analytic figures, marked as such
             return analytic_probe(plan).model_copy(update={"message": f"not traced ({e.problems[0]}): analytic"})
-        except RuntimeError as e:
+        except ProbeFailedError as e:
             status = "timeout" if "timed out" in str(e) else "error"
             return ProbeOutcome(fidelity="traced", status=status, message=str(e)[-1000:])
         terms = {t.term: t for t in result.comparison.terms}
@@ -43,12 +43,12 @@ def traced_probe(timeout: float):
     return probe
 
 
-def measured_probe(device, timeout: float):
+def measured_probe(device, timeout: float, store=None):
     from planner.catalog.models import model_config
     from probes.measured_command import measure_plan
 
     def probe(plan: EstimateResult) -> ProbeOutcome:
-        r = measure_plan(plan, plan.model.id, model_config(plan.model.id), device, timeout=timeout)
+        r = measure_plan(plan, plan.model.id, model_config(plan.model.id), device, timeout=timeout, store=store)
         step = r.measured_step_seconds + r.modelled_communication_seconds if r.measured_step_seconds else None
         message = r.message or ("communication modelled" if r.modelled_communication_seconds else "")
         return ProbeOutcome(fidelity="measured", status=r.status, peak_bytes=r.measured_peak_bytes, step_seconds=step,
@@ -57,19 +57,20 @@ def measured_probe(device, timeout: float):
     return probe
 
 
-def choose(fidelity: str, timeout: float):
-    """(fidelity, probe, notes) for ``--fidelity``: auto is measured with a GPU, else traced."""
+def choose(fidelity: str, timeout: float, store=None):
+    """(fidelity, probe, notes) for ``--fidelity``: auto is measured with a GPU, else traced.
+    Measured probes are kept in the calibration ``store`` (None: nowhere)."""
     from probes.device import local_device
     from probes.measured_command import require_gpu
 
     if fidelity == "analytic":
         return "analytic", analytic_probe, ["analytic fidelity: the cost model's own figures, nothing probed"]
     if fidelity == "measured":
-        return "measured", measured_probe(require_gpu(), timeout), []
+        return "measured", measured_probe(require_gpu(), timeout, store), []
     if fidelity == "auto":
         device = local_device()
         if device.available:
-            return "measured", measured_probe(device, timeout), []
+            return "measured", measured_probe(device, timeout, store), []
     if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
         if fidelity == "traced":
             raise PlannerInputError("the traced fidelity needs torch and transformers",

@@ -1,12 +1,18 @@
-"""The techniques planner can choose, one module each, in the order they write the ledger.
+"""The techniques planner can choose, one module each, and the registry that drives everything
+per technique.
 
-An explicit list, no import-time registration: precision writes the model-state rows,
-optimizer the states, sharding divides and adds buffers, offload moves rows to the host,
-checkpointing / attention / loss write activation rows.
+An explicit list, no import-time registration. ``REGISTRY`` is the order in which the strategies
+write the memory and time ledgers: precision writes the model-state rows, optimizer the states,
+sharding divides and adds buffers, offload moves rows to the host, checkpointing / attention / loss
+write activation rows. ``TECHNIQUES`` is the same strategies in vocabulary order (``order``): the
+order of TrainingConfig's fields, of flags and of every summary. Every command, request, search
+space, renderer, reader (``planner check``), alternative, emitted file and runtime hook iterates
+them, so adding a technique is one module, one line here, and its tests.
 """
 
+from planner.core.vocabulary import config_model
 from strategies import attention, checkpointing, loss, offload, optimizer, precision, sharding
-from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
 
 REGISTRY: tuple[Strategy, ...] = (
     precision.STRATEGY,
@@ -17,5 +23,35 @@ REGISTRY: tuple[Strategy, ...] = (
     attention.STRATEGY,
     loss.STRATEGY,
 )
+TECHNIQUES: tuple[Strategy, ...] = tuple(sorted(REGISTRY, key=lambda s: s.order))
+BY_FIELD: dict[str, Strategy] = {s.field: s for s in TECHNIQUES}
+FIELDS: tuple[str, ...] = tuple(BY_FIELD)
 
-__all__ = ["REGISTRY", "Check", "Engine", "PlanContext", "Strategy"]
+#: One fully specified training configuration: a field per technique (vocabulary order), then the
+#: workload (micro_batch_size, grad_accum, seq_len). A frozen pydantic model.
+TrainingConfig = config_model([(s.field, s.enum, s.default) for s in TECHNIQUES])
+
+
+def summary(config, style: str = "plain", sep: str = ", ") -> str:
+    """The techniques of ``config`` (a TrainingConfig or a mapping of its fields) in one line, every
+    technique included, vocabulary order.
+
+    Styles: ``plain`` "adamw, bf16-mixed, checkpointing full, sharding zero3, ..." (a strategy whose
+    value reads alone is bare); ``named`` "optimizer adamw | ..." (every value named); ``compact``
+    the short names ("ckpt full"); ``markdown`` values in backticks."""
+    parts = []
+    for s in TECHNIQUES:
+        value = config.get(s.field) if isinstance(config, dict) else getattr(config, s.field)
+        if style == "named":
+            parts.append(f"{s.field} {value}")
+        elif style == "markdown":
+            parts.append(f"`{value}`" if s.bare else f"{s.field} `{value}`")
+        elif style == "compact":
+            parts.append(str(value) if s.bare else f"{s.short} {value}")
+        else:
+            parts.append(str(value) if s.bare else f"{s.field} {value}")
+    return sep.join(parts)
+
+
+__all__ = ["BY_FIELD", "FIELDS", "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
+           "Strategy", "TrainingConfig", "summary"]

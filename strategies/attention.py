@@ -1,15 +1,22 @@
 """Attention implementation: sdpa (fused: flash / memory-efficient kernels) or eager.
 
 Its memory effect lives in planner.cost.activations (fused attention saves no s^2 tensor;
-eager saves fp32 softmax probabilities, a*s per token). Here: when a choice is unwise.
+eager saves fp32 softmax probabilities, a*s per token), read through the plan layout's
+``fused_attention``. Here: when a choice is unwise, its time, its model keyword.
 """
 
+from enum import StrEnum
+
 from planner.core.emitted import EmitDraft
-from planner.core.ledger import Ledger, LedgerDraft, PagedInfo
+from planner.core.ledger import Ledger, PagedInfo
 from planner.core.timing import TimeDraft, Window
-from planner.core.vocabulary import Attention
 from strategies import rates
 from strategies.base import Check, PlanContext, Strategy
+
+
+class Attention(StrEnum):
+    SDPA = "sdpa"
+    EAGER = "eager"
 
 
 #: Families whose transformers class has no SDPA path (Gemma2ForCausalLM raises ValueError on
@@ -34,8 +41,9 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.warnings.append("eager attention materialises s^2 scores per head; sdpa is faster and saves that memory")
 
 
-def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
-    return None
+def _storage(ctx: PlanContext, decided: dict) -> dict:
+    """Fused attention saves no s^2 tensor (planner.cost.activations reads this)."""
+    return {"fused_attention": ctx.config.attention == Attention.SDPA}
 
 
 def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
@@ -49,4 +57,8 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     files.model_kwargs["attn_implementation"] = str(ctx.config.attention)
 
 
-STRATEGY = Strategy("attention", tuple(Attention), _check, _apply, _time, _emit)
+STRATEGY = Strategy(
+    "attention", Attention, Attention.SDPA, order=6, short="attn",
+    help="attention kernels: sdpa (fused flash / memory-efficient) or eager (materialises s^2 scores)",
+    check=_check, time=_time, emit=_emit, storage=_storage, runtime="planner.runtime.attention",
+)

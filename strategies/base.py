@@ -1,22 +1,30 @@
-"""What every strategy shares: the planning context and the Strategy record.
+"""What every strategy shares: the Strategy record, the planning context and its resolved layout.
 
-A strategy owns one vocabulary field: its choices, when a choice is infeasible (reasons, never
-an exception), warnings, its rows in the per-rank memory ledger, and its rows in the step-time
-ledger (planner.core.timing), and its fragment of each emitted file (planner.core.emitted). Strategies run in registry
-order (``strategies.REGISTRY``); later ones may adjust rows earlier ones wrote (sharding sets
-shard divisors, offload moves rows to host).
+A strategy owns one technique (DESIGN.md): its choices and their CLI/request surface, when a
+choice is infeasible (reasons, never an exception), warnings, the plan layout it decides, its rows
+in the per-rank memory ledger and the step-time ledger (planner.core.timing), its fragment of each
+emitted file (planner.core.emitted), how ``planner check`` reads it from the files people already
+have, the one-step changes that lower memory, and where the runtime applies it.
+
+Strategies read what other techniques decided from ``PlanContext.layout`` (resolved once, from every
+strategy's ``parallelism`` and ``storage`` hooks), never by re-deriving another strategy's rule.
+They write the memory ledger in registry order (``strategies.REGISTRY``); later ones may adjust
+rows earlier ones wrote (sharding divides model states, offload moves rows to the host).
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from functools import cached_property
+from typing import Any
 
 from planner.core.emitted import EmitDraft
+from planner.core.job import JobFiles, Reading
 from planner.core.ledger import Ledger, LedgerDraft, PagedInfo
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
-from planner.core.vocabulary import Sharding, TrainingConfig
+from planner.cost import params as P
+from planner.cost.activations import DTypes
 
 
 class Engine(StrEnum):
@@ -27,27 +35,75 @@ class Engine(StrEnum):
     FSDP = "fsdp"  # PyTorch FSDP2 (fully_shard)
 
 
-def engine_of(sharding: Sharding) -> Engine:
-    if sharding in (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3):
-        return Engine.DEEPSPEED
-    if sharding in (Sharding.FSDP, Sharding.FSDP_GRAD_OP, Sharding.FSDP_HYBRID):
-        return Engine.FSDP
-    return Engine.TORCH
+@dataclass(frozen=True)
+class PlanLayout:
+    """How a plan lays the model out, resolved once per plan from the strategies' hooks.
+
+    Parallelism (the sharding strategy; tensor, context and pipeline parallelism are 1 until a
+    strategy decides them): ``data_parallel`` replicas of the batch; ``shard_degree`` ranks share
+    one copy of the sharded model states. Parameters: ``trainable`` ones have gradients and
+    optimizer states, ``frozen`` ones neither. Storage (the precision strategy): bytes per element
+    of each tensor class, and the compute dtypes."""
+
+    engine: Engine
+    data_parallel: int
+    shard_degree: int
+    gradients_sharded: bool  # a layer's gradients go to a sharded partition as its backward ends
+    resharding: bool  # FSDP reshards every unit after forward (not fsdp-grad-op)
+    weight_bytes: int  # the parameters as the engine stores them
+    master_bytes: int  # a separate fp32 master copy (0 when the weights are the master)
+    grad_bytes: int  # the (sharded) gradients
+    state_bytes: int  # a full-precision optimizer state element (bf16 when parameters are bf16)
+    gathered_bytes: int  # parameters gathered by ZeRO-3 / FSDP for compute
+    reduce_bytes: int  # gradients as the engine reduces them (FSDP2 reduce_dtype)
+    dtypes: DTypes  # activations: compute and residual-stream bytes
+    autocast: bool  # torch autocast casts fp32 weights to the compute dtype on the fly
+    compute_dtype: str  # matmuls outside fp8 layers, and MFU's peak
+    layer_matmul_dtype: str  # the decoder layers' matmuls (fp8 under fp8-mixed)
+    fused_attention: bool  # fused (flash / memory-efficient) attention kernels: no s^2 tensor saved
+    trainable_parameters: int
+    frozen_parameters: int = 0
+    tensor_parallel: int = 1
+    context_parallel: int = 1
+    pipeline_parallel: int = 1
+
+
+LAYOUT_FIELDS = tuple(f.name for f in fields(PlanLayout))
 
 
 @dataclass(frozen=True)
 class PlanContext:
     model: ModelSpec
     hardware: HardwareSpec
-    config: TrainingConfig
+    config: Any  # strategies.TrainingConfig (built from the registry)
 
     @property
     def world_size(self) -> int:
+        """GPUs in the job (processes): data x tensor x context x pipeline parallel degrees."""
         return self.hardware.num_gpus
 
     @cached_property
+    def layout(self) -> PlanLayout:
+        from strategies import REGISTRY
+
+        return resolve_layout(self, REGISTRY)
+
+    @property
     def engine(self) -> Engine:
-        return engine_of(self.config.sharding)
+        return self.layout.engine
+
+
+def resolve_layout(ctx: PlanContext, registry) -> PlanLayout:
+    """Every strategy's ``parallelism`` hook first (how the model is split across GPUs), then every
+    ``storage`` hook (dtypes and trainable parameters, which may depend on the split)."""
+    values: dict[str, Any] = {"trainable_parameters": P.total_parameters(ctx.model)}
+    for s in registry:
+        if s.parallelism is not None:
+            values |= s.parallelism(ctx)
+    for s in registry:
+        if s.storage is not None:
+            values |= s.storage(ctx, values)
+    return PlanLayout(**values)
 
 
 @dataclass
@@ -66,19 +122,68 @@ class Check:
         self.infeasible.append(message)
 
 
-def no_time(ctx: "PlanContext", ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+def no_check(ctx: PlanContext, out: Check) -> None:
+    """For strategies with no infeasible choice."""
+
+
+def no_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    """For strategies whose memory effect is in the layout other strategies read."""
+
+
+def no_time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """For strategies whose choice costs no step time of its own."""
 
 
-def no_emit(ctx: "PlanContext", files: EmitDraft) -> None:
+def no_emit(ctx: PlanContext, files: EmitDraft) -> None:
     """For strategies that add nothing to the emitted files."""
+
+
+def no_read(job: JobFiles, out: Reading) -> None:
+    """For strategies no job file states (``planner check`` takes them from plan.json or a flag)."""
+
+
+def no_savers(config: Any, hardware: HardwareSpec) -> list[tuple[str, dict]]:
+    """For strategies with no choice that lowers memory."""
+    return []
+
+
+Savers = Callable[[Any, HardwareSpec], list[tuple[str, dict]]]
 
 
 @dataclass(frozen=True)
 class Strategy:
+    """One technique. The registry (strategies/__init__.py) lists them; everything per technique
+    (flags, request fields, the search space, summaries, check's readers, alternatives, emitted
+    files, runtime) iterates it."""
+
     field: str  # the TrainingConfig field this strategy owns
-    choices: tuple[str, ...]
-    check: Callable[[PlanContext, Check], None]
-    apply: Callable[[PlanContext, LedgerDraft], None]
+    enum: type[StrEnum]  # its choices, in the plan vocabulary
+    default: StrEnum  # the value when nothing says otherwise
+    order: int  # position in the plan vocabulary (JSON, summaries, flags)
+    help: str  # what the choice is, for --help
+    short: str  # column header and compact summaries ("ckpt")
+    check: Callable[[PlanContext, Check], None] = no_check
+    apply: Callable[[PlanContext, LedgerDraft], None] = no_rows
     time: Callable[[PlanContext, Ledger, PagedInfo | None, TimeDraft], None] = no_time
     emit: Callable[[PlanContext, EmitDraft], None] = no_emit
+    read: Callable[[JobFiles, Reading], None] = no_read
+    savers: Savers = no_savers  # one-step changes of this technique that lower the peak (planner/engine/alternatives.py)
+    parallelism: Callable[[PlanContext], dict] | None = None  # PlanLayout fields it decides (first)
+    storage: Callable[[PlanContext, dict], dict] | None = None  # PlanLayout fields it decides (second)
+    searched: tuple[StrEnum, ...] | None = None  # what the search tries unless narrowed (None: every choice)
+    bare: bool = False  # the value alone reads clearly in a summary ("adamw", not "optimizer adamw")
+    #: what a partial reading of the files means given plan.json's value: (value, note)
+    settle: Callable[[str, str | None], tuple[str, str]] | None = None
+    default_for: Callable[[HardwareSpec], StrEnum] | None = None  # a default that depends on the GPUs
+    runtime: str = ""  # the module that applies it in a training process (planner/runtime/), if any
+
+    @property
+    def choices(self) -> tuple[StrEnum, ...]:
+        return tuple(self.enum)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+    def default_on(self, hardware: HardwareSpec) -> StrEnum:
+        return self.default_for(hardware) if self.default_for is not None else self.default

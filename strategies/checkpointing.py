@@ -11,16 +11,18 @@ recomputation starts from (r*h bytes per token) is counted as part of that layer
 understates the recompute case by that one vector per token (< 0.1% of a step's peak).
 """
 
+from enum import StrEnum
+
+from planner.core.emitted import EmitDraft
+from planner.core.job import JobFiles, Reading
+from planner.core.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
+from planner.core.specs import HardwareSpec
+from planner.core.timing import TimeDraft, Window
 from planner.cost import activations as A
 from planner.cost import params as P
 from planner.cost import runtime as R
-from planner.core.emitted import EmitDraft
-from planner.core.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
-from planner.core.timing import TimeDraft, Window
-from planner.core.vocabulary import Checkpointing
 from strategies import rates
-from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.fsdp_memory import fsdp_resharding
+from strategies.base import Engine, PlanContext, Strategy
 from strategies.moments import (
     AFTER_TOP_LAYER,
     GRADIENTS_BEFORE_FIRST_LAYER,
@@ -29,32 +31,45 @@ from strategies.moments import (
     LOSS_MOMENT,
     ROOT_REGATHER,
 )
-from strategies.precision import gradients_sharded, layout
+
+
+class Checkpointing(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+#: Selective checkpointing's policy (torchtitan's op-level selective activation checkpointing): the
+#: aten ops whose outputs a decoder layer saves: matmuls and the attention kernels; every other op
+#: (norms, activations, RoPE, elementwise) is recomputed in backward. One list for all: the ledger's
+#: ``planner.cost.activations.layer_selective`` counts what these ops save per token, and the runtime
+#: (planner/runtime/checkpointing.py: the probes and the example trainer) saves exactly these.
+SELECTIVE_SAVE_OPS = (
+    "mm", "addmm", "bmm",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+)
 
 
 def per_layer_forward_bytes(ctx: PlanContext) -> float:
     """Bytes per token one layer holds from its forward until its backward."""
-    m, dt, cfg = ctx.model, layout(ctx).dtypes, ctx.config
+    m, dt, cfg = ctx.model, ctx.layout.dtypes, ctx.config
     match cfg.checkpointing:
         case Checkpointing.NONE:
-            return A.total(A.layer_saved(m, dt, cfg.attention, cfg.seq_len))
+            return A.total(A.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
         case Checkpointing.SELECTIVE:
-            return A.total(A.layer_selective(m, dt, cfg.attention, cfg.seq_len))
+            return A.total(A.layer_selective(m, dt, ctx.layout.fused_attention, cfg.seq_len))
         case Checkpointing.FULL:
             return A.layer_input_bytes(m, dt)
     raise ValueError(cfg.checkpointing)
 
 
-def _check(ctx: PlanContext, out: Check) -> None:
-    return None
-
-
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
-    m, dt, cfg = ctx.model, layout(ctx).dtypes, ctx.config
+    m, dt, cfg = ctx.model, ctx.layout.dtypes, ctx.config
     tokens = cfg.tokens_per_micro_batch
     per_layer = per_layer_forward_bytes(ctx)
     note = f"{per_layer:,.0f} B/token/layer x {tokens:,} tokens"
-    if fsdp_resharding(ctx):  # the layers' saved tensors at each moment of FSDP's forward phase
+    if ctx.layout.resharding:  # the layers' saved tensors at each moment of FSDP's forward phase
         for moment, layers in ((LAST_LAYER_GATHER, m.num_layers - 1), (LAST_LAYER_FORWARD, m.num_layers),
                                (LOSS_MOMENT, m.num_layers), (ROOT_REGATHER, m.num_layers)):
             ledger.add("activations", f"saved activations, {layers} layers ({cfg.checkpointing})", per_layer * layers,
@@ -96,24 +111,24 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     (the gathered layers break the linearity the ends rely on, so the end counts). No layer above
     has a reduce-scatter input in flight (FSDP), so that row goes when this moment is the larger.
     """
-    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
     dt, T = lay.dtypes, cfg.tokens_per_micro_batch
     fsdp = ctx.engine == Engine.FSDP
-    g = 0 if gradients_sharded(ctx) or cfg.grad_accum > 1 else lay.grad_bytes
+    g = 0 if ctx.layout.gradients_sharded or cfg.grad_accum > 1 else lay.grad_bytes
     layer_grads = P.layer_parameters(m) * (lay.gathered_bytes if fsdp else g)
     cast = P.layer_matmul_parameters(m) * (dt.compute if lay.autocast else 0)
     below = m.num_layers - 1
     saved_casts = cast * (below if cfg.checkpointing == Checkpointing.NONE else 0)
     common = {
         # FSDP: the top layer and the next one, prefetched (fsdp-grad-op: every layer, kept from forward)
-        "gathered_parameters": (m.num_layers if not fsdp_resharding(ctx) else min(2, m.num_layers))
+        "gathered_parameters": (m.num_layers if not ctx.layout.resharding else min(2, m.num_layers))
         * P.layer_parameters(m) * lay.gathered_bytes if fsdp else 0,
         "gradients": (P.root_parameters(m) - P.late_gradient_parameters(m)) * g,
     }
     moments = {
         "start": common | {
             "autocast_weight_copies": cast + saved_casts,
-            "activations": (per_layer_forward_bytes(ctx) * below + A.total(A.layer_saved(m, dt, cfg.attention, cfg.seq_len))
+            "activations": (per_layer_forward_bytes(ctx) * below + A.total(A.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
                             + A.mlp_backward_transient_bytes(m, dt)) * T,
         },
         "end": common | {
@@ -147,16 +162,16 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     the layer's backward (all its gradients, little else) is below the embeddings' backward
     (``backward_end``). Checked by the traced probe (benchmarks/traced_matrix.py).
     """
-    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
     dt, T, c, h = lay.dtypes, cfg.tokens_per_micro_batch, lay.dtypes.compute, ctx.model.hidden_size
     fsdp = ctx.engine == Engine.FSDP
     if fsdp:  # the layer's unsharded gradients, in the parameters' dtype, until its reduce-scatter
         g = lay.gathered_bytes
     else:
-        g = 0 if gradients_sharded(ctx) or cfg.grad_accum > 1 else lay.grad_bytes
+        g = 0 if ctx.layout.gradients_sharded or cfg.grad_accum > 1 else lay.grad_bytes
     cast = c if lay.autocast else 0
     gathered = P.layer_parameters(m) * lay.gathered_bytes if fsdp else 0  # the layer computing, unsharded
-    attention = A.total(A.attention_saved(m, dt, cfg.attention, cfg.seq_len))
+    attention = A.total(A.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
     mlp_grads, big = P.layer_block_parameters(m, "mlp"), P.largest_mlp_matrix(m)
     attention_casts = P.layer_block_parameters(m, "self_attn", matmul_only=True) * cast
     mlp_side = A.norm_bytes(m, dt) + c * h + c * m.intermediate_size * m.experts_per_token + 2 * dt.residual * h
@@ -174,7 +189,7 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
         "attention": {
             "gradients": (mlp_grads + P.output_projection_parameters(m)) * g,
             "autocast_weight_copies": attention_casts,
-            "activations": (attention + A.attention_backward_transient_bytes(m, dt, cfg.attention, cfg.seq_len)) * T,
+            "activations": (attention + A.attention_backward_transient_bytes(m, dt, ctx.layout.fused_attention, cfg.seq_len)) * T,
         },
     }
     for moment in moments.values():
@@ -188,7 +203,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     forward again during backward (matmuls, attention, elementwise: ~33% more compute,
     Korthikanti et al. 2022); selective recomputes only the elementwise ops it did not keep."""
     cfg, m = ctx.config, ctx.model
-    saved = A.total(A.layer_saved(m, layout(ctx).dtypes, cfg.attention, cfg.seq_len))
+    saved = A.total(A.layer_saved(m, ctx.layout.dtypes, ctx.layout.fused_attention, cfg.seq_len))
     elementwise = rates.elementwise_forward_seconds(ctx, saved)
     draft.compute("elementwise", "norms, activations, RoPE, residuals (forward)", elementwise, Window.FORWARD)
     draft.compute("elementwise", "norms, activations, RoPE, residuals (backward)", 2 * elementwise, Window.BACKWARD)
@@ -197,7 +212,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
         draft.compute("recompute", "full recomputation: each layer's forward again", redo, Window.BACKWARD)
         draft.cpu_dispatch_seconds += m.num_layers * R.OPS_PER_LAYER_FORWARD * R.DISPATCH_SECONDS_PER_OP_FORWARD
     elif cfg.checkpointing == Checkpointing.SELECTIVE:
-        kept = A.total(A.layer_selective(m, layout(ctx).dtypes, cfg.attention, cfg.seq_len))
+        kept = A.total(A.layer_selective(m, ctx.layout.dtypes, ctx.layout.fused_attention, cfg.seq_len))
         redo = rates.elementwise_forward_seconds(ctx, max(0.0, saved - kept))
         draft.compute("recompute", "selective recomputation of elementwise ops", redo, Window.BACKWARD)
 
@@ -223,4 +238,29 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         )
 
 
-STRATEGY = Strategy("checkpointing", tuple(Checkpointing), _check, _apply, _time, _emit)
+def _read(job: JobFiles, r: Reading) -> None:
+    """The Trainer's gradient / activation checkpointing, FSDP's own activation checkpointing (both
+    full); DeepSpeed's activation_checkpointing is named as not modelled."""
+    if job.training_args_where:
+        d, where = job.training_args, job.training_args_where
+        if any(r.typed(d, k, (bool,), where, False) for k in ("gradient_checkpointing", "activation_checkpointing")):
+            r.set("checkpointing", Checkpointing.FULL, f"{where}: activation checkpointing on")
+    for fsdp in job.fsdp:
+        if fsdp.get("activation_checkpointing", False) in (True, "true"):
+            r.set("checkpointing", Checkpointing.FULL, f"{fsdp.file}: FSDP activation checkpointing")
+    if job.deepspeed_where and job.deepspeed.get("activation_checkpointing"):
+        r.warnings.append(f"{job.deepspeed_where}: DeepSpeed's activation_checkpointing applies only through its own "
+                          "API; not modelled")
+
+
+def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
+    order = list(Checkpointing)
+    return [(f"checkpointing {c.checkpointing} -> {t}", {"checkpointing": t})
+            for t in (Checkpointing.SELECTIVE, Checkpointing.FULL) if order.index(t) > order.index(c.checkpointing)]
+
+
+STRATEGY = Strategy(
+    "checkpointing", Checkpointing, Checkpointing.NONE, order=2, short="ckpt",
+    help="activation checkpointing: none, selective (save matmul and attention outputs), full (each layer's input)",
+    apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.checkpointing",
+)

@@ -14,10 +14,10 @@ Every figure is checked against FSDP2 traced under a fake process group (tests/t
 benchmarks/traced_matrix.py).
 """
 
-from planner.cost import params as P
 from planner.core.ledger import LedgerDraft, Phase
-from planner.core.vocabulary import Loss, Sharding
-from strategies.base import Engine, PlanContext
+from planner.cost import params as P
+from strategies.base import PlanContext
+from strategies.loss import Loss
 from strategies.moments import (
     AFTER_TOP_LAYER,
     FIRST_LAYER_GATHER,
@@ -25,17 +25,16 @@ from strategies.moments import (
     LAST_LAYER_GATHER,
     LOSS_MOMENT,
 )
-from strategies.precision import layout
 
 FWD, BWD = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD})
 
 
 def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
     """The FSDP2 rows of every phase (the model-state rows are divided by strategies/sharding.py)."""
-    m, lay = ctx.model, layout(ctx)
+    m, lay = ctx.model, ctx.layout
     root, layer, total = P.root_parameters(m), P.layer_parameters(m), P.total_parameters(m)
     g = lay.gathered_bytes
-    if ctx.config.sharding == Sharding.FSDP_GRAD_OP:
+    if not lay.resharding:  # fsdp-grad-op
         ledger.add(
             "gathered_parameters", "unsharded parameters kept from forward to backward", total, g, phases=FWD,
             note="reshard_after_forward=False",
@@ -63,7 +62,7 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
         note="gathered again when backward starts; the layers' gathers are in the layer moments",
     )
     ledger.add(
-        "communication_buffers", "a layer's reduce-scatter input", layer, fsdp_reduce_bytes(ctx), phases=BWD,
+        "communication_buffers", "a layer's reduce-scatter input", layer, ctx.layout.reduce_bytes, phases=BWD,
         note="FSDP2 copies the unsharded gradients in and frees them before making the sharded output",
         tag=AFTER_TOP_LAYER,
     )
@@ -76,18 +75,6 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
     for term, bytes_ in moment.items():
         ledger.add(term, f"FSDP end of backward, {label}", bytes_, 1, phases=frozenset({Phase.BACKWARD_END}),
                    note="the larger of the embeddings' backward and the root unit's reduce-scatter")
-
-
-def fsdp_resharding(ctx: PlanContext) -> bool:
-    """FSDP that reshards every unit after forward (fsdp, fsdp-hybrid; not fsdp-grad-op)."""
-    return ctx.engine == Engine.FSDP and ctx.config.sharding != Sharding.FSDP_GRAD_OP
-
-
-def fsdp_reduce_bytes(ctx: PlanContext) -> int:
-    """Bytes per element of FSDP2's reduce-scatter input: the MixedPrecisionPolicy reduce_dtype,
-    which is the sharded gradients' dtype (fp32 for the mixed precisions planner emits, else the
-    parameters' dtype)."""
-    return layout(ctx).grad_bytes
 
 
 def fsdp_backward_end(ctx: PlanContext) -> tuple[str, dict[str, int]]:
@@ -104,8 +91,8 @@ def fsdp_backward_end(ctx: PlanContext) -> tuple[str, dict[str, int]]:
       input (root*red).
     Traced with FSDP2 under a fake process group (benchmarks/traced_matrix.py).
     """
-    m, lay, cfg = ctx.model, layout(ctx), ctx.config
-    g, red = lay.gathered_bytes, fsdp_reduce_bytes(ctx)
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
+    g, red = lay.gathered_bytes, lay.reduce_bytes
     root, late, layer = P.root_parameters(m), P.late_gradient_parameters(m), P.layer_parameters(m)
     vh = m.vocab_size * m.hidden_size if m.tie_word_embeddings else 0
     held = {"gathered_parameters": root * g, "communication_buffers": layer * red + (root - late) * g}

@@ -1,20 +1,23 @@
 """Loss: standard cross-entropy over full fp32 logits, or a chunked fused linear cross-entropy."""
 
+from enum import StrEnum
+
+from planner.core.emitted import EmitDraft
+from planner.core.job import JobFiles, Reading
+from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.specs import HardwareSpec
+from planner.core.timing import TimeDraft, Window
 from planner.cost import activations as A
 from planner.cost import params as P
-from planner.core.emitted import EmitDraft
-from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
-from planner.core.timing import TimeDraft, Window
-from planner.core.vocabulary import Loss
 from strategies import rates
-from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.fsdp_memory import fsdp_resharding
+from strategies.base import Engine, PlanContext, Strategy
 from strategies.moments import LOSS_MOMENT, ROOT_REGATHER
-from strategies.precision import cache_only_casts, gradients_sharded, layout
+from strategies.precision import cache_only_casts
 
 
-def _check(ctx: PlanContext, out: Check) -> None:
-    return None
+class Loss(StrEnum):
+    STANDARD = "standard"
+    CHUNKED = "chunked"  # fused/chunked cross-entropy that never holds full fp32 logits
 
 
 def head_gradient_moment_bytes(ctx: PlanContext) -> int:
@@ -25,7 +28,7 @@ def head_gradient_moment_bytes(ctx: PlanContext) -> int:
     copy. With torch autocast (fp32 weights) ToCopyBackward then upcasts it to fp32 while the 16-bit
     one is alive: V*h*(c+4). Checked by the traced probe (tests/test_traced.py).
     """
-    m, lay = ctx.model, layout(ctx)
+    m, lay = ctx.model, ctx.layout
     vh, c = m.vocab_size * m.hidden_size, lay.dtypes.compute
     return vh * (c + 4) if lay.autocast else vh * c
 
@@ -33,7 +36,7 @@ def head_gradient_moment_bytes(ctx: PlanContext) -> int:
 def head_gradient_bytes_per_element(ctx: PlanContext) -> int:
     """The head's whole gradient once backward has made it: the weight's dtype (FSDP: the unsharded
     parameters' dtype, until the root unit's reduce-scatter)."""
-    lay = layout(ctx)
+    lay = ctx.layout
     return lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes
 
 
@@ -54,7 +57,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str]:
     unsharded one) and the norm's temporaries (final_norm_backward_bytes, less what the ledger
     already counts for the final norm). Checked by the traced probe.
     """
-    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
     tokens, c = cfg.tokens_per_micro_batch, lay.dtypes.compute
     vh = m.vocab_size * m.hidden_size
     hc = vh * c if lay.autocast else 0
@@ -98,13 +101,13 @@ def embedding_backward_bytes(ctx: PlanContext) -> tuple[int, str]:
     Measured on real CPU tensors by the allocator in tests/test_traced.py. Under ZeRO-2/3 the
     embeddings' new gradients are full-size beside the rank's partition (an assumption).
     """
-    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
     if ctx.engine == Engine.FSDP:
         return 0, "the root unit's gradients under FSDP (strategies/fsdp_memory.py)"
     vhg = m.vocab_size * m.hidden_size * lay.grad_bytes if m.tie_word_embeddings else 0
     # ZeRO-2/3 (assumption; DeepSpeed is not traced): the gradients row holds the rank's partition,
     # so the embeddings' new full-size gradients count until DeepSpeed's hooks copy them to buckets
-    full = P.late_gradient_parameters(m) * lay.grad_bytes if gradients_sharded(ctx) else 0
+    full = P.late_gradient_parameters(m) * lay.grad_bytes if ctx.layout.gradients_sharded else 0
     moments = {"embedding backward: its input gradient" + (" and the head's waiting gradient" if vhg else ""):
                lay.dtypes.residual * m.hidden_size * cfg.tokens_per_micro_batch + vhg + full}
     if vhg and not (lay.autocast or cfg.loss == Loss.CHUNKED):
@@ -118,7 +121,7 @@ def loss_saved_bytes(ctx: PlanContext) -> int:
     output (4 V per token; Gemma-2's soft-capping also its tanh output, c V); Liger's gradients
     made in forward, the head's (V*h in the weight's dtype, unsharded under FSDP) and the head
     input's (r*h per token)."""
-    m, lay, cfg = ctx.model, layout(ctx), ctx.config
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
     tokens, vh = cfg.tokens_per_micro_batch, m.vocab_size * m.hidden_size
     if cfg.loss == Loss.CHUNKED:
         return vh * head_gradient_bytes_per_element(ctx) + lay.dtypes.residual * m.hidden_size * tokens
@@ -128,11 +131,11 @@ def loss_saved_bytes(ctx: PlanContext) -> int:
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     m, fwd = ctx.model, frozenset({Phase.FORWARD})
-    if fsdp_resharding(ctx):
+    if ctx.layout.resharding:
         # backward starts: the root unit is all-gathered again (its output buffer beside the
         # unsharded parameters, strategies/fsdp_memory.py) while the loss's and the final norm's
         # saved tensors wait
-        lay = layout(ctx)
+        lay = ctx.layout
         ledger.add("gathered_parameters", "FSDP root unit: all-gather output for backward", P.root_parameters(m),
                    lay.gathered_bytes, phases=fwd, moment=ROOT_REGATHER)
         ledger.add("logits", "the loss's tensors saved for backward", loss_saved_bytes(ctx), 1, phases=fwd,
@@ -167,4 +170,20 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         files.notes.append("chunked loss: pip install liger-kernel (fused linear cross-entropy; use_liger_kernel)")
 
 
-STRATEGY = Strategy("loss", tuple(Loss), _check, _apply, _time, _emit)
+def _read(job: JobFiles, r: Reading) -> None:
+    """The Trainer's (and TRL's) use_liger_kernel: Liger's fused linear cross-entropy."""
+    if job.training_args_where:
+        d, where = job.training_args, job.training_args_where
+        if r.typed(d, "use_liger_kernel", (bool,), where) is not None:
+            r.set("loss", Loss.CHUNKED if d["use_liger_kernel"] is True else Loss.STANDARD, f"{where}: use_liger_kernel")
+
+
+def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
+    return [("loss standard -> chunked", {"loss": Loss.CHUNKED})] if c.loss == Loss.STANDARD else []
+
+
+STRATEGY = Strategy(
+    "loss", Loss, Loss.STANDARD, order=5, short="loss",
+    help="the loss: standard cross-entropy over fp32 logits, or chunked (Liger's fused linear cross-entropy)",
+    apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.loss",
+)

@@ -11,15 +11,26 @@ DeepSpeed's CPU optimizers exist for Adam(W) and Lion; FSDP offload runs any tor
 on the CPU (not bitsandbytes, which needs CUDA tensors).
 """
 
+from enum import StrEnum
+
+from planner.core.emitted import EmitDraft
+from planner.core.job import JobFiles, Reading
+from planner.core.ledger import ALL_PHASES, Ledger, LedgerDraft, Location, PagedInfo
+from planner.core.specs import HardwareSpec
+from planner.core.timing import TimeDraft, Window
 from planner.cost import comms
 from planner.cost import params as P
 from planner.cost import runtime as R
-from planner.core.emitted import EmitDraft
-from planner.core.ledger import ALL_PHASES, Ledger, LedgerDraft, Location, PagedInfo
-from planner.core.timing import TimeDraft, Window
-from planner.core.vocabulary import Offload, Optimizer, Sharding
 from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.sharding import shard_degree
+from strategies.optimizer import Optimizer
+from strategies.sharding import ZERO, Sharding
+
+
+class Offload(StrEnum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    OPTIMIZER_PARAMS = "optimizer+params"
+
 
 DEEPSPEED_CPU_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.LION)
 
@@ -50,7 +61,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         # replaces the GPU's 16-bit gradient partition and the step's fp32 upcast.
         ledger.remove(ledger.of("gradients"))
         moved = [r for r in moved if r.term != "gradients"] + ledger.tagged("fp32_grad_partition")
-        partition = -(-P.total_parameters(ctx.model) // shard_degree(ctx))
+        partition = -(-P.total_parameters(ctx.model) // ctx.layout.shard_degree)
         for row in ledger.tagged("fp32_grad_partition"):  # whole partition, not one sub-group's upcast
             row.phases, row.label, row.elements = ALL_PHASES, "fp32 gradient partition", partition
     for row in moved:
@@ -66,7 +77,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     off, hw = ctx.config.offload, ctx.hardware
     if off == Offload.NONE:
         return
-    partition = P.total_parameters(ctx.model) / shard_degree(ctx)
+    partition = P.total_parameters(ctx.model) / ctx.layout.shard_degree
     link = hw.gpu.host_link_bytes_per_s
 
     def host(n_bytes: float) -> float:
@@ -108,4 +119,51 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         files.trainer_fsdp()["cpu_offload"] = True
 
 
-STRATEGY = Strategy("offload", tuple(Offload), _check, _apply, _time, _emit)
+DEVICES = {None: False, "none": False, "cpu": True, "nvme": True}
+
+
+def _read(job: JobFiles, r: Reading) -> None:
+    """DeepSpeed's offload devices (its JSON, or accelerate's inline keys); FSDP parameter offload."""
+    inline = job.accelerate_inline_deepspeed
+    if inline is not None:
+        _devices(inline.get("offload_optimizer_device"), inline.get("offload_param_device"),
+                 f"{job.accelerate_where}: deepspeed_config", r)
+    if job.deepspeed_where:
+        where = job.deepspeed_where
+        zero = r.section(job.deepspeed, "zero_optimization", where)
+        _devices(*(r.section(zero, key, f"{where}: zero_optimization").get("device")
+                   for key in ("offload_optimizer", "offload_param")), f"{where}: zero_optimization", r)
+    for fsdp in job.fsdp:
+        offload = fsdp.get("offload_params", fsdp.config.get("cpu_offload", False)) or "offload" in fsdp.options
+        if offload in (True, "true"):
+            r.set("offload", Offload.OPTIMIZER_PARAMS, f"{fsdp.file}: FSDP parameter offload")
+
+
+def _devices(optimizer_device, param_device, where: str, r: Reading) -> None:
+    for dev in (optimizer_device, param_device):
+        if not isinstance(dev, (str, type(None))) or dev not in DEVICES:
+            r.problems.append(f"{where}: offload device must be none, cpu or nvme, not {dev!r}")
+            return
+    if "nvme" in (optimizer_device, param_device):
+        r.warnings.append(f"{where}: NVMe offload is modelled as CPU offload (host RAM is then overstated)")
+    if DEVICES[param_device]:
+        r.set("offload", Offload.OPTIMIZER_PARAMS, where)
+    elif DEVICES[optimizer_device]:
+        r.set("offload", Offload.OPTIMIZER, where)
+
+
+def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
+    out = []
+    if c.offload == Offload.NONE:
+        if c.sharding in ZERO:
+            out.append(("offload none -> optimizer", {"offload": Offload.OPTIMIZER}))
+        if c.sharding in (Sharding.ZERO3, Sharding.FSDP, Sharding.FSDP_HYBRID, Sharding.FSDP_GRAD_OP):
+            out.append(("offload none -> optimizer+params", {"offload": Offload.OPTIMIZER_PARAMS}))
+    return out
+
+
+STRATEGY = Strategy(
+    "offload", Offload, Offload.NONE, order=4, short="offload",
+    help="model states in host RAM: none, optimizer (DeepSpeed ZeRO-Offload), optimizer+params (ZeRO-3 or FSDP2)",
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
+)

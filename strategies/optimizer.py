@@ -7,26 +7,44 @@ reference Adam-mini; adafactor: transformers Adafactor (beta1=None); sgd: torch 
 Trainer's default momentum 0 (no state).
 """
 
-from planner.cost import optimizer_states as S
-from planner.cost import params as P
+from enum import StrEnum
 from functools import cache
 
-from planner.cost import comms
-from planner.cost import runtime as R
 from planner.core.emitted import EmitDraft
+from planner.core.job import JobFiles, Reading
 from planner.core.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
-from planner.core.specs import ModelSpec
+from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
-from planner.core.vocabulary import Optimizer
+from planner.cost import comms
+from planner.cost import optimizer_states as S
+from planner.cost import params as P
+from planner.cost import runtime as R
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.precision import layout
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    ADAMW_8BIT = "adamw-8bit"
+    PAGED_ADAMW = "paged-adamw"
+    PAGED_ADAMW_8BIT = "paged-adamw-8bit"
+    ADAM_MINI = "adam-mini"
+    ADAFACTOR = "adafactor"
+    LION = "lion"
+    LION_8BIT = "lion-8bit"
+    SGD = "sgd"
+
 
 BITSANDBYTES_8BIT_OR_PAGED = (
     Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT, Optimizer.LION_8BIT,
 )
 PAGED = (Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT)
 QUANTIZED = (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT, Optimizer.LION_8BIT)
+#: The optimizers searched unless --optimizer names others: Adam and the implementations that
+#: approximate it (8-bit and paged states, Adam-mini's shared second moments). Lion, Adafactor
+#: and SGD are different learning algorithms whose hyperparameters do not carry over from
+#: AdamW, so the planner never swaps them in on its own.
+SEARCHED = (Optimizer.ADAMW, Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT, Optimizer.ADAM_MINI)
 
 
 def tensor_state_bytes(opt: Optimizer, t: P.ParamTensor, state_bytes: int) -> int:
@@ -53,7 +71,7 @@ def tensor_state_bytes(opt: Optimizer, t: P.ParamTensor, state_bytes: int) -> in
 
 def state_bytes_split(ctx: PlanContext) -> tuple[int, int]:
     """(dense bytes, paged bytes) of optimizer state for the whole model, unsharded."""
-    return _state_bytes_split(ctx.model, ctx.config.optimizer, layout(ctx).state_bytes)
+    return _state_bytes_split(ctx.model, ctx.config.optimizer, ctx.layout.state_bytes)
 
 
 @cache
@@ -179,4 +197,56 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         files.deepspeed["optimizer"] = {"type": DEEPSPEED_NATIVE[opt], "params": params}
 
 
-STRATEGY = Strategy("optimizer", tuple(Optimizer), _check, _apply, _time, _emit)
+#: Trainer ``optim`` names -> vocabulary (transformers OptimizerNames; aliases included).
+TRAINER_READS = {
+    "adamw_torch": Optimizer.ADAMW, "adamw_torch_fused": Optimizer.ADAMW, "adamw_hf": Optimizer.ADAMW,
+    "adamw_apex_fused": Optimizer.ADAMW, "adamw_8bit": Optimizer.ADAMW_8BIT, "adamw_bnb_8bit": Optimizer.ADAMW_8BIT,
+    "paged_adamw_32bit": Optimizer.PAGED_ADAMW, "paged_adamw_8bit": Optimizer.PAGED_ADAMW_8BIT,
+    "adafactor": Optimizer.ADAFACTOR, "lion_32bit": Optimizer.LION, "lion_8bit": Optimizer.LION_8BIT, "sgd": Optimizer.SGD,
+}
+#: DeepSpeed optimizer ``type`` names (case-insensitive) -> vocabulary.
+DEEPSPEED_READS = {"adamw": Optimizer.ADAMW, "adam": Optimizer.ADAMW, "lion": Optimizer.LION}
+
+
+def _read(job: JobFiles, r: Reading) -> None:
+    """The Trainer's ``optim``, DeepSpeed's ``optimizer.type``; unknown ones are counted as AdamW."""
+    if job.training_args_where:
+        where = job.training_args_where
+        optim = r.typed(job.training_args, "optim", (str,), where)
+        if optim is not None:
+            if optim in TRAINER_READS:
+                r.set("optimizer", TRAINER_READS[optim], f"{where}: optim {optim}")
+            else:
+                r.warnings.append(f"{where}: optim {optim} is not modelled; its states are counted as AdamW's")
+    if job.deepspeed_where:
+        where = job.deepspeed_where
+        opt = r.section(job.deepspeed, "optimizer", where)
+        if isinstance(opt.get("type"), str):
+            name = DEEPSPEED_READS.get(opt["type"].lower())
+            if name:
+                r.set("optimizer", name, f"{where}: optimizer.type {opt['type']}")
+            else:
+                r.warnings.append(f"{where}: DeepSpeed optimizer {opt['type']} is not modelled; states counted as AdamW's")
+
+
+EIGHT_BIT = {Optimizer.ADAMW: Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW: Optimizer.PAGED_ADAMW_8BIT,
+             Optimizer.LION: Optimizer.LION_8BIT}
+PAGED_FORM = {Optimizer.ADAMW: Optimizer.PAGED_ADAMW, Optimizer.ADAMW_8BIT: Optimizer.PAGED_ADAMW_8BIT}
+
+
+def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
+    """8-bit states, then paged states (the same algorithm's implementations)."""
+    out = []
+    for table, what in ((EIGHT_BIT, "8-bit states"), (PAGED_FORM, "paged states")):
+        if c.optimizer in table:
+            out.append((f"optimizer {c.optimizer} -> {table[c.optimizer]} ({what})", {"optimizer": table[c.optimizer]}))
+    return out
+
+
+STRATEGY = Strategy(
+    "optimizer", Optimizer, Optimizer.ADAMW, order=0, short="optimizer", bare=True, searched=SEARCHED,
+    help="the optimizer and its state precision and paging (default search: adamw and its 8-bit, paged and "
+         "Adam-mini forms)",
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
+    runtime="planner.runtime.optimizer",
+)

@@ -18,48 +18,67 @@ fp8-mixed is bf16-mixed whose matmuls run in fp8 (torchao Float8Linear / Transfo
 memory as bf16-mixed plus one layer's fp8 weight casts; it is a speed knob (DESIGN.md).
 """
 
-from dataclasses import dataclass
+from enum import StrEnum
 from functools import cache
 
-from planner.cost import params as P
-from planner.cost.activations import DTypes
 from planner.core.emitted import EmitDraft
+from planner.core.job import JobFiles, Reading
 from planner.core.ledger import ALL_PHASES, Ledger, LedgerDraft, PagedInfo, Phase
 from planner.core.timing import TimeDraft, Window
-from planner.core.vocabulary import Checkpointing, Precision, Sharding
+from planner.cost import params as P
+from planner.cost.activations import DTypes
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.checkpointing import Checkpointing
 from strategies.moments import GRADIENTS_BEFORE_FIRST_LAYER
 
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16_MIXED = "fp16-mixed"
+    BF16_MIXED = "bf16-mixed"  # fp32 master weights and optimizer states, bf16 compute
+    BF16_PURE = "bf16-pure"  # bf16 weights, gradients and optimizer states
+    FP8_MIXED = "fp8-mixed"  # bf16-mixed with fp8 matmuls
+
+
 MIXED = (Precision.FP16_MIXED, Precision.BF16_MIXED, Precision.FP8_MIXED)
+#: The dtype of non-fp8 matmuls and of MFU's peak (torch keeps fp32 matmuls in fp32: TF32 is off
+#: by default since torch 1.12). fp8-mixed runs the decoder layers' linears in fp8 (torchao
+#: converts them, not the output head).
+COMPUTE_DTYPE = {
+    Precision.FP32: "fp32",
+    Precision.FP16_MIXED: "fp16",
+    Precision.BF16_MIXED: "bf16",
+    Precision.BF16_PURE: "bf16",
+    Precision.FP8_MIXED: "bf16",
+}
+LAYER_MATMUL_DTYPE = {p: "fp8" if p == Precision.FP8_MIXED else d for p, d in COMPUTE_DTYPE.items()}
 
 
-@dataclass(frozen=True)
-class Layout:
-    weight_bytes: int  # the parameters as the engine stores them
-    master_bytes: int  # a separate fp32 master copy (0 when the weights are the master)
-    grad_bytes: int
-    state_bytes: int  # a full-precision optimizer state element (bf16 when parameters are bf16)
-    dtypes: DTypes
-    autocast: bool  # torch autocast casts fp32 weights to the compute dtype on the fly
-    gathered_bytes: int  # dtype of parameters gathered by ZeRO-3 / FSDP for compute
-
-
-def layout(ctx: PlanContext) -> Layout:
-    return _layout(ctx.config.precision, ctx.engine)
+def _storage(ctx: PlanContext, decided: dict) -> dict:
+    """The dtype of each tensor class (the table in the module docstring), for the engine the
+    sharding strategy chose. FSDP2 reduces gradients in its MixedPrecisionPolicy reduce_dtype: fp32
+    for the mixed precisions planner emits, else the parameters' own dtype: the gradients' dtype."""
+    p = ctx.config.precision
+    weight, master, grad, state, dtypes, autocast, gathered = _dtypes(p, decided["engine"])
+    return {"weight_bytes": weight, "master_bytes": master, "grad_bytes": grad, "state_bytes": state,
+            "gathered_bytes": gathered, "reduce_bytes": grad, "dtypes": dtypes, "autocast": autocast,
+            "compute_dtype": COMPUTE_DTYPE[p], "layer_matmul_dtype": LAYER_MATMUL_DTYPE[p]}
 
 
 @cache
-def _layout(p: Precision, engine: Engine) -> Layout:
+def _dtypes(p: Precision, engine: Engine) -> tuple:
+    """(weights, master, gradients, states, activation dtypes, autocast, gathered) for a precision
+    under an engine: bytes per element."""
     if p == Precision.FP32:
-        return Layout(4, 0, 4, 4, DTypes(4, 4), False, 4)
+        return 4, 0, 4, 4, DTypes(4, 4), False, 4
     if p == Precision.BF16_PURE:
-        return Layout(2, 0, 2, 2, DTypes(2, 2), False, 2)
+        return 2, 0, 2, 2, DTypes(2, 2), False, 2
     if engine == Engine.DEEPSPEED:
-        return Layout(2, 4, 2, 4, DTypes(2, 2), False, 2)
+        return 2, 4, 2, 4, DTypes(2, 2), False, 2
     if engine == Engine.FSDP:
-        return Layout(4, 0, 4, 4, DTypes(2, 2), False, 2)
-    return Layout(4, 0, 4, 4, DTypes(2, 4), True, 2)
+        return 4, 0, 4, 4, DTypes(2, 2), False, 2
+    return 4, 0, 4, 4, DTypes(2, 4), True, 2
 
 
 def head_parameters(m) -> int:
@@ -70,7 +89,7 @@ def head_parameters(m) -> int:
 def cache_only_casts(ctx: PlanContext) -> int:
     """Bytes of autocast weight casts alive only while the autocast region runs (the layers' casts
     when checkpointing recomputes them), excluding the head's."""
-    m, lay = ctx.model, layout(ctx)
+    m, lay = ctx.model, ctx.layout
     if not lay.autocast or ctx.config.checkpointing == Checkpointing.NONE:
         return 0
     return (P.matmul_parameters(m) - head_parameters(m)) * lay.dtypes.compute
@@ -82,13 +101,6 @@ def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
     if ctx.config.grad_accum > 1:
         return ALL_PHASES
     return frozenset({Phase.BACKWARD_END, Phase.STEP})
-
-
-def gradients_sharded(ctx: PlanContext) -> bool:
-    """Whether a layer's gradients go to a sharded partition as its backward ends (ZeRO-2/3 buckets,
-    FSDP's reduce-scatter): the unsharded ones are then a buffer (strategies/sharding.py,
-    strategies/fsdp_memory.py), not a gradient row."""
-    return ctx.engine == Engine.FSDP or ctx.config.sharding in (Sharding.ZERO2, Sharding.ZERO3)
 
 
 def late_gradient_parameters(ctx: PlanContext) -> int:
@@ -128,26 +140,28 @@ def _check(ctx: PlanContext, out: Check) -> None:
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
-    m, lay = ctx.model, layout(ctx)
-    n = P.total_parameters(m)
+    m, lay = ctx.model, ctx.layout
+    n, trainable = P.total_parameters(m), lay.trainable_parameters
     wdt = {4: "fp32", 2: "16-bit"}[lay.weight_bytes]
     ledger.add("weights", f"weights ({wdt})", n, lay.weight_bytes, note=f"{n:,} params x {lay.weight_bytes} B")
     if lay.master_bytes:
-        ledger.add("master_weights", "master weights (fp32)", n, lay.master_bytes, note=f"{n:,} params x 4 B")
+        ledger.add("master_weights", "master weights (fp32)", trainable, lay.master_bytes,
+                   note=f"{trainable:,} params x 4 B")
     gdt = {4: "fp32", 2: "16-bit"}[lay.grad_bytes]
     phases = grads_in_forward(ctx)
     if Phase.BACKWARD not in phases:  # (accumulating: every gradient exists from the first micro-batch on)
         late = late_gradient_parameters(ctx)
         ledger.add(
-            "gradients", f"gradients ({gdt}) made before the first layer's backward", n - late - P.layer_parameters(m),
-            lay.grad_bytes, phases=frozenset({Phase.BACKWARD}), note="the head's and the layers' above the first",
-            tag=GRADIENTS_BEFORE_FIRST_LAYER,
+            "gradients", f"gradients ({gdt}) made before the first layer's backward",
+            trainable - late - P.layer_parameters(m), lay.grad_bytes, phases=frozenset({Phase.BACKWARD}),
+            note="the head's and the layers' above the first", tag=GRADIENTS_BEFORE_FIRST_LAYER,
         )
         if ctx.engine == Engine.FSDP:  # the root unit's sharded gradients come from its reduce-scatter, last
-            ledger.add("gradients", f"gradients ({gdt}) of the decoder layers", n - late, lay.grad_bytes,
+            ledger.add("gradients", f"gradients ({gdt}) of the decoder layers", trainable - late, lay.grad_bytes,
                        phases=frozenset({Phase.BACKWARD_END}), note="before the root unit's reduce-scatter")
             phases = phases - {Phase.BACKWARD_END}
-    ledger.add("gradients", f"gradients ({gdt})", n, lay.grad_bytes, phases=phases, note=f"{n:,} params x {lay.grad_bytes} B")
+    ledger.add("gradients", f"gradients ({gdt})", trainable, lay.grad_bytes, phases=phases,
+               note=f"{trainable:,} params x {lay.grad_bytes} B")
     if lay.autocast:
         # torch.amp caches the 16-bit cast of every matmul weight until the autocast region (the
         # model forward and the loss) exits; the matmuls save them for backward, so without
@@ -169,7 +183,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
 
 def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
     fwd = rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
-    dtype = "fp8 layers" if ctx.config.precision == Precision.FP8_MIXED else rates.compute_dtype(ctx)
+    dtype = "fp8 layers" if ctx.config.precision == Precision.FP8_MIXED else ctx.layout.compute_dtype
     draft.compute("matmul", f"forward matmuls ({dtype})", fwd, Window.FORWARD, note="6N rule: 2 FLOPs/param/token")
     draft.compute("matmul", f"backward matmuls ({dtype})", 2 * fwd, Window.BACKWARD, note="input and weight gradients")
 
@@ -209,4 +223,65 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         )
 
 
-STRATEGY = Strategy("precision", tuple(Precision), _check, _apply, _time, _emit)
+#: "Not mixed": accelerate's mixed_precision "no", or the Trainer with bf16 and fp16 off: fp32
+#: weights, or bf16-pure when the model is loaded in bf16 (which no job file says; plan.json does).
+NOT_MIXED = "not mixed"
+#: A reading that a more specific one refines rather than contradicts: "not mixed" is fp32 or
+#: bf16-pure; the Trainer's bf16 flag next to accelerate's fp8 is an fp8 job (bf16 outside the
+#: fp8 matmuls).
+REFINES = {NOT_MIXED: {Precision.FP32, Precision.BF16_PURE}, Precision.BF16_MIXED: {Precision.FP8_MIXED}}
+ACCELERATE_READS = {"no": NOT_MIXED, "fp16": Precision.FP16_MIXED, "bf16": Precision.BF16_MIXED,
+                    "fp8": Precision.FP8_MIXED}
+
+
+def _read(job: JobFiles, r: Reading) -> None:
+    """accelerate's mixed_precision (unless a DeepSpeed JSON decides), its fp8 backend, DeepSpeed's
+    bf16 / fp16 sections, the Trainer's bf16 / fp16 flags."""
+    if job.accelerate:
+        where = f"{job.accelerate_where}: mixed_precision"
+        mp = r.typed(job.accelerate, "mixed_precision", (str,), job.accelerate_where, "no")
+        if job.accelerate_precision_applies and mp is not None:
+            if str(mp) not in ACCELERATE_READS:
+                r.problems.append(f"{where}: mixed_precision {mp!r} is not one of {', '.join(ACCELERATE_READS)}")
+            else:
+                r.set("precision", ACCELERATE_READS[str(mp)], where, REFINES)
+        fp8 = r.section(job.accelerate, "fp8_config", job.accelerate_where)
+        if str(fp8.get("backend", "AO")).upper() != "AO":
+            r.warnings.append(f"{job.accelerate_where}: fp8 backend {fp8.get('backend')} is modelled as torchao fp8")
+    if job.deepspeed_where:
+        ds, where = job.deepspeed, job.deepspeed_where
+        bf16 = r.typed(r.section(ds, "bf16", where), "enabled", (bool,), f"{where}: bf16", False, allow_auto=True)
+        fp16 = r.typed(r.section(ds, "fp16", where), "enabled", (bool,), f"{where}: fp16", False, allow_auto=True)
+        if bf16 and fp16:
+            r.problems.append(f"contradiction: {where} enables both bf16 and fp16")
+        elif bf16 or fp16:
+            r.set("precision", Precision.BF16_MIXED if bf16 else Precision.FP16_MIXED,
+                  f"{where}: {'bf16' if bf16 else 'fp16'}.enabled", REFINES)
+    if job.training_args_where:
+        d, where = job.training_args, job.training_args_where
+        bf16, fp16 = (r.typed(d, k, (bool,), where, False) for k in ("bf16", "fp16"))
+        if bf16 and fp16:
+            r.problems.append(f"contradiction: {where} sets both bf16 and fp16")
+        elif bf16 or fp16:
+            r.set("precision", Precision.BF16_MIXED if bf16 else Precision.FP16_MIXED,
+                  f"{where}: {'bf16' if bf16 else 'fp16'}", REFINES)
+        elif "bf16" in d or "fp16" in d:
+            r.set("precision", NOT_MIXED, f"{where}: bf16 and fp16 off", REFINES)
+
+
+def _settle(value: str, planned: str | None) -> tuple[str, str]:
+    """A "not mixed" reading: bf16-pure when plan.json says the weights are bf16, else fp32."""
+    if value != NOT_MIXED:
+        return value, ""
+    if planned == Precision.BF16_PURE:
+        return Precision.BF16_PURE, " (plan.json: bf16 weights)"
+    return Precision.FP32, " (fp32 weights)"
+
+
+STRATEGY = Strategy(
+    "precision", Precision, Precision.BF16_MIXED, order=1, short="precision", bare=True,
+    help="weights, gradients and compute dtypes: fp32, fp16-mixed, bf16-mixed, bf16-pure (no fp32 master), "
+         "fp8-mixed (fp8 matmuls)",
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage, settle=_settle,
+    runtime="planner.runtime.precision",
+)

@@ -6,29 +6,16 @@ FLOPs / matmul rate and weight bytes read / memory bandwidth (small micro-batche
 reading the weights). Unit: seconds per micro-batch.
 """
 
+from planner.core.units import DTYPE_BYTES
 from planner.cost import compute as C
 from planner.cost import params as P
-from planner.core.units import DTYPE_BYTES
-from planner.core.vocabulary import Attention, Precision
 from strategies.base import PlanContext
-
-COMPUTE_DTYPE = {
-    Precision.FP32: "fp32",
-    Precision.FP16_MIXED: "fp16",
-    Precision.BF16_MIXED: "bf16",
-    Precision.BF16_PURE: "bf16",
-    Precision.FP8_MIXED: "bf16",
-}
-
-
-def compute_dtype(ctx: PlanContext) -> str:
-    """The dtype of non-fp8 matmuls and of MFU's peak (torch keeps fp32 matmuls in fp32: TF32 is
-    off by default since torch 1.12)."""
-    return COMPUTE_DTYPE[ctx.config.precision]
 
 
 def peak_flops(ctx: PlanContext) -> float:
-    return ctx.hardware.gpu.dense_flops_per_s.get(compute_dtype(ctx)) or ctx.hardware.gpu.dense_flops_per_s["fp32"]
+    """The dense peak in the plan's compute dtype (the layout's; MFU's denominator), FLOP/s."""
+    gpu = ctx.hardware.gpu
+    return gpu.dense_flops_per_s.get(ctx.layout.compute_dtype) or gpu.dense_flops_per_s["fp32"]
 
 
 def saturation(ctx: PlanContext) -> float:
@@ -61,14 +48,14 @@ def layer_matmul_forward_seconds(ctx: PlanContext) -> float:
     """Decoder-layer matmuls, one forward pass (fp8 under fp8-mixed: torchao converts the
     layers' linears, not the output head)."""
     m = ctx.model
-    dtype = "fp8" if ctx.config.precision == Precision.FP8_MIXED else compute_dtype(ctx)
+    dtype = ctx.layout.layer_matmul_dtype
     flops = C.matmul_flops_per_token(m, layers_only=True) * tokens(ctx)
     weight_bytes = P.layer_matmul_parameters(m) * m.num_layers * DTYPE_BYTES[dtype]
     return max(flops / matmul_rate(ctx, dtype), weight_bytes / bandwidth(ctx))
 
 
 def head_matmul_forward_seconds(ctx: PlanContext) -> float:
-    m, dtype = ctx.model, compute_dtype(ctx)
+    m, dtype = ctx.model, ctx.layout.compute_dtype
     flops = (C.matmul_flops_per_token(m) - C.matmul_flops_per_token(m, layers_only=True)) * tokens(ctx)
     weight_bytes = m.vocab_size * m.hidden_size * DTYPE_BYTES[dtype]
     return max(flops / matmul_rate(ctx, dtype), weight_bytes / bandwidth(ctx))
@@ -79,8 +66,8 @@ def attention_forward_seconds(ctx: PlanContext) -> float:
     attention computes the full square with batched GEMMs and writes and reads its s^2 scores,
     fp32 probabilities and their casts ((3c + 8) * a * s bytes per token per layer)."""
     m, cfg = ctx.model, ctx.config
-    dtype = compute_dtype(ctx)
-    if cfg.attention == Attention.SDPA:
+    dtype = ctx.layout.compute_dtype
+    if ctx.layout.fused_attention:
         flops = C.attention_flops_per_token(m, cfg.seq_len, causal_skip=True) * tokens(ctx)
         return flops / (peak_flops(ctx) * ctx.hardware.gpu.efficiency.attention * saturation(ctx))
     flops = C.attention_flops_per_token(m, cfg.seq_len, causal_skip=False) * tokens(ctx)

@@ -19,16 +19,54 @@ sub_group_size = 1e9, overlap_comm = true (source: transformers integrations/dee
 DeepSpeed runtime/zero/config.py for the defaults).
 """
 
+from enum import StrEnum
+
+from planner.core.emitted import EmitDraft
+from planner.core.job import FsdpSettings, JobFiles, Reading
+from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.specs import HardwareSpec
+from planner.core.timing import TimeDraft, Window
 from planner.cost import comms
 from planner.cost import params as P
 from planner.cost import runtime as R
-from planner.core.emitted import EmitDraft
-from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
-from planner.core.timing import TimeDraft, Window
-from planner.core.vocabulary import Sharding
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.fsdp_memory import fsdp_rows
-from strategies.precision import layout
+
+
+class Sharding(StrEnum):
+    NONE = "none"
+    DDP = "ddp"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+    FSDP = "fsdp"  # full shard
+    FSDP_GRAD_OP = "fsdp-grad-op"
+    FSDP_HYBRID = "fsdp-hybrid"
+
+
+ZERO = (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
+FSDP = (Sharding.FSDP, Sharding.FSDP_GRAD_OP, Sharding.FSDP_HYBRID)
+
+
+def engine_of(sharding: Sharding) -> Engine:
+    if sharding in ZERO:
+        return Engine.DEEPSPEED
+    if sharding in FSDP:
+        return Engine.FSDP
+    return Engine.TORCH
+
+
+def _parallelism(ctx: PlanContext) -> dict:
+    """The engine, the data-parallel degree (every GPU holds a replica of the batch: no tensor,
+    context or pipeline parallelism yet) and the sharding degree: the ranks sharing one copy of the
+    sharded states (fsdp-hybrid: a node)."""
+    s, n = ctx.config.sharding, ctx.world_size
+    degree = 1 if s in (Sharding.NONE, Sharding.DDP) else ctx.hardware.gpus_per_node if s == Sharding.FSDP_HYBRID else n
+    engine = engine_of(s)
+    return {"engine": engine, "data_parallel": n, "shard_degree": degree,
+            "gradients_sharded": engine == Engine.FSDP or s in (Sharding.ZERO2, Sharding.ZERO3),
+            "resharding": engine == Engine.FSDP and s != Sharding.FSDP_GRAD_OP}
+
 
 ZERO3_MAX_LIVE_PARAMETERS = 10**9
 #: DDP's bucket_cap_mb default (25 MiB): one all-reduce call per bucket.
@@ -52,16 +90,6 @@ def deepspeed_buckets(h: int) -> dict[str, int]:
     }
 
 
-def shard_degree(ctx: PlanContext) -> int:
-    """How many ranks share one copy of the sharded states."""
-    s = ctx.config.sharding
-    if s in (Sharding.NONE, Sharding.DDP):
-        return 1
-    if s == Sharding.FSDP_HYBRID:
-        return ctx.hardware.gpus_per_node
-    return ctx.world_size
-
-
 def _check(ctx: PlanContext, out: Check) -> None:
     s, n = ctx.config.sharding, ctx.world_size
     if s == Sharding.NONE and n > 1:
@@ -70,12 +98,13 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("ddp on one GPU", "ddp needs 2 or more GPUs; with one GPU use sharding none")
     if s == Sharding.FSDP_HYBRID and ctx.hardware.nodes == 1:
         out.reject("fsdp-hybrid on one node", "fsdp-hybrid shards within a node and replicates across nodes: it needs 2+ nodes; use fsdp")
-    if s not in (Sharding.NONE, Sharding.DDP) and n == 1 and ctx.config.offload == "none":
+    if s not in (Sharding.NONE, Sharding.DDP) and n == 1 and ctx.config.offload == "none":  # (the offload strategy's "none")
         out.warnings.append(f"{s} on one GPU divides nothing; it only helps together with offload")
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
-    s, m, lay, n = ctx.config.sharding, ctx.model, layout(ctx), shard_degree(ctx)
+    s, m, lay = ctx.config.sharding, ctx.model, ctx.layout
+    n = lay.shard_degree
     total, layer = P.total_parameters(m), P.layer_parameters(m)
     h = m.hidden_size
     if s == Sharding.DDP:
@@ -100,7 +129,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
 
 
 def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, total: int, layer: int, h: int) -> None:
-    m, lay, s = ctx.model, layout(ctx), ctx.config.sharding
+    m, lay, s = ctx.model, ctx.layout, ctx.config.sharding
     b = deepspeed_buckets(h)
     ledger.add(
         "communication_buffers", "ZeRO reduce buckets (x2, overlap_comm)", 2 * b["reduce_bucket_size"], lay.grad_bytes,
@@ -152,8 +181,8 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     all-reduce and ZeRO-2 reduce-scatter under backward; ZeRO-3 / FSDP prefetched all-gathers
     under forward and backward). End-of-step collectives (ZeRO-1 reduce, ZeRO-1/2 parameter
     all-gather) run alone."""
-    s, m, lay, hw = ctx.config.sharding, ctx.model, layout(ctx), ctx.hardware
-    n, psi, layers = ctx.world_size, P.total_parameters(m), m.num_layers
+    s, m, lay, hw = ctx.config.sharding, ctx.model, ctx.layout, ctx.hardware
+    n, psi, layers = lay.data_parallel, P.total_parameters(m), m.num_layers
     if s == Sharding.ZERO3:
         draft.cpu_dispatch_seconds += layers * R.ZERO3_HOOK_SECONDS_PER_LAYER
     elif ctx.engine == Engine.FSDP:
@@ -183,8 +212,8 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
             draft.serial("communication", "ZeRO-1 gradient reduce-scatter at the step", reduce)
         draft.serial("communication", "updated 16-bit parameter all-gather", gather)
         return
-    # FSDP2: all-gather params in param_dtype, reduce-scatter grads in fp32 (reduce_dtype)
-    reduce_bytes = g + (4 - g if g < 4 else 0)
+    # FSDP2: all-gather params in param_dtype, reduce-scatter grads in reduce_dtype
+    reduce_bytes = lay.reduce_bytes
     group = _link(ctx, False) if s == Sharding.FSDP_HYBRID else world
     ranks = hw.gpus_per_node if s == Sharding.FSDP_HYBRID else n
     gather = _seconds(comms.all_gather_bytes(psi * g, ranks), group, layers + 1)
@@ -257,4 +286,78 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         })
 
 
-STRATEGY = Strategy("sharding", tuple(Sharding), _check, _apply, _time, _emit)
+#: accelerate's distributed_type -> vocabulary (NO is none on one process, else ddp).
+DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED")
+ZERO_STAGES = {0: Sharding.DDP, 1: Sharding.ZERO1, 2: Sharding.ZERO2, 3: Sharding.ZERO3}
+#: The Trainer's full_shard next to accelerate's parallelism_config is hybrid sharding (the Trainer
+#: takes parallelism from accelerate): a refinement, not a contradiction.
+REFINES = {Sharding.FSDP: {Sharding.FSDP_HYBRID}}
+
+
+def _read(job: JobFiles, r: Reading) -> None:
+    """accelerate's distributed_type (FSDP and DeepSpeed settings included), DeepSpeed's ZeRO stage,
+    the Trainer's fsdp options."""
+    if job.accelerate:
+        where, dt = job.accelerate_where, job.distributed_type
+        if dt == "NO":
+            r.set("sharding", Sharding.NONE if (job.processes or 1) <= 1 else Sharding.DDP,
+                  f"{where}: distributed_type NO", REFINES)
+        elif dt == "MULTI_GPU":
+            r.set("sharding", Sharding.DDP, f"{where}: distributed_type MULTI_GPU", REFINES)
+        elif dt is not None and dt not in DISTRIBUTED_TYPES:
+            r.problems.append(f"{where}: distributed_type {dt} is not planned (planner plans NO, MULTI_GPU, FSDP, DEEPSPEED)")
+        inline = job.accelerate_inline_deepspeed
+        if inline is not None and inline.get("zero_stage") is not None:
+            _stage(inline["zero_stage"], f"{where}: deepspeed_config.zero_stage", r)
+    for fsdp in job.fsdp:
+        r.set("sharding", _fsdp_sharding(fsdp), fsdp.where, REFINES)
+    if job.deepspeed_where:
+        zero = r.section(job.deepspeed, "zero_optimization", job.deepspeed_where)
+        if "stage" in zero:
+            _stage(zero["stage"], f"{job.deepspeed_where}: zero_optimization.stage", r)
+
+
+def _stage(stage, where: str, r: Reading) -> None:
+    if not isinstance(stage, int) or isinstance(stage, bool) or stage not in ZERO_STAGES:
+        r.problems.append(f"{where}: ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
+        return
+    r.set("sharding", ZERO_STAGES[stage], where, REFINES)
+
+
+def _fsdp_sharding(f: FsdpSettings) -> Sharding:
+    """FSDP1's sharding_strategy (name or number) or FSDP2's reshard_after_forward, and the
+    Trainer's options."""
+    strategy = str(f.get("sharding_strategy", "")).upper()
+    reshard = f.get("reshard_after_forward", True)
+    if "SHARD_GRAD_OP" in strategy or strategy == "2" or "shard_grad_op" in f.options or reshard in (False, "false"):
+        return Sharding.FSDP_GRAD_OP
+    if "HYBRID" in strategy or "hybrid_shard" in f.options or strategy in ("4", "5"):
+        return Sharding.FSDP_HYBRID
+    if "NO_SHARD" in strategy or strategy == "3":
+        return Sharding.DDP
+    return Sharding.FSDP
+
+
+#: One step deeper: what each mode shards next.
+DEEPER = {Sharding.DDP: (Sharding.ZERO2, Sharding.ZERO3, Sharding.FSDP), Sharding.ZERO1: (Sharding.ZERO2,),
+          Sharding.ZERO2: (Sharding.ZERO3,), Sharding.FSDP_GRAD_OP: (Sharding.FSDP,)}
+
+
+def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
+    out = [(f"sharding {c.sharding} -> {s}", {"sharding": s}) for s in DEEPER.get(c.sharding, ())]
+    if hardware.num_gpus == 1 and c.sharding == Sharding.NONE:
+        out.append(("sharding none -> zero3 (DeepSpeed on one GPU)", {"sharding": Sharding.ZERO3}))
+    return out
+
+
+def _default(hardware: HardwareSpec) -> Sharding:
+    """none on one GPU, ddp on several."""
+    return Sharding.NONE if hardware.num_gpus == 1 else Sharding.DDP
+
+
+STRATEGY = Strategy(
+    "sharding", Sharding, Sharding.NONE, order=3, short="sharding",
+    help="data parallelism and sharding: none, ddp, zero1-3 (DeepSpeed), fsdp, fsdp-grad-op, fsdp-hybrid (FSDP2)",
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, parallelism=_parallelism,
+    default_for=_default, runtime="planner.runtime.sharding",
+)

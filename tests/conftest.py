@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 from planner.catalog.gpus import parse_gpus  # noqa: E402
 from planner.catalog.models import resolve_model  # noqa: E402
 from planner.engine.estimate import estimate_config  # noqa: E402
-from planner.core.vocabulary import TrainingConfig  # noqa: E402
+from strategies import TrainingConfig  # noqa: E402
 
 
 def run(model: str, gpus: str, host_memory_gb: float | None = None, margin: float = 0.0,

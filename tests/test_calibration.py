@@ -23,7 +23,7 @@ from planner.cost import runtime as R
 from planner.core.errors import PlannerInputError
 from planner.engine.estimate import EstimateRequest, estimate
 from planner.core.units import GIB, MIB
-from planner.core.vocabulary import TrainingConfig
+from strategies import TrainingConfig
 
 GPU = "H100-SXM-80"
 CONTEXT = int(1.4 * GIB)
@@ -205,7 +205,9 @@ def test_fit_clamps_impossible_times(measurements):
 # --- the analytic model uses the corrections and says so -----------------------------------------
 
 def test_estimate_uses_stored_corrections_and_says_so(store_env):
-    request = EstimateRequest(model="meta-llama/Llama-3.2-1B", gpus=f"1x{GPU}")
+    """The store a request names (``calibration``; the CLI's --calibration) applies; nothing reads
+    the environment below the command line, so a request without one stays uncalibrated."""
+    request = EstimateRequest(model="meta-llama/Llama-3.2-1B", gpus=f"1x{GPU}", calibration=store_env)
     plain = estimate(request)
     assert plain.hardware.calibration is None
     CalibrationStore(store_env).save_corrections(corrections())
@@ -218,11 +220,9 @@ def test_estimate_uses_stored_corrections_and_says_so(store_env):
     assert calibrated.time.step_seconds > plain.time.step_seconds  # 0.8 x the achieved FLOP/s: slower
     assert calibrated.memory["peak"] - plain.memory["peak"] == pytest.approx(
         CONTEXT - R.CUDA_CONTEXT_BYTES + (FRAGMENTATION - R.FRAGMENTATION_FRACTION) * allocated, abs=2)
+    assert estimate(request.model_copy(update={"calibration": None})) == plain  # $PLANNER_CALIBRATION is not read
     other = EstimateRequest(model="meta-llama/Llama-3.2-1B", gpus="1xA100-40")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PLANNER_CALIBRATION", "off")
-        uncalibrated_a100 = estimate(other)
-    assert estimate(other) == uncalibrated_a100  # no corrections for the A100: nothing changes
+    assert estimate(other.model_copy(update={"calibration": store_env})) == estimate(other)  # none for the A100
 
 
 def test_cli_estimate_prints_the_calibration(store_env):
@@ -249,7 +249,7 @@ def test_cli_calibrate_fits_saves_and_is_then_used(store_env, measurements):
     assert GPU in r.output and "leave-one-out" in r.output and "now use them" in r.output
     saved = store.corrections(GPU)
     assert saved is not None and saved.flops_scale["bf16"] == pytest.approx(0.8, rel=0.02)
-    assert estimate(EstimateRequest(model="Qwen/Qwen2.5-0.5B", gpus=f"1x{GPU}")).hardware.calibration
+    assert estimate(EstimateRequest(model="Qwen/Qwen2.5-0.5B", gpus=f"1x{GPU}", calibration=store_env)).hardware.calibration
 
 
 def test_cli_calibrate_dry_run_and_json_save_nothing(tmp_path, measurements):

@@ -113,7 +113,7 @@ def test_not_fitting_job_gets_changes_that_fit(tmp_path):
     assert out["changes"][0]["change"] == "checkpointing none -> full"  # one change suffices here
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
-    from planner.core.vocabulary import TrainingConfig
+    from strategies import TrainingConfig
 
     for change in out["changes"]:
         again = estimate_config(resolve_model(LLAMA), parse_gpus("4xA100-80"), TrainingConfig(**change["config"]))

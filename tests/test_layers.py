@@ -1,12 +1,38 @@
-"""The import rules of DESIGN.md's layer table, checked on the source."""
+"""The import rules of DESIGN.md's layer table, by package prefix, checked on the source.
+
+| layer      | packages                         | may import of ours                         | heavy (torch, ...) |
+| core       | planner.core, planner            | core                                       | never              |
+| catalogs   | planner.catalog                  | core, catalogs                             | never              |
+| cost       | planner.cost                     | core, catalogs, cost                       | never              |
+| strategies | strategies                       | core, cost, strategies                     | never              |
+| engine     | planner.engine                   | the above, engine                          | not at module level|
+| emit       | planner.emit                     | the above, emit                            | not at module level|
+| check      | planner.check                    | the above, check                           | not at module level|
+| render     | planner.render                   | the above, render                          | not at module level|
+| runtime    | planner.runtime                  | core, strategies, runtime                  | not at module level|
+| probes     | probes                           | all but check, render and cli              | yes                |
+| cli        | planner.cli                      | everything; probes only inside functions   | not at module level|
+
+"The above" is every earlier row. The engine takes probes as functions; renderers take results by
+their attributes; the runtime is what a training process imports with the plan.
+"""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = {"planner.core.units", "planner.core.errors", "planner.core.vocabulary", "planner.core.specs", "planner.core.ledger",
-        "planner.core.formatting", "planner"}
-HEAVY = {"torch", "transformers", "accelerate", "deepspeed", "optuna", "bitsandbytes"}
+HEAVY = {"torch", "transformers", "accelerate", "deepspeed", "optuna", "bitsandbytes", "torchao", "peft", "trl"}
+ORDER = ("planner.core", "planner.catalog", "planner.cost", "strategies", "planner.engine", "planner.emit",
+         "planner.check", "planner.render")
+ALLOWED: dict[str, set[str]] = {layer: set(ORDER[: i + 1]) for i, layer in enumerate(ORDER)}
+ALLOWED["strategies"] = {"planner.core", "planner.cost", "strategies"}
+ALLOWED["planner.runtime"] = {"planner.core", "strategies", "planner.runtime"}
+ALLOWED["probes"] = set(ORDER) - {"planner.check", "planner.render"} | {"planner.runtime", "probes"}
+ALLOWED["planner.cli"] = set(ORDER) | {"planner.runtime", "planner.cli", "probes"}
+#: Layers that may import heavy packages at module level.
+HEAVY_AT_TOP = {"probes"}
+#: Layers that import nothing heavy, not even inside a function.
+NEVER_HEAVY = {"planner.core", "planner.catalog", "planner.cost", "strategies"}
 
 
 def imports(path: Path, top_level_only: bool) -> set[str]:
@@ -18,6 +44,8 @@ def imports(path: Path, top_level_only: bool) -> set[str]:
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.add(node.module)
+            if node.module == "planner":  # from planner import runtime
+                out |= {f"planner.{a.name}" for a in node.names}
     return out
 
 
@@ -27,30 +55,47 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def ours(names: set[str]) -> set[str]:
-    return {n for n in names if n.split(".")[0] in ("planner", "strategies", "probes")}
+def layer_of(name: str) -> str | None:
+    if name in ("planner", "planner.__init__"):
+        return "planner.core"
+    for layer in (*ORDER, "planner.runtime", "planner.cli", "probes"):
+        if name == layer or name.startswith(layer + "."):
+            return layer
+    return None
 
 
-def heavy(names: set[str]) -> set[str]:
-    return {n for n in names if n.split(".")[0] in HEAVY}
+def sources() -> list[Path]:
+    return sorted(p for pattern in ("planner/**/*.py", "strategies/**/*.py", "probes/**/*.py")
+                  for p in ROOT.glob(pattern))
+
+
+def test_every_module_belongs_to_a_layer():
+    assert not [module_name(p) for p in sources() if layer_of(module_name(p)) is None]
 
 
 def test_layers():
     problems = []
-    for path in sorted([*ROOT.glob("planner/**/*.py"), *ROOT.glob("strategies/**/*.py")]):
+    for path in sources():
         name = module_name(path)
+        layer = layer_of(name)
         everywhere, top = imports(path, False), imports(path, True)
-        if name in CORE:
-            bad = ours(everywhere) - CORE | heavy(everywhere)
-        elif name.startswith("planner.catalog"):
-            bad = {n for n in ours(everywhere) if not (n in CORE or n.startswith("planner.catalog"))} | heavy(everywhere)
-        elif name.startswith("planner.cost"):
-            bad = {n for n in ours(everywhere) if not (n in CORE or n.startswith(("planner.catalog", "planner.cost")))}
-            bad |= heavy(everywhere)
-        elif name.startswith("strategies"):
-            bad = {n for n in ours(everywhere) if n.startswith("probes")} | heavy(everywhere)
-        else:  # search, emit, preflight, report, cli: no heavy import at module level, no probes there
-            bad = heavy(top) | {n for n in ours(top) if n.startswith("probes")}
+        ours = {n for n in everywhere if layer_of(n) is not None}
+        bad = {n for n in ours if layer_of(n) not in ALLOWED[layer]}
+        if layer == "planner.cli":  # probes only inside the commands that need them
+            bad |= {n for n in top if layer_of(n) == "probes"}
+        heavy = everywhere if layer in NEVER_HEAVY else top if layer not in HEAVY_AT_TOP else set()
+        bad |= {n for n in heavy if n.split(".")[0] in HEAVY}
         if bad:
-            problems.append(f"{name} imports {sorted(bad)}")
-    assert not problems, problems
+            problems.append(f"{name} ({layer}) imports {sorted(bad)}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_rules_catch_a_violation(tmp_path):
+    """The checker itself: a strategy importing torch or the engine, and the CLI importing probes at
+    module level, are caught (a test that cannot fail proves nothing)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nfrom planner.engine.estimate import evaluate\n")
+    found = imports(bad, False)
+    assert {n for n in found if n.split(".")[0] in HEAVY} == {"torch"}
+    assert {layer_of(n) for n in found if layer_of(n)} - ALLOWED["strategies"] == {"planner.engine"}
+    assert "probes" not in ALLOWED["planner.runtime"] and "planner.engine" not in ALLOWED["planner.runtime"]

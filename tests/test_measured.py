@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 from planner.catalog.calibration import CalibrationStore  # noqa: E402
 from planner.catalog.models import model_config  # noqa: E402
 from planner.engine.estimate import EstimateRequest, estimate  # noqa: E402
-from planner.core.vocabulary import TrainingConfig  # noqa: E402
+from strategies import TrainingConfig  # noqa: E402
 from probes.child import KILL_GRACE_SECONDS, run_child  # noqa: E402
 from probes.device import DeviceInfo, catalog_gpu  # noqa: E402
 from probes.measured import SHARED_RESERVE_BYTES, MeasureRequest, classify_failure, measure, memory_budget  # noqa: E402
@@ -107,13 +107,12 @@ def test_a_dying_child_is_recorded():
     assert "died" in outcome.describe()
 
 
-def test_measure_plan_compares_and_stores(tmp_path, monkeypatch):
+def test_measure_plan_compares_and_stores(tmp_path):
     from probes.measured_command import measure_plan
 
-    monkeypatch.setenv("PLANNER_CALIBRATION", str(tmp_path / "cal.sqlite"))
     plan = estimate(EstimateRequest(model=TINY, gpus="4xH100-80", sharding="fsdp", seq_len=64))
     r = measure_plan(plan, TINY, model_config(TINY), CPU, device_kind="cpu", warmup_steps=1, steps=2, timeout=300,
-                     extrapolate_from=[1, 2])
+                     extrapolate_from=[1, 2], store=tmp_path / "cal.sqlite")
     assert r.status == "ok" and r.extrapolated_from == [1, 2] and r.layers is None
     assert r.measured_step_seconds > 0 and r.tokens_per_second == pytest.approx(64 / r.measured_step_seconds)
     nccl = sum(row.bytes for row in plan.ledger if "NCCL" in row.label)
@@ -198,14 +197,14 @@ def test_suggest_probe_picks_the_fastest_measured_plan():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_measured_probe_on_this_gpu(tmp_path, monkeypatch):
+def test_measured_probe_on_this_gpu(tmp_path):
     """Qwen2.5-0.5B, full depth, AdamW bf16-mixed: the analytic peak within 10 % of the driver's."""
     from probes.measured_command import measure_plan, require_gpu
 
-    monkeypatch.setenv("PLANNER_CALIBRATION", str(tmp_path / "cal.sqlite"))
     device = require_gpu()
     plan = estimate(EstimateRequest(model="Qwen/Qwen2.5-0.5B", gpus=f"1x{catalog_gpu(device.name, device.total_bytes)}",
                                     seq_len=1024, micro_batch_size=2))
-    r = measure_plan(plan, "Qwen/Qwen2.5-0.5B", model_config("Qwen/Qwen2.5-0.5B"), device, timeout=600)
+    r = measure_plan(plan, "Qwen/Qwen2.5-0.5B", model_config("Qwen/Qwen2.5-0.5B"), device, timeout=600,
+                     store=tmp_path / "cal.sqlite")
     assert r.status == "ok", r.message
     assert abs(r.memory_error) <= 0.10

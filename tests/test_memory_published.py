@@ -124,7 +124,7 @@ def test_korthikanti_gpt_block(s, b):
     GELU that saves only its input (Megatron's; transformers' "gelu", F.gelu)."""
     m = resolve_model("openai-community/gpt2-xl").model_copy(update={"activation": "gelu"})
     dt = A.DTypes(compute=2, residual=2)
-    saved = A.total(A.layer_saved(m, dt, "eager", s)) * s * b
+    saved = A.total(A.layer_saved(m, dt, False, s)) * s * b
     assert saved == A.korthikanti_layer_bytes(s, b, m.hidden_size, m.num_heads)
     # full recomputation keeps 2*s*b*h per layer (Korthikanti et al., Sec. 5)
     assert A.layer_input_bytes(m, dt) * s * b == 2 * s * b * m.hidden_size

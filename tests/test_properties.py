@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 
 from planner.catalog.models import catalog
 from planner.core.ledger import Phase
-from planner.core.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
+from strategies import TECHNIQUES
+from strategies.checkpointing import Checkpointing
 from tests.conftest import run
 
 MODELS = ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "google/gemma-2-2b", "microsoft/Phi-3-mini-4k-instruct",
@@ -13,14 +14,8 @@ MODELS = ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "google/gemma-2-2b", "
 GPUS = ["1xA100-80", "1xH100-80", "8xH100-80", "2x8xH100-80", "4xRTX4090-24", "1xMI300X"]
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-configs = st.fixed_dictionaries({
-    "optimizer": st.sampled_from(list(Optimizer)),
-    "precision": st.sampled_from(list(Precision)),
-    "checkpointing": st.sampled_from(list(Checkpointing)),
-    "sharding": st.sampled_from(list(Sharding)),
-    "offload": st.sampled_from(list(Offload)),
-    "loss": st.sampled_from(list(Loss)),
-    "attention": st.sampled_from(list(Attention)),
+configs = st.fixed_dictionaries({  # every registered technique, every value
+    **{s.field: st.sampled_from(s.choices) for s in TECHNIQUES},
     "micro_batch_size": st.integers(1, 16),
     "grad_accum": st.integers(1, 8),
     "seq_len": st.sampled_from([128, 512, 1000, 2048, 4096]),
@@ -54,7 +49,7 @@ def test_memory_never_decreases_as_batch_or_sequence_grow(model, gpus, cfg, more
        sizes=st.sampled_from([("2xH100-80", "4xH100-80"), ("4xH100-80", "8xH100-80"), ("8xH100-80", "2x8xH100-80"),
                               ("2x8xH100-80", "4x8xH100-80"), ("2xH100-80", "4x8xH100-80")]))
 def test_more_shards_never_increase_per_gpu_memory(model, cfg, sizes):
-    assume(cfg["sharding"] != Sharding.NONE)
+    assume(cfg["sharding"] != "none")
     fewer, more = (run(model, g, host_memory_gb=100_000, **cfg) for g in sizes)
     assert required(more) <= required(fewer)
 

@@ -1,15 +1,38 @@
-"""One contract, every registered strategy."""
+"""One contract, every registered strategy: the registry drives everything per technique.
+
+For every technique of ``strategies.REGISTRY``: it is a field of TrainingConfig and of every
+request, a flag of every command that plans, part of every rendered summary (the text changes when
+only its value changes), read back by ``planner check`` from the files ``planner suggest --out``
+writes (for every value a search can rank), and its hooks keep the ledger and the layout sound.
+A new technique that misses any of these fails here, by name.
+"""
 
 import itertools
+import json
+from collections import Counter
+from types import SimpleNamespace
 
 import pytest
+import typer
+from rich.console import Console
 
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
+from planner.check import CheckRequest, check
+from planner.cli import app
+from planner.cli.flows import SuggestJob
 from planner.core.ledger import TERMS, LedgerDraft
-from planner.core.vocabulary import TrainingConfig
-from strategies import REGISTRY, Check, PlanContext
+from planner.core.vocabulary import WORKLOAD
+from planner.emit import build_files, single_plan_result
+from planner.engine.estimate import EstimateRequest, estimate_config, evaluate
+from planner.engine.suggest import SuggestRequest
+from planner.engine.tune import TrialRow, TuneRequest, TuneResult
+from planner.render import report
+from planner.render.tune import render_tune
+from strategies import BY_FIELD, REGISTRY, TECHNIQUES, Check, PlanContext, TrainingConfig
+from strategies.base import LAYOUT_FIELDS, resolve_layout
 
+QWEN = "Qwen/Qwen2.5-0.5B"
 CONTEXTS = [
     PlanContext(resolve_model(m), parse_gpus(g), TrainingConfig(**c))
     for m, g, c in itertools.product(
@@ -20,24 +43,170 @@ CONTEXTS = [
          {"optimizer": "paged-adamw-8bit", "attention": "eager", "checkpointing": "selective", "grad_accum": 4}],
     )
 ]
+PLANNING_COMMANDS = ("estimate", "suggest", "check", "probe", "tune")
+GPUS = ("1xH100-80", "8xH100-80", "2x8xH100-80")
+BASES = ({}, {"sharding": "zero3"}, {"sharding": "fsdp"}, {"sharding": "zero2"})
+IDS = [s.field for s in TECHNIQUES]
 
 
 def test_registry_covers_every_technique_once():
-    fields = [s.field for s in REGISTRY]
-    assert len(fields) == len(set(fields))
-    techniques = set(TrainingConfig.model_fields) - {"micro_batch_size", "grad_accum", "seq_len"}
-    assert set(fields) == techniques
+    fields_ = [s.field for s in REGISTRY]
+    assert len(fields_) == len(set(fields_))
+    assert set(fields_) == set(TrainingConfig.model_fields) - set(WORKLOAD)
+    assert [s.field for s in TECHNIQUES] == [f for f in TrainingConfig.model_fields if f not in WORKLOAD]
+    assert len({s.order for s in REGISTRY}) == len(REGISTRY) and len({s.short for s in REGISTRY}) == len(REGISTRY)
 
 
 @pytest.mark.parametrize("strategy", REGISTRY, ids=lambda s: s.field)
 def test_strategy_contract(strategy):
-    enum = type(TrainingConfig.model_fields[strategy.field].default)
-    assert strategy.choices == tuple(enum)
+    assert TrainingConfig.model_fields[strategy.field].default == strategy.default in strategy.choices
+    assert set(strategy.searched or strategy.choices) <= set(strategy.choices)
     for ctx in CONTEXTS:
-        check = Check()
-        strategy.check(ctx, check)  # never raises; reasons are plain sentences
-        assert all(isinstance(x, str) and x for x in check.infeasible + check.warnings)
+        check_ = Check()
+        strategy.check(ctx, check_)  # never raises; reasons are plain sentences
+        assert all(isinstance(x, str) and x for x in check_.infeasible + check_.warnings)
         draft = LedgerDraft()
         for s in REGISTRY[: REGISTRY.index(strategy) + 1]:
             s.apply(ctx, draft)
         assert all(row.term in TERMS and row.bytes >= 0 and row.shard >= 1 for row in draft.rows)
+        for change, update in strategy.savers(ctx.config, ctx.hardware):
+            assert change and set(update) <= set(TrainingConfig.model_fields)
+            ctx.config.model_copy(update=update).model_validate(ctx.config.model_copy(update=update).model_dump())
+
+
+def test_every_layout_field_is_decided_once():
+    """Each PlanLayout field has one owner: a strategy's parallelism or storage hook, or the base
+    (trainable parameters; parallel degrees of techniques not registered yet)."""
+    ctx = CONTEXTS[0]
+    owners = Counter()
+    decided: dict = {"trainable_parameters": 0}
+    for s in REGISTRY:
+        if s.parallelism is not None:
+            part = s.parallelism(ctx)
+            owners.update(part.keys())
+            decided |= part
+    for s in REGISTRY:
+        if s.storage is not None:
+            part = s.storage(ctx, decided)
+            owners.update(part.keys())
+            decided |= part
+    assert all(n == 1 for n in owners.values()), owners
+    unregistered = {"trainable_parameters", "frozen_parameters", "tensor_parallel", "context_parallel",
+                    "pipeline_parallel"}  # the base's, until a technique decides them
+    assert set(owners) | unregistered == set(LAYOUT_FIELDS) and not set(owners) & (unregistered - {"trainable_parameters"})
+    for ctx in CONTEXTS:
+        assert resolve_layout(ctx, REGISTRY) == ctx.layout
+
+
+def test_every_technique_is_a_flag_of_every_planning_command():
+    group = typer.main.get_command(app)
+    for name in PLANNING_COMMANDS:
+        flags = {opt for p in group.commands[name].params for opt in p.opts}
+        missing = [s.flag for s in TECHNIQUES if s.flag not in flags]
+        assert not missing, f"planner {name} lacks {missing}"
+
+
+def test_every_technique_is_a_field_of_every_request():
+    probes = pytest.importorskip("probes.command")
+    for request in (EstimateRequest, SuggestRequest, SuggestJob, TuneRequest, CheckRequest, probes.ProbeRequest):
+        missing = [s.field for s in TECHNIQUES if s.field not in request.model_fields]
+        assert not missing, f"{request.__name__} lacks {missing}"
+
+
+def _candidates(strategy, value):
+    """(GPUs, configuration of QWEN with ``strategy`` at ``value``) on every GPU shape and base."""
+    for gpus, base in itertools.product(GPUS, BASES):
+        hardware = parse_gpus(gpus)
+        fields_ = {s.field: s.default_on(hardware) for s in TECHNIQUES} | base | {strategy.field: value}
+        yield gpus, TrainingConfig(**fields_, seq_len=512)
+
+
+def _feasible(gpus: str, config: TrainingConfig) -> bool:
+    return evaluate(resolve_model(QWEN), parse_gpus(gpus), config, skip_infeasible=True).feasible
+
+
+def _example(strategy, value) -> tuple[str, TrainingConfig] | None:
+    """GPUs and a feasible configuration of QWEN with ``strategy`` at ``value`` (what a search can rank)."""
+    return next(((g, c) for g, c in _candidates(strategy, value) if _feasible(g, c)), None)
+
+
+def _rendered(gpus: str, config: TrainingConfig) -> dict[str, str]:
+    """Every text that summarises a plan's techniques, for one plan."""
+    plan = estimate_config(resolve_model(QWEN), parse_gpus(gpus), config)
+    suggestion = single_plan_result(plan)
+
+    def capture(render, result) -> str:
+        console = Console(record=True, width=400)
+        render(result, console)
+        return console.export_text()
+
+    files = build_files(suggestion)
+    row = TrialRow(number=0, state="COMPLETE", config=config.model_dump(mode="json"), fidelity="analytic", status="ok",
+                   probed=True, predicted_peak_bytes=1, predicted_tokens_per_second=1.0, peak_bytes=1,
+                   tokens_per_second=1.0, message="", feasible=True)
+    tuned = TuneResult(study_name="s", storage="sqlite://", fidelity="analytic", probes=1, stopped="budget", best=row,
+                       best_plan=plan, trials=[row], notes=[])
+    from planner.engine.suggest import _reasons
+
+    nearest = _reasons(SimpleNamespace(fitting=[], considered=1, rejected=Counter({"x": 1})), [plan], [])
+    out = {"estimate": capture(report.render_estimate, plan), "suggest": capture(report.render_suggest, suggestion),
+           "PLAN.md": files["PLAN.md"], "launch.sh": files["launch.sh"], "tune": capture(render_tune, tuned),
+           "nearest": "\n".join(nearest)}
+    probe = pytest.importorskip("planner.render.probe")
+    measured = SimpleNamespace(config=config, predicted_peak_bytes=1, measured_peak_bytes=1, predicted_step_seconds=1.0,
+                               tokens_per_second=1.0, verdict="ok", status="ok", device="cpu", message="", where="")
+    out["suggest --probe"] = capture(probe.render_probed, SimpleNamespace(suggestion=suggestion, probes=[measured],
+                                                                          best_rank=1))
+    return out
+
+
+@pytest.mark.parametrize("strategy", TECHNIQUES, ids=IDS)
+def test_every_technique_is_rendered_everywhere(strategy):
+    """Two plans that differ only in this technique read differently in every summary."""
+    pair = None
+    for gpus, a in _candidates(strategy, strategy.choices[0]):
+        others = [a.model_copy(update={strategy.field: v}) for v in strategy.choices[1:]]
+        feasible = [c for c in [a, *others] if _feasible(gpus, c)]
+        if len(feasible) >= 2:
+            pair = gpus, feasible[0], feasible[1]
+            break
+    assert pair, f"no two feasible plans differ only in {strategy.field}"
+    gpus, a, b = pair
+    texts_a, texts_b = _rendered(gpus, a), _rendered(gpus, b)
+    same = [where for where in texts_a if _strip(texts_a[where]) == _strip(texts_b[where])]
+    assert not same, f"{strategy.field} ({getattr(a, strategy.field)} vs {getattr(b, strategy.field)}) is not shown in {same}"
+
+
+def _strip(text: str) -> str:
+    """The text without figures (memory and time differ between the two plans anyway): what is left
+    differs only if the technique's value is written."""
+    return "".join(ch for ch in text if not ch.isdigit() and ch not in ".,%")
+
+
+@pytest.mark.parametrize("strategy", TECHNIQUES, ids=IDS)
+def test_every_value_is_read_back_by_check(strategy, tmp_path):
+    """For every value a search can rank: the files ``suggest --out`` writes (plan.json included, for
+    what no job file says) read back by ``planner check`` are the same configuration."""
+    for value in strategy.choices:
+        example = _example(strategy, value)
+        assert example is not None, f"{strategy.field} {value}: no feasible plan on {GPUS}"
+        gpus, config = example
+        out = tmp_path / str(value).replace("+", "-")
+        out.mkdir()
+        for name, text in build_files(single_plan_result(estimate_config(resolve_model(QWEN), parse_gpus(gpus), config))).items():
+            (out / name).write_text(text)
+        result = check(CheckRequest(model=QWEN, gpus=gpus, job_dir=out, alternatives=0))
+        assert result.estimate.config == config, (strategy.field, value, json.dumps(result.sources, indent=1))
+        assert result.sources[strategy.field] != "default" or value == strategy.default_on(parse_gpus(gpus))
+
+
+def test_every_runtime_module_exists_and_has_a_hook():
+    pytest.importorskip("torch")
+    from importlib import import_module
+
+    for s in REGISTRY:
+        if s.runtime:
+            module = import_module(s.runtime)
+            hooks = [h for h in ("model_kwargs", "prepare", "build", "apply_fsdp") if hasattr(module, h)]
+            assert hooks, f"{s.runtime} applies nothing"
+    assert BY_FIELD["checkpointing"].runtime and BY_FIELD["precision"].runtime

@@ -16,7 +16,8 @@ import os
 import pytest
 
 from planner.catalog.models import catalog
-from planner.core.vocabulary import TrainingConfig
+from planner.core.errors import ProbeFailedError
+from strategies import TrainingConfig
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -67,9 +68,9 @@ def test_fake_trace_equals_the_real_allocator(precision):
 def test_failures_and_timeouts_are_errors_not_crashes():
     bad = TraceRequest(config_json={"model_type": "llama", "hidden_size": 7, "num_attention_heads": 2},
                        config=TrainingConfig(seq_len=8))
-    with pytest.raises(RuntimeError, match="traced probe failed"):
+    with pytest.raises(ProbeFailedError, match="traced probe failed"):
         trace(bad, timeout=120)
-    with pytest.raises(RuntimeError, match="timed out"):
+    with pytest.raises(ProbeFailedError, match="timed out"):
         trace(request(QWEN, seq_len=64), timeout=0.5)
 
 

@@ -88,17 +88,19 @@ def _tune_cmd(url: str, trials: int, *extra: str) -> list[str]:
 
 
 def _probing_now(db: Path) -> bool:
-    """Some trial has been probed and another is running with its heartbeat recorded. Optuna only
-    fails a RUNNING trial as stale once it has a heartbeat; a worker killed in the instant between
-    creating a trial and its first heartbeat leaves a trial Optuna never reclaims, so the test waits
-    for the heartbeat (a real kill lands mid-probe, seconds after it)."""
+    """Some trial has been probed and another is running with its heartbeat recorded and its
+    candidate chosen. Optuna only fails a RUNNING trial as stale once it has a heartbeat; a worker
+    killed in the instant between creating a trial and its first heartbeat leaves a trial Optuna
+    never reclaims (tune's own orphan rule handles that, tested apart), so the test waits until the
+    trial is probing (a real kill lands mid-probe, seconds after it)."""
     if not db.exists():
         return False
     try:
         with sqlite3.connect(db) as con:
             states = Counter(s for (s,) in con.execute("SELECT state FROM trials"))
             beating = con.execute("SELECT COUNT(*) FROM trials t JOIN trial_heartbeats h ON h.trial_id = t.trial_id"
-                                  " WHERE t.state = 'RUNNING'").fetchone()[0]
+                                  " JOIN trial_user_attributes a ON a.trial_id = t.trial_id"
+                                  " WHERE t.state = 'RUNNING' AND a.key = 'candidate'").fetchone()[0]
     except sqlite3.Error:
         return False
     return states.get("COMPLETE", 0) >= 1 and beating >= 1

@@ -10,8 +10,10 @@ One SQLite file (stdlib ``sqlite3``; no torch needed to read it):
   the catalog's efficiency. ``apply`` puts them into a GpuSpec; the analytic model then uses them
   and its output says so (GpuSpec.calibration).
 
-Where: ``$PLANNER_CALIBRATION`` (a file path; ``off`` disables the store everywhere), else
-``$XDG_CACHE_HOME/planner/calibration.sqlite`` (``~/.cache`` when unset).
+Which store a command uses is explicit: its ``--calibration`` flag (a request's ``calibration``
+field in Python). The flag's default is ``store_path()``: ``$PLANNER_CALIBRATION`` (a file path;
+``off`` disables the store), else ``$XDG_CACHE_HOME/planner/calibration.sqlite`` (``~/.cache``
+when unset). Nothing below the command line reads the environment.
 """
 
 import hashlib
@@ -100,7 +102,8 @@ def _digest(value: object) -> str:
 
 
 def store_path() -> Path | None:
-    """The store's file, or None when ``$PLANNER_CALIBRATION`` is ``off``."""
+    """The default store's file (the CLI's ``--calibration`` default), or None when
+    ``$PLANNER_CALIBRATION`` is ``off``."""
     value = os.environ.get(ENV)
     if value is not None:
         return None if value.strip().lower() in OFF else Path(value).expanduser()
@@ -171,11 +174,10 @@ class CalibrationStore:
         return Corrections.model_validate_json(rows[0][0]) if rows else None
 
 
-def corrections_for(gpu_id: str) -> Corrections | None:
-    """This GPU's fitted corrections from the store at ``store_path()``, if any. Reading never
-    creates the file."""
-    path = store_path()
-    if path is None or not path.is_file():
+def corrections_in(path: Path | None, gpu_id: str) -> Corrections | None:
+    """This GPU's fitted corrections in the store at ``path`` (None: no store), if any. Reading
+    never creates the file."""
+    if path is None or not Path(path).is_file():
         return None
     return CalibrationStore(path).corrections(gpu_id)
 

@@ -59,7 +59,9 @@ class GpuFile(BaseModel):
     max_gpus_per_node: int = Field(8, ge=1)
     sources: dict[str, str] = {}
 
-    def to_spec(self) -> GpuSpec:
+    def to_spec(self, calibration_store: Path | None = None) -> GpuSpec:
+        """The GPU in base units with its catalog efficiency, and the corrections ``planner calibrate``
+        saved for it in ``calibration_store`` (a store file; None: the assumptions only)."""
         flops = {k: (v * TERA if v is not None else None) for k, v in self.dense_tflops.items()}
         for dtype in ("fp32", "tf32", "fp16", "bf16", "fp8"):
             flops.setdefault(dtype, None)
@@ -80,7 +82,7 @@ class GpuFile(BaseModel):
             sources=self.sources,
             efficiency=efficiency(self.id, self.architecture),
         )
-        return calibration.apply(spec, calibration.corrections_for(self.id))
+        return calibration.apply(spec, calibration.corrections_in(calibration_store, self.id))
 
 
 def normalize(name: str) -> str:
@@ -120,13 +122,14 @@ def _index() -> dict[str, str]:
     return index
 
 
-def resolve_gpu(name: str) -> GpuSpec:
-    """A catalog GPU by id or alias, or a user YAML file."""
+def resolve_gpu(name: str, calibration_store: Path | None = None) -> GpuSpec:
+    """A catalog GPU by id or alias, or a user YAML file, with the corrections in
+    ``calibration_store`` (GpuFile.to_spec)."""
     if name.lower().endswith((".yaml", ".yml")) or Path(name).is_file():
         path = Path(name).expanduser()
         if not path.is_file():
             raise PlannerInputError(f"GPU file not found: {path}", hint=_yaml_hint())
-        return _read(path).to_spec()
+        return _read(path).to_spec(calibration_store)
     gid = _index().get(normalize(name))
     if gid is None:
         close = difflib.get_close_matches(normalize(name), list(_index()), n=4, cutoff=0.5)
@@ -137,22 +140,24 @@ def resolve_gpu(name: str) -> GpuSpec:
             hint=f"{hint}Known GPUs: {', '.join(sorted(catalog()))}.\n"
             f"For another GPU, pass a YAML file. Grammar: {GRAMMAR}",
         )
-    return catalog()[gid].to_spec()
+    return catalog()[gid].to_spec(calibration_store)
 
 
 def default_host_memory_bytes(gpu: GpuSpec, gpus_per_node: int) -> int:
     return max(DEFAULT_HOST_MEMORY_MIN_BYTES, DEFAULT_HOST_MEMORY_FACTOR * gpus_per_node * gpu.memory_bytes)
 
 
-def parse_gpus(spec: str, host_memory_gb: float | None = None, inter_node_gbps: float | None = None) -> HardwareSpec:
+def parse_gpus(spec: str, host_memory_gb: float | None = None, inter_node_gbps: float | None = None,
+               calibration_store: Path | None = None) -> HardwareSpec:
     """Parse ``--gpus`` (and ``--host-memory-gb``, decimal GB per node; ``--inter-node-gbps``,
-    Gbit/s per node) into a HardwareSpec."""
+    Gbit/s per node) into a HardwareSpec; ``calibration_store`` (``--calibration``) supplies the
+    GPU's measured corrections."""
     match = _SPEC.match(spec or "")
     if not match:
         raise PlannerInputError(f"malformed --gpus {spec!r}", hint=f"Grammar: {GRAMMAR}")
     first, second, name = match.groups()
     nodes, per_node = (int(first), int(second)) if second else (1, int(first or 1))
-    gpu = resolve_gpu(name)
+    gpu = resolve_gpu(name, calibration_store)
     problems = []
     if nodes < 1 or per_node < 1:
         problems.append(f"--gpus {spec!r}: counts must be at least 1")

@@ -16,39 +16,33 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from planner.engine.alternatives import memory_savers
-from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
+from planner.check.job_files import JOB_FILES, read_job
 from planner.core.errors import PlannerInputError
-from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, estimate_config, evaluate
 from planner.core.formatting import gib
-from planner.check.job_files import NOT_MIXED, Reading, read_accelerate, read_deepspeed, read_deepspeed_dict, read_training_args
+from planner.core.job import Reading
+from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
+from planner.engine.alternatives import memory_savers
+from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, estimate_config, evaluate
 from planner.engine.search import search
 from planner.engine.space import build_space
-from planner.core.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding, TrainingConfig
+from strategies import BY_FIELD, TECHNIQUES, TrainingConfig
+from strategies.vocabulary import TechniqueChoices
 
-JOB_FILES = {"accelerate_config": "accelerate_config.yaml", "deepspeed_config": "deepspeed_config.json",
-             "training_args": "training_args.json"}
 FIELDS = tuple(TrainingConfig.model_fields)
 
 
-class CheckRequest(PlanTarget):
-    """The job's files (any subset, or a job directory) and flags that fill or override them."""
+class CheckRequest(PlanTarget, TechniqueChoices):
+    """The job's files (any subset, or a job directory) and flags that fill or override them: one
+    optional value per technique (TechniqueChoices) and the workload."""
 
     accelerate_config: Path | None = None
     deepspeed_config: Path | None = None
     training_args: Path | None = None
     job_dir: Path | None = None  # a directory of the files above (and plan.json), as `suggest --out` writes
-    optimizer: Optimizer | None = None
-    precision: Precision | None = None
-    checkpointing: Checkpointing | None = None
-    sharding: Sharding | None = None
-    offload: Offload | None = None
-    loss: Loss | None = None
-    attention: Attention | None = None
-    micro_batch_size: int | None = Field(None, ge=1, le=1_000_000)
-    grad_accum: int | None = Field(None, ge=1, le=1_000_000)
-    seq_len: int | None = Field(None, ge=1, le=100_000_000)
+    micro_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
+    grad_accum: int | None = Field(None, ge=1, le=MAX_BATCH)
+    seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN)
     alternatives: int = Field(5, ge=0, le=50)  # how many changes / faster plans to list
 
 
@@ -76,8 +70,8 @@ class CheckResult(BaseModel):
 def check(request: CheckRequest) -> CheckResult:
     reading, plan_config = _read_files(request)
     model = resolve_model(request.model)
-    hardware = parse_gpus(request.gpus, request.host_memory_gb, request.inter_node_gbps)
-    config, sources = _resolve(request, reading, plan_config, model, hardware.num_gpus, hardware.nodes)
+    hardware = request.hardware()
+    config, sources = _resolve(request, reading, plan_config, model, hardware)
     result = estimate_config(model, hardware, config, request.margin)
     changes, faster = [], []
     if request.alternatives:
@@ -104,29 +98,7 @@ def _read_files(request: CheckRequest) -> tuple[Reading, dict | None]:
     if not any(paths.values()) and request.job_dir is None:
         raise PlannerInputError("no job files given",
                                 hint="Pass --accelerate-config, --deepspeed-config, --training-args or --job-dir.")
-    r = Reading()
-    ds_source = paths["deepspeed_config"]
-    errors = []
-    for key, reader in (("accelerate_config", read_accelerate), ("training_args", read_training_args)):
-        if paths[key] is None:
-            continue
-        try:
-            named = reader(paths[key], r)
-        except PlannerInputError as e:
-            errors += e.problems
-            continue
-        if isinstance(named, dict):
-            read_deepspeed_dict(named, f"{paths[key].name}: deepspeed", r)
-        elif named is not None and ds_source is None:
-            ds_source = named
-    if ds_source is not None:
-        try:
-            read_deepspeed(ds_source, r)
-        except PlannerInputError as e:
-            errors += e.problems
-    if errors or r.problems:
-        raise PlannerInputError(errors + r.problems, hint="Fix the files (or the flags) and run planner check again.")
-    return r, plan_config
+    return read_job(paths), plan_config
 
 
 def _plan_config(path: Path) -> dict | None:
@@ -137,7 +109,8 @@ def _plan_config(path: Path) -> dict | None:
     return load_plan_file(path).plans[0].config.model_dump(mode="json")
 
 
-def _resolve(request, reading: Reading, plan_config, model, num_gpus: int, nodes: int) -> tuple[TrainingConfig, dict]:
+def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[TrainingConfig, dict]:
+    num_gpus, nodes = hardware.num_gpus, hardware.nodes
     problems = []
     if reading.processes and reading.processes[0] != num_gpus:
         problems.append(f"{reading.processes[1]} = {reading.processes[0]}, but --gpus {request.gpus} is {num_gpus} GPUs")
@@ -151,11 +124,12 @@ def _resolve(request, reading: Reading, plan_config, model, num_gpus: int, nodes
             values[name], sources[name] = str(flag) if not isinstance(flag, int) else flag, f"--{name.replace('_', '-')}"
         elif name not in values and plan_config is not None:
             values[name], sources[name] = plan_config[name], "plan.json"
-    if values.get("precision") == NOT_MIXED:
-        pure = plan_config is not None and plan_config["precision"] == "bf16-pure"
-        values["precision"] = "bf16-pure" if pure else "fp32"
-        sources["precision"] += " (plan.json: bf16 weights)" if pure else " (fp32 weights)"
-    defaults = {"sharding": "none" if num_gpus == 1 else "ddp", "seq_len": default_seq_len(model)}
+    for name, value in list(values.items()):  # a partial reading, made precise by the strategy with plan.json
+        strategy = BY_FIELD.get(name)
+        if strategy is not None and strategy.settle is not None:
+            values[name], note = strategy.settle(value, plan_config[name] if plan_config else None)
+            sources[name] += note
+    defaults = {s.field: s.default_on(hardware) for s in TECHNIQUES} | {"seq_len": default_seq_len(model)}
     for name in FIELDS:
         if name not in values:
             values[name] = defaults.get(name, TrainingConfig.model_fields[name].default)

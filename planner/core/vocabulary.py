@@ -1,87 +1,58 @@
-"""The configuration vocabulary: a contract shared by estimate, suggest, check, emitted files and JSON.
+"""The configuration vocabulary's frame: the workload fields every plan has, and how the technique
+fields join them into one configuration model.
 
-Every name here is stable; later issues add values, never rename them.
+Each technique's choices live in its strategy module (strategies/), which owns them; the registry
+(strategies/__init__.py) builds ``TrainingConfig`` with ``config_model``. Every name is stable: later
+issues add values and techniques, never rename them.
 """
 
+from collections.abc import Sequence
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class Optimizer(StrEnum):
-    ADAMW = "adamw"
-    ADAMW_8BIT = "adamw-8bit"
-    PAGED_ADAMW = "paged-adamw"
-    PAGED_ADAMW_8BIT = "paged-adamw-8bit"
-    ADAM_MINI = "adam-mini"
-    ADAFACTOR = "adafactor"
-    LION = "lion"
-    LION_8BIT = "lion-8bit"
-    SGD = "sgd"
-
-
-class Precision(StrEnum):
-    FP32 = "fp32"
-    FP16_MIXED = "fp16-mixed"
-    BF16_MIXED = "bf16-mixed"  # fp32 master weights and optimizer states, bf16 compute
-    BF16_PURE = "bf16-pure"  # bf16 weights, gradients and optimizer states
-    FP8_MIXED = "fp8-mixed"  # bf16-mixed with fp8 matmuls
-
-
-class Checkpointing(StrEnum):
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-
-
-class Sharding(StrEnum):
-    NONE = "none"
-    DDP = "ddp"
-    ZERO1 = "zero1"
-    ZERO2 = "zero2"
-    ZERO3 = "zero3"
-    FSDP = "fsdp"  # full shard
-    FSDP_GRAD_OP = "fsdp-grad-op"
-    FSDP_HYBRID = "fsdp-hybrid"
-
-
-class Offload(StrEnum):
-    NONE = "none"
-    OPTIMIZER = "optimizer"
-    OPTIMIZER_PARAMS = "optimizer+params"
-
-
-class Loss(StrEnum):
-    STANDARD = "standard"
-    CHUNKED = "chunked"  # fused/chunked cross-entropy that never holds full fp32 logits
-
-
-class Attention(StrEnum):
-    SDPA = "sdpa"
-    EAGER = "eager"
-
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 #: Sequence length when the user gives none: 2048 tokens, or less where the model's positions
 #: stop earlier (GPT-2's 1024 learned positions).
 DEFAULT_SEQ_LEN = 2048
+MAX_BATCH = 1_000_000
+MAX_SEQ_LEN = 100_000_000
+
+#: The workload of one plan, after its techniques: sequences per GPU per micro-batch, micro-batches
+#: per optimizer step, tokens per sequence.
+WORKLOAD_FIELDS: dict[str, tuple[type, Any]] = {
+    "micro_batch_size": (int, Field(1, ge=1, le=MAX_BATCH)),
+    "grad_accum": (int, Field(1, ge=1, le=MAX_BATCH)),
+    "seq_len": (int, Field(DEFAULT_SEQ_LEN, ge=1, le=MAX_SEQ_LEN)),
+}
+WORKLOAD = tuple(WORKLOAD_FIELDS)
 
 
-class TrainingConfig(BaseModel):
-    """One fully specified training configuration, in vocabulary terms."""
+class ConfigBase(BaseModel):
+    """One fully specified training configuration, in vocabulary terms (a frozen value)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    optimizer: Optimizer = Optimizer.ADAMW
-    precision: Precision = Precision.BF16_MIXED
-    checkpointing: Checkpointing = Checkpointing.NONE
-    sharding: Sharding = Sharding.NONE
-    offload: Offload = Offload.NONE
-    loss: Loss = Loss.STANDARD
-    attention: Attention = Attention.SDPA
-    micro_batch_size: int = Field(1, ge=1, le=1_000_000)
-    grad_accum: int = Field(1, ge=1, le=1_000_000)
-    seq_len: int = Field(2048, ge=1, le=100_000_000)
 
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.micro_batch_size * self.seq_len
+
+    def techniques(self) -> dict[str, StrEnum]:
+        """The technique fields, in vocabulary order."""
+        return {k: getattr(self, k) for k in type(self).model_fields if k not in WORKLOAD_FIELDS}
+
+
+def config_model(techniques: Sequence[tuple[str, type[StrEnum], StrEnum]]) -> type[ConfigBase]:
+    """``TrainingConfig``: one field per technique (name, choices, default), then the workload."""
+    fields: dict[str, Any] = {name: (enum, default) for name, enum, default in techniques}
+    return create_model("TrainingConfig", __base__=ConfigBase, __module__="strategies", **fields, **WORKLOAD_FIELDS)
+
+
+def choice_model(name: str, techniques: Sequence[tuple[str, type[StrEnum]]], many: bool,
+                 base: type[BaseModel] = BaseModel) -> type[BaseModel]:
+    """Request fields for the techniques: one optional value each (None: the default), or, with
+    ``many``, a list each (empty: leave the choice to the search)."""
+    fields: dict[str, Any] = {
+        n: ((list[enum], Field(default_factory=list)) if many else (enum | None, None)) for n, enum in techniques
+    }
+    return create_model(name, __base__=base, __module__="strategies", **fields)

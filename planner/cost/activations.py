@@ -1,7 +1,8 @@
 """Activation memory: the tensors autograd saves for backward, per token, per decoder layer.
 
 Unit: bytes per token (multiply by micro_batch_size * seq_len). Each list names the tensors a
-family's transformers forward actually saves, so the dtype of each can differ:
+family's transformers forward actually saves, so the dtype of each can differ; ``fused`` is fused
+attention (SDPA's flash / memory-efficient kernels), else eager attention:
 
 * ``c``: bytes of the compute dtype (2 for bf16/fp16, 4 for fp32),
 * ``r``: bytes of the residual stream. Under torch autocast with fp32 parameters (bf16-mixed
@@ -21,7 +22,6 @@ from dataclasses import dataclass
 from functools import cache
 
 from planner.core.specs import MlpKind, ModelSpec, NormKind
-from planner.core.vocabulary import Attention
 
 FP32 = 4
 
@@ -37,7 +37,7 @@ class DTypes:
 Saved = list[tuple[str, float]]  # (tensor, bytes per token)
 
 # The public functions below are memoized: the search calls them with the same
-# (model, dtypes, attention, seq_len) for every candidate that shares them. They return tuples.
+# (model, dtypes, fused attention, seq_len) for every candidate that shares them. They return tuples.
 
 
 def korthikanti_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int) -> float:
@@ -66,11 +66,11 @@ def _norm(m: ModelSpec, width: int, input_bytes: int) -> Saved:
     return [("layernorm input", input_bytes * width)]
 
 
-def _attention_core(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> Saved:
+def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Saved:
     """Tensors the attention kernel saves, from post-RoPE q/k/v to its output."""
     c, a, q, kv = dt.compute, m.num_heads, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     s = seq_len
-    if attention == Attention.SDPA:
+    if fused:
         # enable_gqa: k/v are not repeated; out is (b, s, a, d)-contiguous so o_proj's input is a view
         return [("q", c * q), ("k", c * kv), ("v", c * kv), ("attn out", c * q), ("logsumexp fp32", FP32 * a)]
     saved = [("q", c * q), ("k repeated", c * q), ("v repeated", c * q)]
@@ -85,10 +85,10 @@ def _attention_core(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int
     return saved
 
 
-def _gpt2_attention(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> Saved:
+def _gpt2_attention(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Saved:
     """Korthikanti's attention block list (eager) or the SDPA equivalent."""
     c, h, a, s = dt.compute, m.hidden_size, m.num_heads, seq_len
-    if attention == Attention.SDPA:
+    if fused:
         return [("q k v", 3 * c * h), ("attn out", c * h), ("logsumexp fp32", FP32 * a)]
     saved = [("q k", 2 * c * h), ("softmax", c * a * s)]
     if m.dropout > 0:
@@ -115,20 +115,20 @@ def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
 
 
 @cache
-def attention_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> tuple[tuple[str, float], ...]:
+def attention_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tuple[tuple[str, float], ...]:
     """Bytes per token the attention half of one decoder layer saves (no checkpointing): its norm,
     projections' inputs and the attention kernel's tensors (Gemma-2: and the post-attention norm)."""
     c, r, h = dt.compute, dt.residual, m.hidden_size
     if m.family == "gpt2":
         masks = [("resid dropout mask", 1 * h)] if m.dropout > 0 else []
-        return tuple(_norm(m, h, r) + [("qkv input", c * h)] + _gpt2_attention(m, dt, attention, seq_len) + masks)
+        return tuple(_norm(m, h, r) + [("qkv input", c * h)] + _gpt2_attention(m, dt, fused, seq_len) + masks)
     saved = _norm(m, h, r) + [("qkv input", c * h)]
     if m.qk_norm:  # Qwen3: RMSNorm over head_dim on q and k before RoPE (input is bf16 matmul output)
         q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
         saved += _norm(m, q, c) + _norm(m, kv, c)
     if m.fused_qkv:  # Phi-3: v is a view of qkv_proj's output, so all of it stays alive
         saved.append(("fused qkv (kept by v view)", c * (m.num_heads + m.num_kv_heads) * m.head_dim))
-    saved += _attention_core(m, dt, attention, seq_len)
+    saved += _attention_core(m, dt, fused, seq_len)
     if m.norms_per_layer == 4:  # Gemma-2: post-attention norm on o_proj output (c)
         saved += _norm(m, h, c)
     return tuple(saved)
@@ -149,22 +149,23 @@ def mlp_saved(m: ModelSpec, dt: DTypes) -> tuple[tuple[str, float], ...]:
 
 
 @cache
-def layer_saved(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> tuple[tuple[str, float], ...]:
+def layer_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves with no checkpointing: its attention and MLP halves."""
-    return attention_saved(m, dt, attention, seq_len) + mlp_saved(m, dt)
+    return attention_saved(m, dt, fused, seq_len) + mlp_saved(m, dt)
 
 
 @cache
-def layer_selective(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> tuple[tuple[str, float], ...]:
+def layer_selective(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tuple[tuple[str, float], ...]:
     """Bytes per token one layer keeps under selective checkpointing.
 
-    Policy (torchtitan's op-level selective AC): save the outputs of matmuls and of the
-    attention kernel plus the layer input; recompute norms, activations, RoPE and elementwise ops.
+    Policy (torchtitan's op-level selective AC, the op list strategies/checkpointing.py
+    SELECTIVE_SAVE_OPS that the runtime applies): save the outputs of matmuls and of the attention
+    kernel plus the layer input; recompute norms, activations, RoPE and elementwise ops.
     """
     c, r, h, f = dt.compute, dt.residual, m.hidden_size, m.intermediate_size
     q, kv, a, s = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.num_heads, seq_len
     attn = [("attn out", c * q), ("logsumexp fp32", FP32 * a)]
-    if attention == Attention.EAGER:
+    if not fused:
         attn = [("scores", c * a * s), ("attn out", c * q)]
     if m.mlp_kind == MlpKind.PLAIN:
         mlp = [("fc_in out", c * f), ("fc_out out", c * h)]
@@ -194,7 +195,7 @@ def mlp_backward_transient_bytes(m: ModelSpec, dt: DTypes) -> float:
 
 
 @cache
-def attention_backward_transient_bytes(m: ModelSpec, dt: DTypes, attention: Attention, seq_len: int) -> float:
+def attention_backward_transient_bytes(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> float:
     """Gradient temporaries alive while one layer's attention runs backward, bytes per token.
 
     Two residual-stream gradients in flight (r*h each) plus, for eager attention, the fp32
@@ -202,7 +203,7 @@ def attention_backward_transient_bytes(m: ModelSpec, dt: DTypes, attention: Atte
     gradients. Checked against traced probes (benchmarks/traced_matrix.py).
     """
     c, r, h, a = dt.compute, dt.residual, m.hidden_size, m.num_heads
-    if attention == Attention.EAGER:
+    if not fused:
         return 2 * r * h + (FP32 + c) * a * seq_len
     return 2 * r * h + c * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
 

@@ -24,7 +24,7 @@ from planner.core.errors import PlannerInputError
 from planner.engine.estimate import EstimateResult, estimate_config
 from planner.emit.plan_doc import render_plan_doc
 from planner.engine.suggest import SuggestResult
-from strategies import REGISTRY, Engine, PlanContext
+from strategies import REGISTRY, Engine, PlanContext, summary
 
 FILE_NAMES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.json", "launch.sh", "plan.json", "PLAN.md")
 MAIN_PORT = 29500
@@ -70,15 +70,17 @@ def single_plan_result(plan: EstimateResult, search: SuggestResult | None = None
     )
 
 
-def build_files(search: SuggestResult, rank: int = 1, gpus: str | None = None) -> dict[str, str]:
-    """File name -> content for the plan at ``rank`` (1 = best) of a suggest result."""
+def build_files(search: SuggestResult, rank: int = 1, gpus: str | None = None,
+                calibration: Path | None = None) -> dict[str, str]:
+    """File name -> content for the plan at ``rank`` (1 = best) of a suggest result, re-estimated
+    with this planner (on ``gpus`` when given, with the corrections of the ``calibration`` store)."""
     if not 1 <= rank <= len(search.plans):
         raise PlannerInputError(f"--rank {rank}: the plan file holds {len(search.plans)} plan(s)")
     old = search.plans[rank - 1]
     model = resolve_model(old.model.id)
     hw_in = old.hardware
     hardware = parse_gpus(gpus or old.hardware.spec, hw_in.host_memory_bytes_per_node / 1e9,
-                          hw_in.inter_node_bytes_per_s * 8 / 1e9)
+                          hw_in.inter_node_bytes_per_s * 8 / 1e9, calibration)
     margin = 1 - old.usable_bytes / hw_in.gpu_memory_bytes
     plan = estimate_config(model, hardware, old.config, margin)  # with this planner's model
     ctx = PlanContext(model, hardware, plan.config)
@@ -123,7 +125,7 @@ def _draft(ctx: PlanContext) -> EmitDraft:
         files.deepspeed = {
             "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
             "gradient_accumulation_steps": cfg.grad_accum,
-            "train_batch_size": cfg.micro_batch_size * cfg.grad_accum * hw.num_gpus,
+            "train_batch_size": cfg.micro_batch_size * cfg.grad_accum * ctx.layout.data_parallel,
             "gradient_clipping": 1.0,
             "steps_per_print": 100,
             "wall_clock_breakdown": False,
@@ -145,9 +147,9 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
     c, hw = plan.config, plan.hardware
     lines = [
         "#!/usr/bin/env bash",
-        f"# Launch {plan.model.id} on {plan.hardware.spec}: {c.optimizer}, {c.precision}, checkpointing {c.checkpointing},",
-        f"# sharding {c.sharding}, offload {c.offload}, micro-batch {c.micro_batch_size} x accumulation {c.grad_accum}"
-        f" x {hw.num_gpus} GPU(s), seq {c.seq_len}. Written by planner {__version__}; see PLAN.md.",
+        f"# Launch {plan.model.id} on {plan.hardware.spec}: {summary(c)},",
+        f"# micro-batch {c.micro_batch_size} x accumulation {c.grad_accum} x {hw.num_gpus} GPU(s), seq {c.seq_len}."
+        f" Written by planner {__version__}; see PLAN.md.",
         "#",
         "#   TRAIN_SCRIPT=path/to/train.py ./launch.sh [arguments for the script]",
         "#   (examples/train_causal_lm.py takes --plan plan.json; a Trainer script can read training_args.json)",
@@ -181,7 +183,7 @@ def write_files(files: dict[str, str], out: Path, force: bool) -> list[Path]:
     remove planner files a previous plan left that this plan does not have."""
     if out.exists() and not out.is_dir():
         raise PlannerInputError(f"--out {out} is a file, not a directory")
-    existing = sorted(n for n in FILE_NAMES if (out / n).exists())
+    existing = existing_plan_files(out)
     if existing and not force:
         raise PlannerInputError(f"{out} already has {', '.join(existing)}", hint="Pass --force to overwrite them.")
     try:
@@ -202,8 +204,14 @@ def write_files(files: dict[str, str], out: Path, force: bool) -> list[Path]:
     return written
 
 
-def emit(search: SuggestResult, out: Path, force: bool = False, rank: int = 1, gpus: str | None = None) -> list[Path]:
-    return write_files(build_files(search, rank, gpus), out, force)
+def existing_plan_files(out: Path) -> list[str]:
+    """The planner file names ``out`` already holds."""
+    return sorted(n for n in FILE_NAMES if (out / n).exists())
+
+
+def emit(search: SuggestResult, out: Path, force: bool = False, rank: int = 1, gpus: str | None = None,
+         calibration: Path | None = None) -> list[Path]:
+    return write_files(build_files(search, rank, gpus, calibration), out, force)
 
 
 def _yaml(data: dict) -> str:

@@ -5,6 +5,7 @@ from planner.engine.alternatives import Alternative
 from planner.engine.estimate import EstimateResult
 from planner.core.formatting import count, gib, share
 from planner.core.ledger import Location, resident
+from strategies import summary
 
 
 def _gib(n: float) -> str:
@@ -18,8 +19,7 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], m
     out = [
         f"# Plan: {m.id} on {gpus}",
         "",
-        f"`{c.optimizer}` · `{c.precision}` · checkpointing `{c.checkpointing}` · sharding `{c.sharding}` · "
-        f"offload `{c.offload}` · loss `{c.loss}` · attention `{c.attention}` · micro-batch {c.micro_batch_size} × "
+        f"{summary(c, 'markdown', ' · ')} · micro-batch {c.micro_batch_size} × "
         f"accumulation {c.grad_accum} × {hw.num_gpus} GPU(s) × {c.seq_len} tokens",
         "",
         "## Why this plan",
@@ -33,8 +33,7 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], m
                    f"({search.engine} search), ranked by tokens/s.")
         if len(search.plans) > rank:
             nxt = search.plans[rank]
-            out.append(f"- Next: {nxt.config.optimizer}, {nxt.config.precision}, {nxt.config.sharding}, checkpointing "
-                       f"{nxt.config.checkpointing}, micro-batch {nxt.config.micro_batch_size}: "
+            out.append(f"- Next: {summary(nxt.config)}, micro-batch {nxt.config.micro_batch_size}: "
                        f"{nxt.time.tokens_per_second:,.0f} tokens/s at {_gib(nxt.memory['peak'])} GiB.")
     out += [
         f"- {m.id}: {count(m.num_parameters)} parameters ({m.family}).",

@@ -12,7 +12,6 @@ Every prediction here is made with the GPU's *uncalibrated* catalog spec (the st
 corrections never feed a new fit), on the device the measurement ran on.
 """
 
-import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -30,7 +29,6 @@ from planner.catalog.calibration import (
     Corrections,
     Measurement,
     apply,
-    store_path,
 )
 from planner.catalog.efficiency import efficiency
 from planner.catalog.families import spec_from_config
@@ -45,18 +43,13 @@ from planner.core.errors import PlannerInputError
 from planner.engine.estimate import evaluate, runtime_reserves
 from planner.core.specs import GpuSpec, HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, step_seconds
-from planner.core.vocabulary import Precision, TrainingConfig
+from strategies import TrainingConfig
+from strategies.precision import LAYER_MATMUL_DTYPE
 
-#: The efficiency-table entry a plan's step time is fitted to. fp8-mixed runs its decoder-layer
-#: matmuls in fp8 and the rest in bf16 (strategies/rates.py), so it fits the "fp8" entry with the
-#: bf16 factor already applied.
-FIT_DTYPE: dict[Precision, str] = {
-    Precision.FP32: "fp32",
-    Precision.FP16_MIXED: "fp16",
-    Precision.BF16_MIXED: "bf16",
-    Precision.BF16_PURE: "bf16",
-    Precision.FP8_MIXED: "fp8",
-}
+#: The efficiency-table entry a plan's step time is fitted to: its decoder layers' matmul dtype
+#: (strategies/precision.py; fp8-mixed runs them in fp8 and the rest in bf16, so it fits the "fp8"
+#: entry with the bf16 factor already applied).
+FIT_DTYPE = LAYER_MATMUL_DTYPE
 #: Fit order: each later dtype is solved with the earlier factors applied (``apply`` scales
 #: attention by the 16-bit factor, which fp32 and fp8 plans run too).
 DTYPE_ORDER = ("bf16", "fp16", "fp32", "fp8")
@@ -360,9 +353,10 @@ class CalibrateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    store: Path | None = None  # default: store_path()
+    store: Path | None  # the store (None: no store: an error that says so)
     gpu: str | None = None  # only measurements taken on this GPU (catalog id or alias)
     dry_run: bool = False
+    default_store: Path | None = None  # the store estimate / suggest / check use by default (for the result's in_use)
 
 
 class CalibrateResult(BaseModel):
@@ -375,7 +369,7 @@ class CalibrateResult(BaseModel):
     ok_measurements: int  # of them, with status ok on a GPU: what the fit uses
     corrections: list[Corrections]
     saved: bool
-    in_use: bool  # the store is the one planner estimate / suggest / check read (store_path())
+    in_use: bool  # the store is the one planner estimate / suggest / check read by default
 
     @property
     def fitted(self) -> bool:
@@ -385,11 +379,10 @@ class CalibrateResult(BaseModel):
 def calibrate(request: CalibrateRequest) -> CalibrateResult:
     """Fit every device GPU's corrections from the store's measurements and save them there
     (unless ``dry_run``). Raises PlannerInputError when there is no store or nothing was measured."""
-    path = request.store or store_path()
-    if path is None:
-        raise PlannerInputError(f"the calibration store is off (${ENV}={_env_value()})",
+    if request.store is None:
+        raise PlannerInputError(f"no calibration store: --store is off (or ${ENV} is)",
                                 hint=f"Pass --store PATH, or point ${ENV} at the store file.\n{NO_MEASUREMENTS_HINT}")
-    path = Path(path).expanduser()
+    path = Path(request.store).expanduser()
     if not path.is_file():
         raise PlannerInputError(f"no calibration store at {path}", hint=NO_MEASUREMENTS_HINT)
     store = CalibrationStore(path)
@@ -404,7 +397,7 @@ def calibrate(request: CalibrateRequest) -> CalibrateResult:
     if not request.dry_run:
         for c in corrections:
             store.save_corrections(c)
-    default = store_path()
+    default = request.default_store
     return CalibrateResult(
         store=str(path), measurements=len(measurements),
         ok_measurements=sum(m.status == "ok" and m.device_gpu != "cpu" for m in measurements),
@@ -415,10 +408,6 @@ def calibrate(request: CalibrateRequest) -> CalibrateResult:
 
 def _catalog_id(name: str) -> str:
     return name if name in catalog() else resolve_gpu(name).id
-
-
-def _env_value() -> str:
-    return os.environ.get(ENV, "")
 
 
 __all__ = ["CalibrateRequest", "CalibrateResult", "Prediction", "calibrate", "fit", "fit_context",

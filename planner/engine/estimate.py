@@ -6,6 +6,7 @@
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,10 +19,11 @@ from planner.core.formatting import gib
 from planner.core.ledger import Ledger, LedgerDraft, LedgerRow, Location, PagedInfo, Phase, peak_phase, phase_sum, terms_at
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import StepTime, TimeDraft, assemble, step_seconds
-from planner.core.vocabulary import DEFAULT_SEQ_LEN, Sharding, TrainingConfig
-from strategies import REGISTRY, Check, Engine, PlanContext
-from strategies.precision import layout
+from planner.core.vocabulary import DEFAULT_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN, WORKLOAD
+from strategies import REGISTRY, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig
 from strategies.rates import peak_flops
+from strategies.sharding import Sharding
+from strategies.vocabulary import TechniqueChoices
 
 
 class PlanTarget(BaseModel):
@@ -34,14 +36,20 @@ class PlanTarget(BaseModel):
     host_memory_gb: float | None = None  # per node, decimal GB
     inter_node_gbps: float | None = None  # per node, Gbit/s
     margin: float = Field(0.0, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
+    calibration: Path | None = None  # the calibration store whose corrections apply (None: assumptions only)
+
+    def hardware(self, gpus: str | None = None) -> HardwareSpec:
+        """The target's GPUs (or ``gpus``, another --gpus spec) with its host, network and calibration."""
+        return parse_gpus(gpus or self.gpus, self.host_memory_gb, self.inter_node_gbps, self.calibration)
 
 
-class EstimateRequest(TrainingConfig, PlanTarget):
-    """What a user asks ``planner estimate``: the vocabulary (unset fields take their defaults)
-    for a PlanTarget."""
+class EstimateRequest(PlanTarget, TechniqueChoices):
+    """What a user asks ``planner estimate``: one value per technique (None: its default, which
+    may depend on the GPUs: sharding none on one GPU, ddp on several) and the workload."""
 
-    sharding: Sharding | None = None  # default: none on one GPU, ddp on several
-    seq_len: int | None = Field(None, ge=1, le=100_000_000)  # default: min(2048, the model's positions)
+    micro_batch_size: int = Field(1, ge=1, le=MAX_BATCH)
+    grad_accum: int = Field(1, ge=1, le=MAX_BATCH)
+    seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN)  # default: min(2048, the model's positions)
 
 
 class ModelInfo(BaseModel):
@@ -128,7 +136,7 @@ class Evaluation:
     @property
     def tokens_per_step(self) -> int:
         cfg = self.ctx.config
-        return cfg.micro_batch_size * cfg.grad_accum * cfg.seq_len * self.ctx.world_size
+        return cfg.micro_batch_size * cfg.grad_accum * cfg.seq_len * self.ctx.layout.data_parallel
 
     @property
     def tokens_per_second(self) -> float:
@@ -137,13 +145,18 @@ class Evaluation:
 
 def estimate(request: EstimateRequest) -> EstimateResult:
     model = resolve_model(request.model)
-    hardware = parse_gpus(request.gpus, request.host_memory_gb, request.inter_node_gbps)
-    fields = request.model_dump(include=set(TrainingConfig.model_fields))
-    if fields["sharding"] is None:
-        fields["sharding"] = Sharding.NONE if hardware.num_gpus == 1 else Sharding.DDP
+    hardware = request.hardware()
+    return estimate_config(model, hardware, resolve_config(request, model, hardware), request.margin)
+
+
+def resolve_config(request, model: ModelSpec, hardware: HardwareSpec) -> TrainingConfig:
+    """The configuration a request names: each technique's value, or its default on this hardware;
+    the sequence length, or the model's default."""
+    fields = {s.field: getattr(request, s.field) or s.default_on(hardware) for s in TECHNIQUES}
+    fields |= {k: getattr(request, k) for k in WORKLOAD}
     if fields["seq_len"] is None:
         fields["seq_len"] = default_seq_len(model)
-    return estimate_config(model, hardware, TrainingConfig(**fields), request.margin)
+    return TrainingConfig(**fields)
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -284,7 +297,7 @@ def _host_memory(ctx: PlanContext, draft: LedgerDraft, paged: PagedInfo | None) 
     per_rank = draft.peak_bytes(Location.HOST)
     spilled = paged.spilled_bytes if paged else 0
     loaders = 1 if ctx.engine == Engine.FSDP or ctx.config.sharding == Sharding.ZERO3 else gpn
-    loading = loaders * P.total_parameters(ctx.model) * layout(ctx).weight_bytes
+    loading = loaders * P.total_parameters(ctx.model) * ctx.layout.weight_bytes
     offloaded = (per_rank - spilled) * gpn
     runtime = R.HOST_PROCESS_BYTES * gpn
     return {

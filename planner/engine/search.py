@@ -23,7 +23,7 @@ from multiprocessing import get_context
 
 from planner.engine.estimate import Evaluation
 from planner.engine.space import SearchSpace
-from planner.core.vocabulary import TrainingConfig
+from strategies import TrainingConfig
 
 EXHAUSTIVE_LIMIT = 200_000  # candidates; above this `auto` uses Optuna
 PARALLEL_MIN_CANDIDATES = 4_000  # below this, forking costs more than it saves

@@ -13,26 +13,17 @@ from math import prod
 from pydantic import BaseModel, ConfigDict
 
 from planner.core.errors import PlannerInputError
-from planner.core.vocabulary import Optimizer, TrainingConfig
-from strategies import REGISTRY
+from strategies import REGISTRY, TrainingConfig
+from strategies.optimizer import QUANTIZED
 
 DEFAULT_MIN_GLOBAL_BATCH = 64
-QUANTIZED_OPTIMIZERS = (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT, Optimizer.LION_8BIT)
-#: The optimizers searched unless --optimizer names others: Adam and the implementations that
-#: approximate it (8-bit and paged states, Adam-mini's shared second moments). Lion, Adafactor
-#: and SGD are different learning algorithms whose hyperparameters do not carry over from
-#: AdamW, so the planner never swaps them in on its own.
-DEFAULT_OPTIMIZERS = (
-    Optimizer.ADAMW, Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT, Optimizer.ADAM_MINI,
-)
-FIELDS: tuple[str, ...] = tuple(s.field for s in REGISTRY)
-_ENUMS = {f: type(TrainingConfig.model_fields[f].default) for f in FIELDS}
+_ENUMS = {s.field: s.enum for s in REGISTRY}
 
 
 class SearchSpace(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    choices: dict[str, tuple[str, ...]]  # per technique field, in registry order
+    choices: dict[str, tuple[str, ...]]  # per technique field, in registry order (the ledger's)
     micro_batch_sizes: tuple[int, ...]  # ascending
     seq_len: int
     global_batch_size: int  # sequences per optimizer step, all GPUs
@@ -95,13 +86,13 @@ def build_space(
     choices: dict[str, tuple[str, ...]] = {}
     for strategy in REGISTRY:
         allowed = tuple(str(c) for c in strategy.choices)
-        default = tuple(map(str, DEFAULT_OPTIMIZERS)) if strategy.field == "optimizer" else allowed
+        default = tuple(map(str, strategy.searched or strategy.choices))
         wanted = tuple(str(v) for v in fixed.get(strategy.field, default))
         unknown = [v for v in wanted if v not in allowed]
         if unknown:
-            problems.append(f"--{strategy.field}: {', '.join(unknown)} not in {', '.join(allowed)}")
+            problems.append(f"{strategy.flag}: {', '.join(unknown)} not in {', '.join(allowed)}")
         if strategy.field == "optimizer" and exact_optimizer:
-            wanted = tuple(v for v in wanted if v not in QUANTIZED_OPTIMIZERS)
+            wanted = tuple(v for v in wanted if v not in QUANTIZED)
             if not wanted:
                 problems.append("--exact-optimizer excludes every optimizer you allowed (all are 8-bit)")
         choices[strategy.field] = tuple(dict.fromkeys(wanted))

@@ -15,23 +15,18 @@ from planner.core.formatting import gib
 from planner.engine.search import ENGINES, SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, default_global_batch
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.core.vocabulary import Attention, Checkpointing, Loss, Offload, Optimizer, Precision, Sharding
+from planner.core.vocabulary import MAX_SEQ_LEN
+from strategies import FIELDS, summary
+from strategies.vocabulary import TechniqueLists
 
 MAX_NODES = 128
 
 
-class SuggestRequest(PlanTarget):
-    """What a user asks ``planner suggest``. Empty lists leave a field to the search."""
+class SuggestRequest(PlanTarget, TechniqueLists):
+    """What a user asks ``planner suggest``. An empty list leaves that technique to the search."""
 
-    seq_len: int | None = Field(None, ge=1, le=100_000_000)  # default: min(2048, the model's positions)
-    global_batch_size: int | None = Field(None, ge=1, le=100_000_000)
-    optimizer: list[Optimizer] = []
-    precision: list[Precision] = []
-    checkpointing: list[Checkpointing] = []
-    sharding: list[Sharding] = []
-    offload: list[Offload] = []
-    loss: list[Loss] = []
-    attention: list[Attention] = []
+    seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN)  # default: min(2048, the model's positions)
+    global_batch_size: int | None = Field(None, ge=1, le=MAX_SEQ_LEN)
     micro_batch_size: list[int] = []
     exact_optimizer: bool = False
     top: int = Field(5, ge=1, le=1000)
@@ -67,7 +62,7 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     if request.engine not in ENGINES:
         raise PlannerInputError(f"--engine {request.engine!r}: one of {', '.join(ENGINES)}")
     model = resolve_model(request.model)
-    hardware = gpu_catalog.parse_gpus(request.gpus, request.host_memory_gb, request.inter_node_gbps)
+    hardware = request.hardware()
     if request.seq_len is None:
         request = request.model_copy(update={"seq_len": default_seq_len(model)})
     space = _space(request, hardware.num_gpus, request.global_batch_size)
@@ -93,8 +88,7 @@ def suggest(request: SuggestRequest) -> SuggestResult:
 
 
 def _space(request: SuggestRequest, num_gpus: int, global_batch_size: int | None) -> SearchSpace:
-    fixed = {f: [str(v) for v in getattr(request, f)] for f in
-             ("optimizer", "precision", "checkpointing", "sharding", "offload", "loss", "attention")}
+    fixed = {f: [str(v) for v in getattr(request, f)] for f in FIELDS}
     return build_space(num_gpus, request.seq_len, fixed, list(request.micro_batch_size), global_batch_size,
                        request.exact_optimizer)
 
@@ -135,7 +129,7 @@ def _larger_kinds(hardware: HardwareSpec) -> list[str]:
 
 def _first_fitting(request: SuggestRequest, model: ModelSpec, specs: list[str], change: str) -> HardwareSuggestion | None:
     for spec in specs:
-        hw = gpu_catalog.parse_gpus(spec, request.host_memory_gb, request.inter_node_gbps)
+        hw = request.hardware(spec)
         gbs = request.global_batch_size
         if gbs is None or gbs % hw.num_gpus:
             gbs = default_global_batch(hw.num_gpus)
@@ -174,14 +168,10 @@ def _reasons(outcome: SearchOutcome, nearest: list[EstimateResult], hw: list[Har
     reasons = [f"none of {outcome.considered} candidates fits; rejected most often: "
                + ", ".join(f"{why} ({n:,})" for why, n in outcome.rejected.most_common(3))]
     for r in nearest[:3]:
-        c = r.config
         short = max(0, -r.headroom_bytes)
         host_short = max(0, r.host_memory["peak"] - r.host_memory["capacity"])
         what = f"GPU {gib(short)} short" if short else f"host RAM {gib(host_short)} short"
-        reasons.append(
-            f"nearest: {c.optimizer} / {c.precision} / ckpt {c.checkpointing} / {c.sharding} / offload {c.offload} / "
-            f"loss {c.loss} / mbs {c.micro_batch_size}: {what}"
-        )
+        reasons.append(f"nearest: {summary(r.config, 'compact', ' / ')} / mbs {r.config.micro_batch_size}: {what}")
     for s in hw:
         p = s.plan
         reasons.append(

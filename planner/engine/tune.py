@@ -32,10 +32,10 @@ import statistics
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.catalog import gpus as gpu_catalog
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.engine.estimate import EstimateResult, default_seq_len, evaluate, result_of
@@ -71,7 +71,7 @@ Probe = Callable[[EstimateResult], ProbeOutcome]
 
 
 class TuneRequest(SuggestRequest):
-    fidelity: str = "auto"  # auto: measured with a GPU, else traced
+    fidelity: Literal["auto", "analytic", "traced", "measured"] = "auto"  # auto: measured with a GPU, else traced
     band: float = Field(0.15, ge=0, le=10)  # the model's relative error on throughput (early stop)
     probes: int = Field(20, ge=0, le=100_000)  # probe budget over the whole study (--trials; 0: report the study)
     timeout: float | None = Field(None, gt=0)  # seconds for this invocation
@@ -121,7 +121,7 @@ class TuneResult(BaseModel):
 def study_name(req: TuneRequest, fidelity: str) -> str:
     """Default name: the model, GPUs, fidelity and a hash of everything that shapes the space, so
     the same command resumes the same study and a changed one starts another."""
-    shape = req.model_dump(mode="json", exclude={"timeout", "probe_timeout", "storage", "study_name", "out",
+    shape = req.model_dump(mode="json", exclude={"timeout", "probe_timeout", "storage", "study_name", "out", "calibration",
                                                   "probes", "enqueue", "heartbeat_seconds", "top", "engine",
                                                   "trials", "band"})
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
@@ -146,79 +146,100 @@ def can_still_win(analytic_tps: float, best_measured: float, ratio: float, band:
 
 def tune(req: TuneRequest, probe: Probe, fidelity: str, on_trial: Callable[[TrialRow, int], None] | None = None,
          notes: list[str] | None = None) -> TuneResult:
+    """Run (or resume) the study for ``req`` with ``probe`` until a stop reason (``_Study.stop_reason``)."""
     import optuna
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    model = resolve_model(req.model)
-    hardware = gpu_catalog.parse_gpus(req.gpus, req.host_memory_gb, req.inter_node_gbps)
-    if req.seq_len is None:
-        req = req.model_copy(update={"seq_len": default_seq_len(model)})
-    space = _space(req, hardware.num_gpus, req.global_batch_size)
+    study = _Study(req, probe, fidelity, on_trial)
+    stopped = study.run()
+    return study.result(stopped, notes or [])
 
-    def analytic(config):
-        return evaluate(model, hardware, config, req.margin)
 
-    ranked = search(space, lambda c: evaluate(model, hardware, c, req.margin, skip_infeasible=True),
-                    req.engine, req.trials, req.seed).fitting
-    url = req.storage or default_storage(req.out)
-    name = req.study_name or study_name(req, fidelity)
-    study = _open_study(url, name, req)
-    _reclaim_orphans(study, ORPHAN_AFTER_SECONDS)
-    if not study.trials:
-        study.set_user_attr("request", req.model_dump(mode="json", exclude={"out"}))
-        study.set_user_attr("fidelity", fidelity)
+class _Study:
+    """One tune: the analytic ranking of the space, the Optuna study in its storage, the objective
+    and the stop rule. Every decided candidate is keyed ``(combo index, micro-batch)``."""
 
-    def enqueue_next(trials) -> None:
+    def __init__(self, req: TuneRequest, probe: Probe, fidelity: str,
+                 on_trial: Callable[[TrialRow, int], None] | None) -> None:
+        model = resolve_model(req.model)
+        self.hardware = req.hardware()
+        if req.seq_len is None:
+            req = req.model_copy(update={"seq_len": default_seq_len(model)})
+        self.req, self.model, self.probe, self.fidelity, self.on_trial = req, model, probe, fidelity, on_trial
+        self.space = _space(req, self.hardware.num_gpus, req.global_batch_size)
+        self.ranked = search(self.space, lambda c: evaluate(model, self.hardware, c, req.margin, skip_infeasible=True),
+                             req.engine, req.trials, req.seed).fitting
+        self.url = req.storage or default_storage(req.out)
+        self.name = req.study_name or study_name(req, fidelity)
+        self.study = _open_study(self.url, self.name, req)
+        _reclaim_orphans(self.study, ORPHAN_AFTER_SECONDS)
+        if not self.study.trials:
+            self.study.set_user_attr("request", req.model_dump(mode="json", exclude={"out", "calibration"}))
+            self.study.set_user_attr("fidelity", fidelity)
+        self.stopped: str | None = None
+
+    def analytic(self, key: tuple[int, int]):
+        return evaluate(self.model, self.hardware, self.space.config(self.space.combo(key[0]), key[1]), self.req.margin)
+
+    def trials(self) -> list:
+        return self.study.get_trials(deepcopy=False)
+
+    def key_of(self, params: dict) -> tuple[int, int]:
+        return self.space.combo_index({f: params[f] for f in self.space.choices}), params["micro_batch_size"]
+
+    def next_unprobed(self, done: set):
+        return next((r for r in self.ranked if (r.combo, r.micro_batch_size) not in done), None)
+
+    def enqueue_next(self, trials) -> None:
         """Queue the analytic model's next-best unprobed candidate, one at a time (up to
         ``enqueue`` in all): a short queue lets a retried trial of a dead worker run next."""
+        import optuna
+
         waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
-        queued = study.user_attrs.get("enqueued", [])
-        if waiting or len(queued) >= req.enqueue:
+        queued = self.study.user_attrs.get("enqueued", [])
+        if waiting or len(queued) >= self.req.enqueue:
             return
-        done = probed_keys(trials) | {tuple(k) for k in queued}
-        nxt = next((r for r in ranked if (r.combo, r.micro_batch_size) not in done), None)
+        nxt = self.next_unprobed(_probed_keys(trials) | {tuple(k) for k in queued})
         if nxt is not None:
-            study.set_user_attr("enqueued", [*queued, [nxt.combo, nxt.micro_batch_size]])
-            study.enqueue_trial(_params(space, nxt.combo, nxt.micro_batch_size))
+            self.study.set_user_attr("enqueued", [*queued, [nxt.combo, nxt.micro_batch_size]])
+            self.study.enqueue_trial(_params(self.space, nxt.combo, nxt.micro_batch_size))
 
-    def key_of(params: dict) -> tuple[int, int]:
-        techniques = {f: params[f] for f in space.choices}
-        return space.combo_index(techniques), params["micro_batch_size"]
+    def objective(self, trial) -> float:
+        import optuna
 
-    def probed_keys(trials) -> set:
-        return {tuple(t.user_attrs["candidate"]) for t in trials if t.user_attrs.get("probed")}
-
-    def objective(trial) -> float:
-        params = {f: trial.suggest_categorical(f, list(v)) for f, v in space.choices.items()}
-        params["micro_batch_size"] = trial.suggest_categorical("micro_batch_size", list(space.micro_batch_sizes))
-        key = key_of(params)
+        params = {f: trial.suggest_categorical(f, list(v)) for f, v in self.space.choices.items()}
+        params["micro_batch_size"] = trial.suggest_categorical("micro_batch_size", list(self.space.micro_batch_sizes))
+        key = self.key_of(params)
         trial.set_user_attr("candidate", list(key))
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        claimed = [t for t in study.get_trials(deepcopy=False)
-                   if t.number < trial.number and t.user_attrs.get("candidate") == list(key)
+        claimed = [t for t in self.trials() if t.number < trial.number and t.user_attrs.get("candidate") == list(key)
                    and t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE)]
         if claimed:  # probed (or being probed) already: never twice; go to the best unprobed candidate
             trial.set_user_attr("duplicate_of", claimed[0].number)
-            done = probed_keys(study.get_trials(deepcopy=False)) | {key}
-            nxt = next((r for r in ranked if (r.combo, r.micro_batch_size) not in done), None)
+            nxt = self.next_unprobed(_probed_keys(self.trials()) | {key})
             if nxt is not None:
-                study.enqueue_trial(_params(space, nxt.combo, nxt.micro_batch_size), skip_if_exists=True)
+                self.study.enqueue_trial(_params(self.space, nxt.combo, nxt.micro_batch_size), skip_if_exists=True)
             raise optuna.TrialPruned()
-        ev = analytic(space.config(space.combo(key[0]), key[1]))
+        ev = self.analytic(key)
         if not ev.fits:  # the analytic model prunes it: no probe spent
-            trial.set_user_attr("fidelity", "analytic")
-            trial.set_user_attr("status", "predicted not to fit" if ev.feasible else "infeasible")
-            trial.set_user_attr("message", "; ".join(result_of(ev, req.margin).reasons)[:500])
-            trial.set_user_attr("predicted_peak_bytes", ev.peak)
-            trial.set_constraint("memory_shortfall_bytes", float(max(1, ev.peak - ev.usable)) if ev.feasible else INFEASIBLE)
-            return 0.0
-        plan = result_of(ev, req.margin)
+            return self._pruned_by_the_model(trial, ev)
+        return self._probed(trial, ev)
+
+    def _pruned_by_the_model(self, trial, ev) -> float:
+        trial.set_user_attr("fidelity", "analytic")
+        trial.set_user_attr("status", "predicted not to fit" if ev.feasible else "infeasible")
+        trial.set_user_attr("message", "; ".join(result_of(ev, self.req.margin).reasons)[:500])
+        trial.set_user_attr("predicted_peak_bytes", ev.peak)
+        trial.set_constraint("memory_shortfall_bytes", float(max(1, ev.peak - ev.usable)) if ev.feasible else INFEASIBLE)
+        return 0.0
+
+    def _probed(self, trial, ev) -> float:
+        """Probe the plan; its OOM is over the memory, a crash or timeout knows nothing (never the best)."""
         try:
-            outcome = probe(plan)
-        except Exception as e:  # a probe's own failure is a result
-            outcome = ProbeOutcome(fidelity=fidelity, status="error", message=f"{type(e).__name__}: {e}"[:1000])
+            outcome = self.probe(result_of(ev, self.req.margin))
+        except Exception as e:  # a probe's own failure is a result, recorded on the trial
+            outcome = ProbeOutcome(fidelity=self.fidelity, status="error", message=f"{type(e).__name__}: {e}"[:1000])
         tps = ev.tokens_per_step / outcome.step_seconds if outcome.status == "ok" and outcome.step_seconds else 0.0
         for attr, value in (("fidelity", outcome.fidelity), ("status", outcome.status), ("probed", True),
                             ("message", outcome.message[:1000]), ("predicted_peak_bytes", ev.peak),
@@ -228,21 +249,25 @@ def tune(req: TuneRequest, probe: Probe, fidelity: str, on_trial: Callable[[Tria
         if outcome.status == "ok":
             peak = outcome.peak_bytes if outcome.peak_bytes is not None else ev.peak
             trial.set_constraint("memory_shortfall_bytes", float(peak - ev.usable))
-        else:  # OOM: over the memory; a crash or timeout: nothing known, so never the best
+        else:
             trial.set_constraint("memory_shortfall_bytes", 1.0 if outcome.status == "oom" else INFEASIBLE)
         return tps
 
-    def stop_reason(trials) -> str | None:
+    def stop_reason(self, trials) -> str | None:
         """Why the study is done (None: go on): budget, every fitting candidate probed, the early
         stop of ``can_still_win``, or a sampler stuck on decided candidates."""
+        import optuna
+        from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+        req = self.req
         spent = sum(1 for t in trials if t.user_attrs.get("probed"))
         retries = [t for t in trials if t.state == optuna.trial.TrialState.WAITING
                    and (RetryHeartbeatStaleTrialCallback.retried_trial_number(t) is not None
                         or "retry_of" in t.user_attrs)]
         if spent >= req.probes and not retries:  # a dead worker's probe is owed: it never counted
             return f"probe budget: {spent} probes"
-        done = probed_keys(trials)
-        left = [r for r in ranked if (r.combo, r.micro_batch_size) not in done]
+        done = _probed_keys(trials)
+        left = [r for r in self.ranked if (r.combo, r.micro_batch_size) not in done]
         if not left:
             return "every candidate that fits was probed"
         ok = [t for t in trials if t.user_attrs.get("probed") and t.user_attrs.get("status") == "ok" and _feasible(t)
@@ -258,49 +283,59 @@ def tune(req: TuneRequest, probe: Probe, fidelity: str, on_trial: Callable[[Tria
             return "the sampler kept proposing decided candidates"
         return None
 
-    stopped = [stop_reason(study.get_trials(deepcopy=False))
-               or (None if ranked else "nothing fits: the analytic model rejects every candidate")]
+    def after_trial(self, study, frozen) -> None:
+        import optuna
 
-    def after_trial(study, frozen) -> None:
-        trials = study.get_trials(deepcopy=False)
-        if on_trial is not None and frozen.state != optuna.trial.TrialState.PRUNED:
-            on_trial(_row(frozen), sum(1 for t in trials if t.user_attrs.get("probed")))
-        reason = stop_reason(trials)
+        trials = self.trials()
+        if self.on_trial is not None and frozen.state != optuna.trial.TrialState.PRUNED:
+            self.on_trial(_row(frozen), sum(1 for t in trials if t.user_attrs.get("probed")))
+        reason = self.stop_reason(trials)
         if reason:
-            stopped[0] = reason
+            self.stopped = reason
             study.stop()
         else:
-            enqueue_next(trials)
+            self.enqueue_next(trials)
 
-    if ranked and stopped[0] is None:
-        enqueue_next(study.get_trials(deepcopy=False))
-        study.optimize(objective, timeout=req.timeout, callbacks=[after_trial], catch=())
-        stopped[0] = stopped[0] or (f"timeout after {req.timeout:g} s" if req.timeout else "stopped")
-    skip = (optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.WAITING)  # duplicates; queued, never run
-    final = [t for t in study.get_trials(deepcopy=False) if t.state not in skip]
-    rows = [_row(t) for t in final]
-    measured = [r for r, t in zip(rows, final, strict=True)
-                if r.probed and r.status == "ok" and r.tokens_per_second and _feasible(t)]
-    best = max(measured, key=lambda r: (r.tokens_per_second, -r.number), default=None)
-    best_plan = None
-    if best is not None:
-        best_plan = result_of(analytic(space.config(space.combo(key_of(best.config)[0]), best.config["micro_batch_size"])),
-                              req.margin)
-    return TuneResult(study_name=name, storage=url, fidelity=fidelity,
-                      probes=sum(1 for r in rows if r.probed), stopped=stopped[0], best=best, best_plan=best_plan,
-                      trials=rows, notes=list(notes or []))
+    def run(self) -> str:
+        self.stopped = self.stop_reason(self.trials()) or (
+            None if self.ranked else "nothing fits: the analytic model rejects every candidate")
+        if self.ranked and self.stopped is None:
+            self.enqueue_next(self.trials())
+            self.study.optimize(self.objective, timeout=self.req.timeout, callbacks=[self.after_trial], catch=())
+        return self.stopped or (f"timeout after {self.req.timeout:g} s" if self.req.timeout else "stopped")
+
+    def result(self, stopped: str, notes: list[str]) -> TuneResult:
+        import optuna
+
+        skip = (optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.WAITING)  # duplicates; queued, never run
+        final = [t for t in self.trials() if t.state not in skip]
+        rows = [_row(t) for t in final]
+        measured = [r for r, t in zip(rows, final, strict=True)
+                    if r.probed and r.status == "ok" and r.tokens_per_second and _feasible(t)]
+        best = max(measured, key=lambda r: (r.tokens_per_second, -r.number), default=None)
+        best_plan = result_of(self.analytic(self.key_of(best.config)), self.req.margin) if best is not None else None
+        return TuneResult(study_name=self.name, storage=self.url, fidelity=self.fidelity,
+                          probes=sum(1 for r in rows if r.probed), stopped=stopped, best=best, best_plan=best_plan,
+                          trials=rows, notes=notes)
+
+
+def _probed_keys(trials) -> set:
+    return {tuple(t.user_attrs["candidate"]) for t in trials if t.user_attrs.get("probed")}
 
 
 def _open_study(url: str, name: str, req: TuneRequest):
     """Create or load the study. Workers starting together race to create the schema and the
-    study; SQLite also serialises writers: so a few retries, and a long lock timeout for SQLite."""
+    study, and SQLite serialises writers: so a lost race (the study or a table just created by
+    another worker, a locked database) is retried a few times, with a long lock timeout for SQLite.
+    A URL that is not an Optuna storage, or a database that cannot be reached, is bad input at once."""
     import time
 
     import optuna
+    import sqlalchemy.exc
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
     kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else None
-    error: Exception | None = None
+    races = (optuna.exceptions.DuplicatedStudyError, sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError)
     for attempt in range(5):
         try:
             storage = RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=req.heartbeat_seconds,
@@ -308,10 +343,25 @@ def _open_study(url: str, name: str, req: TuneRequest):
                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3))
             return optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True,
                                        sampler=optuna.samplers.TPESampler(seed=req.seed))
-        except Exception as e:  # a bad URL, an unreachable database, or a worker creating it right now
-            error = e
+        except races as e:
+            if attempt == 4 or not _is_race(e):
+                raise PlannerInputError(f"--storage {url}: {e}",
+                                        hint="Give a reachable Optuna storage URL, e.g. sqlite:///tune.db") from None
             time.sleep(0.5 * (attempt + 1))
-    raise PlannerInputError(f"--storage {url}: {error}", hint="Give an Optuna storage URL, e.g. sqlite:///tune.db")
+        except (ValueError, ImportError, sqlalchemy.exc.ArgumentError, sqlalchemy.exc.SQLAlchemyError) as e:
+            raise PlannerInputError(f"--storage {url}: {e}",
+                                    hint="Give an Optuna storage URL, e.g. sqlite:///tune.db") from None
+    raise AssertionError("unreachable")
+
+
+def _is_race(e: Exception) -> bool:
+    """A lost race between workers (retry), not a database that is missing or unreachable (fail)."""
+    import optuna
+
+    if isinstance(e, optuna.exceptions.DuplicatedStudyError):
+        return True
+    text = str(e).lower()
+    return any(k in text for k in ("locked", "already exists", "unique constraint", "duplicate"))
 
 
 def _reclaim_orphans(study, after_seconds: float) -> list[int]:

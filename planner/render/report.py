@@ -6,6 +6,7 @@ from rich.table import Table
 from planner.engine.estimate import EstimateResult
 from planner.core.formatting import count, gib, share
 from planner.core.ledger import Location, resident
+from strategies import TECHNIQUES, summary
 
 PHASE_WORDS = {
     "forward": "end of forward / start of backward",
@@ -58,11 +59,7 @@ def _header(r: EstimateResult, console: Console) -> None:
         f"[bold]{m.id}[/] ({m.family}, {count(m.num_parameters)} params{active}) on "
         f"[bold]{r.hardware.spec}[/] ({gib(hw.gpu_memory_bytes)} per GPU)"
     )
-    console.print(
-        f"optimizer {c.optimizer} | precision {c.precision} | checkpointing {c.checkpointing} | sharding {c.sharding} | "
-        f"offload {c.offload} | loss {c.loss} | attention {c.attention} | micro-batch {c.micro_batch_size} x "
-        f"accum {c.grad_accum} x seq {c.seq_len}"
-    )
+    console.print(f"{summary(c, 'named', ' | ')} | micro-batch {c.micro_batch_size} x accum {c.grad_accum} x seq {c.seq_len}")
 
 
 def _memory_table(r: EstimateResult, console: Console) -> None:
@@ -101,13 +98,12 @@ def render_suggest(result, console: Console) -> None:
                       f"(global batch {result.global_batch_size} x {result.seq_len} tokens, {result.engine})",
                       title_justify="left")
         right = ("#", "peak/GPU GiB", "host GiB", "tokens/s", "MFU", "step s")
-        for name in ("#", "optimizer", "precision", "ckpt", "sharding", "offload", "loss", "attn", "mbs x accum", *right[1:]):
+        for name in ("#", *(s.short for s in TECHNIQUES), "mbs x accum", *right[1:]):
             table.add_column(name, justify="right" if name in right else "left", no_wrap=True)
         for i, p in enumerate(result.plans, 1):
             c = p.config
             table.add_row(
-                str(i), c.optimizer, c.precision, c.checkpointing, c.sharding, c.offload, c.loss, c.attention,
-                f"{c.micro_batch_size} x {c.grad_accum}",
+                str(i), *(str(getattr(c, s.field)) for s in TECHNIQUES), f"{c.micro_batch_size} x {c.grad_accum}",
                 f"{p.memory['peak'] / 2**30:.1f}/{p.hardware.gpu_memory_bytes / 2**30:.1f}",
                 f"{p.host_memory['peak'] / 2**30:.0f}", f"{p.time.tokens_per_second:,.0f}", f"{p.time.mfu:.1%}",
                 f"{p.time.step_seconds:,.2f}",
@@ -157,6 +153,29 @@ def render_check(result, console: Console) -> None:
             console.print(f"  {c.change}: {c.tokens_per_second:,.0f} tokens/s, peak {gib(c.peak_bytes)}")
 
 
+def render_models(console: Console) -> None:
+    """The model catalog: id, family, parameters."""
+    from planner.catalog.models import catalog, resolve_model
+    from planner.cost.params import total_parameters
+
+    for mid in sorted(catalog(), key=str.lower):
+        spec = resolve_model(mid)
+        console.print(f"{mid:55s} {spec.family:8s} {count(total_parameters(spec)):>9s}")
+
+
+def render_gpus(console: Console) -> None:
+    """The GPU catalog: id, memory, 16-bit and fp8 peaks, link, aliases."""
+    from planner.catalog.gpus import catalog
+
+    for gid, f in sorted(catalog().items()):
+        bf16 = f.dense_tflops.get("bf16")
+        fp8 = f.dense_tflops.get("fp8")
+        console.print(
+            f"{gid:14s} {f.memory_mib / 1024:7.1f} GiB  bf16 {bf16 or '-':>7} TFLOP/s  fp8 {fp8 or '-':>7}  "
+            f"{f.gpu_link.kind}  aliases: {', '.join(f.aliases)}"
+        )
+
+
 def render_calibrate(result, console: Console) -> None:
     """``planner calibrate``: per GPU, the fitted corrections beside the assumptions they replace,
     the analytic model's errors before / after / leave-one-out, and where they are now used."""
@@ -197,8 +216,8 @@ def render_calibrate(result, console: Console) -> None:
         if result.saved and result.in_use:
             console.print(f"saved to {result.store}: planner estimate / suggest / check now use them for {c.gpu}")
         elif result.saved:
-            console.print(f"saved to {result.store}: planner estimate / suggest / check use them for {c.gpu} when "
-                          f"PLANNER_CALIBRATION={result.store}")
+            console.print(f"saved to {result.store}: planner estimate / suggest / check use them for {c.gpu} with "
+                          f"--calibration {result.store} (or PLANNER_CALIBRATION={result.store})")
     if not result.corrections:
         console.print(f"nothing to fit: {result.measurements} measurements in {result.store}, none with status ok on a GPU")
     elif not result.saved:

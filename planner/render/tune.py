@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from planner.engine.tune import TrialRow, TuneResult
+from strategies import summary
 
 GIB = 2**30
 
@@ -50,9 +51,7 @@ def render_tune(r: TuneResult, console: Console) -> None:
     for t in r.trials:
         if not t.probed:
             continue
-        c = t.config
-        label = (f"{c.get('optimizer')} {c.get('precision')} ckpt {c.get('checkpointing')} {c.get('sharding')} "
-                 f"off {c.get('offload')} {c.get('loss')} {c.get('attention')} mbs {c.get('micro_batch_size')}")
+        label = f"{summary(t.config, 'compact', ' ')} mbs {t.config.get('micro_batch_size')}"
         best = r.best is not None and t.number == r.best.number
         table.add_row(("* " if best else "") + str(t.number), label, t.fidelity, t.status + ("" if t.feasible else " (over)"),
                       _gib(t.predicted_peak_bytes), _gib(t.peak_bytes), _rate(t.predicted_tokens_per_second),
@@ -63,9 +62,8 @@ def render_tune(r: TuneResult, console: Console) -> None:
     if r.best_plan is not None:
         c = r.best_plan.config
         console.print(f"[bold green]best probed plan:[/] trial {r.best.number}: {r.best.tokens_per_second:,.0f} tokens/s "
-                      f"({r.best.fidelity}); {c.optimizer} {c.precision} checkpointing {c.checkpointing} sharding "
-                      f"{c.sharding} offload {c.offload} loss {c.loss} attention {c.attention} "
-                      f"micro-batch {c.micro_batch_size} x {c.grad_accum}", highlight=False)
+                      f"({r.best.fidelity}); {summary(c)}, micro-batch {c.micro_batch_size} x {c.grad_accum}",
+                      highlight=False)
     else:
         console.print("[bold red]no probed plan ran within the GPU's memory[/]")
     console.print(f"open the study: optuna-dashboard {r.storage}", highlight=False)

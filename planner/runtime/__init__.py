@@ -1,4 +1,51 @@
-"""The runtime: applies a plan inside a training process where no configuration key can say it.
+"""The runtime: applies a plan inside a training process, where no configuration key says it.
 
-Imports core and strategies; torch, transformers and accelerate only when a function is called.
+Each technique that acts on the live model has a runtime module here, named by its strategy's
+``runtime`` (strategies/__init__.py drives which run); each may define
+- ``model_kwargs(config) -> dict``: keyword arguments of ``from_pretrained`` / ``from_config``;
+- ``prepare(model, config, site, **fallbacks) -> str | None``: change the built model before it is
+  wrapped (a note says what was applied, or why not).
+Every user of a plan applies it the same way: the traced probe (fake tensors), the measured probe
+(a real run) and the example trainer under ``accelerate launch``. torch, transformers and
+accelerate are imported only when a function runs (DESIGN.md, the runtime layer).
 """
+
+from enum import StrEnum
+from importlib import import_module
+
+from strategies import REGISTRY
+
+
+class Site(StrEnum):
+    """Where a plan is applied."""
+
+    TRACED = "traced"  # fake tensors on the CPU (probes/traced.py): what cannot run there is stood in for
+    MEASURED = "measured"  # a real run built by the probe itself (probes/measured_setup.py)
+    LAUNCH = "launch"  # under accelerate launch with the emitted files: accelerate applies what they say
+
+
+def modules() -> list:
+    """The runtime modules of the registered techniques, in registry order."""
+    return [import_module(s.runtime) for s in REGISTRY if s.runtime]
+
+
+def model_kwargs(config) -> dict:
+    """``from_pretrained`` / ``from_config`` keyword arguments every technique asks for."""
+    out: dict = {}
+    for module in modules():
+        if hasattr(module, "model_kwargs"):
+            out |= module.model_kwargs(config)
+    return out
+
+
+def prepare(model, config, site: Site, **fallbacks) -> list[str]:
+    """Every technique's change to the built model, in registry order; the notes say what was done.
+    ``fallbacks``: stand-ins a module may call where the real thing cannot run (the probes' chunked
+    loss re-implementation)."""
+    notes = []
+    for module in modules():
+        if hasattr(module, "prepare"):
+            note = module.prepare(model, config, site, **fallbacks)
+            if note:
+                notes.append(note)
+    return notes

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Launch Qwen/Qwen2.5-0.5B on 8xA100-SXM-80: adamw, fp16-mixed, checkpointing none,
-# sharding ddp, offload none, micro-batch 1 x accumulation 1 x 8 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
+# Launch Qwen/Qwen2.5-0.5B on 8xA100-SXM-80: adamw, fp16-mixed, checkpointing none, sharding ddp, offload none, loss chunked, attention sdpa,
+# micro-batch 1 x accumulation 1 x 8 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
 #
 #   TRAIN_SCRIPT=path/to/train.py ./launch.sh [arguments for the script]
 #   (examples/train_causal_lm.py takes --plan plan.json; a Trainer script can read training_args.json)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Launch google/gemma-2-9b on 2x8xH100-SXM-80: adamw, bf16-pure, checkpointing none,
-# sharding fsdp-hybrid, offload none, micro-batch 1 x accumulation 1 x 16 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
+# Launch google/gemma-2-9b on 2x8xH100-SXM-80: adamw, bf16-pure, checkpointing none, sharding fsdp-hybrid, offload none, loss standard, attention eager,
+# micro-batch 1 x accumulation 1 x 16 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
 #
 #   TRAIN_SCRIPT=path/to/train.py ./launch.sh [arguments for the script]
 #   (examples/train_causal_lm.py takes --plan plan.json; a Trainer script can read training_args.json)

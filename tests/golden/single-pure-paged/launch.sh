@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Launch meta-llama/Llama-3.1-8B on 1xA100-SXM-40: paged-adamw-8bit, bf16-pure, checkpointing full,
-# sharding none, offload none, micro-batch 1 x accumulation 1 x 1 GPU(s), seq 512. Written by planner 0.1.0; see PLAN.md.
+# Launch meta-llama/Llama-3.1-8B on 1xA100-SXM-40: paged-adamw-8bit, bf16-pure, checkpointing full, sharding none, offload none, loss standard, attention sdpa,
+# micro-batch 1 x accumulation 1 x 1 GPU(s), seq 512. Written by planner 0.1.0; see PLAN.md.
 #
 #   TRAIN_SCRIPT=path/to/train.py ./launch.sh [arguments for the script]
 #   (examples/train_causal_lm.py takes --plan plan.json; a Trainer script can read training_args.json)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Launch meta-llama/Llama-3.1-70B on 8xH100-SXM-80: adamw, bf16-mixed, checkpointing full,
-# sharding zero3, offload optimizer+params, micro-batch 1 x accumulation 1 x 8 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
+# Launch meta-llama/Llama-3.1-70B on 8xH100-SXM-80: adamw, bf16-mixed, checkpointing full, sharding zero3, offload optimizer+params, loss standard, attention sdpa,
+# micro-batch 1 x accumulation 1 x 8 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
 #
 #   TRAIN_SCRIPT=path/to/train.py ./launch.sh [arguments for the script]
 #   (examples/train_causal_lm.py takes --plan plan.json; a Trainer script can read training_args.json)

@@ -1,0 +1,146 @@
+"""The one function a command calls where it composes layers: search, then measure, then write
+(``suggest``); read, re-estimate, write (``emit``); the traced or measured probe (``probe``); a
+study with the chosen probe, then write and plot (``tune``). Each takes one request and returns one
+result for one renderer; ``say`` reports progress (the files written) on stderr.
+
+Probes are imported inside the functions that use them (DESIGN.md: the command line imports probes
+only in the commands that need them); everything else is the engine's, emit's and render's.
+"""
+
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.core.errors import PlannerInputError
+from planner.engine.suggest import SuggestRequest, SuggestResult
+from planner.engine.suggest import suggest as search_plans
+from planner.engine.tune import TuneRequest, TuneResult
+
+Say = Callable[[str], None]
+
+
+class SuggestJob(SuggestRequest):
+    """``planner suggest``: the search, and what to do with its winner."""
+
+    out: Path | None = None  # write the winner's launch files here
+    force: bool = False
+    probe: int = Field(0, ge=0, le=1000)  # measure the top K plans on this machine's GPU
+    probe_timeout: float = Field(900.0, gt=0)
+
+
+def suggest(job: SuggestJob, say: Say):
+    """Search; with ``probe``, measure the top plans and take the fastest measured one; with
+    ``out``, write the winner's files. Returns the SuggestResult (or, probed, the ProbedSuggestion)."""
+    device = None
+    if job.probe:
+        from probes.measured_command import require_gpu
+
+        device = require_gpu()  # before the search: no GPU, no wait
+    result = search_plans(job)
+    served, winner = result, 1
+    if device is not None and result.fits:
+        from probes.measured_command import probe_suggestion
+
+        served = probe_suggestion(result, job.probe, device, job.probe_timeout, store=job.calibration)
+        winner = served.best_rank or 1
+    if job.out is not None and result.fits:
+        from planner.emit import emit as write_plan
+
+        for path in write_plan(result, job.out, job.force, rank=winner, calibration=job.calibration):
+            say(f"wrote {path}")
+    return served
+
+
+class EmitJob(BaseModel):
+    """``planner emit``: a plan file in, its launch files out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plan: Path  # planner suggest --json output, an emitted plan.json, or planner estimate --json output
+    out: Path
+    rank: int = 1
+    gpus: str | None = None  # the plan's GPUs, overridden
+    force: bool = False
+    calibration: Path | None = None
+
+
+class Emitted(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    written: list[str]
+    fits: bool  # the plan fits (the files are written either way; PLAN.md says when it does not)
+
+
+def emit(job: EmitJob, say: Say) -> Emitted:
+    from planner.emit import build_files, load_plan_file, write_files
+
+    search = load_plan_file(job.plan)
+    written = write_files(build_files(search, job.rank, job.gpus, job.calibration), job.out, job.force)
+    for path in written:
+        say(f"wrote {path}")
+    return Emitted(written=[str(p) for p in written], fits=search.plans[job.rank - 1].fits)
+
+
+def probe(fields: dict, plan: Path | None, rank: int):
+    """``planner probe``: the plan from its flags (``fields``) or from a plan file, traced on this
+    CPU or measured on this GPU (``fields["fidelity"]``)."""
+    from probes.command import ProbeRequest, run_probe
+
+    if plan is not None:
+        from probes.measured_command import plan_fields
+
+        fields = fields | plan_fields(plan, rank)
+    elif fields.get("model") is None or fields.get("gpus") is None:
+        raise PlannerInputError("give the plan: --model and --gpus (and config flags), or --plan FILE")
+    request = ProbeRequest(**fields)
+    if request.fidelity == "measured":
+        from probes.measured_command import run_measured_probe
+
+        return run_measured_probe(request)
+    return run_probe(request)
+
+
+def tune(request: TuneRequest, force: bool, console) -> TuneResult:
+    """``planner tune``: refuse an --out that has plan files (before any probe is spent), choose the
+    probe for the fidelity, run the study with a live progress line, write the best plan's files and
+    the plot."""
+    from planner.emit.files import existing_plan_files
+    from planner.engine.tune import tune as run_study
+    from planner.render.tune import Progress, plot
+    from probes.tune_probes import choose
+
+    if request.out is not None and not force:
+        existing = existing_plan_files(request.out)
+        if existing:
+            raise PlannerInputError(f"{request.out} already has {', '.join(existing)}", hint="Pass --force to overwrite them.")
+    chosen, probe_plan, notes = choose(request.fidelity, request.probe_timeout, request.calibration)
+    with Progress(request.probes, chosen, console) as progress:
+        result = run_study(request, probe_plan, chosen, progress.update, notes)
+    if request.out is not None and result.best_plan is not None:
+        from planner.emit import emit as write_plan
+        from planner.emit import single_plan_result
+
+        for path in write_plan(single_plan_result(result.best_plan), request.out, force,
+                               calibration=request.calibration):
+            console.print(f"wrote {path}", highlight=False)
+        picture = plot(result, request.out / "tune.png")
+        console.print(f"wrote {picture}" if picture else "no tune.png: pip install matplotlib for the plot",
+                      highlight=False)
+    return result
+
+
+def depths(text: str | None) -> list[int]:
+    """``--extrapolate-from 2,4`` -> [2, 4] (or three depths)."""
+    if not text:
+        return []
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise PlannerInputError(f"--extrapolate-from {text!r}: two or three depths, e.g. 2,4") from None
+    if len(values) not in (2, 3) or min(values) < 1:
+        raise PlannerInputError(f"--extrapolate-from {text!r}: two or three depths of at least one layer, e.g. 2,4")
+    return values
+
+
+__all__ = ["EmitJob", "Emitted", "SuggestJob", "SuggestResult", "depths", "emit", "probe", "suggest", "tune"]

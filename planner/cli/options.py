@@ -1,0 +1,78 @@
+"""The command line's options: typed aliases shared by every planning command, and one option per
+registered technique (``with_techniques``), so a new strategy is a flag of every command that
+plans without touching this package."""
+
+import functools
+import inspect
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner.catalog.calibration import ENV as CALIBRATION_ENV
+from strategies import TECHNIQUES
+
+Model = Annotated[str, typer.Option("--model", help="HF id from the catalog or local HF cache, or a config.json / model folder")]
+Gpus = Annotated[str, typer.Option("--gpus", help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, 2x./gpu.yaml")]
+Margin = Annotated[float, typer.Option("--margin", help="fraction of GPU memory to keep free, e.g. 0.05")]
+HostMemory = Annotated[float | None, typer.Option("--host-memory-gb", help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")]
+InterNode = Annotated[float | None, typer.Option("--inter-node-gbps", help="network bandwidth per node, Gbit/s (default: 200 per GPU)")]
+Calibration = Annotated[str | None, typer.Option(
+    "--calibration", envvar=CALIBRATION_ENV, show_envvar=True,
+    help="the calibration store whose measured corrections apply (planner calibrate), or 'off' "
+         "(default: ~/.cache/planner/calibration.sqlite)")]
+SeqLen = Annotated[int | None, typer.Option("--seq-len", help="tokens per sequence (default: 2048, or the model's position limit if shorter)")]
+MicroBatch = Annotated[int, typer.Option("--micro-batch-size", "--mbs", help="sequences per GPU per micro-batch")]
+MicroBatches = Annotated[list[int] | None, typer.Option("--micro-batch-size", "--mbs", help="allow only these (repeatable); default: every divisor of the per-GPU share of the global batch")]
+GradAccum = Annotated[int, typer.Option("--grad-accum", help="gradient accumulation steps")]
+GlobalBatch = Annotated[int | None, typer.Option("--global-batch-size", help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k >= 64)")]
+ExactOptimizer = Annotated[bool, typer.Option("--exact-optimizer", help="exclude quantized (8-bit) optimizer states")]
+Json = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
+Out = Annotated[Path | None, typer.Option("--out", help="write the plan's launch files here (accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")]
+Force = Annotated[bool, typer.Option("--force", help="overwrite files already in --out")]
+Seed = Annotated[int, typer.Option("--seed", help="Optuna sampler seed")]
+
+
+def calibration_store(value: str | None) -> Path | None:
+    """``--calibration``: a store file, 'off' (none), or unset (the default store)."""
+    from planner.catalog.calibration import OFF, store_path
+
+    if value is None:
+        return store_path()
+    return None if value.strip().lower() in OFF else Path(value).expanduser()
+
+
+def with_techniques(kind: str):
+    """Give a command one option per registered technique, in vocabulary order, and call it with
+    ``techniques={field: value}``.
+
+    ``kind``: "one" (a value; None: the technique's default, e.g. sharding none on one GPU, ddp on
+    several), "optional" (None: from the files, as ``planner check`` reads them), "many" (repeatable:
+    the search may use only these; empty: every value it searches)."""
+
+    def option(s):
+        if kind == "many":
+            return Annotated[list[s.enum] | None, typer.Option(s.flag, help=f"{s.help}; allow only these (repeatable)")]
+        fallback = "from the files" if kind == "optional" else (
+            f"default: {s.default}" if s.default_for is None else f"default: {(s.default_for.__doc__ or '').strip()}")
+        return Annotated[s.enum | None, typer.Option(s.flag, help=f"{s.help} ({fallback})")]
+
+    def decorate(command):
+        signature = inspect.signature(command)
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in signature.parameters.values()
+               if p.name != "techniques"]
+        added = [inspect.Parameter(s.field, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=option(s))
+                 for s in TECHNIQUES]
+        split = next((i for i, p in enumerate(own) if p.name not in ("model", "gpus")), len(own))
+
+        @functools.wraps(command)
+        def run(**kwargs):
+            chosen = {s.field: kwargs.pop(s.field) for s in TECHNIQUES}
+            if kind == "many":
+                chosen = {k: v or [] for k, v in chosen.items()}
+            return command(techniques=chosen, **kwargs)
+
+        run.__signature__ = signature.replace(parameters=own[:split] + added + own[split:])
+        return run
+
+    return decorate

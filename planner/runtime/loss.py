@@ -1,0 +1,24 @@
+"""The chunked loss in a training process: Liger-Kernel's fused linear cross-entropy (the emitted
+``use_liger_kernel``), or, where it cannot run (no CUDA / Triton, fake tensors), the probes' stand-in."""
+
+from planner.runtime import Site
+from strategies.loss import Loss
+
+
+def prepare(model, config, site: Site, chunked_fallback=None, **_) -> str | None:
+    if config.loss != Loss.CHUNKED:
+        return None
+    error = "fake tensors"
+    if site != Site.TRACED:
+        try:
+            from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+            _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
+            return "chunked loss: Liger-Kernel fused linear cross-entropy"
+        except Exception as e:  # not installed, or no Triton here
+            error = type(e).__name__
+    if chunked_fallback is None:
+        return f"chunked loss unavailable here ({error}); the standard loss runs"
+    model.forward = chunked_fallback(model)
+    return (f"chunked loss: Liger-Kernel unavailable ({error}); its allocations re-implemented in PyTorch "
+            "(probes/chunked_loss.py): the memory is Liger's, the speed is not")

@@ -1,0 +1,59 @@
+"""Precision in a training process: the parameters' dtype, autocast around forward, fp8 linears.
+
+bf16-pure loads bf16 weights (no fp32 master); every other precision keeps fp32 parameters. The
+mixed precisions autocast forward to bf16 (fp16 for fp16-mixed), as accelerate does, except under
+FSDP2, whose MixedPrecisionPolicy casts the parameters itself. fp8-mixed converts the decoder
+layers' linears to torchao Float8Linear with accelerate's own ``convert_model_to_fp8_ao`` (the
+emitted fp8_config does this under accelerate launch; fake tensors cannot run it).
+"""
+
+import contextlib
+
+from planner.runtime import Site
+from strategies.precision import MIXED, Precision
+from strategies.sharding import FSDP
+
+
+def param_dtype(config):
+    import torch
+
+    return torch.bfloat16 if config.precision == Precision.BF16_PURE else torch.float32
+
+
+def model_kwargs(config) -> dict:
+    return {"dtype": param_dtype(config)}
+
+
+def autocast_on(config) -> bool:
+    """Autocast runs the matmuls in 16 bit for the mixed precisions; FSDP2 casts parameters itself."""
+    return config.precision in MIXED and config.sharding not in FSDP
+
+
+def autocast(config, device_type: str):
+    """The autocast context of one forward (a null context where nothing is autocast)."""
+    import torch
+
+    if not autocast_on(config):
+        return contextlib.nullcontext()
+    dtype = torch.float16 if config.precision == Precision.FP16_MIXED else torch.bfloat16
+    return torch.autocast(device_type, dtype=dtype)
+
+
+def fsdp_policy(config):
+    """FSDP2's MixedPrecisionPolicy: bf16 compute with fp32 gradient reduction for the mixed
+    precisions (the layout's reduce dtype), the parameters' own dtype otherwise."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if config.precision in MIXED:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def prepare(model, config, site: Site, **_) -> str | None:
+    if config.precision != Precision.FP8_MIXED or site != Site.MEASURED:
+        return None
+    from accelerate.utils.ao import convert_model_to_fp8_ao
+
+    convert_model_to_fp8_ao(model)
+    return "fp8: torchao Float8Linear through accelerate's convert_model_to_fp8_ao"

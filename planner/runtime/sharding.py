@@ -1,0 +1,20 @@
+"""FSDP2 in a process that builds it itself (the probes): ``fully_shard`` on every decoder layer,
+then the root (embeddings, final norm, head), as the emitted accelerate config wraps it."""
+
+from planner.runtime.model import decoder_layers
+from planner.runtime.precision import fsdp_policy
+from strategies.offload import Offload
+from strategies.sharding import Sharding
+
+
+def apply_fsdp(model, config, mesh) -> None:
+    """Reshard after forward unless fsdp-grad-op; offload optimizer+params with CPUOffloadPolicy (the
+    emitted fsdp_offload_params: parameters, gradients and the optimizer step on the host)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    policy = fsdp_policy(config)
+    reshard = config.sharding != Sharding.FSDP_GRAD_OP
+    offload = CPUOffloadPolicy() if config.offload != Offload.NONE else OffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard, offload_policy=offload)

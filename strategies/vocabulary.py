@@ -1,0 +1,16 @@
+"""Request fields for every registered technique (the registry's vocabulary, for the engine's
+requests): ``TechniqueChoices`` holds one optional value per technique (estimate, probe, check);
+``TechniqueLists`` a list per technique (suggest, tune: the values the search may use)."""
+
+from pydantic import BaseModel, ConfigDict
+
+from planner.core.vocabulary import choice_model
+from strategies import TECHNIQUES
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+TechniqueChoices = choice_model("TechniqueChoices", [(s.field, s.enum) for s in TECHNIQUES], many=False, base=_Request)
+TechniqueLists = choice_model("TechniqueLists", [(s.field, s.enum) for s in TECHNIQUES], many=True, base=_Request)
