@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from planner.core.errors import PlannerInputError
-from planner.check.preflight import CheckRequest, check
+from planner.check import CheckRequest, check
 
 
 def main() -> int:

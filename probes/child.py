@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 RESULT_PREFIX = "@planner-probe-result "
 #: Seconds between SIGTERM and SIGKILL when a child overruns its timeout.
@@ -43,9 +44,12 @@ def run_child(module: str, payload: str, timeout: float, env: dict[str, str] | N
     import time
 
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    # -P: not the working directory; PYTHONPATH: the tree this process imported planner from. The child
+    # runs the same code as its parent (an installed package stays installed, a checkout a checkout).
+    path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-P", "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, "PYTHONPATH": path, **(env or {})})
     try:
         out, err = proc.communicate(payload, timeout=timeout)
     except subprocess.TimeoutExpired:

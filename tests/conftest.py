@@ -1,4 +1,10 @@
+"""Session setup for every test: offline, no calibration store of the developer's, one PATH, no C++
+build, the hypothesis profile (helpers.py holds what tests import)."""
+
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 # Never the hub: every test runs offline (the planner itself never calls it either).
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -7,21 +13,23 @@ os.environ.setdefault("DS_BUILD_OPS", "0")
 # Never a developer's own calibration store: tests that need one point PLANNER_CALIBRATION at a tmp file.
 os.environ["PLANNER_CALIBRATION"] = "off"
 
-import pytest  # noqa: E402
+# One PATH for every test and every process a test starts (accelerate launch, DeepSpeed, the probes'
+# children): the environment's own tools first. A torch C++ extension built with one ninja is
+# rebuilt when another ninja finds it, so two PATHs cost a build each time they alternate.
+_BIN = str(Path(sys.executable).parent)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
-from planner.catalog.gpus import parse_gpus  # noqa: E402
-from planner.catalog.models import resolve_model  # noqa: E402
-from planner.engine.estimate import estimate_config  # noqa: E402
-from strategies import TrainingConfig  # noqa: E402
+# No C++ build in any test: every Python process a test starts loads tests/tools/no_cpp_build's
+# sitecustomize (it keeps DeepSpeed from JIT-compiling its CPU shared-memory op), and so does this one.
+NO_CPP_BUILD = Path(__file__).parent / "tools" / "no_cpp_build"
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(NO_CPP_BUILD), os.environ.get("PYTHONPATH")) if p)
+_hook = importlib.util.spec_from_file_location("planner_tests_no_cpp_build", NO_CPP_BUILD / "sitecustomize.py")
+_hook.loader.exec_module(importlib.util.module_from_spec(_hook))
 
+from helpers import HYPOTHESIS_PROFILE  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
-def run(model: str, gpus: str, host_memory_gb: float | None = None, margin: float = 0.0,
-        inter_node_gbps: float | None = None, **config):
-    """Estimate one configuration from strings, the way the CLI resolves them."""
-    hardware = parse_gpus(gpus, host_memory_gb, inter_node_gbps)
-    return estimate_config(resolve_model(model), hardware, TrainingConfig(**config), margin)
-
-
-@pytest.fixture
-def estimate_of():
-    return run
+settings.register_profile("ci", deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("thorough", deadline=None, suppress_health_check=list(HealthCheck))
+settings.load_profile(HYPOTHESIS_PROFILE)

@@ -8,15 +8,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.emit import emit
 from planner.engine.estimate import estimate_config
-from planner.check.preflight import CheckRequest, check
+from planner.check import CheckRequest, check
 from planner.engine.suggest import SuggestRequest, suggest
+from helpers import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA = "meta-llama/Llama-3.1-8B"
@@ -183,7 +185,7 @@ TREES = st.recursive(SCALARS, lambda kids: st.lists(kids, max_size=3) | st.dicti
                      max_leaves=12)
 
 
-@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(2500))
 @given(content=st.one_of(TREES.map(lambda t: ("json", json.dumps(t, allow_nan=True))),
                          TREES.map(lambda t: ("yaml", yaml.safe_dump(t))),
                          st.text(max_size=200).map(lambda t: ("yaml", t)),
@@ -204,7 +206,7 @@ def test_garbage_never_makes_a_traceback(tmp_path_factory, content, option, gpus
         assert r.output.startswith("error:") or "Usage:" in r.output or "Error" in r.output
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(1000))
 @given(key=st.sampled_from(["per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "optim",
                             "use_liger_kernel", "max_seq_length", "gradient_checkpointing", "deepspeed", "fsdp_config"]),
        value=st.one_of(st.integers(-10**40, -1), st.integers(10**7, 10**40), st.lists(st.integers(), min_size=1, max_size=2),
@@ -231,7 +233,7 @@ def test_python_api_is_the_json(tmp_path):
 def test_examples_launch_only_what_fits(tmp_path):
     fits = suggest(SuggestRequest(model=LLAMA, gpus="8xH100-80", top=1))
     emit(fits, tmp_path / "ok")
-    env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     ok = subprocess.run([sys.executable, str(ROOT / "examples/launch_with_check.py"), "--model", LLAMA, "--gpus",
                          "8xH100-80", "--job-dir", str(tmp_path / "ok"), "--margin", "0", "--", "echo", "LAUNCHED"],
                         capture_output=True, text=True, env=env)

@@ -8,10 +8,12 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.core.ledger import TERMS
+from helpers import examples
 
 runner = CliRunner()
 BASE = ["estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40"]
@@ -92,10 +94,10 @@ def test_console_script_runs_without_torch_imported():
     """The installed `planner` command starts without importing torch (DESIGN layers)."""
     code = ("import sys; from planner.cli import app; from planner.engine.estimate import estimate; import planner.render.report; "
             "assert 'torch' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], check=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
+    subprocess.run([sys.executable, "-P", "-c", code], check=True)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300))
 @given(model=st.one_of(st.sampled_from(["gpt2", "Qwen/Qwen2.5-0.5B", "", "."]), st.text(max_size=30)),
        gpus=st.one_of(st.sampled_from(["1xA100-40", "2x4xH100", "0x0x", "8xH100-80"]), st.text(max_size=20)),
        numbers=st.lists(st.one_of(st.integers(-10**20, 10**20), st.text(max_size=5)), min_size=3, max_size=3))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from planner.emit import build_files, single_plan_result, write_files
-from tests.conftest import run
+from helpers import run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "tests" / "data" / "tiny-llama")
@@ -44,7 +44,6 @@ def test_emitted_files_train_under_accelerate_launch(tmp_path, name, gpus, confi
         "TRAIN_SCRIPT": str(ROOT / "examples" / "train_causal_lm.py"),
         "MAIN_PORT": str(29600 + CASES.index(next(c for c in CASES if c[0] == name)) * 7),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
     }
     if use_cpu and not torch.cuda.is_available():

@@ -58,6 +58,8 @@ def module_name(path: Path) -> str:
 def layer_of(name: str) -> str | None:
     if name in ("planner", "planner.__init__"):
         return "planner.core"
+    if name == "planner.__main__":  # python -m planner: the command line
+        return "planner.cli"
     for layer in (*ORDER, "planner.runtime", "planner.cli", "probes"):
         if name == layer or name.startswith(layer + "."):
             return layer

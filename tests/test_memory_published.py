@@ -10,7 +10,7 @@ from planner.cost import params as P
 from planner.cost.zero import zero_model_state_bytes
 from planner.core.ledger import Location, Phase
 from strategies.sharding import ZERO_SUB_GROUP_SIZE, deepspeed_buckets
-from tests.conftest import run
+from helpers import run
 
 GIB = 2**30
 STATE_TERMS = ("weights", "master_weights", "gradients", "optimizer_states")

@@ -1,18 +1,18 @@
 """Properties the memory model must hold for every configuration (hypothesis)."""
 
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from planner.catalog.models import catalog
 from planner.core.ledger import Phase
 from strategies import TECHNIQUES
 from strategies.checkpointing import Checkpointing
-from tests.conftest import run
+from helpers import examples, run
 
 MODELS = ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "google/gemma-2-2b", "microsoft/Phi-3-mini-4k-instruct",
           "openai-community/gpt2", "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-0.6B"]
 GPUS = ["1xA100-80", "1xH100-80", "8xH100-80", "2x8xH100-80", "4xRTX4090-24", "1xMI300X"]
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(150))
 
 configs = st.fixed_dictionaries({  # every registered technique, every value
     **{s.field: st.sampled_from(s.choices) for s in TECHNIQUES},

@@ -5,7 +5,7 @@ import pytest
 from planner.cost import comms
 from planner.cost import runtime as R
 from planner.core.timing import OVERLAP_EFFICIENCY
-from tests.conftest import run
+from helpers import run
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 

@@ -10,7 +10,7 @@ tokens per second (the efficiency table was fitted to these rows; the test keeps
 import pytest
 
 from planner.cost import compute as C
-from tests.conftest import run
+from helpers import run
 
 ROWS = [
     # model, gpus, config, published MFU

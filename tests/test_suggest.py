@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -14,6 +14,7 @@ from planner.engine.estimate import EstimateRequest, estimate, evaluate
 from planner.engine.search import exhaustive, greedy_seeds, optuna_search
 from planner.engine.space import build_space, default_global_batch
 from planner.engine.suggest import SuggestRequest, suggest
+from helpers import examples
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 
@@ -128,7 +129,7 @@ CASES = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(12, ci=4))
 @given(case=CASES)
 def test_every_plan_fits_and_rechecks_with_estimate(case):
     r = suggest(SuggestRequest(**case, top=3))

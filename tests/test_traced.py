@@ -2,10 +2,11 @@
 
 - The fake trace is faithful: its phase peaks equal a real-tensor run measured by the CPU
   allocator (torch profiler), including where autograd accumulates gradients in place.
-- Over the matrix of six architectures x checkpointing x attention x two shapes x bf16-mixed/pure
-  x standard/chunked loss x sharding none / FSDP2 at 2 and 8 ranks (reduced depth): model states
-  agree to the byte; activations, each phase's peak and the step peak within 5 %.
-  benchmarks/traced_matrix.py prints the whole matrix with every term and one layer's activations.
+- Over a covering subset of the matrix of six architectures x checkpointing x attention x two
+  shapes x bf16-mixed/pure x standard/chunked loss x sharding none / FSDP2 at 2 and 8 ranks
+  (probes/matrix.py; every pair of factor values; reduced depth): model states agree to the byte;
+  activations, each phase's peak and the step peak within 5 %. benchmarks/traced_matrix.py runs
+  and checks the whole matrix, with every term and one layer's activations.
 - ZeRO plans: states computed from the partition rules, activations traced.
 """
 
@@ -22,13 +23,11 @@ from strategies import TrainingConfig
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from probes.compare import compare_result  # noqa: E402
+from probes.matrix import ARCHS, FACTORS, covering_subset, full_matrix, plan_fields  # noqa: E402
 from probes.traced import TraceRequest, trace, trace_many  # noqa: E402
 
 QWEN = "Qwen/Qwen2.5-0.5B"  # biases, GQA, tied embeddings
-ARCHS = ("meta-llama/Llama-3.2-1B", QWEN, "mistralai/Mistral-7B-v0.3", "google/gemma-2-2b",
-         "microsoft/Phi-3-mini-4k-instruct", "openai-community/gpt2")
 LAYERS = 2
-WORLDS = [1, 2, 8]  # sharding none; FSDP2 at 2 and 8 ranks (one rank traced under a fake process group)
 
 
 def request(model, layers=LAYERS, world=1, **cfg) -> TraceRequest:
@@ -74,53 +73,37 @@ def test_failures_and_timeouts_are_errors_not_crashes():
         trace(request(QWEN, seq_len=64), timeout=0.5)
 
 
-def matrix(model):
-    for ck, attn, (b, s), prec, loss in itertools.product(
-            ("none", "selective", "full"), ("sdpa", "eager"), ((1, 512), (4, 128)), ("bf16-mixed", "bf16-pure"),
-            ("standard", "chunked")):
-        if attn == "sdpa" and model.startswith("google/gemma-2"):
-            continue  # transformers' Gemma2 refuses sdpa; the planner rejects the plan
-        yield dict(checkpointing=ck, attention=attn, micro_batch_size=b, seq_len=s, precision=prec, loss=loss)
-
-
 @functools.cache
 def matrix_traces():
-    """Every plan of the matrix, traced once for all tests (in parallel children, one per core)."""
-    keys = [(model, world, p | {"sharding": "fsdp" if world > 1 else "none"})
-            for model in ARCHS for world in WORLDS for p in matrix(model)]
-    results = trace_many([request(model, world=world, **p) for model, world, p in keys], timeout=3600,
+    """The covering subset of the cross-validation matrix (probes/matrix.py: every value of every
+    factor, every pair of values of any two factors), traced in parallel children, one per core.
+    benchmarks/traced_matrix.py runs the whole matrix."""
+    rows = covering_subset()
+    results = trace_many([request(r["model"], world=r["world"], **plan_fields(r)) for r in rows], timeout=3600,
                          workers=max(1, os.cpu_count() or 1))
-    return list(zip(keys, results, strict=True))
+    return list(zip(rows, results, strict=True))
 
 
-@functools.cache
-def matrix_comparisons(model, world):
-    out = []
-    for (m, w, plan), traced in matrix_traces():
-        if (m, w) == (model, world):
-            assert not isinstance(traced, str), f"{plan}: {traced}"
-            out.append((plan, compare_result(model, TrainingConfig(**plan), world, LAYERS, traced)))
-    return out
+def test_the_subset_covers_every_pair_of_the_matrix():
+    """Every value of every factor, and every pair of values of two factors, is in the CI subset."""
+    rows = covering_subset()
+    for a, b in itertools.combinations(FACTORS, 2):
+        assert {(r[a], r[b]) for r in full_matrix()} == {(r[a], r[b]) for r in rows}, (a, b)
+    assert len(rows) < len(full_matrix()) // 10
 
 
-def misses(model, world, exact):
-    return [f"{plan} {t.term}: analytic {t.analytic:,} traced {t.traced:,} ({t.error:+.2%})"
-            for plan, c in matrix_comparisons(model, world) for t in c.terms if t.exact == exact and not t.agrees]
-
-
-@pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("model", ARCHS)
-def test_matrix_model_states_exact(model, world):
-    """Parameters, gradients and optimizer states of the (rank's) plan, to the byte."""
-    missed = misses(model, world, exact=True)
-    assert not missed, "\n".join(missed)
-
-
-@pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("model", ARCHS)
-def test_matrix_activations_phases_and_step_peak_within_5_percent(model, world):
-    """Activations, each phase's peak and the step peak within 5 % (probes/compare.py TOLERANCE)."""
-    missed = misses(model, world, exact=False)
+def test_matrix_subset_states_exact_and_the_rest_within_5_percent():
+    """For every plan of the subset (one test, so its traces are made once, on one xdist worker):
+    parameters, gradients and optimizer states of the (rank's) plan to the byte; activations, each
+    phase's peak and the step peak within 5 % (probes/compare.py TOLERANCE)."""
+    missed, models = [], set()
+    for row, traced in matrix_traces():
+        assert not isinstance(traced, str), f"{row}: {traced}"
+        c = compare_result(row["model"], TrainingConfig(**plan_fields(row)), row["world"], LAYERS, traced)
+        models.add(row["model"])
+        missed += [f"{row} {t.term} ({'exact' if t.exact else '5 %'}): analytic {t.analytic:,} traced {t.traced:,} "
+                   f"({t.error:+.2%})" for t in c.terms if not t.agrees]
+    assert models == set(ARCHS)
     assert not missed, "\n".join(missed)
 
 

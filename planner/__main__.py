@@ -1,0 +1,5 @@
+"""``python -m planner``: the command line."""
+
+from planner.cli import main
+
+main()
