@@ -38,6 +38,6 @@ def test_the_suite_runs_against_the_installed_package():
     if os.environ.get("PLANNER_TEST_INSTALLED") != "1":
         pytest.skip("not the CI run of an installed wheel (PLANNER_TEST_INSTALLED=1, .ci/run)")
     for package in (planner, strategies, probes):
-        where = Path(package.__file__).resolve()
-        assert ROOT not in where.parents, f"{package.__name__} imported from the source tree: {where}"
-        assert "site-packages" in where.parts
+        where = Path(package.__file__).resolve().parent
+        assert where != ROOT / package.__name__, f"{package.__name__} imported from the source tree: {where}"
+        assert where.parent.name == "site-packages", where
