@@ -7,7 +7,7 @@ One fresh child process per configuration (probes/measured.py), the plan on this
 (``1x<device>``), 2 warm-up and 5 timed steps. Rows are appended to the CSV as they finish and a
 configuration already in the CSV is skipped, so the grid resumes across commands (each device
 command is limited to 10 minutes: run it in parts). Every run also lands in the calibration
-store, from which ``planner calibrate`` fits the corrections; ``benchmarks/calibration_report.py``
+store, from which ``planner calibrate`` fits the corrections; ``planner calibrate --dry-run``
 prints the errors before and after.
 
 The grid (45 configurations):
@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from planner.catalog.calibration import store_path  # noqa: E402
 from planner.catalog.models import model_config  # noqa: E402
 from planner.engine.estimate import EstimateRequest, estimate  # noqa: E402
 from probes.device import catalog_gpu  # noqa: E402
@@ -78,6 +79,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="only configurations whose key contains this")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--dry-run", action="store_true", help="list the configurations and the analytic verdicts")
+    ap.add_argument("--store", type=Path, default=store_path(),
+                    help="the calibration store every run is kept in (default: $PLANNER_CALIBRATION, as planner's --calibration)")
     args = ap.parse_args()
     i, n = (int(x) for x in args.part.split("/"))
     done = set()
@@ -104,7 +107,7 @@ def main() -> int:
                       f"step {plan.time.step_seconds:.3f} s")
                 continue
             r = measure_plan(plan, row["model"], model_config(row["model"]), device,
-                             extrapolate_from=row["extrapolate_from"], timeout=args.timeout)
+                             extrapolate_from=row["extrapolate_from"], timeout=args.timeout, store=args.store)
             out.writerow(_csv_row(key(row), row, plan, r))
             f.flush()
             print(f"{key(row):70s} {r.status:7s} peak {_gib(r.predicted_peak_bytes)} vs {_gib(r.measured_peak_bytes)} "

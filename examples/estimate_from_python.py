@@ -3,8 +3,8 @@
     python examples/estimate_from_python.py
 """
 
-from planner.engine.estimate import EstimateRequest, estimate
 from planner.core.formatting import gib
+from planner.engine.estimate import EstimateRequest, estimate
 
 result = estimate(
     EstimateRequest(

@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from planner.core.errors import PlannerInputError
 from planner.check import CheckRequest, check
+from planner.core.errors import PlannerInputError
 
 
 def main() -> int:

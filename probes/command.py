@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
 from planner.engine.estimate import EstimateRequest
-from strategies import TrainingConfig
 from probes.compare import STATE_BYTES_PER_PARAMETER, ZERO_STAGES, Comparison
+from strategies import TrainingConfig
 
 FIDELITIES = ("traced", "measured")
 EXIT_AGREE, EXIT_DISAGREE = 0, 1

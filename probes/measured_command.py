@@ -18,9 +18,9 @@ from planner.catalog.calibration import CalibrationStore, Measurement
 from planner.core.errors import PlannerInputError
 from planner.engine.estimate import EstimateResult
 from planner.engine.suggest import SuggestResult
-from strategies import TrainingConfig
 from probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
 from probes.measured import MeasureRequest, MeasureResult, measure
+from strategies import TrainingConfig
 
 #: Agreement bands: the issue's targets for one plan (peak memory within 10 % worst case, step
 #: time within 15 %).

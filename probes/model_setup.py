@@ -5,6 +5,7 @@ and optimizer are the runtime's, as every user of a plan applies them."""
 
 import torch
 
+
 def fake_process_group(world: int) -> None:
     """A fake process group of ``world`` ranks: collectives return at once; this process is rank 0."""
     import torch.distributed as dist

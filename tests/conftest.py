@@ -27,8 +27,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(NO_CPP_BUILD), os.env
 _hook = importlib.util.spec_from_file_location("planner_tests_no_cpp_build", NO_CPP_BUILD / "sitecustomize.py")
 _hook.loader.exec_module(importlib.util.module_from_spec(_hook))
 
-from helpers import HYPOTHESIS_PROFILE  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+from helpers import HYPOTHESIS_PROFILE  # noqa: E402
 
 settings.register_profile("ci", deadline=None, suppress_health_check=list(HealthCheck))
 settings.register_profile("thorough", deadline=None, suppress_health_check=list(HealthCheck))

@@ -10,7 +10,6 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from planner.engine.calibrate import fit, predict, scaled, uncalibrated_gpu
 from planner.catalog.calibration import (
     CalibrationStore,
     Corrections,
@@ -19,10 +18,11 @@ from planner.catalog.calibration import (
 )
 from planner.catalog.models import model_config
 from planner.cli import app
-from planner.cost import runtime as R
 from planner.core.errors import PlannerInputError
-from planner.engine.estimate import EstimateRequest, estimate
 from planner.core.units import GIB, MIB
+from planner.cost import runtime as R
+from planner.engine.calibrate import fit, predict, scaled, uncalibrated_gpu
+from planner.engine.estimate import EstimateRequest, estimate
 from strategies import TrainingConfig
 
 GPU = "H100-SXM-80"

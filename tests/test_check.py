@@ -10,14 +10,14 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from typer.testing import CliRunner
 
+from planner.check import CheckRequest, check
 from planner.cli import app
 from planner.emit import emit
 from planner.engine.estimate import estimate_config
-from planner.check import CheckRequest, check
 from planner.engine.suggest import SuggestRequest, suggest
+
 from helpers import examples
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,18 +1,17 @@
 """planner estimate as a user runs it: exit codes, JSON, clear errors, never a traceback."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.core.ledger import TERMS
+
 from helpers import examples
 
 runner = CliRunner()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from planner.emit import build_files, single_plan_result, write_files
+
 from helpers import run
 
 ROOT = Path(__file__).resolve().parent.parent

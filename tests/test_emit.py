@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from planner.catalog.models import resolve_model
 from planner.cli import app
 from planner.emit import FILE_NAMES, build_files, single_plan_result, write_files
+
 from helpers import run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,10 +17,10 @@ pytest.importorskip("transformers")
 from planner.catalog.calibration import CalibrationStore  # noqa: E402
 from planner.catalog.models import model_config  # noqa: E402
 from planner.engine.estimate import EstimateRequest, estimate  # noqa: E402
-from strategies import TrainingConfig  # noqa: E402
 from probes.child import KILL_GRACE_SECONDS, run_child  # noqa: E402
 from probes.device import DeviceInfo, catalog_gpu  # noqa: E402
 from probes.measured import SHARED_RESERVE_BYTES, MeasureRequest, classify_failure, measure, memory_budget  # noqa: E402
+from strategies import TrainingConfig  # noqa: E402
 
 TINY = str(Path(__file__).parent / "data" / "tiny-llama" / "config.json")
 GIB = 2**30

@@ -5,11 +5,12 @@ import re
 import pytest
 
 from planner.catalog.models import resolve_model
+from planner.core.ledger import Location, Phase
 from planner.cost import activations as A
 from planner.cost import params as P
 from planner.cost.zero import zero_model_state_bytes
-from planner.core.ledger import Location, Phase
 from strategies.sharding import ZERO_SUB_GROUP_SIZE, deepspeed_buckets
+
 from helpers import run
 
 GIB = 2**30

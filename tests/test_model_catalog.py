@@ -5,8 +5,8 @@ import json
 import pytest
 
 from planner.catalog.models import catalog, resolve_model
-from planner.cost import params as P
 from planner.core.errors import PlannerInputError
+from planner.cost import params as P
 
 REQUIRED = [
     "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.2-1B",

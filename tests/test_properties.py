@@ -7,6 +7,7 @@ from planner.catalog.models import catalog
 from planner.core.ledger import Phase
 from strategies import TECHNIQUES
 from strategies.checkpointing import Checkpointing
+
 from helpers import examples, run
 
 MODELS = ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "google/gemma-2-2b", "microsoft/Phi-3-mini-4k-instruct",

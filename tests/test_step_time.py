@@ -2,9 +2,10 @@
 
 import pytest
 
+from planner.core.timing import OVERLAP_EFFICIENCY
 from planner.cost import comms
 from planner.cost import runtime as R
-from planner.core.timing import OVERLAP_EFFICIENCY
+
 from helpers import run
 
 LLAMA = "meta-llama/Llama-3.1-8B"

@@ -14,6 +14,7 @@ from planner.engine.estimate import EstimateRequest, estimate, evaluate
 from planner.engine.search import exhaustive, greedy_seeds, optuna_search
 from planner.engine.space import build_space, default_global_batch
 from planner.engine.suggest import SuggestRequest, suggest
+
 from helpers import examples
 
 LLAMA = "meta-llama/Llama-3.1-8B"

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from planner.catalog import DATA_DIR
-from planner.catalog import calibration
+from planner.catalog import DATA_DIR, calibration
 from planner.catalog.efficiency import efficiency
 from planner.catalog.files import read_mapping
 from planner.core.errors import PlannerInputError

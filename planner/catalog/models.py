@@ -13,8 +13,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from planner.catalog import DATA_DIR
-from planner.catalog.files import read_mapping
 from planner.catalog.families import SUPPORTED_FAMILIES, spec_from_config
+from planner.catalog.files import read_mapping
 from planner.core.errors import PlannerInputError
 from planner.core.specs import ModelSpec
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from planner.cli import options as O
-from planner.cli.options import with_techniques
+from planner.cli.options import with_target, with_techniques
 from planner.core.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerError, PlannerInputError
 
 EXIT_CODES = "Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input."
@@ -70,33 +70,22 @@ def serve(plan: Callable[[], Any], render: str | Callable, as_json: bool,
     raise typer.Exit(exit_code(result))
 
 
-def _target(model: str, gpus: str, host_memory_gb, inter_node_gbps, margin: float, calibration) -> dict:
-    return dict(model=model, gpus=gpus, host_memory_gb=host_memory_gb, inter_node_gbps=inter_node_gbps, margin=margin,
-                calibration=O.calibration_store(calibration))
-
-
 @app.command(help=f"Estimate per-GPU memory of one configuration and say whether it fits. {EXIT_CODES}")
 @with_techniques("one")
+@with_target
 def estimate(
-    model: O.Model,
-    gpus: O.Gpus,
+    target: dict,
     techniques: dict,
     micro_batch_size: O.MicroBatch = 1,
     grad_accum: O.GradAccum = 1,
     seq_len: O.SeqLen = None,
-    host_memory_gb: O.HostMemory = None,
-    inter_node_gbps: O.InterNode = None,
-    margin: O.Margin = 0.0,
-    calibration: O.Calibration = None,
     as_json: O.Json = False,
 ) -> None:
     from planner.engine.estimate import EstimateRequest
     from planner.engine.estimate import estimate as run
 
-    serve(lambda: run(EstimateRequest(
-        **_target(model, gpus, host_memory_gb, inter_node_gbps, margin, calibration), **techniques,
-        micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len,
-    )), "render_estimate", as_json)
+    serve(lambda: run(EstimateRequest(**target, **techniques, micro_batch_size=micro_batch_size,
+                                      grad_accum=grad_accum, seq_len=seq_len)), "render_estimate", as_json)
 
 
 def _space(micro_batch_size, seq_len, global_batch_size, exact_optimizer) -> dict:
@@ -107,19 +96,15 @@ def _space(micro_batch_size, seq_len, global_batch_size, exact_optimizer) -> dic
 @app.command(help="Search every configuration and print the fastest plans that fit. "
                   "Exit codes: 0 a plan fits, 1 nothing fits, 2 bad input.")
 @with_techniques("many")
+@with_target
 def suggest(
-    model: O.Model,
-    gpus: O.Gpus,
+    target: dict,
     techniques: dict,
     micro_batch_size: O.MicroBatches = None,
     seq_len: O.SeqLen = None,
     global_batch_size: O.GlobalBatch = None,
     exact_optimizer: O.ExactOptimizer = False,
-    margin: O.Margin = 0.0,
     top: Annotated[int, typer.Option(help="how many plans to show")] = 5,
-    host_memory_gb: O.HostMemory = None,
-    inter_node_gbps: O.InterNode = None,
-    calibration: O.Calibration = None,
     engine: Annotated[str, typer.Option(help="auto | exhaustive | tpe | nsga2 (auto: exhaustive up to 200,000 candidates)")] = "auto",
     out: Annotated[Path | None, typer.Option(help="write the winner's launch files here (accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")] = None,
     force: O.Force = False,
@@ -133,7 +118,7 @@ def suggest(
 
     def run():
         job = flows.SuggestJob(
-            **_target(model, gpus, host_memory_gb, inter_node_gbps, margin, calibration), **techniques,
+            **target, **techniques,
             **_space(micro_batch_size, seq_len, global_batch_size, exact_optimizer), top=top, engine=engine,
             trials=trials, seed=seed, out=out, force=force, probe=probe, probe_timeout=probe_timeout)
         return flows.suggest(job, _say)
@@ -165,9 +150,9 @@ def emit(
              "arguments JSON/YAML, any subset, or --job-dir); flags fill gaps or override. Exit codes: 0 fits, "
              "1 will not fit, 2 bad input (unreadable file, unknown key, contradiction).")
 @with_techniques("optional")
+@with_target
 def check(
-    model: O.Model,
-    gpus: O.Gpus,
+    target: dict,
     techniques: dict,
     accelerate_config: Annotated[Path | None, typer.Option(help="the job's accelerate config YAML")] = None,
     deepspeed_config: Annotated[Path | None, typer.Option(help="the job's DeepSpeed JSON")] = None,
@@ -176,17 +161,13 @@ def check(
     micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", "--mbs", help="sequences per GPU per micro-batch (from the files)")] = None,
     grad_accum: Annotated[int | None, typer.Option(help="gradient accumulation steps (from the files)")] = None,
     seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (files rarely say; default 2048)")] = None,
-    margin: O.Margin = 0.0,
-    host_memory_gb: O.HostMemory = None,
-    inter_node_gbps: O.InterNode = None,
-    calibration: O.Calibration = None,
     as_json: O.Json = False,
 ) -> None:
     from planner.check import CheckRequest
     from planner.check import check as run
 
     serve(lambda: run(CheckRequest(
-        **_target(model, gpus, host_memory_gb, inter_node_gbps, margin, calibration), **techniques,
+        **target, **techniques,
         accelerate_config=accelerate_config, deepspeed_config=deepspeed_config, training_args=training_args,
         job_dir=job_dir, micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len,
     )), "render_check", as_json)
@@ -260,9 +241,9 @@ def probe(
                   "(--storage). Exit codes: 0 a probed plan fits (the best is shown and written), 1 none does, "
                   "2 bad input.")
 @with_techniques("many")
+@with_target
 def tune(
-    model: O.Model,
-    gpus: O.Gpus,
+    target: dict,
     techniques: dict,
     trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count; 0 reports an existing study's best and writes its files, probing nothing)")] = 20,
     timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)")] = None,
@@ -276,10 +257,6 @@ def tune(
     seq_len: O.SeqLen = None,
     global_batch_size: O.GlobalBatch = None,
     exact_optimizer: O.ExactOptimizer = False,
-    margin: O.Margin = 0.0,
-    host_memory_gb: O.HostMemory = None,
-    inter_node_gbps: O.InterNode = None,
-    calibration: O.Calibration = None,
     enqueue: Annotated[int, typer.Option(help="the analytic model's top candidates probed first")] = 5,
     probe_timeout: Annotated[float, typer.Option(help="seconds per probe")] = 900.0,
     heartbeat_seconds: Annotated[int, typer.Option(help="a dead worker's trial is retried after twice this")] = 30,
@@ -291,7 +268,7 @@ def tune(
     from planner.render.tune import render_tune
 
     serve(lambda: flows.tune(TuneRequest(
-        **_target(model, gpus, host_memory_gb, inter_node_gbps, margin, calibration), **techniques,
+        **target, **techniques,
         **_space(micro_batch_size, seq_len, global_batch_size, exact_optimizer), seed=seed, fidelity=fidelity,
         band=band, probes=trials, timeout=timeout, probe_timeout=probe_timeout, storage=storage,
         study_name=study_name, out=out, enqueue=enqueue, heartbeat_seconds=heartbeat_seconds,

@@ -42,6 +42,36 @@ def calibration_store(value: str | None) -> Path | None:
     return None if value.strip().lower() in OFF else Path(value).expanduser()
 
 
+def _extend(command, name: str, added: list[inspect.Parameter], collect):
+    """``command`` with ``added`` options in its signature; they reach it as one keyword argument,
+    ``name=collect(values)``. The added options go after model and gpus."""
+    signature = inspect.signature(command)
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in signature.parameters.values() if p.name != name]
+    split = next((i for i, p in enumerate(own) if p.name not in ("model", "gpus")), len(own))
+    names = [p.name for p in added]
+
+    @functools.wraps(command)
+    def run(**kwargs):
+        return command(**{name: collect({n: kwargs.pop(n) for n in names})}, **kwargs)
+
+    run.__signature__ = signature.replace(parameters=own[:split] + added + own[split:])
+    return run
+
+
+def _option(name: str, annotation, default=None) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def with_target(command):
+    """Give a planning command the options of what it plans for: --model, --gpus, --margin,
+    --host-memory-gb, --inter-node-gbps, --calibration; it is called with ``target={...}``, the
+    fields of a PlanTarget (the calibration store resolved)."""
+    added = [_option("model", Model, inspect.Parameter.empty), _option("gpus", Gpus, inspect.Parameter.empty),
+             _option("margin", Margin, 0.0), _option("host_memory_gb", HostMemory), _option("inter_node_gbps", InterNode),
+             _option("calibration", Calibration)]
+    return _extend(command, "target", added, lambda v: v | {"calibration": calibration_store(v["calibration"])})
+
+
 def with_techniques(kind: str):
     """Give a command one option per registered technique, in vocabulary order, and call it with
     ``techniques={field: value}``.
@@ -57,22 +87,10 @@ def with_techniques(kind: str):
             f"default: {s.default}" if s.default_for is None else f"default: {(s.default_for.__doc__ or '').strip()}")
         return Annotated[s.enum | None, typer.Option(s.flag, help=f"{s.help} ({fallback})")]
 
+    def collect(values: dict) -> dict:
+        return {k: v or [] for k, v in values.items()} if kind == "many" else values
+
     def decorate(command):
-        signature = inspect.signature(command)
-        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in signature.parameters.values()
-               if p.name != "techniques"]
-        added = [inspect.Parameter(s.field, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=option(s))
-                 for s in TECHNIQUES]
-        split = next((i for i, p in enumerate(own) if p.name not in ("model", "gpus")), len(own))
-
-        @functools.wraps(command)
-        def run(**kwargs):
-            chosen = {s.field: kwargs.pop(s.field) for s in TECHNIQUES}
-            if kind == "many":
-                chosen = {k: v or [] for k, v in chosen.items()}
-            return command(techniques=chosen, **kwargs)
-
-        run.__signature__ = signature.replace(parameters=own[:split] + added + own[split:])
-        return run
+        return _extend(command, "techniques", [_option(s.field, option(s)) for s in TECHNIQUES], collect)
 
     return decorate

@@ -14,8 +14,8 @@
 
 from functools import cache
 
-from planner.cost import params as P
 from planner.core.specs import ModelSpec
+from planner.cost import params as P
 
 
 @cache

@@ -16,13 +16,13 @@ import yaml
 from pydantic import ValidationError
 
 from planner import __version__
-from planner.engine.alternatives import memory_savers
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.core.emitted import EmitDraft
 from planner.core.errors import PlannerInputError
-from planner.engine.estimate import EstimateResult, estimate_config
 from planner.emit.plan_doc import render_plan_doc
+from planner.engine.alternatives import memory_savers
+from planner.engine.estimate import EstimateResult, estimate_config
 from planner.engine.suggest import SuggestResult
 from strategies import REGISTRY, Engine, PlanContext, summary
 

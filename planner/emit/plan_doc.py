@@ -1,10 +1,10 @@
 """PLAN.md: why this plan, its memory and time breakdown, what was rejected, what to change
 first if it runs out of memory, and how to run it."""
 
-from planner.engine.alternatives import Alternative
-from planner.engine.estimate import EstimateResult
 from planner.core.formatting import count, gib, share
 from planner.core.ledger import Location, resident
+from planner.engine.alternatives import Alternative
+from planner.engine.estimate import EstimateResult
 from strategies import summary
 
 

@@ -38,11 +38,11 @@ from planner.catalog.gpus import (
     default_host_memory_bytes,
     resolve_gpu,
 )
-from planner.cost import runtime as R
 from planner.core.errors import PlannerInputError
-from planner.engine.estimate import evaluate, runtime_reserves
 from planner.core.specs import GpuSpec, HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, step_seconds
+from planner.cost import runtime as R
+from planner.engine.estimate import evaluate, runtime_reserves
 from strategies import TrainingConfig
 from strategies.precision import LAYER_MATMUL_DTYPE
 

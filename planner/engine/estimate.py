@@ -12,14 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
-from planner.cost import compute as C
-from planner.cost import params as P
-from planner.cost import runtime as R
 from planner.core.formatting import gib
 from planner.core.ledger import Ledger, LedgerDraft, LedgerRow, Location, PagedInfo, Phase, peak_phase, phase_sum, terms_at
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import StepTime, TimeDraft, assemble, step_seconds
 from planner.core.vocabulary import DEFAULT_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN, WORKLOAD
+from planner.cost import compute as C
+from planner.cost import params as P
+from planner.cost import runtime as R
 from strategies import REGISTRY, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig
 from strategies.rates import peak_flops
 from strategies.sharding import Sharding

@@ -10,12 +10,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.catalog import gpus as gpu_catalog
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
-from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, evaluate, result_of
 from planner.core.formatting import gib
-from planner.engine.search import ENGINES, SearchOutcome, search
-from planner.engine.space import SearchSpace, build_space, default_global_batch
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.vocabulary import MAX_SEQ_LEN
+from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, evaluate, result_of
+from planner.engine.search import ENGINES, SearchOutcome, search
+from planner.engine.space import SearchSpace, build_space, default_global_batch
 from strategies import FIELDS, summary
 from strategies.vocabulary import TechniqueLists
 

@@ -3,9 +3,9 @@
 from rich.console import Console
 from rich.table import Table
 
-from planner.engine.estimate import EstimateResult
 from planner.core.formatting import count, gib, share
 from planner.core.ledger import Location, resident
+from planner.engine.estimate import EstimateResult
 from strategies import TECHNIQUES, summary
 
 PHASE_WORDS = {
