@@ -245,8 +245,7 @@ def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
 
 STRATEGY = Strategy(
     "optimizer", Optimizer, Optimizer.ADAMW, order=0, short="optimizer", bare=True, searched=SEARCHED,
-    help="the optimizer and its state precision and paging (default search: adamw and its 8-bit, paged and "
-         "Adam-mini forms)",
+    help="the optimizer and its state precision and paging",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
     runtime="planner.runtime.optimizer",
 )

@@ -82,9 +82,11 @@ def with_techniques(kind: str):
 
     def option(s):
         if kind == "many":
-            return Annotated[list[s.enum] | None, typer.Option(s.flag, help=f"{s.help}; allow only these (repeatable)")]
+            searched = f"; searched unless given: {', '.join(map(str, s.searched))}" if s.searched else ""
+            return Annotated[list[s.enum] | None,
+                             typer.Option(s.flag, help=f"{s.help}; allow only these (repeatable){searched}")]
         fallback = "from the files" if kind == "optional" else (
-            f"default: {s.default}" if s.default_for is None else f"default: {(s.default_for.__doc__ or '').strip()}")
+            f"default: {s.default}" if s.default_for is None else f"default: {(s.default_for.__doc__ or '').strip(' .')}")
         return Annotated[s.enum | None, typer.Option(s.flag, help=f"{s.help} ({fallback})")]
 
     def collect(values: dict) -> dict:
