@@ -6,6 +6,8 @@ The traced probes (issue 6) start from this; the catalog tests use it to check p
 import torch
 import transformers
 
+from planner.runtime.model import decoder_layers  # the same blocks FSDP wraps
+
 
 def build_on_meta(config: dict, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The causal-LM module for a config.json dict, with meta tensors in ``dtype``."""
@@ -19,6 +21,4 @@ def count_parameters(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The repeated decoder blocks (``model.layers`` or GPT-2's ``transformer.h``)."""
-    return model.model.layers if hasattr(model, "model") else model.transformer.h
+__all__ = ["build_on_meta", "count_parameters", "decoder_layers"]

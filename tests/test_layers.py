@@ -9,7 +9,7 @@
 | emit       | planner.emit                     | the above, emit                            | not at module level|
 | check      | planner.check                    | the above, check                           | not at module level|
 | render     | planner.render                   | the above, render                          | not at module level|
-| runtime    | planner.runtime                  | core, strategies, runtime                  | not at module level|
+| runtime    | planner.runtime                  | core, catalogs, strategies, runtime        | not at module level|
 | probes     | probes                           | all but check, render and cli              | yes                |
 | cli        | planner.cli                      | everything; probes only inside functions   | not at module level|
 
@@ -26,7 +26,7 @@ ORDER = ("planner.core", "planner.catalog", "planner.cost", "strategies", "plann
          "planner.check", "planner.render")
 ALLOWED: dict[str, set[str]] = {layer: set(ORDER[: i + 1]) for i, layer in enumerate(ORDER)}
 ALLOWED["strategies"] = {"planner.core", "planner.cost", "strategies"}
-ALLOWED["planner.runtime"] = {"planner.core", "strategies", "planner.runtime"}
+ALLOWED["planner.runtime"] = {"planner.core", "planner.catalog", "strategies", "planner.runtime"}
 ALLOWED["probes"] = set(ORDER) - {"planner.check", "planner.render"} | {"planner.runtime", "probes"}
 ALLOWED["planner.cli"] = set(ORDER) | {"planner.runtime", "planner.cli", "probes"}
 #: Layers that may import heavy packages at module level.

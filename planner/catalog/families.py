@@ -110,6 +110,15 @@ ADAPTERS: dict[str, Callable[[dict], dict]] = {
 SUPPORTED_FAMILIES = tuple(ADAPTERS)
 
 
+def with_depth(config: dict, layers: int | None) -> dict:
+    """A copy of a config.json mapping at ``layers`` decoder layers (None: as it is). The depth key
+    is ``num_hidden_layers``, GPT-2's ``n_layer`` (transformers GPT2Config)."""
+    out = dict(config)
+    if layers is not None:
+        out["n_layer" if out.get("model_type") == "gpt2" else "num_hidden_layers"] = layers
+    return out
+
+
 def spec_from_config(
     config: dict, model_id: str, source: str, published: tuple[int | None, str | None] = (None, None)
 ) -> ModelSpec:

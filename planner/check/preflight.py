@@ -29,7 +29,7 @@ from planner.engine.space import build_space
 from strategies import BY_FIELD, TECHNIQUES, TrainingConfig
 from strategies.vocabulary import TechniqueChoices
 
-FIELDS = tuple(TrainingConfig.model_fields)
+CONFIG_FIELDS = tuple(TrainingConfig.model_fields)  # every technique and the workload
 
 
 class CheckRequest(PlanTarget, TechniqueChoices):
@@ -118,7 +118,7 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
         problems.append(f"{reading.machines[1]} = {reading.machines[0]}, but --gpus {request.gpus} is {nodes} node(s)")
     values = {k: v for k, (v, _) in reading.values.items()}
     sources = {k: where for k, (_, where) in reading.values.items()}
-    for name in FIELDS:
+    for name in CONFIG_FIELDS:
         flag = getattr(request, name)
         if flag is not None:
             values[name], sources[name] = str(flag) if not isinstance(flag, int) else flag, f"--{name.replace('_', '-')}"
@@ -130,7 +130,7 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
             values[name], note = strategy.settle(value, plan_config[name] if plan_config else None)
             sources[name] += note
     defaults = {s.field: s.default_on(hardware) for s in TECHNIQUES} | {"seq_len": default_seq_len(model)}
-    for name in FIELDS:
+    for name in CONFIG_FIELDS:
         if name not in values:
             values[name] = defaults.get(name, TrainingConfig.model_fields[name].default)
             sources[name] = "default"
@@ -153,7 +153,7 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
 
 def describe(old: TrainingConfig, new: TrainingConfig) -> str:
     parts = []
-    for name in FIELDS:
+    for name in CONFIG_FIELDS:
         a, b = getattr(old, name), getattr(new, name)
         if a != b:
             parts.append(f"{name.replace('_', '-')} {a} -> {b}")
@@ -173,7 +173,7 @@ def _changes_that_fit(model, hardware, config, margin, result, limit) -> list[Ch
         return single[:limit]
     pairs = []
     for a, b in combinations(savers, 2):
-        merged = a.result.config.model_copy(update={k: getattr(b.result.config, k) for k in FIELDS
+        merged = a.result.config.model_copy(update={k: getattr(b.result.config, k) for k in CONFIG_FIELDS
                                                     if getattr(b.result.config, k) != getattr(config, k)})
         r = estimate_config(model, hardware, merged, margin)
         if r.fits:

@@ -37,10 +37,6 @@ class ConfigBase(BaseModel):
     def tokens_per_micro_batch(self) -> int:
         return self.micro_batch_size * self.seq_len
 
-    def techniques(self) -> dict[str, StrEnum]:
-        """The technique fields, in vocabulary order."""
-        return {k: getattr(self, k) for k in type(self).model_fields if k not in WORKLOAD_FIELDS}
-
 
 def config_model(techniques: Sequence[tuple[str, type[StrEnum], StrEnum]]) -> type[ConfigBase]:
     """``TrainingConfig``: one field per technique (name, choices, default), then the workload."""

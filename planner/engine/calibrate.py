@@ -31,7 +31,7 @@ from planner.catalog.calibration import (
     apply,
 )
 from planner.catalog.efficiency import efficiency
-from planner.catalog.families import spec_from_config
+from planner.catalog.families import spec_from_config, with_depth
 from planner.catalog.gpus import (
     DEFAULT_INTER_NODE_GBPS_PER_GPU,
     catalog,
@@ -104,9 +104,7 @@ def uncalibrated_gpu(gpu_id: str) -> GpuSpec:
 def measured_model(m: Measurement) -> ModelSpec:
     """The architecture measured: its config.json at the measured depth (``num_hidden_layers``, or
     GPT-2's ``n_layer``, set to ``m.layers``)."""
-    config = dict(m.config_json)
-    if m.layers is not None:
-        config["n_layer" if config.get("model_type") == "gpt2" else "num_hidden_layers"] = m.layers
+    config = with_depth(m.config_json, m.layers)
     return spec_from_config(config, model_id=m.model, source=f"measured probe of {m.model}")
 
 

@@ -6,10 +6,9 @@ def build_config(config_json: dict, layers: int | None = None):
     """A transformers config from a config.json mapping, at ``layers`` depth when given, no KV cache."""
     import transformers
 
-    cfg_dict = dict(config_json)
-    if layers is not None:
-        cfg_dict["n_layer" if cfg_dict.get("model_type") == "gpt2" else "num_hidden_layers"] = layers
-    cfg = transformers.AutoConfig.for_model(**cfg_dict)
+    from planner.catalog.families import with_depth
+
+    cfg = transformers.AutoConfig.for_model(**with_depth(config_json, layers))
     cfg.use_cache = False
     return cfg
 
