@@ -2,12 +2,13 @@
 
 Its memory effect lives in planner.cost.activations (fused attention saves no s^2 tensor;
 eager saves fp32 softmax probabilities, a*s per token), read through the plan layout's
-``fused_attention``. Here: when a choice is unwise, its time, its model keyword.
+``fused_attention``. Here: when a choice is unwise, its time, its model keyword (runtime.json).
 """
 
 from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
+from planner.core.job import JobFiles, Reading
 from planner.core.ledger import Ledger, PagedInfo
 from planner.core.timing import TimeDraft, Window
 from strategies import rates
@@ -54,11 +55,27 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
-    files.model_kwargs["attn_implementation"] = str(ctx.config.attention)
+    """transformers' attn_implementation, which no Trainer key says: runtime.json."""
+    files.runtime["attn_implementation"] = str(ctx.config.attention)
+
+
+#: transformers attn_implementation names -> vocabulary (flash-attn kernels are fused like SDPA's).
+READS = {"sdpa": Attention.SDPA, "eager": Attention.EAGER, "flash_attention_2": Attention.SDPA,
+         "flash_attention_3": Attention.SDPA}
+
+
+def _read(job: JobFiles, r: Reading) -> None:
+    """runtime.json's attn_implementation (transformers loads sdpa when nothing says otherwise)."""
+    if job.runtime_where:
+        name = job.runtime.get("attn_implementation", "sdpa")
+        if name in READS:
+            r.set("attention", READS[name], f"{job.runtime_where}: attn_implementation {name}")
+        else:
+            r.problems.append(f"{job.runtime_where}: attn_implementation {name!r} is not one of {', '.join(READS)}")
 
 
 STRATEGY = Strategy(
     "attention", Attention, Attention.SDPA, order=6, short="attn",
     help="attention kernels: sdpa (fused flash / memory-efficient) or eager (materialises s^2 scores)",
-    check=_check, time=_time, emit=_emit, storage=_storage, runtime="planner.runtime.attention",
+    check=_check, time=_time, emit=_emit, read=_read, storage=_storage, runtime="planner.runtime.attention",
 )

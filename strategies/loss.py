@@ -167,7 +167,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     chunked = ctx.config.loss == Loss.CHUNKED
     files.training_args["use_liger_kernel"] = chunked
     if chunked:
-        files.notes.append("chunked loss: pip install liger-kernel (fused linear cross-entropy; use_liger_kernel)")
+        files.extras.add("liger")
 
 
 def _read(job: JobFiles, r: Reading) -> None:

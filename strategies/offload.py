@@ -123,7 +123,10 @@ DEVICES = {None: False, "none": False, "cpu": True, "nvme": True}
 
 
 def _read(job: JobFiles, r: Reading) -> None:
-    """DeepSpeed's offload devices (its JSON, or accelerate's inline keys); FSDP parameter offload."""
+    """DeepSpeed's offload devices (its JSON, or accelerate's inline keys); FSDP parameter offload;
+    none where a file says the engine and no offload (DDP and single-process jobs offload nothing)."""
+    if job.distributed_type in ("NO", "MULTI_GPU"):
+        r.set("offload", Offload.NONE, f"{job.accelerate_where}: distributed_type {job.distributed_type}")
     inline = job.accelerate_inline_deepspeed
     if inline is not None:
         _devices(inline.get("offload_optimizer_device"), inline.get("offload_param_device"),
@@ -137,6 +140,8 @@ def _read(job: JobFiles, r: Reading) -> None:
         offload = fsdp.get("offload_params", fsdp.config.get("cpu_offload", False)) or "offload" in fsdp.options
         if offload in (True, "true"):
             r.set("offload", Offload.OPTIMIZER_PARAMS, f"{fsdp.file}: FSDP parameter offload")
+        else:
+            r.set("offload", Offload.NONE, f"{fsdp.file}: FSDP without parameter offload")
 
 
 def _devices(optimizer_device, param_device, where: str, r: Reading) -> None:
@@ -150,6 +155,8 @@ def _devices(optimizer_device, param_device, where: str, r: Reading) -> None:
         r.set("offload", Offload.OPTIMIZER_PARAMS, where)
     elif DEVICES[optimizer_device]:
         r.set("offload", Offload.OPTIMIZER, where)
+    else:
+        r.set("offload", Offload.NONE, f"{where}: no offload device")
 
 
 def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:

@@ -161,7 +161,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
 
 
 #: transformers TrainingArguments.optim names (transformers.training_args.OptimizerNames).
-#: Adam-mini has none: the notes say how to pass it.
+#: Adam-mini has none: runtime.json names it and the runtime builds it.
 TRAINER_OPTIM = {
     Optimizer.ADAMW: "adamw_torch_fused",
     Optimizer.ADAMW_8BIT: "adamw_bnb_8bit",
@@ -178,16 +178,20 @@ DEEPSPEED_NATIVE = {Optimizer.ADAMW: "AdamW", Optimizer.LION: "Lion"}
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    """The Trainer's ``optim`` (torchao's 8-bit AdamW under FSDP2, where bitsandbytes' cannot run on
+    sharded DTensor parameters); Adam-mini, which has no optim name, in runtime.json (the runtime
+    builds it and hands it to the Trainer, which then ignores ``optim``); DeepSpeed's own optimizer
+    block where DeepSpeed runs the step."""
     opt = ctx.config.optimizer
-    if opt in TRAINER_OPTIM:
+    if opt == Optimizer.ADAMW_8BIT and ctx.engine == Engine.FSDP:
+        files.training_args["optim"] = TORCHAO_ADAMW_8BIT
+        files.extras.add("torchao")
+    elif opt in TRAINER_OPTIM:
         files.training_args["optim"] = TRAINER_OPTIM[opt]
+        files.extras |= {"bitsandbytes"} if opt in BITSANDBYTES else set()
     else:
-        files.notes.append(
-            "adam-mini: transformers has no optim name for it; pip install adam-mini and pass "
-            "Trainer(optimizers=(Adam_mini(...), None)) (examples/train_causal_lm.py builds it)"
-        )
-    if opt in BITSANDBYTES_8BIT_OR_PAGED or opt == Optimizer.LION_8BIT:
-        files.notes.append(f"{opt}: pip install bitsandbytes (CUDA)")
+        files.runtime["optimizer"] = str(opt)
+        files.extras.add(str(opt))  # adam-mini
     if files.deepspeed is not None and opt in DEEPSPEED_NATIVE:
         # lr and weight_decay: "auto" (the Trainer and accelerate's DummyOptim fill them); betas and
         # eps: the Trainer's defaults written out, because accelerate fills only lr / weight_decay
@@ -197,19 +201,37 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         files.deepspeed["optimizer"] = {"type": DEEPSPEED_NATIVE[opt], "params": params}
 
 
+#: The optimizers the runtime builds (runtime.json ``optimizer``): those with no Trainer optim name.
+RUNTIME_BUILT = tuple(o for o in Optimizer if o not in TRAINER_OPTIM)
+#: The Trainer's torchao 8-bit AdamW (the adamw-8bit of FSDP2 plans).
+TORCHAO_ADAMW_8BIT = "adamw_torch_8bit"
+#: The Trainer optim names that build a bitsandbytes optimizer (32-bit Lion included).
+BITSANDBYTES = (*BITSANDBYTES_8BIT_OR_PAGED, Optimizer.LION)
+
+
 #: Trainer ``optim`` names -> vocabulary (transformers OptimizerNames; aliases included).
 TRAINER_READS = {
     "adamw_torch": Optimizer.ADAMW, "adamw_torch_fused": Optimizer.ADAMW, "adamw_hf": Optimizer.ADAMW,
     "adamw_apex_fused": Optimizer.ADAMW, "adamw_8bit": Optimizer.ADAMW_8BIT, "adamw_bnb_8bit": Optimizer.ADAMW_8BIT,
     "paged_adamw_32bit": Optimizer.PAGED_ADAMW, "paged_adamw_8bit": Optimizer.PAGED_ADAMW_8BIT,
     "adafactor": Optimizer.ADAFACTOR, "lion_32bit": Optimizer.LION, "lion_8bit": Optimizer.LION_8BIT, "sgd": Optimizer.SGD,
+    TORCHAO_ADAMW_8BIT: Optimizer.ADAMW_8BIT,
 }
 #: DeepSpeed optimizer ``type`` names (case-insensitive) -> vocabulary.
 DEEPSPEED_READS = {"adamw": Optimizer.ADAMW, "adam": Optimizer.ADAMW, "lion": Optimizer.LION}
 
 
 def _read(job: JobFiles, r: Reading) -> None:
-    """The Trainer's ``optim``, DeepSpeed's ``optimizer.type``; unknown ones are counted as AdamW."""
+    """The Trainer's ``optim``, DeepSpeed's ``optimizer.type``; unknown ones are counted as AdamW.
+    runtime.json's optimizer is the one that runs (the Trainer ignores ``optim`` when handed one)."""
+    built = job.runtime.get("optimizer") if job.runtime_where else None
+    if built is not None:
+        if built in RUNTIME_BUILT:
+            r.set("optimizer", Optimizer(built), f"{job.runtime_where}: optimizer {built}")
+        else:
+            r.problems.append(f"{job.runtime_where}: optimizer {built!r}: the runtime builds only "
+                              f"{', '.join(RUNTIME_BUILT)} (name others in the Trainer's optim)")
+        return
     if job.training_args_where:
         where = job.training_args_where
         optim = r.typed(job.training_args, "optim", (str,), where)

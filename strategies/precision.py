@@ -200,27 +200,34 @@ ACCELERATE_MIXED_PRECISION = {
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     """accelerate mixed_precision (fp8 through torchao; none next to a DeepSpeed file, whose
     bf16/fp16 sections decide), DeepSpeed's bf16/fp16 sections (fp16 with dynamic loss scaling),
-    the Trainer's bf16/fp16 flags, and the load dtype for bf16-pure."""
+    the Trainer's bf16/fp16 flags, the weights' load dtype (runtime.json) and, for fp8, torch.compile.
+
+    fp8: the Trainer's bf16 and fp16 stay off, so the Trainer takes the mixed precision accelerate
+    launch exports from the YAML (``ACCELERATE_MIXED_PRECISION=fp8``; transformers
+    TrainingArguments.__post_init__: bf16 / fp16 override the environment, else it is used);
+    ``bf16: true`` would hand accelerate bf16 and drop fp8. The fp8 speed-up assumes the casts and
+    scales are fused by torch.compile (torchao's float8 README trains compiled), so the launch
+    compiles (the Trainer's torch_compile)."""
     p = ctx.config.precision
     if files.deepspeed is None:  # with a DeepSpeed file, its bf16 / fp16 sections decide (accelerate rule)
         files.accelerate["mixed_precision"] = ACCELERATE_MIXED_PRECISION[p]
     if p == Precision.FP8_MIXED:
         files.accelerate["fp8_config"] = {"backend": "AO"}
-        files.notes.append("fp8-mixed: accelerate converts the decoder layers' linears to fp8 with torchao (pip install torchao)")
+        files.training_args["torch_compile"] = True
+        files.extras.add("torchao")
     if files.deepspeed is not None:
-        if p in (Precision.BF16_MIXED, Precision.FP8_MIXED):
+        if p == Precision.BF16_MIXED:
             files.deepspeed["bf16"] = {"enabled": True}
         elif p == Precision.FP16_MIXED:
             files.deepspeed["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
                                        "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
-    files.training_args["bf16"] = p in (Precision.BF16_MIXED, Precision.FP8_MIXED)
+    files.training_args["bf16"] = p == Precision.BF16_MIXED
     files.training_args["fp16"] = p == Precision.FP16_MIXED
-    if p == Precision.BF16_PURE:
-        files.model_kwargs["dtype"] = "bfloat16"
-        files.notes.append(
-            "bf16-pure: load the model in bfloat16 (dtype=torch.bfloat16); there is no fp32 master copy, "
-            "so gradients, weights and optimizer states are all bf16"
-        )
+    files.runtime["dtype"] = LOAD_DTYPE[p]
+
+
+#: The parameters' dtype as loaded (runtime.json ``dtype``): bf16-pure has no fp32 master copy.
+LOAD_DTYPE = {p: "bfloat16" if p == Precision.BF16_PURE else "float32" for p in Precision}
 
 
 #: "Not mixed": accelerate's mixed_precision "no", or the Trainer with bf16 and fp16 off: fp32
@@ -265,8 +272,28 @@ def _read(job: JobFiles, r: Reading) -> None:
         elif bf16 or fp16:
             r.set("precision", Precision.BF16_MIXED if bf16 else Precision.FP16_MIXED,
                   f"{where}: {'bf16' if bf16 else 'fp16'}", REFINES)
-        elif "bf16" in d or "fp16" in d:
+        elif ("bf16" in d or "fp16" in d) and not job.accelerate:
+            # with both off the Trainer takes accelerate launch's mixed precision, when there is one
             r.set("precision", NOT_MIXED, f"{where}: bf16 and fp16 off", REFINES)
+        if job.accelerate and r.values.get("precision", (None,))[0] == Precision.FP8_MIXED and not d.get("torch_compile"):
+            r.warnings.append(f"{where}: fp8 without torch_compile runs torchao's casts eagerly; the fp8 speed-up "
+                              "assumes a compiled model")
+    if job.runtime_where:
+        _read_load_dtype(job, r)
+
+
+def _read_load_dtype(job: JobFiles, r: Reading) -> None:
+    """runtime.json's load dtype: bfloat16 weights make a not-mixed job bf16-pure (and contradict a
+    mixed one); fp32 weights make it fp32."""
+    where = f"{job.runtime_where}: dtype"
+    dtype = job.runtime.get("dtype", "float32")
+    if dtype == "bfloat16":
+        r.set("precision", Precision.BF16_PURE, where, REFINES)
+    elif dtype == "float32":
+        if r.values.get("precision", (None,))[0] in (NOT_MIXED, None):
+            r.set("precision", Precision.FP32, where, REFINES)
+    else:
+        r.problems.append(f"{where}: {dtype!r} is not a planned load dtype (float32, or bfloat16 for bf16-pure)")
 
 
 def _settle(value: str, planned: str | None) -> tuple[str, str]:

@@ -255,6 +255,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
         files.deepspeed["zero_optimization"] = zero
+        files.extras.add("deepspeed")
         acc["distributed_type"] = "DEEPSPEED"
         acc["deepspeed_config"] = {"deepspeed_config_file": "deepspeed_config.json", "zero3_init_flag": stage == 3}
         if hw.nodes > 1:

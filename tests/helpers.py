@@ -26,3 +26,34 @@ def run(model: str, gpus: str, host_memory_gb: float | None = None, margin: floa
     """Estimate one configuration from strings, the way the CLI resolves them."""
     hardware = parse_gpus(gpus, host_memory_gb, inter_node_gbps)
     return estimate_config(resolve_model(model), hardware, TrainingConfig(**config), margin)
+
+
+#: The emitted files a launch reads (plan.json and PLAN.md are for people; launch.sh only starts it).
+LAUNCH_FILES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.json", "runtime.json")
+
+
+def round_trip(plan, out, gpus: str | None = None):
+    """``planner check`` on the launch files ``plan`` emits, alone, written to ``out``: the
+    CheckResult (no alternatives searched)."""
+    from planner.check import CheckRequest, check
+    from planner.emit import build_files, single_plan_result
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in build_files(single_plan_result(plan)).items():
+        if name in LAUNCH_FILES:
+            (out / name).write_text(text)
+    return check(CheckRequest(model=plan.model.id, gpus=gpus or plan.hardware.spec, job_dir=out, alternatives=0,
+                              host_memory_gb=plan.hardware.host_memory_bytes_per_node / 1e9))
+
+
+def round_trip_errors(plan, result) -> list[str]:
+    """What a round trip got wrong: every field the files left to a default, every field read
+    differently, and a peak more than 0.5 % away."""
+    errors = [f"{k}: from a default, not the files" for k, v in result.sources.items() if v == "default"]
+    got = result.estimate.config
+    errors += [f"{k}: planned {getattr(plan.config, k)}, read {getattr(got, k)} ({result.sources.get(k)})"
+               for k in type(plan.config).model_fields if getattr(got, k) != getattr(plan.config, k)]
+    a, b = plan.memory["peak"], result.estimate.memory["peak"]
+    if abs(b - a) > 0.005 * a:
+        errors.append(f"peak: planned {a:,} B, read {b:,} B")
+    return errors

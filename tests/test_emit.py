@@ -166,9 +166,12 @@ def test_launch_script_is_valid_bash_and_multinode_needs_addresses(emitted, tmp_
         script = d / "launch.sh"
         assert os.access(script, os.X_OK)
         subprocess.run(["bash", "-n", str(script)], check=True)
-        # without TRAIN_SCRIPT (and, multi-node, without MACHINE_RANK / MAIN_ADDR) it refuses to start
+        # without MODEL and DATA (or TRAIN_SCRIPT; multi-node, without MACHINE_RANK / MAIN_ADDR) it refuses to start
         proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
-        assert proc.returncode != 0 and "TRAIN_SCRIPT" in proc.stderr
+        assert proc.returncode != 0 and "set MODEL" in proc.stderr
+        proc = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                              env={"PATH": os.environ["PATH"], "MODEL": "m"})
+        assert proc.returncode != 0 and "set DATA" in proc.stderr
         if plan.hardware.nodes > 1:
             proc = subprocess.run(["bash", str(script)], capture_output=True, text=True,
                                   env={"PATH": os.environ["PATH"], "TRAIN_SCRIPT": "x.py"})
@@ -210,8 +213,8 @@ def test_cli_emit_and_suggest_out(tmp_path):
     out = tmp_path / "plan"
     r = runner.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "8xH100-80", "--sharding", "zero3", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert {"accelerate_config.yaml", "deepspeed_config.json", "training_args.json", "launch.sh", "plan.json",
-            "PLAN.md"} == {p.name for p in out.iterdir()}
+    assert {"accelerate_config.yaml", "deepspeed_config.json", "training_args.json", "runtime.json", "launch.sh",
+            "plan.json", "PLAN.md"} == {p.name for p in out.iterdir()}
     again = runner.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "8xH100-80", "--out", str(out)])
     assert again.exit_code == 2 and "--force" in again.output
     r = runner.invoke(app, ["emit", "--plan", str(out / "plan.json"), "--out", str(tmp_path / "again")])

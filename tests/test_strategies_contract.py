@@ -32,6 +32,8 @@ from planner.render.tune import render_tune
 from strategies import BY_FIELD, REGISTRY, TECHNIQUES, Check, PlanContext, TrainingConfig
 from strategies.base import LAYOUT_FIELDS, resolve_layout
 
+from helpers import round_trip, round_trip_errors
+
 QWEN = "Qwen/Qwen2.5-0.5B"
 CONTEXTS = [
     PlanContext(resolve_model(m), parse_gpus(g), TrainingConfig(**c))
@@ -185,19 +187,16 @@ def _strip(text: str) -> str:
 
 @pytest.mark.parametrize("strategy", TECHNIQUES, ids=IDS)
 def test_every_value_is_read_back_by_check(strategy, tmp_path):
-    """For every value a search can rank: the files ``suggest --out`` writes (plan.json included, for
-    what no job file says) read back by ``planner check`` are the same configuration."""
+    """For every value a search can rank: ``planner check`` on the launch files alone (no plan.json)
+    reads the same configuration, every field from the files, and the same peak (tests/helpers.py
+    round_trip)."""
     for value in strategy.choices:
         example = _example(strategy, value)
         assert example is not None, f"{strategy.field} {value}: no feasible plan on {GPUS}"
         gpus, config = example
-        out = tmp_path / str(value).replace("+", "-")
-        out.mkdir()
-        for name, text in build_files(single_plan_result(estimate_config(resolve_model(QWEN), parse_gpus(gpus), config))).items():
-            (out / name).write_text(text)
-        result = check(CheckRequest(model=QWEN, gpus=gpus, job_dir=out, alternatives=0))
-        assert result.estimate.config == config, (strategy.field, value, json.dumps(result.sources, indent=1))
-        assert result.sources[strategy.field] != "default" or value == strategy.default_on(parse_gpus(gpus))
+        plan = estimate_config(resolve_model(QWEN), parse_gpus(gpus), config)
+        result = round_trip(plan, tmp_path / str(value).replace("+", "-"))
+        assert not round_trip_errors(plan, result), (strategy.field, value, round_trip_errors(plan, result))
 
 
 def test_every_runtime_module_exists_and_has_a_hook():

@@ -1,6 +1,7 @@
 """Reading a job's own files into the configuration vocabulary, for `planner check`.
 
-accelerate YAML, DeepSpeed JSON and Trainer arguments (JSON or YAML) are parsed here into a
+accelerate YAML, DeepSpeed JSON, Trainer arguments (JSON or YAML) and planner's runtime.json
+(planner.core.launch: what the planner launch applies beyond them) are parsed here into a
 ``JobFiles`` (planner/core/job.py); this module reads what belongs to no technique (unknown keys,
 process and machine counts, the workload: micro-batch, accumulation, sequence length, global batch)
 and every registered strategy's ``read`` maps its own keys onto its field. Every mapped value
@@ -14,17 +15,20 @@ import json
 from functools import cache
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from planner.catalog import DATA_DIR
 from planner.catalog.files import read_mapping
 from planner.core.errors import PlannerInputError
 from planner.core.job import FsdpSettings, JobFiles, Reading
+from planner.core.launch import RUNTIME_FILE, RuntimeArgs
 from strategies import TECHNIQUES
 
 #: TRL's SFTConfig sequence-length keys (a TrainingArguments subclass that most SFT jobs use).
 SEQ_LEN_KEYS = ("max_seq_length", "max_length")
 #: The files a job directory may hold (``planner suggest --out`` writes them under these names).
 JOB_FILES = {"accelerate_config": "accelerate_config.yaml", "deepspeed_config": "deepspeed_config.json",
-             "training_args": "training_args.json"}
+             "training_args": "training_args.json", "runtime_args": RUNTIME_FILE}
 
 
 @cache
@@ -52,6 +56,11 @@ def read_job(paths: dict[str, Path | None]) -> Reading:
             parts |= {"deepspeed": named, "deepspeed_where": f"{paths[key].name}: deepspeed"}
         elif named is not None and ds_source is None:
             ds_source = named
+    if paths.get("runtime_args") is not None:
+        try:
+            _runtime(paths["runtime_args"], r, parts)
+        except PlannerInputError as e:
+            errors += e.problems
     if isinstance(ds_source, Path):
         try:
             parts |= {"deepspeed": read_mapping(ds_source, "DeepSpeed config"), "deepspeed_where": ds_source.name}
@@ -66,6 +75,18 @@ def read_job(paths: dict[str, Path | None]) -> Reading:
         raise PlannerInputError(list(dict.fromkeys(errors + r.problems)),
                                 hint="Fix the files (or the flags) and run planner check again.")
     return r
+
+
+def _runtime(path: Path, r: Reading, parts: dict) -> None:
+    """runtime.json (planner.core.launch): its format, the sequence length; each technique reads its key."""
+    d = read_mapping(path, "planner runtime arguments")
+    try:
+        args = RuntimeArgs.model_validate(d)
+    except ValidationError as e:
+        r.problems += [f"{path.name}: {'.'.join(map(str, er['loc'])) or 'file'}: {er['msg']}" for er in e.errors()]
+        return
+    parts |= {"runtime": args.model_dump(), "runtime_where": path.name}
+    r.set("seq_len", args.seq_len, f"{path.name}: seq_len")
 
 
 def _unknown(d: dict, known: frozenset[str], where: str, what: str, r: Reading, extra: tuple = ()) -> None:

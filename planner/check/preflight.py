@@ -1,10 +1,11 @@
 """`planner check`: will this job fit, before it is queued?
 
 One function, `check(CheckRequest) -> CheckResult`, for the CLI and for launchers written in
-Python. The job's own files (accelerate YAML, DeepSpeed JSON, Trainer arguments) are mapped
-onto the vocabulary (planner.check.job_files); flags fill what the files leave open or override it; a
-job directory written by `planner suggest --out` also supplies its plan.json for what the files
-cannot say (bf16-pure weights, attention, selective checkpointing, Adam-mini, sequence length).
+Python. The job's own files (accelerate YAML, DeepSpeed JSON, Trainer arguments, and the runtime.json
+of a planner launch) are mapped onto the vocabulary (planner.check.job_files); flags fill what the
+files leave open or override it. A job directory that has a plan.json but no runtime.json (a job
+launched with its own script) takes what the standard files cannot say (bf16-pure weights,
+attention, selective checkpointing, Adam-mini, sequence length) from plan.json.
 
 Verdict: the estimate at the job's configuration. When it does not fit, the cheapest changes
 that make it fit (one change, else two, else the fastest fitting plans), each with its peak;
@@ -39,6 +40,7 @@ class CheckRequest(PlanTarget, TechniqueChoices):
     accelerate_config: Path | None = None
     deepspeed_config: Path | None = None
     training_args: Path | None = None
+    runtime_args: Path | None = None  # planner's runtime.json
     job_dir: Path | None = None  # a directory of the files above (and plan.json), as `suggest --out` writes
     micro_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
     grad_accum: int | None = Field(None, ge=1, le=MAX_BATCH)
@@ -94,10 +96,11 @@ def _read_files(request: CheckRequest) -> tuple[Reading, dict | None]:
         for key, name in JOB_FILES.items():
             if paths[key] is None and (request.job_dir / name).is_file():
                 paths[key] = request.job_dir / name
-        plan_config = _plan_config(request.job_dir / "plan.json")
+        if paths["runtime_args"] is None:
+            plan_config = _plan_config(request.job_dir / "plan.json")
     if not any(paths.values()) and request.job_dir is None:
         raise PlannerInputError("no job files given",
-                                hint="Pass --accelerate-config, --deepspeed-config, --training-args or --job-dir.")
+                                hint="Pass --accelerate-config, --deepspeed-config, --training-args, --runtime-args or --job-dir.")
     return read_job(paths), plan_config
 
 

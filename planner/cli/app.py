@@ -147,7 +147,7 @@ def emit(
 
 
 @app.command(help="Will this job fit? Reads the job's own files (accelerate YAML, DeepSpeed JSON, Trainer "
-             "arguments JSON/YAML, any subset, or --job-dir); flags fill gaps or override. Exit codes: 0 fits, "
+             "arguments JSON/YAML, a planner launch's runtime.json, any subset, or --job-dir); flags fill gaps or override. Exit codes: 0 fits, "
              "1 will not fit, 2 bad input (unreadable file, unknown key, contradiction).")
 @with_techniques("optional")
 @with_target
@@ -157,7 +157,8 @@ def check(
     accelerate_config: Annotated[Path | None, typer.Option(help="the job's accelerate config YAML")] = None,
     deepspeed_config: Annotated[Path | None, typer.Option(help="the job's DeepSpeed JSON")] = None,
     training_args: Annotated[Path | None, typer.Option(help="the job's Trainer arguments (JSON or YAML)")] = None,
-    job_dir: Annotated[Path | None, typer.Option(help="a directory holding those files (and plan.json), e.g. from suggest --out")] = None,
+    runtime_args: Annotated[Path | None, typer.Option(help="the runtime.json of a planner launch")] = None,
+    job_dir: Annotated[Path | None, typer.Option(help="a directory holding those files, e.g. from suggest --out")] = None,
     micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", "--mbs", help="sequences per GPU per micro-batch (from the files)")] = None,
     grad_accum: Annotated[int | None, typer.Option(help="gradient accumulation steps (from the files)")] = None,
     seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (files rarely say; default 2048)")] = None,
@@ -169,7 +170,7 @@ def check(
     serve(lambda: run(CheckRequest(
         **target, **techniques,
         accelerate_config=accelerate_config, deepspeed_config=deepspeed_config, training_args=training_args,
-        job_dir=job_dir, micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len,
+        runtime_args=runtime_args, job_dir=job_dir, micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len,
     )), "render_check", as_json)
 
 

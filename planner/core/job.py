@@ -41,6 +41,8 @@ class JobFiles:
     deepspeed_where: str = ""
     training_args: dict = field(default_factory=dict)
     training_args_where: str = ""
+    runtime: dict = field(default_factory=dict)  # runtime.json (planner.core.launch.RuntimeArgs)
+    runtime_where: str = ""
     distributed_type: str | None = None  # accelerate's (None: no accelerate config)
     processes: int | None = None  # accelerate num_processes
     accelerate_inline_deepspeed: dict | None = None  # accelerate's deepspeed_config without a JSON file

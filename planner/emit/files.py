@@ -1,10 +1,15 @@
 """Emit a plan as the files its users launch with.
 
 accelerate_config.yaml, deepspeed_config.json (ZeRO plans), training_args.json (transformers
-TrainingArguments), launch.sh, plan.json (the suggest JSON of this plan) and PLAN.md. Each
-technique's piece comes from its strategy (``Strategy.emit``); this module adds the plan-wide
-keys, renders the launch script, and writes everything atomically, never over a file the user
-has without ``force``.
+TrainingArguments), runtime.json (what the planner launch applies beyond them,
+planner.core.launch), launch.sh, plan.json (the suggest JSON of this plan; no launch reads it) and
+PLAN.md. Each technique's piece comes from its strategy (``Strategy.emit``); this module adds the
+plan-wide keys, renders the launch script, and writes everything atomically, never over a file
+the user has without ``force``.
+
+launch.sh runs ``accelerate launch`` with the files and planner's entry point
+(``python -m planner.launch``: the user's model and data, the HF Trainer, runtime.json applied), or
+with the user's own script (``TRAIN_SCRIPT``), which then has only the standard files.
 """
 
 import json
@@ -20,13 +25,15 @@ from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.core.emitted import EmitDraft
 from planner.core.errors import PlannerInputError
+from planner.core.launch import RUNTIME_FILE
 from planner.emit.plan_doc import render_plan_doc
 from planner.engine.alternatives import memory_savers
 from planner.engine.estimate import EstimateResult, estimate_config
 from planner.engine.suggest import SuggestResult
 from strategies import REGISTRY, Engine, PlanContext, summary
 
-FILE_NAMES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.json", "launch.sh", "plan.json", "PLAN.md")
+FILE_NAMES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.json", RUNTIME_FILE, "launch.sh",
+              "plan.json", "PLAN.md")
 MAIN_PORT = 29500
 #: Set by launch.sh: expandable segments let the caching allocator grow segments instead of
 #: stranding free blocks, which shrinks fragmentation (torch.cuda memory management notes).
@@ -93,13 +100,14 @@ def build_files(search: SuggestResult, rank: int = 1, gpus: str | None = None,
     out = {
         "accelerate_config.yaml": _yaml(files.accelerate),
         "training_args.json": _json(files.training_args),
+        RUNTIME_FILE: _json(files.runtime),
         "launch.sh": launch_script(plan, files),
         "plan.json": _json(single_plan_result(plan, search).model_dump(mode="json")),
     }
     if files.deepspeed is not None:
         out["deepspeed_config.json"] = _json(files.deepspeed)
     savers = memory_savers(model, hardware, plan.config, margin, baseline=plan)
-    out["PLAN.md"] = render_plan_doc(plan, search, rank, notes, files.model_kwargs, savers, sorted(out) + ["PLAN.md"])
+    out["PLAN.md"] = render_plan_doc(plan, search, rank, notes, files, savers, sorted(out) + ["PLAN.md"])
     return out
 
 
@@ -130,6 +138,8 @@ def _draft(ctx: PlanContext) -> EmitDraft:
             "steps_per_print": 100,
             "wall_clock_breakdown": False,
         }
+    files.runtime = {"planner_version": __version__, "seq_len": cfg.seq_len}
+    files.extras.add("train")
     files.training_args = {
         "output_dir": "outputs",
         "per_device_train_batch_size": cfg.micro_batch_size,
@@ -144,6 +154,8 @@ def _draft(ctx: PlanContext) -> EmitDraft:
 
 
 def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
+    """The launch: accelerate launch with the emitted files and planner's entry point (or the
+    user's TRAIN_SCRIPT). Run from anywhere: every path is the script's own folder."""
     c, hw = plan.config, plan.hardware
     lines = [
         "#!/usr/bin/env bash",
@@ -151,8 +163,10 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
         f"# micro-batch {c.micro_batch_size} x accumulation {c.grad_accum} x {hw.num_gpus} GPU(s), seq {c.seq_len}."
         f" Written by planner {__version__}; see PLAN.md.",
         "#",
-        "#   TRAIN_SCRIPT=path/to/train.py ./launch.sh [arguments for the script]",
-        "#   (examples/train_causal_lm.py takes --plan plan.json; a Trainer script can read training_args.json)",
+        "#   MODEL=path/to/model DATA=path/to/train.jsonl ./launch.sh [--max-steps N ...]",
+        "#     (python -m planner.launch --help lists the options; DATA=sample: a smoke test)",
+        "#   TRAIN_SCRIPT=your_script.py ./launch.sh [its arguments]",
+        "#     (your script reads training_args.json; runtime.json is what it must apply itself)",
     ]
     if hw.nodes > 1:
         lines += [
@@ -160,7 +174,13 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
             "#   the address of machine 0 (MAIN_PORT defaults to 29500).",
         ]
     lines += ['set -euo pipefail', 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-              'TRAIN_SCRIPT="${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}"']
+              'if [[ -n "${TRAIN_SCRIPT:-}" ]]; then',
+              '  ENTRY=("$TRAIN_SCRIPT")',
+              'else',
+              '  ENTRY=(-m planner.launch --job-dir "$HERE"',
+              '         --model "${MODEL:?set MODEL to your model folder (or a Hugging Face id in the local cache)}"',
+              '         --data "${DATA:?set DATA to your training data (JSONL with a text field), or sample for a smoke test}")',
+              'fi']
     command = ['accelerate launch --config_file "$HERE/accelerate_config.yaml"']
     if hw.nodes == 1 and hw.num_gpus > 1:
         lines.append(f'MAIN_PORT="${{MAIN_PORT:-{MAIN_PORT}}}"')
@@ -173,8 +193,8 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
     if files.deepspeed is not None:  # accelerate reads the JSON path relative to the working directory
         command.append('--deepspeed_config_file "$HERE/deepspeed_config.json"')
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(LAUNCH_ENV.items()))
-    lines.append(f"export {env}")
-    lines.append("exec " + " \\\n  ".join(command + ['"$TRAIN_SCRIPT" "$@"']))
+    lines.append(f'export PLANNER_JOB_DIR="$HERE" {env}')
+    lines.append("exec " + " \\\n  ".join(command + ['"${ENTRY[@]}" "$@"']))
     return "\n".join(lines) + "\n"
 
 

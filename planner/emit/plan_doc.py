@@ -1,7 +1,9 @@
 """PLAN.md: why this plan, its memory and time breakdown, what was rejected, what to change
 first if it runs out of memory, and how to run it."""
 
+from planner.core.emitted import EmitDraft
 from planner.core.formatting import count, gib, share
+from planner.core.launch import RUNTIME_FILE, RuntimeArgs
 from planner.core.ledger import Location, resident
 from planner.engine.alternatives import Alternative
 from planner.engine.estimate import EstimateResult
@@ -12,7 +14,7 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.2f}"
 
 
-def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], model_kwargs: dict,
+def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], draft: EmitDraft,
                     savers: list[Alternative], files: list[str]) -> str:
     c, hw, t, m = plan.config, plan.hardware, plan.time, plan.model
     gpus = hw.spec
@@ -75,20 +77,57 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], m
                        f"{r.time.tokens_per_second:,.0f} tokens/s")
     else:
         out.append("No single change of this plan lowers its peak further; use more or larger GPUs.")
-    out += [
-        "",
-        "## How to run",
-        "",
-        "Files: " + ", ".join(f"`{f}`" for f in files) + ".",
-        "",
-        "```bash",
-        "TRAIN_SCRIPT=examples/train_causal_lm.py ./launch.sh --plan plan.json   # or your own script",
-        "```",
-        "",
-        "Load the model with: " + ", ".join(f"`{k}={v!r}`" for k, v in sorted(model_kwargs.items())) + ".",
-        "A Hugging Face Trainer script takes its arguments from `training_args.json` "
-        "(`HfArgumentParser(TrainingArguments).parse_json_file`).",
-    ]
+    out += ["", *how_to_run(draft, files, c.seq_len)]
     if notes or plan.warnings:
         out += ["", "Notes:", ""] + [f"- {n}" for n in notes + plan.warnings]
     return "\n".join(out) + "\n"
+
+
+def how_to_run(draft: EmitDraft, files: list[str], seq_len: int) -> list[str]:
+    """Commands that work from the plan folder after ``pip install planner[...]``: the extras this
+    plan needs, the real launch on the user's model and data, a smoke test named as one, and what a
+    user's own script must apply (runtime.json beyond the libraries' defaults)."""
+    extras = ",".join(sorted(draft.extras, key=lambda e: (e != "train", e)))
+    applied = {k: v for k, v in draft.runtime.items() if k in RuntimeArgs.neutral() and v != RuntimeArgs.neutral()[k]}
+    out = [
+        "## How to run",
+        "",
+        "Files: " + ", ".join(f"`{f}`" for f in files) + ". `plan.json` is this plan as planner ranked it; no "
+        "launch reads it.",
+        "",
+        "From this folder, after installing planner with the extras this plan needs (torch first, the build "
+        "for your CUDA):",
+        "",
+        "```bash",
+        f"pip install 'planner[{extras}]'",
+        "MODEL=/path/to/your/model DATA=/path/to/train.jsonl ./launch.sh --max-steps 1000",
+        "```",
+        "",
+        "`MODEL`: a local model folder (config, weights, tokenizer) or a Hugging Face id already in the local "
+        "cache (nothing is downloaded). `DATA`: a JSONL file with a `text` field (`--text-field` names "
+        f"another), a `.txt` file, or a folder written by `datasets`' `save_to_disk`; the text is tokenised and "
+        f"packed into sequences of {seq_len:,} tokens. `python -m planner.launch --help` lists every option "
+        "(output folder, steps, learning rate).",
+        "",
+        "Smoke test (checks the launch on your GPUs, not a training run): `DATA=sample` trains 20 steps on a "
+        "small text shipped with planner:",
+        "",
+        "```bash",
+        "MODEL=/path/to/your/model DATA=sample ./launch.sh --max-steps 20",
+        "```",
+        "",
+        "The entry point runs the Hugging Face Trainer with `training_args.json` under `accelerate launch` "
+        f"with `accelerate_config.yaml`{' and `deepspeed_config.json`' if draft.deepspeed is not None else ''}, "
+        f"applies `{RUNTIME_FILE}`, and at the end compares the live run (optimizer, dtypes, checkpointing, "
+        "sharding, offload) with this plan.",
+        "",
+    ]
+    if applied:
+        out.append("Your own Trainer script instead (`TRAIN_SCRIPT=train.py ./launch.sh`) gets the standard files "
+                   f"only; it must apply `{RUNTIME_FILE}` itself: "
+                   + ", ".join(f"`{k}={v}`" for k, v in applied.items()) + ".")
+    else:
+        out.append("Your own Trainer script instead (`TRAIN_SCRIPT=train.py ./launch.sh`, reading `training_args.json` "
+                   "with `HfArgumentParser(TrainingArguments).parse_json_file`) runs this plan as it is: nothing in "
+                   f"`{RUNTIME_FILE}` differs from the libraries' defaults but the sequence length ({seq_len:,}).")
+    return out

@@ -2,13 +2,21 @@
 # Launch Qwen/Qwen2.5-0.5B on 8xA100-SXM-80: adamw, fp16-mixed, checkpointing none, sharding ddp, offload none, loss chunked, attention sdpa,
 # micro-batch 1 x accumulation 1 x 8 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
 #
-#   TRAIN_SCRIPT=path/to/train.py ./launch.sh [arguments for the script]
-#   (examples/train_causal_lm.py takes --plan plan.json; a Trainer script can read training_args.json)
+#   MODEL=path/to/model DATA=path/to/train.jsonl ./launch.sh [--max-steps N ...]
+#     (python -m planner.launch --help lists the options; DATA=sample: a smoke test)
+#   TRAIN_SCRIPT=your_script.py ./launch.sh [its arguments]
+#     (your script reads training_args.json; runtime.json is what it must apply itself)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-TRAIN_SCRIPT="${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}"
+if [[ -n "${TRAIN_SCRIPT:-}" ]]; then
+  ENTRY=("$TRAIN_SCRIPT")
+else
+  ENTRY=(-m planner.launch --job-dir "$HERE"
+         --model "${MODEL:?set MODEL to your model folder (or a Hugging Face id in the local cache)}"
+         --data "${DATA:?set DATA to your training data (JSONL with a text field), or sample for a smoke test}")
+fi
 MAIN_PORT="${MAIN_PORT:-29500}"
-export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export PLANNER_JOB_DIR="$HERE" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 exec accelerate launch --config_file "$HERE/accelerate_config.yaml" \
   --main_process_port "$MAIN_PORT" \
-  "$TRAIN_SCRIPT" "$@"
+  "${ENTRY[@]}" "$@"

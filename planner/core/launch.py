@@ -1,0 +1,44 @@
+"""The launch contract's own file and who launches a plan (core types; no I/O here).
+
+A plan runs through ``accelerate launch`` with the emitted accelerate YAML, DeepSpeed JSON and
+Trainer arguments, read by the real libraries. What none of their keys can say (the weights'
+load dtype for bf16-pure, the attention implementation, an optimizer the Trainer has no ``optim``
+name for, the selective checkpointing policy, the sequence length of the packed data) is in
+``runtime.json``, which the planner entry point (``python -m planner.launch``) applies in the
+training process and ``planner check`` reads back like any other job file. Each technique writes
+and reads its own keys (its strategy's ``emit`` and ``read``); this module only fixes the format.
+"""
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.core.vocabulary import MAX_SEQ_LEN
+
+RUNTIME_FILE = "runtime.json"
+
+
+class Launcher(StrEnum):
+    """Who runs the emitted files: planner's entry point (every plan), or the user's own Trainer
+    script reading the standard files only (plans needing runtime.json are not ranked)."""
+
+    PLANNER = "planner"
+    TRAINER = "trainer"
+
+
+class RuntimeArgs(BaseModel):
+    """runtime.json. Values are vocabulary or library names; each technique's reader checks its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    planner_version: str
+    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)  # tokens per packed training sequence
+    dtype: str = "float32"  # from_pretrained(dtype=...): the parameters' dtype
+    attn_implementation: str = "sdpa"  # from_pretrained(attn_implementation=...)
+    optimizer: str | None = None  # built by the runtime where the Trainer has no optim name for it
+    checkpointing: str | None = None  # a checkpointing policy the runtime applies to each decoder layer
+
+    #: The values that say nothing beyond what the standard files and the libraries' defaults do.
+    @classmethod
+    def neutral(cls) -> dict:
+        return {"dtype": "float32", "attn_implementation": "sdpa", "optimizer": None, "checkpointing": None}

@@ -1,0 +1,41 @@
+"""The launch contract's round trip: ``planner check`` on the launch files of a ranked plan alone
+(accelerate YAML, DeepSpeed JSON, Trainer arguments, runtime.json; not plan.json) reads back the same
+configuration, every field from the files, and the same peak within 0.5 %.
+
+Over 250 plans that ``planner suggest`` ranks: the top 25 of ten searches across models, GPU
+types and counts (1 to 16 GPUs, two nodes), some narrowed to one sharding engine so that DeepSpeed,
+FSDP2 and DDP plans are all in the sample. tests/test_strategies_contract.py covers every value of
+every strategy one by one.
+"""
+
+import pytest
+
+from planner.engine.suggest import SuggestRequest, suggest
+
+from helpers import round_trip, round_trip_errors
+
+SEARCHES = [
+    ("Qwen/Qwen2.5-0.5B", "1xH100-80", {}),
+    ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", {}),
+    ("meta-llama/Llama-3.1-8B", "8xA100-80", {}),
+    ("meta-llama/Llama-3.1-8B", "8xA100-80", {"sharding": ["zero1", "zero2", "zero3"]}),
+    ("meta-llama/Llama-3.2-1B", "2xL40S", {"sharding": ["ddp"]}),
+    ("google/gemma-2-2b", "4xL40S", {}),
+    ("openai-community/gpt2", "1xA100-40", {"optimizer": ["adafactor", "lion", "lion-8bit", "sgd"]}),
+    ("mistralai/Mixtral-8x7B-v0.1", "8xH100-80", {"sharding": ["fsdp", "fsdp-grad-op"]}),
+    ("meta-llama/Llama-3.1-70B", "2x8xH100-80", {}),
+    ("microsoft/Phi-3-mini-4k-instruct", "2x8xA100-80", {"sharding": ["fsdp-hybrid", "zero3"], "offload": ["optimizer", "optimizer+params"]}),
+]
+TOP = 25
+
+
+@pytest.mark.parametrize("model, gpus, narrowed", SEARCHES, ids=[f"{m.split('/')[1]}-{g}" for m, g, _ in SEARCHES])
+def test_ranked_plans_round_trip(tmp_path, model, gpus, narrowed):
+    result = suggest(SuggestRequest(model=model, gpus=gpus, top=TOP, **narrowed))
+    assert len(result.plans) == TOP, f"{model} on {gpus}: only {len(result.plans)} plans fit"
+    failures = {}
+    for i, plan in enumerate(result.plans):
+        errors = round_trip_errors(plan, round_trip(plan, tmp_path / str(i)))
+        if errors:
+            failures[i] = errors
+    assert not failures, failures
