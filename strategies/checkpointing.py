@@ -1,8 +1,9 @@
 """Activation checkpointing: which activations a layer keeps, and the recompute peak.
 
 - none: every tensor each layer saves (planner.cost.activations.layer_saved).
-- selective: matmul and attention outputs plus the layer input; norms, activations, RoPE are
-  recomputed (torchtitan op-level selective AC).
+- selective: torchtitan's op-level selective AC (``SELECTIVE_POLICY``): the layer input, the
+  attention kernel's outputs and every other matmul's output (the 1st, 3rd, ... of the layer);
+  the other matmuls, norms, activations and RoPE are recomputed in backward.
 - full: the layer input only (HF gradient checkpointing, non-reentrant); during backward one
   layer is recomputed in full. Korthikanti et al. 2022, Sec. 5: 2*s*b*h per layer in 16 bit.
 In every mode, at the first layer's backward its saved tensors (recomputed or kept) and its
@@ -11,6 +12,7 @@ recomputation starts from (r*h bytes per token) is counted as part of that layer
 understates the recompute case by that one vector per token (< 0.1% of a step's peak).
 """
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
@@ -39,16 +41,53 @@ class Checkpointing(StrEnum):
     FULL = "full"
 
 
-#: Selective checkpointing's policy (torchtitan's op-level selective activation checkpointing): the
-#: aten ops whose outputs a decoder layer saves: matmuls and the attention kernels; every other op
-#: (norms, activations, RoPE, elementwise) is recomputed in backward. One list for all: the ledger's
-#: ``planner.cost.activations.layer_selective`` counts what these ops save per token, and the runtime
-#: (planner/runtime/checkpointing.py: the probes and the example trainer) saves exactly these.
-SELECTIVE_SAVE_OPS = (
-    "mm", "addmm", "bmm",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-)
+@dataclass(frozen=True)
+class SelectivePolicy:
+    """Selective checkpointing's policy: torchtitan's op-level selective activation checkpointing.
+
+    Source: pytorch/torchtitan at cfb93265153094f99736547f26b5346410181102,
+    torchtitan/distributed/activation_checkpoint.py ``_apply_op_sac`` (the rule),
+    torchtitan/models/llama3/parallelize.py ``_op_sac_save_list`` (the ops) and
+    torchtitan/config/configs.py (``per_op_sac_force_recompute_mm_shapes_by_fqns`` =
+    ["moe.router.gate"]). Per call of a checkpointed decoder layer a fresh counter, one for the
+    forward and one for the recompute (``mode = "recompute" if ctx.is_recompute else "forward"``)::
+
+        if func == aten.mm.default:
+            if args[1].shape in router_shapes: return PREFER_RECOMPUTE
+            meta[f"{mode}_mm_count"] += 1
+        to_save = func in save_list and not (func == aten.mm.default and meta[count] % 2 == 0)
+        return MUST_SAVE if to_save else PREFER_RECOMPUTE
+
+    (and a CUDA-to-CPU ``_to_copy`` is always saved). So a layer keeps the outputs of the listed
+    ops except every second matmul (the 2nd, 4th, ... of the layer are recomputed) and a MoE
+    router's, and recomputes everything else: norms, activations, RoPE, eager attention's bmm,
+    MoE experts' grouped_mm. Adapted to Hugging Face models: a linear with a bias (Qwen2's q/k/v,
+    GPT-2's Conv1D) dispatches to ``addmm``, not ``mm``; torchtitan's models have no biases, so its
+    rule means every linear: ``addmm`` is counted and saved exactly like ``mm``. On the CPU (the
+    traced probe) SDPA runs ``_scaled_dot_product_flash_attention_for_cpu``, saved like the CUDA
+    kernels. The list's higher-order ops (flex attention, varlen attention, compiled regions) are
+    left out: the planner's attention choices (sdpa, eager) run none of them. One definition for
+    all: the runtime (planner/runtime/checkpointing.py) applies it, and the ledger
+    (``planner.cost.activations.selective_matmuls``, ``layer_selective``) counts what it keeps
+    and recomputes.
+    """
+
+    #: ops (``torch.ops.<namespace>.<name>.default``) whose outputs are saved
+    save_ops: tuple[str, ...] = (
+        "aten.mm", "aten.addmm",
+        "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_flash_attention",
+        "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_attention_math",
+        "aten._scaled_dot_product_fused_attention_overrideable", "aten._scaled_dot_product_flash_attention_for_cpu",
+        "_c10d_functional.reduce_scatter_tensor", "aten.max",  # aten.max: fp8 amax (a scalar)
+    )
+    #: the matmuls the every-second rule counts (torchtitan: mm alone; here its biased form too)
+    counted_ops: tuple[str, ...] = ("aten.mm", "aten.addmm")
+    #: the last name of a MoE router module (HF ``mlp.gate`` / ``block_sparse_moe.gate``; dense MLPs
+    #: name theirs ``gate_proj``): matmuls of its weight's shape are recomputed and not counted
+    router_module: str = "gate"
+
+
+SELECTIVE_POLICY = SelectivePolicy()
 
 
 def per_layer_forward_bytes(ctx: PlanContext) -> float:
@@ -201,7 +240,9 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
 def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """Elementwise traffic of the layers, and recomputation: full checkpointing runs every layer's
     forward again during backward (matmuls, attention, elementwise: ~33% more compute,
-    Korthikanti et al. 2022); selective recomputes only the elementwise ops it did not keep."""
+    Korthikanti et al. 2022); selective (SELECTIVE_POLICY) recomputes the elementwise ops and the
+    matmuls whose outputs it did not keep (every second one: Llama's k, o and up projections;
+    MoE experts), and eager attention's bmm (not in the policy's list)."""
     cfg, m = ctx.config, ctx.model
     saved = A.total(A.layer_saved(m, ctx.layout.dtypes, ctx.layout.fused_attention, cfg.seq_len))
     elementwise = rates.elementwise_forward_seconds(ctx, saved)
@@ -213,14 +254,22 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
         draft.cpu_dispatch_seconds += m.num_layers * R.OPS_PER_LAYER_FORWARD * R.DISPATCH_SECONDS_PER_OP_FORWARD
     elif cfg.checkpointing == Checkpointing.SELECTIVE:
         kept = A.total(A.layer_selective(m, ctx.layout.dtypes, ctx.layout.fused_attention, cfg.seq_len))
-        redo = rates.elementwise_forward_seconds(ctx, max(0.0, saved - kept))
-        draft.compute("recompute", "selective recomputation of elementwise ops", redo, Window.BACKWARD)
+        _, recomputed = A.selective_matmuls(m)
+        redo = rates.elementwise_forward_seconds(ctx, max(0.0, saved - kept)) + rates.layer_matmul_forward_seconds(ctx, recomputed)
+        what = "elementwise ops"
+        if not ctx.layout.fused_attention:
+            redo += rates.attention_forward_seconds(ctx)
+            what += ", eager attention"
+        names = ", ".join(dict.fromkeys(t.name.removesuffix(".weight").split(".")[-1] for t in recomputed))
+        draft.compute("recompute", f"selective recomputation: {names}, {what}", redo, Window.BACKWARD,
+                      note="every second matmul: 2 FLOPs/param/token")
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     """Full: FSDP's own activation checkpointing under FSDP (the Trainer's would add a redundant
     all-gather, transformers issue #30404), else HF gradient checkpointing, non-reentrant.
-    Selective: no switch exists in accelerate or the Trainer; the notes say how."""
+    Selective: no switch exists in accelerate or the Trainer; runtime.json names the policy, which
+    the runtime applies to each decoder layer."""
     c = ctx.config.checkpointing
     fsdp = ctx.engine == Engine.FSDP
     if c == Checkpointing.FULL and fsdp:
@@ -231,23 +280,29 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     if c == Checkpointing.FULL and not fsdp:
         files.training_args["activation_checkpointing_kwargs"] = {"use_reentrant": False}
     if c == Checkpointing.SELECTIVE:
-        files.notes.append(
-            "selective checkpointing: wrap each decoder layer in torch.utils.checkpoint with "
-            "create_selective_checkpoint_contexts and a policy that saves matmul and attention outputs "
-            "(examples/train_causal_lm.py does this); neither accelerate nor the Trainer has a switch for it"
-        )
+        files.runtime["checkpointing"] = str(c)
 
 
 def _read(job: JobFiles, r: Reading) -> None:
     """The Trainer's gradient / activation checkpointing, FSDP's own activation checkpointing (both
-    full); DeepSpeed's activation_checkpointing is named as not modelled."""
-    if job.training_args_where:
-        d, where = job.training_args, job.training_args_where
-        if any(r.typed(d, k, (bool,), where, False) for k in ("gradient_checkpointing", "activation_checkpointing")):
-            r.set("checkpointing", Checkpointing.FULL, f"{where}: activation checkpointing on")
+    full), runtime.json's selective policy; DeepSpeed's activation_checkpointing is named as not
+    modelled."""
+    if job.runtime_where and job.runtime.get("checkpointing") is not None:
+        policy = job.runtime["checkpointing"]
+        if policy == Checkpointing.SELECTIVE:
+            r.set("checkpointing", Checkpointing.SELECTIVE, f"{job.runtime_where}: checkpointing selective")
+        else:
+            r.problems.append(f"{job.runtime_where}: checkpointing {policy!r}: the runtime applies only 'selective'")
     for fsdp in job.fsdp:
         if fsdp.get("activation_checkpointing", False) in (True, "true"):
             r.set("checkpointing", Checkpointing.FULL, f"{fsdp.file}: FSDP activation checkpointing")
+    keys = ("gradient_checkpointing", "activation_checkpointing")
+    if job.training_args_where:
+        d, where = job.training_args, job.training_args_where
+        if any(r.typed(d, k, (bool,), where, False) for k in keys):
+            r.set("checkpointing", Checkpointing.FULL, f"{where}: activation checkpointing on")
+        elif any(k in d for k in keys) and "checkpointing" not in r.values:  # off, and nothing else checkpoints
+            r.set("checkpointing", Checkpointing.NONE, f"{where}: activation checkpointing off")
     if job.deepspeed_where and job.deepspeed.get("activation_checkpointing"):
         r.warnings.append(f"{job.deepspeed_where}: DeepSpeed's activation_checkpointing applies only through its own "
                           "API; not modelled")
@@ -261,6 +316,7 @@ def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
 
 STRATEGY = Strategy(
     "checkpointing", Checkpointing, Checkpointing.NONE, order=2, short="ckpt",
-    help="activation checkpointing: none, selective (save matmul and attention outputs), full (each layer's input)",
+    help="activation checkpointing: none, selective (torchtitan per-op policy: saves attention and every other "
+         "matmul output), full (each layer's input)",
     apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.checkpointing",
 )

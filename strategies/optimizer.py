@@ -2,7 +2,10 @@
 
 Implementations modelled (what the emitted files will run):
 adamw: torch AdamW, fused (no step temporaries); adamw-8bit / paged-adamw / paged-adamw-8bit /
-lion / lion-8bit: bitsandbytes (32-bit bitsandbytes states are always fp32); adam-mini: the
+lion / lion-8bit: bitsandbytes (32-bit bitsandbytes states are always fp32), except adamw-8bit under
+FSDP2: torchao's AdamW8bit (the same layout: 8-bit states in blocks of 256 with an fp32 scale each,
+32-bit states for tensors under 4096 elements; torchao/optim/adam.py ``_new_buffer``), because
+bitsandbytes' cannot step sharded DTensor parameters; adam-mini: the
 reference Adam-mini; adafactor: transformers Adafactor (beta1=None); sgd: torch SGD with the
 Trainer's default momentum 0 (no state).
 """
@@ -88,11 +91,11 @@ def _state_bytes_split(m: ModelSpec, opt: Optimizer, sb: int) -> tuple[int, int]
 
 def _check(ctx: PlanContext, out: Check) -> None:
     opt = ctx.config.optimizer
-    if opt in BITSANDBYTES_8BIT_OR_PAGED and ctx.engine == Engine.FSDP:
+    if opt in BITSANDBYTES_8BIT_OR_PAGED and opt != Optimizer.ADAMW_8BIT and ctx.engine == Engine.FSDP:
         out.reject(
             "bitsandbytes optimizer under FSDP",
-            f"{opt}: bitsandbytes 8-bit and paged optimizers do not work under FSDP; "
-            "use zero2/zero3 with it, or adamw / adam-mini under FSDP"
+            f"{opt}: bitsandbytes 8-bit and paged optimizers do not work under FSDP2 (sharded DTensor parameters); "
+            "use zero2/zero3 with it, or adamw / adamw-8bit (torchao) / adam-mini under FSDP"
         )
     if opt in QUANTIZED:
         out.warnings.append(f"{opt} quantizes optimizer states to 8 bits block-wise: an approximation of 32-bit states")

@@ -44,13 +44,20 @@ def tokens(ctx: PlanContext) -> int:
     return ctx.config.tokens_per_micro_batch
 
 
-def layer_matmul_forward_seconds(ctx: PlanContext) -> float:
+def layer_matmul_forward_seconds(ctx: PlanContext, tensors=None) -> float:
     """Decoder-layer matmuls, one forward pass (fp8 under fp8-mixed: torchao converts the
-    layers' linears, not the output head)."""
+    layers' linears, not the output head): FLOPs at the matmul rate or reading the weights at the
+    memory bandwidth, the larger. ``tensors``: only these of one layer's matmul weights
+    (planner.cost.params.layer_matmuls; e.g. those selective checkpointing recomputes), 2 FLOPs per
+    active parameter per token (routed experts: top-k; the 6N rule's forward, Kaplan et al. 2020)."""
     m = ctx.model
     dtype = ctx.layout.layer_matmul_dtype
-    flops = C.matmul_flops_per_token(m, layers_only=True) * tokens(ctx)
-    weight_bytes = P.layer_matmul_parameters(m) * m.num_layers * DTYPE_BYTES[dtype]
+    if tensors is None:
+        flops = C.matmul_flops_per_token(m, layers_only=True) * tokens(ctx)
+        weight_bytes = P.layer_matmul_parameters(m) * m.num_layers * DTYPE_BYTES[dtype]
+    else:
+        flops = 2.0 * sum(P.active_elements(m, t) for t in tensors) * m.num_layers * tokens(ctx)
+        weight_bytes = sum(t.numel for t in tensors) * m.num_layers * DTYPE_BYTES[dtype]
     return max(flops / matmul_rate(ctx, dtype), weight_bytes / bandwidth(ctx))
 
 

@@ -50,7 +50,7 @@ def test_does_not_fit_exit_1_says_by_how_much():
 @pytest.mark.parametrize("args, needle", [
     (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40", "--precision", "fp8-mixed"], "fp8"),
     (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xV100-32", "--precision", "bf16-mixed"], "bf16"),
-    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100-80", "--optimizer", "adamw-8bit", "--sharding", "fsdp"],
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100-80", "--optimizer", "paged-adamw-8bit", "--sharding", "fsdp"],
      "FSDP"),
     (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100-80", "--offload", "optimizer", "--sharding", "ddp"],
      "ZeRO"),

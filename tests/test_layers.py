@@ -10,11 +10,13 @@
 | check      | planner.check                    | the above, check                           | not at module level|
 | render     | planner.render                   | the above, render                          | not at module level|
 | runtime    | planner.runtime                  | core, catalogs, strategies, runtime        | not at module level|
+| launch     | planner.launch                   | all but render, cli and probes             | not at module level|
 | probes     | probes                           | all but check, render and cli              | yes                |
 | cli        | planner.cli                      | everything; probes only inside functions   | not at module level|
 
 "The above" is every earlier row. The engine takes probes as functions; renderers take results by
-their attributes; the runtime is what a training process imports with the plan.
+their attributes; the runtime is what a training process imports with the plan; the launch is
+the training process's entry point (it reads the files with check's reader and applies the runtime).
 """
 
 import ast
@@ -27,6 +29,7 @@ ORDER = ("planner.core", "planner.catalog", "planner.cost", "strategies", "plann
 ALLOWED: dict[str, set[str]] = {layer: set(ORDER[: i + 1]) for i, layer in enumerate(ORDER)}
 ALLOWED["strategies"] = {"planner.core", "planner.cost", "strategies"}
 ALLOWED["planner.runtime"] = {"planner.core", "planner.catalog", "strategies", "planner.runtime"}
+ALLOWED["planner.launch"] = set(ORDER) - {"planner.render"} | {"planner.runtime", "planner.launch"}
 ALLOWED["probes"] = set(ORDER) - {"planner.check", "planner.render"} | {"planner.runtime", "probes"}
 ALLOWED["planner.cli"] = set(ORDER) | {"planner.runtime", "planner.cli", "probes"}
 #: Layers that may import heavy packages at module level.
@@ -60,7 +63,7 @@ def layer_of(name: str) -> str | None:
         return "planner.core"
     if name == "planner.__main__":  # python -m planner: the command line
         return "planner.cli"
-    for layer in (*ORDER, "planner.runtime", "planner.cli", "probes"):
+    for layer in (*ORDER, "planner.runtime", "planner.launch", "planner.cli", "probes"):
         if name == layer or name.startswith(layer + "."):
             return layer
     return None

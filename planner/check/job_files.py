@@ -128,7 +128,7 @@ def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
         hybrid = isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1
         _add_fsdp(parts, r.section(d, "fsdp_config", where), where, r, accelerate=True,
                   options=("hybrid_shard",) if hybrid else ())
-    return _beside(path, ds_file) if ds_file else None
+    return beside(path, ds_file) if ds_file else None
 
 
 def _add_fsdp(parts: dict, config: dict, where: str, r: Reading, accelerate: bool, options: tuple[str, ...]) -> None:
@@ -142,7 +142,7 @@ def _add_fsdp(parts: dict, config: dict, where: str, r: Reading, accelerate: boo
     parts["fsdp"] = (*parts.get("fsdp", ()), FsdpSettings(where, config, accelerate, options))
 
 
-def _beside(path: Path, named: str) -> Path:
+def beside(path: Path, named: str) -> Path:
     """A file another file names: relative to that file's folder if it is there, else as given."""
     candidate = Path(named) if Path(named).is_absolute() else path.parent / named
     try:
@@ -198,5 +198,5 @@ def _training_args(path: Path, r: Reading, parts: dict) -> Path | dict | None:
         r.problems.append(f"{where}: deepspeed must be a path or a mapping")
         return None
     if isinstance(ds, str):
-        return _beside(path, ds)
+        return beside(path, ds)
     return ds

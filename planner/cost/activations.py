@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import cache
 
 from planner.core.specs import MlpKind, ModelSpec, NormKind
+from planner.cost import params as P
+from planner.cost.params import ParamTensor
 
 FP32 = 4
 
@@ -155,26 +157,43 @@ def layer_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tuple[tu
 
 
 @cache
-def layer_selective(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tuple[tuple[str, float], ...]:
-    """Bytes per token one layer keeps under selective checkpointing.
+def selective_matmuls(m: ModelSpec) -> tuple[tuple[ParamTensor, ...], tuple[ParamTensor, ...]]:
+    """One decoder layer's matmul weights split by selective checkpointing: (kept, recomputed),
+    kept: those whose outputs the layer keeps until its backward, recomputed: the rest.
 
-    Policy (torchtitan's op-level selective AC, the op list strategies/checkpointing.py
-    SELECTIVE_SAVE_OPS that the runtime applies): save the outputs of matmuls and of the attention
-    kernel plus the layer input; recompute norms, activations, RoPE and elementwise ops.
+    Policy (strategies/checkpointing.py SELECTIVE_POLICY, torchtitan's op-level selective AC): the
+    layer's mm/addmm are counted in forward order (planner.cost.params.layer_matmuls) and the 1st,
+    3rd, 5th ... kept; a MoE router's matmul is recomputed and not counted (torchtitan's default
+    force-recompute of "moe.router.gate"). Assumption: MoE experts run transformers 5's default
+    ``grouped_mm`` experts, an op the policy neither counts nor saves, so every expert matmul is
+    recomputed. Llama, Mistral, Qwen2/3, Gemma-2: q, v, gate, down kept; k, o, up recomputed.
+    Phi-3: qkv, gate_up kept; o, down recomputed. GPT-2: c_attn, c_fc kept; both c_proj recomputed.
+    Mixtral: q, v kept; k, o, router, experts recomputed. Traced (aten op order per family).
     """
-    c, r, h, f = dt.compute, dt.residual, m.hidden_size, m.intermediate_size
-    q, kv, a, s = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.num_heads, seq_len
-    attn = [("attn out", c * q), ("logsumexp fp32", FP32 * a)]
-    if not fused:
-        attn = [("scores", c * a * s), ("attn out", c * q)]
-    if m.mlp_kind == MlpKind.PLAIN:
-        mlp = [("fc_in out", c * f), ("fc_out out", c * h)]
-    elif m.is_moe:
-        k = m.experts_per_token
-        mlp = [("router logits", c * m.num_experts), (f"gate/up/down x{k}", k * (2 * c * f + c * h))]
-    else:
-        mlp = [("gate", c * f), ("up", c * f), ("down out", c * h)]
-    return tuple([("layer input", r * h), ("q/k/v proj out", c * (q + 2 * kv))] + attn + [("o_proj out", c * h)] + mlp)
+    counted = [t for t in P.layer_matmuls(m) if not t.routed and t.name != "mlp.router.weight"]
+    kept = tuple(counted[0::2])
+    return kept, tuple(t for t in P.layer_matmuls(m) if t not in kept)
+
+
+@cache
+def layer_selective(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tuple[tuple[str, float], ...]:
+    """Bytes per token one layer keeps under selective checkpointing (SELECTIVE_POLICY).
+
+    The layer input (r*h: the checkpoint's input, which recomputation starts from); the output of
+    each kept matmul (``selective_matmuls``; c per output feature); fused attention's kernel
+    outputs: out (c per head dimension) and the fp32 log-sum-exp (4 bytes per head). Eager
+    attention keeps nothing of its own: its bmm are not in the policy's list. Everything else
+    (norms, RoPE, activations, the recomputed matmuls) is recomputed in backward. fp8's amax
+    (``aten.max``, saved) is one scalar per tensor: 0 per token. Source: torchtitan
+    ``_apply_op_sac`` (see SELECTIVE_POLICY); the ops' outputs as traced under the policy
+    (benchmarks/traced_matrix.py, one layer's activations).
+    """
+    c, r, h = dt.compute, dt.residual, m.hidden_size
+    kept, _ = selective_matmuls(m)
+    saved = [("layer input", r * h)] + [(f"{t.name.removesuffix('.weight')} out", c * t.shape[0]) for t in kept]
+    if fused:
+        saved += [("attn out", c * m.num_heads * m.head_dim), ("logsumexp fp32", FP32 * m.num_heads)]
+    return tuple(saved)
 
 
 def layer_input_bytes(m: ModelSpec, dt: DTypes) -> float:

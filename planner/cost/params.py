@@ -117,14 +117,15 @@ def total_parameters(m: ModelSpec) -> int:
     return sum(t.numel * multiplicity(m, t) for t in model_tensors(m))
 
 
+def active_elements(m: ModelSpec, t: ParamTensor) -> int:
+    """Elements of ``t`` one token passes through: the top-k of a routed expert tensor's copies."""
+    return t.numel // t.experts * m.experts_per_token if t.routed else t.numel
+
+
 @cache
 def active_parameters(m: ModelSpec) -> int:
     """Parameters one token passes through: all but the unrouted experts (Mixtral: top-2 of 8)."""
-    total = 0
-    for t in model_tensors(m):
-        n = t.numel // t.experts * m.experts_per_token if t.routed else t.numel
-        total += n * multiplicity(m, t)
-    return total
+    return sum(active_elements(m, t) * multiplicity(m, t) for t in model_tensors(m))
 
 
 @cache
@@ -137,6 +138,18 @@ def matmul_parameters(m: ModelSpec) -> int:
 def layer_matmul_parameters(m: ModelSpec) -> int:
     """Elements of one decoder layer's matmul weights (all experts)."""
     return sum(t.numel for t in layer_tensors(m) if t.matmul)
+
+
+@cache
+def layer_matmuls(m: ModelSpec) -> tuple[ParamTensor, ...]:
+    """One decoder layer's matmul weights in the order its forward multiplies by them: q, k, v (or
+    the fused qkv), the output projection, then the MLP's (fc_in, fc_out; gate, up, down; fused
+    gate_up, down), a MoE router before its experts. Source: the transformers modeling files;
+    checked by tracing each family's aten mm/addmm order (transformers 5: Llama, Qwen2, Qwen3,
+    Gemma-2, Phi-3, GPT-2)."""
+    matmuls = [t for t in layer_tensors(m) if t.matmul]
+    # stable sort: the attention's and the router's keep their order, the experts' go last
+    return tuple(sorted(matmuls, key=lambda t: t.routed))
 
 
 @cache

@@ -1,49 +1,84 @@
 """Activation checkpointing in a training process: full (each decoder layer recomputed in
-backward) and selective (strategies/checkpointing.py SELECTIVE_SAVE_OPS saved, the rest recomputed).
+backward) and selective (torchtitan's op-level policy, strategies/checkpointing.py SELECTIVE_POLICY).
 
-Full checkpointing outside FSDP is HF gradient checkpointing, non-reentrant (the emitted Trainer
-arguments say so too). Under FSDP the emitted accelerate config switches on FSDP's own activation
-checkpointing, so under ``accelerate launch`` nothing is applied here; the probes, which build FSDP
-themselves, checkpoint each decoder layer with torch's non-reentrant checkpoint instead. Selective
-checkpointing has no switch in accelerate or the Trainer: it is applied here everywhere.
+Full checkpointing is what the emitted files say (the Trainer's non-reentrant activation
+checkpointing; under FSDP, FSDP's own), so at the launch nothing is applied here; the probes, which
+build the model and FSDP themselves, use HF gradient checkpointing (non-reentrant) or, under FSDP,
+torch's non-reentrant checkpoint around each decoder layer. Selective checkpointing has no switch in
+accelerate or the Trainer (runtime.json names it): it is applied here everywhere.
 """
 
+from collections import defaultdict
 from functools import partial
 
 from planner.runtime import Site
 from planner.runtime.model import decoder_layers
-from strategies.checkpointing import SELECTIVE_SAVE_OPS, Checkpointing
+from strategies.checkpointing import SELECTIVE_POLICY, Checkpointing
 from strategies.sharding import FSDP
 
 
-def selective_policy():
-    """torch's checkpoint policy: MUST_SAVE the outputs of SELECTIVE_SAVE_OPS (those this torch
-    has), PREFER_RECOMPUTE everything else."""
+def _op(name: str):
+    """``torch.ops.<namespace>.<name>.default``, or None where this torch lacks it."""
     import torch
-    from torch.utils.checkpoint import CheckpointPolicy
 
-    aten = torch.ops.aten
-    save = {getattr(aten, name).default for name in SELECTIVE_SAVE_OPS if hasattr(aten, name)}
+    namespace, op = name.split(".")
+    packet = getattr(getattr(torch.ops, namespace), op, None)
+    return getattr(packet, "default", None)
 
-    def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
 
-    return policy
+def router_shapes(layer) -> set:
+    """Right-hand-side shapes (in, out) of a decoder layer's MoE router matmuls: its modules named
+    SELECTIVE_POLICY.router_module with a 2-D weight (torchtitan matches the router by fqn and
+    recomputes every mm of its weight's shape)."""
+    shapes = set()
+    for name, module in layer.named_modules():
+        weight = getattr(module, "weight", None)
+        if name.rsplit(".", 1)[-1] == SELECTIVE_POLICY.router_module and weight is not None and weight.dim() == 2:
+            shapes.add(tuple(weight.shape[::-1]))
+    return shapes
+
+
+def selective_context_fn(router: frozenset = frozenset()):
+    """A checkpoint ``context_fn`` applying SELECTIVE_POLICY (torchtitan ``_apply_op_sac``): each
+    call (one per checkpointed layer call) gets fresh matmul counters, one for the forward and one
+    for the recompute; MUST_SAVE the listed ops' outputs except every second counted matmul and the
+    router's, PREFER_RECOMPUTE everything else. ``router``: router_shapes of the layer."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    save = {op for op in map(_op, SELECTIVE_POLICY.save_ops) if op is not None}
+    counted = {op for op in map(_op, SELECTIVE_POLICY.counted_ops) if op is not None}
+    to_copy = torch.ops.aten._to_copy.default
+
+    def policy(meta, ctx, func, *args, **kwargs):
+        if func == to_copy and args[0].device.type == "cuda" and str(kwargs.get("device", "")) == "cpu":
+            return CheckpointPolicy.MUST_SAVE  # activation offload: keep the host copy
+        count = "recompute" if ctx.is_recompute else "forward"
+        if func in counted:
+            if tuple(args[-1].shape) in router:  # mm(x, w) / addmm(bias, x, w): w is the last argument
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            meta[count] += 1
+            if meta[count] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(partial(policy, defaultdict(int)))
 
 
 def prepare(model, config, site: Site, **_) -> str | None:
     c = config.checkpointing
     if c == Checkpointing.NONE:
         return None
-    fsdp = config.sharding in FSDP
-    if c == Checkpointing.FULL and not fsdp:
+    if c == Checkpointing.FULL and site == Site.LAUNCH:
+        return None  # the emitted files say it: the Trainer's activation_checkpointing, or FSDP's own
+    if c == Checkpointing.FULL and config.sharding not in FSDP:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return None
-    if c == Checkpointing.FULL and site == Site.LAUNCH:
-        return None  # FSDP's own activation checkpointing (the emitted fsdp_activation_checkpointing)
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import checkpoint
 
-    kw = {"context_fn": partial(create_selective_checkpoint_contexts, selective_policy())} if c == Checkpointing.SELECTIVE else {}
     for layer in decoder_layers(model):
+        kw = ({"context_fn": partial(selective_context_fn, frozenset(router_shapes(layer)))}
+              if c == Checkpointing.SELECTIVE else {})
         layer.forward = partial(checkpoint, layer.forward, use_reentrant=False, **kw)
+        layer._planner_checkpointing = str(c)  # what planner.launch.live reads back
     return None

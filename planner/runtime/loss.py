@@ -1,12 +1,13 @@
-"""The chunked loss in a training process: Liger-Kernel's fused linear cross-entropy (the emitted
-``use_liger_kernel``), or, where it cannot run (no CUDA / Triton, fake tensors), the probes' stand-in."""
+"""The chunked loss in a process the probes build: Liger-Kernel's fused linear cross-entropy (what the
+emitted ``use_liger_kernel`` makes the Trainer apply at the launch), or, where it cannot run (no CUDA
+/ Triton, fake tensors), the probes' stand-in."""
 
 from planner.runtime import Site
 from strategies.loss import Loss
 
 
 def prepare(model, config, site: Site, chunked_fallback=None, **_) -> str | None:
-    if config.loss != Loss.CHUNKED:
+    if config.loss != Loss.CHUNKED or site == Site.LAUNCH:  # at the launch the Trainer applies use_liger_kernel
         return None
     error = "fake tensors"
     if site != Site.TRACED:

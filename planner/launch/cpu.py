@@ -1,0 +1,77 @@
+"""Stand-ins that let a launch run on a machine without CUDA (tests and CI, a user's CPU smoke test).
+Nothing here acts when CUDA is available.
+
+- transformers refuses bf16 Trainer arguments without a GPU unless ``use_cpu`` is set, and
+  ``use_cpu`` would also switch DeepSpeed and FSDP off; the bf16 capability check is answered
+  "yes" instead (torch's CPU autocast runs bf16).
+- accelerate hands FSDP only to accelerators: launched with ACCELERATE_USE_CPU=1 it runs the
+  processes over gloo as MULTI_CPU, and the FSDP plugin the Trainer built from its arguments is
+  then given to accelerate here, so accelerate's own FSDP2 preparation runs.
+- DeepSpeed runs without ACCELERATE_USE_CPU (it brings up gloo itself); accelerate then counts one
+  process, so it is told the real process count.
+- FSDP2's CPU offload pins host memory, which needs an accelerator: unpinned here.
+"""
+
+import os
+
+
+def _no_cuda() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def before_training_arguments() -> None:
+    if not _no_cuda():
+        return
+    import transformers.training_args as ta
+
+    ta.is_torch_bf16_gpu_available = lambda: True
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
+        # the arguments make their own PartialState and check DeepSpeed's batch sizes against it at once
+        ta.PartialState = _deepspeed_partial_state()
+
+
+def _deepspeed_partial_state():
+    """accelerate's PartialState, told DeepSpeed's real process count when it is made."""
+    from accelerate.state import PartialState
+
+    def made(*args, **kwargs):
+        state = PartialState(*args, **kwargs)
+        _deepspeed_world()
+        return state
+
+    return made
+
+
+def _deepspeed_world() -> None:
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    state = PartialState()
+    if state.distributed_type == DistributedType.DEEPSPEED and dist.is_initialized() and state.num_processes != dist.get_world_size():
+        for shared in (PartialState._shared_state, AcceleratorState._shared_state):
+            if shared:  # (an AcceleratorState not made yet takes PartialState's values when it is)
+                shared.update(num_processes=dist.get_world_size(), process_index=dist.get_rank(),
+                              local_process_index=int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def after_accelerator(trainer) -> None:
+    if not _no_cuda():
+        return
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    acc = trainer.accelerator
+    shared = (PartialState._shared_state, AcceleratorState._shared_state)
+    if trainer.args.fsdp_plugin_args is not None and acc.distributed_type == DistributedType.MULTI_CPU:
+        plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
+        if isinstance(plugin.cpu_offload, CPUOffloadPolicy):  # pinned host memory needs an accelerator
+            plugin.cpu_offload = CPUOffloadPolicy(pin_memory=False)
+        AcceleratorState._shared_state["fsdp_plugin"] = plugin
+        for state in shared:
+            state["distributed_type"] = DistributedType.FSDP
+        trainer.is_fsdp_enabled = True
+    _deepspeed_world()

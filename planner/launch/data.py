@@ -1,0 +1,99 @@
+"""Training data for the planner launch: the user's text, tokenised and packed into sequences of
+the plan's length (every token trains; no padding), as the plan assumes.
+
+Local only: a JSONL file (one object per line, the text in ``text_field``), a ``.txt`` file (one
+document per blank-line-separated paragraph), or a folder written by ``datasets``' ``save_to_disk``.
+``sample``: a small text shipped with planner, repeated as needed: for smoke tests of a launch,
+never for training.
+"""
+
+import json
+from pathlib import Path
+
+from planner.core.errors import PlannerInputError
+
+SAMPLE = "sample"
+SAMPLE_FILE = Path(__file__).with_name("sample.txt")
+
+
+def read_texts(source: str, text_field: str = "text") -> list[str]:
+    """The documents of ``source`` (see the module docstring)."""
+    path = SAMPLE_FILE if source == SAMPLE else Path(source)
+    if path.is_dir():
+        return _saved_dataset(path, text_field)
+    if not path.is_file():
+        raise PlannerInputError(f"--data {source}: no such file or folder",
+                                hint="Pass a JSONL file, a .txt file, a datasets folder, or 'sample' for a smoke test.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlannerInputError(f"--data {source}: cannot read it: {e}") from None
+    if path.suffix in (".jsonl", ".json"):
+        return _jsonl(text, source, text_field)
+    return [p.strip() for p in text.split("\n\n") if p.strip()]
+
+
+def _jsonl(text: str, source: str, field: str) -> list[str]:
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PlannerInputError(f"--data {source}: line {n} is not JSON: {e}") from None
+        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+            raise PlannerInputError(f"--data {source}: line {n} has no string field {field!r}",
+                                    hint="Name the text field with --text-field.")
+        out.append(row[field])
+    return out
+
+
+def _saved_dataset(path: Path, field: str) -> list[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise PlannerInputError(f"--data {path}: a datasets folder needs the datasets package (pip install datasets)") from None
+    data = datasets.load_from_disk(str(path))
+    if isinstance(data, datasets.DatasetDict):
+        data = data["train"] if "train" in data else next(iter(data.values()))
+    if field not in data.column_names:
+        raise PlannerInputError(f"--data {path}: no column {field!r} (columns: {', '.join(data.column_names)})",
+                                hint="Name the text column with --text-field.")
+    return list(data[field])
+
+
+def packed_blocks(texts: list[str], tokenizer, seq_len: int, at_least: int = 0, repeat: bool = False):
+    """Token blocks of ``seq_len``: the documents tokenised, each followed by the end-of-sequence
+    token, concatenated and cut (the last partial block is dropped). ``repeat``: cycle the text
+    until there are ``at_least`` blocks (the smoke-test sample). A torch Dataset of
+    {"input_ids", "labels"} (the model shifts the labels)."""
+    import torch
+
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stream: list[int] = []
+    for text in texts:
+        stream += tokenizer(text, add_special_tokens=False)["input_ids"] + eos
+    if not stream:
+        raise PlannerInputError("the training data has no text")
+    if repeat and len(stream) < at_least * seq_len:
+        stream = stream * -(-at_least * seq_len // len(stream))
+    n = len(stream) // seq_len
+    if n < max(1, at_least):
+        raise PlannerInputError(f"the training data has {len(stream):,} tokens: {n} sequence(s) of {seq_len:,}, "
+                                f"fewer than one optimizer step needs ({max(1, at_least)})")
+    blocks = torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
+    return _Blocks(blocks)
+
+
+class _Blocks:
+    """Packed sequences as a map-style dataset."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return self.blocks.shape[0]
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.blocks[i], "labels": self.blocks[i]}

@@ -1,0 +1,135 @@
+"""What a launch actually runs, read from its live objects after training, in the plan's vocabulary.
+
+Each field is observed, not copied from the files: the optimizer's class and its state dtypes, the
+parameters' dtype and accelerate's mixed precision (fp8 linears counted), the checkpoint wrappers
+on the decoder layers, accelerate's distributed type with DeepSpeed's stage and offload devices or
+FSDP2's reshard and offload policies, the loss the model's forward runs, the attention
+implementation, and the shape of the batches the model saw.
+"""
+
+from planner.runtime.model import decoder_layers
+from strategies import FIELDS
+
+#: Optimizer classes (module prefix, class name) -> vocabulary.
+OPTIMIZERS = {
+    ("torch.optim", "AdamW"): "adamw", ("torch.optim", "Adam"): "adamw", ("torch.optim", "SGD"): "sgd",
+    ("deepspeed", "DeepSpeedCPUAdam"): "adamw", ("deepspeed", "FusedAdam"): "adamw",
+    ("torchao", "AdamW8bit"): "adamw-8bit", ("transformers", "Adafactor"): "adafactor", ("adam_mini", "Adam_mini"): "adam-mini",
+}
+
+
+def _inner_optimizer(opt):
+    """The optimizer under accelerate's and DeepSpeed's wrappers."""
+    seen = 0
+    while hasattr(opt, "optimizer") and opt.optimizer is not opt and seen < 5:
+        opt, seen = opt.optimizer, seen + 1
+    return opt
+
+
+def _bitsandbytes(opt) -> str:
+    """bitsandbytes names one class for 8 and 32 bits, paged or not (the Trainer builds AdamW with
+    optim_bits=8): the vocabulary from its algorithm, its state bits and its paging."""
+    base = "lion" if "Lion" in type(opt).__name__ else "adamw"
+    paged = "paged-" if getattr(opt, "is_paged", False) else ""
+    bits = "-8bit" if getattr(getattr(opt, "args", None), "optim_bits", 32) == 8 else ""
+    return paged + base + bits
+
+
+def _optimizer(trainer) -> tuple[str, dict]:
+    opt = _inner_optimizer(trainer.optimizer)
+    cls = type(opt)
+    if cls.__module__.startswith("bitsandbytes"):
+        name = _bitsandbytes(opt)
+    else:
+            name = next((v for (mod, n), v in OPTIMIZERS.items() if cls.__module__.startswith(mod) and cls.__name__ == n),
+                    f"{cls.__module__}.{cls.__name__}")
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for state in opt.state.values()
+                     for t in state.values() if hasattr(t, "dtype") and getattr(t, "ndim", 0) > 0})
+    return name, {"optimizer_class": f"{cls.__module__}.{cls.__name__}", "optimizer_state_dtypes": dtypes}
+
+
+def _fsdp_state(module):
+    get = getattr(module, "_get_fsdp_state", None)
+    return get() if get is not None else None
+
+
+def _sharding_and_offload(trainer, model) -> tuple[str, str, dict]:
+    from accelerate.utils import DistributedType
+
+    acc, world = trainer.accelerator, trainer.args.world_size
+    kind = acc.distributed_type
+    if kind == DistributedType.DEEPSPEED:
+        engine = trainer.model_wrapped
+        param, optim = engine.zero_offload_param(), engine.zero_offload_optimizer()
+        offload = "optimizer+params" if param else "optimizer" if optim else "none"
+        return f"zero{engine.zero_optimization_stage()}", offload, {"deepspeed_stage": engine.zero_optimization_stage(),
+                                                                    "offload_devices": [bool(optim), bool(param)]}
+    if kind == DistributedType.FSDP:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        groups = [state._fsdp_param_group for m in model.modules() if m is not model
+                  for state in [_fsdp_state(m)] if state is not None and state._fsdp_param_group is not None]
+        group = groups[0]  # the first decoder layer's unit (the root's reshard policy differs in FSDP2)
+        reshard = group.post_forward_mesh_info is not None
+        mesh = group.mesh_info.mesh
+        sharding = "fsdp-hybrid" if mesh.ndim == 2 else "fsdp" if reshard else "fsdp-grad-op"
+        offload = "optimizer+params" if isinstance(group.offload_policy, CPUOffloadPolicy) else "none"
+        return sharding, offload, {"fsdp_reshard_after_forward": reshard, "fsdp_mesh": list(mesh.shape)}
+    return ("ddp" if world > 1 else "none"), "none", {"distributed_type": str(kind)}
+
+
+def _precision(trainer, model, sharding: str) -> tuple[str, dict]:
+    params = [p for p in model.parameters()]
+    local = getattr(params[0], "_local_tensor", params[0])
+    dtype = str(local.dtype).removeprefix("torch.")
+    fp8 = sum(any(c.__name__ == "Float8Linear" for c in type(m).__mro__) for m in model.modules())
+    mp = str(trainer.accelerator.mixed_precision)
+    detail = {"parameter_dtype": dtype, "mixed_precision": mp, "float8_linears": fp8}
+    if sharding.startswith("zero"):
+        engine = trainer.model_wrapped
+        return ("bf16-mixed" if engine.bfloat16_enabled() else "fp16-mixed" if engine.fp16_enabled() else "fp32"), detail
+    if mp == "fp8" and fp8:
+        return "fp8-mixed", detail
+    if mp in ("bf16", "fp16"):
+        return (f"{mp}-mixed" if dtype == "float32" else f"{mp} autocast over {dtype} weights"), detail
+    return {"bfloat16": "bf16-pure", "float32": "fp32"}.get(dtype, dtype), detail
+
+
+def _checkpointing(model) -> tuple[str, dict]:
+    layers = list(decoder_layers(model))
+    policies = {getattr(layer, "_planner_checkpointing", None) for layer in layers}
+    if "selective" in policies:
+        return ("selective" if policies == {"selective"} else "mixed"), {}
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    wrapped = sum(isinstance(m, CheckpointWrapper) for m in model.modules())  # (FSDP2 renames the classes it shards)
+    if wrapped or getattr(model, "is_gradient_checkpointing", False):
+        return "full", {"checkpoint_wrappers": wrapped, "hf_gradient_checkpointing": bool(getattr(model, "is_gradient_checkpointing", False))}
+    return "none", {}
+
+
+def observe(trainer, session) -> dict:
+    """The live configuration: one value per TrainingConfig field, and the facts behind them."""
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped) if hasattr(trainer, "accelerator") else trainer.model
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    optimizer, opt_detail = _optimizer(trainer)
+    sharding, offload, shard_detail = _sharding_and_offload(trainer, model)
+    precision, prec_detail = _precision(trainer, model, sharding)
+    checkpointing, ckpt_detail = _checkpointing(model)
+    forward = type(model).forward
+    loss = "chunked" if "liger" in (getattr(forward, "__module__", "") or "") or "liger" in str(getattr(model.forward, "__func__", model.forward)) else "standard"
+    shape = getattr(session, "batch_shape", None) or (None, None)
+    accum = trainer.model_wrapped.gradient_accumulation_steps() if sharding.startswith("zero") else trainer.args.gradient_accumulation_steps
+    live = {
+        "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing, "sharding": sharding,
+        "offload": offload, "loss": loss, "attention": model.config._attn_implementation,
+        "micro_batch_size": shape[0], "grad_accum": accum, "seq_len": shape[1],
+    }
+    assert set(live) == set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"}
+    return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | {"compiled": trainer.args.torch_compile}}
+
+
+def differences(config, live: dict) -> list[str]:
+    """Every field where the live run is not the plan."""
+    return [f"{name}: planned {getattr(config, name)}, running {live[name]}"
+            for name in type(config).model_fields if str(getattr(config, name)) != str(live[name])]

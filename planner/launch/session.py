@@ -1,0 +1,133 @@
+"""One launch: the Trainer arguments as transformers reads them, the user's model with the plan's
+runtime applied, the packed data, and the Trainer that runs them (torch, transformers and
+accelerate are imported here, when a launch runs)."""
+
+import argparse
+
+from planner.catalog.files import read_mapping
+from planner.check.job_files import beside
+from planner.core.errors import PlannerInputError
+from planner.launch import cpu
+from planner.launch.data import SAMPLE, packed_blocks, read_texts
+from strategies import TrainingConfig
+from strategies.optimizer import RUNTIME_BUILT
+from strategies.precision import Precision
+from strategies.sharding import FSDP
+
+
+class Session:
+    def __init__(self, args: argparse.Namespace, config: TrainingConfig):
+        self.args, self.config = args, config
+        self.notes: list[str] = []
+        self.batch_shape: tuple[int, int] | None = None  # (sequences, tokens) of the first batch the model saw
+
+    def training_arguments(self):
+        """training_args.json through HfArgumentParser (unknown keys refused, as a Trainer script
+        does), then the run's own settings from the flags: output folder, steps, learning rate, seed."""
+        from transformers import HfArgumentParser, TrainingArguments
+
+        cpu.before_training_arguments()
+        path = self.args.job_dir / "training_args.json"
+        values = read_mapping(path, "training arguments")
+        if isinstance(values.get("deepspeed"), str):  # as planner check finds it: beside the file first
+            values["deepspeed"] = str(beside(path, values["deepspeed"]))
+        try:
+            (training,) = HfArgumentParser(TrainingArguments).parse_dict(values)
+        except (ValueError, TypeError) as e:
+            raise PlannerInputError(f"{path}: transformers.TrainingArguments refuses it: {e}") from None
+        updates = {"output_dir": str(self.args.output_dir or self.args.job_dir / training.output_dir)}
+        for flag, field in (("max_steps", "max_steps"), ("epochs", "num_train_epochs"),
+                            ("learning_rate", "learning_rate"), ("seed", "seed")):
+            if getattr(self.args, flag) is not None:
+                updates[field] = getattr(self.args, flag)
+        for field, value in updates.items():
+            setattr(training, field, value)
+        return training
+
+    def model(self):
+        """The user's model, loaded locally with the plan's keyword arguments (load dtype, attention),
+        then changed as runtime.json says (selective checkpointing)."""
+        import transformers
+
+        from planner import runtime
+
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                self.args.model, local_files_only=True, **runtime.model_kwargs(self.config))
+        except (OSError, ValueError) as e:
+            raise PlannerInputError(f"--model {self.args.model}: cannot load it locally: {str(e)[:400]}",
+                                    hint="Pass a model folder (config, weights) or an id in the local Hugging Face cache.") from None
+        model.config.use_cache = False
+        self.notes += runtime.prepare(model, self.config, runtime.Site.LAUNCH)
+        model.register_forward_pre_hook(self._record_batch, with_kwargs=True)
+        return model
+
+    def _record_batch(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if self.batch_shape is None and ids is not None:
+            self.batch_shape = tuple(ids.shape)
+
+    def dataset(self, tokenizer, training):
+        texts = read_texts(self.args.data, self.args.text_field)
+        per_step = training.per_device_train_batch_size * training.gradient_accumulation_steps * training.world_size
+        need = per_step * max(training.max_steps, 1)
+        return packed_blocks(texts, tokenizer, self.config.seq_len, at_least=need if self.args.data == SAMPLE else per_step,
+                             repeat=self.args.data == SAMPLE)
+
+    def trainer(self):
+        import transformers
+        from transformers import default_data_collator
+
+        training = self.training_arguments()
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(self.args.model, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise PlannerInputError(f"--model {self.args.model}: no tokenizer found locally: {str(e)[:300]}") from None
+        model = self.model()
+        return _trainer_class()(
+            session=self, model=model, args=training, train_dataset=self.dataset(tokenizer, training),
+            data_collator=default_data_collator, processing_class=tokenizer)
+
+
+def _trainer_class():
+    """The Trainer, building the plan's optimizer where the Trainer has no optim name for it
+    (runtime.json), and with the CPU stand-ins of planner/launch/cpu.py on machines without CUDA."""
+    from transformers import Trainer
+
+    from planner.runtime.optimizer import build
+
+    class PlanTrainer(Trainer):
+        def __init__(self, *a, session: Session, **kw):
+            self.session = session
+            super().__init__(*a, **kw)
+
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            cpu.after_accelerator(self)
+
+        def _save(self, output_dir=None, state_dict=None):
+            """Tensor subclasses (torchao's fp8 weight wrappers) have no storage safetensors can
+            write: their high-precision inner tensor is what is saved."""
+            if state_dict is None and self.session.config.precision == Precision.FP8_MIXED:
+                state_dict = {k: _plain(v) for k, v in self.accelerator.unwrap_model(self.model).state_dict().items()}
+            super()._save(output_dir, state_dict)
+
+        def create_optimizer(self, model=None):
+            config = self.session.config
+            if config.optimizer not in RUNTIME_BUILT or self.optimizer is not None:
+                return super().create_optimizer(model)
+            target = self.model if model is None else model  # (the Trainer passes the FSDP-wrapped model)
+            self.optimizer = build(str(config.optimizer), target, self.model.config, lr=self.args.learning_rate,
+                                   fsdp=config.sharding in FSDP)
+            return self.optimizer
+
+    return PlanTrainer
+
+
+def _plain(tensor):
+    """The plain tensor under a wrapper subclass (``__tensor_flatten__``'s first inner tensor)."""
+    import torch
+
+    while type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
+        tensor = getattr(tensor, tensor.__tensor_flatten__()[0][0])
+    return tensor

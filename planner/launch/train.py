@@ -1,0 +1,82 @@
+"""The planner launch's main: read the plan's files, load the user's model and data, train with the
+Hugging Face Trainer, compare the live run with the plan (planner/launch/__init__.py)."""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from planner.check.job_files import JOB_FILES, read_job
+from planner.core.errors import PlannerInputError
+from strategies import BY_FIELD, TrainingConfig
+
+TRAINING_ARGS = JOB_FILES["training_args"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m planner.launch",
+        description="Train a model as a planner plan says (run by the plan's launch.sh under accelerate launch). "
+                    "Exit codes: 0 trained as planned, 1 the live run differs from the plan, 2 bad input.")
+    p.add_argument("--job-dir", type=Path, default=Path(os.environ.get("PLANNER_JOB_DIR", ".")),
+                   help="the plan folder (planner suggest --out); default: $PLANNER_JOB_DIR, set by launch.sh")
+    p.add_argument("--model", required=True, help="a local model folder, or a Hugging Face id in the local cache")
+    p.add_argument("--data", required=True,
+                   help="a JSONL file, a .txt file, a datasets save_to_disk folder, or 'sample' (a smoke test)")
+    p.add_argument("--text-field", default="text", help="the JSONL field / dataset column holding the text")
+    p.add_argument("--output-dir", type=Path, help="where checkpoints and the model go (default: the plan's outputs/)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps (default: one epoch of the data)")
+    p.add_argument("--epochs", type=float, help="epochs over the data when --max-steps is not given")
+    p.add_argument("--learning-rate", type=float, help="peak learning rate (default: the Trainer's)")
+    p.add_argument("--seed", type=int, help="random seed (default: the Trainer's)")
+    p.add_argument("--no-save", action="store_true", help="do not save the trained model at the end")
+    return p.parse_args(argv)
+
+
+def plan_config(job_dir: Path) -> TrainingConfig:
+    """The configuration the launch files mean, read by planner check's reader: every technique
+    and the workload (a field no file states takes the library default: TrainingConfig's)."""
+    paths = {key: job_dir / name for key, name in JOB_FILES.items() if (job_dir / name).is_file()}
+    if "training_args" not in paths:
+        raise PlannerInputError(f"{job_dir}: no {TRAINING_ARGS}", hint="Pass --job-dir, the folder planner suggest --out wrote.")
+    reading = read_job(paths)
+    values = {}
+    for name, (value, _) in reading.values.items():
+        strategy = BY_FIELD.get(name)
+        values[name] = strategy.settle(value, None)[0] if strategy and strategy.settle else value
+    return TrainingConfig(**values)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        code = run(parse_args(argv))
+    except PlannerInputError as e:
+        print("planner.launch: " + "\n  ".join(e.problems), file=sys.stderr)
+        if e.hint:
+            print(e.hint, file=sys.stderr)
+        code = 2
+    sys.exit(code)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = plan_config(args.job_dir)
+    from planner.launch.session import Session
+
+    session = Session(args, config)
+    trainer = session.trainer()
+    trainer.train()
+    from planner.launch.live import differences, observe
+
+    live = observe(trainer, session)
+    wrong = differences(config, live)
+    rank = trainer.args.process_index
+    out = Path(trainer.args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"planner-live-rank{rank}.json").write_text(json.dumps(
+        {"plan": config.model_dump(mode="json"), "live": live, "differences": wrong}, indent=2, default=str) + "\n")
+    verdict = "the live run is the plan" if not wrong else "the live run DIFFERS from the plan: " + "; ".join(wrong)
+    print(f"planner.launch: rank {rank}/{trainer.args.world_size}: {verdict}", flush=True)
+    if not args.no_save:
+        trainer.save_model()
+    return 1 if wrong else 0

@@ -1,0 +1,80 @@
+"""The emitted launch runs the plan: on the CPU, ``launch.sh`` trains a tiny model folder (weights and
+tokenizer, as a user has one) on planner's sample text for two steps through the real entry point
+(``python -m planner.launch`` under ``accelerate launch``), and the live objects of the run
+(planner/launch/live.py: optimizer class and state dtypes, parameter dtype and accelerate's mixed
+precision, checkpoint wrappers, DeepSpeed stage and offload, FSDP2 reshard and offload, loss,
+attention, batch shape) equal the plan, field by field, on every rank.
+
+One process, DDP and FSDP2 run over gloo with ACCELERATE_USE_CPU=1; DeepSpeed brings up gloo
+itself (planner/launch/cpu.py). Not run here, because the CPU cannot: Liger's chunked loss (Triton
+kernels, CUDA), DeepSpeed ZeRO-Offload (its CPU Adam is a C++ build), paged memory (bitsandbytes
+falls back to unpaged state on the CPU; the class is still checked).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.emit import build_files, single_plan_result, write_files
+
+from helpers import run
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "tests" / "data" / "tiny-llama")
+SHAPE = dict(micro_batch_size=2, grad_accum=2, seq_len=64)
+CASES = [
+    # name, gpus, config, processes
+    ("single-adamw-full", "1xA100-80", dict(precision="bf16-mixed", checkpointing="full"), 1),
+    ("single-pure-adam-mini-selective", "1xA100-80", dict(precision="bf16-pure", optimizer="adam-mini",
+                                                          checkpointing="selective"), 1),
+    ("single-fp32-adafactor-eager", "1xA100-80", dict(precision="fp32", optimizer="adafactor", attention="eager"), 1),
+    ("single-lion-8bit", "1xA100-80", dict(precision="bf16-mixed", optimizer="lion-8bit"), 1),
+    ("single-paged-adamw-8bit-fp16", "1xA100-80", dict(precision="fp16-mixed", optimizer="paged-adamw-8bit"), 1),
+    ("ddp-adamw-8bit-selective", "2xA100-80", dict(sharding="ddp", optimizer="adamw-8bit", checkpointing="selective"), 2),
+    ("fsdp-torchao-8bit-full", "2xA100-80", dict(sharding="fsdp", optimizer="adamw-8bit", checkpointing="full"), 2),
+    ("fsdp-grad-op-offload", "2xA100-80", dict(sharding="fsdp-grad-op", offload="optimizer+params"), 2),
+    ("zero1-sgd", "2xA100-80", dict(sharding="zero1", optimizer="sgd"), 2),
+    ("zero2-fp16", "2xA100-80", dict(sharding="zero2", precision="fp16-mixed"), 2),
+    ("zero3-full", "2xA100-80", dict(sharding="zero3", checkpointing="full"), 2),
+    ("single-fp8-compiled", "1xH100-80", dict(precision="fp8-mixed"), 1),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
+    from tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.mark.parametrize("name, gpus, config, processes", CASES, ids=[c[0] for c in CASES])
+def test_launch_runs_the_plan(tmp_path, tiny_model, name, gpus, config, processes):
+    import torch
+
+    plan = run(TINY, gpus, **(dict(precision="bf16-mixed") | SHAPE | config))
+    assert plan.feasible, plan.reasons
+    out = tmp_path / "plan"
+    write_files(build_files(single_plan_result(plan)), out, force=False)
+    env = os.environ | {
+        "MODEL": str(tiny_model), "DATA": "sample",
+        "MAIN_PORT": str(29700 + 7 * [c[0] for c in CASES].index(name)),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+    }
+    if processes > 1 and not plan.config.sharding.startswith("zero") and not torch.cuda.is_available():
+        env["ACCELERATE_USE_CPU"] = "1"
+    proc = subprocess.run([str(out / "launch.sh"), "--max-steps", "2", "--no-save"], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=tmp_path)
+    log = proc.stdout + proc.stderr
+    reports = sorted((out / "outputs").glob("planner-live-rank*.json"))
+    assert len(reports) == processes, log[-4000:]
+    for path in reports:
+        report = json.loads(path.read_text())
+        assert report["differences"] == [], (path.name, report["live"])
+        assert report["plan"] == plan.config.model_dump(mode="json")
+    assert proc.returncode == 0, log[-4000:]
