@@ -78,4 +78,5 @@ STRATEGY = Strategy(
     "attention", Attention, Attention.SDPA, order=6, short="attn",
     help="attention kernels: sdpa (fused flash / memory-efficient) or eager (materialises s^2 scores)",
     check=_check, time=_time, emit=_emit, read=_read, storage=_storage, runtime="planner.runtime.attention",
+    runtime_only=(Attention.EAGER,),
 )

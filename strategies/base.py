@@ -176,6 +176,9 @@ class Strategy:
     settle: Callable[[str, str | None], tuple[str, str]] | None = None
     default_for: Callable[[HardwareSpec], StrEnum] | None = None  # a default that depends on the GPUs
     runtime: str = ""  # the module that applies it in a training process (planner/runtime/), if any
+    #: choices no standard file (accelerate, DeepSpeed, Trainer) can say: only the planner launch
+    #: realises them, through runtime.json (not ranked for ``--launcher trainer``)
+    runtime_only: tuple[StrEnum, ...] = ()
 
     @property
     def choices(self) -> tuple[StrEnum, ...]:

@@ -319,4 +319,5 @@ STRATEGY = Strategy(
     help="activation checkpointing: none, selective (torchtitan per-op policy: saves attention and every other "
          "matmul output), full (each layer's input)",
     apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.checkpointing",
+    runtime_only=(Checkpointing.SELECTIVE,),
 )

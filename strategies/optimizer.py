@@ -272,5 +272,5 @@ STRATEGY = Strategy(
     "optimizer", Optimizer, Optimizer.ADAMW, order=0, short="optimizer", bare=True, searched=SEARCHED,
     help="the optimizer and its state precision and paging",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
-    runtime="planner.runtime.optimizer",
+    runtime="planner.runtime.optimizer", runtime_only=RUNTIME_BUILT,
 )

@@ -310,5 +310,5 @@ STRATEGY = Strategy(
     help="weights, gradients and compute dtypes: fp32, fp16-mixed, bf16-mixed, bf16-pure (no fp32 master), "
          "fp8-mixed (fp8 matmuls)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage, settle=_settle,
-    runtime="planner.runtime.precision",
+    runtime="planner.runtime.precision", runtime_only=(Precision.BF16_PURE,),
 )

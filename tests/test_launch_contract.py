@@ -39,3 +39,21 @@ def test_ranked_plans_round_trip(tmp_path, model, gpus, narrowed):
         if errors:
             failures[i] = errors
     assert not failures, failures
+
+
+def test_launcher_trainer_ranks_only_what_the_standard_files_say():
+    """--launcher trainer (the user's own Trainer script reads the standard files only): no ranked
+    plan needs runtime.json, the output names what was left out, and asking for such a choice is
+    bad input."""
+    from planner.core.errors import PlannerInputError
+    from strategies import REGISTRY
+
+    result = suggest(SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", top=50, launcher="trainer"))
+    assert result.plans
+    for plan in result.plans:
+        assert not [s.field for s in REGISTRY if getattr(plan.config, s.field) in s.runtime_only], plan.config
+    assert any("--launcher trainer: not ranked" in r and "adam-mini" in r for r in result.reasons)
+    default = suggest(SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", top=50))
+    assert any(getattr(p.config, s.field) in s.runtime_only for p in default.plans for s in REGISTRY)
+    with pytest.raises(PlannerInputError, match="--launcher trainer"):
+        suggest(SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", optimizer=["adam-mini"], launcher="trainer"))

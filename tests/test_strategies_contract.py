@@ -199,6 +199,21 @@ def test_every_value_is_read_back_by_check(strategy, tmp_path):
         assert not round_trip_errors(plan, result), (strategy.field, value, round_trip_errors(plan, result))
 
 
+@pytest.mark.parametrize("strategy", TECHNIQUES, ids=IDS)
+def test_runtime_only_choices_are_exactly_what_needs_runtime_json(strategy):
+    """A plan's runtime.json says more than the libraries' defaults (and the sequence length) exactly
+    when one of its choices is runtime_only: the one rule --launcher trainer ranks by."""
+    from planner.core.launch import RuntimeArgs
+
+    for value in strategy.choices:
+        gpus, config = _example(strategy, value)
+        runtime = json.loads(build_files(single_plan_result(
+            estimate_config(resolve_model(QWEN), parse_gpus(gpus), config)))["runtime.json"])
+        needs = {k: v for k, v in runtime.items() if k in RuntimeArgs.neutral() and v != RuntimeArgs.neutral()[k]}
+        only = [f"{s.field} {getattr(config, s.field)}" for s in TECHNIQUES if getattr(config, s.field) in s.runtime_only]
+        assert bool(needs) == bool(only), (strategy.field, value, needs, only)
+
+
 def test_every_runtime_module_exists_and_has_a_hook():
     pytest.importorskip("torch")
     from importlib import import_module

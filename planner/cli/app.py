@@ -20,6 +20,7 @@ from rich.markup import escape
 from planner.cli import options as O
 from planner.cli.options import with_target, with_techniques
 from planner.core.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerError, PlannerInputError
+from planner.core.launch import Launcher
 
 EXIT_CODES = "Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input."
 app = typer.Typer(
@@ -88,9 +89,9 @@ def estimate(
                                       grad_accum=grad_accum, seq_len=seq_len)), "render_estimate", as_json)
 
 
-def _space(micro_batch_size, seq_len, global_batch_size, exact_optimizer) -> dict:
+def _space(micro_batch_size, seq_len, global_batch_size, exact_optimizer, launcher) -> dict:
     return dict(micro_batch_size=micro_batch_size or [], seq_len=seq_len, global_batch_size=global_batch_size,
-                exact_optimizer=exact_optimizer)
+                exact_optimizer=exact_optimizer, launcher=launcher)
 
 
 @app.command(help="Search every configuration and print the fastest plans that fit. "
@@ -104,6 +105,7 @@ def suggest(
     seq_len: O.SeqLen = None,
     global_batch_size: O.GlobalBatch = None,
     exact_optimizer: O.ExactOptimizer = False,
+    launcher: O.LauncherOption = Launcher.PLANNER,
     top: Annotated[int, typer.Option(help="how many plans to show")] = 5,
     engine: Annotated[str, typer.Option(help="auto | exhaustive | tpe | nsga2 (auto: exhaustive up to 200,000 candidates)")] = "auto",
     out: Annotated[Path | None, typer.Option(help="write the winner's launch files here (accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")] = None,
@@ -119,7 +121,7 @@ def suggest(
     def run():
         job = flows.SuggestJob(
             **target, **techniques,
-            **_space(micro_batch_size, seq_len, global_batch_size, exact_optimizer), top=top, engine=engine,
+            **_space(micro_batch_size, seq_len, global_batch_size, exact_optimizer, launcher), top=top, engine=engine,
             trials=trials, seed=seed, out=out, force=force, probe=probe, probe_timeout=probe_timeout)
         return flows.suggest(job, _say)
 
@@ -258,6 +260,7 @@ def tune(
     seq_len: O.SeqLen = None,
     global_batch_size: O.GlobalBatch = None,
     exact_optimizer: O.ExactOptimizer = False,
+    launcher: O.LauncherOption = Launcher.PLANNER,
     enqueue: Annotated[int, typer.Option(help="the analytic model's top candidates probed first")] = 5,
     probe_timeout: Annotated[float, typer.Option(help="seconds per probe")] = 900.0,
     heartbeat_seconds: Annotated[int, typer.Option(help="a dead worker's trial is retried after twice this")] = 30,
@@ -270,7 +273,7 @@ def tune(
 
     serve(lambda: flows.tune(TuneRequest(
         **target, **techniques,
-        **_space(micro_batch_size, seq_len, global_batch_size, exact_optimizer), seed=seed, fidelity=fidelity,
+        **_space(micro_batch_size, seq_len, global_batch_size, exact_optimizer, launcher), seed=seed, fidelity=fidelity,
         band=band, probes=trials, timeout=timeout, probe_timeout=probe_timeout, storage=storage,
         study_name=study_name, out=out, enqueue=enqueue, heartbeat_seconds=heartbeat_seconds,
     ), force, err), render_tune, as_json)

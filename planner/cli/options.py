@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from planner.catalog.calibration import ENV as CALIBRATION_ENV
+from planner.core.launch import Launcher
 from strategies import TECHNIQUES
 
 Model = Annotated[str, typer.Option("--model", help="HF id from the catalog or local HF cache, or a config.json / model folder")]
@@ -26,6 +27,9 @@ MicroBatch = Annotated[int, typer.Option("--micro-batch-size", "--mbs", help="se
 MicroBatches = Annotated[list[int] | None, typer.Option("--micro-batch-size", "--mbs", help="allow only these (repeatable); default: every divisor of the per-GPU share of the global batch")]
 GradAccum = Annotated[int, typer.Option("--grad-accum", help="gradient accumulation steps")]
 GlobalBatch = Annotated[int | None, typer.Option("--global-batch-size", help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k >= 64)")]
+LauncherOption = Annotated[Launcher, typer.Option(
+    "--launcher", help="who runs the files: planner (python -m planner.launch: every plan) or trainer (your own "
+                       "Trainer script with the standard files only: plans needing runtime.json are not ranked)")]
 ExactOptimizer = Annotated[bool, typer.Option("--exact-optimizer", help="exclude quantized (8-bit) optimizer states")]
 Json = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 Out = Annotated[Path | None, typer.Option("--out", help="write the plan's launch files here (accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")]

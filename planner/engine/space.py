@@ -13,6 +13,7 @@ from math import prod
 from pydantic import BaseModel, ConfigDict
 
 from planner.core.errors import PlannerInputError
+from planner.core.launch import Launcher
 from strategies import REGISTRY, TrainingConfig
 from strategies.optimizer import QUANTIZED
 
@@ -79,8 +80,10 @@ def build_space(
     micro_batch_sizes: list[int] | None = None,
     global_batch_size: int | None = None,
     exact_optimizer: bool = False,
+    launcher: Launcher = Launcher.PLANNER,
 ) -> SearchSpace:
-    """The space for ``data_parallel`` GPUs. ``fixed`` narrows fields to the listed values."""
+    """The space for ``data_parallel`` GPUs. ``fixed`` narrows fields to the listed values;
+    ``launcher`` trainer drops the choices only the planner launch realises (Strategy.runtime_only)."""
     fixed = {k: v for k, v in (fixed or {}).items() if v}
     problems = []
     choices: dict[str, tuple[str, ...]] = {}
@@ -95,6 +98,12 @@ def build_space(
             wanted = tuple(v for v in wanted if v not in QUANTIZED)
             if not wanted:
                 problems.append("--exact-optimizer excludes every optimizer you allowed (all are 8-bit)")
+        if launcher == Launcher.TRAINER and strategy.runtime_only:
+            named = strategy.field in fixed
+            wanted = tuple(v for v in wanted if v not in strategy.runtime_only)
+            if named and not wanted:
+                problems.append(f"{strategy.flag} {', '.join(fixed[strategy.field])}: no standard file can say it, so "
+                                "--launcher trainer cannot run it; use the planner launch (the default)")
         choices[strategy.field] = tuple(dict.fromkeys(wanted))
     gbs = global_batch_size if global_batch_size is not None else default_global_batch(data_parallel)
     if gbs < 1 or gbs % data_parallel:

@@ -11,12 +11,13 @@ from planner.catalog import gpus as gpu_catalog
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.core.formatting import gib
+from planner.core.launch import Launcher
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.vocabulary import MAX_SEQ_LEN
 from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, evaluate, result_of
 from planner.engine.search import ENGINES, SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, default_global_batch
-from strategies import FIELDS, summary
+from strategies import FIELDS, REGISTRY, summary
 from strategies.vocabulary import TechniqueLists
 
 MAX_NODES = 128
@@ -29,6 +30,7 @@ class SuggestRequest(PlanTarget, TechniqueLists):
     global_batch_size: int | None = Field(None, ge=1, le=MAX_SEQ_LEN)
     micro_batch_size: list[int] = []
     exact_optimizer: bool = False
+    launcher: Launcher = Launcher.PLANNER  # trainer: only plans the standard files express alone
     top: int = Field(5, ge=1, le=1000)
     engine: str = "auto"
     trials: int = Field(400, ge=1, le=1_000_000)
@@ -83,14 +85,23 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         fits=bool(plans),
         nearest=nearest,
         hardware_suggestions=hw_suggestions,
-        reasons=_reasons(outcome, nearest, hw_suggestions),
+        reasons=_reasons(outcome, nearest, hw_suggestions) + _launcher_note(request),
     )
+
+
+def _launcher_note(request: SuggestRequest) -> list[str]:
+    """What --launcher trainer leaves out of the ranking."""
+    if request.launcher != Launcher.TRAINER:
+        return []
+    left = ", ".join(f"{s.field} {v}" for s in REGISTRY for v in s.runtime_only)
+    return [f"--launcher trainer: not ranked: {left} (no standard file can say them; the planner launch, "
+            "the default, runs them)"]
 
 
 def _space(request: SuggestRequest, num_gpus: int, global_batch_size: int | None) -> SearchSpace:
     fixed = {f: [str(v) for v in getattr(request, f)] for f in FIELDS}
     return build_space(num_gpus, request.seq_len, fixed, list(request.micro_batch_size), global_batch_size,
-                       request.exact_optimizer)
+                       request.exact_optimizer, request.launcher)
 
 
 def _search(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace) -> SearchOutcome:
