@@ -18,6 +18,11 @@ def peak_flops(ctx: PlanContext) -> float:
     return gpu.dense_flops_per_s.get(ctx.layout.compute_dtype) or gpu.dense_flops_per_s["fp32"]
 
 
+def peak_dtype(ctx: PlanContext) -> str:
+    """The dtype of peak_flops (fp8-mixed plans: bf16, as MFU is quoted against the 16-bit peak)."""
+    return ctx.layout.compute_dtype if ctx.layout.compute_dtype in ctx.hardware.gpu.dense_flops_per_s else "fp32"
+
+
 def saturation(ctx: PlanContext) -> float:
     """Fraction of the large-shape rate reached with T tokens per micro-batch: T / (T + T0).
 

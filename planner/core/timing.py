@@ -93,7 +93,8 @@ class StepTime(BaseModel):
     step_seconds: float
     tokens_per_second: float  # all GPUs
     tokens_per_second_per_gpu: float
-    mfu: float  # model FLOPs / (GPUs x dense 16-bit peak); recomputation is not model FLOPs
+    mfu: float  # model FLOPs / (GPUs x the dense peak of mfu_basis); recomputation is not model FLOPs
+    mfu_basis: str = ""  # the peak MFU divides by: "bf16 dense peak, 989 TFLOP/s per GPU"
     model_flops_per_token: float
     terms: dict[str, float]  # exposed seconds per term per step; they sum to step_seconds
     rows: list[TimeRow]
@@ -127,7 +128,7 @@ def step_seconds(draft: TimeDraft, grad_accum: int) -> float:
 
 def assemble(
     draft: TimeDraft, grad_accum: int, tokens_per_step: int, num_gpus: int, model_flops_per_token: float,
-    peak_flops_per_gpu: float,
+    peak_flops_per_gpu: float, peak_dtype: str = "bf16",
 ) -> StepTime:
     rows = [
         TimeRow(term=r.term, label=r.label, seconds=exposed, raw_seconds=raw, note=r.note)
@@ -143,6 +144,7 @@ def assemble(
         tokens_per_second=tokens_per_step / step,
         tokens_per_second_per_gpu=per_gpu,
         mfu=model_flops_per_token * per_gpu / peak_flops_per_gpu,
+        mfu_basis=f"{peak_dtype} dense peak, {peak_flops_per_gpu / 1e12:,.0f} TFLOP/s per GPU",
         model_flops_per_token=model_flops_per_token,
         terms=terms,
         rows=rows,

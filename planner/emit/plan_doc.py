@@ -40,7 +40,7 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
     out += [
         f"- {m.id}: {count(m.num_parameters)} parameters ({m.family}).",
         f"- Throughput {t.tokens_per_second:,.0f} tokens/s ({t.tokens_per_second_per_gpu:,.0f} per GPU), "
-        f"MFU {t.mfu:.1%}, {t.step_seconds:,.3f} s per optimizer step.",
+        f"MFU {t.mfu:.1%} (model FLOPs over the {t.mfu_basis}), {t.step_seconds:,.3f} s per optimizer step.",
         f"- Peak {_gib(plan.memory['peak'])} GiB of {_gib(plan.usable_bytes)} GiB usable per GPU at the "
         f"{plan.peak_phase} phase ({_gib(plan.headroom_bytes)} GiB to spare); host RAM "
         f"{_gib(plan.host_memory['peak'])} of {_gib(plan.host_memory['capacity'])} GiB per node.",

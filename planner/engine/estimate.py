@@ -21,7 +21,7 @@ from planner.cost import compute as C
 from planner.cost import params as P
 from planner.cost import runtime as R
 from strategies import REGISTRY, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig
-from strategies.rates import peak_flops
+from strategies.rates import peak_dtype, peak_flops
 from strategies.sharding import Sharding
 from strategies.vocabulary import TechniqueChoices
 
@@ -235,7 +235,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
     memory = terms_at(draft.rows, peak) | {"peak": ev.peak}
     time = assemble(
         ev.time_draft, config.grad_accum, ev.tokens_per_step, ctx.world_size,
-        C.model_flops_per_token(model, config.seq_len), peak_flops(ctx),
+        C.model_flops_per_token(model, config.seq_len), peak_flops(ctx), peak_dtype(ctx),
     )
     return EstimateResult(
         model=_model_info(model),

@@ -79,7 +79,7 @@ def _time_table(r: EstimateResult, console: Console) -> None:
     t = r.time
     table = Table(
         title=f"Step time: {t.step_seconds:,.3f} s per optimizer step, {t.tokens_per_second:,.0f} tokens/s "
-        f"({t.tokens_per_second_per_gpu:,.0f} per GPU), MFU {t.mfu:.1%}",
+        f"({t.tokens_per_second_per_gpu:,.0f} per GPU), MFU {t.mfu:.1%} (of the {t.mfu_basis})",
         title_justify="left",
     )
     for name, justify in (("term", "left"), ("s / step", "right"), ("share", "right"), ("before overlap", "right"), ("how", "left")):
@@ -109,6 +109,7 @@ def render_suggest(result, console: Console) -> None:
                 f"{p.time.step_seconds:,.2f}",
             )
         console.print(table)
+        console.print("MFU: model FLOPs over the GPU's dense peak in the plan's compute dtype (bf16 for fp8 plans)")
         console.print("[bold]The winner[/]")
         _header(best, console)
         render_breakdown(best, console)
