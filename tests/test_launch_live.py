@@ -77,4 +77,7 @@ def test_launch_runs_the_plan(tmp_path, tiny_model, name, gpus, config, processe
         report = json.loads(path.read_text())
         assert report["differences"] == [], (path.name, report["live"])
         assert report["plan"] == plan.config.model_dump(mode="json")
+        if plan.config.checkpointing == "selective":  # torchtitan's policy on a Llama layer: q, v, gate, down + SDPA
+            saved = report["live"]["details"]["selective_saved_ops_per_layer_forward"]
+            assert saved.get("mm.default") == 4 and sum(v for k, v in saved.items() if "attention" in k) == 1, saved
     assert proc.returncode == 0, log[-4000:]

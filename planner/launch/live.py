@@ -99,7 +99,10 @@ def _checkpointing(model) -> tuple[str, dict]:
     layers = list(decoder_layers(model))
     policies = {getattr(layer, "_planner_checkpointing", None) for layer in layers}
     if "selective" in policies:
-        return ("selective" if policies == {"selective"} else "mixed"), {}
+        saved = layers[0]._planner_saved_ops  # ops whose outputs the first layer's forward saved, per forward
+        calls = max(1, saved.get("calls", 0))
+        per_call = {op: n / calls for op, n in sorted(saved.items()) if op != "calls"}
+        return ("selective" if policies == {"selective"} else "mixed"), {"selective_saved_ops_per_layer_forward": per_call}
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     wrapped = sum(isinstance(m, CheckpointWrapper) for m in model.modules())  # (FSDP2 renames the classes it shards)

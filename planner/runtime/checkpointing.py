@@ -8,7 +8,7 @@ torch's non-reentrant checkpoint around each decoder layer. Selective checkpoint
 accelerate or the Trainer (runtime.json names it): it is applied here everywhere.
 """
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from functools import partial
 
 from planner.runtime import Site
@@ -38,11 +38,12 @@ def router_shapes(layer) -> set:
     return shapes
 
 
-def selective_context_fn(router: frozenset = frozenset()):
+def selective_context_fn(router: frozenset = frozenset(), saved: Counter | None = None):
     """A checkpoint ``context_fn`` applying SELECTIVE_POLICY (torchtitan ``_apply_op_sac``): each
     call (one per checkpointed layer call) gets fresh matmul counters, one for the forward and one
     for the recompute; MUST_SAVE the listed ops' outputs except every second counted matmul and the
-    router's, PREFER_RECOMPUTE everything else. ``router``: router_shapes of the layer."""
+    router's, PREFER_RECOMPUTE everything else. ``router``: router_shapes of the layer; ``saved``:
+    counts the ops whose outputs the forward saves (what planner.launch.live reports), and the calls."""
     import torch
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
@@ -60,8 +61,14 @@ def selective_context_fn(router: frozenset = frozenset()):
             meta[count] += 1
             if meta[count] % 2 == 0:
                 return CheckpointPolicy.PREFER_RECOMPUTE
-        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+        if func not in save:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        if saved is not None and not ctx.is_recompute:
+            saved[func.__name__] += 1
+        return CheckpointPolicy.MUST_SAVE
 
+    if saved is not None:
+        saved["calls"] += 1
     return create_selective_checkpoint_contexts(partial(policy, defaultdict(int)))
 
 
@@ -77,7 +84,8 @@ def prepare(model, config, site: Site, **_) -> str | None:
     from torch.utils.checkpoint import checkpoint
 
     for layer in decoder_layers(model):
-        kw = ({"context_fn": partial(selective_context_fn, frozenset(router_shapes(layer)))}
+        layer._planner_saved_ops = Counter()  # what the policy saved, for planner.launch.live
+        kw = ({"context_fn": partial(selective_context_fn, frozenset(router_shapes(layer)), layer._planner_saved_ops)}
               if c == Checkpointing.SELECTIVE else {})
         layer.forward = partial(checkpoint, layer.forward, use_reentrant=False, **kw)
         layer._planner_checkpointing = str(c)  # what planner.launch.live reads back
