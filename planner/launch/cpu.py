@@ -54,7 +54,7 @@ def _deepspeed_world() -> None:
         for shared in (PartialState._shared_state, AcceleratorState._shared_state):
             if shared:  # (an AcceleratorState not made yet takes PartialState's values when it is)
                 shared.update(num_processes=dist.get_world_size(), process_index=dist.get_rank(),
-                              local_process_index=int(os.environ.get("LOCAL_RANK", 0)))
+                              local_process_index=int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def after_accelerator(trainer) -> None:

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from planner.check.job_files import JOB_FILES, read_job
 from planner.core.errors import PlannerInputError
 from strategies import BY_FIELD, TrainingConfig
@@ -45,7 +47,11 @@ def plan_config(job_dir: Path) -> TrainingConfig:
     for name, (value, _) in reading.values.items():
         strategy = BY_FIELD.get(name)
         values[name] = strategy.settle(value, None)[0] if strategy and strategy.settle else value
-    return TrainingConfig(**values)
+    try:
+        return TrainingConfig(**values)
+    except ValidationError as e:
+        raise PlannerInputError([f"{job_dir}: {'.'.join(map(str, er['loc']))}: {er['msg']}" for er in e.errors()],
+                                hint="Fix the plan's files, or write them again with planner emit.") from None
 
 
 def main(argv: list[str] | None = None) -> None:
