@@ -18,9 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from planner.cli import options as O
-from planner.cli.options import with_target, with_techniques
+from planner.cli.options import with_space, with_target, with_techniques
 from planner.core.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerError, PlannerInputError
-from planner.core.launch import Launcher
 
 EXIT_CODES = "Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input."
 app = typer.Typer(
@@ -89,23 +88,15 @@ def estimate(
                                       grad_accum=grad_accum, seq_len=seq_len)), "render_estimate", as_json)
 
 
-def _space(micro_batch_size, seq_len, global_batch_size, exact_optimizer, launcher) -> dict:
-    return dict(micro_batch_size=micro_batch_size or [], seq_len=seq_len, global_batch_size=global_batch_size,
-                exact_optimizer=exact_optimizer, launcher=launcher)
-
-
 @app.command(help="Search every configuration and print the fastest plans that fit. "
                   "Exit codes: 0 a plan fits, 1 nothing fits, 2 bad input.")
 @with_techniques("many")
 @with_target
+@with_space
 def suggest(
     target: dict,
     techniques: dict,
-    micro_batch_size: O.MicroBatches = None,
-    seq_len: O.SeqLen = None,
-    global_batch_size: O.GlobalBatch = None,
-    exact_optimizer: O.ExactOptimizer = False,
-    launcher: O.LauncherOption = Launcher.PLANNER,
+    space: dict,
     top: Annotated[int, typer.Option(help="how many plans to show")] = 5,
     engine: Annotated[str, typer.Option(help="auto | exhaustive | tpe | nsga2 (auto: exhaustive up to 200,000 candidates)")] = "auto",
     out: Annotated[Path | None, typer.Option(help="write the winner's launch files here (accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")] = None,
@@ -121,7 +112,7 @@ def suggest(
     def run():
         job = flows.SuggestJob(
             **target, **techniques,
-            **_space(micro_batch_size, seq_len, global_batch_size, exact_optimizer, launcher), top=top, engine=engine,
+            **space, top=top, engine=engine,
             trials=trials, seed=seed, out=out, force=force, probe=probe, probe_timeout=probe_timeout)
         return flows.suggest(job, _say)
 
@@ -245,9 +236,11 @@ def probe(
                   "2 bad input.")
 @with_techniques("many")
 @with_target
+@with_space
 def tune(
     target: dict,
     techniques: dict,
+    space: dict,
     trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count; 0 reports an existing study's best and writes its files, probing nothing)")] = 20,
     timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)")] = None,
     fidelity: Annotated[str, typer.Option(help="auto (measured with a GPU, else traced) | measured | traced | analytic")] = "auto",
@@ -256,11 +249,6 @@ def tune(
     study_name: Annotated[str | None, typer.Option(help="default: from the model, GPUs, fidelity and search space")] = None,
     out: Annotated[Path | None, typer.Option(help="write the best plan's launch files, tune.png and the study file here")] = None,
     force: O.Force = False,
-    micro_batch_size: O.MicroBatches = None,
-    seq_len: O.SeqLen = None,
-    global_batch_size: O.GlobalBatch = None,
-    exact_optimizer: O.ExactOptimizer = False,
-    launcher: O.LauncherOption = Launcher.PLANNER,
     enqueue: Annotated[int, typer.Option(help="the analytic model's top candidates probed first")] = 5,
     probe_timeout: Annotated[float, typer.Option(help="seconds per probe")] = 900.0,
     heartbeat_seconds: Annotated[int, typer.Option(help="a dead worker's trial is retried after twice this")] = 30,
@@ -273,7 +261,7 @@ def tune(
 
     serve(lambda: flows.tune(TuneRequest(
         **target, **techniques,
-        **_space(micro_batch_size, seq_len, global_batch_size, exact_optimizer, launcher), seed=seed, fidelity=fidelity,
+        **space, seed=seed, fidelity=fidelity,
         band=band, probes=trials, timeout=timeout, probe_timeout=probe_timeout, storage=storage,
         study_name=study_name, out=out, enqueue=enqueue, heartbeat_seconds=heartbeat_seconds,
     ), force, err), render_tune, as_json)

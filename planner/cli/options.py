@@ -76,6 +76,15 @@ def with_target(command):
     return _extend(command, "target", added, lambda v: v | {"calibration": calibration_store(v["calibration"])})
 
 
+def with_space(command):
+    """Give a searching command (suggest, tune) the options that shape its search space:
+    --micro-batch-size, --seq-len, --global-batch-size, --exact-optimizer, --launcher; it is called
+    with ``space={...}``, SuggestRequest fields."""
+    added = [_option("micro_batch_size", MicroBatches), _option("seq_len", SeqLen), _option("global_batch_size", GlobalBatch),
+             _option("exact_optimizer", ExactOptimizer, False), _option("launcher", LauncherOption, Launcher.PLANNER)]
+    return _extend(command, "space", added, lambda v: v | {"micro_batch_size": v["micro_batch_size"] or []})
+
+
 def with_techniques(kind: str):
     """Give a command one option per registered technique, in vocabulary order, and call it with
     ``techniques={field: value}``.
