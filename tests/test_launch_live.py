@@ -8,7 +8,7 @@ attention, batch shape) equal the plan, field by field, on every rank.
 One process, DDP and FSDP2 run over gloo with ACCELERATE_USE_CPU=1; DeepSpeed brings up gloo
 itself (planner/launch/cpu.py). Not run here, because the CPU cannot: Liger's chunked loss (Triton
 kernels, CUDA), DeepSpeed ZeRO-Offload (its CPU Adam is a C++ build), paged memory (bitsandbytes
-falls back to unpaged state on the CPU; the class is still checked).
+falls back to unpaged state on the CPU; the class is still checked: paged-adamw, paged-adamw-8bit).
 """
 
 import json
@@ -33,6 +33,8 @@ CASES = [
                                                           checkpointing="selective"), 1),
     ("single-fp32-adafactor-eager", "1xA100-80", dict(precision="fp32", optimizer="adafactor", attention="eager"), 1),
     ("single-lion-8bit", "1xA100-80", dict(precision="bf16-mixed", optimizer="lion-8bit"), 1),
+    ("single-paged-adamw", "1xA100-80", dict(precision="bf16-mixed", optimizer="paged-adamw"), 1),
+    ("single-lion-fp16", "1xA100-80", dict(precision="fp16-mixed", optimizer="lion"), 1),
     ("single-paged-adamw-8bit-fp16", "1xA100-80", dict(precision="fp16-mixed", optimizer="paged-adamw-8bit"), 1),
     ("ddp-adamw-8bit-selective", "2xA100-80", dict(sharding="ddp", optimizer="adamw-8bit", checkpointing="selective"), 2),
     ("fsdp-torchao-8bit-full", "2xA100-80", dict(sharding="fsdp", optimizer="adamw-8bit", checkpointing="full"), 2),

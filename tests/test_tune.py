@@ -45,6 +45,25 @@ def test_analytic_tune_finds_suggests_best(tmp_path):
     assert all(t.fidelity == "analytic" for t in r.trials)
 
 
+def test_tune_launcher_trainer_never_tries_what_only_the_planner_launch_runs(tmp_path):
+    """tune --launcher trainer searches the same space as suggest --launcher trainer: no trial (and
+    so no best plan) uses a choice that needs runtime.json (Strategy.runtime_only), while the default
+    launcher's top plans here do use such choices."""
+    from strategies import REGISTRY
+
+    req = dict(model="meta-llama/Llama-3.2-1B", gpus="1xH100-80", seq_len=2048, sharding=["none"], offload=["none"])
+    runtime_only = {(s.field, v) for s in REGISTRY for v in s.runtime_only}
+    r = tune(TuneRequest(**req, launcher="trainer", storage=f"sqlite:///{tmp_path}/t.db", probes=6, band=0.0),
+             analytic, "analytic")
+    assert r.trials
+    for t in r.trials:
+        assert not {(f, t.config.get(f)) for f, _ in runtime_only} & runtime_only, t.config
+    best = suggest(SuggestRequest(**req, launcher="trainer")).plans[0]
+    assert r.best_plan.config == best.config
+    default = suggest(SuggestRequest(**req, top=20)).plans  # the filter is not vacuous here
+    assert any({(f, getattr(p.config, f)) for f, _ in runtime_only} & runtime_only for p in default)
+
+
 def test_crash_and_oom_are_recorded_not_fatal(tmp_path):
     calls = []
 
