@@ -10,6 +10,7 @@ space, renderer, reader (``planner check``), alternative, emitted file and runti
 them, so adding a technique is one module, one line here, and its tests.
 """
 
+from planner.core.numerics import Rung, numerics_key
 from planner.core.vocabulary import config_model
 from strategies import attention, checkpointing, loss, offload, optimizer, precision, sharding
 from strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
@@ -53,5 +54,23 @@ def summary(config, style: str = "plain", sep: str = ", ") -> str:
     return sep.join(parts)
 
 
-__all__ = ["BY_FIELD", "FIELDS", "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
+def approximations(config) -> list[tuple[str, str, Rung]]:
+    """The choices of ``config`` that are not exact: (field, value, rung), least risk first."""
+    out = [(s.field, str(getattr(config, s.field)), s.numerics[getattr(config, s.field)])
+           for s in TECHNIQUES if getattr(config, s.field) in s.numerics]
+    return sorted(out, key=lambda a: a[2])
+
+
+def numerics_of(config) -> tuple[int, ...]:
+    """The plan's place on the numerics ladder (planner/core/numerics.py): () when exact."""
+    return numerics_key([s.numerics.get(getattr(config, s.field), Rung.EXACT) for s in TECHNIQUES])
+
+
+def complexity(config) -> int:
+    """How much a plan adds to plain training (every strategy's ``complexity`` of its choice): the
+    tie-break between plans of equal speed, simpler first."""
+    return sum(s.complexity.get(getattr(config, s.field), 0) for s in TECHNIQUES)
+
+
+__all__ = ["approximations", "complexity", "numerics_of", "BY_FIELD", "FIELDS", "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
            "Strategy", "TrainingConfig", "summary"]

@@ -79,4 +79,5 @@ STRATEGY = Strategy(
     help="attention kernels: sdpa (fused flash / memory-efficient) or eager (materialises s^2 scores)",
     check=_check, time=_time, emit=_emit, read=_read, storage=_storage, runtime="planner.runtime.attention",
     runtime_only=(Attention.EAGER,),
+    complexity={Attention.EAGER: 1},  # not the default kernel of transformers
 )

@@ -21,6 +21,7 @@ from typing import Any
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import Ledger, LedgerDraft, PagedInfo
+from planner.core.numerics import Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
 from planner.cost import params as P
@@ -179,6 +180,11 @@ class Strategy:
     #: choices no standard file (accelerate, DeepSpeed, Trainer) can say: only the planner launch
     #: realises them, through runtime.json (not ranked for ``--launcher trainer``)
     runtime_only: tuple[StrEnum, ...] = ()
+    #: the choices that are not exact, each on its rung of the ladder (planner/core/numerics.py)
+    numerics: dict[StrEnum, Rung] = field(default_factory=dict)
+    #: what each choice adds to a plan's complexity, for breaking ties between plans of equal
+    #: speed (planner/engine/ranking.py): 0 (unlisted) is the plain choice
+    complexity: dict[StrEnum, int] = field(default_factory=dict)
 
     @property
     def choices(self) -> tuple[StrEnum, ...]:

@@ -320,4 +320,5 @@ STRATEGY = Strategy(
          "matmul output), full (each layer's input)",
     apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.checkpointing",
     runtime_only=(Checkpointing.SELECTIVE,),
+    complexity={Checkpointing.SELECTIVE: 1, Checkpointing.FULL: 1},  # recompute in backward
 )

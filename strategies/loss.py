@@ -186,4 +186,5 @@ STRATEGY = Strategy(
     "loss", Loss, Loss.STANDARD, order=5, short="loss",
     help="the loss: standard cross-entropy over fp32 logits, or chunked (Liger's fused linear cross-entropy)",
     apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.loss",
+    complexity={Loss.CHUNKED: 1},  # a kernel library (Liger) beyond torch
 )

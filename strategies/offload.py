@@ -173,4 +173,6 @@ STRATEGY = Strategy(
     "offload", Offload, Offload.NONE, order=4, short="offload",
     help="model states in host RAM: none, optimizer (DeepSpeed ZeRO-Offload), optimizer+params (ZeRO-3 or FSDP2)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
+    # host RAM, PCIe and the CPU optimizer step become part of the job
+    complexity={Offload.OPTIMIZER: 2, Offload.OPTIMIZER_PARAMS: 3},
 )

@@ -23,6 +23,7 @@ from planner.cost import optimizer_states as S
 from planner.cost import params as P
 from planner.cost import runtime as R
 from strategies import rates
+from planner.core.numerics import Rung
 from strategies.base import Check, Engine, PlanContext, Strategy
 
 
@@ -273,4 +274,9 @@ STRATEGY = Strategy(
     help="the optimizer and its state precision and paging",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
     runtime="planner.runtime.optimizer", runtime_only=RUNTIME_BUILT,
+    numerics={Optimizer.ADAMW_8BIT: Rung.STATES_8BIT, Optimizer.PAGED_ADAMW_8BIT: Rung.STATES_8BIT,
+              Optimizer.ADAM_MINI: Rung.ADAM_MINI, Optimizer.ADAFACTOR: Rung.METHOD, Optimizer.LION: Rung.METHOD,
+              Optimizer.LION_8BIT: Rung.METHOD, Optimizer.SGD: Rung.METHOD},
+    # paging moves state through unified memory; a library beyond torch for the others
+    complexity={o: 2 if o == Optimizer.PAGED_ADAMW_8BIT else 1 for o in Optimizer if o != Optimizer.ADAMW},
 )

@@ -28,6 +28,7 @@ from planner.core.timing import TimeDraft, Window
 from planner.cost import params as P
 from planner.cost.activations import DTypes
 from strategies import rates
+from planner.core.numerics import Rung
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.checkpointing import Checkpointing
 from strategies.moments import GRADIENTS_BEFORE_FIRST_LAYER
@@ -42,6 +43,7 @@ class Precision(StrEnum):
 
 
 MIXED = (Precision.FP16_MIXED, Precision.BF16_MIXED, Precision.FP8_MIXED)
+SIXTEEN_BIT_MIXED = (Precision.BF16_MIXED, Precision.FP16_MIXED)  # the same states, speed and memory
 #: The dtype of non-fp8 matmuls and of MFU's peak (torch keeps fp32 matmuls in fp32: TF32 is off
 #: by default since torch 1.12). fp8-mixed runs the decoder layers' linears in fp8 (torchao
 #: converts them, not the output head).
@@ -311,4 +313,7 @@ STRATEGY = Strategy(
          "fp8-mixed (fp8 matmuls)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage, settle=_settle,
     runtime="planner.runtime.precision", runtime_only=(Precision.BF16_PURE,),
+    numerics={Precision.FP8_MIXED: Rung.FP8, Precision.BF16_PURE: Rung.BF16_WEIGHTS},
+    # fp16 needs dynamic loss scaling (overflows skip steps); bf16 has fp32's range
+    complexity={Precision.FP16_MIXED: 1, Precision.FP8_MIXED: 1, Precision.BF16_PURE: 1},
 )

@@ -361,4 +361,7 @@ STRATEGY = Strategy(
     help="data parallelism and sharding: none, ddp, zero1-3 (DeepSpeed), fsdp, fsdp-grad-op, fsdp-hybrid (FSDP2)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, parallelism=_parallelism,
     default_for=_default, runtime="planner.runtime.sharding",
+    # replicas are the plain data parallelism; a sharding engine (DeepSpeed, FSDP) weighs as two
+    # techniques (its own collectives, checkpoint format and wrapping), two-level sharding as three
+    complexity={s: 3 if s == Sharding.FSDP_HYBRID else 2 for s in Sharding if s not in (Sharding.NONE, Sharding.DDP)},
 )

@@ -56,12 +56,19 @@ def test_counts_add_up(a100):
     assert fitting >= len(a100.plans)
 
 
-def test_default_global_batch_works_for_any_gpu_count():
-    for n in (1, 2, 3, 6, 8, 48, 512, 1000):
-        g = default_global_batch(n)
-        assert g % n == 0 and g >= 64 and (g // n) & (g // n - 1) == 0
-        space = build_space(n, 2048)
-        assert all(g % (mbs * n) == 0 for mbs in space.micro_batch_sizes)
+def test_default_global_batch_works_for_any_gpu_count_and_length():
+    """Token-based: the smallest GPUs x 2^k sequences with >= 131,072 tokens (one sequence per GPU
+    at least), so the batch in tokens does not grow with the sequence length."""
+    for seq in (512, 2048, 8192, 131_072):
+        for n in (1, 2, 3, 6, 8, 48, 512, 1000):
+            g = default_global_batch(n, seq)
+            per_gpu = g // n
+            assert g % n == 0 and per_gpu & (per_gpu - 1) == 0
+            assert g * seq >= 131_072 and (per_gpu == 1 or (g // 2) * seq < 131_072)
+            space = build_space(n, seq)
+            assert all(g % (mbs * n) == 0 for mbs in space.micro_batch_sizes)
+    assert default_global_batch(8, 2048) == 64 and default_global_batch(1, 8192) == 16
+    assert default_global_batch(8, 131_072) == 8
 
 
 def test_narrowing_and_exact_optimizer():

@@ -11,11 +11,19 @@ import typer
 
 from planner.catalog.calibration import ENV as CALIBRATION_ENV
 from planner.core.launch import Launcher
+from planner.core.numerics import NumericsPolicy
+from planner.cost.runtime import DEFAULT_MARGIN
 from strategies import TECHNIQUES
 
 Model = Annotated[str, typer.Option("--model", help="HF id from the catalog or local HF cache, or a config.json / model folder")]
 Gpus = Annotated[str, typer.Option("--gpus", help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, 2x./gpu.yaml")]
-Margin = Annotated[float, typer.Option("--margin", help="fraction of GPU memory to keep free, e.g. 0.05")]
+Margin = Annotated[float, typer.Option("--margin", help="fraction of GPU memory to keep free for the memory model's "
+                                                       "error (default 0.06: its worst measured under-prediction "
+                                                       "is 5.8 %; 0 turns it off)")]
+Numerics = Annotated[NumericsPolicy, typer.Option(
+    "--numerics", help="ladder: the fastest exact plan, or the least approximation (8-bit states < fp8 < Adam-mini < "
+                       "bf16 weights) when none fits; exact: exact plans only; any: the fastest plan, whatever it "
+                       "changes")]
 HostMemory = Annotated[float | None, typer.Option("--host-memory-gb", help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")]
 InterNode = Annotated[float | None, typer.Option("--inter-node-gbps", help="network bandwidth per node, Gbit/s (default: 200 per GPU)")]
 Calibration = Annotated[str | None, typer.Option(
@@ -26,7 +34,7 @@ SeqLen = Annotated[int | None, typer.Option("--seq-len", help="tokens per sequen
 MicroBatch = Annotated[int, typer.Option("--micro-batch-size", "--mbs", help="sequences per GPU per micro-batch")]
 MicroBatches = Annotated[list[int] | None, typer.Option("--micro-batch-size", "--mbs", help="allow only these (repeatable); default: every divisor of the per-GPU share of the global batch")]
 GradAccum = Annotated[int, typer.Option("--grad-accum", help="gradient accumulation steps")]
-GlobalBatch = Annotated[int | None, typer.Option("--global-batch-size", help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k >= 64)")]
+GlobalBatch = Annotated[int | None, typer.Option("--global-batch-size", help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k holding >= 131,072 tokens: 64 x 2048)")]
 LauncherOption = Annotated[Launcher, typer.Option(
     "--launcher", help="who runs the files: planner (python -m planner.launch: every plan) or trainer (your own "
                        "Trainer script with the standard files only: plans needing runtime.json are not ranked)")]
@@ -71,17 +79,18 @@ def with_target(command):
     --host-memory-gb, --inter-node-gbps, --calibration; it is called with ``target={...}``, the
     fields of a PlanTarget (the calibration store resolved)."""
     added = [_option("model", Model, inspect.Parameter.empty), _option("gpus", Gpus, inspect.Parameter.empty),
-             _option("margin", Margin, 0.0), _option("host_memory_gb", HostMemory), _option("inter_node_gbps", InterNode),
+             _option("margin", Margin, DEFAULT_MARGIN), _option("host_memory_gb", HostMemory), _option("inter_node_gbps", InterNode),
              _option("calibration", Calibration)]
     return _extend(command, "target", added, lambda v: v | {"calibration": calibration_store(v["calibration"])})
 
 
 def with_space(command):
     """Give a searching command (suggest, tune) the options that shape its search space:
-    --micro-batch-size, --seq-len, --global-batch-size, --exact-optimizer, --launcher; it is called
+    --micro-batch-size, --seq-len, --global-batch-size, --exact-optimizer, --launcher, --numerics; it is called
     with ``space={...}``, SuggestRequest fields."""
     added = [_option("micro_batch_size", MicroBatches), _option("seq_len", SeqLen), _option("global_batch_size", GlobalBatch),
-             _option("exact_optimizer", ExactOptimizer, False), _option("launcher", LauncherOption, Launcher.PLANNER)]
+             _option("exact_optimizer", ExactOptimizer, False), _option("launcher", LauncherOption, Launcher.PLANNER),
+             _option("numerics", Numerics, NumericsPolicy.LADDER)]
     return _extend(command, "space", added, lambda v: v | {"micro_batch_size": v["micro_batch_size"] or []})
 
 

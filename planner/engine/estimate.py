@@ -20,6 +20,7 @@ from planner.core.vocabulary import DEFAULT_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN, WOR
 from planner.cost import compute as C
 from planner.cost import params as P
 from planner.cost import runtime as R
+from planner.engine.assumptions import assumptions
 from strategies import REGISTRY, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig
 from strategies.rates import peak_dtype, peak_flops
 from strategies.sharding import Sharding
@@ -35,7 +36,7 @@ class PlanTarget(BaseModel):
     gpus: str
     host_memory_gb: float | None = None  # per node, decimal GB
     inter_node_gbps: float | None = None  # per node, Gbit/s
-    margin: float = Field(0.0, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
+    margin: float = Field(R.DEFAULT_MARGIN, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
     calibration: Path | None = None  # the calibration store whose corrections apply (None: assumptions only)
 
     def hardware(self, gpus: str | None = None) -> HardwareSpec:
@@ -101,6 +102,7 @@ class EstimateResult(BaseModel):
     fits: bool
     reasons: list[str]
     warnings: list[str]
+    assumptions: list[str] = []  # what planner estimate assumed (planner/engine/assumptions.py)
 
 
 @dataclass
@@ -146,7 +148,14 @@ class Evaluation:
 def estimate(request: EstimateRequest) -> EstimateResult:
     model = resolve_model(request.model)
     hardware = request.hardware()
-    return estimate_config(model, hardware, resolve_config(request, model, hardware), request.margin)
+    config = resolve_config(request, model, hardware)
+    result = estimate_config(model, hardware, config, request.margin)
+    dp = result.hardware.num_gpus
+    said = assumptions(request, hardware, config.seq_len, config.micro_batch_size * config.grad_accum * dp,
+                       seq_given=request.seq_len is not None, batch_given="micro_batch_size" in request.model_fields_set,
+                       batch_words=f"micro-batch {config.micro_batch_size} x accum {config.grad_accum} x {dp} GPUs = "
+                                   f"{config.tokens_per_micro_batch * config.grad_accum * dp:,} tokens/step")
+    return result.model_copy(update={"assumptions": said + [f"MFU of the {result.time.mfu_basis}"]})
 
 
 def resolve_config(request, model: ModelSpec, hardware: HardwareSpec) -> TrainingConfig:

@@ -1,9 +1,13 @@
 """The candidate space: every strategy's choices x micro-batch sizes, narrowed by the user.
 
-Global batch (in sequences): micro_batch x grad_accum x data-parallel degree. Its default works
-for any GPU count: the smallest dp x 2^k that is at least ``DEFAULT_MIN_GLOBAL_BATCH``
-sequences (64 on 1 or 8 GPUs, 512 on 512 GPUs), so every power-of-two micro-batch up to the
-per-GPU share divides it. Micro-batch sizes are the divisors of the per-GPU share.
+Global batch (in sequences): micro_batch x grad_accum x data-parallel degree. Its default is set
+in tokens, because what a step averages over is tokens, not sequences (the gradient noise scale
+and the critical batch size are measured in tokens: McCandlish et al. 2018, "An Empirical Model of
+Large-Batch Training"; Kaplan et al. 2020): the smallest dp x 2^k sequences holding at least
+``DEFAULT_GLOBAL_BATCH_TOKENS`` tokens, at least one sequence per GPU. 131,072 tokens is 64
+sequences of 2,048 (a common fine-tuning batch), 16 of 8,192, and one per GPU at 128k; every
+power-of-two micro-batch up to the per-GPU share divides it. Micro-batch sizes are the divisors
+of the per-GPU share.
 """
 
 import itertools
@@ -17,7 +21,7 @@ from planner.core.launch import Launcher
 from strategies import REGISTRY, TrainingConfig
 from strategies.optimizer import QUANTIZED
 
-DEFAULT_MIN_GLOBAL_BATCH = 64
+DEFAULT_GLOBAL_BATCH_TOKENS = 131_072  # 2^17 = 64 x 2048
 _ENUMS = {s.field: s.enum for s in REGISTRY}
 
 
@@ -66,9 +70,10 @@ class SearchSpace(BaseModel):
         )
 
 
-def default_global_batch(data_parallel: int) -> int:
+def default_global_batch(data_parallel: int, seq_len: int) -> int:
+    """Sequences per step: the smallest dp x 2^k with at least DEFAULT_GLOBAL_BATCH_TOKENS tokens."""
     per_gpu = 1
-    while per_gpu * data_parallel < DEFAULT_MIN_GLOBAL_BATCH:
+    while per_gpu * data_parallel * seq_len < DEFAULT_GLOBAL_BATCH_TOKENS:
         per_gpu *= 2
     return per_gpu * data_parallel
 
@@ -105,11 +110,11 @@ def build_space(
                 problems.append(f"{strategy.flag} {', '.join(fixed[strategy.field])}: no standard file can say it, so "
                                 "--launcher trainer cannot run it; use the planner launch (the default)")
         choices[strategy.field] = tuple(dict.fromkeys(wanted))
-    gbs = global_batch_size if global_batch_size is not None else default_global_batch(data_parallel)
+    gbs = global_batch_size if global_batch_size is not None else default_global_batch(data_parallel, seq_len)
     if gbs < 1 or gbs % data_parallel:
         problems.append(
             f"--global-batch-size {gbs} must be a positive multiple of the {data_parallel} data-parallel GPUs "
-            f"(e.g. {default_global_batch(data_parallel)})"
+            f"(e.g. {default_global_batch(data_parallel, seq_len)})"
         )
     per_gpu = gbs // data_parallel if gbs > 0 else 1
     divisors = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0] if per_gpu <= 1 << 20 else [1]

@@ -12,12 +12,15 @@ from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.core.formatting import gib
 from planner.core.launch import Launcher
+from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.vocabulary import MAX_SEQ_LEN
+from planner.engine.assumptions import assumptions
 from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, evaluate, result_of
+from planner.engine.ranking import Candidate, Ranking, rank
 from planner.engine.search import ENGINES, SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, default_global_batch
-from strategies import FIELDS, REGISTRY, summary
+from strategies import FIELDS, REGISTRY, approximations, summary
 from strategies.vocabulary import TechniqueLists
 
 MAX_NODES = 128
@@ -31,6 +34,9 @@ class SuggestRequest(PlanTarget, TechniqueLists):
     micro_batch_size: list[int] = []
     exact_optimizer: bool = False
     launcher: Launcher = Launcher.PLANNER  # trainer: only plans the standard files express alone
+    numerics: NumericsPolicy = NumericsPolicy.LADDER  # planner/core/numerics.py
+    tokens: float | None = Field(None, gt=0, le=1e16)  # tokens to train on: the winner's time (and cost)
+    price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6)  # currency units per GPU-hour, for the cost
     top: int = Field(5, ge=1, le=1000)
     engine: str = "auto"
     trials: int = Field(400, ge=1, le=1_000_000)
@@ -42,6 +48,25 @@ class HardwareSuggestion(BaseModel):
     change: str  # "more GPUs" | "larger GPU"
     gpus: str  # a --gpus spec
     plan: EstimateResult  # the fastest plan there
+
+
+class TradeOff(BaseModel):
+    """A faster plan that changes numerics, beside the winner."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    approximations: list[str]  # "precision fp8-mixed: fp8 matmuls", least risk first
+    gain: float  # tokens/s over the winner's, minus 1
+    plan: EstimateResult
+
+
+class TrainingTime(BaseModel):
+    """``--tokens``: how long the winner takes to train on them, and what it costs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tokens: float
+    hours: float  # wall clock
+    gpu_hours: float
+    cost: float | None  # gpu_hours x --price-per-gpu-hour
 
 
 class SuggestResult(BaseModel):
@@ -58,6 +83,11 @@ class SuggestResult(BaseModel):
     nearest: list[EstimateResult]  # when nothing fits: the closest misses
     hardware_suggestions: list[HardwareSuggestion]
     reasons: list[str]
+    numerics: NumericsPolicy = NumericsPolicy.LADDER
+    exact_fits: bool = False  # an exact plan fits (planner/core/numerics.py)
+    trade_offs: list[TradeOff] = []  # what approximations would buy beside the winner
+    assumptions: list[str] = []  # what the answer assumed, and from where (planner/engine/assumptions.py)
+    training: TrainingTime | None = None  # --tokens
 
 
 def suggest(request: SuggestRequest) -> SuggestResult:
@@ -65,11 +95,14 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         raise PlannerInputError(f"--engine {request.engine!r}: one of {', '.join(ENGINES)}")
     model = resolve_model(request.model)
     hardware = request.hardware()
+    seq_given = request.seq_len is not None
     if request.seq_len is None:
         request = request.model_copy(update={"seq_len": default_seq_len(model)})
     space = _space(request, hardware.num_gpus, request.global_batch_size)
     outcome = _search(request, model, hardware, space)
-    plans = [_result(request, model, hardware, outcome, r) for r in outcome.fitting[: request.top]]
+    ranking = _rank(request, outcome)
+    plans = [_result(request, model, hardware, outcome, c.item) for c in ranking.plans]
+    trade_offs = [_trade_off(_result(request, model, hardware, outcome, c.item), plans[0]) for c in ranking.trade_offs]
     nearest, hw_suggestions = [], []
     if not plans:
         nearest = [_result(request, model, hardware, outcome, r) for r in outcome.nearest]
@@ -85,8 +118,50 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         fits=bool(plans),
         nearest=nearest,
         hardware_suggestions=hw_suggestions,
-        reasons=_reasons(outcome, nearest, hw_suggestions) + _launcher_note(request),
+        reasons=_reasons(outcome, nearest, hw_suggestions) + _numerics_note(request, ranking, plans)
+        + _launcher_note(request),
+        numerics=request.numerics,
+        exact_fits=ranking.exact_fits,
+        trade_offs=trade_offs,
+        assumptions=assumptions(request, hardware, space.seq_len, space.global_batch_size, seq_given=seq_given,
+                                batch_given=request.global_batch_size is not None)
+        + ([f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
+        training=_training(request, plans[0]) if plans and request.tokens else None,
     )
+
+
+def _training(request: SuggestRequest, plan: EstimateResult) -> TrainingTime:
+    """Wall-clock hours = tokens / the plan's tokens/s; GPU-hours = hours x GPUs."""
+    hours = request.tokens / plan.time.tokens_per_second / 3600
+    gpu_hours = hours * plan.hardware.num_gpus
+    cost = gpu_hours * request.price_per_gpu_hour if request.price_per_gpu_hour else None
+    return TrainingTime(tokens=request.tokens, hours=hours, gpu_hours=gpu_hours, cost=cost)
+
+
+def _rank(request: SuggestRequest, outcome: SearchOutcome) -> Ranking:
+    cands = [Candidate(r, outcome.config(r), r.tokens_per_second, r.peak) for r in outcome.fitting]
+    return rank(cands, request.numerics, request.top)
+
+
+def words(config) -> list[str]:
+    """The approximations of ``config`` as a user reads them, least risk first."""
+    from planner.core.numerics import RUNG_WORDS
+
+    return [f"{field} {value} ({RUNG_WORDS[rung]})" for field, value, rung in approximations(config)]
+
+
+def _trade_off(plan: EstimateResult, winner: EstimateResult) -> TradeOff:
+    return TradeOff(approximations=words(plan.config), plan=plan,
+                    gain=plan.time.tokens_per_second / winner.time.tokens_per_second - 1)
+
+
+def _numerics_note(request: SuggestRequest, ranking: Ranking, plans: list[EstimateResult]) -> list[str]:
+    """What the numerics policy decided, when it is not simply "the fastest exact plan"."""
+    if not plans or request.numerics == NumericsPolicy.ANY:
+        return []
+    if not ranking.exact_fits:
+        return [f"no exact plan fits: the least approximation that fits is {', '.join(words(plans[0].config))}"]
+    return []
 
 
 def _launcher_note(request: SuggestRequest) -> list[str]:
@@ -143,7 +218,7 @@ def _first_fitting(request: SuggestRequest, model: ModelSpec, specs: list[str], 
         hw = request.hardware(spec)
         gbs = request.global_batch_size
         if gbs is None or gbs % hw.num_gpus:
-            gbs = default_global_batch(hw.num_gpus)
+            gbs = default_global_batch(hw.num_gpus, request.seq_len)
         try:
             space = _space(request, hw.num_gpus, gbs)
         except PlannerInputError:  # e.g. a fixed micro-batch that does not divide this share

@@ -31,6 +31,7 @@ import socket
 import statistics
 import warnings
 from collections.abc import Callable
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Literal
 
@@ -38,13 +39,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
+from planner.core.numerics import NumericsPolicy
 from planner.engine.estimate import EstimateResult, default_seq_len, evaluate, result_of
+from planner.engine.ranking import TIE_BAND, Candidate, allowed_levels, order, pick
 from planner.engine.search import search
 from planner.engine.suggest import SuggestRequest, _space
+from strategies import numerics_of
 
 FIDELITIES = ("auto", "analytic", "traced", "measured")
 #: Far outside any memory: the constraint of a candidate that cannot run at all.
 INFEASIBLE = float(2**60)
+#: Measured plans closer than this in tokens/s are ties (run-to-run noise of a timed step on one
+#: GPU is ~1-2 %), broken toward the simpler plan as suggest breaks its ties (planner/engine/ranking.py).
+MEASURED_TIE_BAND = 0.02
 #: Trials (pruned duplicates and analytic rejections included) per probe before the study gives up
 #: on a sampler that keeps proposing what was already decided.
 TRIALS_PER_PROBE_CAP = 30
@@ -168,8 +175,9 @@ class _Study:
             req = req.model_copy(update={"seq_len": default_seq_len(model)})
         self.req, self.model, self.probe, self.fidelity, self.on_trial = req, model, probe, fidelity, on_trial
         self.space = _space(req, self.hardware.num_gpus, req.global_batch_size)
-        self.ranked = search(self.space, lambda c: evaluate(model, self.hardware, c, req.margin, skip_infeasible=True),
-                             req.engine, req.trials, req.seed).fitting
+        outcome = search(self.space, lambda c: evaluate(model, self.hardware, c, req.margin, skip_infeasible=True),
+                         req.engine, req.trials, req.seed)
+        self.ranked, self.levels = _ranked(outcome, req.numerics)
         self.url = req.storage or default_storage(req.out)
         self.name = req.study_name or study_name(req, fidelity)
         self.study = _open_study(self.url, self.name, req)
@@ -224,14 +232,17 @@ class _Study:
         ev = self.analytic(key)
         if not ev.fits:  # the analytic model prunes it: no probe spent
             return self._pruned_by_the_model(trial, ev)
+        if self.ranked and numerics_of(ev.ctx.config) not in self.levels:  # --numerics keeps it out
+            return self._pruned_by_the_model(trial, ev, f"--numerics {self.req.numerics}: changes numerics")
         return self._probed(trial, ev)
 
-    def _pruned_by_the_model(self, trial, ev) -> float:
+    def _pruned_by_the_model(self, trial, ev, numerics: str = "") -> float:
         trial.set_user_attr("fidelity", "analytic")
-        trial.set_user_attr("status", "predicted not to fit" if ev.feasible else "infeasible")
-        trial.set_user_attr("message", "; ".join(result_of(ev, self.req.margin).reasons)[:500])
+        trial.set_user_attr("status", "numerics" if numerics else "predicted not to fit" if ev.feasible else "infeasible")
+        trial.set_user_attr("message", numerics or "; ".join(result_of(ev, self.req.margin).reasons)[:500])
         trial.set_user_attr("predicted_peak_bytes", ev.peak)
-        trial.set_constraint("memory_shortfall_bytes", float(max(1, ev.peak - ev.usable)) if ev.feasible else INFEASIBLE)
+        trial.set_constraint("memory_shortfall_bytes", INFEASIBLE if numerics or not ev.feasible
+                             else float(max(1, ev.peak - ev.usable)))
         return 0.0
 
     def _probed(self, trial, ev) -> float:
@@ -312,11 +323,34 @@ class _Study:
         rows = [_row(t) for t in final]
         measured = [r for r, t in zip(rows, final, strict=True)
                     if r.probed and r.status == "ok" and r.tokens_per_second and _feasible(t)]
-        best = max(measured, key=lambda r: (r.tokens_per_second, -r.number), default=None)
+        best = _best(measured, self.fidelity)
         best_plan = result_of(self.analytic(self.key_of(best.config)), self.req.margin) if best is not None else None
         return TuneResult(study_name=self.name, storage=self.url, fidelity=self.fidelity,
                           probes=sum(1 for r in rows if r.probed), stopped=stopped, best=best, best_plan=best_plan,
                           trials=rows, notes=notes)
+
+
+def _ranked(outcome, policy: NumericsPolicy) -> tuple[list, set]:
+    """The fitting candidates the study may probe, in the order to probe them: those of the numerics
+    levels ``policy`` allows (planner/engine/ranking.py), suggest's ranking first (so the first
+    probe is suggest's winner), then the rest by modelled speed."""
+    cands = [Candidate(r, outcome.config(r), r.tokens_per_second, r.peak) for r in outcome.fitting]
+    allowed = allowed_levels(cands, policy)
+    cands = [c for c in cands if c.numerics in allowed]
+    first = order(cands) if cands else []
+    chosen = {id(c) for c in first}
+    return [c.item for c in first] + [c.item for c in cands if id(c) not in chosen], allowed
+
+
+def _best(measured: list[TrialRow], fidelity: str) -> TrialRow | None:
+    """The winner among measured trials, by the ranking's tie rule: within the band of the fastest,
+    the simplest (the model's band for analytic trials; measurement noise for real ones)."""
+    if not measured:
+        return None
+    band = TIE_BAND if fidelity == "analytic" else MEASURED_TIE_BAND
+    cands = [Candidate(r, SimpleNamespace(**r.config), r.tokens_per_second, r.peak_bytes or 0)
+             for r in sorted(measured, key=lambda r: r.number)]
+    return pick(cands, band).item
 
 
 def _probed_keys(trials) -> set:

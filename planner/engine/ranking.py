@@ -1,0 +1,129 @@
+"""The order in which fitting plans are offered: numerics first, then speed, with ties.
+
+1. **Numerics** (planner/core/numerics.py, ``--numerics``): under ``ladder`` (the default) the
+   plans offered are the exact ones when one fits, otherwise those of the least approximation
+   that fits (``allowed_levels``); ``exact`` offers exact plans only; ``any`` every plan, by speed.
+   Faster plans that change numerics are shown beside the winner (``_trade_offs``), never instead.
+2. **Ties.** Plans within ``TIE_BAND`` of the fastest are ties, broken toward the simpler plan
+   (``strategies.complexity``: bf16 over fp16, no offload, no sharding where replicas fit, fewer
+   techniques), then by speed, then by lower peak.
+3. **Distinct alternatives.** Each family (optimizer, precision with bf16/fp16-mixed as one,
+   checkpointing, sharding engine, offload) is represented by its best plan; near-copies (another loss, micro-batch, or FSDP
+   reshard setting of the same family) are not listed twice.
+
+Why 5 %: the step-time model is held to published throughput within ±10 % (tests/
+test_step_time_published.py); two plans for the same model on the same GPU share most of that
+error (one efficiency table, one FLOP count), so a difference under half of it is not evidence
+that one plan is faster. A judgement, stated, not a fit.
+"""
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from planner.core.numerics import NumericsPolicy
+from strategies import complexity, numerics_of
+from strategies.precision import SIXTEEN_BIT_MIXED
+from strategies.sharding import engine_of
+
+TIE_BAND = 0.05
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A fitting plan as the ranking sees it (``item`` is the caller's record)."""
+
+    item: object
+    config: object  # a TrainingConfig
+    tokens_per_second: float
+    peak: int
+
+    @property
+    def numerics(self) -> tuple[int, ...]:
+        return numerics_of(self.config)
+
+    @property
+    def family(self) -> tuple:
+        """Plans a user would call the same: bf16- and fp16-mixed are one family (the same
+        states and speed; the tie-break prefers bf16 where it exists)."""
+        c = self.config
+        precision = "16-bit mixed" if c.precision in SIXTEEN_BIT_MIXED else c.precision
+        return (c.optimizer, precision, c.checkpointing, engine_of(c.sharding), c.offload)
+
+
+def pick(cands: list[Candidate], band: float = TIE_BAND) -> Candidate:
+    """The plan to offer first among ``cands``: of those within ``band`` of the fastest, the
+    simplest, then the fastest, then the lowest peak."""
+    fastest = max(c.tokens_per_second for c in cands)
+    ties = [c for c in cands if c.tokens_per_second >= fastest * (1 - band)]
+    return min(ties, key=lambda c: (complexity(c.config), -c.tokens_per_second, c.peak))
+
+
+def order(cands: list[Candidate], band: float = TIE_BAND, limit: int | None = None) -> list[Candidate]:
+    """Best family representatives first, each chosen and ordered by ``pick``."""
+    families: dict[tuple, list[Candidate]] = {}
+    for c in cands:
+        families.setdefault(c.family, []).append(c)
+    left = [pick(members, band) for members in families.values()]
+    out = []
+    while left and (limit is None or len(out) < limit):
+        best = pick(left, band)
+        out.append(best)
+        left.remove(best)
+    return out
+
+
+def levels(cands: Iterable[Candidate]) -> dict[tuple[int, ...], list[Candidate]]:
+    """Candidates by numerics key, least quality risk first."""
+    out: dict[tuple[int, ...], list[Candidate]] = {}
+    for c in cands:
+        out.setdefault(c.numerics, []).append(c)
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class Ranking:
+    plans: list[Candidate]  # best first, distinct families
+    exact_fits: bool
+    trade_offs: list[Candidate]  # approximations faster than the winner beyond the band (least risk first)
+
+
+def allowed_levels(cands: list[Candidate], policy: NumericsPolicy) -> set[tuple[int, ...]]:
+    """The numerics levels ``policy`` lets a plan come from, given what fits: any; exact only; or
+    (ladder) exact when an exact plan fits, else the least approximation that fits."""
+    keys = {c.numerics for c in cands}
+    if policy == NumericsPolicy.ANY:
+        return keys
+    if policy == NumericsPolicy.EXACT or () in keys:
+        return {()}
+    return {min(keys)} if keys else set()
+
+
+def rank(cands: list[Candidate], policy: NumericsPolicy, limit: int, band: float = TIE_BAND) -> Ranking:
+    """The plans to offer (those of the levels ``policy`` allows, ``order``ed) and, beside the
+    winner, what approximations would buy."""
+    by_level = levels(cands)
+    allowed = allowed_levels(cands, policy)
+    plans = order([c for c in cands if c.numerics in allowed], band, limit)
+    return Ranking(plans, () in by_level, _trade_offs(plans[0] if plans else None, by_level, band))
+
+
+def _trade_offs(winner: Candidate | None, by_level: dict, band: float) -> list[Candidate]:
+    """What approximations would buy beside the winner: the least-risk level whose best plan is
+    faster beyond the band, and the fastest plan of all (when it is another one)."""
+    if winner is None:
+        return []
+    gain = winner.tokens_per_second * (1 + band)
+    faster = []
+    for key, members in by_level.items():
+        beyond = [c for c in members if c.tokens_per_second > gain]
+        if key > winner.numerics and beyond:
+            faster.append(pick(beyond, band))
+    if not faster:
+        return []
+    least = faster[0]
+    fastest = max(faster, key=lambda c: c.tokens_per_second)
+    return [least] if fastest is least else [least, fastest]
+
+
+def candidates(records: Iterable, config_of: Callable, tps: Callable, peak: Callable) -> list[Candidate]:
+    return [Candidate(r, config_of(r), tps(r), peak(r)) for r in records]
