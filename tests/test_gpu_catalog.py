@@ -56,7 +56,7 @@ def test_a100_40_memory_is_40_gib():
 
 
 @pytest.mark.parametrize("spec, needle", [("", "Grammar"), ("2xA1000", "A100"), ("0xH100-80", "at least 1"),
-                                          ("16xH100-80", "2x8x"), ("8xfoo.yaml", "not found")])
+                                          ("32xH100-80", "4x8x"), ("8xfoo.yaml", "not found")])
 def test_bad_specs_are_clear_errors(spec, needle):
     with pytest.raises(PlannerInputError) as e:
         parse_gpus(spec)
@@ -93,3 +93,36 @@ def test_example_custom_gpu_file_loads():
 
     hw = parse_gpus(f"4x{Path(__file__).parent.parent / 'examples' / 'custom-gpu.yaml'}")
     assert hw.gpu.id == "MY-LAB-GPU-64" and hw.num_gpus == 4 and hw.gpu.memory_bytes == 64 * GIB
+
+
+@pytest.mark.parametrize("spec, taken, others", [("A100", "A100-SXM-80", ["A100-SXM-40", "A100-PCIE-40", "A100-PCIE-80"]),
+                                                 ("8xH100", "H100-SXM-80", ["H100-PCIE-80", "H100-NVL-94"]),
+                                                 ("nvidia v100", "V100-SXM-32", ["V100-SXM-16"])])
+def test_a_name_several_gpus_share_is_taken_with_a_note(spec, taken, others):
+    hw = parse_gpus(spec)
+    assert hw.gpu.id == taken and len(hw.notes) == 1
+    assert f"taken as {taken}" in hw.notes[0] and all(o in hw.notes[0] for o in others)
+
+
+@pytest.mark.parametrize("spec", ["1xA100-40", "8xH100-80", "A100-80", "H100-SXM", "1xRTX4090-24", "L4", "2x4xMI300X"])
+def test_specific_names_have_no_note(spec):
+    assert parse_gpus(spec).notes == []
+
+
+def test_more_gpus_in_a_node_than_usual_is_a_note_not_a_refusal():
+    hw = parse_gpus("8xRTX4090-24")
+    assert (hw.nodes, hw.gpus_per_node) == (1, 8)
+    assert len(hw.notes) == 1 and "above the usual 4" in hw.notes[0] and "2x4xRTX4090-24" in hw.notes[0]
+    assert "2x8x" in parse_gpus("16xH100-80").notes[0]
+
+
+def test_the_notes_reach_the_results():
+    from planner.engine.estimate import EstimateRequest, estimate
+
+    r = estimate(EstimateRequest(model="meta-llama/Llama-3.2-1B", gpus="A100"))
+    assert any("taken as A100-SXM-80" in w for w in r.warnings)
+    assert not any("taken as" in w for w in estimate(EstimateRequest(model="meta-llama/Llama-3.2-1B", gpus="A100-40")).warnings)
+    from planner.engine.suggest import SuggestRequest, suggest
+
+    assert any("taken as A100-SXM-80" in w for w in suggest(SuggestRequest(model="meta-llama/Llama-3.2-1B", gpus="A100",
+                                                                         top=1)).reasons)

@@ -148,9 +148,9 @@ def _rendered(gpus: str, config: TrainingConfig) -> dict[str, str]:
                    tokens_per_second=1.0, message="", feasible=True)
     tuned = TuneResult(study_name="s", storage="sqlite://", fidelity="analytic", probes=1, stopped="budget", best=row,
                        best_plan=plan, trials=[row], notes=[])
-    from planner.engine.suggest import _reasons
+    from planner.engine.nothing_fits import nearest_words
 
-    nearest = _reasons(SimpleNamespace(fitting=[], considered=1, rejected=Counter({"x": 1})), [plan], [])
+    nearest = [nearest_words(plan)]
     out = {"estimate": capture(report.render_estimate, plan), "suggest": capture(report.render_suggest, suggestion),
            "PLAN.md": files["PLAN.md"], "launch.sh": files["launch.sh"], "tune": capture(render_tune, tuned),
            "nearest": "\n".join(nearest)}

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.cli import app
-from planner.engine.estimate import EstimateRequest, estimate, evaluate
+from planner.engine.estimate import EstimateRequest, estimate, estimate_config, evaluate
+from planner.engine.nothing_fits import Prober, host_gb, larger_kinds
 from planner.engine.search import exhaustive, greedy_seeds, optuna_search
 from planner.engine.space import build_space, default_global_batch
 from planner.engine.suggest import SuggestRequest, suggest
@@ -170,3 +171,69 @@ def test_default_seq_len_respects_learned_positions():
     forced = suggest(SuggestRequest(model="openai-community/gpt2", gpus="1xT4", seq_len=2048, top=1))
     assert not forced.fits and "seq_len beyond learned positions" in forced.rejected
     assert "rejected most often" in forced.reasons[0]
+
+
+def test_nothing_fits_names_host_ram_when_that_is_what_is_short():
+    """405B on one RTX 4090: a plan fits the GPU (ZeRO-3, everything offloaded) but needs terabytes
+    of host RAM; the default host RAM is a guess, so the fix says how much, and the plan it names
+    fits when asked again with that --host-memory-gb."""
+    asked = SuggestRequest(model="meta-llama/Llama-3.1-405B", gpus="1xRTX4090-24")
+    r = suggest(asked)
+    assert not r.fits and not r.plans
+    assert r.needs_bytes is not None and r.needs_bytes <= parse_gpus("1xRTX4090-24").gpu.memory_bytes
+    host = next(s for s in r.hardware_suggestions if s.change == "more host RAM")
+    assert host.gpus == "1xRTX4090-24" and host.host_memory_gb and host.plan.fits
+    assert not any("no catalog GPU" in reason for reason in r.reasons)
+    assert "needs ≈" in r.reasons[0] and "host RAM" in r.reasons[0]
+    assert any(f"--host-memory-gb {host.host_memory_gb:g}" in reason for reason in r.reasons)
+    assert not any("ddp on one GPU" in reason for reason in r.reasons)  # structural rejections stay in `rejected`
+    assert r.rejected["ddp on one GPU"] > 0
+    again = asked.model_copy(update={"host_memory_gb": host.host_memory_gb})
+    assert suggest(again).fits
+    model, hw = resolve_model(asked.model), again.hardware()
+    assert estimate_config(model, hw, host.plan.config, asked.margin).fits
+    for s in r.hardware_suggestions:  # every fix fits as stated
+        fixed = asked.model_copy(update={"gpus": s.gpus, "host_memory_gb": s.host_memory_gb})
+        assert estimate_config(model, fixed.hardware(), s.plan.config, asked.margin).fits, s.change
+
+
+def test_nothing_fits_without_sharding_or_offload_names_a_larger_gpu():
+    r = suggest(SuggestRequest(model=LLAMA, gpus="1xT4-16", sharding=["none"], offload=["none"]))
+    assert not r.fits and r.hardware_suggestions
+    assert r.needs_bytes > parse_gpus("1xT4-16").gpu.memory_bytes
+    assert r.reasons[0].startswith("none of") and "needs ≈" in r.reasons[0]
+    larger = next(s for s in r.hardware_suggestions if s.change == "larger GPU")
+    assert larger.plan.fits and larger.plan.hardware.gpu_memory_bytes > parse_gpus("1xT4-16").gpu.memory_bytes
+    assert {larger.plan.config.sharding, larger.plan.config.offload} == {"none"}
+
+
+@pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.2-1B", "1xT4-16"), ("google/gemma-2-2b", "2xA100-40"),
+                                         ("Qwen/Qwen3-4B", "2x8xH100-80")])
+def test_probes_find_the_least_memory_of_the_whole_space(model, gpus):
+    """A probe evaluates one choice of checkpointing and attention per combination of the other
+    techniques (nothing_fits.MEMORY_SAVING): the least GPU peak and host RAM of the whole space at
+    the smallest micro-batch must be among the probes'."""
+    request = SuggestRequest(model=model, gpus=gpus, seq_len=2048)
+    m = resolve_model(model)
+    scan = Prober(request, m).scan(gpus)
+    space, hw = scan.space, scan.hardware
+    full = [evaluate(m, hw, space.config(t, space.micro_batch_sizes[0]), request.margin, skip_infeasible=True)
+            for t in space.technique_combos()]
+    feasible = [ev for ev in full if ev.feasible]
+    assert scan.min_peak == min(ev.peak for ev in feasible)
+    gpu_fitting = [ev.host["peak"] for ev in feasible if ev.gpu_fits]
+    assert scan.host_needed == (min(gpu_fitting) if gpu_fitting else None)
+
+
+def test_kind_floor_bounds_every_larger_gpu():
+    """The screen that skips larger kinds: no catalog kind at the shape needs less than it."""
+    request = SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="1xT4-16", seq_len=2048)
+    prober = Prober(request, resolve_model(request.model))
+    floor = prober.kind_floor(request.hardware())
+    peaks = [prober.scan(spec).min_peak for spec in larger_kinds(request.hardware())]
+    assert floor <= min(p for p in peaks if p is not None)
+
+
+def test_host_sizes():
+    assert host_gb(1) == 64 and host_gb(64 * 10**9) == 64 and host_gb(64 * 10**9 + 1) == 96
+    assert host_gb(20_000 * 10**9) == 20_480

@@ -4,6 +4,9 @@
     GPU  := a catalog id or alias (case-insensitive), or a path to a GPU YAML file
 
 ``1xA100-40`` is one A100, ``8xH100-80`` one node of eight, ``4x8xH100-80`` four nodes of eight.
+Two readings come with a note (HardwareSpec.notes), not a refusal: a name several catalog GPUs
+share ("A100": the 80 GB SXM card, by its alias; the 40 GB and PCIe cards are A100s too), and more
+GPUs in one node than the catalog's usual maximum (up to ``MAX_GPUS_PER_NODE``).
 """
 
 import difflib
@@ -28,6 +31,9 @@ _SPEC = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(?:(\d+)\s*[x×*]\s*)?(\S.*?)\s*$
 #: p4d 8xA100-40: 1152 GiB; p5 8xH100: 2 TiB); pass --host-memory-gb for your machine.
 DEFAULT_HOST_MEMORY_FACTOR = 2
 DEFAULT_HOST_MEMORY_MIN_BYTES = 64 * GB
+#: GPUs per node beyond the catalog's max_gpus_per_node are taken with a note up to this many
+#: (a DGX-2 holds 16); more in one node is refused as a likely slip for NODES x GPUS.
+MAX_GPUS_PER_NODE = 16
 #: Default network between nodes when --inter-node-gbps is not given: 200 Gbit/s per GPU
 #: (DGX A100: 8 x 200 Gb/s HDR per node; DGX H100 has 8 x 400 Gb/s NDR; cloud nodes often less).
 DEFAULT_INTER_NODE_GBPS_PER_GPU = 200
@@ -121,10 +127,52 @@ def _index() -> dict[str, str]:
     return index
 
 
+def _is_file(name: str) -> bool:
+    return name.lower().endswith((".yaml", ".yml")) or Path(name).is_file()
+
+
+def _tokens(name: str) -> tuple[str, ...]:
+    """A name's words: "NVIDIA A100-SXM4-80GB" -> ("a100", "sxm4", "80")."""
+    words = re.split(r"[^a-z0-9]+", name.lower().replace("nvidia", ""))
+    return tuple(w[:-2] if w.endswith("gb") and w[:-2].isdigit() else w for w in words if w)
+
+
+@cache
+def _also_named() -> dict[str, tuple[str, ...]]:
+    """Normalized name -> the other catalog GPUs whose names extend it, for names that state no
+    memory size: "a100" is the A100-SXM-80's alias, and A100-SXM-40, A100-PCIE-40 and A100-PCIE-80
+    are A100s too. A name with its size ("a100-40", "h100-80") is taken as meant."""
+    names = {gid: [_tokens(n) for n in (gid, *f.aliases)] for gid, f in catalog().items()}
+    out: dict[str, set[str]] = {}
+    for gid, f in catalog().items():
+        for name in (gid, *f.aliases):
+            words = _tokens(name)
+            if any(w.isdigit() for w in words[1:]):
+                continue
+            others = {o for o, theirs in names.items() if o != gid
+                      and any(len(t) > len(words) and t[: len(words)] == words for t in theirs)}
+            if others:
+                out.setdefault(normalize(name), set()).update(others)
+    order = {gid: (f.memory_mib, gid) for gid, f in catalog().items()}
+    return {k: tuple(sorted(v, key=order.__getitem__)) for k, v in out.items()}
+
+
+def gpu_notes(name: str) -> list[str]:
+    """What a user should know about how ``name`` was read: a name several catalog GPUs share."""
+    key = normalize(name)
+    others = _also_named().get(key)
+    if not others:
+        return []
+    gid = _index()[key]
+    listed = ", ".join(others[:-1]) + (" or " if len(others) > 1 else "") + others[-1]
+    return [f"{name} taken as {gid} ({catalog()[gid].name}); write {listed} for "
+            + ("another card" if len(others) > 1 else "the other card")]
+
+
 def resolve_gpu(name: str, calibration_store: Path | None = None) -> GpuSpec:
     """A catalog GPU by id or alias, or a user YAML file, with the corrections in
     ``calibration_store`` (GpuFile.to_spec)."""
-    if name.lower().endswith((".yaml", ".yml")) or Path(name).is_file():
+    if _is_file(name):
         path = Path(name).expanduser()
         if not path.is_file():
             raise PlannerInputError(f"GPU file not found: {path}", hint=_yaml_hint())
@@ -160,12 +208,14 @@ def parse_gpus(spec: str, host_memory_gb: float | None = None, inter_node_gbps: 
     problems = []
     if nodes < 1 or per_node < 1:
         problems.append(f"--gpus {spec!r}: counts must be at least 1")
+    notes = [] if _is_file(name) else gpu_notes(name)
     if per_node > gpu.max_gpus_per_node:
-        nodes_needed = -(-per_node // gpu.max_gpus_per_node)
-        problems.append(
-            f"--gpus {spec!r}: a {gpu.id} node holds at most {gpu.max_gpus_per_node} GPUs; "
-            f"for {per_node} GPUs write e.g. {nodes_needed}x{gpu.max_gpus_per_node}x{name}"
-        )
+        usual, nodes_needed = gpu.max_gpus_per_node, -(-per_node // gpu.max_gpus_per_node)
+        split = f"for {nodes_needed} nodes of {usual} write {nodes_needed}x{usual}x{name}"
+        if per_node > max(MAX_GPUS_PER_NODE, usual):
+            problems.append(f"--gpus {spec!r}: {per_node} GPUs in one node is more than any {gpu.id} server holds; {split}")
+        notes.append(f"{per_node} {gpu.id} in one node is above the usual {usual} (catalog max_gpus_per_node); "
+                     f"assuming its {gpu.gpu_link_kind} link between all of them; {split}")
     if host_memory_gb is not None and not (0 < host_memory_gb < 1e7):
         problems.append(f"--host-memory-gb {host_memory_gb}: give the host RAM per node in GB (e.g. 512)")
     if inter_node_gbps is not None and not (0 < inter_node_gbps < 1e6):
@@ -176,5 +226,5 @@ def parse_gpus(spec: str, host_memory_gb: float | None = None, inter_node_gbps: 
     gbps = inter_node_gbps if inter_node_gbps is not None else DEFAULT_INTER_NODE_GBPS_PER_GPU * per_node
     return HardwareSpec(
         gpu=gpu, nodes=nodes, gpus_per_node=per_node, host_memory_bytes_per_node=host,
-        inter_node_bytes_per_s=gbps * 1e9 / 8,
+        inter_node_bytes_per_s=gbps * 1e9 / 8, notes=notes,
     )

@@ -9,6 +9,8 @@ Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input, 3 a probe failed 
 import json
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +22,12 @@ from rich.markup import escape
 from planner.cli import options as O
 from planner.cli.options import with_space, with_target, with_techniques
 from planner.core.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerError, PlannerInputError
+from planner.core.launch import Launcher
+from planner.core.numerics import NumericsPolicy
+from planner.cost.runtime import DEFAULT_MARGIN
 
+# What a screen's next command leaves out: the defaults of suggest's search-space options.
+SPACE_DEFAULTS = {"launcher": Launcher.PLANNER, "numerics": NumericsPolicy.LADDER}
 EXIT_CODES = "Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input."
 app = typer.Typer(
     help=f"planner: the fastest LLM training configuration that fits your GPUs. {EXIT_CODES}",
@@ -33,6 +40,59 @@ err = Console(stderr=True)
 
 def _say(text: str) -> None:
     err.print(text, highlight=False)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("planner")
+    except PackageNotFoundError:
+        import planner
+
+        return getattr(planner, "__version__", "unknown")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"planner {_version()}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="print planner's version and exit")] = False,
+) -> None:
+    pass
+
+
+def _working(text: str):
+    """A live line on stderr while a slow step runs, only when stderr is a terminal (never in a
+    pipe or a log, never on stdout)."""
+    return err.status(text) if err.is_terminal else nullcontext()
+
+
+def _words(values: dict, defaults: dict | None = None) -> list[str]:
+    """Options back into command-line words, for the next command a screen shows: None, False,
+    empty lists and ``defaults`` left out; a list is a repeated option."""
+    out: list[str] = []
+    for name, value in values.items():
+        if value is None or value is False or value == [] or (defaults or {}).get(name, object()) == value:
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            flag = "--" + name.replace("_", "-")
+            out += [flag] if v is True else [flag, str(getattr(v, "value", v))]
+    return out
+
+
+def _asked(target: dict, options: list[str], **paths):
+    """How the user asked, for the screen's next commands (calibration left to the environment)."""
+    from planner.render.next_steps import Asked
+
+    rest = {k: v for k, v in target.items() if k not in ("model", "gpus", "calibration")}
+    return Asked(model=target["model"], gpus=target["gpus"], target=tuple(_words(rest, {"margin": DEFAULT_MARGIN})),
+                 options=tuple(options), **paths)
 
 
 def _validation_problems(e: ValidationError) -> list[str]:
@@ -83,9 +143,12 @@ def estimate(
 ) -> None:
     from planner.engine.estimate import EstimateRequest
     from planner.engine.estimate import estimate as run
+    from planner.render.report import render_estimate
 
-    serve(lambda: run(EstimateRequest(**target, **techniques, micro_batch_size=micro_batch_size,
-                                      grad_accum=grad_accum, seq_len=seq_len)), "render_estimate", as_json)
+    workload = {"micro_batch_size": micro_batch_size, "grad_accum": grad_accum, "seq_len": seq_len}
+    asked = _asked(target, _words(techniques) + _words(workload, {"micro_batch_size": 1, "grad_accum": 1}))
+    serve(lambda: run(EstimateRequest(**target, **techniques, **workload)), partial(render_estimate, asked=asked),
+          as_json)
 
 
 @app.command(help="Search every configuration and print the fastest plans that fit. "
@@ -105,6 +168,8 @@ def suggest(
     seed: O.Seed = 0,
     probe: Annotated[int, typer.Option(help="measure the top K plans on this machine's GPU (a real short run each, in a child process; kept in the calibration store); the fastest measured plan is the winner --out writes. Exit 2 without a GPU.")] = 0,
     probe_timeout: Annotated[float, typer.Option(help="seconds per measured probe")] = 900.0,
+    tokens: Annotated[float | None, typer.Option(help="tokens to train on (e.g. 2e9): the winner's training time")] = None,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour, for the training cost (with --tokens)")] = None,
     as_json: O.Json = False,
 ) -> None:
     from planner.cli import flows
@@ -112,13 +177,19 @@ def suggest(
     def run():
         job = flows.SuggestJob(
             **target, **techniques,
-            **space, top=top, engine=engine,
+            **space, top=top, engine=engine, tokens=tokens, price_per_gpu_hour=price_per_gpu_hour,
             trials=trials, seed=seed, out=out, force=force, probe=probe, probe_timeout=probe_timeout)
-        return flows.suggest(job, _say)
+        with _working(f"searching plans for {target['model']} on {target['gpus']}"
+                      + (f", then probing the top {probe}" if probe else "") + " ..."):
+            return flows.suggest(job, _say)
 
     from planner.render.probe import render_probed
+    from planner.render.report import render_suggest
 
-    serve(run, render_probed if probe else "render_suggest", as_json)
+    asked = _asked(target, _words(techniques) + _words(space, SPACE_DEFAULTS)
+                   + _words({"engine": engine, "trials": trials, "seed": seed, "probe": probe},
+                            {"engine": "auto", "trials": 400, "seed": 0, "probe": 0}), out=out)
+    serve(run, partial(render_probed if probe else render_suggest, asked=asked), as_json)
 
 
 @app.command(help="Write a plan's launch files: accelerate_config.yaml, deepspeed_config.json (ZeRO), "
@@ -159,26 +230,41 @@ def check(
 ) -> None:
     from planner.check import CheckRequest
     from planner.check import check as run
+    from planner.render.report import render_check
 
-    serve(lambda: run(CheckRequest(
-        **target, **techniques,
-        accelerate_config=accelerate_config, deepspeed_config=deepspeed_config, training_args=training_args,
-        runtime_args=runtime_args, job_dir=job_dir, micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len,
-    )), "render_check", as_json)
+    def plan():
+        with _working("checking the job and searching for alternatives ..."):
+            return run(CheckRequest(
+                **target, **techniques,
+                accelerate_config=accelerate_config, deepspeed_config=deepspeed_config, training_args=training_args,
+                runtime_args=runtime_args, job_dir=job_dir, micro_batch_size=micro_batch_size, grad_accum=grad_accum,
+                seq_len=seq_len))
 
-
-@app.command(help="List the model catalog (ids usable with --model).")
-def models() -> None:
-    from planner.render.report import render_models
-
-    render_models(Console(highlight=False))
+    serve(plan, partial(render_check, asked=_asked(target, [], job_dir=job_dir)), as_json)
 
 
-@app.command(help="List the GPU catalog (names usable with --gpus).")
-def gpus() -> None:
-    from planner.render.report import render_gpus
+def _listing(entries: list, render: Callable, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps([e.model_dump(mode="json") for e in entries], indent=2) + "\n")
+    else:
+        from planner.render.report import console_for_stdout
 
-    render_gpus(Console(highlight=False))
+        render(entries, console_for_stdout())
+
+
+@app.command(help="List the model catalog (ids usable with --model): id, family, parameters.")
+def models(as_json: O.Json = False) -> None:
+    from planner.render.catalogs import model_entries, render_models
+
+    _listing(model_entries(), render_models, as_json)
+
+
+@app.command(help="List the GPU catalog (names usable with --gpus): id, memory, dense bf16 and fp8 TFLOP/s, link, "
+                  "aliases.")
+def gpus(as_json: O.Json = False) -> None:
+    from planner.render.catalogs import gpu_entries, render_gpus
+
+    _listing(gpu_entries(), render_gpus, as_json)
 
 
 PROBE_EXIT_CODES = ("Exit codes: 0 the probe agrees with the analytic model, 1 it differs (measured: or ran out of "

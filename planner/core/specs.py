@@ -129,6 +129,7 @@ class HardwareSpec(BaseModel):
     gpus_per_node: int = Field(ge=1)
     host_memory_bytes_per_node: int = Field(gt=0)
     inter_node_bytes_per_s: float = Field(gt=0)  # network per node, per direction
+    notes: list[str] = []  # how the --gpus spec was read, where a user should know (an ambiguous name)
 
     @property
     def inter_node_bytes_per_s_per_gpu(self) -> float:

@@ -26,11 +26,12 @@ from planner.catalog.models import resolve_model
 from planner.core.emitted import EmitDraft
 from planner.core.errors import PlannerInputError
 from planner.core.launch import RUNTIME_FILE
+from planner.core.numerics import NumericsPolicy
 from planner.emit.plan_doc import render_plan_doc
 from planner.engine.alternatives import memory_savers
 from planner.engine.estimate import EstimateResult, estimate_config
 from planner.engine.suggest import SuggestResult
-from strategies import REGISTRY, Engine, PlanContext, summary
+from strategies import REGISTRY, Engine, PlanContext, numerics_of, summary
 
 FILE_NAMES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.json", RUNTIME_FILE, "launch.sh",
               "plan.json", "PLAN.md")
@@ -74,6 +75,11 @@ def single_plan_result(plan: EstimateResult, search: SuggestResult | None = None
         nearest=[],
         hardware_suggestions=[],
         reasons=search.reasons if search else plan.reasons,
+        numerics=search.numerics if search else NumericsPolicy.ANY,  # one plan, taken as it is
+        exact_fits=search.exact_fits if search else numerics_of(plan.config) == (),
+        trade_offs=search.trade_offs if search else [],
+        assumptions=search.assumptions if search else plan.assumptions,
+        training=search.training if search else None,
     )
 
 

@@ -7,11 +7,22 @@ from planner.core.launch import RUNTIME_FILE, RuntimeArgs
 from planner.core.ledger import Location, resident
 from planner.engine.alternatives import Alternative
 from planner.engine.estimate import EstimateResult
+from planner.engine.ranking import TIE_BAND
+from planner.engine.suggest import words
 from strategies import summary
 
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:,.2f}"
+
+
+def peak_words(plan: EstimateResult) -> str:
+    """The peak as a user should read it: with paged optimizer state, the GPU memory it leaves
+    for paging is used too ("X GiB + paged state fills the rest")."""
+    if plan.paged is not None:
+        fixed = plan.memory["peak"] - plan.paged.resident_bytes
+        return f"{_gib(fixed)} GiB + paged state fills the rest ({_gib(plan.memory['peak'])} GiB)"
+    return f"{_gib(plan.memory['peak'])} GiB"
 
 
 def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], draft: EmitDraft,
@@ -32,19 +43,27 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
         out.append("- Estimated as given (`planner estimate`); no search ranked it.")
     else:
         out.append(f"- Rank {rank} of {fitting:,} fitting plans among {search.considered:,} candidates "
-                   f"({search.engine} search), ranked by tokens/s.")
+                   f"({search.engine} search), ranked by numerics (`--numerics {search.numerics}`), then tokens/s; "
+                   f"plans within {TIE_BAND:.0%} of the fastest are ties, given to the simpler plan.")
         if len(search.plans) > rank:
             nxt = search.plans[rank]
             out.append(f"- Next: {summary(nxt.config)}, micro-batch {nxt.config.micro_batch_size}: "
                        f"{nxt.time.tokens_per_second:,.0f} tokens/s at {_gib(nxt.memory['peak'])} GiB.")
+    out.append("- Numerics: " + ("exact (the same math as fp32-master AdamW under mixed precision)." if not words(c)
+                                  else "approximation: " + "; ".join(words(c))
+                                  + ("" if search.exact_fits else " (no exact plan fits).")))
+    for trade in search.trade_offs if rank == 1 else []:
+        out.append(f"- Approximations would give {trade.gain:+.0%} ({trade.plan.time.tokens_per_second:,.0f} tokens/s): "
+                   f"{'; '.join(trade.approximations)}; they change numerics (`--numerics any`).")
     out += [
         f"- {m.id}: {count(m.num_parameters)} parameters ({m.family}).",
         f"- Throughput {t.tokens_per_second:,.0f} tokens/s ({t.tokens_per_second_per_gpu:,.0f} per GPU), "
         f"MFU {t.mfu:.1%} (model FLOPs over the {t.mfu_basis}), {t.step_seconds:,.3f} s per optimizer step.",
-        f"- Peak {_gib(plan.memory['peak'])} GiB of {_gib(plan.usable_bytes)} GiB usable per GPU at the "
+        f"- Peak {peak_words(plan)} of {_gib(plan.usable_bytes)} GiB usable per GPU at the "
         f"{plan.peak_phase} phase ({_gib(plan.headroom_bytes)} GiB to spare); host RAM "
         f"{_gib(plan.host_memory['peak'])} of {_gib(plan.host_memory['capacity'])} GiB per node.",
         *[f"- {r}" for r in plan.reasons],
+        *([f"- Assumed: {'; '.join(search.assumptions)}."] if search.assumptions else []),
         "",
         f"## Memory per GPU at the {plan.peak_phase} peak",
         "",
@@ -68,6 +87,12 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
     else:
         out.append("Nothing: this plan was estimated, not searched.")
     out += ["", "## If it runs out of memory", ""]
+    lower = [(i, p) for i, p in enumerate(search.plans, 1) if i > rank and p.memory["peak"] < plan.memory["peak"]]
+    if lower:
+        i, p = lower[0]
+        out += [f"The next plan down: rank {i}, {summary(p.config)}, micro-batch {p.config.micro_batch_size}: "
+                f"peak {peak_words(p)}, {p.time.tokens_per_second:,.0f} tokens/s "
+                f"(`planner emit --plan plan.json --rank {i} --out DIR`).", ""]
     if savers:
         out.append("Change first (fastest first; each keeps the global batch):")
         out.append("")

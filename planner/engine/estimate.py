@@ -268,7 +268,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
         feasible=ev.feasible,
         fits=ev.fits,
         reasons=_reasons(ev.check, ev.peak, peak, ev.usable, margin, ev.host, ev.paged),
-        warnings=ev.check.warnings,
+        warnings=ev.check.warnings + hardware.notes,  # how --gpus was read, where that needs saying
     )
 
 
@@ -330,6 +330,8 @@ def _reasons(
         reasons.append(
             f"GPU memory does not fit: needs {gib(peak)} per GPU at its {phase} peak, {gib(usable)} usable{kept}: "
             f"{gib(peak - usable)} short"
+            + (f"; inside the GPU's {gib(total)}, only the margin for the model's error is missing (--margin "
+               "0 risks an OOM)" if margin and peak <= (total := int(usable / (1 - margin))) else "")
         )
     elif paged and not paged.spilled_bytes:
         reasons.append(

@@ -85,6 +85,7 @@ class Ranking:
     plans: list[Candidate]  # best first, distinct families
     exact_fits: bool
     trade_offs: list[Candidate]  # approximations faster than the winner beyond the band (least risk first)
+    least: Candidate | None  # the ladder's winner: the best plan of the least approximation that fits
 
 
 def allowed_levels(cands: list[Candidate], policy: NumericsPolicy) -> set[tuple[int, ...]]:
@@ -104,7 +105,8 @@ def rank(cands: list[Candidate], policy: NumericsPolicy, limit: int, band: float
     by_level = levels(cands)
     allowed = allowed_levels(cands, policy)
     plans = order([c for c in cands if c.numerics in allowed], band, limit)
-    return Ranking(plans, () in by_level, _trade_offs(plans[0] if plans else None, by_level, band))
+    least = pick(next(iter(by_level.values())), band) if by_level else None
+    return Ranking(plans, () in by_level, _trade_offs(plans[0] if plans else None, by_level, band), least)
 
 
 def _trade_offs(winner: Candidate | None, by_level: dict, band: float) -> list[Candidate]:

@@ -7,23 +7,20 @@ or a larger kind from the catalog at the same count.
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.catalog import gpus as gpu_catalog
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
-from planner.core.formatting import gib
 from planner.core.launch import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.vocabulary import MAX_SEQ_LEN
 from planner.engine.assumptions import assumptions
 from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, evaluate, result_of
+from planner.engine.nothing_fits import HardwareSuggestion, Verdict, explain
 from planner.engine.ranking import Candidate, Ranking, rank
 from planner.engine.search import ENGINES, SearchOutcome, search
-from planner.engine.space import SearchSpace, build_space, default_global_batch
-from strategies import FIELDS, REGISTRY, approximations, summary
+from planner.engine.space import SearchSpace, build_space
+from strategies import FIELDS, REGISTRY, approximations
 from strategies.vocabulary import TechniqueLists
-
-MAX_NODES = 128
 
 
 class SuggestRequest(PlanTarget, TechniqueLists):
@@ -41,13 +38,6 @@ class SuggestRequest(PlanTarget, TechniqueLists):
     engine: str = "auto"
     trials: int = Field(400, ge=1, le=1_000_000)
     seed: int = 0
-
-
-class HardwareSuggestion(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    change: str  # "more GPUs" | "larger GPU"
-    gpus: str  # a --gpus spec
-    plan: EstimateResult  # the fastest plan there
 
 
 class TradeOff(BaseModel):
@@ -88,6 +78,7 @@ class SuggestResult(BaseModel):
     trade_offs: list[TradeOff] = []  # what approximations would buy beside the winner
     assumptions: list[str] = []  # what the answer assumed, and from where (planner/engine/assumptions.py)
     training: TrainingTime | None = None  # --tokens
+    needs_bytes: int | None = None  # nothing fits: the least GPU memory a candidate needs here (planner/engine/nothing_fits.py)
 
 
 def suggest(request: SuggestRequest) -> SuggestResult:
@@ -103,10 +94,13 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     ranking = _rank(request, outcome)
     plans = [_result(request, model, hardware, outcome, c.item) for c in ranking.plans]
     trade_offs = [_trade_off(_result(request, model, hardware, outcome, c.item), plans[0]) for c in ranking.trade_offs]
-    nearest, hw_suggestions = [], []
-    if not plans:
+    nearest, hw_suggestions, verdict = [], [], None
+    if not plans and ranking.least:  # --numerics exact, and only approximations fit
+        trade_offs = [_trade_off(_result(request, model, hardware, outcome, ranking.least.item), None)]
+    elif not plans:
         nearest = [_result(request, model, hardware, outcome, r) for r in outcome.nearest]
-        hw_suggestions = _hardware_suggestions(request, model, hardware)
+        verdict = explain(request, model, hardware, outcome, nearest)
+        hw_suggestions = verdict.suggestions
     return SuggestResult(
         plans=plans,
         considered=outcome.considered,
@@ -118,7 +112,8 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         fits=bool(plans),
         nearest=nearest,
         hardware_suggestions=hw_suggestions,
-        reasons=_reasons(outcome, nearest, hw_suggestions) + _numerics_note(request, ranking, plans)
+        reasons=(_reasons(outcome, verdict, hardware) if plans or not ranking.least else [])
+        + _numerics_note(request, ranking, plans)
         + _launcher_note(request),
         numerics=request.numerics,
         exact_fits=ranking.exact_fits,
@@ -127,6 +122,7 @@ def suggest(request: SuggestRequest) -> SuggestResult:
                                 batch_given=request.global_batch_size is not None)
         + ([f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
         training=_training(request, plans[0]) if plans and request.tokens else None,
+        needs_bytes=verdict.needs_bytes if verdict else None,
     )
 
 
@@ -150,13 +146,17 @@ def words(config) -> list[str]:
     return [f"{field} {value} ({RUNG_WORDS[rung]})" for field, value, rung in approximations(config)]
 
 
-def _trade_off(plan: EstimateResult, winner: EstimateResult) -> TradeOff:
-    return TradeOff(approximations=words(plan.config), plan=plan,
-                    gain=plan.time.tokens_per_second / winner.time.tokens_per_second - 1)
+def _trade_off(plan: EstimateResult, winner: EstimateResult | None) -> TradeOff:
+    """``plan`` beside the winner; with no winner (nothing exact fits) its gain is 0."""
+    gain = plan.time.tokens_per_second / winner.time.tokens_per_second - 1 if winner else 0.0
+    return TradeOff(approximations=words(plan.config), plan=plan, gain=gain)
 
 
 def _numerics_note(request: SuggestRequest, ranking: Ranking, plans: list[EstimateResult]) -> list[str]:
     """What the numerics policy decided, when it is not simply "the fastest exact plan"."""
+    if not plans and ranking.least:
+        return [f"no exact plan fits; the least approximation that fits: {', '.join(words(ranking.least.config))}"
+                " (--numerics ladder)"]
     if not plans or request.numerics == NumericsPolicy.ANY:
         return []
     if not ranking.exact_fits:
@@ -190,80 +190,8 @@ def _result(request, model, hardware, outcome: SearchOutcome, record) -> Estimat
     return result_of(evaluate(model, hardware, outcome.config(record), request.margin), request.margin)
 
 
-def _hardware_ladder(hardware: HardwareSpec) -> list[str]:
-    """More GPUs of the kind: double within a node up to its size, then double the nodes."""
-    gpu, n = hardware.gpu, hardware.num_gpus
-    spec = gpu.id
-    out = []
-    per_node = gpu.max_gpus_per_node
-    count = n * 2
-    while count <= per_node * MAX_NODES:
-        out.append(f"{count}x{spec}" if count <= per_node else f"{count // per_node}x{per_node}x{spec}")
-        count *= 2
-    return out
-
-
-def _larger_kinds(hardware: HardwareSpec) -> list[str]:
-    current = hardware.gpu.memory_bytes
-    bigger = sorted(
-        (f for f in gpu_catalog.catalog().values() if f.memory_mib * 2**20 > current),
-        key=lambda f: (f.memory_mib, -(f.dense_tflops.get("bf16") or 0)),
-    )
-    shape = (f"{hardware.nodes}x" if hardware.nodes > 1 else "") + f"{hardware.gpus_per_node}x"
-    return [shape + f.id for f in bigger if hardware.gpus_per_node <= f.max_gpus_per_node]
-
-
-def _first_fitting(request: SuggestRequest, model: ModelSpec, specs: list[str], change: str) -> HardwareSuggestion | None:
-    for spec in specs:
-        hw = request.hardware(spec)
-        gbs = request.global_batch_size
-        if gbs is None or gbs % hw.num_gpus:
-            gbs = default_global_batch(hw.num_gpus, request.seq_len)
-        try:
-            space = _space(request, hw.num_gpus, gbs)
-        except PlannerInputError:  # e.g. a fixed micro-batch that does not divide this share
-            continue
-        if not _any_fits(request, model, hw, space):
-            continue
-        outcome = _search(request, model, hw, space)
-        return HardwareSuggestion(change=change, gpus=spec, plan=_result(request, model, hw, outcome, outcome.fitting[0]))
-    return None
-
-
-def _any_fits(request: SuggestRequest, model: ModelSpec, hw: HardwareSpec, space: SearchSpace) -> bool:
-    """Whether any technique combination fits at the smallest micro-batch (memory is monotone
-    in the micro-batch, so a larger one cannot fit where the smallest does not)."""
-    mbs = space.micro_batch_sizes[0]
-    return any(
-        evaluate(model, hw, space.config(t, mbs), request.margin, skip_infeasible=True).fits
-        for t in space.technique_combos()
-    )
-
-
-def _hardware_suggestions(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec) -> list[HardwareSuggestion]:
-    found = [
-        _first_fitting(request, model, _hardware_ladder(hardware), "more GPUs"),
-        _first_fitting(request, model, _larger_kinds(hardware), "larger GPU"),
-    ]
-    return [s for s in found if s is not None]
-
-
-def _reasons(outcome: SearchOutcome, nearest: list[EstimateResult], hw: list[HardwareSuggestion]) -> list[str]:
-    if outcome.fitting:
-        return [f"{len(outcome.fitting)} of {outcome.considered} candidates fit"]
-    reasons = [f"none of {outcome.considered} candidates fits; rejected most often: "
-               + ", ".join(f"{why} ({n:,})" for why, n in outcome.rejected.most_common(3))]
-    for r in nearest[:3]:
-        short = max(0, -r.headroom_bytes)
-        host_short = max(0, r.host_memory["peak"] - r.host_memory["capacity"])
-        what = f"GPU {gib(short)} short" if short else f"host RAM {gib(host_short)} short"
-        reasons.append(f"nearest: {summary(r.config, 'compact', ' / ')} / mbs {r.config.micro_batch_size}: {what}")
-    for s in hw:
-        p = s.plan
-        reasons.append(
-            f"with {s.gpus} ({s.change}): fits at {gib(p.memory['peak'])} per GPU, "
-            f"{p.time.tokens_per_second:,.0f} tokens/s"
-        )
-    if not hw:
-        reasons.append("no catalog GPU and no count up to 128 nodes makes a plan fit with these restrictions")
-    return reasons
+def _reasons(outcome: SearchOutcome, verdict: Verdict | None, hardware: HardwareSpec) -> list[str]:
+    """How many fit; when none does, the memory story and the fixes (planner/engine/nothing_fits.py).
+    Then what the --gpus spec was taken as."""
+    head = verdict.reasons if verdict else [f"{len(outcome.fitting):,} of {outcome.considered:,} candidates fit"]
+    return head + hardware.notes

@@ -3,8 +3,11 @@
 their attributes (the probes' own types live with the probes)."""
 
 from rich.markup import escape
-from rich.table import Table
 
+from planner.render.layout import heading
+from planner.render.layout import table as plain_table
+from planner.render.next_steps import suggest_next
+from planner.render.plans import suggestion
 from strategies import summary
 
 
@@ -13,7 +16,8 @@ def render_probe(r, console) -> None:
     depth = f", {c.layers} layers" if c.layers else ""
     console.print(f"[bold]{c.model}[/] traced on CPU fake tensors{depth}, world size {c.world_size}: "
                   f"{c.trace_seconds:.1f} s")
-    table = Table("term", "analytic (MiB)", "probe (MiB)", "probe is", "error", "agrees")
+    table = plain_table(("term", "left"), ("analytic (MiB)", "right"), ("probe (MiB)", "right"), ("probe is", "left"),
+                        ("error", "right"), ("agrees", "left"), wrap=("term", "probe is"))
     for t in c.terms:
         table.add_row(t.term, f"{t.analytic / 2**20:,.1f}", f"{t.traced / 2**20:,.1f}", t.source, f"{t.error:+.1%}",
                       ("exact" if t.agrees else "[red]differs[/]") if t.exact else
@@ -33,7 +37,8 @@ def render_measured(r, console) -> None:
              if r.extrapolated_from else f", {r.layers} layers" if r.layers else "")
     console.print(f"[bold]{r.model}[/] measured on {r.device or r.device_gpu} for {r.gpus}{depth}: {r.status}"
                   + (f" at {r.where}" if r.where else ""), highlight=False)
-    table = Table("figure", "analytic", "measured", "error")
+    table = plain_table(("figure", "left"), ("analytic", "right"), ("measured", "right"), ("error", "right"),
+                        wrap=("figure",))
     gib = 2**30
 
     def row(name: str, predicted: float | None, measured: float | None, unit: float, fmt: str, error=None):
@@ -61,11 +66,13 @@ def render_measured(r, console) -> None:
     console.print(("[bold green]" if r.agrees else "[bold red]") + r.verdict + "[/]")
 
 
-def render_probed(r, console) -> None:
-    from planner.render.report import render_suggest
-
-    render_suggest(r.suggestion, console)
-    table = Table("rank", "config", "peak GiB analytic", "measured", "tokens/s/GPU analytic", "measured", "verdict")
+def render_probed(r, console, asked=None) -> None:
+    suggestion(r.suggestion, console, asked)
+    heading(console, f"measured on {r.probes[0].device if r.probes else '-'} "
+                     "(sharded plans: one rank, communication modelled and left out of both rates)")
+    table = plain_table(("rank", "right"), ("config", "left"), ("peak GiB\nanalytic", "right"), ("\nmeasured", "right"),
+                        ("tokens/s/GPU\nanalytic", "right"), ("\nmeasured", "right"), ("verdict", "left"),
+                        wrap=("config", "verdict"))
     for i, p in enumerate(r.probes, 1):
         c = p.config
         label = f"{summary(c, 'compact', ' ')} mbs {c.micro_batch_size}x{c.grad_accum}"
@@ -74,8 +81,6 @@ def render_probed(r, console) -> None:
                       "-" if p.measured_peak_bytes is None else f"{p.measured_peak_bytes / 2**30:.2f}",
                       f"{analytic_rate:,.0f}", "-" if p.tokens_per_second is None else f"{p.tokens_per_second:,.0f}",
                       p.verdict)
-    console.print(f"measured on {r.probes[0].device if r.probes else '-'} "
-                  "(sharded plans: one rank, communication modelled and left out of both rates):", highlight=False)
     console.print(table)
     for i, p in enumerate(r.probes, 1):
         if p.status != "ok":
@@ -85,3 +90,4 @@ def render_probed(r, console) -> None:
         console.print(f"[bold]fastest measured: plan {r.best_rank}[/]")
     else:
         console.print("[bold red]no probed plan ran[/]")
+    suggest_next(r.suggestion, asked, console)

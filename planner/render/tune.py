@@ -4,9 +4,9 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from planner.engine.tune import TrialRow, TuneResult
+from planner.render.layout import table as plain_table
 from strategies import summary
 
 GIB = 2**30
@@ -46,8 +46,9 @@ def render_tune(r: TuneResult, console: Console) -> None:
     console.print(f"fidelity: {r.fidelity}; {r.probes} probes; stopped: {r.stopped}", highlight=False)
     for note in r.notes:
         console.print(f"note: {escape(note)}", highlight=False)
-    table = Table("trial", "config", "fidelity", "status", "peak GiB predicted", "probed",
-                  "tokens/s predicted", "probed")
+    table = plain_table(("trial", "right"), ("config", "left"), ("fidelity", "left"), ("status", "left"),
+                        ("peak GiB\npredicted", "right"), ("\nprobed", "right"), ("tokens/s\npredicted", "right"),
+                        ("\nprobed", "right"), wrap=("config", "status"))
     for t in r.trials:
         if not t.probed:
             continue
