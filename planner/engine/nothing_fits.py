@@ -30,9 +30,11 @@ from pydantic import BaseModel, ConfigDict
 from planner.catalog import gpus as gpu_catalog
 from planner.core.errors import PlannerInputError
 from planner.core.formatting import gib
+from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.units import GB
 from planner.engine.estimate import EstimateResult, evaluate, result_of
+from planner.engine.ranking import Candidate, rank
 from planner.engine.search import SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, default_global_batch
 from strategies import BY_FIELD, FIELDS, PlanContext, summary
@@ -162,7 +164,7 @@ class Prober:
         return scan.min_peak if scan is not None and scan.probes else math.inf
 
     def plan(self, scan: Scan, host_gb: float | None = None) -> EstimateResult:
-        """The fastest plan on ``scan``'s hardware (with ``host_gb`` GB of host RAM per node; None:
+        """The plan suggest would rank first (planner/engine/ranking.py) on ``scan``'s hardware (with ``host_gb`` GB of host RAM per node; None:
         its own): a full search over the technique choices of the probes that fit there, which
         holds every plan that fits (a probe's choices are the memory-saving ones)."""
         host = scan.hardware.host_memory_bytes_per_node if host_gb is None else host_gb * GB
@@ -173,7 +175,9 @@ class Prober:
         hw = request.hardware(scan.spec)
         space = space_for(request, hw.num_gpus)
         outcome = search(space, lambda c: evaluate(self.model, hw, c, request.margin, skip_infeasible=True))
-        return result_of(evaluate(self.model, hw, outcome.config(outcome.fitting[0]), request.margin), request.margin)
+        cands = [Candidate(r, outcome.config(r), r.tokens_per_second, r.peak) for r in outcome.fitting]
+        best = (rank(cands, request.numerics, 1).plans or [rank(cands, NumericsPolicy.LADDER, 1).least])[0]
+        return result_of(evaluate(self.model, hw, best.config, request.margin), request.margin)
 
 
 def space_for(request, num_gpus: int) -> SearchSpace:

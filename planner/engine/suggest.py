@@ -98,7 +98,9 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     if not plans and ranking.least:  # --numerics exact, and only approximations fit
         trade_offs = [_trade_off(_result(request, model, hardware, outcome, ranking.least.item), None)]
     elif not plans:
-        nearest = [_result(request, model, hardware, outcome, r) for r in outcome.nearest]
+        families = {Candidate(r, outcome.config(r), 0.0, r.peak).family: r for r in reversed(outcome.nearest)}
+        distinct = [r for r in outcome.nearest if r in families.values()]  # no near-copies (ranking.py)
+        nearest = [_result(request, model, hardware, outcome, r) for r in distinct]
         verdict = explain(request, model, hardware, outcome, nearest)
         hw_suggestions = verdict.suggestions
     return SuggestResult(
