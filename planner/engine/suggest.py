@@ -1,8 +1,7 @@
-"""``planner suggest``: search the space, return the fastest fitting plans, or say what would fit.
-
-When nothing fits: the nearest candidates (how far each misses), and the smallest change of
-hardware with which a plan fits: more GPUs of the same kind (doubling, within a node first),
-or a larger kind from the catalog at the same count.
+"""``planner suggest``: search the space, rank what fits (planner/engine/ranking.py: numerics,
+then speed with ties to the simpler plan, one plan per family), show what approximations would
+buy and what was assumed; or, when nothing fits, what the job needs and the smallest fixes
+(planner/engine/nothing_fits.py: more host RAM, more GPUs, a larger GPU).
 """
 
 from pydantic import BaseModel, ConfigDict, Field
