@@ -29,7 +29,6 @@ A plan's numerics key is its rungs, largest first: () is exact; comparing keys o
 least to most quality risk (the largest rung decides, then the next, then how many).
 """
 
-from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
 
@@ -59,17 +58,6 @@ class NumericsPolicy(StrEnum):
     EXACT = "exact"
     LADDER = "ladder"
     ANY = "any"
-
-
-@dataclass(frozen=True)
-class Approximation:
-    """One choice that is not exact: its rung on the ladder."""
-
-    rung: Rung
-
-    @property
-    def words(self) -> str:
-        return RUNG_WORDS[self.rung]
 
 
 def numerics_key(rungs: list[Rung]) -> tuple[int, ...]:

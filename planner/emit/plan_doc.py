@@ -19,9 +19,8 @@ def _gib(n: float) -> str:
 def peak_words(plan: EstimateResult) -> str:
     """The peak as a user should read it: with paged optimizer state, the GPU memory it leaves
     for paging is used too ("X GiB + paged state fills the rest")."""
-    if plan.paged is not None:
-        fixed = plan.memory["peak"] - plan.paged.resident_bytes
-        return f"{_gib(fixed)} GiB + paged state fills the rest ({_gib(plan.memory['peak'])} GiB)"
+    if plan.peak_without_paged is not None:
+        return f"{_gib(plan.peak_without_paged)} GiB + paged state fills the rest ({_gib(plan.memory['peak'])} GiB)"
     return f"{_gib(plan.memory['peak'])} GiB"
 
 

@@ -104,6 +104,15 @@ class EstimateResult(BaseModel):
     warnings: list[str]
     assumptions: list[str] = []  # what planner estimate assumed (planner/engine/assumptions.py)
 
+    @property
+    def peak_without_paged(self) -> int | None:
+        """Bytes per GPU at the peak without the paged optimizer state, when that state spills to
+        host RAM (it then fills whatever GPU memory the other terms leave, so the peak is simply the
+        usable memory and this is the figure that says more); None when nothing spills."""
+        if self.paged is None or not self.paged.spilled_bytes:
+            return None
+        return self.memory["peak"] - self.paged.resident_bytes
+
 
 @dataclass
 class Evaluation:

@@ -34,7 +34,7 @@ from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.units import GB
 from planner.engine.estimate import EstimateResult, evaluate, result_of
-from planner.engine.ranking import Candidate, rank
+from planner.engine.ranking import rank, searched
 from planner.engine.search import SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, default_global_batch
 from strategies import BY_FIELD, FIELDS, PlanContext, summary
@@ -175,7 +175,7 @@ class Prober:
         hw = request.hardware(scan.spec)
         space = space_for(request, hw.num_gpus)
         outcome = search(space, lambda c: evaluate(self.model, hw, c, request.margin, skip_infeasible=True))
-        cands = [Candidate(r, outcome.config(r), r.tokens_per_second, r.peak) for r in outcome.fitting]
+        cands = searched(outcome)
         best = (rank(cands, request.numerics, 1).plans or [rank(cands, NumericsPolicy.LADDER, 1).least])[0]
         return result_of(evaluate(self.model, hw, best.config, request.margin), request.margin)
 

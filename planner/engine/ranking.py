@@ -17,7 +17,7 @@ error (one efficiency table, one FLOP count), so a difference under half of it i
 that one plan is faster. A judgement, stated, not a fit.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner.core.numerics import NumericsPolicy
@@ -127,5 +127,16 @@ def _trade_offs(winner: Candidate | None, by_level: dict, band: float) -> list[C
     return [least] if fastest is least else [least, fastest]
 
 
-def candidates(records: Iterable, config_of: Callable, tps: Callable, peak: Callable) -> list[Candidate]:
-    return [Candidate(r, config_of(r), tps(r), peak(r)) for r in records]
+def searched(outcome, records: Iterable | None = None) -> list[Candidate]:
+    """Candidates of a search's records (planner/engine/search.py ``Record``): its fitting ones
+    unless ``records`` says which."""
+    return [Candidate(r, outcome.config(r), r.tokens_per_second, r.peak)
+            for r in (outcome.fitting if records is None else records)]
+
+
+def distinct(cands: Iterable[Candidate]) -> list[Candidate]:
+    """The first candidate of each family, in the given order (no near-copies)."""
+    seen: dict[tuple, Candidate] = {}
+    for c in cands:
+        seen.setdefault(c.family, c)
+    return list(seen.values())

@@ -9,13 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.core.launch import Launcher
-from planner.core.numerics import NumericsPolicy
+from planner.core.numerics import RUNG_WORDS, NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.vocabulary import MAX_SEQ_LEN
 from planner.engine.assumptions import assumptions
 from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, evaluate, result_of
 from planner.engine.nothing_fits import HardwareSuggestion, Verdict, explain
-from planner.engine.ranking import Candidate, Ranking, rank
+from planner.engine.ranking import Ranking, distinct, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space
 from strategies import FIELDS, REGISTRY, approximations
@@ -97,9 +97,8 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     if not plans and ranking.least:  # --numerics exact, and only approximations fit
         trade_offs = [_trade_off(_result(request, model, hardware, outcome, ranking.least.item), None)]
     elif not plans:
-        families = {Candidate(r, outcome.config(r), 0.0, r.peak).family: r for r in reversed(outcome.nearest)}
-        distinct = [r for r in outcome.nearest if r in families.values()]  # no near-copies (ranking.py)
-        nearest = [_result(request, model, hardware, outcome, r) for r in distinct]
+        misses = distinct(searched(outcome, outcome.nearest))
+        nearest = [_result(request, model, hardware, outcome, c.item) for c in misses]
         verdict = explain(request, model, hardware, outcome, nearest)
         hw_suggestions = verdict.suggestions
     return SuggestResult(
@@ -136,14 +135,11 @@ def _training(request: SuggestRequest, plan: EstimateResult) -> TrainingTime:
 
 
 def _rank(request: SuggestRequest, outcome: SearchOutcome) -> Ranking:
-    cands = [Candidate(r, outcome.config(r), r.tokens_per_second, r.peak) for r in outcome.fitting]
-    return rank(cands, request.numerics, request.top)
+    return rank(searched(outcome), request.numerics, request.top)
 
 
 def words(config) -> list[str]:
     """The approximations of ``config`` as a user reads them, least risk first."""
-    from planner.core.numerics import RUNG_WORDS
-
     return [f"{field} {value} ({RUNG_WORDS[rung]})" for field, value, rung in approximations(config)]
 
 

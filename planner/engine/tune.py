@@ -31,8 +31,8 @@ import socket
 import statistics
 import warnings
 from collections.abc import Callable
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,7 +41,7 @@ from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.core.numerics import NumericsPolicy
 from planner.engine.estimate import EstimateResult, default_seq_len, evaluate, result_of
-from planner.engine.ranking import TIE_BAND, Candidate, allowed_levels, order, pick
+from planner.engine.ranking import TIE_BAND, Candidate, allowed_levels, order, pick, searched
 from planner.engine.search import search
 from planner.engine.suggest import SuggestRequest, _space
 from strategies import numerics_of
@@ -334,7 +334,7 @@ def _ranked(outcome, policy: NumericsPolicy) -> tuple[list, set]:
     """The fitting candidates the study may probe, in the order to probe them: those of the numerics
     levels ``policy`` allows (planner/engine/ranking.py), suggest's ranking first (so the first
     probe is suggest's winner), then the rest by modelled speed."""
-    cands = [Candidate(r, outcome.config(r), r.tokens_per_second, r.peak) for r in outcome.fitting]
+    cands = searched(outcome)
     allowed = allowed_levels(cands, policy)
     cands = [c for c in cands if c.numerics in allowed]
     first = order(cands) if cands else []

@@ -23,24 +23,18 @@ PHASE_WORDS = {
 GIB = 2**30
 
 
-def spills_paged_state(r: EstimateResult) -> bool:
-    """The paged optimizer state fills what the GPU has left and spills the rest to host RAM:
-    its peak is then the usable memory, and what the other terms need says more."""
-    return r.paged is not None and r.paged.spilled_bytes > 0
-
-
 def peak_cell(r: EstimateResult) -> str:
     """The peak per GPU in GiB for a table cell: '22.8', or '35.2+paged' when the paged state fills the rest."""
-    if spills_paged_state(r):
-        return f"{(r.memory['peak'] - r.paged.resident_bytes) / GIB:,.1f}+paged"
+    if r.peak_without_paged is not None:
+        return f"{r.peak_without_paged / GIB:,.1f}+paged"
     return f"{r.memory['peak'] / GIB:,.1f}"
 
 
 def peak_words(r: EstimateResult) -> str:
     """'22.8 of 40.0 GiB', or '35.2 GiB + paged state fills the rest of 40.0 GiB'."""
     total = f"{r.hardware.gpu_memory_bytes / GIB:,.1f} GiB"
-    if spills_paged_state(r):
-        return f"{(r.memory['peak'] - r.paged.resident_bytes) / GIB:,.1f} GiB + paged state fills the rest of {total}"
+    if r.peak_without_paged is not None:
+        return f"{r.peak_without_paged / GIB:,.1f} GiB + paged state fills the rest of {total}"
     return f"{r.memory['peak'] / GIB:,.1f} of {total}"
 
 
