@@ -181,6 +181,50 @@ def test_a_trial_orphaned_before_its_first_heartbeat_is_failed_and_retried(tmp_p
     assert retry[0].params == after.trials[orphan.number].params
 
 
+def _ask_queued(url: str, start: float, n: int, q) -> None:
+    """A worker that takes ``n`` queued trials from the shared study, all workers starting together."""
+    from planner.engine.tune import _open_study
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = _open_study(url, "race", TuneRequest(model="gpt2", gpus="1xA100-80"))
+    while time.time() < start:
+        pass
+    got = []
+    try:
+        for _ in range(n):
+            trial = study.ask()
+            got.append(trial.number)
+            study.tell(trial, 1.0)
+    except Exception as e:  # the race's symptom: a trial another worker already told
+        got.append(repr(e)[:300])
+    q.put(got)
+
+
+def test_concurrent_workers_never_take_the_same_queued_trial(tmp_path):
+    """Optuna's hand-out of a WAITING trial is not atomic on SQLite (optuna/optuna#4621): without
+    BEGIN IMMEDIATE (tune._serialise_sqlite) six workers asking 60 queued trials took 7-9 twice."""
+    import multiprocessing as mp
+
+    from planner.engine.tune import _open_study
+
+    url = f"sqlite:///{tmp_path}/race.db"
+    study = _open_study(url, "race", TuneRequest(model="gpt2", gpus="1xA100-80"))
+    for i in range(60):
+        study.enqueue_trial({"x": i})
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    start = time.time() + 4
+    procs = [ctx.Process(target=_ask_queued, args=(url, start, 10, q)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    numbers = [n for g in got for n in g]
+    assert all(isinstance(n, int) for n in numbers), numbers
+    assert sorted(numbers) == list(range(60))
+
+
 def test_two_workers_share_one_study(tmp_path):
     url = f"sqlite:///{tmp_path}/shared.db"
     cmd = _tune_cmd(url, 4, "--study-name", "shared")
