@@ -92,3 +92,38 @@ def extrapolate_runs(runs: list[tuple[int, MeasureResult]], depth: int) -> Measu
     note = (f"linearity check at {d1} layers: " + (", ".join(bent) + " off the line through "
             f"{d2} and {d3} layers: the extrapolation of those phases is unreliable" if bent else "every phase on the line"))
     return out.model_copy(update={"notes": [*out.notes, note], "seconds": out.seconds + check.seconds})
+
+
+def extrapolate_trace(runs: list[tuple[int, object]], depth: int):
+    """A TraceResult (probes/traced.py) at ``depth`` layers from traces at two or three depths, as
+    ``extrapolate_runs`` does for measured runs: every phase peak and the parameters, gradients and
+    optimizer states along the line through the two deepest; the shallowest, if given, checks that
+    each phase is on that line (a note names a phase that misses it by more than
+    LINEARITY_TOLERANCE). Returns (result, bent phases as "phase +x.x%")."""
+    runs = sorted(runs, key=lambda r: r[0])
+    (d2, a), (d3, b) = runs[-2:]
+
+    def line(x: float, y: float) -> int:
+        return round(affine(d2, x, d3, y, depth))
+
+    phases = {p: line(a.phase_peaks[p], b.phase_peaks[p]) for p in b.phase_peaks if p in a.phase_peaks}
+    peak_phase = max(phases, key=phases.get)
+    bent = []
+    if len(runs) > 2:
+        d1, check = runs[0]
+        for p, value in check.phase_peaks.items():
+            if p in phases and value:
+                miss = (affine(d2, a.phase_peaks[p], d3, b.phase_peaks[p], d1) - value) / value
+                if abs(miss) > LINEARITY_TOLERANCE:
+                    bent.append(f"{p} {miss:+.1%}")
+    note = (f"extrapolated to {depth} layers from traces at {d2} and {d3} layers"
+            + (f"; linearity check at {runs[0][0]} layers: " + (", ".join(bent) or "every phase on the line")
+               if len(runs) > 2 else ""))
+    result = b.model_copy(update={
+        "peak_bytes": phases[peak_phase], "peak_phase": peak_phase, "phase_peaks": phases,
+        "parameters_bytes": line(a.parameters_bytes, b.parameters_bytes),
+        "gradients_bytes": line(a.gradients_bytes, b.gradients_bytes),
+        "optimizer_state_bytes": line(a.optimizer_state_bytes, b.optimizer_state_bytes),
+        "baseline_bytes": line(a.baseline_bytes, b.baseline_bytes), "at_peak": {}, "phase_snapshots": {},
+        "seconds": sum(r.seconds for _, r in runs), "notes": [*b.notes, note]})
+    return result, bent

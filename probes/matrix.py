@@ -1,61 +1,124 @@
-"""The traced cross-validation matrix, in one place: its factors, the whole matrix
-(benchmarks/traced_matrix.py) and a covering subset for CI (tests/test_traced.py).
+"""The traced cross-validation matrix, in one place: its factors, the benchmark's two parts
+(benchmarks/traced_matrix.py) and the covering subset CI runs (tests/test_traced.py).
 
-Factors: architecture x checkpointing x attention x shape (micro-batch x sequence) x precision x
-loss x sharding (none on one rank; FSDP2 at 2 and 8 ranks, one rank traced under a fake process
-group). Constraint: Gemma-2 has no SDPA path in transformers (the planner rejects it too).
+Factors: every catalog family (one model each; vocabularies 32k to 256k) x precision (bf16-mixed,
+bf16-pure, fp16-mixed, fp8-mixed) x checkpointing x attention x shape (micro-batch x sequence, up
+to 8 and 8192) x loss x sharding (none on one rank; DDP, FSDP2 and fsdp-grad-op at 2 and 8 ranks:
+one rank traced, FSDP2 under a fake process group; DDP is traced as one rank without sharding).
 
-The covering subset holds every value of every factor and every pair of values of any two factors
-at least once (a greedy all-pairs cover: each row added covers the most pairs not yet covered,
-ties to the first in enumeration order, so the subset is the same on every run).
+- ``layer_matrix``: every family x precision x checkpointing x attention x shape (sharding none,
+  standard loss), traced at two depths: one decoder layer's activations (their difference) and
+  the step at the deeper one. Sharding and loss do not change what a layer saves.
+- ``step_matrix``: a covering array of strength 3 over all the factors (every triple of values of
+  any three factors at least once), each cell compared at the model's full depth
+  (``depths``): traced at full depth up to ``FULL_DEPTH_PARAMETERS``, else at 2, 3 and 4 layers,
+  extrapolated along the line through 3 and 4 with 2 as the linearity check.
+- ``covering_subset``: the strength-2 covering array CI traces at ``CI_DEPTH`` layers.
+
+Covering arrays are greedy: each row added covers the most value tuples not yet covered, ties to
+the first in enumeration order, so the same rows come out on every run.
+
+Cells left out (``allowed``), each for a reason a user would meet too: Gemma-2 has no SDPA path
+(transformers refuses it, and so does the planner); GPT-2's learned positions stop at 1024
+tokens; Mixtral under autocast over fp32 parameters (a mixed precision without FSDP) calls
+``torch._grouped_mm`` with fp32 operands, which it refuses (transformers integrations/moe.py:
+grouped_mm has no autocast, pytorch#174763), so that cell cannot run at all.
 """
 
 import itertools
 from collections.abc import Iterator
 
-ARCHS = ("meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B", "mistralai/Mistral-7B-v0.3", "google/gemma-2-2b",
-         "microsoft/Phi-3-mini-4k-instruct", "openai-community/gpt2")
+FAMILIES = {  # family -> the model traced for it
+    "llama": "meta-llama/Llama-3.2-1B", "qwen2": "Qwen/Qwen2.5-0.5B", "qwen3": "Qwen/Qwen3-0.6B",
+    "mistral": "mistralai/Mistral-7B-v0.3", "mixtral": "mistralai/Mixtral-8x7B-v0.1",
+    "gemma2": "google/gemma-2-2b", "phi3": "microsoft/Phi-3-mini-4k-instruct", "gpt2": "openai-community/gpt2",
+}
+ARCHS = tuple(FAMILIES.values())
+SHARDINGS = (("none", 1), ("ddp", 2), ("ddp", 8), ("fsdp", 2), ("fsdp", 8), ("fsdp-grad-op", 2), ("fsdp-grad-op", 8))
 FACTORS: dict[str, tuple] = {
     "model": ARCHS,
+    "precision": ("bf16-mixed", "bf16-pure", "fp16-mixed", "fp8-mixed"),
     "checkpointing": ("none", "selective", "full"),
     "attention": ("sdpa", "eager"),
-    "shape": ((1, 512), (4, 128)),  # micro-batch x sequence
-    "precision": ("bf16-mixed", "bf16-pure"),
+    "shape": ((1, 8192), (8, 1024)),  # micro-batch x sequence
     "loss": ("standard", "chunked"),
-    "world": (1, 2, 8),  # sharding none on one rank; fsdp at 2 and 8 ranks
+    "sharding": SHARDINGS,
 }
+LAYER_FACTORS = ("model", "precision", "checkpointing", "attention", "shape")
+#: Depths of a layer-matrix cell: one layer = (deep - shallow) / 2. Not depth 1: Gemma-2 alternates
+#: sliding and global attention, so its second mask kind (kept by checkpointing) first exists at 2.
+LAYER_DEPTHS = (2, 4)
+#: Models up to this many parameters are traced at full depth in the step matrix.
+FULL_DEPTH_PARAMETERS = 2_700_000_000
+EXTRAPOLATION_DEPTHS = (2, 3, 4)
+CI_DEPTH = 2
 NO_SDPA_PREFIXES = ("google/gemma-2",)
+MIXED_AUTOCAST = ("bf16-mixed", "fp16-mixed", "fp8-mixed")
 
 
 def allowed(row: dict) -> bool:
-    return not (row["attention"] == "sdpa" and row["model"].startswith(NO_SDPA_PREFIXES))
+    model, sharding = row["model"], row.get("sharding", ("none", 1))[0]
+    if row["attention"] == "sdpa" and model.startswith(NO_SDPA_PREFIXES):
+        return False
+    if model == FAMILIES["gpt2"] and row["shape"][1] > 1024:
+        return False
+    return not (model == FAMILIES["mixtral"] and row["precision"] in MIXED_AUTOCAST and not sharding.startswith("fsdp"))
 
 
-def full_matrix() -> list[dict]:
-    """Every allowed combination of the factors, in enumeration order."""
-    rows = (dict(zip(FACTORS, values)) for values in itertools.product(*FACTORS.values()))
+def _product(names) -> list[dict]:
+    rows = (dict(zip(names, values)) for values in itertools.product(*(FACTORS[n] for n in names)))
     return [r for r in rows if allowed(r)]
 
 
-def _pairs(row: dict) -> Iterator[tuple]:
-    for a, b in itertools.combinations(FACTORS, 2):
-        yield a, row[a], b, row[b]
+def layer_matrix() -> list[dict]:
+    """Every allowed combination of the factors that change what a layer saves (sharding none,
+    standard loss)."""
+    return [r | {"loss": "standard", "sharding": ("none", 1)} for r in _product(LAYER_FACTORS)]
 
 
-def covering_subset() -> list[dict]:
-    """Rows of the full matrix that cover every allowed pair of factor values (hence every value)."""
+def full_matrix() -> list[dict]:
+    """Every allowed combination of every factor (the space the covering arrays are drawn from)."""
+    return _product(tuple(FACTORS))
+
+
+def _tuples(row: dict, strength: int) -> Iterator[tuple]:
+    for names in itertools.combinations(FACTORS, strength):
+        yield tuple((n, row[n]) for n in names)
+
+
+def covering_array(strength: int) -> list[dict]:
+    """Rows of the full matrix that cover every allowed tuple of ``strength`` factor values."""
     candidates = full_matrix()
-    needed = {p for row in candidates for p in _pairs(row)}
+    keyed = [(r, set(_tuples(r, strength))) for r in candidates]
+    needed = set().union(*(k for _, k in keyed))
     chosen: list[dict] = []
     while needed:
-        best = max(candidates, key=lambda r: sum(p in needed for p in _pairs(r)))
+        best, covered = max(keyed, key=lambda rk: len(rk[1] & needed))
         chosen.append(best)
-        needed -= set(_pairs(best))
+        needed -= covered
     return chosen
 
 
+def step_matrix() -> list[dict]:
+    return covering_array(3)
+
+
+def covering_subset() -> list[dict]:
+    """CI's rows: every allowed pair of factor values (hence every value)."""
+    return covering_array(2)
+
+
+def depths(model: str, parameters: int, num_layers: int) -> tuple[int | None, ...]:
+    """Depths a step-matrix cell is traced at: (None,) for full depth, else EXTRAPOLATION_DEPTHS."""
+    return (None,) if parameters <= FULL_DEPTH_PARAMETERS or num_layers <= 4 else EXTRAPOLATION_DEPTHS
+
+
 def plan_fields(row: dict) -> dict:
-    """TrainingConfig fields of a matrix row (its world size apart)."""
+    """TrainingConfig fields of a matrix row (its world size apart: ``row["sharding"][1]``)."""
     b, s = row["shape"]
     return dict(checkpointing=row["checkpointing"], attention=row["attention"], micro_batch_size=b, seq_len=s,
-                precision=row["precision"], loss=row["loss"], sharding="fsdp" if row["world"] > 1 else "none")
+                precision=row["precision"], loss=row["loss"], sharding=row["sharding"][0])
+
+
+def world(row: dict) -> int:
+    return row["sharding"][1]

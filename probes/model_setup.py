@@ -81,8 +81,46 @@ def gpu_dropout():
     return lambda: setattr(F, "dropout", original)
 
 
+def real_mask_decisions():
+    """A patch of transformers' packed-sequence detection for fake tensors. Given position ids and no
+    attention mask, ``masking_utils.find_packed_sequence_indices`` reads the ids' values to tell
+    whether several sequences are packed in one row; a fake tensor has no values, so it reports
+    packing (``is_tracing``), which makes every model build a full (b, 1, s, s) mask and, with
+    SDPA, repeat k/v per query head (no ``enable_gqa`` with a mask) and save the copies: a
+    trace-only cost that no real run of the probe's input pays. The probe's rows are single
+    sequences (position ids 0..s-1), for which the real function returns None: so does the patch.
+    Returns an undo function."""
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    return lambda: setattr(masking_utils, "find_packed_sequence_indices", original)
+
+
+def fp8_autocast_on_cpu():
+    """A patch of torchao's ``Float8Linear.forward`` for CPU traces: it casts its input to the
+    autocast dtype when *CUDA* autocast is on (``torch.is_autocast_enabled()``, "hardcode to GPU's
+    autocast dtype"), so under the trace's CPU autocast it would keep (and save) the fp32 input a
+    GPU run casts to bf16. The patch makes the same cast under CPU autocast. Returns an undo
+    function (a no-op without torchao)."""
+    try:
+        from torchao.float8.float8_linear import Float8Linear
+    except ImportError:
+        return lambda: None
+    original = Float8Linear.forward
+
+    def forward(self, input):
+        if torch.is_autocast_enabled("cpu"):
+            input = input.to(torch.get_autocast_dtype("cpu"))
+        return original(self, input)
+
+    Float8Linear.forward = forward
+    return lambda: setattr(Float8Linear, "forward", original)
+
+
 def gpu_kernels():
     """The GPU kernels' allocations for fake tensors on the CPU: SDPA with dropout and dropout
-    (``gpu_attention_with_dropout``, ``gpu_dropout``). Returns one undo function."""
-    undo = [gpu_attention_with_dropout(), gpu_dropout()]
+    (``gpu_attention_with_dropout``, ``gpu_dropout``), the mask decisions of a real run
+    (``real_mask_decisions``) and fp8's autocast (``fp8_autocast_on_cpu``). Returns one undo function."""
+    undo = [gpu_attention_with_dropout(), gpu_dropout(), real_mask_decisions(), fp8_autocast_on_cpu()]
     return lambda: [u() for u in undo]

@@ -120,6 +120,10 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         "activations", "final norm and head input", A.final_norm_bytes(m, dt), tokens, phases=frozenset({Phase.FORWARD}),
         moment=LOSS_MOMENT,
     )
+    if cfg.checkpointing != Checkpointing.NONE and (masks := A.mask_bytes(m, dt, ctx.layout.fused_attention, cfg.seq_len)):
+        ledger.add("activations", "attention masks (checkpoint inputs)", masks, tokens,
+                   phases=frozenset({Phase.FORWARD, Phase.BACKWARD}),
+                   note="(b, 1, s, s) per mask kind, kept by every checkpointed layer until its backward")
     label, moment = first_layer_backward(ctx)
     before = ledger.tagged(GRADIENTS_BEFORE_FIRST_LAYER) + ledger.tagged(AFTER_TOP_LAYER)
     top_label, top = top_layer_backward(ctx)

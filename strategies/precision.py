@@ -88,13 +88,36 @@ def head_parameters(m) -> int:
     return m.vocab_size * m.hidden_size
 
 
+def fp8_converted(m, t) -> bool:
+    """Whether accelerate's ``convert_model_to_fp8_ao`` makes this decoder-layer matmul weight a
+    torchao Float8Linear: an ``nn.Linear`` (not GPT-2's Conv1D, not a MoE's grouped expert tensor)
+    with both dimensions divisible by 16 (accelerate utils/ao.py ``filter_linear_layers``)."""
+    return m.family != "gpt2" and not t.routed and all(d % 16 == 0 for d in t.shape)
+
+
+def autocast_layer_parameters(ctx: PlanContext) -> int:
+    """Elements of the decoder layers' matmul weights that autocast casts to 16 bit and caches.
+
+    All of them in bf16/fp16-mixed; under fp8-mixed only those Float8Linear does not replace
+    (``fp8_converted``), plus the model's first Linear, which accelerate leaves in high precision
+    (``find_first_last_linear_layers``: layer 0's first projection). Float8Linear casts its weight
+    to fp8 per matmul and saves the fp32 parameter itself, not a copy."""
+    m = ctx.model
+    if ctx.config.precision != Precision.FP8_MIXED:
+        return P.matmul_parameters(m) - head_parameters(m)
+    layer = P.layer_matmuls(m)
+    kept = sum(t.numel for t in layer if not fp8_converted(m, t)) * m.num_layers
+    first = layer[0]
+    return kept + (first.numel if fp8_converted(m, first) else 0)
+
+
 def cache_only_casts(ctx: PlanContext) -> int:
     """Bytes of autocast weight casts alive only while the autocast region runs (the layers' casts
     when checkpointing recomputes them), excluding the head's."""
-    m, lay = ctx.model, ctx.layout
+    lay = ctx.layout
     if not lay.autocast or ctx.config.checkpointing == Checkpointing.NONE:
         return 0
-    return (P.matmul_parameters(m) - head_parameters(m)) * lay.dtypes.compute
+    return autocast_layer_parameters(ctx) * lay.dtypes.compute
 
 
 def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
@@ -173,7 +196,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         if ctx.config.checkpointing == Checkpointing.NONE:
             ledger.add(
                 "autocast_weight_copies", "autocast casts of the layers' matmul weights (saved for backward)",
-                P.matmul_parameters(m) - head_parameters(m), lay.dtypes.compute, phases=frozenset({Phase.FORWARD}),
+                autocast_layer_parameters(ctx), lay.dtypes.compute, phases=frozenset({Phase.FORWARD}),
                 note="torch.amp weight casts, saved by the matmuls that use them",
             )
     if ctx.config.precision == Precision.FP8_MIXED:

@@ -30,6 +30,8 @@ def _llama_like(c: dict) -> dict:
         o_bias=bias,
         mlp_bias=bool(c.get("mlp_bias", False)),
         dropout=float(c.get("attention_dropout", 0.0) or 0.0),
+        # Qwen2's sliding_window is inert unless use_sliding_window (its layer_types are full attention)
+        sliding_window=c.get("sliding_window") if c.get("use_sliding_window", True) else None,
     )
 
 

@@ -52,6 +52,10 @@ class ModelSpec(BaseModel):
     dropout: float = 0.0  # attention-probability and residual dropout in training (GPT-2: 0.1)
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
+    # tokens a query attends back to where the model's layers use sliding-window attention
+    # (Mistral v0.1, Phi-3-4k; None: full causal attention); at sequences this long or longer
+    # transformers builds a (b, 1, s, s) mask instead of SDPA's causal flag
+    sliding_window: int | None = None
     decoder_layer_class: str = ""  # the transformers block class (FSDP's wrap unit)
     published_parameters: int | None = None
     published_parameters_source: str | None = None

@@ -35,6 +35,14 @@ class DTypes:
     compute: int  # c: matmul outputs, attention tensors
     residual: int  # r: the residual stream between blocks
 
+    @property
+    def upcast(self) -> bool:
+        """Autocast over fp32 parameters: the residual stream and the norms' outputs stay fp32
+        while matmuls run in 16 bit, so every matmul casts its own copy of a norm's output
+        (autocast caches the casts of leaf tensors, the weights, only) and ops autocast lists as
+        fp32 (softmax, layer_norm) return fp32. Source: torch.amp autocast op reference."""
+        return self.residual > self.compute
+
 
 Saved = list[tuple[str, float]]  # (tensor, bytes per token)
 
@@ -52,20 +60,54 @@ def korthikanti_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: 
     return s * b * h * (34 + 5 * a * s / h)
 
 
-def _norm(m: ModelSpec, width: int, input_bytes: int) -> Saved:
-    """What one norm saves (excluding its output, which its consumer saves).
+def _norm(m: ModelSpec, width: int, input_bytes: int, rows: int = 1) -> Saved:
+    """What one norm over ``rows`` rows of ``width`` per token saves (excluding its output, which
+    its consumer saves).
 
-    RMSNorm (Llama): ``x.to(fp32)`` (saved by pow; a no-op when x is fp32) and the normalised
-    tensor cast back to x's dtype (saved by the weight multiply).
-    Gemma RMSNorm: computes in fp32 and multiplies by (1 + weight): fp32 input and fp32
-    normalised tensor are saved. LayerNorm (GPT-2): its input (plus per-row mean/rstd, omitted:
-    2 floats per token).
+    RMSNorm (Llama): ``x.to(fp32)`` (saved by pow; a no-op when x is fp32), the fp32 rsqrt of
+    each row's mean square (saved by the product) and the normalised tensor cast back to x's
+    dtype (saved by the weight multiply).
+    Gemma RMSNorm: computes in fp32 and multiplies by (1 + weight): fp32 input, fp32 rsqrt per
+    row and fp32 normalised tensor are saved (the (1 + weight) sum is weight-sized, per layer,
+    not per token: omitted). LayerNorm (GPT-2): its input and native_layer_norm's fp32 mean and
+    rstd per row. Traced (benchmarks/traced_matrix.py, one layer's activations).
     """
     if m.norm_kind == NormKind.RMS:
-        return [("norm fp32 input", FP32 * width), ("norm normalised", input_bytes * width)]
+        return [("norm fp32 input", FP32 * width * rows), ("norm rsqrt fp32", FP32 * rows),
+                ("norm normalised", input_bytes * width * rows)]
     if m.norm_kind == NormKind.RMS_GEMMA:
-        return [("norm fp32 input", FP32 * width), ("norm fp32 normalised", FP32 * width)]
-    return [("layernorm input", input_bytes * width)]
+        return [("norm fp32 input", FP32 * width), ("norm rsqrt fp32", FP32 * rows),
+                ("norm fp32 normalised", FP32 * width)]
+    return [("layernorm input", input_bytes * width), ("layernorm mean, rstd fp32", 2 * FP32 * rows)]
+
+
+def _inputs(name: str, dt: DTypes, width: int, readers: int) -> Saved:
+    """The 16-bit input a block's projections save: one tensor shared by all ``readers`` matmuls,
+    or, under autocast over fp32 parameters (``DTypes.upcast``), each matmul's own cast of the
+    fp32 norm output (Llama's q, k and v each save one)."""
+    return [(f"{name} (x{readers} autocast casts)" if dt.upcast and readers > 1 else name,
+             dt.compute * width * (readers if dt.upcast else 1))]
+
+
+def masked_sdpa(m: ModelSpec, seq_len: int) -> bool:
+    """Whether SDPA gets a materialised mask rather than the causal flag: a sliding window no longer
+    than the sequence (transformers masking_utils ``_ignore_causal_mask_sdpa``: local attention
+    with kv_length >= the window)."""
+    return m.sliding_window is not None and seq_len >= m.sliding_window
+
+
+def mask_bytes(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> float:
+    """Bytes per token of the attention masks the model materialises once per forward and
+    checkpointing keeps (they are inputs of every checkpointed layer): (b, 1, s, s) per kind, so s
+    per token of the micro-batch. Eager attention always builds one, additive, in the embeddings'
+    dtype (the residual's, r); SDPA only with a sliding window (``masked_sdpa``), boolean (1 byte).
+    Gemma-2 alternates sliding and global layers: two kinds from two layers on. Without
+    checkpointing they are freed when the model's forward returns (before the loss's peak).
+    Traced (benchmarks/traced_matrix.py)."""
+    if fused and not masked_sdpa(m, seq_len):
+        return 0.0
+    kinds = 2 if m.family == "gemma2" and m.num_layers > 1 else 1
+    return kinds * seq_len * (1 if fused else dt.residual)
 
 
 def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Saved:
@@ -73,8 +115,19 @@ def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
     c, a, q, kv = dt.compute, m.num_heads, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     s = seq_len
     if fused:
-        # enable_gqa: k/v are not repeated; out is (b, s, a, d)-contiguous so o_proj's input is a view
-        return [("q", c * q), ("k", c * kv), ("v", c * kv), ("attn out", c * q), ("logsumexp fp32", FP32 * a)]
+        # enable_gqa (no mask: the causal flag): k/v are not repeated. The kernel's output takes q's
+        # memory layout: q made by RoPE from the transposed projection is (b, s, a, d)-strided, so
+        # the output's transpose back is o_proj's input as a view; Phi-3's RoPE concatenates the
+        # rotary and pass-through parts (q is (b, a, s, d)-contiguous), so that transpose is copied.
+        # With a materialised mask (a sliding window no longer than the sequence: ``masked_sdpa``)
+        # k/v are repeated (no enable_gqa with a mask) and SDPA turns the boolean mask into an additive
+        # one in q's dtype, per call, which the (memory-efficient) kernel saves: c*s per token per layer.
+        if masked_sdpa(m, s):
+            saved = [("q", c * q), ("k repeated", c * q), ("v repeated", c * q), ("additive mask", c * s)]
+        else:
+            saved = [("q", c * q), ("k", c * kv), ("v", c * kv)]
+        saved += [("attn out", c * q), ("logsumexp fp32", FP32 * a)]
+        return saved + ([("attn out made contiguous", c * q)] if m.fused_qkv else [])
     saved = [("q", c * q), ("k repeated", c * q), ("v repeated", c * q)]
     if m.attn_logit_softcapping:
         saved.append(("tanh(scores/cap)", c * a * s))
@@ -88,13 +141,20 @@ def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
 
 
 def _gpt2_attention(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Saved:
-    """Korthikanti's attention block list (eager) or the SDPA equivalent."""
+    """Korthikanti's attention block list (eager) or the SDPA equivalent.
+
+    Eager: ``softmax`` is on autocast's fp32 list, so under autocast over fp32 parameters it
+    saves fp32 probabilities and ``.type(value.dtype)`` makes the 16-bit copy the value matmul
+    (or, with dropout, the dropped probabilities) saves; otherwise softmax saves compute-dtype
+    probabilities. Source: transformers modeling_gpt2.eager_attention_forward; traced."""
     c, h, a, s = dt.compute, m.hidden_size, m.num_heads, seq_len
     if fused:
         return [("q k v", 3 * c * h), ("attn out", c * h), ("logsumexp fp32", FP32 * a)]
-    saved = [("q k", 2 * c * h), ("softmax", c * a * s)]
+    saved = [("q k", 2 * c * h), ("softmax fp32" if dt.upcast else "softmax", (FP32 if dt.upcast else c) * a * s)]
     if m.dropout > 0:
         saved += [("attn dropout mask", 1 * a * s), ("dropped probs", c * a * s)]
+    elif dt.upcast:
+        saved.append(("probs in compute dtype", c * a * s))
     return saved + [("v", c * h), ("out-proj input", c * h)]
 
 
@@ -113,7 +173,10 @@ def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
     # Mixtral: fp32 router softmax; each token is gathered into k experts and their outputs
     # are scaled by the routing weight (the product saves the expert output).
     per_expert = [("expert input", c * h)] + gated + [("expert out", c * h)]
-    return [("router softmax fp32", FP32 * e)] + [(f"{n} x{k}", b * k) for n, b in per_expert]
+    # routing bookkeeping per token: top-k indices, their sort and expert/token indices (int64),
+    # the routing weights, their gathered copy (fp32) and their sum (fp32)
+    routing = [("routing indices and weights", (4 * 8 + 2 * FP32) * k + FP32)]
+    return [("router softmax fp32", FP32 * e)] + routing + [(f"{n} x{k}", b * k) for n, b in per_expert]
 
 
 @cache
@@ -123,11 +186,10 @@ def attention_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tupl
     c, r, h = dt.compute, dt.residual, m.hidden_size
     if m.family == "gpt2":
         masks = [("resid dropout mask", 1 * h)] if m.dropout > 0 else []
-        return tuple(_norm(m, h, r) + [("qkv input", c * h)] + _gpt2_attention(m, dt, fused, seq_len) + masks)
-    saved = _norm(m, h, r) + [("qkv input", c * h)]
+        return tuple(_norm(m, h, r) + _inputs("qkv input", dt, h, 1) + _gpt2_attention(m, dt, fused, seq_len) + masks)
+    saved = _norm(m, h, r) + _inputs("qkv input", dt, h, 1 if m.fused_qkv else 3)
     if m.qk_norm:  # Qwen3: RMSNorm over head_dim on q and k before RoPE (input is bf16 matmul output)
-        q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-        saved += _norm(m, q, c) + _norm(m, kv, c)
+        saved += _norm(m, m.head_dim, c, m.num_heads) + _norm(m, m.head_dim, c, m.num_kv_heads)
     if m.fused_qkv:  # Phi-3: v is a view of qkv_proj's output, so all of it stays alive
         saved.append(("fused qkv (kept by v view)", c * (m.num_heads + m.num_kv_heads) * m.head_dim))
     saved += _attention_core(m, dt, fused, seq_len)
@@ -143,8 +205,9 @@ def mlp_saved(m: ModelSpec, dt: DTypes) -> tuple[tuple[str, float], ...]:
     c, r, h = dt.compute, dt.residual, m.hidden_size
     if m.family == "gpt2":
         masks = [("resid dropout mask", 1 * h)] if m.dropout > 0 else []
-        return tuple(_norm(m, h, r) + [("fc input", c * h)] + _mlp(m, dt) + masks)
-    saved = _norm(m, h, r) + [("mlp input", c * h)] + _mlp(m, dt)
+        return tuple(_norm(m, h, r) + _inputs("fc input", dt, h, 1) + _mlp(m, dt) + masks)
+    readers = 1 if m.fused_qkv or m.mlp_kind == MlpKind.PLAIN else 2  # gate_up, or gate and up (MoE: the router)
+    saved = _norm(m, h, r) + _inputs("mlp input", dt, h, readers) + _mlp(m, dt)
     if m.norms_per_layer == 4:  # Gemma-2: post-feedforward norm on down_proj output
         saved += _norm(m, h, c)
     return tuple(saved)

@@ -74,8 +74,8 @@ def _mlp(m: ModelSpec) -> list[ParamTensor]:
     h, f, e, b = m.hidden_size, m.intermediate_size, m.num_experts, m.mlp_bias
     if m.mlp_kind == MlpKind.PLAIN:
         return _linear("mlp.fc_in", f, h, b, e) + _linear("mlp.fc_out", h, f, b, e)
-    if m.fused_qkv:
-        up = _linear("mlp.gate_up_proj", 2 * f, h, b, e)
+    if m.fused_qkv or m.is_moe:  # Phi-3's gate_up_proj; transformers 5 stores each MoE layer's experts
+        up = _linear("mlp.gate_up_proj", 2 * f, h, b, e)  # as one fused gate_up_proj and one down_proj
     else:
         up = _linear("mlp.gate_proj", f, h, b, e) + _linear("mlp.up_proj", f, h, b, e)
     out = up + _linear("mlp.down_proj", h, f, b, e)

@@ -4,7 +4,9 @@ bf16-pure loads bf16 weights (no fp32 master); every other precision keeps fp32 
 mixed precisions autocast forward to bf16 (fp16 for fp16-mixed), as accelerate does, except under
 FSDP2, whose MixedPrecisionPolicy casts the parameters itself. fp8-mixed converts the decoder
 layers' linears to torchao Float8Linear with accelerate's own ``convert_model_to_fp8_ao`` (the
-emitted fp8_config does this under accelerate launch; fake tensors cannot run it).
+emitted fp8_config does this under accelerate launch; the probes do it themselves: Float8Linear's
+casts, amax reductions and ``_scaled_mm`` run on fake CPU tensors, so the traced probe sees fp8's
+memory).
 """
 
 import contextlib
@@ -51,7 +53,7 @@ def fsdp_policy(config):
 
 
 def prepare(model, config, site: Site, **_) -> str | None:
-    if config.precision != Precision.FP8_MIXED or site != Site.MEASURED:
+    if config.precision != Precision.FP8_MIXED or site == Site.LAUNCH:
         return None
     from accelerate.utils.ao import convert_model_to_fp8_ao
 
