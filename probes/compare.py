@@ -104,9 +104,12 @@ def compare_result(model: str, config: TrainingConfig, world_size: int, layers: 
 
 
 def per_layer_comparison(deep: Comparison, shallow: Comparison) -> TermComparison:
-    """Activations of one decoder layer: the difference of two depths' forward phases, over the
-    difference in depth. The loss, embeddings and head cancel, so this checks the per-layer lists
-    (planner.cost.activations) even where the loss dominates a shallow model's memory."""
+    """Activations of one decoder layer: the difference of two depths' forward phases (less the
+    model states), over the difference in depth. The loss, embeddings and head cancel, so this
+    checks the per-layer lists (planner.cost.activations) even where the loss dominates a shallow
+    model's memory. It holds only where each side's forward phase peaks at the same moment at both
+    depths (``same_moment``): the loss's alternative moments differ by the autocast casts the
+    layers hold, so a switch between them moves the difference by a cast per layer."""
     depth = (deep.layers or 0) - (shallow.layers or 0)
 
     def act(c: Comparison, side: str) -> int:
@@ -114,6 +117,18 @@ def per_layer_comparison(deep: Comparison, shallow: Comparison) -> TermCompariso
 
     return TermComparison(term="layer_activations", analytic=(act(deep, "analytic") - act(shallow, "analytic")) // depth,
                           traced=(act(deep, "traced") - act(shallow, "traced")) // depth, exact=False)
+
+
+def same_moment(model: str, config: TrainingConfig, world_size: int, depths: tuple[int, int]) -> bool:
+    """Whether the analytic forward phase peaks at the same moment at both depths: its resident rows
+    carry the same labels, the layer count apart (``per_layer_comparison`` holds only then)."""
+    import re
+
+    def labels(d: int) -> set[str]:
+        rows = analytic_result(model, config, world_size, d).ledger
+        return {re.sub(r"\d+ layers", "N layers", r.label) for r in ledger_resident(rows, Phase.FORWARD)}
+
+    return labels(depths[0]) == labels(depths[1])
 
 
 #: ZeRO stage of each DeepSpeed sharding mode.

@@ -3,7 +3,8 @@
 ``StepTracker`` (and ``FsdpStepTracker``, over torch's FSDPMemTracker) add to torch's tracker:
 
 - phase peaks, in the ledger's phases (planner/core/ledger.py): ``forward`` runs until backward
-  reaches the last decoder layer (the loss and the head's backward belong to it), ``backward``
+  reaches the last decoder layer (its backward, or its recomputation under checkpointing; the loss
+  and the head's backward belong to forward), ``backward``
   from there, ``backward_end`` from the embeddings' backward (``embedding_dense_backward``, after
   every decoder layer's), ``step`` is the optimizer; the tracker keeps each phase's peak total and
   categories;
@@ -51,7 +52,9 @@ class _StepTracking:
         self._await_layer = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self._await_layer and self._mod_tracker.is_bw and any(_LAYER.search(p) for p in self._mod_tracker.parents):
+        # backward reaches the top layer: its backward, or (checkpointing) its recomputation, which runs
+        # the layer's forward from inside backward
+        if self._await_layer and any(_LAYER.search(p) for p in self._mod_tracker.parents):
             self._await_layer, self.phase = False, "backward"
         elif func is _EMBEDDING_BACKWARD and self.phase == "backward":
             self.phase = "backward_end"

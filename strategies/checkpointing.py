@@ -124,6 +124,18 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         ledger.add("activations", "attention masks (checkpoint inputs)", masks, tokens,
                    phases=frozenset({Phase.FORWARD, Phase.BACKWARD}),
                    note="(b, 1, s, s) per mask kind, kept by every checkpointed layer until its backward")
+    if not ctx.layout.fused_attention:
+        from strategies.precision import cache_only_casts  # (precision imports this module)
+
+        # the top layer's forward, at eager attention's softmax: its attention half and the scores in
+        # flight instead of its (checkpointed) saved set; the autocast cache holds every layer's casts
+        attention = A.total(A.attention_saved(m, dt, False, cfg.seq_len))
+        extra = attention + A.eager_forward_transient_bytes(m, dt, cfg.seq_len) - per_layer
+        ledger.add("activations", "the top layer's eager attention forward: masked scores and softmax in flight",
+                   max(0.0, extra), tokens, phases=frozenset({Phase.FORWARD}), moment=LAST_LAYER_FORWARD)
+        if cached := cache_only_casts(ctx):
+            ledger.add("autocast_weight_copies", "autocast casts of the layers' matmul weights (cached)", cached, 1,
+                       phases=frozenset({Phase.FORWARD}), moment=LAST_LAYER_FORWARD)
     label, moment = first_layer_backward(ctx)
     before = ledger.tagged(GRADIENTS_BEFORE_FIRST_LAYER) + ledger.tagged(AFTER_TOP_LAYER)
     top_label, top = top_layer_backward(ctx)
@@ -148,7 +160,10 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     (``first_layer_backward``). At the top's start: the head's (and final norm's) gradients (none
     here when sharded: FSDP holds them unsharded as a buffer), every layer below still holding its
     saved tensors (checkpointed form), the top layer's full saved set, its MLP gradient temporaries
-    and its autocast casts (with the layers' below when checkpointing none keeps them). At its end:
+    and its autocast casts (with the layers' below when checkpointing none keeps them). At its
+    attention's backward: the MLP and output projection's gradients, the attention half's saved
+    tensors and its gradient temporaries (eager: two a*s softmax gradients, which outweigh the MLP
+    at long sequences: Mistral-7B eager at 1 x 8192 peaks here in the trace). At its end:
     the layer's gradients too, its saved tensors gone but two residual gradients. FSDP: the top layer
     and the next one (prefetched) unsharded, and the top layer's unsharded gradients at its end
     (the gathered layers break the linearity the ends rely on, so the end counts). No layer above
@@ -173,6 +188,15 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             "autocast_weight_copies": cast + saved_casts,
             "activations": (per_layer_forward_bytes(ctx) * below + A.total(A.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
                             + A.mlp_backward_transient_bytes(m, dt)) * T,
+        },
+        "attention": common | {
+            "gradients": common["gradients"] + (P.layer_block_parameters(m, "mlp") + P.output_projection_parameters(m))
+            * (lay.gathered_bytes if fsdp else g),
+            "autocast_weight_copies": saved_casts + (P.layer_block_parameters(m, "self_attn", matmul_only=True)
+                                                     * (dt.compute if lay.autocast else 0)),
+            "activations": (per_layer_forward_bytes(ctx) * below
+                            + A.total(A.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
+                            + A.attention_backward_transient_bytes(m, dt, ctx.layout.fused_attention, cfg.seq_len)) * T,
         },
         "end": common | {
             "gradients": common["gradients"] + layer_grads,
@@ -200,8 +224,9 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     - attention backward: the MLP's and the output projection's gradients, the attention half's
       saved tensors and its gradient temporaries (eager: the softmax gradient), the attention casts.
     ZeRO-2/3: the layer's gradients go to the bucketed partitions (sharding buffers), so the moments
-    hold none. FSDP: the layer's unsharded parameters and its unsharded gradients so far, both in
-    the parameters' dtype (FSDP2 reduce-scatters them when the layer's backward ends). The end of
+    hold none. FSDP: the layer's unsharded parameters (resharding: and one all-gather output held)
+    and its unsharded gradients so far, in the parameters' dtype (FSDP2 reduce-scatters them when
+    the layer's backward ends). The end of
     the layer's backward (all its gradients, little else) is below the embeddings' backward
     (``backward_end``). Checked by the traced probe (benchmarks/traced_matrix.py).
     """
@@ -213,7 +238,9 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     else:
         g = 0 if ctx.layout.gradients_sharded or cfg.grad_accum > 1 else lay.grad_bytes
     cast = c if lay.autocast else 0
-    gathered = P.layer_parameters(m) * lay.gathered_bytes if fsdp else 0  # the layer computing, unsharded
+    # the layer computing, unsharded; resharding, also an all-gather output FSDP2 holds until the next
+    # all-gather copies out (the prefetched layer's), so two layers (traced: Mixtral 8x7B, FSDP2, 2 ranks)
+    gathered = (2 if lay.resharding and m.num_layers > 1 else 1) * P.layer_parameters(m) * lay.gathered_bytes if fsdp else 0
     attention = A.total(A.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
     mlp_grads, big = P.layer_block_parameters(m, "mlp"), P.largest_mlp_matrix(m)
     attention_casts = P.layer_block_parameters(m, "self_attn", matmul_only=True) * cast

@@ -2,17 +2,18 @@
 
 - The fake trace is faithful: its phase peaks equal a real-tensor run measured by the CPU
   allocator (torch profiler), including where autograd accumulates gradients in place.
-- Over a covering subset of the matrix of six architectures x checkpointing x attention x two
-  shapes x bf16-mixed/pure x standard/chunked loss x sharding none / FSDP2 at 2 and 8 ranks
-  (probes/matrix.py; every pair of factor values; reduced depth): model states agree to the byte;
-  activations, each phase's peak and the step peak within 5 %. benchmarks/traced_matrix.py runs
-  and checks the whole matrix, with every term and one layer's activations.
+- Over a covering subset of the matrix (probes/matrix.py: every family x four precisions x
+  checkpointing x attention x shape up to 8 x 1024 and 1 x 8192 x loss x sharding none / DDP /
+  FSDP2 / fsdp-grad-op at 2 and 8 ranks; every pair of factor values; 2 and 4 layers): model states
+  to the byte, one layer within 2 %, the step peak never more than 1 % under the trace, median
+  errors within 2 % (issue 17). benchmarks/traced_matrix.py runs the whole matrix.
 - ZeRO plans: states computed from the partition rules, activations traced.
 """
 
 import functools
 import itertools
 import os
+import statistics
 
 import pytest
 
@@ -23,7 +24,9 @@ from strategies import TrainingConfig
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from probes.compare import compare_result  # noqa: E402
-from probes.matrix import ARCHS, FACTORS, covering_subset, full_matrix, plan_fields  # noqa: E402
+from probes import matrix as M  # noqa: E402
+from probes.compare import STATES  # noqa: E402
+from probes.matrix import ARCHS, FACTORS, covering_subset, full_matrix  # noqa: E402
 from probes.traced import TraceRequest, trace, trace_many  # noqa: E402
 
 QWEN = "Qwen/Qwen2.5-0.5B"  # biases, GQA, tied embeddings
@@ -76,35 +79,56 @@ def test_failures_and_timeouts_are_errors_not_crashes():
 @functools.cache
 def matrix_traces():
     """The covering subset of the cross-validation matrix (probes/matrix.py: every value of every
-    factor, every pair of values of any two factors), traced in parallel children, one per core.
-    benchmarks/traced_matrix.py runs the whole matrix."""
+    factor, every pair of values of any two factors), each row traced at CI_DEPTH and at
+    LAYER_DEPTHS[-1] layers in parallel children, one per core. benchmarks/traced_matrix.py runs
+    the whole matrix (docs/traced-matrix.md)."""
     rows = covering_subset()
-    results = trace_many([request(r["model"], world=r["world"], **plan_fields(r)) for r in rows], timeout=3600,
+    depths = (M.CI_DEPTH, M.LAYER_DEPTHS[-1])
+    results = trace_many([M.trace_request(r, d) for r in rows for d in depths], timeout=3600,
                          workers=max(1, os.cpu_count() or 1))
-    return list(zip(rows, results, strict=True))
+    return [(r, dict(zip(depths, results[2 * i: 2 * i + 2], strict=True))) for i, r in enumerate(rows)]
 
 
 def test_the_subset_covers_every_pair_of_the_matrix():
     """Every value of every factor, and every pair of values of two factors, is in the CI subset."""
     rows = covering_subset()
+    full = full_matrix()
     for a, b in itertools.combinations(FACTORS, 2):
-        assert {(r[a], r[b]) for r in full_matrix()} == {(r[a], r[b]) for r in rows}, (a, b)
-    assert len(rows) < len(full_matrix()) // 10
+        assert {(r[a], r[b]) for r in full} == {(r[a], r[b]) for r in rows}, (a, b)
+    assert {r["model"] for r in rows} == set(ARCHS) and len(rows) < len(full) // 20
 
 
-def test_matrix_subset_states_exact_and_the_rest_within_5_percent():
+def test_matrix_subset_meets_the_safety_target():
     """For every plan of the subset (one test, so its traces are made once, on one xdist worker):
-    parameters, gradients and optimizer states of the (rank's) plan to the byte; activations, each
-    phase's peak and the step peak within 5 % (probes/compare.py TOLERANCE)."""
-    missed, models = [], set()
-    for row, traced in matrix_traces():
-        assert not isinstance(traced, str), f"{row}: {traced}"
-        c = compare_result(row["model"], TrainingConfig(**plan_fields(row)), row["world"], LAYERS, traced)
-        models.add(row["model"])
-        missed += [f"{row} {t.term} ({'exact' if t.exact else '5 %'}): analytic {t.analytic:,} traced {t.traced:,} "
-                   f"({t.error:+.2%})" for t in c.terms if not t.agrees]
-    assert models == set(ARCHS)
+    parameters, gradients and optimizer states to the byte; one layer's activations (the difference
+    of two depths) within 2 %; the step peak never more than 1 % under the trace (the known open
+    cells of probes/matrix.py KNOWN_UNDER: never more than 10 %); the median |error| of the
+    activations, one layer, every phase and the step peak at most 2 %."""
+    from probes.compare import per_layer_comparison, same_moment
+
+    missed, errors = [], {}
+    rows = matrix_traces()
+    for row, traced in rows:
+        bad = [t for t in traced.values() if isinstance(t, str)]
+        assert not bad, f"{row}: {bad[0]}"
+        cfg = TrainingConfig(**M.plan_fields(row))
+        shallow, deep = (compare_result(row["model"], cfg, M.world(row), d, t) for d, t in traced.items())
+        terms = {t.term: t for t in deep.terms}
+        if same_moment(row["model"], cfg, M.world(row), tuple(traced)):
+            terms["layer"] = per_layer_comparison(deep, shallow)
+        for name, t in terms.items():
+            errors.setdefault(name, []).append(abs(t.error))
+        floor = M.KNOWN_UNDER_FLOOR if M.known_under(row) else M.PEAK_FLOOR
+        checks = [(t, t.analytic == t.traced) for t in terms.values() if t.exact]
+        checks.append((terms["step_peak"], terms["step_peak"].error >= floor))
+        if "layer" in terms:
+            checks.append((terms["layer"], abs(terms["layer"].error) <= M.LAYER_BAND))
+        missed += [f"{row} {t.term}: analytic {t.analytic:,} traced {t.traced:,} ({t.error:+.2%})" for t, ok in checks
+                   if not ok]
     assert not missed, "\n".join(missed)
+    assert len(errors["layer"]) >= len(rows) * 3 // 4  # one layer is compared in most cells
+    medians = {name: statistics.median(v) for name, v in errors.items() if name not in STATES}
+    assert all(v <= M.MEDIAN_BAND for v in medians.values()), medians
 
 
 @pytest.mark.parametrize("sharding", ["zero2", "zero3"])

@@ -190,7 +190,8 @@ def attention_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tupl
     saved = _norm(m, h, r) + _inputs("qkv input", dt, h, 1 if m.fused_qkv else 3)
     if m.qk_norm:  # Qwen3: RMSNorm over head_dim on q and k before RoPE (input is bf16 matmul output)
         saved += _norm(m, m.head_dim, c, m.num_heads) + _norm(m, m.head_dim, c, m.num_kv_heads)
-    if m.fused_qkv:  # Phi-3: v is a view of qkv_proj's output, so all of it stays alive
+    if m.fused_qkv and fused:  # Phi-3 SDPA: v is a view of qkv_proj's output, so all of it stays alive
+        # (eager: the value matmul saves a contiguous copy of v, so the projection's output is freed)
         saved.append(("fused qkv (kept by v view)", c * (m.num_heads + m.num_kv_heads) * m.head_dim))
     saved += _attention_core(m, dt, fused, seq_len)
     if m.norms_per_layer == 4:  # Gemma-2: post-attention norm on o_proj output (c)
@@ -265,6 +266,24 @@ def layer_input_bytes(m: ModelSpec, dt: DTypes) -> float:
 
 
 @cache
+def eager_forward_transient_bytes(m: ModelSpec, dt: DTypes, seq_len: int) -> float:
+    """Bytes per token in flight at eager attention's softmax beyond what the layer saves: the
+    masked scores (fp32 under autocast over fp32 parameters, whose mask is fp32, else the compute
+    dtype), their fp32 copy for ``softmax(..., dtype=float32)`` where they are not fp32 already,
+    and the fp32 probabilities (saved, but before the layer's checkpoint drops them); Gemma-2's
+    soft-capping adds its tanh output. Traced (Llama-3.2-1B eager, 8 x 1024, the top layer's
+    forward: masked scores, fp32 copy and softmax, 10 a*s bytes in bf16). GPT-2 scores a*s in the
+    compute dtype and its softmax follows autocast."""
+    c, a, s = dt.compute, m.num_heads, seq_len
+    if m.family == "gpt2":
+        return (c + (FP32 if dt.upcast else c)) * a * s
+    masked = FP32 if dt.upcast else c
+    copy = FP32 if masked != FP32 else 0
+    softcap = c if m.attn_logit_softcapping else 0
+    return (masked + copy + FP32 + softcap) * a * s
+
+
+@cache
 def mlp_backward_transient_bytes(m: ModelSpec, dt: DTypes) -> float:
     """Gradient temporaries alive while one layer's MLP runs backward, bytes per token.
 
@@ -280,13 +299,17 @@ def mlp_backward_transient_bytes(m: ModelSpec, dt: DTypes) -> float:
 def attention_backward_transient_bytes(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> float:
     """Gradient temporaries alive while one layer's attention runs backward, bytes per token.
 
-    Two residual-stream gradients in flight (r*h each) plus, for eager attention, the fp32
-    gradient of the softmax and its compute-dtype cast (a*s each), for SDPA the kernel's q, k and v
-    gradients. Checked against traced probes (benchmarks/traced_matrix.py).
+    Two residual-stream gradients in flight (r*h each) plus, for eager attention, two gradients of
+    the probabilities in the softmax's dtype (a*s each): the incoming one, cast up to the softmax's
+    dtype, and softmax's backward output (``_softmax_backward_data``), alive together at the
+    layer's peak. The softmax runs in fp32 (``softmax(..., dtype=float32)``; GPT-2: under autocast
+    over fp32 parameters), else in the compute dtype. For SDPA the kernel's q, k and v gradients.
+    Traced (benchmarks/traced_matrix.py: Llama-3.2-1B eager, 8 x 1024, the top layer's backward).
     """
     c, r, h, a = dt.compute, dt.residual, m.hidden_size, m.num_heads
     if not fused:
-        return 2 * r * h + (FP32 + c) * a * seq_len
+        softmax = FP32 if m.family != "gpt2" or dt.upcast else c
+        return 2 * r * h + 2 * softmax * a * seq_len
     return 2 * r * h + c * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
 
 
@@ -313,8 +336,12 @@ def final_norm_backward_bytes(m: ModelSpec, dt: DTypes) -> float:
 
 @cache
 def final_norm_bytes(m: ModelSpec, dt: DTypes) -> float:
-    """The final norm and the head's input, saved outside the checkpointed layers (bytes/token)."""
-    return norm_bytes(m, dt) + dt.compute * m.hidden_size
+    """The final norm and the head's input, saved outside the checkpointed layers (bytes/token).
+    Under autocast over fp32 parameters the norm's output is fp32 and the head saves its 16-bit
+    cast, while the fp32 output stays alive as the model output's ``last_hidden_state`` until the
+    loss returns (r*h more; traced: Phi-3-mini, bf16-mixed, the loss's forward)."""
+    h = m.hidden_size
+    return norm_bytes(m, dt) + dt.compute * h + (dt.residual * h if dt.upcast else 0)
 
 
 @cache
