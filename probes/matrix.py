@@ -136,9 +136,6 @@ KNOWN_UNDER = {
     "moe-fsdp": "Mixtral under FSDP2: the forward and backward phases read up to 8.0 % low at 4 layers "
                 "(2.4 % at full depth): FSDP2's buffers around a layer of 1.4 B parameters are not all in "
                 "the ledger",
-    "fp8-backward": "fp8-mixed: the backward phase reads up to 3.6 % low: Float8Linear's backward casts "
-                    "(the gradient, input and weight to fp8 per matmul) and the high-precision weight "
-                    "gradient before its fp32 copy are not all in the ledger",
 }
 KNOWN_UNDER_FLOOR = -0.10
 
@@ -147,8 +144,6 @@ def known_under(row: dict) -> str | None:
     """The KNOWN_UNDER key of a row, or None."""
     if row["model"] == FAMILIES["mixtral"] and row["sharding"][0].startswith("fsdp"):
         return "moe-fsdp"
-    if row["precision"] == "fp8-mixed":
-        return "fp8-backward"
     return None
 
 

@@ -177,6 +177,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     cast = P.layer_matmul_parameters(m) * (dt.compute if lay.autocast else 0)
     below = m.num_layers - 1
     saved_casts = cast * (below if cfg.checkpointing == Checkpointing.NONE else 0)
+    fp8_casts = A.fp8_gradient_cast_bytes(m) if cfg.precision == "fp8-mixed" else 0
     common = {
         # FSDP: the top layer and the next one, prefetched (fsdp-grad-op: every layer, kept from forward)
         "gathered_parameters": (m.num_layers if not ctx.layout.resharding else min(2, m.num_layers))
@@ -187,7 +188,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
         "start": common | {
             "autocast_weight_copies": cast + saved_casts,
             "activations": (per_layer_forward_bytes(ctx) * below + A.total(A.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
-                            + A.mlp_backward_transient_bytes(m, dt)) * T,
+                            + A.mlp_backward_transient_bytes(m, dt) + fp8_casts) * T,
         },
         "attention": common | {
             "gradients": common["gradients"] + (P.layer_block_parameters(m, "mlp") + P.output_projection_parameters(m))
@@ -216,7 +217,8 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     recomputed). Backward runs the MLP, then the attention. Three moments (T tokens; g gradient
     bytes; c compute bytes; casts: the layer's autocast weight casts, c per matmul weight, which
     the matmuls save; 0 without autocast):
-    - start: every saved tensor of the layer, the MLP's gradient temporaries, every cast;
+    - start: every saved tensor of the layer, the MLP's gradient temporaries (fp8-mixed: and
+      Float8Linear's cast of the widest output gradient, ``fp8_gradient_cast_bytes``), every cast;
     - last MLP weight gradient: the MLP's gradients (under autocast also the compute-dtype copy of
       the largest one before its fp32 upcast), the attention half's saved tensors, the pre-MLP norm
       and the MLP input, one intermediate gradient (c*f per routed expert) and two residual
@@ -249,7 +251,8 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
         "start": {
             "gradients": 0,
             "autocast_weight_copies": P.layer_matmul_parameters(m) * cast,
-            "activations": (attention + A.total(A.mlp_saved(m, dt)) + A.mlp_backward_transient_bytes(m, dt)) * T,
+            "activations": (attention + A.total(A.mlp_saved(m, dt)) + A.mlp_backward_transient_bytes(m, dt)
+                            + (A.fp8_gradient_cast_bytes(m) if cfg.precision == "fp8-mixed" else 0)) * T,
         },
         "last MLP weight gradient": {
             "gradients": mlp_grads * g + (big * cast if g else 0),

@@ -88,13 +88,6 @@ def head_parameters(m) -> int:
     return m.vocab_size * m.hidden_size
 
 
-def fp8_converted(m, t) -> bool:
-    """Whether accelerate's ``convert_model_to_fp8_ao`` makes this decoder-layer matmul weight a
-    torchao Float8Linear: an ``nn.Linear`` (not GPT-2's Conv1D, not a MoE's grouped expert tensor)
-    with both dimensions divisible by 16 (accelerate utils/ao.py ``filter_linear_layers``)."""
-    return m.family != "gpt2" and not t.routed and all(d % 16 == 0 for d in t.shape)
-
-
 def autocast_layer_parameters(ctx: PlanContext) -> int:
     """Elements of the decoder layers' matmul weights that autocast casts to 16 bit and caches.
 
@@ -106,9 +99,9 @@ def autocast_layer_parameters(ctx: PlanContext) -> int:
     if ctx.config.precision != Precision.FP8_MIXED:
         return P.matmul_parameters(m) - head_parameters(m)
     layer = P.layer_matmuls(m)
-    kept = sum(t.numel for t in layer if not fp8_converted(m, t)) * m.num_layers
+    kept = sum(t.numel for t in layer if not P.fp8_converted(m, t)) * m.num_layers
     first = layer[0]
-    return kept + (first.numel if fp8_converted(m, first) else 0)
+    return kept + (first.numel if P.fp8_converted(m, first) else 0)
 
 
 def cache_only_casts(ctx: PlanContext) -> int:

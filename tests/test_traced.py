@@ -175,3 +175,19 @@ def test_probe_cli_exit_codes():
     assert code == 2 and "traced" in out
     code, out = probe_cli("--gpus", "1xH100-80", "--timeout", "0.5")
     assert code == 3 and "timed out" in out
+
+
+def test_the_two_cells_issue_17_found_under_predicted_at_full_depth():
+    """Issue 17's two measured under-predictions, traced at full depth: GPT-2 with eager attention
+    (was -5.8 %: the fp32 softmax under autocast) and Llama-3.2-1B fp8-mixed under FSDP at mbs 16
+    (was -5.6 %, a tuned plan: fp8's casts). Now the step peak is within 1 % under, or over."""
+    cells = [("openai-community/gpt2", dict(attention="eager", checkpointing="none", precision="bf16-mixed",
+                                            micro_batch_size=4, seq_len=512)),
+             ("meta-llama/Llama-3.2-1B", dict(precision="fp8-mixed", sharding="fsdp", checkpointing="none",
+                                              micro_batch_size=16, seq_len=2048))]
+    reqs = [request(model, layers=None, **cfg) for model, cfg in cells]
+    for (model, cfg), traced in zip(cells, trace_many(reqs, timeout=1800, workers=2), strict=True):
+        assert not isinstance(traced, str), traced
+        c = compare_result(model, TrainingConfig(**cfg), 1, None, traced)
+        peak = next(t for t in c.terms if t.term == "step_peak")
+        assert peak.error >= M.PEAK_FLOOR, (model, peak.analytic, peak.traced, f"{peak.error:+.2%}")

@@ -284,6 +284,18 @@ def eager_forward_transient_bytes(m: ModelSpec, dt: DTypes, seq_len: int) -> flo
 
 
 @cache
+def fp8_gradient_cast_bytes(m: ModelSpec) -> float:
+    """Bytes per token torchao's Float8Linear holds while casting a matmul's output gradient to fp8
+    in backward, for the layer's widest converted matmul (``params.fp8_converted``): the scaled
+    gradient and its clamped copy in fp32 (4 + 4 bytes per output feature) and two e5m2 copies
+    (one per backward matmul: 1 + 1), beside the 16-bit gradient itself. 0 where nothing is
+    converted (GPT-2). Traced (Phi-3-mini fp8-mixed: gate_up_proj's 16,384-wide gradient at the
+    backward peak; torchao float8 ``hp_tensor_and_scale_to_float8``)."""
+    widths = [t.shape[0] for t in P.layer_matmuls(m) if P.fp8_converted(m, t)]
+    return (FP32 + FP32 + 1 + 1) * max(widths, default=0)
+
+
+@cache
 def mlp_backward_transient_bytes(m: ModelSpec, dt: DTypes) -> float:
     """Gradient temporaries alive while one layer's MLP runs backward, bytes per token.
 

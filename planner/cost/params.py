@@ -152,6 +152,13 @@ def layer_matmuls(m: ModelSpec) -> tuple[ParamTensor, ...]:
     return tuple(sorted(matmuls, key=lambda t: t.routed))
 
 
+def fp8_converted(m: ModelSpec, t: ParamTensor) -> bool:
+    """Whether accelerate's ``convert_model_to_fp8_ao`` makes this decoder-layer matmul weight a
+    torchao Float8Linear: an ``nn.Linear`` (not GPT-2's Conv1D, not a MoE's grouped expert tensor)
+    with both dimensions divisible by 16 (accelerate utils/ao.py ``filter_linear_layers``)."""
+    return t.matmul and m.family != "gpt2" and not t.routed and all(d % 16 == 0 for d in t.shape)
+
+
 @cache
 def root_parameters(m: ModelSpec) -> int:
     """Parameters outside the decoder layers: embeddings, final norm, untied head (elements)."""
