@@ -1,6 +1,6 @@
 """The traced-probe cross-validation matrix: the analytic memory model against traces, cell by cell.
 
-    python benchmarks/traced_matrix.py                      # both parts, one child per core (~45 min on 2 cores)
+    python benchmarks/traced_matrix.py                      # both parts, one child per core (~37 min on 2 cores)
     python benchmarks/traced_matrix.py --part layers        # one layer's activations: 300 cells at 2 and 4 layers
     python benchmarks/traced_matrix.py --part steps         # the whole step: 229 cells at full depth
     python benchmarks/traced_matrix.py --quick              # CI's covering subset (tests/test_traced.py)

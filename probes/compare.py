@@ -107,9 +107,10 @@ def per_layer_comparison(deep: Comparison, shallow: Comparison) -> TermCompariso
     """Activations of one decoder layer: the difference of two depths' forward phases (less the
     model states), over the difference in depth. The loss, embeddings and head cancel, so this
     checks the per-layer lists (planner.cost.activations) even where the loss dominates a shallow
-    model's memory. It holds only where each side's forward phase peaks at the same moment at both
-    depths (``same_moment``): the loss's alternative moments differ by the autocast casts the
-    layers hold, so a switch between them moves the difference by a cast per layer."""
+    model's memory. It holds only where the forward phase peaks at the same moment at both depths
+    (``same_moment`` checks the ledger; a trace whose peak moment moves shows up as a miss): the
+    loss's alternative moments differ by the autocast casts the layers hold, so a switch between
+    them moves the difference by a cast per layer."""
     depth = (deep.layers or 0) - (shallow.layers or 0)
 
     def act(c: Comparison, side: str) -> int:

@@ -151,6 +151,11 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                    note="the larger of the top and the first layer's backward")
 
 
+def _fp8_gradient_casts(ctx: PlanContext) -> float:
+    """Float8Linear's gradient cast in a layer's backward, bytes per token (0 unless fp8-mixed)."""
+    return A.fp8_gradient_cast_bytes(ctx.model) if ctx.config.precision == "fp8-mixed" else 0
+
+
 def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     """The top decoder layer's backward, bytes per term beyond the sharding buffers: the larger of
     its start and its end.
@@ -177,7 +182,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     cast = P.layer_matmul_parameters(m) * (dt.compute if lay.autocast else 0)
     below = m.num_layers - 1
     saved_casts = cast * (below if cfg.checkpointing == Checkpointing.NONE else 0)
-    fp8_casts = A.fp8_gradient_cast_bytes(m) if cfg.precision == "fp8-mixed" else 0
+    fp8_casts = _fp8_gradient_casts(ctx)
     common = {
         # FSDP: the top layer and the next one, prefetched (fsdp-grad-op: every layer, kept from forward)
         "gathered_parameters": (m.num_layers if not ctx.layout.resharding else min(2, m.num_layers))
@@ -252,7 +257,7 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             "gradients": 0,
             "autocast_weight_copies": P.layer_matmul_parameters(m) * cast,
             "activations": (attention + A.total(A.mlp_saved(m, dt)) + A.mlp_backward_transient_bytes(m, dt)
-                            + (A.fp8_gradient_cast_bytes(m) if cfg.precision == "fp8-mixed" else 0)) * T,
+                            + _fp8_gradient_casts(ctx)) * T,
         },
         "last MLP weight gradient": {
             "gradients": mlp_grads * g + (big * cast if g else 0),
