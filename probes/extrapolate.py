@@ -73,6 +73,19 @@ def _sum(a: int | None, b: int | None) -> int | None:
     return None if a is None and b is None else (a or 0) + (b or 0)
 
 
+def _off_the_line(check: dict, d1: int, shallow: tuple[int, dict], deep: tuple[int, dict]) -> list[str]:
+    """The phases of the ``d1``-layer check that miss the line through the two deeper runs' phase
+    peaks by more than LINEARITY_TOLERANCE, as "phase +x.x%"."""
+    (d2, a), (d3, b) = shallow, deep
+    bent = []
+    for phase, value in check.items():
+        if phase in a and phase in b and value:
+            miss = (affine(d2, a[phase], d3, b[phase], d1) - value) / value
+            if abs(miss) > LINEARITY_TOLERANCE:
+                bent.append(f"{phase} {miss:+.1%}")
+    return bent
+
+
 def extrapolate_runs(runs: list[tuple[int, MeasureResult]], depth: int) -> MeasureResult:
     """Extrapolate from two depths, or from the two deepest of three with the shallowest as a
     check of linearity (a note names each phase the line misses by more than
@@ -83,12 +96,7 @@ def extrapolate_runs(runs: list[tuple[int, MeasureResult]], depth: int) -> Measu
     if len(runs) < 3 or out.status != "ok" or runs[0][1].status != "ok":
         return out
     d1, check = runs[0]
-    bent = []
-    for phase, value in check.phase_peaks.items():
-        if phase in shallow.phase_peaks and phase in deep.phase_peaks and value:
-            line = affine(d2, shallow.phase_peaks[phase], d3, deep.phase_peaks[phase], d1)
-            if abs(line - value) / value > LINEARITY_TOLERANCE:
-                bent.append(f"{phase} {(line - value) / value:+.1%}")
+    bent = _off_the_line(check.phase_peaks, d1, (d2, shallow.phase_peaks), (d3, deep.phase_peaks))
     note = (f"linearity check at {d1} layers: " + (", ".join(bent) + " off the line through "
             f"{d2} and {d3} layers: the extrapolation of those phases is unreliable" if bent else "every phase on the line"))
     return out.model_copy(update={"notes": [*out.notes, note], "seconds": out.seconds + check.seconds})
@@ -108,14 +116,8 @@ def extrapolate_trace(runs: list[tuple[int, object]], depth: int):
 
     phases = {p: line(a.phase_peaks[p], b.phase_peaks[p]) for p in b.phase_peaks if p in a.phase_peaks}
     peak_phase = max(phases, key=phases.get)
-    bent = []
-    if len(runs) > 2:
-        d1, check = runs[0]
-        for p, value in check.phase_peaks.items():
-            if p in phases and value:
-                miss = (affine(d2, a.phase_peaks[p], d3, b.phase_peaks[p], d1) - value) / value
-                if abs(miss) > LINEARITY_TOLERANCE:
-                    bent.append(f"{p} {miss:+.1%}")
+    bent = _off_the_line(runs[0][1].phase_peaks, runs[0][0], (d2, a.phase_peaks), (d3, b.phase_peaks)) \
+        if len(runs) > 2 else []
     note = (f"extrapolated to {depth} layers from traces at {d2} and {d3} layers"
             + (f"; linearity check at {runs[0][0]} layers: " + (", ".join(bent) or "every phase on the line")
                if len(runs) > 2 else ""))

@@ -27,8 +27,8 @@ from planner.core.ledger import ALL_PHASES, Ledger, LedgerDraft, PagedInfo, Phas
 from planner.core.timing import TimeDraft, Window
 from planner.cost import params as P
 from planner.cost.activations import DTypes
-from strategies import rates
 from planner.core.numerics import Rung
+from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.checkpointing import Checkpointing
 from strategies.moments import GRADIENTS_BEFORE_FIRST_LAYER

@@ -140,6 +140,14 @@ def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
     return saved
 
 
+def _softmax_bytes(m: ModelSpec, dt: DTypes) -> int:
+    """Bytes per element of eager attention's softmax: fp32 where the model asks for it
+    (``softmax(..., dtype=float32)``: every family but GPT-2) or autocast puts it on its fp32 list
+    (GPT-2 under autocast over fp32 parameters), else the compute dtype. Source: the transformers
+    eager_attention_forward of each family; torch.amp's op lists."""
+    return FP32 if m.family != "gpt2" or dt.upcast else dt.compute
+
+
 def _gpt2_attention(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Saved:
     """Korthikanti's attention block list (eager) or the SDPA equivalent.
 
@@ -150,7 +158,7 @@ def _gpt2_attention(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
     c, h, a, s = dt.compute, m.hidden_size, m.num_heads, seq_len
     if fused:
         return [("q k v", 3 * c * h), ("attn out", c * h), ("logsumexp fp32", FP32 * a)]
-    saved = [("q k", 2 * c * h), ("softmax fp32" if dt.upcast else "softmax", (FP32 if dt.upcast else c) * a * s)]
+    saved = [("q k", 2 * c * h), ("softmax", _softmax_bytes(m, dt) * a * s)]
     if m.dropout > 0:
         saved += [("attn dropout mask", 1 * a * s), ("dropped probs", c * a * s)]
     elif dt.upcast:
@@ -174,7 +182,8 @@ def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
     # are scaled by the routing weight (the product saves the expert output).
     per_expert = [("expert input", c * h)] + gated + [("expert out", c * h)]
     # routing bookkeeping per token: top-k indices, their sort and expert/token indices (int64),
-    # the routing weights, their gathered copy (fp32) and their sum (fp32)
+    # the routing weights, their gathered copy (fp32) and their sum (fp32); traced (Mixtral-8x7B
+    # layer, transformers 5 grouped_mm experts: 84 B per token at k = 2)
     routing = [("routing indices and weights", (4 * 8 + 2 * FP32) * k + FP32)]
     return [("router softmax fp32", FP32 * e)] + routing + [(f"{n} x{k}", b * k) for n, b in per_expert]
 
@@ -276,7 +285,7 @@ def eager_forward_transient_bytes(m: ModelSpec, dt: DTypes, seq_len: int) -> flo
     compute dtype and its softmax follows autocast."""
     c, a, s = dt.compute, m.num_heads, seq_len
     if m.family == "gpt2":
-        return (c + (FP32 if dt.upcast else c)) * a * s
+        return (c + _softmax_bytes(m, dt)) * a * s
     masked = FP32 if dt.upcast else c
     copy = FP32 if masked != FP32 else 0
     softcap = c if m.attn_logit_softcapping else 0
@@ -320,8 +329,7 @@ def attention_backward_transient_bytes(m: ModelSpec, dt: DTypes, fused: bool, se
     """
     c, r, h, a = dt.compute, dt.residual, m.hidden_size, m.num_heads
     if not fused:
-        softmax = FP32 if m.family != "gpt2" or dt.upcast else c
-        return 2 * r * h + 2 * softmax * a * seq_len
+        return 2 * r * h + 2 * _softmax_bytes(m, dt) * a * seq_len
     return 2 * r * h + c * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
 
 
