@@ -18,13 +18,14 @@ one rank traced, FSDP2 under a fake process group; DDP is traced as one rank wit
 Covering arrays are greedy: each row added covers the most value tuples not yet covered, ties to
 the first in enumeration order, so the same rows come out on every run.
 
-Cells left out (``allowed``), each for a reason a user would meet too: Gemma-2 has no SDPA path
-(transformers refuses it, and so does the planner); GPT-2's learned positions stop at 1024
-tokens; Mixtral under autocast over fp32 parameters (a mixed precision without FSDP) calls
-``torch._grouped_mm`` with fp32 operands, which it refuses (transformers integrations/moe.py:
-grouped_mm has no autocast, pytorch#174763), so that cell cannot run at all.
+Cells left out (``allowed``): those the planner itself refuses (its strategies' checks,
+planner.engine.estimate.check_config, on H100s), since the planner never offers them: Gemma-2 has
+no SDPA path; GPT-2's learned positions stop at 1024 tokens; a MoE under autocast over fp32
+parameters (a mixed precision without FSDP) would run its grouped_mm experts in fp32
+(strategies/precision.py ``moe_autocast_reason``; the trace's meta kernel refuses it outright).
 """
 
+import functools
 import itertools
 from collections.abc import Iterator
 
@@ -52,17 +53,25 @@ LAYER_DEPTHS = (2, 4)
 FULL_DEPTH_PARAMETERS = 2_700_000_000
 EXTRAPOLATION_DEPTHS = (2, 3, 4)
 CI_DEPTH = 2
-NO_SDPA_PREFIXES = ("google/gemma-2",)
-MIXED_AUTOCAST = ("bf16-mixed", "fp16-mixed", "fp8-mixed")
+#: The GPU the planner's checks are asked about (it supports every precision in FACTORS).
+CHECK_GPU = "H100-80"
+
+
+@functools.cache
+def _refused(model: str, sharding: str, ranks: int, precision: str, attention: str, seq_len: int) -> tuple[str, ...]:
+    from planner.catalog.models import resolve_model
+    from planner.catalog.gpus import parse_gpus
+    from planner.engine.estimate import check_config
+    from strategies import PlanContext, TrainingConfig
+
+    config = TrainingConfig(precision=precision, attention=attention, seq_len=seq_len, sharding=sharding)
+    return tuple(check_config(PlanContext(resolve_model(model), parse_gpus(f"{ranks}x{CHECK_GPU}"), config)).infeasible)
 
 
 def allowed(row: dict) -> bool:
-    model, sharding = row["model"], row.get("sharding", ("none", 1))[0]
-    if row["attention"] == "sdpa" and model.startswith(NO_SDPA_PREFIXES):
-        return False
-    if model == FAMILIES["gpt2"] and row["shape"][1] > 1024:
-        return False
-    return not (model == FAMILIES["mixtral"] and row["precision"] in MIXED_AUTOCAST and not sharding.startswith("fsdp"))
+    """Whether the planner offers the row's configuration (only the factors its checks read)."""
+    sharding, ranks = row.get("sharding", ("none", 1))
+    return not _refused(row["model"], sharding, ranks, row["precision"], row["attention"], row["shape"][1])
 
 
 def _product(names) -> list[dict]:

@@ -130,6 +130,25 @@ def late_gradient_parameters(ctx: PlanContext) -> int:
     return P.late_gradient_parameters(ctx.model)
 
 
+def moe_autocast_reason(p: str) -> str:
+    """Why a MoE model is not offered under autocast over fp32 parameters (a mixed precision
+    with plain torch or DDP; FSDP2 and DeepSpeed hand the experts 16-bit parameters instead).
+
+    transformers 5 runs routed experts as ``grouped_mm`` over fused ``gate_up_proj``/``down_proj``
+    tensors (the default ``experts_implementation``, modeling_utils
+    ``get_correct_experts_implementation``). ``torch.nn.functional.grouped_mm`` has no autocast
+    rule (pytorch#174763), so transformers casts the input to the weights' dtype
+    (integrations/moe.py ``_grouped_mm``): with fp32 weights the experts, most of the model's
+    FLOPs, compute in fp32. On CUDA that is not the bf16 CUTLASS kernel but the per-expert
+    ``mm`` fallback (aten/native/cuda/GroupedBlas.cpp: the fast path needs bf16 operands), and
+    torch's meta kernel refuses it outright (``_meta_grouped_mm``: "Expected inputs of BF16
+    type"), so neither the memory nor the step time the plan would promise holds.
+    """
+    return (f"{p} over fp32 parameters: transformers' grouped_mm experts have no autocast and would "
+            "compute in fp32 (CUDA's per-expert fallback, not the bf16 kernel); use fsdp or a ZeRO "
+            "stage (16-bit parameters), or bf16-pure")
+
+
 def _check(ctx: PlanContext, out: Check) -> None:
     p, gpu = ctx.config.precision, ctx.hardware.gpu
     if p in (Precision.BF16_MIXED, Precision.BF16_PURE, Precision.FP8_MIXED) and not gpu.supports("bf16"):
@@ -153,6 +172,8 @@ def _check(ctx: PlanContext, out: Check) -> None:
             "fp8-mixed with DeepSpeed ZeRO: accelerate applies fp8 only from its own mixed_precision setting, which it "
             "refuses next to a DeepSpeed config file; use fsdp (torchao fp8) or bf16-mixed with ZeRO",
         )
+    if ctx.model.is_moe and ctx.layout.dtypes.upcast:
+        out.reject("MoE experts under autocast", moe_autocast_reason(p))
     if p == Precision.FP16_MIXED and gpu.supports("bf16"):
         out.warnings.append("fp16-mixed needs loss scaling and can overflow; bf16-mixed is safer on this GPU")
 
