@@ -108,9 +108,9 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     tokens = cfg.tokens_per_micro_batch
     per_layer = per_layer_forward_bytes(ctx)
     note = f"{per_layer:,.0f} B/token/layer x {tokens:,} tokens"
-    if ctx.layout.resharding:  # the layers' saved tensors at each moment of FSDP's forward phase
-        for moment, layers in ((LAST_LAYER_GATHER, m.num_layers - 1), (LAST_LAYER_FORWARD, m.num_layers),
-                               (LOSS_MOMENT, m.num_layers), (ROOT_REGATHER, m.num_layers)):
+    if ctx.engine == Engine.FSDP:  # the layers' saved tensors at each moment of FSDP's forward phase
+        moments = ((LAST_LAYER_GATHER, m.num_layers - 1), (LAST_LAYER_FORWARD, m.num_layers), (LOSS_MOMENT, m.num_layers))
+        for moment, layers in moments + (((ROOT_REGATHER, m.num_layers),) if ctx.layout.resharding else ()):
             ledger.add("activations", f"saved activations, {layers} layers ({cfg.checkpointing})", per_layer * layers,
                        tokens, phases=frozenset({Phase.FORWARD}), moment=moment, note=note)
     else:
@@ -124,31 +124,62 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         ledger.add("activations", "attention masks (checkpoint inputs)", masks, tokens,
                    phases=frozenset({Phase.FORWARD, Phase.BACKWARD}),
                    note="(b, 1, s, s) per mask kind, kept by every checkpointed layer until its backward")
+    if instant := top_layer_forward(ctx):
+        label, extra = instant
+        ledger.add("activations", f"the top layer's forward: {label}", max(0.0, extra - per_layer), tokens,
+                   phases=frozenset({Phase.FORWARD}), moment=LAST_LAYER_FORWARD,
+                   note="instead of the layer's (checkpointed) saved set")
     if not ctx.layout.fused_attention:
         from strategies.precision import cache_only_casts  # (precision imports this module)
 
-        # the top layer's forward, at eager attention's softmax: its attention half and the scores in
-        # flight instead of its (checkpointed) saved set; the autocast cache holds every layer's casts
-        attention = A.total(A.attention_saved(m, dt, False, cfg.seq_len))
-        extra = attention + A.eager_forward_transient_bytes(m, dt, cfg.seq_len) - per_layer
-        ledger.add("activations", "the top layer's eager attention forward: masked scores and softmax in flight",
-                   max(0.0, extra), tokens, phases=frozenset({Phase.FORWARD}), moment=LAST_LAYER_FORWARD)
+        # the autocast cache holds every layer's casts at the top layer's forward
         if cached := cache_only_casts(ctx):
             ledger.add("autocast_weight_copies", "autocast casts of the layers' matmul weights (cached)", cached, 1,
                        phases=frozenset({Phase.FORWARD}), moment=LAST_LAYER_FORWARD)
-    label, moment = first_layer_backward(ctx)
-    before = ledger.tagged(GRADIENTS_BEFORE_FIRST_LAYER) + ledger.tagged(AFTER_TOP_LAYER)
-    top_label, top = top_layer_backward(ctx)
-    if sum(top.values()) > sum(r.bytes for r in before if r.location == Location.GPU) + sum(moment.values()):
-        ledger.remove(before)
-        label, moment, who = top_label, top, "top layer's backward"
-    else:
-        who = "first layer's backward"
+    # the backward phase's peak: the top layer's, the next one's (FSDP: with the top layer's
+    # reduce-scatter input in flight) or the first layer's; the layers between lie on the line
+    # from the second to the first (each frees one layer's saved tensors, adds its gradients)
+    gradients, in_flight = ledger.tagged(GRADIENTS_BEFORE_FIRST_LAYER), ledger.tagged(AFTER_TOP_LAYER)
+    gpu = lambda rows: sum(r.bytes for r in rows if r.location == Location.GPU)  # noqa: E731
+    first_label, first = first_layer_backward(ctx)
+    candidates = [("first layer's backward", first_label, first, gpu(gradients) + gpu(in_flight), []),
+                  ("top layer's backward", *top_layer_backward(ctx), 0, gradients + in_flight)]
+    if in_flight and m.num_layers > 2:
+        candidates.append(("second layer's backward", *second_layer_backward(ctx), gpu(in_flight), gradients))
+    who, label, moment, _, gone = max(candidates, key=lambda c: sum(c[2].values()) + c[3])
+    ledger.remove(gone)
     for term, what in (("gradients", "gradients so far"), ("autocast_weight_copies", "weight casts"),
                        ("gathered_parameters", "FSDP's unsharded layers"),
                        ("activations", "activations and gradient temporaries")):
         ledger.add(term, f"{who}, {label}: {what}", moment[term], 1, phases=frozenset({Phase.BACKWARD}),
                    note="the larger of the top and the first layer's backward")
+
+
+def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
+    """The largest instant of the top layer's forward, bytes per token of that layer (the ledger
+    sets it against the layer's saved set), or None where the saved set is the most:
+    - eager attention's softmax: the attention half's saved tensors and the scores in flight
+      (``eager_forward_transient_bytes``);
+    - MoE: where the experts' outputs are combined, the layer's saved tensors so far (without
+      checkpointing, its whole set; checkpointed, the layer input, the experts' gathered input and
+      output, the python locals the forward still holds) and the fp32 routing-weighted outputs in
+      flight (``moe_combine_transient_bytes``).
+    Traced (benchmarks/traced_matrix.py: Llama-3.2-1B eager, Mixtral 8x7B)."""
+    m, dt, cfg = ctx.model, ctx.layout.dtypes, ctx.config
+    instants = {}
+    if not ctx.layout.fused_attention:
+        attention = A.total(A.attention_saved(m, dt, False, cfg.seq_len))
+        instants["eager attention's masked scores and softmax in flight"] = (
+            attention + A.eager_forward_transient_bytes(m, dt, cfg.seq_len))
+    if m.is_moe:
+        kept = (A.total(A.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
+                if cfg.checkpointing == Checkpointing.NONE
+                else A.layer_input_bytes(m, dt) + 2 * dt.compute * m.hidden_size * m.experts_per_token)
+        instants["the experts' fp32 weighted outputs in flight"] = kept + A.moe_combine_transient_bytes(m)
+    if not instants:
+        return None
+    label = max(instants, key=instants.get)
+    return label, instants[label]
 
 
 def _fp8_gradient_casts(ctx: PlanContext) -> float:
@@ -214,6 +245,24 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     return label, moments[label]
 
 
+def second_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
+    """FSDP2: the second decoder layer from the top at its backward, bytes per term beyond the
+    sharding buffers and the top layer's reduce-scatter input (in flight, a row of its own): the
+    layer's own moments (``first_layer_backward``), every layer below it holding its saved tensors
+    (fsdp-grad-op: and its unsharded parameters), and the top layer's sharded gradients. Traced: Mixtral 8x7B under FSDP2 peaks here, in the
+    experts' weight gradients, as the input in flight (4 B per parameter of a 1.4 B-parameter
+    layer) is twice what the top layer's saved tensors free at 8 x 1024 tokens.
+    """
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
+    label, moment = first_layer_backward(ctx)
+    below = per_layer_forward_bytes(ctx) * (m.num_layers - 2) * cfg.tokens_per_micro_batch
+    done = P.layer_parameters(m) * lay.grad_bytes / lay.shard_degree
+    # fsdp-grad-op: the layers below still unsharded from forward (each reshards after its backward)
+    kept = 0 if lay.resharding else (m.num_layers - 2) * P.layer_parameters(m) * lay.gathered_bytes
+    return label, moment | {"activations": moment["activations"] + below, "gradients": moment["gradients"] + done,
+                            "gathered_parameters": moment["gathered_parameters"] + kept}
+
+
 def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     """The largest moment of the first decoder layer's backward (the ledger's ``backward`` phase):
     bytes per term beyond the gradients made before it, the loss-side rows and the sharding buffers.
@@ -226,7 +275,9 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
       Float8Linear's cast of the widest output gradient, ``fp8_gradient_cast_bytes``), every cast;
     - last MLP weight gradient: the MLP's gradients (under autocast also the compute-dtype copy of
       the largest one before its fp32 upcast), the attention half's saved tensors, the pre-MLP norm
-      and the MLP input, one intermediate gradient (c*f per routed expert) and two residual
+      and the MLP input, one intermediate gradient (c*f per routed expert; fused gate_up: the
+      concatenated 2*c*f, ``params.fused_gate_up``), MoE: the experts' gathered input and its
+      gradient (c*h per routed expert each; traced, Mixtral 8x7B under FSDP2) and two residual
       gradients, the attention casts and the largest MLP weight's;
     - attention backward: the MLP's and the output projection's gradients, the attention half's
       saved tensors and its gradient temporaries (eager: the softmax gradient), the attention casts.
@@ -251,7 +302,9 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     attention = A.total(A.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
     mlp_grads, big = P.layer_block_parameters(m, "mlp"), P.largest_mlp_matrix(m)
     attention_casts = P.layer_block_parameters(m, "self_attn", matmul_only=True) * cast
-    mlp_side = A.norm_bytes(m, dt) + c * h + c * m.intermediate_size * m.experts_per_token + 2 * dt.residual * h
+    intermediate = (2 if P.fused_gate_up(m) else 1) * c * m.intermediate_size * m.experts_per_token
+    routed = 2 * c * h * m.experts_per_token if m.is_moe else 0  # the experts' input and its gradient
+    mlp_side = A.norm_bytes(m, dt) + c * h + intermediate + routed + 2 * dt.residual * h
     moments = {
         "start": {
             "gradients": 0,

@@ -5,9 +5,11 @@ Behaviour modelled (torch ``fully_shard``, as planner emits it: every decoder la
 root wrapped, reshard_after_forward=True for each unit, the root included, except fsdp-grad-op):
 - a unit's all-gather output is held (``all_gather_state``) until the next unit's all-gather has
   been copied out, so a layer's gather briefly holds the previous output, its own output and its
-  unsharded parameters;
+  unsharded parameters (fsdp-grad-op too, beside every layer it keeps unsharded);
 - a layer's reduce-scatter input (reduce dtype) is held (``reduce_scatter_state``) until the next
   reduce-scatter; the unsharded gradients are copied in and freed before the sharded output;
+- the last all-gather output is freed when the root's forward returns (``_post_forward``), so the
+  loss's forward inside it holds it and its backward does not (strategies/loss.py);
 - the root unit is resharded after forward and gathered again when backward starts; its gradients
   (the head's from the loss on, the embeddings' last) are reduce-scattered when its backward ends.
 Every figure is checked against FSDP2 traced under a fake process group (tests/test_traced.py,
@@ -23,7 +25,6 @@ from strategies.moments import (
     FIRST_LAYER_GATHER,
     LAST_LAYER_FORWARD,
     LAST_LAYER_GATHER,
-    LOSS_MOMENT,
 )
 
 FWD, BWD = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD})
@@ -39,6 +40,12 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
             "gathered_parameters", "unsharded parameters kept from forward to backward", total, g, phases=FWD,
             note="reshard_after_forward=False",
         )
+        # the all-gather outputs FSDP2 holds beside them (traced: Mixtral 8x7B, fsdp-grad-op, 8 ranks;
+        # the loss's forward: strategies/loss.py)
+        for moment, layers, note in ((LAST_LAYER_GATHER, 2, "its own and the previous one, held"),
+                                     (LAST_LAYER_FORWARD, 1, "its own, held until the next all-gather")):
+            ledger.add("gathered_parameters", f"FSDP at {moment}: {layers} all-gather output(s)", layers * layer, g,
+                       phases=FWD, moment=moment, note=note)
     else:
         # reshard_after_forward=True for every unit, the root included (the emitted accelerate
         # config): the root is unsharded from its pre-forward to its post-forward and gathered
@@ -53,8 +60,7 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
                  "held until the first layer's output is copied out; no saved tensors yet"),
                 (LAST_LAYER_GATHER, 3 * layer, "3 layers", "its all-gather output and unsharded parameters, the "
                  "previous output held"),
-                (LAST_LAYER_FORWARD, 2 * layer, "2 layers", "its unsharded parameters and all-gather output"),
-                (LOSS_MOMENT, layer, "1 layer", "the last layer's all-gather output, held until the next all-gather")):
+                (LAST_LAYER_FORWARD, 2 * layer, "2 layers", "its unsharded parameters and all-gather output")):
             ledger.add("gathered_parameters", f"FSDP at {moment}: {what}", elements, g, phases=FWD, moment=moment,
                        note=note)
     ledger.add(

@@ -40,19 +40,25 @@ def head_gradient_bytes_per_element(ctx: PlanContext) -> int:
     return lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes
 
 
-def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str]:
-    """The loss's largest moment, bytes, above the saved activations and saved weight casts.
+def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int]:
+    """The loss's largest moment, bytes, above the saved activations and saved weight casts; its
+    label; and of those bytes, the FSDP all-gather output held (below).
 
     Standard loss (per token: V fp32 elements = 4V bytes; T tokens; hc = the head's autocast cast
     V*h*c, 0 without autocast):
     - end of forward, inside autocast: the casts only the cache holds, hc, and the loss forward
-      (compute-dtype logits, their fp32 copy and log_softmax's saved output: (c + 8) V T);
+      (compute-dtype logits, their fp32 copy and log_softmax's saved output: (c + 8) V T); FSDP2:
+      also the last layer's all-gather output, held until the root's forward returns
+      (``FSDPState._post_forward``; the model computes its loss inside its forward), and, resharding,
+      in every backward moment below the top layer's, all-gathered ahead by the root's pre-backward
+      and held until that layer's backward copies it out (traced: Phi-3-mini, Mixtral; fsdp-grad-op
+      gathers nothing in backward);
     - start of backward: hc and 12 V T (logits_bytes);
     - the head's backward: hc with the logits gradient and the 16-bit weight gradient
       (c V T + V h c), then the weight gradient's own moment (head_gradient_moment_bytes).
     Chunked loss (Liger): inside autocast, the cache-only casts, hc, one more uncached cast of the
     transposed head weight per chunk matmul (V*h*c), the weight gradient Liger makes in forward
-    (V*h, weight dtype) and the chunk (chunked_loss_bytes).
+    (V*h, weight dtype) and the chunk (chunked_loss_bytes); FSDP2: the all-gather output too.
     Both: the final norm's backward, with the head's gradient (V*h in the weight's dtype; FSDP: the
     unsharded one) and the norm's temporaries (final_norm_backward_bytes, less what the ledger
     already counts for the final norm). Checked by the traced probe.
@@ -65,25 +71,29 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str]:
     w = head_gradient_bytes_per_element(ctx)
     norm = vh * w + (A.final_norm_backward_bytes(m, lay.dtypes) - A.final_norm_bytes(m, lay.dtypes)) * tokens
     norm_label = "final norm backward: the head's gradient and the norm's fp32 temporaries"
+    held = P.layer_parameters(m) * lay.gathered_bytes if ctx.engine == Engine.FSDP else 0
+    forward = ("chunked loss: one chunk, the head weight gradient made in forward, weight casts",
+               "loss forward inside autocast")
     if cfg.loss == Loss.CHUNKED:
         moments = {
-            "chunked loss: one chunk, the head weight gradient made in forward, weight casts":
-                cached + 2 * hc + vh * w + A.chunked_loss_bytes(m, lay.dtypes, tokens),
+            forward[0]: cached + 2 * hc + vh * w + A.chunked_loss_bytes(m, lay.dtypes, tokens) + held,
             norm_label: norm,
         }
     else:
         v_t = m.vocab_size * tokens
         softcap = c * v_t if m.final_logit_softcapping else 0
         moments = {
-            "loss forward inside autocast": cached + hc + (c + 8) * v_t + softcap,
+            forward[1]: cached + hc + (c + 8) * v_t + softcap + held,
             "start of backward: fp32 log-softmax output, its gradient and input gradient":
                 hc + A.logits_bytes(m, lay.dtypes) * tokens,
             "head backward: logits gradient and head weight gradient":
                 max(hc + c * v_t + vh * c, head_gradient_moment_bytes(ctx)),
             norm_label: norm,
         }
+    if held and ctx.layout.resharding:  # the backward moments: the top layer's prefetched all-gather output
+        moments = {k: v + (0 if k in forward else held) for k, v in moments.items()}
     label = max(moments, key=moments.get)
-    return int(moments[label]), label
+    return int(moments[label]), label, held if label in forward or ctx.layout.resharding else 0
 
 
 def embedding_backward_bytes(ctx: PlanContext) -> tuple[int, str]:
@@ -145,9 +155,12 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     end, end_label = embedding_backward_bytes(ctx)
     ledger.add("activations", end_label, end, 1, phases=frozenset({Phase.BACKWARD_END}),
                note="the larger of the embeddings' backward moments")
-    moment, label = loss_moment_bytes(ctx)
-    ledger.add("logits", label, moment, 1, phases=fwd, note=f"the largest of the loss's moments (V={m.vocab_size:,})",
-               moment=LOSS_MOMENT)
+    moment, label, held = loss_moment_bytes(ctx)
+    ledger.add("logits", label, moment - held, 1, phases=fwd,
+               note=f"the largest of the loss's moments (V={m.vocab_size:,})", moment=LOSS_MOMENT)
+    if held:
+        ledger.add("gathered_parameters", "FSDP at the loss's forward: the last layer's all-gather output", held, 1,
+                   phases=fwd, moment=LOSS_MOMENT, note="held until the root's forward returns")
 
 
 #: fp32 bytes per token x vocabulary the loss moves: forward upcast and log-softmax (~12V),

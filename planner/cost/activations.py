@@ -292,6 +292,15 @@ def eager_forward_transient_bytes(m: ModelSpec, dt: DTypes, seq_len: int) -> flo
     return (masked + copy + FP32 + softcap) * a * s
 
 
+def moe_combine_transient_bytes(m: ModelSpec) -> float:
+    """Bytes per token in flight where a MoE layer combines its experts' outputs, beyond what the
+    layer saves: the routing-weighted outputs, fp32 (the 16-bit expert output times the fp32
+    routing weights) and their copy back in token order, 4*h per routed expert each
+    (transformers integrations/moe.py ``grouped_mm_experts_forward``: ``proj_out * sample_weights``,
+    then ``weighted_out[inv_perm]``; traced: Mixtral 8x7B, the top layer's forward). 0 when dense."""
+    return 2 * FP32 * m.hidden_size * m.experts_per_token if m.is_moe else 0
+
+
 @cache
 def fp8_gradient_cast_bytes(m: ModelSpec) -> float:
     """Bytes per token torchao's Float8Linear holds while casting a matmul's output gradient to fp8

@@ -70,12 +70,20 @@ def _attention(m: ModelSpec) -> list[ParamTensor]:
     return out
 
 
+def fused_gate_up(m: ModelSpec) -> bool:
+    """Whether a gated MLP's gate and up projections are one matrix: Phi-3's ``gate_up_proj``, and
+    every MoE layer's experts in transformers 5 (one fused ``gate_up_proj`` and one ``down_proj``
+    tensor per layer). Their output gradients are then concatenated (2f wide) before the weight
+    gradient. Source: the transformers 5 modeling files (phi3, mixtral, qwen2_moe)."""
+    return m.mlp_kind == MlpKind.GATED and (m.fused_qkv or m.is_moe)
+
+
 def _mlp(m: ModelSpec) -> list[ParamTensor]:
     h, f, e, b = m.hidden_size, m.intermediate_size, m.num_experts, m.mlp_bias
     if m.mlp_kind == MlpKind.PLAIN:
         return _linear("mlp.fc_in", f, h, b, e) + _linear("mlp.fc_out", h, f, b, e)
-    if m.fused_qkv or m.is_moe:  # Phi-3's gate_up_proj; transformers 5 stores each MoE layer's experts
-        up = _linear("mlp.gate_up_proj", 2 * f, h, b, e)  # as one fused gate_up_proj and one down_proj
+    if fused_gate_up(m):
+        up = _linear("mlp.gate_up_proj", 2 * f, h, b, e)
     else:
         up = _linear("mlp.gate_proj", f, h, b, e) + _linear("mlp.up_proj", f, h, b, e)
     out = up + _linear("mlp.down_proj", h, f, b, e)
