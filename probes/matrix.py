@@ -138,24 +138,6 @@ def world(row: dict) -> int:
 PEAK_FLOOR = -0.01
 LAYER_BAND = 0.02
 MEDIAN_BAND = 0.02
-#: Cells the analytic model is known to read low by more than PEAK_FLOOR, each with what a trace
-#: shows and how far (benchmarks/traced_matrix.py, docs/traced-matrix.md). Tests hold them to
-#: ``KNOWN_UNDER_FLOOR``; the planner warns on such plans (strategies/sharding.py).
-KNOWN_UNDER = {
-    "moe-fsdp": "Mixtral under FSDP2: the forward and backward phases read up to 8.0 % low at 4 layers "
-                "(2.4 % at full depth): FSDP2's buffers around a layer of 1.4 B parameters are not all in "
-                "the ledger",
-}
-KNOWN_UNDER_FLOOR = -0.10
-
-
-def known_under(row: dict) -> str | None:
-    """The KNOWN_UNDER key of a row, or None."""
-    if row["model"] == FAMILIES["mixtral"] and row["sharding"][0].startswith("fsdp"):
-        return "moe-fsdp"
-    return None
-
-
 def trace_request(row: dict, depth: int | None):
     """The traced probe's request for a row at ``depth`` layers (None: full depth). DDP is traced
     as one rank without sharding (DDP does not run under the trace)."""

@@ -158,8 +158,8 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
 def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
     """The largest instant of the top layer's forward, bytes per token of that layer (the ledger
     sets it against the layer's saved set), or None where the saved set is the most:
-    - eager attention's softmax: the attention half's saved tensors and the scores in flight
-      (``eager_forward_transient_bytes``);
+    - eager attention's softmax: the attention half's saved tensors made before it and the scores
+      in flight (``eager_attention_instants``);
     - MoE: where the experts' outputs are combined, the layer's saved tensors so far (without
       checkpointing, its whole set; checkpointed, the layer input, the experts' gathered input and
       output, the python locals the forward still holds) and the fp32 routing-weighted outputs in
@@ -168,9 +168,8 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
     m, dt, cfg = ctx.model, ctx.layout.dtypes, ctx.config
     instants = {}
     if not ctx.layout.fused_attention:
-        attention = A.total(A.attention_saved(m, dt, False, cfg.seq_len))
         instants["eager attention's masked scores and softmax in flight"] = (
-            attention + A.eager_forward_transient_bytes(m, dt, cfg.seq_len))
+            A.eager_attention_instants(m, dt, cfg.seq_len)["forward"])
     if m.is_moe:
         kept = (A.total(A.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
                 if cfg.checkpointing == Checkpointing.NONE
@@ -180,6 +179,15 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
         return None
     label = max(instants, key=instants.get)
     return label, instants[label]
+
+
+def _attention_backward(ctx: PlanContext) -> float:
+    """Bytes per token of one layer's attention half at its backward's largest instant: its saved
+    tensors and gradient temporaries (eager: ``eager_attention_instants``)."""
+    m, dt, s = ctx.model, ctx.layout.dtypes, ctx.config.seq_len
+    if not ctx.layout.fused_attention:
+        return A.eager_attention_instants(m, dt, s)["backward"]
+    return A.total(A.attention_saved(m, dt, True, s)) + A.attention_backward_transient_bytes(m, dt, True, s)
 
 
 def _fp8_gradient_casts(ctx: PlanContext) -> float:
@@ -231,9 +239,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             * (lay.gathered_bytes if fsdp else g),
             "autocast_weight_copies": saved_casts + (P.layer_block_parameters(m, "self_attn", matmul_only=True)
                                                      * (dt.compute if lay.autocast else 0)),
-            "activations": (per_layer_forward_bytes(ctx) * below
-                            + A.total(A.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
-                            + A.attention_backward_transient_bytes(m, dt, ctx.layout.fused_attention, cfg.seq_len)) * T,
+            "activations": (per_layer_forward_bytes(ctx) * below + _attention_backward(ctx)) * T,
         },
         "end": common | {
             "gradients": common["gradients"] + layer_grads,
@@ -320,7 +326,7 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
         "attention": {
             "gradients": (mlp_grads + P.output_projection_parameters(m)) * g,
             "autocast_weight_copies": attention_casts,
-            "activations": (attention + A.attention_backward_transient_bytes(m, dt, ctx.layout.fused_attention, cfg.seq_len)) * T,
+            "activations": _attention_backward(ctx) * T,
         },
     }
     for moment in moments.values():

@@ -40,9 +40,10 @@ def head_gradient_bytes_per_element(ctx: PlanContext) -> int:
     return lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes
 
 
-def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int]:
+def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     """The loss's largest moment, bytes, above the saved activations and saved weight casts; its
-    label; and of those bytes, the FSDP all-gather output held (below).
+    label; of those bytes, the FSDP all-gather output held (below); whether the moment is in the
+    loss's forward.
 
     Standard loss (per token: V fp32 elements = 4V bytes; T tokens; hc = the head's autocast cast
     V*h*c, 0 without autocast):
@@ -93,7 +94,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int]:
     if held and ctx.layout.resharding:  # the backward moments: the top layer's prefetched all-gather output
         moments = {k: v + (0 if k in forward else held) for k, v in moments.items()}
     label = max(moments, key=moments.get)
-    return int(moments[label]), label, held if label in forward or ctx.layout.resharding else 0
+    return int(moments[label]), label, held if label in forward or ctx.layout.resharding else 0, label in forward
 
 
 def embedding_backward_bytes(ctx: PlanContext) -> tuple[int, str]:
@@ -155,12 +156,14 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     end, end_label = embedding_backward_bytes(ctx)
     ledger.add("activations", end_label, end, 1, phases=frozenset({Phase.BACKWARD_END}),
                note="the larger of the embeddings' backward moments")
-    moment, label, held = loss_moment_bytes(ctx)
+    moment, label, held, in_forward = loss_moment_bytes(ctx)
     ledger.add("logits", label, moment - held, 1, phases=fwd,
                note=f"the largest of the loss's moments (V={m.vocab_size:,})", moment=LOSS_MOMENT)
     if held:
-        ledger.add("gathered_parameters", "FSDP at the loss's forward: the last layer's all-gather output", held, 1,
-                   phases=fwd, moment=LOSS_MOMENT, note="held until the root's forward returns")
+        what, note = (("the last layer's all-gather output", "held until the root's forward returns") if in_forward
+                      else ("the top layer's all-gather output", "prefetched by the root's pre-backward"))
+        ledger.add("gathered_parameters", f"FSDP at the loss: {what}", held, 1, phases=fwd, moment=LOSS_MOMENT,
+                   note=note)
 
 
 #: fp32 bytes per token x vocabulary the loss moves: forward upcast and log-softmax (~12V),

@@ -98,9 +98,6 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("ddp on one GPU", "ddp needs 2 or more GPUs; with one GPU use sharding none")
     if s == Sharding.FSDP_HYBRID and ctx.hardware.nodes == 1:
         out.reject("fsdp-hybrid on one node", "fsdp-hybrid shards within a node and replicates across nodes: it needs 2+ nodes; use fsdp")
-    if ctx.engine == Engine.FSDP and ctx.model.is_moe:
-        out.warnings.append("MoE under FSDP: traced probes read this memory up to 8 % low (docs/traced-matrix.md); "
-                            "the default margin may not cover it: plan with --margin 0.1")
     if s not in (Sharding.NONE, Sharding.DDP) and n == 1 and ctx.config.offload == "none":  # (the offload strategy's "none")
         out.warnings.append(f"{s} on one GPU divides nothing; it only helps together with offload")
 

@@ -23,7 +23,7 @@ from strategies import TrainingConfig
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from probes.compare import compare_result  # noqa: E402
+from probes.compare import compare_result, per_layer_comparison  # noqa: E402
 from probes import matrix as M  # noqa: E402
 from probes.compare import STATES  # noqa: E402
 from probes.matrix import ARCHS, FACTORS, covering_subset, full_matrix  # noqa: E402
@@ -101,8 +101,7 @@ def test_the_subset_covers_every_pair_of_the_matrix():
 def test_matrix_subset_meets_the_safety_target():
     """For every plan of the subset (one test, so its traces are made once, on one xdist worker):
     parameters, gradients and optimizer states to the byte; one layer's activations (the difference
-    of two depths) within 2 %; the step peak never more than 1 % under the trace (the known open
-    cells of probes/matrix.py KNOWN_UNDER: never more than 10 %); the median |error| of the
+    of two depths) within 2 %; the step peak never more than 1 % under the trace; the median |error| of the
     activations, one layer, every phase and the step peak at most 2 %."""
     from probes.compare import per_layer_comparison, same_moment
 
@@ -118,9 +117,8 @@ def test_matrix_subset_meets_the_safety_target():
             terms["layer"] = per_layer_comparison(deep, shallow)
         for name, t in terms.items():
             errors.setdefault(name, []).append(abs(t.error))
-        floor = M.KNOWN_UNDER_FLOOR if M.known_under(row) else M.PEAK_FLOOR
         checks = [(t, t.analytic == t.traced) for t in terms.values() if t.exact]
-        checks.append((terms["step_peak"], terms["step_peak"].error >= floor))
+        checks.append((terms["step_peak"], terms["step_peak"].error >= M.PEAK_FLOOR))
         if "layer" in terms:
             checks.append((terms["layer"], abs(terms["layer"].error) <= M.LAYER_BAND))
         missed += [f"{row} {t.term}: analytic {t.analytic:,} traced {t.traced:,} ({t.error:+.2%})" for t, ok in checks
@@ -191,3 +189,34 @@ def test_the_two_cells_issue_17_found_under_predicted_at_full_depth():
         c = compare_result(model, TrainingConfig(**cfg), 1, None, traced)
         peak = next(t for t in c.terms if t.term == "step_peak")
         assert peak.error >= M.PEAK_FLOOR, (model, peak.analytic, peak.traced, f"{peak.error:+.2%}")
+
+
+def test_the_cells_issue_17_left_open_now_agree_in_every_phase():
+    """The cells the matrix left open, traced at 2 and 4 layers, each phase within 1 % under and
+    5 % over, and one layer within 2 %. Mixtral-8x7B under FSDP2 at 8 ranks (the second layer's
+    backward with the top layer's reduce-scatter input in flight: was -12.5 % at 4 layers), under
+    fsdp-grad-op (the all-gather outputs held beside the kept layers: was -13.4 % in backward),
+    and eager attention's softmax under checkpointing at 8192 tokens (was +52 % in forward; Qwen3:
+    one layer +94 %, the cached autocast casts)."""
+    cells = [("mistralai/Mixtral-8x7B-v0.1", 8, dict(precision="fp16-mixed", checkpointing="none", sharding="fsdp",
+                                                     micro_batch_size=8, seq_len=1024)),
+             ("mistralai/Mixtral-8x7B-v0.1", 8, dict(precision="fp16-mixed", checkpointing="full",
+                                                     sharding="fsdp-grad-op", micro_batch_size=1, seq_len=8192)),
+             ("meta-llama/Llama-3.2-1B", 1, dict(precision="bf16-pure", checkpointing="full", attention="eager",
+                                                 micro_batch_size=1, seq_len=8192)),
+             ("Qwen/Qwen3-0.6B", 1, dict(precision="bf16-mixed", checkpointing="full", attention="eager",
+                                         micro_batch_size=1, seq_len=8192))]
+    reqs = [request(model, layers=d, world=world, **cfg) for model, world, cfg in cells for d in (2, 4)]
+    traces = trace_many(reqs, timeout=1800, workers=2)
+    missed = []
+    for k, (model, world, cfg) in enumerate(cells):
+        shallow, deep = traces[2 * k:2 * k + 2]
+        assert not isinstance(shallow, str) and not isinstance(deep, str), (shallow, deep)
+        config = TrainingConfig(**cfg)
+        two, four = compare_result(model, config, world, 2, shallow), compare_result(model, config, world, 4, deep)
+        terms = [t for t in four.terms if t.term in ("forward_phase", "backward_phase")]
+        terms.append(per_layer_comparison(four, two))
+        missed += [f"{model} {cfg} {t.term}: {t.error:+.2%}" for t in terms
+                   if not (abs(t.error) <= M.LAYER_BAND if t.term == "layer_activations"
+                           else M.PEAK_FLOOR <= t.error <= 0.05)]
+    assert not missed, "\n".join(missed)

@@ -110,6 +110,10 @@ def mask_bytes(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> float:
     return kinds * seq_len * (1 if fused else dt.residual)
 
 
+#: eager attention's compute-dtype copy of the fp32 probabilities, which the value matmul saves
+PROBS_COPY = "probs in compute dtype"
+
+
 def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Saved:
     """Tensors the attention kernel saves, from post-RoPE q/k/v to its output."""
     c, a, q, kv = dt.compute, m.num_heads, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
@@ -133,7 +137,7 @@ def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
         saved.append(("tanh(scores/cap)", c * a * s))
     saved.append(("softmax fp32", FP32 * a * s))
     if c != FP32:
-        saved.append(("probs in compute dtype", c * a * s))
+        saved.append((PROBS_COPY, c * a * s))
     if m.dropout > 0:
         saved += [("attn dropout mask", 1 * a * s), ("dropped probs", c * a * s)]
     saved.append(("attn out (contiguous)", c * q))
@@ -162,7 +166,7 @@ def _gpt2_attention(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
     if m.dropout > 0:
         saved += [("attn dropout mask", 1 * a * s), ("dropped probs", c * a * s)]
     elif dt.upcast:
-        saved.append(("probs in compute dtype", c * a * s))
+        saved.append((PROBS_COPY, c * a * s))
     return saved + [("v", c * h), ("out-proj input", c * h)]
 
 
@@ -272,6 +276,28 @@ def layer_selective(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tupl
 def layer_input_bytes(m: ModelSpec, dt: DTypes) -> float:
     """Full checkpointing keeps only each layer's input: r*h bytes per token (2*s*b*h in bf16)."""
     return dt.residual * m.hidden_size
+
+
+@cache
+def eager_attention_instants(m: ModelSpec, dt: DTypes, seq_len: int) -> dict[str, float]:
+    """Bytes per token of one layer's attention half at eager attention's two largest instants,
+    its saved tensors included (without checkpointing; checkpointed layers hold less, so these
+    bound them):
+    - ``forward``, at the softmax: what the half saved before its scores (every saved tensor of
+      the size of the scores, a*s, is made at the softmax or after it, but Gemma-2's tanh) and the
+      scores in flight (``eager_forward_transient_bytes``, which holds the softmax output and tanh);
+    - ``backward``, at the softmax's backward: the saved tensors less the compute-dtype copy of the
+      probabilities (the value matmul's backward has run and released it) and the two probability
+      gradients (``attention_backward_transient_bytes``).
+    Traced (Llama-3.2-1B eager, 1 x 8192, bf16-pure and bf16-mixed, the top layer: the masked
+    scores, their fp32 copy and the softmax output, 10 a*s bytes, at the forward instant)."""
+    saved = attention_saved(m, dt, False, seq_len)
+    scores = total(saved) - total(attention_saved(m, dt, False, 0))
+    return {
+        "forward": total(saved) - scores + eager_forward_transient_bytes(m, dt, seq_len),
+        "backward": total(saved) - dict(saved).get(PROBS_COPY, 0)
+        + attention_backward_transient_bytes(m, dt, False, seq_len),
+    }
 
 
 @cache
