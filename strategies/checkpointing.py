@@ -152,7 +152,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                        ("gathered_parameters", "FSDP's unsharded layers"),
                        ("activations", "activations and gradient temporaries")):
         ledger.add(term, f"{who}, {label}: {what}", moment[term], 1, phases=frozenset({Phase.BACKWARD}),
-                   note="the larger of the top and the first layer's backward")
+                   note="the largest of the top, the second (FSDP) and the first layer's backward")
 
 
 def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
@@ -255,9 +255,10 @@ def second_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     """FSDP2: the second decoder layer from the top at its backward, bytes per term beyond the
     sharding buffers and the top layer's reduce-scatter input (in flight, a row of its own): the
     layer's own moments (``first_layer_backward``), every layer below it holding its saved tensors
-    (fsdp-grad-op: and its unsharded parameters), and the top layer's sharded gradients. Traced: Mixtral 8x7B under FSDP2 peaks here, in the
-    experts' weight gradients, as the input in flight (4 B per parameter of a 1.4 B-parameter
-    layer) is twice what the top layer's saved tensors free at 8 x 1024 tokens.
+    (fsdp-grad-op: and its unsharded parameters), and the top layer's sharded gradients. Traced:
+    Mixtral 8x7B under FSDP2 peaks here, in the experts' weight gradients, as the input in flight
+    (4 B per parameter of a 1.4 B-parameter layer) is twice what the top layer's saved tensors
+    free at 8 x 1024 tokens.
     """
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     label, moment = first_layer_backward(ctx)

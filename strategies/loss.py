@@ -50,10 +50,10 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     - end of forward, inside autocast: the casts only the cache holds, hc, and the loss forward
       (compute-dtype logits, their fp32 copy and log_softmax's saved output: (c + 8) V T); FSDP2:
       also the last layer's all-gather output, held until the root's forward returns
-      (``FSDPState._post_forward``; the model computes its loss inside its forward), and, resharding,
-      in every backward moment below the top layer's, all-gathered ahead by the root's pre-backward
-      and held until that layer's backward copies it out (traced: Phi-3-mini, Mixtral; fsdp-grad-op
-      gathers nothing in backward);
+      (``FSDPState._post_forward``; the model computes its loss inside its forward). Resharding,
+      the moments below hold one too: the top layer's, all-gathered ahead by the root's
+      pre-backward and held until that layer's backward copies it out (traced: Phi-3-mini,
+      Mixtral; fsdp-grad-op gathers nothing in backward);
     - start of backward: hc and 12 V T (logits_bytes);
     - the head's backward: hc with the logits gradient and the 16-bit weight gradient
       (c V T + V h c), then the weight gradient's own moment (head_gradient_moment_bytes).
