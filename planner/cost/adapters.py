@@ -1,0 +1,116 @@
+"""Adapter inventory: the weights LoRA and DoRA wrap, the tensors they add, and QLoRA's 4-bit storage.
+
+Exact, tensor by tensor, as peft builds them on transformers 5 models (peft 0.21: ``LoraConfig``
+with ``target_modules``; ``tuners_utils._maybe_include_all_linear_layers`` for "all-linear";
+``utils/transformers_weight_conversion.py`` for MoE experts) and as bitsandbytes stores NF4
+weights (``functional.quantize_4bit``). A test builds every family with peft on the meta device
+and compares the trainable count exactly, and quantizes real tensors with bitsandbytes.
+"""
+
+from dataclasses import dataclass
+from functools import cache
+from math import ceil
+
+from planner.core.specs import ModelSpec
+from planner.cost import params as P
+
+#: The target sets (``--lora-targets``): every decoder-layer matmul, or the attention's only.
+ALL_LINEAR = "all-linear"
+ATTENTION = "attention"
+TARGETS = (ALL_LINEAR, ATTENTION)
+
+
+@dataclass(frozen=True)
+class AdapterTensor:
+    """One trainable tensor an adapter adds to a decoder layer, beside the frozen weight it wraps."""
+
+    name: str  # "<wrapped weight>.lora_A" / ".lora_B" / ".magnitude"
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        out = 1
+        for d in self.shape:
+            out *= d
+        return out
+
+
+def wrapped(m: ModelSpec, targets: str) -> tuple[P.ParamTensor, ...]:
+    """The decoder-layer matmul weights peft wraps, per layer.
+
+    - ``all-linear``: every ``nn.Linear``/``Conv1D`` but the output head (peft's shorthand); on a
+      MoE model also the router and the fused expert tensors, which peft reaches through
+      ``target_parameters`` (the transformers 5 checkpoint conversion maps the v4 per-expert
+      linears ``w1``/``w3``/``w2`` and the router ``gate`` onto ``gate_up_proj``, ``down_proj`` and
+      ``gate.weight``).
+    - ``attention``: the attention's projections (q, k, v and the output; Phi-3's and GPT-2's
+      fused qkv).
+    Embeddings, norms and the head are never wrapped."""
+    if targets not in TARGETS:
+        raise ValueError(f"lora targets {targets!r}: one of {', '.join(TARGETS)}")
+    matmuls = P.layer_matmuls(m)
+    if targets == ATTENTION:
+        return tuple(t for t in matmuls if t.name.startswith("self_attn."))
+    return matmuls
+
+
+def lora_rank(m: ModelSpec, t: P.ParamTensor, rank: int) -> int:
+    """The rank peft gives a wrapped weight: ``rank``, doubled on a MoE's fused ``gate_up_proj``
+    (peft's conversion fuses the w1 and w3 adapters, so ``rank_pattern`` sets r * 2 and
+    ``alpha_pattern`` alpha * 2, keeping alpha / r)."""
+    return rank * 2 if t.routed and t.name.startswith("mlp.gate_up_proj") else rank
+
+
+@cache
+def adapter_tensors(m: ModelSpec, targets: str, rank: int, dora: bool) -> tuple[AdapterTensor, ...]:
+    """The trainable tensors one decoder layer gains. A wrapped (out, in) weight gains lora_A
+    (r, in) and lora_B (out, r); a MoE expert tensor of E experts one pair over all experts,
+    (r*E, in) and (out, r*E) (peft ``ParamWrapper``); DoRA adds a magnitude vector of out
+    elements per wrapped weight (``lora_magnitude_vector``). Biases stay frozen (``bias="none"``)."""
+    if dora and not dora_supported(m, targets):
+        raise ValueError(f"DoRA cannot wrap {m.id}'s expert tensors (peft: ParamWrapper does not work with use_dora)")
+    out: list[AdapterTensor] = []
+    for t in wrapped(m, targets):
+        name = t.name.removesuffix(".weight")
+        d_out, d_in = t.shape
+        r = lora_rank(m, t, rank) * (t.experts if t.routed else 1)
+        out += [AdapterTensor(f"{name}.lora_A", (r, d_in)), AdapterTensor(f"{name}.lora_B", (d_out, r))]
+        if dora:
+            out.append(AdapterTensor(f"{name}.magnitude", (d_out,)))
+    return tuple(out)
+
+
+def dora_supported(m: ModelSpec, targets: str) -> bool:
+    """peft applies DoRA to linear layers only: not to a MoE's expert or router parameters, which
+    ``all-linear`` wraps as parameters (``lora.ParamWrapper``)."""
+    return not (m.is_moe and targets == ALL_LINEAR)
+
+
+def adapter_parameters(m: ModelSpec, targets: str, rank: int, dora: bool = False) -> int:
+    """Trainable parameters of the adapter over the whole model, elements (Llama-3.1-8B, rank 16,
+    all-linear: 41,943,040)."""
+    return m.num_layers * sum(t.numel for t in adapter_tensors(m, targets, rank, dora))
+
+
+#: bitsandbytes NF4: elements per absmax block (``blocksize``, transformers' default 64), and with
+#: double quantization the blocks per second-level fp32 absmax (``functional.quantize_4bit``).
+NF4_BLOCK = 64
+NF4_NESTED_BLOCK = 256
+#: The quantization maps a quantized tensor's state holds: the 16-entry fp32 NF4 table (64 B), and
+#: with double quantization the 256-entry fp32 dynamic map (1,024 B) and an fp32 offset (4 B).
+NF4_CODE_BYTES = 64
+NF4_NESTED_CODE_BYTES = 1024 + 4
+
+
+def nf4_bytes(numel: int, double_quant: bool) -> int:
+    """Bytes one weight of ``numel`` elements takes stored in NF4 (QLoRA), whatever the storage
+    dtype (``bnb_4bit_quant_storage`` reinterprets the same packed bytes): two 4-bit codes per
+    byte, then per block of 64 elements an fp32 absmax, or with double quantization an 8-bit one
+    plus an fp32 absmax per 256 blocks. Each tensor's state counts its own maps (bitsandbytes may
+    share them; at most 1,092 B a tensor). Source: bitsandbytes ``functional.quantize_4bit``;
+    a test quantizes real tensors and sums the parts."""
+    blocks = ceil(numel / NF4_BLOCK)
+    packed = ceil(numel / 2)
+    if double_quant:
+        return packed + blocks + 4 * ceil(blocks / NF4_NESTED_BLOCK) + NF4_CODE_BYTES + NF4_NESTED_CODE_BYTES
+    return packed + 4 * blocks + NF4_CODE_BYTES

@@ -1,0 +1,79 @@
+"""The adapter inventory (planner/cost/adapters.py) against the real libraries: peft's trainable
+parameters on every catalog family built on the meta device, and bitsandbytes' NF4 storage of
+real tensors."""
+
+import pytest
+
+from planner.catalog.models import catalog, resolve_model
+from planner.cost import adapters as AD
+
+peft = pytest.importorskip("peft")
+torch = pytest.importorskip("torch")
+
+#: One catalog model per family.
+FAMILY_MODELS = ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen3-0.6B", "mistralai/Mistral-7B-v0.3",
+                 "mistralai/Mixtral-8x7B-v0.1", "google/gemma-2-2b", "microsoft/Phi-3-mini-4k-instruct",
+                 "openai-community/gpt2"]
+#: transformers' module names of the attention projections, per family (the ``attention`` set).
+ATTENTION_MODULES = {"gpt2": ["attn.c_attn", "attn.c_proj"], "phi3": ["qkv_proj", "o_proj"]}
+LLAMA_LIKE_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def peft_model(model_id: str, targets: str, rank: int, dora: bool):
+    from probes.meta_model import build_on_meta
+
+    spec = resolve_model(model_id)
+    modules = ("all-linear" if targets == AD.ALL_LINEAR
+               else ATTENTION_MODULES.get(spec.family, LLAMA_LIKE_ATTENTION))
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=modules, use_dora=dora, task_type="CAUSAL_LM")
+    return peft.get_peft_model(build_on_meta(catalog()[model_id].config), config)
+
+
+def trainable(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def test_llama_3_1_8b_rank_16_all_linear_is_the_published_count():
+    assert AD.adapter_parameters(resolve_model("meta-llama/Llama-3.1-8B"), AD.ALL_LINEAR, 16) == 41_943_040
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("model_id", FAMILY_MODELS)
+@pytest.mark.parametrize("targets", AD.TARGETS)
+def test_trainable_parameters_equal_peft(model_id, targets):
+    """LoRA at rank 16 and DoRA at rank 8 (magnitudes included), exactly as peft counts them."""
+    spec = resolve_model(model_id)
+    for rank, dora in ((16, False), (8, True)):
+        if dora and not AD.dora_supported(spec, targets):
+            with pytest.raises(ValueError, match="use_dora"):
+                peft_model(model_id, targets, rank, dora)
+            continue
+        assert AD.adapter_parameters(spec, targets, rank, dora) == trainable(peft_model(model_id, targets, rank, dora))
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_moe_experts_get_one_adapter_pair_over_all_experts_and_a_doubled_rank_on_gate_up():
+    """The shapes, not only the count: peft's ParamWrapper on Mixtral's fused expert tensors."""
+    spec = resolve_model("mistralai/Mixtral-8x7B-v0.1")
+    shapes = {t.name: t.shape for t in AD.adapter_tensors(spec, AD.ALL_LINEAR, 16, False)}
+    model = peft_model("mistralai/Mixtral-8x7B-v0.1", AD.ALL_LINEAR, 16, False)
+    got = {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad and ".layers.0." in n}
+    assert shapes["mlp.gate_up_proj.lora_A"] == got["base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.default.weight"] == (256, 4096)
+    assert shapes["mlp.down_proj.lora_B"] == got["base_model.model.model.layers.0.mlp.experts.lora_B.default.weight"] == (4096, 128)
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096), (1024, 4096), (14336, 4096), (100, 196), (7, 9)])
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_nf4_bytes_equal_bitsandbytes(shape, double_quant):
+    """Quantize a real tensor with bitsandbytes and add up what it keeps: the packed codes and
+    every tensor of its quantization state."""
+    bnb = pytest.importorskip("bitsandbytes")
+    packed, state = bnb.functional.quantize_4bit(torch.randn(*shape, dtype=torch.bfloat16), blocksize=AD.NF4_BLOCK,
+                                                 compress_statistics=double_quant, quant_type="nf4",
+                                                 quant_storage=torch.bfloat16)
+    parts = [packed, state.absmax, state.code]
+    if state.nested:
+        parts += [state.state2.absmax, state.state2.code, state.offset]
+        assert state.state2.blocksize == AD.NF4_NESTED_BLOCK
+    assert state.nested == double_quant
+    assert AD.nf4_bytes(shape[0] * shape[1], double_quant) == sum(t.numel() * t.element_size() for t in parts)
