@@ -6,6 +6,7 @@ import pytest
 
 from planner.catalog.models import catalog, resolve_model
 from planner.cost import adapters as AD
+from planner.cost import params as P
 
 peft = pytest.importorskip("peft")
 torch = pytest.importorskip("torch")
@@ -77,3 +78,45 @@ def test_nf4_bytes_equal_bitsandbytes(shape, double_quant):
         assert state.state2.blocksize == AD.NF4_NESTED_BLOCK
     assert state.nested == double_quant
     assert AD.nf4_bytes(shape[0] * shape[1], double_quant) == sum(t.numel() * t.element_size() for t in parts)
+
+
+TINY = {  # small configs of each family, loaded for real (bitsandbytes quantizes on the CPU)
+    "llama": dict(model_type="llama", hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=256),
+    "mixtral": dict(model_type="mixtral", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, vocab_size=256),
+    "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128),
+    "phi3": dict(model_type="phi3", hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=256, pad_token_id=0),
+}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family", sorted(TINY))
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_qlora_weights_equal_a_real_4bit_load(tmp_path, family, double_quant):
+    """Load a tiny model of the family with transformers' BitsAndBytesConfig (NF4, bf16 storage) and
+    compare what each parameter holds, its packed codes and quantization state included, and which
+    weights were quantized."""
+    pytest.importorskip("bitsandbytes")
+    import json
+
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**TINY[family])
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    spec = resolve_model(str(tmp_path / "config.json"))
+    quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=double_quant,
+                                            bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quant, device_map="cpu",
+                                                              dtype=torch.bfloat16)
+    loaded = 0
+    for p in model.parameters():
+        loaded += p.numel() * p.element_size()
+        if (state := getattr(p, "quant_state", None)) is not None:
+            parts = [state.absmax, state.code] + ([state.state2.absmax, state.state2.code, state.offset] if state.nested else [])
+            loaded += sum(t.numel() * t.element_size() for t in parts)
+    quantized = sum(type(p).__name__ == "Params4bit" for p in model.parameters())
+    expected = sum(AD.nf4_quantized(spec, t) * P.multiplicity(spec, t) for t in P.model_tensors(spec))
+    assert quantized == expected, json.dumps(TINY[family])
+    assert AD.qlora_weight_bytes(spec, double_quant) == loaded

@@ -114,3 +114,19 @@ def nf4_bytes(numel: int, double_quant: bool) -> int:
     if double_quant:
         return packed + blocks + 4 * ceil(blocks / NF4_NESTED_BLOCK) + NF4_CODE_BYTES + NF4_NESTED_CODE_BYTES
     return packed + 4 * blocks + NF4_CODE_BYTES
+
+
+def nf4_quantized(m: ModelSpec, t: P.ParamTensor) -> bool:
+    """Whether transformers' bitsandbytes 4-bit loading (QLoRA) stores this weight in NF4: a
+    decoder layer's ``nn.Linear``/``Conv1D`` weight (biases, norms, embeddings and the head stay
+    16-bit: ``get_keys_to_not_convert`` keeps the output embedding). A MoE's fused expert tensors
+    and its router are plain parameters in transformers 5, so they stay 16-bit too (checked by
+    loading tiny models with ``BitsAndBytesConfig(load_in_4bit=True)`` on the CPU)."""
+    return t.part == P.Part.LAYER and t.matmul and not t.routed and not t.name.startswith("mlp.router")
+
+
+def qlora_weight_bytes(m: ModelSpec, double_quant: bool, other_bytes: int = 2) -> int:
+    """Bytes of the frozen base model loaded in 4 bits: NF4 weights (``nf4_bytes``) where
+    ``nf4_quantized``, every other parameter in ``other_bytes`` (the 16-bit load dtype)."""
+    return sum((nf4_bytes(t.numel, double_quant) if nf4_quantized(m, t) else t.numel * other_bytes)
+               * P.multiplicity(m, t) for t in P.model_tensors(m))
