@@ -120,3 +120,59 @@ def test_qlora_weights_equal_a_real_4bit_load(tmp_path, family, double_quant):
     expected = sum(AD.nf4_quantized(spec, t) * P.multiplicity(spec, t) for t in P.model_tensors(spec))
     assert quantized == expected, json.dumps(TINY[family])
     assert AD.qlora_weight_bytes(spec, double_quant) == loaded
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family", ["llama", "phi3", "gpt2"])
+@pytest.mark.parametrize("targets", AD.TARGETS)
+@pytest.mark.parametrize("input_grads", [False, True])
+def test_adapter_step_matmul_flops_equal_torchs_count(tmp_path, family, targets, input_grads):
+    """One forward and backward of a real peft model (tiny, CPU, SDPA), FLOPs of its matmuls (mm,
+    addmm: the projections, the adapters and the head) counted by torch's FlopCounterMode."""
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = transformers.AutoConfig.for_model(**TINY[family], attn_implementation="sdpa")
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    spec = resolve_model(str(tmp_path / "config.json"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")
+    modules = "all-linear" if targets == AD.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_LIKE_ATTENTION)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=modules, task_type="CAUSAL_LM"))
+    if input_grads:
+        model.enable_input_require_grads()
+    batch, seq = 2, 16
+    ids = torch.randint(0, spec.vocab_size, (batch, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    matmuls = sum(n for op, n in counter.get_flop_counts()["Global"].items()
+                  if str(op).split(".")[1] in ("mm", "addmm"))
+    assert matmuls == AD.adapter_matmul_flops_per_token(spec, targets, 4, input_grads) * batch * seq
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("targets", AD.TARGETS)
+def test_moe_step_flops_equal_torchs_count(tmp_path, targets):
+    """A tiny Mixtral with LoRA: per-token matmuls (mm) and the folds of the router (mm) and the
+    experts (baddbmm forward, bmm for the factors' gradients; no other op runs a bmm here), as
+    torch's FlopCounterMode counts them. It does not count ``_grouped_mm``, so the experts' own
+    matmuls (forward and input gradient, 4 per active element, and folded, the weight gradient,
+    2 more) are left out of both."""
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**TINY["mixtral"])).save_pretrained(tmp_path)
+    spec = resolve_model(str(tmp_path / "config.json"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    modules = "all-linear" if targets == AD.ALL_LINEAR else LLAMA_LIKE_ATTENTION
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=modules, task_type="CAUSAL_LM"))
+    tokens = 2 * 16
+    ids = torch.randint(0, spec.vocab_size, (2, 16))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    counted = counter.get_flop_counts()["Global"]
+    assert not any("grouped" in str(op) for op in counted)
+    grouped = sum(4 * P.active_elements(spec, t) for t in P.layer_tensors(spec) if t.routed) * spec.num_layers
+    per_token = AD.adapter_matmul_flops_per_token(spec, targets, 4) - grouped
+    if targets == AD.ALL_LINEAR:
+        per_token -= sum(2 * P.active_elements(spec, t) for t in AD.wrapped(spec, targets) if t.routed) * spec.num_layers
+    assert sum(counted.values()) == per_token * tokens + AD.fold_flops_per_micro_batch(spec, targets, 4)

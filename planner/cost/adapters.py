@@ -12,6 +12,7 @@ from functools import cache
 from math import ceil
 
 from planner.core.specs import ModelSpec
+from planner.cost import compute as C
 from planner.cost import params as P
 
 #: The target sets (``--lora-targets``): every decoder-layer matmul, or the attention's only.
@@ -130,3 +131,64 @@ def qlora_weight_bytes(m: ModelSpec, double_quant: bool, other_bytes: int = 2) -
     ``nf4_quantized``, every other parameter in ``other_bytes`` (the 16-bit load dtype)."""
     return sum((nf4_bytes(t.numel, double_quant) if nf4_quantized(m, t) else t.numel * other_bytes)
                * P.multiplicity(m, t) for t in P.model_tensors(m))
+
+
+def _first_matmuls(m: ModelSpec) -> tuple[P.ParamTensor, ...]:
+    """The matmuls that read a decoder layer's input (through its first norm): q, k, v or the
+    fused qkv."""
+    return tuple(t for t in P.layer_matmuls(m) if t.name.startswith(("self_attn.q_proj", "self_attn.k_proj",
+                                                                        "self_attn.v_proj", "self_attn.qkv_proj")))
+
+
+def folded(t: P.ParamTensor) -> bool:
+    """Whether peft reaches this wrapped weight as a parameter (``target_parameters``, a MoE's
+    router and expert tensors: ``ParamWrapper`` adds B A to the weight each forward) rather than
+    as a module whose input it multiplies by A and B."""
+    return t.routed or t.name.startswith("mlp.router")
+
+
+def adapter_matmul_flops_per_token(m: ModelSpec, targets: str, rank: int, input_grads: bool = False) -> float:
+    """Matmul FLOPs per token of one training step (forward and backward) with the base model
+    frozen and a LoRA adapter trained (one multiply-add = 2 FLOPs; routed experts: top-k).
+
+    - Frozen weights, embeddings and head included: forward 2 per active matmul parameter;
+      backward only the gradient with respect to their input, 2 more, and none where the input
+      needs no gradient: the first layer's q/k/v read the embeddings' output, which a frozen
+      embedding leaves without one (unless ``input_grads``: ``enable_input_require_grads``,
+      which Trainer calls for gradient checkpointing with peft). No weight gradients.
+    - Each wrapped module weight (out, in): forward x A^T then B^T, 2 r (in + out); backward the
+      weight gradients of A and B, 2 r (in + out), and the input gradients through B and A,
+      2 r (in + out), less A's where its input needs none (as above).
+    - A folded weight (``folded``: W + B A, per micro-batch in ``fold_flops_per_micro_batch``)
+      runs the base matmul only, but its weight now needs a gradient: 2 more per active element.
+    Checked against torch's FlopCounterMode on real peft models (tests/test_adapters.py)."""
+    base = C.matmul_flops_per_token(m)
+    first = _first_matmuls(m)
+    skipped = 0 if input_grads else 2 * sum(t.numel for t in first)  # layer 0's q/k/v input gradients
+    adapter = 0.0
+    for t in wrapped(m, targets):
+        if folded(t):
+            adapter += 2 * P.active_elements(m, t) * m.num_layers
+            continue
+        d_out, d_in = t.shape
+        adapter += 6 * lora_rank(m, t, rank) * (d_in + d_out) * m.num_layers
+        if t in first and not input_grads:
+            skipped += 2 * rank * d_in  # layer 0's x A^T needs no input gradient either
+    return 2 * base + adapter - skipped
+
+
+def fold_flops_per_micro_batch(m: ModelSpec, targets: str, rank: int) -> float:
+    """FLOPs per micro-batch of folding LoRA into the ``folded`` weights, all layers, independent
+    of the tokens (0 where none is wrapped). Traced, peft 0.21:
+    - expert tensors: ``_LoraFactorsProxy`` runs ``baddbmm(W, lhs, rhs)``, (E, out, r) x
+      (E, r, in), 2 E out in r FLOPs, twice per forward (the experts' two wrappers are nested,
+      gate_up's around down's, and each fold runs again under the other's parametrization), and
+      its backward the gradients of both factors once: 8 E out in r;
+    - the router: B A (2 out in r) once per forward, and the gradients of both factors: 6 out in r.
+    Checked with torch's FlopCounterMode."""
+    total = 0.0
+    for t in wrapped(m, targets):
+        if folded(t):
+            d_out, d_in = t.shape
+            total += (8 * t.experts if t.routed else 6) * d_out * d_in * lora_rank(m, t, rank)
+    return total * m.num_layers
