@@ -1,15 +1,17 @@
-"""Adapter inventory: the weights LoRA and DoRA wrap, the tensors they add, and QLoRA's 4-bit storage.
+"""Adapters: the weights LoRA and DoRA wrap, the tensors they add, QLoRA's 4-bit storage and the
+matmul FLOPs of a step that trains an adapter on a frozen model.
 
 Exact, tensor by tensor, as peft builds them on transformers 5 models (peft 0.21: ``LoraConfig``
 with ``target_modules``; ``tuners_utils._maybe_include_all_linear_layers`` for "all-linear";
 ``utils/transformers_weight_conversion.py`` for MoE experts) and as bitsandbytes stores NF4
-weights (``functional.quantize_4bit``). A test builds every family with peft on the meta device
-and compares the trainable count exactly, and quantizes real tensors with bitsandbytes.
+weights (``functional.quantize_4bit``). Tests (tests/test_adapters.py) build every family with
+peft on the meta device and compare the trainable count exactly, load tiny models in 4 bits with
+bitsandbytes, and count a real peft step's FLOPs with torch's FlopCounterMode.
 """
 
 from dataclasses import dataclass
 from functools import cache
-from math import ceil
+from math import ceil, prod
 
 from planner.core.specs import ModelSpec
 from planner.cost import compute as C
@@ -30,10 +32,7 @@ class AdapterTensor:
 
     @property
     def numel(self) -> int:
-        out = 1
-        for d in self.shape:
-            out *= d
-        return out
+        return prod(self.shape)
 
 
 def wrapped(m: ModelSpec, targets: str) -> tuple[P.ParamTensor, ...]:
