@@ -59,8 +59,8 @@ CHECK_GPU = "H100-80"
 
 @functools.cache
 def _refused(model: str, sharding: str, ranks: int, precision: str, attention: str, seq_len: int) -> tuple[str, ...]:
-    from planner.catalog.models import resolve_model
     from planner.catalog.gpus import parse_gpus
+    from planner.catalog.models import resolve_model
     from planner.engine.estimate import check_config
     from strategies import PlanContext, TrainingConfig
 
