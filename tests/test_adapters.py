@@ -20,14 +20,17 @@ ATTENTION_MODULES = {"gpt2": ["attn.c_attn", "attn.c_proj"], "phi3": ["qkv_proj"
 LLAMA_LIKE_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
+def lora(model, family: str, targets: str, rank: int, dora: bool = False):
+    """``model`` wrapped by peft: LoRA (or DoRA) of ``rank`` on the target set's modules."""
+    modules = "all-linear" if targets == AD.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_LIKE_ATTENTION)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=modules, use_dora=dora, task_type="CAUSAL_LM")
+    return peft.get_peft_model(model, config)
+
+
 def peft_model(model_id: str, targets: str, rank: int, dora: bool):
     from probes.meta_model import build_on_meta
 
-    spec = resolve_model(model_id)
-    modules = ("all-linear" if targets == AD.ALL_LINEAR
-               else ATTENTION_MODULES.get(spec.family, LLAMA_LIKE_ATTENTION))
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=modules, use_dora=dora, task_type="CAUSAL_LM")
-    return peft.get_peft_model(build_on_meta(catalog()[model_id].config), config)
+    return lora(build_on_meta(catalog()[model_id].config), resolve_model(model_id).family, targets, rank, dora)
 
 
 def trainable(model) -> int:
@@ -91,6 +94,32 @@ TINY = {  # small configs of each family, loaded for real (bitsandbytes quantize
 }
 
 
+def tiny_checkpoint(path, family: str):
+    """A randomly initialised tiny model of ``family`` saved to ``path``, and its ModelSpec as the
+    planner reads the saved config.json."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**TINY[family], attn_implementation="sdpa")
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return resolve_model(str(path / "config.json"))
+
+
+def tiny_lora_step_flops(path, family: str, targets: str, input_grads: bool = False):
+    """One forward and backward (2 x 16 tokens) of the tiny model with LoRA of rank 4 (a real peft
+    model on the CPU): its spec, the tokens, and torch's FlopCounterMode counts per op."""
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = tiny_checkpoint(path, family)
+    model = lora(transformers.AutoModelForCausalLM.from_pretrained(path), family, targets, 4)
+    if input_grads:
+        model.enable_input_require_grads()
+    ids = torch.randint(0, spec.vocab_size, (2, 16))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    return spec, ids.numel(), {str(op).split(".")[1]: n for op, n in counter.get_flop_counts()["Global"].items()}
+
+
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("family", sorted(TINY))
 @pytest.mark.parametrize("double_quant", [False, True])
@@ -103,9 +132,7 @@ def test_qlora_weights_equal_a_real_4bit_load(tmp_path, family, double_quant):
 
     import transformers
 
-    config = transformers.AutoConfig.for_model(**TINY[family])
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    spec = resolve_model(str(tmp_path / "config.json"))
+    spec = tiny_checkpoint(tmp_path, family)
     quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=double_quant,
                                             bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quant, device_map="cpu",
@@ -129,24 +156,9 @@ def test_qlora_weights_equal_a_real_4bit_load(tmp_path, family, double_quant):
 def test_adapter_step_matmul_flops_equal_torchs_count(tmp_path, family, targets, input_grads):
     """One forward and backward of a real peft model (tiny, CPU, SDPA), FLOPs of its matmuls (mm,
     addmm: the projections, the adapters and the head) counted by torch's FlopCounterMode."""
-    import transformers
-    from torch.utils.flop_counter import FlopCounterMode
-
-    config = transformers.AutoConfig.for_model(**TINY[family], attn_implementation="sdpa")
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    spec = resolve_model(str(tmp_path / "config.json"))
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")
-    modules = "all-linear" if targets == AD.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_LIKE_ATTENTION)
-    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=modules, task_type="CAUSAL_LM"))
-    if input_grads:
-        model.enable_input_require_grads()
-    batch, seq = 2, 16
-    ids = torch.randint(0, spec.vocab_size, (batch, seq))
-    with FlopCounterMode(display=False) as counter:
-        model(input_ids=ids, labels=ids).loss.backward()
-    matmuls = sum(n for op, n in counter.get_flop_counts()["Global"].items()
-                  if str(op).split(".")[1] in ("mm", "addmm"))
-    assert matmuls == AD.adapter_matmul_flops_per_token(spec, targets, 4, input_grads) * batch * seq
+    spec, tokens, counted = tiny_lora_step_flops(tmp_path, family, targets, input_grads)
+    matmuls = counted.get("mm", 0) + counted.get("addmm", 0)
+    assert matmuls == AD.adapter_matmul_flops_per_token(spec, targets, 4, input_grads) * tokens
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -157,22 +169,9 @@ def test_moe_step_flops_equal_torchs_count(tmp_path, targets):
     torch's FlopCounterMode counts them. It does not count ``_grouped_mm``, so the experts' own
     matmuls (forward and input gradient, 4 per active element, and folded, the weight gradient,
     2 more) are left out of both."""
-    import transformers
-    from torch.utils.flop_counter import FlopCounterMode
-
-    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**TINY["mixtral"])).save_pretrained(tmp_path)
-    spec = resolve_model(str(tmp_path / "config.json"))
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
-    modules = "all-linear" if targets == AD.ALL_LINEAR else LLAMA_LIKE_ATTENTION
-    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=modules, task_type="CAUSAL_LM"))
-    tokens = 2 * 16
-    ids = torch.randint(0, spec.vocab_size, (2, 16))
-    with FlopCounterMode(display=False) as counter:
-        model(input_ids=ids, labels=ids).loss.backward()
-    counted = counter.get_flop_counts()["Global"]
-    assert not any("grouped" in str(op) for op in counted)
-    grouped = sum(4 * P.active_elements(spec, t) for t in P.layer_tensors(spec) if t.routed) * spec.num_layers
+    spec, tokens, counted = tiny_lora_step_flops(tmp_path, "mixtral", targets)
+    assert not any("grouped" in op for op in counted)
+    per_element = 6 if targets == AD.ALL_LINEAR else 4
+    grouped = sum(per_element * P.active_elements(spec, t) for t in P.layer_tensors(spec) if t.routed) * spec.num_layers
     per_token = AD.adapter_matmul_flops_per_token(spec, targets, 4) - grouped
-    if targets == AD.ALL_LINEAR:
-        per_token -= sum(2 * P.active_elements(spec, t) for t in AD.wrapped(spec, targets) if t.routed) * spec.num_layers
     assert sum(counted.values()) == per_token * tokens + AD.fold_flops_per_micro_batch(spec, targets, 4)

@@ -292,6 +292,7 @@ def eager_attention_instants(m: ModelSpec, dt: DTypes, seq_len: int) -> dict[str
     Traced (Llama-3.2-1B eager, 1 x 8192, bf16-pure and bf16-mixed, the top layer: the masked
     scores, their fp32 copy and the softmax output, 10 a*s bytes, at the forward instant)."""
     saved = attention_saved(m, dt, False, seq_len)
+    # the score-sized part: what grows with the sequence (every other entry is per token only)
     scores = total(saved) - total(attention_saved(m, dt, False, 0))
     return {
         "forward": total(saved) - scores + eager_forward_transient_bytes(m, dt, seq_len),
