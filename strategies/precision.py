@@ -315,8 +315,9 @@ def _read(job: JobFiles, r: Reading) -> None:
             # with both off the Trainer takes accelerate launch's mixed precision, when there is one
             r.set("precision", NOT_MIXED, f"{where}: bf16 and fp16 off", REFINES)
         if job.accelerate and r.values.get("precision", (None,))[0] == Precision.FP8_MIXED and not d.get("torch_compile"):
-            r.warnings.append(f"{where}: fp8 without torch_compile runs torchao's casts eagerly; the fp8 speed-up "
-                              "assumes a compiled model")
+            r.time_as["precision"] = Precision.BF16_MIXED
+            r.warnings.append(f"{where}: fp8 without torch_compile runs torchao's casts eagerly, slower than bf16 "
+                              "(pytorch/ao#685); its step time is bf16-mixed's, a lower bound")
     if job.runtime_where:
         _read_load_dtype(job, r)
 

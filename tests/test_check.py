@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from planner.catalog.models import resolve_model
 from planner.check import CheckRequest, check
 from planner.cli import app
 from planner.emit import emit
@@ -102,6 +103,28 @@ def test_mappings(tmp_path):
     assert (c.sharding, c.offload, c.precision, c.grad_accum, c.optimizer) == ("zero2", "optimizer", "fp16-mixed", 8, "adamw")
     assert any("NVMe" in w for w in r.warnings)
     assert r.sources["grad_accum"] == "ds.json: gradient_accumulation_steps"
+
+
+def test_fp8_without_compile_is_timed_as_it_runs(tmp_path):
+    """An fp8 job the Trainer does not compile runs torchao's casts eagerly, slower than bf16
+    (pytorch/ao#685): its memory is fp8's (the ledger models eager fp8, as traced) and its step
+    time bf16-mixed's, never the compiled fp8 speed-up; with torch_compile the fp8 time stands."""
+    result = suggest(SuggestRequest(model=LLAMA, gpus="8xH100-80", precision=["fp8-mixed"], sharding=["fsdp"], top=1))
+    emit(result, tmp_path)
+    plan = result.plans[0]
+    compiled = check(CheckRequest(model=LLAMA, gpus="8xH100-80", job_dir=tmp_path, alternatives=0))
+    targs = json.loads((tmp_path / "training_args.json").read_text())
+    assert targs["torch_compile"] is True
+    write(tmp_path / "training_args.json", targs | {"torch_compile": False})
+    request = CheckRequest(model=LLAMA, gpus="8xH100-80", job_dir=tmp_path, alternatives=0)
+    eager = check(request)
+    as_bf16 = estimate_config(resolve_model(LLAMA), request.hardware(),
+                              plan.config.model_copy(update={"precision": "bf16-mixed"}))
+    assert compiled.estimate.time.tokens_per_second == plan.time.tokens_per_second
+    assert eager.estimate.config.precision == "fp8-mixed"
+    assert eager.estimate.memory["peak"] == plan.memory["peak"]
+    assert eager.estimate.time.tokens_per_second == as_bf16.time.tokens_per_second < plan.time.tokens_per_second
+    assert any("pytorch/ao#685" in w for w in eager.warnings)
 
 
 def test_not_fitting_job_gets_changes_that_fit(tmp_path):

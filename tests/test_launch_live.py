@@ -6,9 +6,11 @@ precision, checkpoint wrappers, DeepSpeed stage and offload, FSDP2 reshard and o
 attention, batch shape) equal the plan, field by field, on every rank.
 
 One process, DDP and FSDP2 run over gloo with ACCELERATE_USE_CPU=1; DeepSpeed brings up gloo
-itself (planner/launch/cpu.py). Not run here, because the CPU cannot: Liger's chunked loss (Triton
-kernels, CUDA), DeepSpeed ZeRO-Offload (its CPU Adam is a C++ build), paged memory (bitsandbytes
-falls back to unpaged state on the CPU; the class is still checked: paged-adamw, paged-adamw-8bit).
+itself (planner/launch/cpu.py). ZeRO-Offload builds DeepSpeed's CPU Adam (a C++ extension, about
+50 s on 2 cores) into the test's own folder, so no build is left behind. Hybrid FSDP runs as two
+machines (a launch.sh per MACHINE_RANK) on this host, 2 x 2 processes. Not run here, because the
+CPU cannot: Liger's chunked loss (Triton kernels, CUDA), paged memory (bitsandbytes falls back to
+unpaged state on the CPU; the class is still checked: paged-adamw, paged-adamw-8bit).
 """
 
 import json
@@ -42,6 +44,9 @@ CASES = [
     ("zero1-sgd", "2xA100-80", dict(sharding="zero1", optimizer="sgd"), 2),
     ("zero2-fp16", "2xA100-80", dict(sharding="zero2", precision="fp16-mixed"), 2),
     ("zero3-full", "2xA100-80", dict(sharding="zero3", checkpointing="full"), 2),
+    ("zero2-offload-optimizer", "2xA100-80", dict(sharding="zero2", offload="optimizer"), 2),
+    ("zero3-offload-optimizer-params", "2xA100-80", dict(sharding="zero3", offload="optimizer+params"), 2),
+    ("fsdp-hybrid-two-machines", "2x2xA100-80", dict(sharding="fsdp-hybrid"), 4),
     ("single-fp8-compiled", "1xH100-80", dict(precision="fp8-mixed"), 1),
 ]
 
@@ -55,7 +60,7 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name, gpus, config, processes", CASES, ids=[c[0] for c in CASES])
-def test_launch_runs_the_plan(tmp_path, tiny_model, name, gpus, config, processes):
+def test_launch_runs_the_plan(tmp_path, tmp_path_factory, tiny_model, name, gpus, config, processes):
     import torch
 
     plan = run(TINY, gpus, **(dict(precision="bf16-mixed") | SHAPE | config))
@@ -70,9 +75,15 @@ def test_launch_runs_the_plan(tmp_path, tiny_model, name, gpus, config, processe
     }
     if processes > 1 and not plan.config.sharding.startswith("zero") and not torch.cuda.is_available():
         env["ACCELERATE_USE_CPU"] = "1"
-    proc = subprocess.run([str(out / "launch.sh"), "--max-steps", "2", "--no-save"], capture_output=True, text=True,
-                          env=env, timeout=900, cwd=tmp_path)
-    log = proc.stdout + proc.stderr
+    if plan.config.sharding.startswith("zero") and plan.config.offload != "none":
+        env["TORCH_EXTENSIONS_DIR"] = str(tmp_path_factory.getbasetemp() / "torch_extensions")  # CPU Adam, built here
+    # one launch per machine, as a user runs it on each node (two "machines" here share this host)
+    machines = [subprocess.Popen([str(out / "launch.sh"), "--max-steps", "2", "--no-save"], text=True, cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 env=env | {"MACHINE_RANK": str(rank), "MAIN_ADDR": "127.0.0.1"})
+                for rank in range(plan.hardware.nodes)]
+    logs = [m.communicate(timeout=900)[0] for m in machines]
+    log = "".join(logs)
     reports = sorted((out / "outputs").glob("planner-live-rank*.json"))
     assert len(reports) == processes, log[-4000:]
     for path in reports:
@@ -82,4 +93,4 @@ def test_launch_runs_the_plan(tmp_path, tiny_model, name, gpus, config, processe
         if plan.config.checkpointing == "selective":  # torchtitan's policy on a Llama layer: q, v, gate, down + SDPA
             saved = report["live"]["details"]["selective_saved_ops_per_layer_forward"]
             assert saved.get("mm.default") == 4 and sum(v for k, v in saved.items() if "attention" in k) == 1, saved
-    assert proc.returncode == 0, log[-4000:]
+    assert all(m.returncode == 0 for m in machines), log[-4000:]

@@ -75,6 +75,9 @@ def check(request: CheckRequest) -> CheckResult:
     hardware = request.hardware()
     config, sources = _resolve(request, reading, plan_config, model, hardware)
     result = estimate_config(model, hardware, config, request.margin)
+    if reading.time_as:  # the job runs slower than its memory reading: time it as it runs
+        timed = estimate_config(model, hardware, config.model_copy(update=reading.time_as), request.margin)
+        result = result.model_copy(update={"time": timed.time})
     changes, faster = [], []
     if request.alternatives:
         if result.fits:

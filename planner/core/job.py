@@ -65,6 +65,9 @@ class Reading:
     processes: tuple[int, str] | None = None  # accelerate num_processes (all machines)
     machines: tuple[int, str] | None = None
     train_batch: tuple[int, str] | None = None  # DeepSpeed train_batch_size
+    #: values that price the step time where the job runs slower than its memory reading says (an
+    #: eager fp8 job is timed as bf16-mixed): field -> value
+    time_as: dict[str, Any] = field(default_factory=dict)
 
     def set(self, name: str, value: Any, where: str, refines: Mapping[str, set] | None = None) -> None:
         """Record ``value`` for ``name``. Two files that disagree are a contradiction, unless one

@@ -10,6 +10,9 @@ Nothing here acts when CUDA is available.
 - DeepSpeed runs without ACCELERATE_USE_CPU (it brings up gloo itself); accelerate then counts one
   process, so it is told the real process count.
 - FSDP2's CPU offload pins host memory, which needs an accelerator: unpinned here.
+- accelerate validates a parallelism config (hybrid FSDP's replicate x shard mesh) before the
+  Trainer hands it the FSDP plugin, and refuses MULTI_CPU there: it validates the processes as the
+  multi-device run they stand in for (every other check, the mesh's size included, still runs).
 """
 
 import os
@@ -27,9 +30,28 @@ def before_training_arguments() -> None:
     import transformers.training_args as ta
 
     ta.is_torch_bf16_gpu_available = lambda: True
+    _validate_parallelism_as_multi_device()
     if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
         # the arguments make their own PartialState and check DeepSpeed's batch sizes against it at once
         ta.PartialState = _deepspeed_partial_state()
+
+
+def _validate_parallelism_as_multi_device() -> None:
+    from types import SimpleNamespace
+
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import DistributedType
+
+    validate = ParallelismConfig._validate_accelerator
+
+    def as_multi_device(self, accelerator):
+        if accelerator.distributed_type != DistributedType.MULTI_CPU:
+            return validate(self, accelerator)
+        return validate(self, SimpleNamespace(multi_device=True, is_fsdp2=False, num_processes=accelerator.num_processes,
+                                              distributed_type=accelerator.distributed_type,
+                                              is_main_process=accelerator.is_main_process))
+
+    ParallelismConfig._validate_accelerator = as_multi_device
 
 
 def _deepspeed_partial_state():
