@@ -175,3 +175,101 @@ def test_moe_step_flops_equal_torchs_count(tmp_path, targets):
     grouped = sum(per_element * P.active_elements(spec, t) for t in P.layer_tensors(spec) if t.routed) * spec.num_layers
     per_token = AD.adapter_matmul_flops_per_token(spec, targets, 4) - grouped
     assert sum(counted.values()) == per_token * tokens + AD.fold_flops_per_micro_batch(spec, targets, 4)
+
+
+SAVED_TINY = TINY | {
+    "qwen3": dict(model_type="qwen3", hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=256),
+    "gemma2": dict(model_type="gemma2", hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, vocab_size=256),
+    "gpt2": dict(TINY["gpt2"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+}
+#: precision -> (weights' dtype, adapters in fp32 under bf16 autocast)
+SAVED_MODES = {"bf16-mixed": ("bfloat16", True), "bf16-pure": ("bfloat16", False), "fp32": ("float32", False)}
+
+
+def layer_saved_per_token(path, family: str, attention: str, mode: str, adapter: tuple | None, seq: int = 32) -> float:
+    """Bytes per token layer 1 of a real model saves for backward (storages, parameters excluded),
+    as the slope between micro-batches of 2 and 4 sequences (per-layer constants, such as the
+    adapters' autocast weight casts, cancel). ``adapter``: (targets, dropout) for peft LoRA of
+    rank 4, or None for full fine-tuning."""
+    import transformers
+
+    dtype, mixed = SAVED_MODES[mode]
+    sizes = []
+    for batch in (2, 4):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention,
+                                                                  dtype=getattr(torch, dtype))
+        if adapter is None:
+            model.requires_grad_(True)
+        else:
+            targets, dropout = adapter
+            modules = "all-linear" if targets == AD.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_LIKE_ATTENTION)
+            model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout,
+                                                               target_modules=modules, task_type="CAUSAL_LM"),
+                                        autocast_adapter_dtype=mixed)
+        model.train()
+        layer = next(m for n, m in model.named_modules() if n.endswith(("layers.1", "h.1")))
+        inside, seen = [False], {}
+        layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+        layer.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if inside[0] and storage.data_ptr() not in params:
+                seen[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        ids = torch.randint(0, 256, (batch, seq))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+                model(input_ids=ids, labels=ids)
+        sizes.append(sum(seen.values()))
+    return (sizes[1] - sizes[0]) / (2 * seq)
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory):
+    import transformers
+
+    base, specs = tmp_path_factory.mktemp("saved"), {}
+    for family, config in SAVED_TINY.items():
+        transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)).save_pretrained(base / family)
+        specs[family] = (base / family, resolve_model(str(base / family / "config.json")))
+    return specs
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family, attention", [("llama", "sdpa"), ("llama", "eager"), ("qwen3", "sdpa"), ("phi3", "sdpa"),
+                                               ("gpt2", "sdpa"), ("gpt2", "eager"), ("gemma2", "eager")])
+@pytest.mark.parametrize("mode", list(SAVED_MODES))
+def test_lora_layer_activations_equal_a_real_peft_layer(saved_tiny, family, attention, mode):
+    """What a LoRA layer saves beyond full fine-tuning, exactly as a real peft model on the CPU saves
+    it, for both target sets with and without dropout: frozen weights keep no inputs for weight
+    gradients, fp32 adapters under autocast each save their own 16-bit input copy, dropout adds its
+    mask and output per wrapped matmul, A's output.
+
+    Compared as the difference from full fine-tuning of the same model in the same dtypes, measured
+    the same way: that cancels what the CPU's kernels save differently from CUDA's in the base
+    layer (the full lists follow CUDA and are traced in benchmarks/traced_matrix.py; e.g. the CPU's
+    SDPA copies Phi-3's strided v). One CPU fact is applied to the model's figure: the dropout mask
+    is a noise tensor in the input's dtype (fp32 after peft's cast under autocast), where CUDA's
+    fused dropout keeps a bool mask (AD.DROPOUT_MASK_BYTES)."""
+    from planner.cost import activations as A
+    from planner.cost.activations import DTypes
+
+    path, spec = saved_tiny[family]
+    dtype, mixed = SAVED_MODES[mode]
+    c = 4 if dtype == "float32" else 2
+    cpu_mask = 2 if mode == "bf16-pure" else 4
+    fused = attention == "sdpa"
+    full = layer_saved_per_token(path, family, attention, mode, None)
+    model_full = sum(v for _, v in A.layer_saved(spec, DTypes(c, c), fused, 32))
+    for targets in AD.TARGETS:
+        for dropout in (0.0, 0.1):
+            saved = AD.adapter_layer_saved(spec, DTypes(c, c), fused, 32, targets, 4, dropout, cast=mixed)
+            model = sum(v * (cpu_mask if n.endswith("dropout mask") else 1) for n, v in saved)
+            traced = layer_saved_per_token(path, family, attention, mode, (targets, dropout))
+            assert traced - full == model - model_full, (targets, dropout)

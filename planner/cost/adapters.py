@@ -1,5 +1,6 @@
-"""Adapters: the weights LoRA and DoRA wrap, the tensors they add, QLoRA's 4-bit storage and the
-matmul FLOPs of a step that trains an adapter on a frozen model.
+"""Adapters: the weights LoRA and DoRA wrap, the tensors they add, QLoRA's 4-bit storage, the
+matmul FLOPs of a step that trains an adapter on a frozen model, and what a LoRA layer saves for
+backward.
 
 Exact, tensor by tensor, as peft builds them on transformers 5 models (peft 0.21: ``LoraConfig``
 with ``target_modules``; ``tuners_utils._maybe_include_all_linear_layers`` for "all-linear";
@@ -14,6 +15,7 @@ from functools import cache
 from math import ceil, prod
 
 from planner.core.specs import ModelSpec
+from planner.cost import activations as A
 from planner.cost import compute as C
 from planner.cost import params as P
 
@@ -191,3 +193,87 @@ def fold_flops_per_micro_batch(m: ModelSpec, targets: str, rank: int) -> float:
             d_out, d_in = t.shape
             total += (8 * t.experts if t.routed else 6) * d_out * d_in * lora_rank(m, t, rank)
     return total * m.num_layers
+
+
+#: Bytes per element of a dropout mask in training: CUDA's fused ``native_dropout`` saves a boolean
+#: mask (aten/native/Dropout.cpp ``is_fused_kernel_acceptable``: CUDA, XPU, lazy and privateuse1
+#: tensors). On the CPU torch's ``_dropout_impl`` saves a noise tensor in the input's dtype instead.
+DROPOUT_MASK_BYTES = 1
+#: The activation-list names of norm tensors saved only for the norm weight's gradient: the
+#: normalised input of RMSNorm's weight multiply (Gemma's fp32 one of ``1 + weight``).
+#: LayerNorm's saved input, mean and rstd serve its input gradient too.
+NORM_WEIGHT_INPUTS = ("norm normalised", "norm fp32 normalised")
+
+
+@cache
+def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, ...]]:
+    """The tensors of planner.cost.activations' layer list that a decoder layer saves only for its
+    matmuls' weight gradients, each with the weights of the matmuls that read it (a frozen matmul
+    needs its weight, not its input, for the input gradient: ``linear``'s backward saves the input
+    only when the weight requires grad; bitsandbytes' ``MatMul4Bit`` likewise).
+
+    Not listed, because another op saves them too: SDPA's output (its own backward reads it; Llama-
+    style o_proj reads it as a view), the gated MLP's gate and up (the product saves both), GPT-2's
+    activation input. Source: the activation lists' own docstrings; traced per family
+    (tests/test_adapters.py)."""
+    names = [t.name for t in P.layer_matmuls(m)]
+    first = tuple(t.name for t in _first_matmuls(m))
+    attn_out = next(n for n in names if n.startswith("self_attn.o_proj"))
+    mlp_in = tuple(n for n in names if n.startswith(("mlp.gate", "mlp.up", "mlp.fc_in")))
+    mlp_out = tuple(n for n in names if n.startswith(("mlp.down", "mlp.fc_out")))
+    inputs = {"qkv input": first}
+    if m.family == "gpt2":
+        inputs |= {"fc input": mlp_in, "act output": mlp_out}
+        if not fused:
+            inputs["out-proj input"] = (attn_out,)
+        return inputs
+    inputs |= {"mlp input": mlp_in, "act*up": mlp_out}
+    if not fused:
+        inputs["attn out (contiguous)"] = (attn_out,)
+    elif m.fused_qkv:
+        inputs["attn out made contiguous"] = (attn_out,)
+    return inputs
+
+
+@cache
+def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: str, rank: int,
+                        dropout: float, cast: bool) -> tuple[tuple[str, float], ...]:
+    """Bytes per token one decoder layer saves (no checkpointing) when its weights are frozen and
+    the target set's matmuls carry LoRA adapters (peft ``LoraLayer.forward``: ``base(x) +
+    B(A(dropout(x.to(A's dtype)))) * scaling``), in the activation dtypes ``dt``.
+
+    - The full fine-tuning list (planner.cost.activations.layer_saved) less what is saved only for
+      frozen weights' gradients: the norms' normalised inputs (``NORM_WEIGHT_INPUTS``) and the
+      matmul inputs of ``_weight_gradient_inputs``. A matmul input stays only where a wrapped
+      reader's A saves that very tensor: no dropout and no cast (q, k and v then share it).
+    - ``cast``: the adapters' dtype is not the activations' (fp32 adapters over a 16-bit model
+      under autocast). peft casts A's input to fp32 (``_cast_input_dtype``) and autocast casts it
+      back to the compute dtype, so each wrapped matmul's A saves its own copy, c per input element.
+    - ``dropout`` > 0: each wrapped matmul's own dropout saves its mask (``DROPOUT_MASK_BYTES`` per
+      element) and A saves the dropped input (c per element; under ``cast`` its 16-bit copy).
+    - Every wrapped matmul: A's output, r elements in the compute dtype, which B saves.
+    The adapters' weights (and under autocast their 16-bit casts) are per layer, not per token: the
+    ledger counts them. Dense models only; a MoE's folded expert adapters are ledger rows of their
+    own. Traced on real peft models (tests/test_adapters.py)."""
+    if m.is_moe:
+        raise ValueError("adapter_layer_saved: dense models only")
+    c = dt.compute
+    on = {t.name: t for t in wrapped(m, targets)}
+    own_copy = dropout > 0 or cast
+    inputs = _weight_gradient_inputs(m, fused)
+    saved = []
+    for name, size in A.layer_saved(m, dt, fused, seq_len):
+        if name in NORM_WEIGHT_INPUTS:
+            continue
+        readers = inputs.get(name)
+        if readers is None or (not own_copy and any(r in on for r in readers)):
+            saved.append((name, size))
+    for t in on.values():
+        d_in = t.shape[1]
+        short = t.name.removesuffix(".weight")
+        if dropout > 0:
+            saved.append((f"{short} dropout mask", DROPOUT_MASK_BYTES * d_in))
+        if own_copy:
+            saved.append((f"{short} adapter input", c * d_in))
+        saved.append((f"{short} lora_A output", c * lora_rank(m, t, rank)))
+    return tuple(saved)
