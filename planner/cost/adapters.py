@@ -255,14 +255,19 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     The adapters' weights (and under autocast their 16-bit casts) are per layer, not per token: the
     ledger counts them. Dense models only; a MoE's folded expert adapters are ledger rows of their
     own. Traced on real peft models (tests/test_adapters.py)."""
-    if m.is_moe:
-        raise ValueError("adapter_layer_saved: dense models only")
+    if m.is_moe or dt.upcast:
+        raise ValueError("adapter_layer_saved: dense models over 16-bit or fp32 activations only (no autocast "
+                         "over fp32 weights, whose per-matmul input casts are another list)")
     c = dt.compute
     on = {t.name: t for t in wrapped(m, targets)}
     own_copy = dropout > 0 or cast
     inputs = _weight_gradient_inputs(m, fused)
+    full = A.layer_saved(m, dt, fused, seq_len)
+    unknown = set(inputs) - {name for name, _ in full}
+    if unknown:  # the activation lists renamed a tensor: fail loudly rather than keep it silently
+        raise ValueError(f"adapter_layer_saved: {sorted(unknown)} not in {m.family}'s layer list")
     saved = []
-    for name, size in A.layer_saved(m, dt, fused, seq_len):
+    for name, size in full:
         if name in NORM_WEIGHT_INPUTS:
             continue
         readers = inputs.get(name)
