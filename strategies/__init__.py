@@ -2,7 +2,8 @@
 per technique.
 
 An explicit list, no import-time registration. ``REGISTRY`` is the order in which the strategies
-write the memory and time ledgers: precision writes the model-state rows, optimizer the states,
+write the memory and time ledgers: the adapter decides what is trained (its layout first) and
+writes the frozen base's weights, precision writes the model-state rows, optimizer the states,
 sharding divides and adds buffers, offload moves rows to the host, checkpointing / attention / loss
 write activation rows. ``TECHNIQUES`` is the same strategies in vocabulary order (``order``): the
 order of TrainingConfig's fields, of flags and of every summary. Every command, request, search
@@ -12,10 +13,11 @@ them, so adding a technique is one module, one line here, and its tests.
 
 from planner.core.numerics import Rung, numerics_key
 from planner.core.vocabulary import config_model
-from strategies import attention, checkpointing, loss, offload, optimizer, precision, sharding
+from strategies import adapter, attention, checkpointing, loss, offload, optimizer, precision, sharding
 from strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
 
 REGISTRY: tuple[Strategy, ...] = (
+    adapter.STRATEGY,
     precision.STRATEGY,
     optimizer.STRATEGY,
     sharding.STRATEGY,
@@ -30,7 +32,8 @@ FIELDS: tuple[str, ...] = tuple(BY_FIELD)
 
 #: One fully specified training configuration: a field per technique (vocabulary order), then the
 #: workload (micro_batch_size, grad_accum, seq_len). A frozen pydantic model.
-TrainingConfig = config_model([(s.field, s.enum, s.default) for s in TECHNIQUES])
+SETTINGS = tuple(x for s in TECHNIQUES for x in s.settings)
+TrainingConfig = config_model([(s.field, s.enum, s.default) for s in TECHNIQUES], SETTINGS)
 
 
 def summary(config, style: str = "plain", sep: str = ", ") -> str:
@@ -41,8 +44,9 @@ def summary(config, style: str = "plain", sep: str = ", ") -> str:
     value reads alone is bare); ``named`` "optimizer adamw | ..." (every value named); ``compact``
     the short names ("ckpt full"); ``markdown`` values in backticks."""
     parts = []
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
     for s in TECHNIQUES:
-        value = config.get(s.field) if isinstance(config, dict) else getattr(config, s.field)
+        value = s.describe(get) if s.describe is not None else get(s.field)
         if style == "named":
             parts.append(f"{s.field} {value}")
         elif style == "markdown":
@@ -72,5 +76,5 @@ def complexity(config) -> int:
     return sum(s.complexity.get(getattr(config, s.field), 0) for s in TECHNIQUES)
 
 
-__all__ = ["approximations", "complexity", "numerics_of", "BY_FIELD", "FIELDS", "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
+__all__ = ["SETTINGS", "approximations", "complexity", "numerics_of", "BY_FIELD", "FIELDS", "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
            "Strategy", "TrainingConfig", "summary"]

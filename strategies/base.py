@@ -24,8 +24,10 @@ from planner.core.ledger import Ledger, LedgerDraft, PagedInfo
 from planner.core.numerics import Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
+from planner.core.vocabulary import Setting
 from planner.cost import params as P
 from planner.cost.activations import DTypes
+from planner.cost.adapters import AdapterSpec
 
 
 class Engine(StrEnum):
@@ -63,7 +65,9 @@ class PlanLayout:
     layer_matmul_dtype: str  # the decoder layers' matmuls (fp8 under fp8-mixed)
     fused_attention: bool  # fused (flash / memory-efficient) attention kernels: no s^2 tensor saved
     trainable_parameters: int
-    frozen_parameters: int = 0
+    frozen_parameters: int = 0  # the base model's, when an adapter trains instead of it
+    frozen_bytes: int = 0  # bytes per element of the frozen 16-bit (or fp32) base weights
+    adapter: AdapterSpec | None = None  # the adapter trained on the frozen base (None: full fine-tuning)
     tensor_parallel: int = 1
     context_parallel: int = 1
     pipeline_parallel: int = 1
@@ -185,6 +189,14 @@ class Strategy:
     #: what each choice adds to a plan's complexity, for breaking ties between plans of equal
     #: speed (planner/engine/ranking.py): 0 (unlisted) is the plain choice
     complexity: dict[StrEnum, int] = field(default_factory=dict)
+    #: the technique's parameters beside its choice (LoRA's rank, ...): TrainingConfig fields,
+    #: flags and request fields of every planning command; the search never varies them
+    settings: tuple[Setting, ...] = ()
+    #: how a summary names the choice with its settings ("lora r16 all-linear"); None: the value
+    describe: Callable[[Any], str] | None = None
+    #: the flag of a searching command also takes "any": let the search try every choice
+    #: (the strategy's ``searched`` is what it tries when the flag is not given)
+    any_choice: bool = False
 
     @property
     def choices(self) -> tuple[StrEnum, ...]:

@@ -21,6 +21,7 @@ from planner.core.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import activations as A
+from planner.cost import adapters as AD
 from planner.cost import params as P
 from planner.cost import runtime as R
 from strategies import rates
@@ -90,12 +91,25 @@ class SelectivePolicy:
 SELECTIVE_POLICY = SelectivePolicy()
 
 
+def layer_saved_bytes(ctx: PlanContext) -> float:
+    """Bytes per token one decoder layer saves for backward without checkpointing: the full
+    fine-tuning list, or with an adapter on a frozen base the adapter's
+    (planner.cost.adapters.adapter_layer_saved; its fp32 adapters under autocast are ``cast``)."""
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
+    spec = lay.adapter
+    if spec is None or m.is_moe:  # (a MoE adapter plan is refused: strategies/adapter.py)
+        return A.total(A.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
+    cast = lay.weight_bytes != lay.dtypes.compute
+    return A.total(AD.adapter_layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len, spec.targets, spec.rank,
+                                          spec.dropout, cast, spec.dora))
+
+
 def per_layer_forward_bytes(ctx: PlanContext) -> float:
     """Bytes per token one layer holds from its forward until its backward."""
     m, dt, cfg = ctx.model, ctx.layout.dtypes, ctx.config
     match cfg.checkpointing:
         case Checkpointing.NONE:
-            return A.total(A.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
+            return layer_saved_bytes(ctx)
         case Checkpointing.SELECTIVE:
             return A.total(A.layer_selective(m, dt, ctx.layout.fused_attention, cfg.seq_len))
         case Checkpointing.FULL:
@@ -216,7 +230,8 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     dt, T = lay.dtypes, cfg.tokens_per_micro_batch
     fsdp = ctx.engine == Engine.FSDP
-    g = 0 if ctx.layout.gradients_sharded or cfg.grad_accum > 1 else lay.grad_bytes
+    # (an adapter's gradients are the precision strategy's row over the whole backward)
+    g = 0 if ctx.layout.gradients_sharded or cfg.grad_accum > 1 or lay.adapter else lay.grad_bytes
     layer_grads = P.layer_parameters(m) * (lay.gathered_bytes if fsdp else g)
     cast = P.layer_matmul_parameters(m) * (dt.compute if lay.autocast else 0)
     below = m.num_layers - 1
@@ -231,7 +246,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     moments = {
         "start": common | {
             "autocast_weight_copies": cast + saved_casts,
-            "activations": (per_layer_forward_bytes(ctx) * below + A.total(A.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
+            "activations": (per_layer_forward_bytes(ctx) * below + layer_saved_bytes(ctx)
                             + A.mlp_backward_transient_bytes(m, dt) + fp8_casts) * T,
         },
         "attention": common | {
@@ -300,8 +315,8 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     fsdp = ctx.engine == Engine.FSDP
     if fsdp:  # the layer's unsharded gradients, in the parameters' dtype, until its reduce-scatter
         g = lay.gathered_bytes
-    else:
-        g = 0 if ctx.layout.gradients_sharded or cfg.grad_accum > 1 else lay.grad_bytes
+    else:  # (an adapter's gradients are the precision strategy's row over the whole backward)
+        g = 0 if ctx.layout.gradients_sharded or cfg.grad_accum > 1 or lay.adapter else lay.grad_bytes
     cast = c if lay.autocast else 0
     # the layer computing, unsharded; resharding, also an all-gather output FSDP2 holds until the next
     # all-gather copies out (the prefetched layer's), so two layers (traced: Mixtral 8x7B, FSDP2, 2 ranks)
@@ -316,8 +331,8 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
         "start": {
             "gradients": 0,
             "autocast_weight_copies": P.layer_matmul_parameters(m) * cast,
-            "activations": (attention + A.total(A.mlp_saved(m, dt)) + A.mlp_backward_transient_bytes(m, dt)
-                            + _fp8_gradient_casts(ctx)) * T,
+            "activations": ((layer_saved_bytes(ctx) if lay.adapter else attention + A.total(A.mlp_saved(m, dt)))
+                            + A.mlp_backward_transient_bytes(m, dt) + _fp8_gradient_casts(ctx)) * T,
         },
         "last MLP weight gradient": {
             "gradients": mlp_grads * g + (big * cast if g else 0),
@@ -343,7 +358,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     matmuls whose outputs it did not keep (every second one: Llama's k, o and up projections;
     MoE experts), and eager attention's bmm (not in the policy's list)."""
     cfg, m = ctx.config, ctx.model
-    saved = A.total(A.layer_saved(m, ctx.layout.dtypes, ctx.layout.fused_attention, cfg.seq_len))
+    saved = layer_saved_bytes(ctx)
     elementwise = rates.elementwise_forward_seconds(ctx, saved)
     draft.compute("elementwise", "norms, activations, RoPE, residuals (forward)", elementwise, Window.FORWARD)
     draft.compute("elementwise", "norms, activations, RoPE, residuals (backward)", 2 * elementwise, Window.BACKWARD)

@@ -18,6 +18,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
+from planner.cost import adapters as AD
 from planner.cost import comms
 from planner.cost import optimizer_states as S
 from planner.cost import params as P
@@ -75,13 +76,13 @@ def tensor_state_bytes(opt: Optimizer, t: P.ParamTensor, state_bytes: int) -> in
 
 def state_bytes_split(ctx: PlanContext) -> tuple[int, int]:
     """(dense bytes, paged bytes) of optimizer state for the whole model, unsharded."""
-    return _state_bytes_split(ctx.model, ctx.config.optimizer, ctx.layout.state_bytes)
+    return _state_bytes_split(ctx.model, ctx.config.optimizer, ctx.layout.state_bytes, ctx.layout.adapter)
 
 
 @cache
-def _state_bytes_split(m: ModelSpec, opt: Optimizer, sb: int) -> tuple[int, int]:
+def _state_bytes_split(m: ModelSpec, opt: Optimizer, sb: int, adapter: AD.AdapterSpec | None) -> tuple[int, int]:
     dense = paged = 0
-    for t in P.model_tensors(m):
+    for t in AD.trainable_tensors(m, adapter):
         b = tensor_state_bytes(opt, t, sb) * P.multiplicity(m, t)
         if opt in PAGED and t.numel // t.experts >= S.BNB_PAGED_MIN_NUMEL:
             paged += b
@@ -115,15 +116,19 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         # torch AdamW keeps an fp32 `step` scalar per parameter tensor (torch/optim/adamw.py
         # _init_group; on the device when fused). DeepSpeed hands it flat partitions: one per group.
         # Every rank holds all of them, so sharding does not divide this row.
-        count = 1 if ctx.engine == Engine.DEEPSPEED else sum(P.multiplicity(ctx.model, t) for t in P.model_tensors(ctx.model))
+        count = 1 if ctx.engine == Engine.DEEPSPEED else sum(P.multiplicity(ctx.model, t) for t in _trained(ctx))
         ledger.add("optimizer_states", "optimizer step counters (fp32 scalar per tensor)", count, 4,
                    tag="step_counters", note=f"{count:,} tensors")
     if opt in (Optimizer.ADAFACTOR, Optimizer.ADAM_MINI):
-        largest = max(t.numel // t.experts for t in P.model_tensors(ctx.model))
+        largest = max(t.numel // t.experts for t in _trained(ctx))
         ledger.add(
             "optimizer_step_temporaries", "per-tensor update temporaries", S.per_tensor_step_temporary(largest), 1,
             phases=frozenset({Phase.STEP}), note="two fp32 tensors the size of the largest parameter",
         )
+
+
+def _trained(ctx: PlanContext) -> tuple[P.ParamTensor, ...]:
+    return AD.trainable_tensors(ctx.model, ctx.layout.adapter)
 
 
 def _note(opt: Optimizer) -> str:

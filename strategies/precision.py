@@ -63,9 +63,27 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     for the mixed precisions planner emits, else the parameters' own dtype: the gradients' dtype."""
     p = ctx.config.precision
     weight, master, grad, state, dtypes, autocast, gathered = _dtypes(p, decided["engine"])
+    frozen = 0
+    if decided.get("frozen_parameters"):  # an adapter trains; the base is frozen
+        weight, master, grad, state, dtypes, autocast, frozen = _adapter_dtypes(p)
     return {"weight_bytes": weight, "master_bytes": master, "grad_bytes": grad, "state_bytes": state,
             "gathered_bytes": gathered, "reduce_bytes": grad, "dtypes": dtypes, "autocast": autocast,
-            "compute_dtype": COMPUTE_DTYPE[p], "layer_matmul_dtype": LAYER_MATMUL_DTYPE[p]}
+            "compute_dtype": COMPUTE_DTYPE[p], "layer_matmul_dtype": LAYER_MATMUL_DTYPE[p], "frozen_bytes": frozen}
+
+
+def _adapter_dtypes(p: Precision) -> tuple:
+    """(adapter weights, master, adapter gradients, states, activation dtypes, autocast of the
+    base's weights, frozen base bytes) when an adapter trains on a frozen base (one GPU or DDP).
+
+    The mixed precisions load the frozen base in their 16-bit dtype (nothing to update, so no fp32
+    copy) and keep the adapters in fp32 (peft ``autocast_adapter_dtype``), autocast casting only
+    the adapters; the residual stream is 16-bit (the embeddings' output). bf16-pure: everything
+    bf16 (adapters too); fp32: everything fp32. Traced on real peft layers (tests/test_adapters.py)."""
+    if p == Precision.FP32:
+        return 4, 0, 4, 4, DTypes(4, 4), False, 4
+    if p == Precision.BF16_PURE:
+        return 2, 0, 2, 2, DTypes(2, 2), False, 2
+    return 4, 0, 4, 4, DTypes(2, 2), False, 2
 
 
 @cache
@@ -180,15 +198,18 @@ def _check(ctx: PlanContext, out: Check) -> None:
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     m, lay = ctx.model, ctx.layout
-    n, trainable = P.total_parameters(m), lay.trainable_parameters
+    trainable = lay.trainable_parameters
     wdt = {4: "fp32", 2: "16-bit"}[lay.weight_bytes]
-    ledger.add("weights", f"weights ({wdt})", n, lay.weight_bytes, note=f"{n:,} params x {lay.weight_bytes} B")
+    what = "adapter weights" if lay.adapter else "weights"  # (the adapter strategy writes the frozen base's)
+    ledger.add("weights", f"{what} ({wdt})", trainable, lay.weight_bytes, note=f"{trainable:,} params x {lay.weight_bytes} B")
     if lay.master_bytes:
         ledger.add("master_weights", "master weights (fp32)", trainable, lay.master_bytes,
                    note=f"{trainable:,} params x 4 B")
     gdt = {4: "fp32", 2: "16-bit"}[lay.grad_bytes]
     phases = grads_in_forward(ctx)
-    if Phase.BACKWARD not in phases:  # (accumulating: every gradient exists from the first micro-batch on)
+    if lay.adapter:  # the adapters' gradients, all counted from the top layer's backward on (a small upper bound)
+        phases = phases | {Phase.BACKWARD}
+    elif Phase.BACKWARD not in phases:  # (accumulating: every gradient exists from the first micro-batch on)
         late = late_gradient_parameters(ctx)
         ledger.add(
             "gradients", f"gradients ({gdt}) made before the first layer's backward",
@@ -199,7 +220,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
             ledger.add("gradients", f"gradients ({gdt}) of the decoder layers", trainable - late, lay.grad_bytes,
                        phases=frozenset({Phase.BACKWARD_END}), note="before the root unit's reduce-scatter")
             phases = phases - {Phase.BACKWARD_END}
-    ledger.add("gradients", f"gradients ({gdt})", trainable, lay.grad_bytes, phases=phases,
+    ledger.add("gradients", f"{'adapter ' if lay.adapter else ''}gradients ({gdt})", trainable, lay.grad_bytes, phases=phases,
                note=f"{trainable:,} params x {lay.grad_bytes} B")
     if lay.autocast:
         # torch.amp caches the 16-bit cast of every matmul weight until the autocast region (the
@@ -224,7 +245,10 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     fwd = rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
     dtype = "fp8 layers" if ctx.config.precision == Precision.FP8_MIXED else ctx.layout.compute_dtype
     draft.compute("matmul", f"forward matmuls ({dtype})", fwd, Window.FORWARD, note="6N rule: 2 FLOPs/param/token")
-    draft.compute("matmul", f"backward matmuls ({dtype})", 2 * fwd, Window.BACKWARD, note="input and weight gradients")
+    if ctx.layout.adapter:  # a frozen base: input gradients only (the adapter strategy times the adapters)
+        draft.compute("matmul", f"backward matmuls ({dtype})", fwd, Window.BACKWARD, note="input gradients only (frozen)")
+    else:
+        draft.compute("matmul", f"backward matmuls ({dtype})", 2 * fwd, Window.BACKWARD, note="input and weight gradients")
 
 
 ACCELERATE_MIXED_PRECISION = {
@@ -262,11 +286,18 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
                                        "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
     files.training_args["bf16"] = p == Precision.BF16_MIXED
     files.training_args["fp16"] = p == Precision.FP16_MIXED
-    files.runtime["dtype"] = LOAD_DTYPE[p]
+    files.runtime["dtype"] = load_dtype(p, ctx.layout.adapter is not None)
 
 
 #: The parameters' dtype as loaded (runtime.json ``dtype``): bf16-pure has no fp32 master copy.
 LOAD_DTYPE = {p: "bfloat16" if p == Precision.BF16_PURE else "float32" for p in Precision}
+#: With an adapter the frozen base loads in the compute dtype (``_adapter_dtypes``).
+ADAPTER_LOAD_DTYPE = {p: {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[COMPUTE_DTYPE[p]] for p in Precision}
+
+
+def load_dtype(p: Precision, adapter: bool) -> str:
+    """The dtype the model's parameters load in (a torch dtype's name)."""
+    return (ADAPTER_LOAD_DTYPE if adapter else LOAD_DTYPE)[p]
 
 
 #: "Not mixed": accelerate's mixed_precision "no", or the Trainer with bf16 and fp16 off: fp32
@@ -327,6 +358,14 @@ def _read_load_dtype(job: JobFiles, r: Reading) -> None:
     mixed one); fp32 weights make it fp32."""
     where = f"{job.runtime_where}: dtype"
     dtype = job.runtime.get("dtype", "float32")
+    if job.runtime.get("lora") is not None:  # a frozen base loads in the compute dtype: the flags decide
+        if dtype not in ("bfloat16", "float16", "float32"):
+            r.problems.append(f"{where}: {dtype!r} is not a planned load dtype for an adapter's frozen base")
+        elif dtype == "bfloat16" and r.values.get("precision", (None,))[0] in (NOT_MIXED, None):
+            r.set("precision", Precision.BF16_PURE, where, REFINES)
+        elif dtype == "float32" and r.values.get("precision", (None,))[0] in (NOT_MIXED, None):
+            r.set("precision", Precision.FP32, where, REFINES)
+        return
     if dtype == "bfloat16":
         r.set("precision", Precision.BF16_PURE, where, REFINES)
     elif dtype == "float32":

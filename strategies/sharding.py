@@ -109,7 +109,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     h = m.hidden_size
     if s == Sharding.DDP:
         ledger.add(
-            "communication_buffers", "DDP gradient buckets", total, lay.grad_bytes,
+            "communication_buffers", "DDP gradient buckets", lay.trainable_parameters, lay.grad_bytes,
             note="reducer's flat buckets cover every gradient (gradient_as_bucket_view=False)",
         )
         return
@@ -192,8 +192,9 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     world = _link(ctx, hw.nodes > 1)
     g = lay.gathered_bytes
     if s == Sharding.DDP:
-        buckets = max(1, int(psi * lay.grad_bytes // DDP_BUCKET_BYTES))
-        volume = comms.all_reduce_bytes(psi * lay.grad_bytes, n)
+        trained = lay.trainable_parameters
+        buckets = max(1, int(trained * lay.grad_bytes // DDP_BUCKET_BYTES))
+        volume = comms.all_reduce_bytes(trained * lay.grad_bytes, n)
         draft.overlapped("communication", "DDP gradient all-reduce", _seconds(volume, world, buckets), Window.BACKWARD,
                          per_micro_batch=False, note="once per step, bucketed under the last backward")
         return

@@ -1,16 +1,19 @@
 """Request fields for every registered technique (the registry's vocabulary, for the engine's
 requests): ``TechniqueChoices`` holds one optional value per technique (estimate, probe, check);
-``TechniqueLists`` a list per technique (suggest, tune: the values the search may use)."""
+``TechniqueLists`` a list per technique (suggest, tune: the values the search may use). Both hold
+each technique's settings (LoRA's rank, ...) as one optional value: the search never varies them."""
 
 from pydantic import BaseModel, ConfigDict
 
 from planner.core.vocabulary import choice_model
-from strategies import TECHNIQUES
+from strategies import SETTINGS, TECHNIQUES
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-TechniqueChoices = choice_model("TechniqueChoices", [(s.field, s.enum) for s in TECHNIQUES], many=False, base=_Request)
-TechniqueLists = choice_model("TechniqueLists", [(s.field, s.enum) for s in TECHNIQUES], many=True, base=_Request)
+TechniqueChoices = choice_model("TechniqueChoices", [(s.field, s.enum) for s in TECHNIQUES], many=False, base=_Request,
+                                settings=SETTINGS)
+TechniqueLists = choice_model("TechniqueLists", [(s.field, s.enum) for s in TECHNIQUES], many=True, base=_Request,
+                              settings=SETTINGS)

@@ -3,7 +3,9 @@ tokenizer, as a user has one) on planner's sample text for two steps through the
 (``python -m planner.launch`` under ``accelerate launch``), and the live objects of the run
 (planner/launch/live.py: optimizer class and state dtypes, parameter dtype and accelerate's mixed
 precision, checkpoint wrappers, DeepSpeed stage and offload, FSDP2 reshard and offload, loss,
-attention, batch shape) equal the plan, field by field, on every rank.
+attention, batch shape, the peft adapter: kind, rank, targets, alpha, dropout, trainable parameters)
+equal the plan, field by field, on every rank. QLoRA's 4-bit base runs through bitsandbytes' CPU
+backend.
 
 One process, DDP and FSDP2 run over gloo with ACCELERATE_USE_CPU=1; DeepSpeed brings up gloo
 itself (planner/launch/cpu.py). ZeRO-Offload builds DeepSpeed's CPU Adam (a C++ extension, about
@@ -48,6 +50,9 @@ CASES = [
     ("zero3-offload-optimizer-params", "2xA100-80", dict(sharding="zero3", offload="optimizer+params"), 2),
     ("fsdp-hybrid-two-machines", "2x2xA100-80", dict(sharding="fsdp-hybrid"), 4),
     ("single-fp8-compiled", "1xH100-80", dict(precision="fp8-mixed"), 1),
+    ("single-lora-full", "1xA100-80", dict(adapter="lora", checkpointing="full"), 1),
+    ("single-qlora", "1xA100-80", dict(adapter="qlora", lora_rank=8, lora_dropout=0.0), 1),
+    ("ddp-dora-attention", "2xA100-80", dict(sharding="ddp", adapter="dora", lora_targets="attention", lora_alpha=16), 2),
 ]
 
 
@@ -90,6 +95,8 @@ def test_launch_runs_the_plan(tmp_path, tmp_path_factory, tiny_model, name, gpus
         report = json.loads(path.read_text())
         assert report["differences"] == [], (path.name, report["live"])
         assert report["plan"] == plan.config.model_dump(mode="json")
+        if plan.config.adapter != "none":  # peft's trainable tensors are the ones the plan counts
+            assert report["live"]["details"]["trainable_parameters"] == plan.model.num_trainable_parameters
         if plan.config.checkpointing == "selective":  # torchtitan's policy on a Llama layer: q, v, gate, down + SDPA
             saved = report["live"]["details"]["selective_saved_ops_per_layer_forward"]
             assert saved.get("mm.default") == 4 and sum(v for k, v in saved.items() if "attention" in k) == 1, saved

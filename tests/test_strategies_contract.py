@@ -29,7 +29,7 @@ from planner.engine.suggest import SuggestRequest
 from planner.engine.tune import TrialRow, TuneRequest, TuneResult
 from planner.render import report
 from planner.render.tune import render_tune
-from strategies import BY_FIELD, REGISTRY, TECHNIQUES, Check, PlanContext, TrainingConfig
+from strategies import BY_FIELD, REGISTRY, SETTINGS, TECHNIQUES, Check, PlanContext, TrainingConfig
 from strategies.base import LAYOUT_FIELDS, resolve_layout
 
 from helpers import round_trip, round_trip_errors
@@ -54,8 +54,9 @@ IDS = [s.field for s in TECHNIQUES]
 def test_registry_covers_every_technique_once():
     fields_ = [s.field for s in REGISTRY]
     assert len(fields_) == len(set(fields_))
-    assert set(fields_) == set(TrainingConfig.model_fields) - set(WORKLOAD)
-    assert [s.field for s in TECHNIQUES] == [f for f in TrainingConfig.model_fields if f not in WORKLOAD]
+    settings = [x.name for s in TECHNIQUES for x in s.settings]
+    assert set(fields_) | set(settings) == set(TrainingConfig.model_fields) - set(WORKLOAD)
+    assert [s.field for s in TECHNIQUES] + settings == [f for f in TrainingConfig.model_fields if f not in WORKLOAD]
     assert len({s.order for s in REGISTRY}) == len(REGISTRY) and len({s.short for s in REGISTRY}) == len(REGISTRY)
 
 
@@ -93,7 +94,7 @@ def test_every_layout_field_is_decided_once():
             owners.update(part.keys())
             decided |= part
     assert all(n == 1 for n in owners.values()), owners
-    unregistered = {"trainable_parameters", "frozen_parameters", "tensor_parallel", "context_parallel",
+    unregistered = {"trainable_parameters", "tensor_parallel", "context_parallel",
                     "pipeline_parallel"}  # the base's, until a technique decides them
     assert set(owners) | unregistered == set(LAYOUT_FIELDS) and not set(owners) & (unregistered - {"trainable_parameters"})
     for ctx in CONTEXTS:

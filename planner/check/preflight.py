@@ -140,6 +140,11 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
         if name not in values:
             values[name] = defaults.get(name, TrainingConfig.model_fields[name].default)
             sources[name] = "default"
+    for s in TECHNIQUES:  # a technique's settings mean nothing while it is off (LoRA's rank without an adapter)
+        if s.settings and str(values[s.field]) == str(s.default):
+            for x in s.settings:
+                if sources[x.name] == "default":
+                    sources[x.name] = f"unused ({s.field} {s.default})"
     if reading.train_batch:
         total = values["micro_batch_size"] * values["grad_accum"] * num_gpus
         if reading.train_batch[0] != total:

@@ -4,6 +4,7 @@ plans without touching this package."""
 
 import functools
 import inspect
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,7 @@ from planner.catalog.calibration import ENV as CALIBRATION_ENV
 from planner.core.launch import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.cost.runtime import DEFAULT_MARGIN
-from strategies import TECHNIQUES
+from strategies import BY_FIELD, SETTINGS, TECHNIQUES
 
 Model = Annotated[str, typer.Option("--model", help="HF id from the catalog or local HF cache, or a config.json / model folder")]
 Gpus = Annotated[str, typer.Option("--gpus", help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, 2x./gpu.yaml")]
@@ -95,27 +96,56 @@ def with_space(command):
     return _extend(command, "space", added, lambda v: v | {"micro_batch_size": v["micro_batch_size"] or []})
 
 
+ANY = "any"
+
+
+@functools.cache
+def _with_any(enum: type[StrEnum]) -> type[StrEnum]:
+    """The choices of ``enum`` and "any" (every choice), for a searching command's flag."""
+    return StrEnum(enum.__name__ + "OrAny", {m.name: m.value for m in enum} | {"ANY": ANY})
+
+
 def with_techniques(kind: str):
     """Give a command one option per registered technique, in vocabulary order, and call it with
     ``techniques={field: value}``.
 
     ``kind``: "one" (a value; None: the technique's default, e.g. sharding none on one GPU, ddp on
     several), "optional" (None: from the files, as ``planner check`` reads them), "many" (repeatable:
-    the search may use only these; empty: every value it searches)."""
+    the search may use only these; empty: every value it searches; "any", where the strategy takes
+    it: every choice). Each technique's settings (--lora-rank, ...) are one optional value in every
+    kind (None: the default, or for check what the files say)."""
 
     def option(s):
         if kind == "many":
             searched = f"; searched unless given: {', '.join(map(str, s.searched))}" if s.searched else ""
-            return Annotated[list[s.enum] | None,
-                             typer.Option(s.flag, help=f"{s.help}; allow only these (repeatable){searched}")]
+            enum = _with_any(s.enum) if s.any_choice else s.enum
+            anyword = "; any: every choice" if s.any_choice else ""
+            return Annotated[list[enum] | None,
+                             typer.Option(s.flag, help=f"{s.help}; allow only these (repeatable){searched}{anyword}")]
         fallback = "from the files" if kind == "optional" else (
             f"default: {s.default}" if s.default_for is None else f"default: {(s.default_for.__doc__ or '').strip(' .')}")
         return Annotated[s.enum | None, typer.Option(s.flag, help=f"{s.help} ({fallback})")]
 
+    def setting(x):
+        fallback = "from the files" if kind == "optional" else f"default: {x.default}"
+        return Annotated[x.type | None, typer.Option(x.flag, help=f"{x.help} ({fallback})")]
+
     def collect(values: dict) -> dict:
-        return {k: v or [] for k, v in values.items()} if kind == "many" else values
+        if kind != "many":
+            return values
+        out = {}
+        for k, v in values.items():
+            s = BY_FIELD.get(k)
+            if s is None:  # a setting: one value
+                out[k] = v
+            elif s.any_choice and v and ANY in v:
+                out[k] = list(s.choices)
+            else:
+                out[k] = [s.enum(x) for x in v or []]
+        return out
 
     def decorate(command):
-        return _extend(command, "techniques", [_option(s.field, option(s)) for s in TECHNIQUES], collect)
+        added = [_option(s.field, option(s)) for s in TECHNIQUES] + [_option(x.name, setting(x)) for x in SETTINGS]
+        return _extend(command, "techniques", added, collect)
 
     return decorate

@@ -37,8 +37,11 @@ class RuntimeArgs(BaseModel):
     attn_implementation: str = "sdpa"  # from_pretrained(attn_implementation=...)
     optimizer: str | None = None  # built by the runtime where the Trainer has no optim name for it
     checkpointing: str | None = None  # a checkpointing policy the runtime applies to each decoder layer
+    lora: dict | None = None  # peft LoraConfig keyword arguments: the adapter the runtime wraps the model with
+    quantization: dict | None = None  # transformers BitsAndBytesConfig keyword arguments (QLoRA's 4-bit base)
 
     #: The values that say nothing beyond what the standard files and the libraries' defaults do.
     @classmethod
     def neutral(cls) -> dict:
-        return {"dtype": "float32", "attn_implementation": "sdpa", "optimizer": None, "checkpointing": None}
+        return {"dtype": "float32", "attn_implementation": "sdpa", "optimizer": None, "checkpointing": None,
+                "lora": None, "quantization": None}

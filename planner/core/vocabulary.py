@@ -7,6 +7,7 @@ issues add values and techniques, never rename them.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -28,6 +29,28 @@ WORKLOAD_FIELDS: dict[str, tuple[type, Any]] = {
 WORKLOAD = tuple(WORKLOAD_FIELDS)
 
 
+@dataclass(frozen=True)
+class Setting:
+    """A technique's numeric or named parameter beside its choice (LoRA's rank, targets, alpha,
+    dropout): a TrainingConfig field the search never varies, taken from the request as given."""
+
+    name: str  # the field; its flag is --name-with-dashes
+    type: type
+    default: Any
+    help: str
+    ge: float | None = None
+    le: float | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def field(self, optional: bool = False) -> tuple[type, Any]:
+        """The pydantic field: the default, or None (optional: "as the default says")."""
+        kind = (self.type | None) if optional else self.type
+        return kind, Field(None if optional else self.default, ge=self.ge, le=self.le)
+
+
 class ConfigBase(BaseModel):
     """One fully specified training configuration, in vocabulary terms (a frozen value)."""
 
@@ -38,17 +61,22 @@ class ConfigBase(BaseModel):
         return self.micro_batch_size * self.seq_len
 
 
-def config_model(techniques: Sequence[tuple[str, type[StrEnum], StrEnum]]) -> type[ConfigBase]:
-    """``TrainingConfig``: one field per technique (name, choices, default), then the workload."""
+def config_model(techniques: Sequence[tuple[str, type[StrEnum], StrEnum]],
+                 settings: Sequence[Setting] = ()) -> type[ConfigBase]:
+    """``TrainingConfig``: one field per technique (name, choices, default), the techniques'
+    settings, then the workload."""
     fields: dict[str, Any] = {name: (enum, default) for name, enum, default in techniques}
+    fields |= {s.name: s.field() for s in settings}
     return create_model("TrainingConfig", __base__=ConfigBase, __module__="strategies", **fields, **WORKLOAD_FIELDS)
 
 
 def choice_model(name: str, techniques: Sequence[tuple[str, type[StrEnum]]], many: bool,
-                 base: type[BaseModel] = BaseModel) -> type[BaseModel]:
+                 base: type[BaseModel] = BaseModel, settings: Sequence[Setting] = ()) -> type[BaseModel]:
     """Request fields for the techniques: one optional value each (None: the default), or, with
-    ``many``, a list each (empty: leave the choice to the search)."""
+    ``many``, a list each (empty: leave the choice to the search); and each setting, optional
+    (None: its default; the search never varies a setting)."""
     fields: dict[str, Any] = {
         n: ((list[enum], Field(default_factory=list)) if many else (enum | None, None)) for n, enum in techniques
     }
+    fields |= {s.name: s.field(optional=True) for s in settings}
     return create_model(name, __base__=base, __module__="strategies", **fields)

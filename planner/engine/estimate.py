@@ -17,11 +17,11 @@ from planner.core.ledger import Ledger, LedgerDraft, LedgerRow, Location, PagedI
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import StepTime, TimeDraft, assemble, step_seconds
 from planner.core.vocabulary import DEFAULT_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN, WORKLOAD
-from planner.cost import compute as C
+from planner.cost import adapters as AD
 from planner.cost import params as P
 from planner.cost import runtime as R
 from planner.engine.assumptions import assumptions
-from strategies import REGISTRY, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig
+from strategies import REGISTRY, SETTINGS, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig
 from strategies.rates import peak_dtype, peak_flops
 from strategies.sharding import Sharding
 from strategies.vocabulary import TechniqueChoices
@@ -59,6 +59,7 @@ class ModelInfo(BaseModel):
     family: str
     source: str
     num_parameters: int
+    num_trainable_parameters: int  # what the plan trains: every parameter, or an adapter's
     num_active_parameters: int
     num_layers: int
     hidden_size: int
@@ -171,6 +172,7 @@ def resolve_config(request, model: ModelSpec, hardware: HardwareSpec) -> Trainin
     """The configuration a request names: each technique's value, or its default on this hardware;
     the sequence length, or the model's default."""
     fields = {s.field: getattr(request, s.field) or s.default_on(hardware) for s in TECHNIQUES}
+    fields |= {x.name: getattr(request, x.name) for x in SETTINGS if getattr(request, x.name) is not None}
     fields |= {k: getattr(request, k) for k in WORKLOAD}
     if fields["seq_len"] is None:
         fields["seq_len"] = default_seq_len(model)
@@ -253,10 +255,10 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
     memory = terms_at(draft.rows, peak) | {"peak": ev.peak}
     time = assemble(
         ev.time_draft, config.grad_accum, ev.tokens_per_step, ctx.world_size,
-        C.model_flops_per_token(model, config.seq_len), peak_flops(ctx), peak_dtype(ctx),
+        AD.training_flops_per_token(model, config.seq_len, ctx.layout.adapter), peak_flops(ctx), peak_dtype(ctx),
     )
     return EstimateResult(
-        model=_model_info(model),
+        model=_model_info(model, ctx.layout.trainable_parameters),
         hardware=HardwareInfo(
             gpu=hardware.gpu.id, gpu_name=hardware.gpu.name, num_gpus=hardware.num_gpus, nodes=hardware.nodes,
             gpus_per_node=hardware.gpus_per_node, gpu_memory_bytes=hardware.gpu.memory_bytes,
@@ -309,13 +311,14 @@ def _place_paged_state(draft: LedgerDraft, usable: int, gpu_peak: int) -> PagedI
 
 def _host_memory(ctx: PlanContext, draft: LedgerDraft, paged: PagedInfo | None) -> dict[str, int]:
     """Host RAM per node: per-rank host rows times ranks per node, the processes' own memory,
-    and the model load (each process loads the checkpoint in its parameter dtype, except under
+    and the model load (each process loads the checkpoint in its parameter dtype, an adapter's
+    frozen base in its own (QLoRA: 16 bit, quantized as it moves to the GPU), except under
     ZeRO-3 / FSDP where one process per node loads and the others start empty)."""
     gpn = ctx.hardware.gpus_per_node
     per_rank = draft.peak_bytes(Location.HOST)
     spilled = paged.spilled_bytes if paged else 0
     loaders = 1 if ctx.engine == Engine.FSDP or ctx.config.sharding == Sharding.ZERO3 else gpn
-    loading = loaders * P.total_parameters(ctx.model) * ctx.layout.weight_bytes
+    loading = loaders * P.total_parameters(ctx.model) * (ctx.layout.frozen_bytes or ctx.layout.weight_bytes)
     offloaded = (per_rank - spilled) * gpn
     runtime = R.HOST_PROCESS_BYTES * gpn
     return {
@@ -365,9 +368,9 @@ def _reasons(
     return reasons
 
 
-def _model_info(m: ModelSpec) -> ModelInfo:
+def _model_info(m: ModelSpec, trainable: int) -> ModelInfo:
     return ModelInfo(
-        id=m.id, family=m.family, source=m.source, num_parameters=P.total_parameters(m),
+        id=m.id, family=m.family, source=m.source, num_parameters=P.total_parameters(m), num_trainable_parameters=trainable,
         num_active_parameters=P.active_parameters(m), num_layers=m.num_layers, hidden_size=m.hidden_size,
         vocab_size=m.vocab_size,
     )

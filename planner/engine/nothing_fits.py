@@ -36,7 +36,7 @@ from planner.core.units import GB
 from planner.engine.estimate import EstimateResult, evaluate, result_of
 from planner.engine.ranking import rank, searched
 from planner.engine.search import SearchOutcome, search
-from planner.engine.space import SearchSpace, build_space, default_global_batch
+from planner.engine.space import SearchSpace, build_space, settings_of, default_global_batch
 from strategies import BY_FIELD, FIELDS, PlanContext, summary
 from strategies.base import Check
 
@@ -188,7 +188,7 @@ def space_for(request, num_gpus: int) -> SearchSpace:
         gbs = default_global_batch(num_gpus, request.seq_len)
     fixed = {f: [str(v) for v in getattr(request, f)] for f in FIELDS}
     return build_space(num_gpus, request.seq_len, fixed, list(request.micro_batch_size), gbs,
-                       request.exact_optimizer, request.launcher)
+                       request.exact_optimizer, request.launcher, settings_of(request))
 
 
 def _saving_rank(field: str):

@@ -12,13 +12,14 @@ of the per-GPU share.
 
 import itertools
 from collections.abc import Iterator
+from typing import Any
 from math import prod
 
 from pydantic import BaseModel, ConfigDict
 
 from planner.core.errors import PlannerInputError
 from planner.core.launch import Launcher
-from strategies import REGISTRY, TrainingConfig
+from strategies import REGISTRY, SETTINGS, TrainingConfig
 from strategies.optimizer import QUANTIZED
 
 DEFAULT_GLOBAL_BATCH_TOKENS = 131_072  # 2^17 = 64 x 2048
@@ -33,6 +34,7 @@ class SearchSpace(BaseModel):
     seq_len: int
     global_batch_size: int  # sequences per optimizer step, all GPUs
     data_parallel: int
+    settings: dict[str, Any] = {}  # the techniques' settings (LoRA rank, ...): the same in every candidate
 
     @property
     def combos(self) -> int:
@@ -66,7 +68,7 @@ class SearchSpace(BaseModel):
         no re-validation on the search's hot path)."""
         accum = self.global_batch_size // (micro_batch_size * self.data_parallel)
         return TrainingConfig.model_construct(
-            **techniques, micro_batch_size=micro_batch_size, grad_accum=accum, seq_len=self.seq_len
+            **techniques, **self.settings, micro_batch_size=micro_batch_size, grad_accum=accum, seq_len=self.seq_len
         )
 
 
@@ -78,6 +80,14 @@ def default_global_batch(data_parallel: int, seq_len: int) -> int:
     return per_gpu * data_parallel
 
 
+def settings_of(request) -> dict[str, Any]:
+    """The technique settings a request gives (LoRA rank, ...), validated as TrainingConfig does."""
+    given = {x.name: getattr(request, x.name, None) for x in SETTINGS}
+    given = {k: v for k, v in given.items() if v is not None}
+    config = TrainingConfig(**given)
+    return {k: getattr(config, k) for k in given}
+
+
 def build_space(
     data_parallel: int,
     seq_len: int,
@@ -86,9 +96,11 @@ def build_space(
     global_batch_size: int | None = None,
     exact_optimizer: bool = False,
     launcher: Launcher = Launcher.PLANNER,
+    settings: dict[str, Any] | None = None,
 ) -> SearchSpace:
     """The space for ``data_parallel`` GPUs. ``fixed`` narrows fields to the listed values;
-    ``launcher`` trainer drops the choices only the planner launch realises (Strategy.runtime_only)."""
+    ``launcher`` trainer drops the choices only the planner launch realises (Strategy.runtime_only);
+    ``settings`` (``settings_of``) go into every candidate."""
     fixed = {k: v for k, v in (fixed or {}).items() if v}
     problems = []
     choices: dict[str, tuple[str, ...]] = {}
@@ -132,5 +144,5 @@ def build_space(
         raise PlannerInputError(problems)
     return SearchSpace(
         choices=choices, micro_batch_sizes=tuple(divisors), seq_len=seq_len, global_batch_size=gbs,
-        data_parallel=data_parallel,
+        data_parallel=data_parallel, settings=settings or {},
     )

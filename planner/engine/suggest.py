@@ -17,7 +17,7 @@ from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len,
 from planner.engine.nothing_fits import HardwareSuggestion, Verdict, explain
 from planner.engine.ranking import Ranking, distinct, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search
-from planner.engine.space import SearchSpace, build_space
+from planner.engine.space import SearchSpace, build_space, settings_of
 from strategies import FIELDS, REGISTRY, approximations
 from strategies.vocabulary import TechniqueLists
 
@@ -173,7 +173,7 @@ def _launcher_note(request: SuggestRequest) -> list[str]:
 def _space(request: SuggestRequest, num_gpus: int, global_batch_size: int | None) -> SearchSpace:
     fixed = {f: [str(v) for v in getattr(request, f)] for f in FIELDS}
     return build_space(num_gpus, request.seq_len, fixed, list(request.micro_batch_size), global_batch_size,
-                       request.exact_optimizer, request.launcher)
+                       request.exact_optimizer, request.launcher, settings_of(request))
 
 
 def _search(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace) -> SearchOutcome:

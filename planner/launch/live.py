@@ -79,7 +79,7 @@ def _sharding_and_offload(trainer, model) -> tuple[str, str, dict]:
 
 
 def _precision(trainer, model, sharding: str) -> tuple[str, dict]:
-    params = [p for p in model.parameters()]
+    params = [p for p in model.parameters() if p.requires_grad] or list(model.parameters())  # (an adapter's)
     local = getattr(params[0], "_local_tensor", params[0])
     dtype = str(local.dtype).removeprefix("torch.")
     fp8 = sum(any(c.__name__ == "Float8Linear" for c in type(m).__mro__) for m in model.modules())
@@ -111,6 +111,22 @@ def _checkpointing(model) -> tuple[str, dict]:
     return "none", {}
 
 
+def _adapter(model) -> dict:
+    """The peft adapter on the live model, in the plan's vocabulary (none without one)."""
+    configs = getattr(model, "peft_config", None)
+    if not configs:
+        return {"adapter": "none"}
+    lora = next(iter(configs.values()))
+    wrapped = [n for n, m in model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    four_bit = any(type(m).__name__ == "Linear4bit" for m in model.modules())
+    kind = "dora" if lora.use_dora else "qlora" if four_bit else "lora"
+    targets = "attention" if all(".attn." in n or ".self_attn." in n for n in wrapped) else "all-linear"
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"adapter": kind, "lora_rank": lora.r, "lora_targets": targets, "lora_alpha": lora.lora_alpha,
+            "lora_dropout": lora.lora_dropout, "details": {"adapter_wrapped_modules": len(wrapped),
+                                                          "trainable_parameters": trainable, "nf4_linears": four_bit}}
+
+
 def observe(trainer, session) -> dict:
     """The live configuration: one value per TrainingConfig field, and the facts behind them."""
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped) if hasattr(trainer, "accelerator") else trainer.model
@@ -123,16 +139,20 @@ def observe(trainer, session) -> dict:
     loss = "chunked" if "liger" in (getattr(forward, "__module__", "") or "") or "liger" in str(getattr(model.forward, "__func__", model.forward)) else "standard"
     shape = getattr(session, "batch_shape", None) or (None, None)
     accum = trainer.model_wrapped.gradient_accumulation_steps() if sharding.startswith("zero") else trainer.args.gradient_accumulation_steps
+    adapter = _adapter(model)
+    adapter_detail = adapter.pop("details", {})
     live = {
         "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing, "sharding": sharding,
         "offload": offload, "loss": loss, "attention": model.config._attn_implementation,
         "micro_batch_size": shape[0], "grad_accum": accum, "seq_len": shape[1],
-    }
-    assert set(live) == set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"}
-    return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | {"compiled": trainer.args.torch_compile}}
+    } | adapter
+    assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
+    return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | adapter_detail
+                   | {"compiled": trainer.args.torch_compile}}
 
 
 def differences(config, live: dict) -> list[str]:
-    """Every field where the live run is not the plan."""
+    """Every field where the live run is not the plan (a technique's settings where the run has
+    them: LoRA's rank, ... exist only when an adapter trains)."""
     return [f"{name}: planned {getattr(config, name)}, running {live[name]}"
-            for name in type(config).model_fields if str(getattr(config, name)) != str(live[name])]
+            for name in type(config).model_fields if name in live and str(getattr(config, name)) != str(live[name])]

@@ -59,6 +59,8 @@ class Session:
                                     hint="Pass a model folder (config, weights) or an id in the local Hugging Face cache.") from None
         model.config.use_cache = False
         self.notes += runtime.prepare(model, self.config, runtime.Site.LAUNCH)
+        model, notes = runtime.wrap(model, self.config, runtime.Site.LAUNCH)
+        self.notes += notes
         model.register_forward_pre_hook(self._record_batch, with_kwargs=True)
         return model
 

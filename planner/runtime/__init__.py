@@ -4,7 +4,9 @@ Each technique that acts on the live model has a runtime module here, named by i
 ``runtime`` (strategies/__init__.py drives which run); each may define
 - ``model_kwargs(config) -> dict``: keyword arguments of ``from_pretrained`` / ``from_config``;
 - ``prepare(model, config, site, **fallbacks) -> str | None``: change the built model before it is
-  wrapped (a note says what was applied, or why not).
+  wrapped (a note says what was applied, or why not);
+- ``wrap(model, config, site) -> (model, str | None)``: replace the model by one that wraps it
+  (peft's adapter model), after every ``prepare``.
 Every user of a plan applies it the same way: the traced probe (fake tensors), the measured probe
 (a real run) and the example trainer under ``accelerate launch``. torch, transformers and
 accelerate are imported only when a function runs (DESIGN.md, the runtime layer).
@@ -49,3 +51,14 @@ def prepare(model, config, site: Site, **fallbacks) -> list[str]:
             if note:
                 notes.append(note)
     return notes
+
+
+def wrap(model, config, site: Site) -> tuple:
+    """The model every technique's ``wrap`` makes of it (registry order), and their notes."""
+    notes = []
+    for module in modules():
+        if hasattr(module, "wrap"):
+            model, note = module.wrap(model, config, site)
+            if note:
+                notes.append(note)
+    return model, notes

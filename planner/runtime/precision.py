@@ -12,14 +12,16 @@ memory).
 import contextlib
 
 from planner.runtime import Site
-from strategies.precision import MIXED, Precision
+from strategies.precision import MIXED, Precision, load_dtype
 from strategies.sharding import FSDP
 
 
 def param_dtype(config):
+    """The parameters' dtype as loaded (strategies.precision.load_dtype; an adapter's frozen base
+    loads in the compute dtype)."""
     import torch
 
-    return torch.bfloat16 if config.precision == Precision.BF16_PURE else torch.float32
+    return getattr(torch, load_dtype(config.precision, config.adapter != "none"))
 
 
 def model_kwargs(config) -> dict:

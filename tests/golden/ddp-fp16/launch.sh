@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Launch Qwen/Qwen2.5-0.5B on 8xA100-SXM-80: adamw, fp16-mixed, checkpointing none, sharding ddp, offload none, loss chunked, attention sdpa,
+# Launch Qwen/Qwen2.5-0.5B on 8xA100-SXM-80: adamw, fp16-mixed, checkpointing none, sharding ddp, offload none, loss chunked, attention sdpa, adapter none,
 # micro-batch 1 x accumulation 1 x 8 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
 #
 #   MODEL=path/to/model DATA=path/to/train.jsonl ./launch.sh [--max-steps N ...]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Launch meta-llama/Llama-3.1-8B on 8xH100-SXM-80: adamw, fp8-mixed, checkpointing full, sharding fsdp, offload none, loss standard, attention sdpa,
+# Launch meta-llama/Llama-3.1-8B on 8xH100-SXM-80: adamw, fp8-mixed, checkpointing full, sharding fsdp, offload none, loss standard, attention sdpa, adapter none,
 # micro-batch 1 x accumulation 1 x 8 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
 #
 #   MODEL=path/to/model DATA=path/to/train.jsonl ./launch.sh [--max-steps N ...]

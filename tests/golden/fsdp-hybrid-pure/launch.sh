@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Launch google/gemma-2-9b on 2x8xH100-SXM-80: adamw, bf16-pure, checkpointing none, sharding fsdp-hybrid, offload none, loss standard, attention eager,
+# Launch google/gemma-2-9b on 2x8xH100-SXM-80: adamw, bf16-pure, checkpointing none, sharding fsdp-hybrid, offload none, loss standard, attention eager, adapter none,
 # micro-batch 1 x accumulation 1 x 16 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
 #
 #   MODEL=path/to/model DATA=path/to/train.jsonl ./launch.sh [--max-steps N ...]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Launch meta-llama/Llama-3.1-8B on 1xA100-SXM-40: paged-adamw-8bit, bf16-pure, checkpointing full, sharding none, offload none, loss standard, attention sdpa,
+# Launch meta-llama/Llama-3.1-8B on 1xA100-SXM-40: paged-adamw-8bit, bf16-pure, checkpointing full, sharding none, offload none, loss standard, attention sdpa, adapter none,
 # micro-batch 1 x accumulation 1 x 1 GPU(s), seq 512. Written by planner 0.1.0; see PLAN.md.
 #
 #   MODEL=path/to/model DATA=path/to/train.jsonl ./launch.sh [--max-steps N ...]

@@ -1,0 +1,272 @@
+"""Adapters: train low-rank adapters on a frozen base model instead of the model itself.
+
+- none: full fine-tuning (every parameter trained).
+- lora: peft LoRA (Hu et al. 2021, arXiv:2106.09685): each wrapped weight W (out, in) gains
+  trainable A (r, in) and B (out, r); the output is W x + (alpha / r) B A dropout(x).
+- qlora: LoRA over a base whose decoder-layer linears are stored in NF4 with double quantization
+  (Dettmers et al. 2023, arXiv:2305.14314; bitsandbytes ``Linear4bit``), computed in 16 bit.
+- dora: LoRA with a trained magnitude per output row (Liu et al. 2024, arXiv:2402.09353; peft
+  ``use_dora``).
+
+What the memory model counts (the rules live in planner/cost/adapters.py): the frozen base in the
+load dtype (16 bit under the mixed precisions and bf16-pure, fp32 under fp32; QLoRA: NF4 plus 16-bit
+embeddings, norms and head), the adapters' weights, gradients and optimizer states in their own
+dtype (fp32 under the mixed precisions: peft's ``autocast_adapter_dtype``), their autocast casts,
+the activations a LoRA layer keeps (``adapter_layer_saved``), QLoRA's dequantized weight and DoRA's
+weight-norm work per wrapped weight. Step time: the frozen matmuls' forward and input gradients
+(no weight gradients), the adapters' matmuls (``adapter_matmul_flops_per_token``), QLoRA's
+dequantization (memory bound).
+
+Modelled on one GPU and under DDP for dense models; the sharded engines (ZeRO, FSDP / FSDP-QLoRA),
+MoE experts and selective checkpointing are refused with a reason until they are modelled.
+An adapter is a different training method (numerics: DESIGN.md), so the search uses one only when
+the user names it (``--adapter lora``, or ``--adapter any``).
+"""
+
+from enum import StrEnum
+
+from planner.core.emitted import EmitDraft
+from planner.core.job import JobFiles, Reading
+from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import Setting
+from planner.cost import adapters as AD
+from planner.cost import compute as C
+from planner.cost import params as P
+from strategies import rates
+from strategies.base import Check, Engine, PlanContext, Strategy
+
+
+class Adapter(StrEnum):
+    NONE = "none"
+    LORA = "lora"
+    QLORA = "qlora"
+    DORA = "dora"
+
+
+class LoraTargets(StrEnum):
+    ALL_LINEAR = AD.ALL_LINEAR
+    ATTENTION = AD.ATTENTION
+
+
+#: TRL's defaults (trl ModelConfig: lora_r 16, lora_alpha 32, lora_dropout 0.05).
+SETTINGS = (
+    Setting("lora_rank", int, 16, "LoRA rank r of every adapter", ge=1, le=4096),
+    Setting("lora_targets", LoraTargets, LoraTargets.ALL_LINEAR,
+            "the weights LoRA wraps: all-linear (every decoder-layer linear) or attention (q, k, v, o)"),
+    Setting("lora_alpha", int, 32, "LoRA alpha: the update is scaled by alpha / r", ge=1, le=1_000_000),
+    Setting("lora_dropout", float, 0.05, "dropout on each adapter's input (0: none, and less memory)", ge=0.0, le=0.9),
+)
+FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
+
+
+def spec_of(config) -> AD.AdapterSpec | None:
+    """The adapter ``config`` trains (None: full fine-tuning)."""
+    if config.adapter == Adapter.NONE:
+        return None
+    return AD.AdapterSpec(targets=str(config.lora_targets), rank=config.lora_rank, dropout=config.lora_dropout,
+                          dora=config.adapter == Adapter.DORA, nf4=config.adapter == Adapter.QLORA)
+
+
+def _storage(ctx: PlanContext, decided: dict) -> dict:
+    """What is trained: the adapter's tensors, the whole base frozen (LayerNorm biases included:
+    peft's ``bias="none"``)."""
+    spec = spec_of(ctx.config)
+    if spec is None:
+        return {"frozen_parameters": 0, "adapter": None}
+    m = ctx.model
+    dora = spec.dora and AD.dora_supported(m, spec.targets)  # (check refuses the rest)
+    return {"trainable_parameters": AD.adapter_parameters(m, spec.targets, spec.rank, dora),
+            "frozen_parameters": P.total_parameters(m), "adapter": spec}
+
+
+def _check(ctx: PlanContext, out: Check) -> None:
+    a, cfg, m = ctx.config.adapter, ctx.config, ctx.model
+    if a == Adapter.NONE:
+        return
+    if ctx.engine != Engine.TORCH:
+        out.reject("adapter under a sharded engine",
+                   f"{a} with sharding {cfg.sharding}: planner models adapters on one GPU or under DDP so far (the "
+                   "frozen base replicated on every GPU); use sharding none or ddp")
+    if m.is_moe:
+        out.reject("adapter on a MoE model",
+                   f"{a} on {m.id}: adapters on MoE experts (peft's ParamWrapper) are not modelled yet; "
+                   "fine-tune it in full, or pick a dense model")
+    if cfg.precision == "fp8-mixed":
+        out.reject("adapter with fp8", f"{a} with fp8-mixed: torchao's Float8Linear and peft's LoRA layers do not "
+                                       "wrap each other; use bf16-mixed")
+    if cfg.checkpointing == "selective":
+        out.reject("adapter with selective checkpointing",
+                   f"{a} with selective checkpointing: which outputs the per-op policy keeps around the adapters' "
+                   "matmuls is not modelled yet; use checkpointing none or full")
+    if cfg.offload != "none":
+        out.reject("adapter with offload", f"{a} with offload {cfg.offload}: use offload none (the adapters' "
+                                           "states are small; the frozen base is what takes the memory)")
+    n, base = ctx.layout.trainable_parameters, ctx.layout.frozen_parameters
+    out.warnings.append(f"{a} trains {n:,} adapter parameters ({n / base:.2%} of {base:,}) on the frozen base: a "
+                        "different method from full fine-tuning (its learning rate is typically 10x higher)")
+    if a == Adapter.QLORA:
+        out.warnings.append("qlora computes with the base's NF4-quantized weights (dequantized to 16 bit per "
+                            "matmul): the forward is an approximation of the 16-bit model's")
+
+
+def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    """The frozen base's weights; the adapters' autocast casts; QLoRA's and DoRA's per-weight
+    transients (the adapters' weights, gradients and states are the precision and optimizer
+    strategies' rows, over the layout's trainable parameters)."""
+    spec, lay, m = ctx.layout.adapter, ctx.layout, ctx.model
+    if spec is None:
+        return
+    wdt = {4: "fp32", 2: "16-bit"}[lay.frozen_bytes]
+    if spec.nf4:
+        nf4 = sum(AD.nf4_bytes(t.numel, True) * P.multiplicity(m, t) for t in P.model_tensors(m) if AD.nf4_quantized(m, t))
+        rest = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if not AD.nf4_quantized(m, t))
+        ledger.add("weights", "frozen decoder linears (NF4, double quantization)", nf4, 1,
+                   note="4 bits + 8-bit absmax per 64 + fp32 per 256 blocks")
+        ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes,
+                   note=f"{rest:,} params x {lay.frozen_bytes} B")
+    else:
+        ledger.add("weights", f"frozen base weights ({wdt})", lay.frozen_parameters, lay.frozen_bytes,
+                   note=f"{lay.frozen_parameters:,} params x {lay.frozen_bytes} B")
+    c = lay.dtypes.compute
+    if lay.weight_bytes != c:  # fp32 adapters under autocast: their 16-bit casts, cached and saved
+        ledger.add("autocast_weight_copies", "autocast casts of the adapters' weights", lay.trainable_parameters, c,
+                   phases=FORWARD_AND_BACKWARD, note="torch.amp casts of the fp32 adapters")
+    wrapped = AD.wrapped(m, spec.targets)
+    if spec.nf4:
+        largest = max(t.numel for t in P.layer_matmuls(m) if AD.nf4_quantized(m, t))
+        ledger.add("optimizer_step_temporaries", "QLoRA: one weight dequantized to 16 bit", largest, c,
+                   phases=FORWARD_AND_BACKWARD, note="bitsandbytes dequantizes per matmul, forward and backward")
+    if spec.dora:
+        work = max(dora_norm_bytes(t.shape, lay.weight_bytes, c) for t in wrapped)
+        ledger.add("optimizer_step_temporaries", "DoRA: one weight's norm work", work, 1, phases=FORWARD_AND_BACKWARD,
+                   note="identity, B A, the weight and W + s B A, per wrapped weight")
+
+
+def dora_norm_bytes(shape: tuple[int, int], adapter_bytes: int, compute_bytes: int) -> int:
+    """Bytes peft's DoRA holds at once computing one wrapped weight's norm in a training forward
+    (peft 0.21 ``DoraLinearLayer``: ``get_lora_weight`` multiplies an (in, in) identity in the
+    adapters' dtype through A and B, giving B A (out, in) in the compute dtype; the base weight is
+    cast to the input's dtype (the adapters' under peft's input cast); ``get_weight_norm`` forms
+    W + s B A). Unit: bytes; assumption: the identity, B A, the cast weight and the sum coexist."""
+    d_out, d_in = shape
+    return d_in * d_in * adapter_bytes + d_out * d_in * (compute_bytes + 2 * adapter_bytes)
+
+
+def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    """The adapters' own matmuls (forward and backward), QLoRA's dequantization of every NF4
+    weight per pass (read 0.5 B + scales, write c B per element; backward dequantizes again), and
+    DoRA's weight norms (B A and W + s B A per wrapped weight per forward)."""
+    spec, m = ctx.layout.adapter, ctx.model
+    if spec is None:
+        return
+    full = AD.adapter_matmul_flops_per_token(m, spec.targets, spec.rank)
+    base = 2 * C.matmul_flops_per_token(m)  # the frozen forward and input gradients (precision's rows)
+    rate = rates.matmul_rate(ctx, ctx.layout.compute_dtype)
+    adapter = max(0.0, full - base) * rates.tokens(ctx) / rate
+    draft.compute("matmul", f"adapter matmuls ({ctx.config.adapter} r{spec.rank})", adapter / 3, Window.FORWARD,
+                  note="2 r (in + out) FLOPs per wrapped weight per token")
+    draft.compute("matmul", "adapter matmuls, backward", 2 * adapter / 3, Window.BACKWARD,
+                  note="A and B weight and input gradients")
+    c = ctx.layout.dtypes.compute
+    if spec.nf4:
+        elements = sum(t.numel for t in P.layer_matmuls(m) if AD.nf4_quantized(m, t)) * m.num_layers
+        once = elements * (0.5 + c) / rates.bandwidth(ctx)
+        recompute = ctx.config.checkpointing == "full"
+        draft.compute("elementwise", "QLoRA dequantization (forward)", once, Window.FORWARD)
+        draft.compute("elementwise", "QLoRA dequantization (backward" + (", recompute)" if recompute else ")"),
+                      once * (2 if recompute else 1), Window.BACKWARD)
+    if spec.dora:
+        wrapped = AD.wrapped(m, spec.targets)
+        flops = sum(2 * t.shape[0] * t.shape[1] * spec.rank for t in wrapped) * m.num_layers
+        traffic = sum(dora_norm_bytes(t.shape, ctx.layout.weight_bytes, c) for t in wrapped) * m.num_layers
+        draft.compute("elementwise", "DoRA weight norms (forward)", flops / rate + traffic / rates.bandwidth(ctx),
+                      Window.FORWARD, note="B A and W + s B A per wrapped weight")
+
+
+def lora_config(config, family: str) -> dict:
+    """peft ``LoraConfig`` keyword arguments of the plan's adapter (runtime.json ``lora``)."""
+    return {"r": config.lora_rank, "lora_alpha": config.lora_alpha, "lora_dropout": config.lora_dropout,
+            "target_modules": target_modules(str(config.lora_targets), family), "bias": "none",
+            "use_dora": config.adapter == Adapter.DORA, "task_type": "CAUSAL_LM"}
+
+
+#: The attention projections' module names per family (peft target_modules); "all-linear" is
+#: peft's own shorthand for every linear but the output head.
+ATTENTION_MODULES = {"gpt2": ["attn.c_attn", "attn.c_proj"], "phi3": ["qkv_proj", "o_proj"]}
+LLAMA_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def target_modules(targets: str, family: str):
+    return "all-linear" if targets == AD.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_ATTENTION)
+
+
+def quantization_config(config) -> dict | None:
+    """transformers ``BitsAndBytesConfig`` keyword arguments for QLoRA (runtime.json
+    ``quantization``): NF4 with double quantization, computing in the plan's 16-bit dtype, stored
+    in uint8 (one GPU / DDP: nothing shards the packed weights)."""
+    if config.adapter != Adapter.QLORA:
+        return None
+    compute = "float16" if config.precision == "fp16-mixed" else "float32" if config.precision == "fp32" else "bfloat16"
+    return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": compute}
+
+
+def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    """runtime.json's ``lora`` (peft LoraConfig) and ``quantization`` (BitsAndBytesConfig); the
+    planner launch wraps the loaded model with them (planner/runtime/adapter.py)."""
+    if ctx.config.adapter == Adapter.NONE:
+        return
+    files.runtime["lora"] = lora_config(ctx.config, ctx.model.family)
+    files.extras.add("adapters")
+    if (q := quantization_config(ctx.config)) is not None:
+        files.runtime["quantization"] = q
+        files.extras.add("qlora")
+
+
+def _read(job: JobFiles, r: Reading) -> None:
+    """runtime.json's ``lora`` and ``quantization``: the adapter and its settings."""
+    if not job.runtime_where:
+        return
+    lora, quant, where = job.runtime.get("lora"), job.runtime.get("quantization"), job.runtime_where
+    if lora is None:
+        if quant is not None:
+            r.problems.append(f"{where}: quantization without lora: a 4-bit base trains only with an adapter")
+        r.set("adapter", Adapter.NONE, f"{where}: no lora")
+        return
+    if not isinstance(lora, dict):
+        r.problems.append(f"{where}: lora must be a mapping of peft LoraConfig arguments")
+        return
+    four_bit = isinstance(quant, dict) and quant.get("load_in_4bit") is True
+    kind = Adapter.DORA if lora.get("use_dora") else Adapter.QLORA if four_bit else Adapter.LORA
+    if four_bit and lora.get("use_dora"):
+        r.problems.append(f"{where}: use_dora over a 4-bit base is not a planned adapter (qlora or dora)")
+    r.set("adapter", kind, f"{where}: lora" + (" over a 4-bit base" if four_bit else ""))
+    for key, name in (("r", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
+        if key in lora:
+            r.set(name, lora[key], f"{where}: lora.{key}")
+    modules = lora.get("target_modules")
+    targets = LoraTargets.ALL_LINEAR if modules == "all-linear" else LoraTargets.ATTENTION
+    if modules != "all-linear" and not (isinstance(modules, list) and modules and all(isinstance(x, str) for x in modules)):
+        r.problems.append(f"{where}: lora.target_modules {modules!r}: 'all-linear' or the attention projections")
+    r.set("lora_targets", targets, f"{where}: lora.target_modules")
+
+
+def describe(get) -> str:
+    """"lora r16 all-linear" (a dropout other than TRL's 0.05 is named); "none" for full fine-tuning."""
+    a = get("adapter")
+    if a is None or str(a) == Adapter.NONE:
+        return str(a)
+    dropout = get("lora_dropout")
+    words = f"{a} r{get('lora_rank')} {get('lora_targets')}"
+    return words + (f" dropout {dropout:g}" if dropout is not None and dropout != 0.05 else "")
+
+
+STRATEGY = Strategy(
+    "adapter", Adapter, Adapter.NONE, order=7, short="adapter",
+    help="what trains: none (full fine-tuning), lora, qlora (LoRA over an NF4 base), dora (LoRA with magnitudes)",
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage,
+    searched=(Adapter.NONE,), settings=SETTINGS, describe=describe, any_choice=True,
+    runtime="planner.runtime.adapter", runtime_only=(Adapter.LORA, Adapter.QLORA, Adapter.DORA),
+    complexity={Adapter.QLORA: 1, Adapter.DORA: 1},
+)
