@@ -3,6 +3,8 @@ optimizer states computed where fake tensors cannot run the optimizer, and the G
 allocations stood in for on the CPU. The model, its checkpointing, attention, loss, FSDP2 wrapping
 and optimizer are the runtime's, as every user of a plan applies them."""
 
+import collections
+
 import torch
 
 
@@ -21,6 +23,8 @@ def computed_state_bytes(model, c) -> int:
 
     total = 0
     for p in model.parameters():
+        if not p.requires_grad:  # (an adapter's frozen base has no state)
+            continue
         n = p.numel()
         if c.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
             total += S.blockwise_8bit_states(n, 2)
@@ -33,6 +37,84 @@ def computed_state_bytes(model, c) -> int:
         elif c.optimizer == "adam-mini":
             total += S.adam_mini_states(tuple(p.shape), p.element_size())
     return total
+
+
+def nf4_saving_bytes(model) -> int:
+    """Bytes QLoRA's 4-bit load saves on a model traced over its 16-bit base: each frozen decoder-
+    layer linear's weight (what transformers' bitsandbytes integration quantizes; the adapters'
+    own linears are trained, not quantized) in its dtype less its NF4 bytes with double
+    quantization (planner.cost.adapters.nf4_bytes)."""
+    from planner.cost.adapters import nf4_bytes
+    from planner.runtime.model import decoder_layers
+
+    saved = 0
+    for layer in decoder_layers(model):
+        for name, module in layer.named_modules():
+            weight = getattr(module, "weight", None)
+            # (peft's wrapper is also named Linear and shows its base layer's weight: count the base once)
+            if ("lora_" in name or weight is None or weight.requires_grad or weight.ndim != 2
+                    or hasattr(module, "base_layer") or type(module).__name__ not in ("Linear", "Conv1D")):
+                continue
+            saved += weight.numel() * weight.element_size() - nf4_bytes(weight.numel(), True)
+    return saved
+
+
+def peft_on_fake_tensors():
+    """Patches for wrapping and tracing a peft model on fake tensors. Returns one undo function.
+
+    - peft moves each new adapter to its base layer's device and dtype with ``Module.to``, which on
+      fake parameters swaps tensors (``swap_tensors``) and fails (the fake mode holds a weak
+      reference to each); the patch casts each adapter parameter's ``.data`` instead: the same
+      dtype, on the same (CPU) device; and a ``Module.to`` that changes nothing returns at once.
+    - torch's MemTracker installs gradient hooks on every parameter of the modules it tracks, and
+      torch refuses a hook on a frozen one (an adapter's base); the patch gives frozen parameters
+      an empty handle, as they never get a gradient to report."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from torch.utils.hooks import RemovableHandle
+
+    original_move = BaseTunerLayer._move_adapter_to_device_of_base_layer
+
+    def move(self, adapter_name, device=None):
+        _, dtype = self._get_base_layer_device_and_dtype(self.get_base_layer())
+        for layer_name in self.adapter_layer_names + self.other_param_names:
+            layer = getattr(self, layer_name, None)
+            if isinstance(layer, (torch.nn.ModuleDict, torch.nn.ParameterDict)) and adapter_name in layer:
+                for p in ([layer[adapter_name]] if isinstance(layer, torch.nn.ParameterDict) else layer[adapter_name].parameters()):
+                    if dtype is not None and dtype.is_floating_point:
+                        p.data = p.data.to(dtype)
+
+    hooks = {name: getattr(torch.Tensor, name) for name in ("register_hook", "register_post_accumulate_grad_hook")}
+    no_hooks = collections.OrderedDict()  # (RemovableHandle keeps a weak reference to its hooks' dict)
+
+    def frozen_aware(name):
+        def register(self, hook):
+            if isinstance(self, torch.nn.Parameter) and not self.requires_grad:
+                return RemovableHandle(no_hooks)
+            return hooks[name](self, hook)
+        return register
+
+    original_to = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):  # peft's same-device moves: nothing to do on fake CPU tensors
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        tensors = list(self.parameters()) + list(self.buffers())
+        if all((device is None or t.device == torch.device(device)) and (dtype is None or t.dtype == dtype)
+               for t in tensors):
+            return self
+        return original_to(self, *args, **kwargs)
+
+    BaseTunerLayer._move_adapter_to_device_of_base_layer = move
+    torch.nn.Module.to = to
+    for name in hooks:
+        setattr(torch.Tensor, name, frozen_aware(name))
+
+    def undo():
+        BaseTunerLayer._move_adapter_to_device_of_base_layer = original_move
+        torch.nn.Module.to = original_to
+        for name, fn in hooks.items():
+            setattr(torch.Tensor, name, fn)
+
+    return undo
 
 
 def gpu_attention_with_dropout():

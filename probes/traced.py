@@ -11,7 +11,10 @@ What is traced and what is computed (reported in ``TraceResult.notes``):
   for torch optimizers (AdamW, SGD, Adafactor); the chunked loss through a re-implementation
   with Liger-Kernel's allocations (probes/chunked_loss.py);
 - computed: bitsandbytes 8-bit / paged and Adam-mini states (their kernels do not run under fake
-  tensors): the planner's state-layout formula for the traced parameters;
+  tensors): the planner's state-layout formula for the traced parameters; QLoRA's NF4 weights
+  (traced as LoRA over the 16-bit base, the quantized weights' bytes replaced by
+  planner.cost.adapters.nf4_bytes);
+- adapters: the peft-wrapped model (planner.runtime.adapter), as the launch wraps it;
 - not traced: ZeRO (DeepSpeed does not run under fake tensors): per-rank model states follow the
   ZeRO partition rules (planner.cost.zero); compare a ZeRO plan's activations with sharding none;
 - CPU kernels: fake tensors live on the CPU (a CPU build of torch cannot fake CUDA tensors), so
@@ -94,6 +97,14 @@ def run_trace(req: TraceRequest) -> TraceResult:
         cleanup.callback(undo)
         model = build_model(cfg, c)
         notes += runtime.prepare(model, c, runtime.Site.TRACED, chunked_fallback=chunked_causal_lm_forward)
+        if c.adapter != "none" and not req.real:
+            cleanup.callback(S.peft_on_fake_tensors())
+        model, wrapped = runtime.wrap(model, c, runtime.Site.TRACED)
+        notes += wrapped
+        nf4_saving = S.nf4_saving_bytes(model) if c.adapter == "qlora" else 0
+        if nf4_saving:
+            notes.append("qlora: traced over the 16-bit base; the NF4 weights computed (bitsandbytes does not run on "
+                         "fake tensors), and its per-matmul dequantization not traced")
         if fsdp:
             apply_fsdp(model, c, mesh)
             notes.append(f"FSDP2 fully_shard under a fake process group of {req.world_size} ranks (one rank traced)")
@@ -133,16 +144,16 @@ def run_trace(req: TraceRequest) -> TraceResult:
                 if i < req.iterations - 1:
                     tracker.reset_mod_stats()
         current = tracker.get_tracker_snapshot("current")
-    params = _categories(current, {"Parameter", "Sharded Param"})
+    params = _categories(current, {"Parameter", "Sharded Param"}) - nf4_saving
     states = (_categories(current, {"Optstate", "OptState"}) if optimizer is not None
               else S.computed_state_bytes(model, c))
-    peaks = dict(tracker.phase_peaks)
+    peaks = {p: v - nf4_saving for p, v in tracker.phase_peaks.items()}
     phase = max(peaks, key=peaks.get)
     return TraceResult(
         peak_bytes=peaks[phase], peak_phase=phase, phase_peaks=peaks, at_peak=tracker.phase_snapshots[phase],
         phase_snapshots=tracker.phase_snapshots,
         parameters_bytes=params, gradients_bytes=grads, optimizer_state_bytes=states,
-        baseline_bytes=baseline, inplace_adds=tracker.inplace_adds, seconds=time.perf_counter() - start, notes=notes,
+        baseline_bytes=baseline - nf4_saving, inplace_adds=tracker.inplace_adds, seconds=time.perf_counter() - start, notes=notes,
         explanation=tracker.explanation() if req.explain else [],
     )
 

@@ -105,6 +105,9 @@ def _check(ctx: PlanContext, out: Check) -> None:
     n, base = ctx.layout.trainable_parameters, ctx.layout.frozen_parameters
     out.warnings.append(f"{a} trains {n:,} adapter parameters ({n / base:.2%} of {base:,}) on the frozen base: a "
                         "different method from full fine-tuning (its learning rate is typically 10x higher)")
+    if cfg.lora_dropout > 0 and cfg.checkpointing == "none":
+        out.warnings.append(f"lora_dropout {cfg.lora_dropout:g} keeps a mask and a dropped copy of the input of every "
+                            "wrapped matmul until backward (no checkpointing); --lora-dropout 0 saves that memory")
     if a == Adapter.QLORA:
         out.warnings.append("qlora computes with the base's NF4-quantized weights (dequantized to 16 bit per "
                             "matmul): the forward is an approximation of the 16-bit model's")

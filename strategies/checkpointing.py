@@ -104,6 +104,17 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
                                           spec.dropout, cast, spec.dora))
 
 
+def adapter_backward_bytes(ctx: PlanContext) -> float:
+    """An adapter's gradient temporaries in a layer's backward, bytes per token: the backward
+    phase's peak holds them when the layer is recomputed (full checkpointing); without
+    checkpointing the peak is elsewhere in the layer (traced: benchmarks/adapter_traced_matrix.py).
+    0 without an adapter."""
+    lay = ctx.layout
+    if lay.adapter is None or ctx.config.checkpointing != Checkpointing.FULL:
+        return 0.0
+    return AD.adapter_backward_transient_bytes(ctx.model, lay.adapter.targets, lay.weight_bytes, lay.dtypes.compute)
+
+
 def per_layer_forward_bytes(ctx: PlanContext) -> float:
     """Bytes per token one layer holds from its forward until its backward."""
     m, dt, cfg = ctx.model, ctx.layout.dtypes, ctx.config
@@ -247,7 +258,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
         "start": common | {
             "autocast_weight_copies": cast + saved_casts,
             "activations": (per_layer_forward_bytes(ctx) * below + layer_saved_bytes(ctx)
-                            + A.mlp_backward_transient_bytes(m, dt) + fp8_casts) * T,
+                            + A.mlp_backward_transient_bytes(m, dt) + adapter_backward_bytes(ctx) + fp8_casts) * T,
         },
         "attention": common | {
             "gradients": common["gradients"] + (P.layer_block_parameters(m, "mlp") + P.output_projection_parameters(m))
@@ -332,7 +343,8 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             "gradients": 0,
             "autocast_weight_copies": P.layer_matmul_parameters(m) * cast,
             "activations": ((layer_saved_bytes(ctx) if lay.adapter else attention + A.total(A.mlp_saved(m, dt)))
-                            + A.mlp_backward_transient_bytes(m, dt) + _fp8_gradient_casts(ctx)) * T,
+                            + A.mlp_backward_transient_bytes(m, dt) + adapter_backward_bytes(ctx)
+                            + _fp8_gradient_casts(ctx)) * T,
         },
         "last MLP weight gradient": {
             "gradients": mlp_grads * g + (big * cast if g else 0),

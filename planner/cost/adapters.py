@@ -320,3 +320,16 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
         if dora:
             saved.append((f"{short} DoRA base and adapter outputs", 2 * c * t.shape[0]))
     return tuple(saved)
+
+
+def adapter_backward_transient_bytes(m: ModelSpec, targets: str, adapter_bytes: int, compute_bytes: int) -> float:
+    """Gradient temporaries an adapter adds while a layer runs backward, bytes per token: where
+    peft casts the adapter's input to the adapters' dtype (fp32 adapters under autocast), the
+    widest wrapped matmul's input gradient comes back through A's autocast copy and peft's cast in
+    that dtype: two tensors of d_in elements at the adapters' bytes. 0 where the adapters compute
+    in the activations' dtype. Fitted to the traced matrix (benchmarks/adapter_traced_matrix.py:
+    full checkpointing, bf16-mixed, where a layer's recompute and backward is the backward phase's
+    peak; with dropout and without, bf16-pure adds nothing measurable)."""
+    if adapter_bytes == compute_bytes:
+        return 0.0
+    return 2.0 * adapter_bytes * max(t.shape[1] for t in wrapped(m, targets))

@@ -19,7 +19,10 @@ def build_model(cfg, config):
 
     from planner.runtime import model_kwargs
 
-    return transformers.AutoModelForCausalLM.from_config(cfg, **model_kwargs(config))
+    # (from_config cannot quantize: a QLoRA plan's 4-bit load is from_pretrained's, which the probes
+    # that build from a config stand in for: probes/traced.py computes the NF4 bytes)
+    kwargs = {k: v for k, v in model_kwargs(config).items() if k != "quantization_config"}
+    return transformers.AutoModelForCausalLM.from_config(cfg, **kwargs)
 
 
 def decoder_layers(model):
