@@ -18,7 +18,8 @@ from planner.engine.nothing_fits import HardwareSuggestion, Verdict, explain
 from planner.engine.ranking import Ranking, distinct, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, settings_of
-from strategies import FIELDS, REGISTRY, approximations
+from strategies import FIELDS, REGISTRY, approximations, summary
+from strategies.adapter import Adapter
 from strategies.vocabulary import TechniqueLists
 
 
@@ -46,6 +47,23 @@ class TradeOff(BaseModel):
     approximations: list[str]  # "precision fp8-mixed: fp8 matmuls", least risk first
     gain: float  # tokens/s over the winner's, minus 1
     plan: EstimateResult
+
+
+class AdapterOption(BaseModel):
+    """``suggest`` without --adapter: what LoRA or QLoRA would give when full fine-tuning does not
+    fit or is far slower (a different training method, so never the answer itself)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    adapter: str  # lora or qlora
+    tokens_per_second: float
+    peak_bytes: int
+    gain: float | None  # tokens/s over the winner's, minus 1 (None: nothing full fits)
+    summary: str  # the adapter plan's techniques, one line
+
+
+#: Full fine-tuning counts as "far slower" than an adapter when the adapter plan is this much faster
+#: (on 1xRTX4090-24, Llama-3.1-8B in full needs CPU offload: QLoRA is about 37 % faster).
+ADAPTER_HINT_GAIN = 0.25
 
 
 class TrainingTime(BaseModel):
@@ -78,6 +96,7 @@ class SuggestResult(BaseModel):
     assumptions: list[str] = []  # what the answer assumed, and from where (planner/engine/assumptions.py)
     training: TrainingTime | None = None  # --tokens
     needs_bytes: int | None = None  # nothing fits: the least GPU memory a candidate needs here (planner/engine/nothing_fits.py)
+    adapter_option: AdapterOption | None = None  # full fine-tuning only was searched: what an adapter would give
 
 
 def suggest(request: SuggestRequest) -> SuggestResult:
@@ -123,7 +142,32 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         + ([f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
         training=_training(request, plans[0]) if plans and request.tokens else None,
         needs_bytes=verdict.needs_bytes if verdict else None,
+        adapter_option=_adapter_option(request, model, hardware, plans[0] if plans else None),
     )
+
+
+def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec,
+                    winner: EstimateResult | None) -> AdapterOption | None:
+    """When the request left adapters out (full fine-tuning only) and nothing fits or the winner is
+    far slower than one: the fastest LoRA / QLoRA plan of the same request (its settings, its other
+    choices), as one line. None when an adapter was named, or would not help."""
+    if any(a != Adapter.NONE for a in request.adapter) or request.launcher == Launcher.TRAINER:
+        return None
+    asked = request.model_copy(update={"adapter": [Adapter.LORA, Adapter.QLORA]})
+    space = _space(asked, hardware.num_gpus, request.global_batch_size)
+    try:
+        outcome = _search(asked.model_copy(update={"engine": "auto"}), model, hardware, space)
+    except PlannerInputError:
+        return None
+    best = _rank(asked, outcome).plans
+    if not best:
+        return None
+    plan = _result(asked, model, hardware, outcome, best[0].item)
+    gain = plan.time.tokens_per_second / winner.time.tokens_per_second - 1 if winner else None
+    if gain is not None and gain < ADAPTER_HINT_GAIN:
+        return None
+    return AdapterOption(adapter=str(plan.config.adapter), tokens_per_second=plan.time.tokens_per_second,
+                         peak_bytes=plan.memory["peak"], gain=gain, summary=summary(plan.config))
 
 
 def _training(request: SuggestRequest, plan: EstimateResult) -> TrainingTime:

@@ -44,6 +44,7 @@ def suggestion(result, console: Console, asked: Asked | None = None) -> None:
     if result.fits:
         _trade_offs(result, console)
         _training(result, console)
+    _adapter_option(result, console)
     reasons(result.reasons, console)
     if result.fits:
         _top(result, console)
@@ -93,6 +94,16 @@ def _trade_offs(result, console: Console) -> None:
     for t in getattr(result, "trade_offs", []):
         line(console, f"approximations would give {100 * t.gain:+.0f} % ({tokens(t.plan)}): "
                       f"{'; '.join(t.approximations)}{hint}")
+
+
+def _adapter_option(result, console: Console) -> None:
+    """One line: what LoRA / QLoRA would give where full fine-tuning does not fit or is far slower."""
+    a = getattr(result, "adapter_option", None)
+    if a is None:
+        return
+    than = "full fine-tuning does not fit" if a.gain is None else f"{100 * a.gain:+.0f} % over full fine-tuning"
+    line(console, f"--adapter {a.adapter} would give {a.tokens_per_second:,.0f} tokens/s at {gib(a.peak_bytes)} "
+                  f"({than}; a different method: it trains adapters on the frozen model)")
 
 
 def _training(result, console: Console) -> None:
