@@ -70,6 +70,8 @@ def build_run(req, device: torch.device) -> Run:
     from probes.chunked_loss import chunked_causal_lm_forward
 
     notes += runtime.prepare(model, c, runtime.Site.MEASURED, chunked_fallback=chunked_causal_lm_forward)
+    model, wrapped = runtime.wrap(model, c, runtime.Site.MEASURED)
+    notes += wrapped
     if fsdp:
         apply_fsdp(model, c, mesh)
         _materialize(model, torch.device("cpu") if c.offload != "none" else device)

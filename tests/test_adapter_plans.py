@@ -277,3 +277,39 @@ def test_full_fine_tuning_answers_say_what_an_adapter_would_give():
     assert roomy.adapter_option is None
     r = CliRunner().invoke(app, ["suggest", "--model", LLAMA, "--gpus", "1xRTX4090-24"])
     assert r.exit_code == 0 and f"--adapter {option.adapter} would give" in r.output
+
+
+def test_a_model_built_from_its_config_is_quantized_as_the_plan_counts(tmp_path):
+    """The measured probe builds QLoRA's model from a config (from_config cannot quantize): the
+    runtime replaces the decoder linears by bitsandbytes NF4 layers in place. On the CPU, the
+    quantized model's parameter and quantization-state bytes equal the planner's
+    qlora_weight_bytes exactly, and the peft-wrapped model trains a step."""
+    pytest.importorskip("bitsandbytes")
+    peft = pytest.importorskip("peft")
+    import torch
+    import transformers
+
+    from planner import runtime
+
+    cfg = transformers.AutoConfig.for_model(model_type="llama", hidden_size=256, intermediate_size=512,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            vocab_size=512)
+    cfg.save_pretrained(tmp_path)
+    config = TrainingConfig(adapter="qlora", lora_rank=4)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    assert any("NF4" in n for n in runtime.prepare(model, config, runtime.Site.MEASURED))
+
+    def stored(p):
+        q = getattr(p, "quant_state", None)
+        if q is None:
+            return p.numel() * p.element_size()
+        nested = q.state2.absmax.numel() * 4 + q.state2.code.numel() * 4 + 4 if q.state2 is not None else 0
+        return p.numel() * p.element_size() + q.absmax.numel() * q.absmax.element_size() + q.code.numel() * 4 + nested
+
+    assert sum(stored(p) for p in model.parameters()) == AD.qlora_weight_bytes(resolve_model(str(tmp_path / "config.json")), True)
+    wrapped, _ = runtime.wrap(model, config, runtime.Site.MEASURED)
+    assert isinstance(wrapped, peft.PeftModel)
+    ids = torch.randint(0, 512, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        wrapped(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None for p in wrapped.parameters() if p.requires_grad)

@@ -50,10 +50,9 @@ CASES = [
     ("zero3-offload-optimizer-params", "2xA100-80", dict(sharding="zero3", offload="optimizer+params"), 2),
     ("fsdp-hybrid-two-machines", "2x2xA100-80", dict(sharding="fsdp-hybrid"), 4),
     ("single-fp8-compiled", "1xH100-80", dict(precision="fp8-mixed"), 1),
-    ("single-lora-full", "1xA100-80", dict(adapter="lora", checkpointing="full"), 1),
-    ("single-qlora", "1xA100-80", dict(adapter="qlora", lora_rank=8, lora_dropout=0.0), 1),
-    ("ddp-dora-attention", "2xA100-80", dict(sharding="ddp", adapter="dora", lora_targets="attention", lora_alpha=16), 2),
-]
+    ("ddp-dora-attention", "2xA100-80", dict(sharding="ddp", adapter="dora", lora_targets="attention", lora_alpha=16,
+                                             lora_rank=8, lora_dropout=0.0), 2),
+]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +65,38 @@ def tiny_model(tmp_path_factory):
 
 @pytest.mark.parametrize("name, gpus, config, processes", CASES, ids=[c[0] for c in CASES])
 def test_launch_runs_the_plan(tmp_path, tmp_path_factory, tiny_model, name, gpus, config, processes):
-    import torch
-
     plan = run(TINY, gpus, **(dict(precision="bf16-mixed") | SHAPE | config))
     assert plan.feasible, plan.reasons
+    _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, 29700 + 7 * [c[0] for c in CASES].index(name),
+                        processes)
+
+
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_the_adapter_plan_suggested_for_an_rtx_4090_trains(tmp_path, tmp_path_factory, tiny_model, adapter):
+    """The issue's case: ``planner suggest --model meta-llama/Llama-3.1-8B --gpus 1xRTX4090-24
+    --adapter lora|qlora``. Its winner's techniques and adapter settings, launched on the tiny
+    model (the CPU's shape, and the standard loss where the winner's chunked one needs CUDA),
+    train with the live objects of the plan."""
+    from planner.engine.suggest import SuggestRequest, suggest
+
+    winner = suggest(SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="1xRTX4090-24", adapter=[adapter])).plans[0]
+    assert winner.config.adapter == adapter
+    config = winner.config.model_dump() | SHAPE | {"loss": "standard"}
+    plan = run(TINY, "1xRTX4090-24", **config)
+    assert plan.feasible, plan.reasons
+    _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, 29900 + 7 * ["lora", "qlora"].index(adapter), 1)
+
+
+def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int, processes: int) -> None:
+    """Write ``plan``'s files, run its launch.sh (one per machine) for two steps on the tiny model,
+    and hold every rank's live objects to the plan."""
+    import torch
+
     out = tmp_path / "plan"
     write_files(build_files(single_plan_result(plan)), out, force=False)
     env = os.environ | {
         "MODEL": str(tiny_model), "DATA": "sample",
-        "MAIN_PORT": str(29700 + 7 * [c[0] for c in CASES].index(name)),
+        "MAIN_PORT": str(port),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "OMP_NUM_THREADS": "1",
     }

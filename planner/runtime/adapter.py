@@ -24,6 +24,44 @@ def model_kwargs(config) -> dict:
     return {"quantization_config": BitsAndBytesConfig(**q | {"bnb_4bit_compute_dtype": getattr(torch, q["bnb_4bit_compute_dtype"])})}
 
 
+def prepare(model, config, site: Site, **_) -> str | None:
+    """QLoRA where the model was built from a config (the measured probe): its decoder-layer
+    linears replaced by bitsandbytes ``Linear4bit`` (NF4, double quantization, the plan's compute
+    dtype), which quantize as they move to the model's device, as transformers' 4-bit load does.
+    The launch loads with ``quantization_config`` instead; the traced probe computes the NF4 bytes
+    (bitsandbytes does not run on fake tensors)."""
+    if config.adapter != Adapter.QLORA or site != Site.MEASURED:
+        return None
+    return quantize_nf4(model, config)
+
+
+def quantize_nf4(model, config) -> str:
+    """Replace every ``nn.Linear`` of the decoder layers by a bitsandbytes NF4 ``Linear4bit`` on the
+    same device (the output head and embeddings stay 16-bit, as transformers keeps them)."""
+    import bitsandbytes as bnb
+    import torch
+
+    from planner.runtime.model import decoder_layers
+
+    compute = getattr(torch, quantization_config(config)["bnb_4bit_compute_dtype"])
+    count = 0
+    for layer in decoder_layers(model):
+        for module in list(layer.modules()):
+            for name, child in list(module.named_children()):
+                if not isinstance(child, torch.nn.Linear):
+                    continue
+                device = child.weight.device
+                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                      compute_dtype=compute, compress_statistics=True, quant_type="nf4")
+                q.weight = bnb.nn.Params4bit(child.weight.data.to("cpu"), requires_grad=False,
+                                             compress_statistics=True, quant_type="nf4")
+                if child.bias is not None:
+                    q.bias = torch.nn.Parameter(child.bias.data.to("cpu"), requires_grad=False)
+                setattr(module, name, q.to(device))
+                count += 1
+    return f"qlora: {count} decoder linears quantized to NF4 (double quantization) in place"
+
+
 def wrap(model, config, site: Site):
     """The model with the plan's adapter (a peft ``PeftModel``), and a note; the model itself and
     None for full fine-tuning."""
