@@ -313,3 +313,20 @@ def test_a_model_built_from_its_config_is_quantized_as_the_plan_counts(tmp_path)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         wrapped(input_ids=ids, labels=ids).loss.backward()
     assert all(p.grad is not None for p in wrapped.parameters() if p.requires_grad)
+
+
+def test_next_steps_keep_the_training_method(tmp_path):
+    """After checking an adapter job, "search for faster plans" searches adapter plans (a plain
+    suggest would plan full fine-tuning)."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    out = tmp_path / "job"
+    cli = CliRunner()
+    r = cli.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "1xA100-40", "--adapter", "qlora", "--lora-rank", "8",
+                         "--out", str(out)])
+    assert r.exit_code == 0, r.output[-1500:]
+    r = cli.invoke(app, ["check", "--job-dir", str(out), "--model", LLAMA, "--gpus", "1xA100-40"])
+    assert r.exit_code == 0, r.output[-1500:]
+    assert "--adapter qlora --lora-rank 8" in r.output.strip().splitlines()[-1]

@@ -87,10 +87,24 @@ def estimate_next(result, asked: Asked | None, console: Console) -> None:
         line(console, "next: write this plan's launch files, or search for faster plans:")
         command(console, ["planner", "estimate", *asked.target_words(), *asked.options, "--json", ">", "plan.json"])
         command(console, ["planner", "emit", "--plan", "plan.json", "--out", PLAN_DIR])
-        command(console, ["planner", "suggest", *asked.target_words()])
+        command(console, ["planner", "suggest", *asked.target_words(), *method_words(result.config)])
     else:
         line(console, "next: search for a plan that fits, and write its launch files:")
-        command(console, ["planner", "suggest", *asked.target_words(), "--out", PLAN_DIR])
+        command(console, ["planner", "suggest", *asked.target_words(), *method_words(result.config), "--out", PLAN_DIR])
+
+
+def method_words(config) -> list[str]:
+    """The flags that keep a plan's training method in a new search (its adapter and the settings
+    it changed: a search without them plans full fine-tuning)."""
+    from strategies import TECHNIQUES, TrainingConfig
+
+    words = []
+    for s in TECHNIQUES:
+        if s.any_choice and str(getattr(config, s.field)) != str(s.default):
+            words += [s.flag, str(getattr(config, s.field))]
+            words += [w for x in s.settings if getattr(config, x.name) != TrainingConfig.model_fields[x.name].default
+                      for w in (x.flag, str(getattr(config, x.name)))]
+    return words
 
 
 def check_next(result, asked: Asked | None, console: Console) -> None:
@@ -106,7 +120,7 @@ def check_next(result, asked: Asked | None, console: Console) -> None:
         line(console, "next: launch the job as it is, or search for faster plans:")
     else:
         line(console, "next: make one of the changes above, or search for a plan that fits:")
-    command(console, ["planner", "suggest", *asked.target_words()])
+    command(console, ["planner", "suggest", *asked.target_words(), *method_words(result.estimate.config)])
 
 
 def _without(words: tuple[str, ...], flag: str) -> list[str]:
