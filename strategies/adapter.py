@@ -122,8 +122,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         return
     wdt = {4: "fp32", 2: "16-bit"}[lay.frozen_bytes]
     if spec.nf4:
-        nf4 = sum(AD.nf4_bytes(t.numel, True) * P.multiplicity(m, t) for t in P.model_tensors(m) if AD.nf4_quantized(m, t))
-        rest = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if not AD.nf4_quantized(m, t))
+        nf4, rest = AD.qlora_weight_parts(m, True)
         ledger.add("weights", "frozen decoder linears (NF4, double quantization)", nf4, 1,
                    note="4 bits + 8-bit absmax per 64 + fp32 per 256 blocks")
         ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes,
@@ -138,11 +137,11 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     wrapped = AD.wrapped(m, spec.targets)
     if spec.nf4:
         largest = max(t.numel for t in P.layer_matmuls(m) if AD.nf4_quantized(m, t))
-        ledger.add("optimizer_step_temporaries", "QLoRA: one weight dequantized to 16 bit", largest, c,
+        ledger.add("autocast_weight_copies", "QLoRA: one weight dequantized to 16 bit", largest, c,
                    phases=FORWARD_AND_BACKWARD, note="bitsandbytes dequantizes per matmul, forward and backward")
     if spec.dora:
         work = max(dora_norm_bytes(t.shape, lay.weight_bytes, c) for t in wrapped)
-        ledger.add("optimizer_step_temporaries", "DoRA: one weight's norm work", work, 1, phases=FORWARD_AND_BACKWARD,
+        ledger.add("autocast_weight_copies", "DoRA: one weight's norm work", work, 1, phases=FORWARD_AND_BACKWARD,
                    note="identity, B A, the weight and W + s B A, per wrapped weight")
 
 

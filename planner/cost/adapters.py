@@ -149,11 +149,21 @@ def nf4_quantized(m: ModelSpec, t: P.ParamTensor) -> bool:
     return t.part == P.Part.LAYER and t.matmul and not t.routed and not t.name.startswith("mlp.router")
 
 
+@cache
+def qlora_weight_parts(m: ModelSpec, double_quant: bool) -> tuple[int, int]:
+    """The frozen base model loaded in 4 bits, in two parts: bytes of its NF4 weights
+    (``nf4_bytes`` where ``nf4_quantized``), and elements of every other parameter (kept in the
+    16-bit load dtype)."""
+    nf4 = sum(nf4_bytes(t.numel, double_quant) * P.multiplicity(m, t) for t in P.model_tensors(m) if nf4_quantized(m, t))
+    rest = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if not nf4_quantized(m, t))
+    return nf4, rest
+
+
 def qlora_weight_bytes(m: ModelSpec, double_quant: bool, other_bytes: int = 2) -> int:
-    """Bytes of the frozen base model loaded in 4 bits: NF4 weights (``nf4_bytes``) where
-    ``nf4_quantized``, every other parameter in ``other_bytes`` (the 16-bit load dtype)."""
-    return sum((nf4_bytes(t.numel, double_quant) if nf4_quantized(m, t) else t.numel * other_bytes)
-               * P.multiplicity(m, t) for t in P.model_tensors(m))
+    """Bytes of the frozen base model loaded in 4 bits: its NF4 weights and every other parameter
+    in ``other_bytes`` (``qlora_weight_parts``)."""
+    nf4, rest = qlora_weight_parts(m, double_quant)
+    return nf4 + rest * other_bytes
 
 
 def _first_matmuls(m: ModelSpec) -> tuple[P.ParamTensor, ...]:
