@@ -60,6 +60,23 @@ SETTINGS = (
 FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
 
 
+#: The other techniques' values an adapter plan may take: field -> (allowed values, rejection code,
+#: why). The check refuses the rest; a search for adapter plans only (suggest's one-line adapter
+#: option) narrows its space to them.
+ALLOWS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "sharding": (("none", "ddp"), "adapter under a sharded engine",
+                 "planner models adapters on one GPU or under DDP so far (the frozen base replicated on every GPU); "
+                 "use sharding none or ddp"),
+    "offload": (("none",), "adapter with offload",
+                "use offload none (the adapters' states are small; the frozen base is what takes the memory)"),
+    "checkpointing": (("none", "full"), "adapter with selective checkpointing",
+                      "which outputs the per-op policy keeps around the adapters' matmuls is not modelled yet; use "
+                      "checkpointing none or full"),
+    "precision": (("fp32", "fp16-mixed", "bf16-mixed", "bf16-pure"), "adapter with fp8",
+                  "torchao's Float8Linear and peft's LoRA layers do not wrap each other; use bf16-mixed"),
+}
+
+
 def spec_of(config) -> AD.AdapterSpec | None:
     """The adapter ``config`` trains (None: full fine-tuning)."""
     if config.adapter == Adapter.NONE:
@@ -84,24 +101,13 @@ def _check(ctx: PlanContext, out: Check) -> None:
     a, cfg, m = ctx.config.adapter, ctx.config, ctx.model
     if a == Adapter.NONE:
         return
-    if ctx.engine != Engine.TORCH:
-        out.reject("adapter under a sharded engine",
-                   f"{a} with sharding {cfg.sharding}: planner models adapters on one GPU or under DDP so far (the "
-                   "frozen base replicated on every GPU); use sharding none or ddp")
+    for field, (allowed, code, why) in ALLOWS.items():
+        if str(getattr(cfg, field)) not in allowed:
+            out.reject(code, f"{a} with {field} {getattr(cfg, field)}: {why}")
     if m.is_moe:
         out.reject("adapter on a MoE model",
                    f"{a} on {m.id}: adapters on MoE experts (peft's ParamWrapper) are not modelled yet; "
                    "fine-tune it in full, or pick a dense model")
-    if cfg.precision == "fp8-mixed":
-        out.reject("adapter with fp8", f"{a} with fp8-mixed: torchao's Float8Linear and peft's LoRA layers do not "
-                                       "wrap each other; use bf16-mixed")
-    if cfg.checkpointing == "selective":
-        out.reject("adapter with selective checkpointing",
-                   f"{a} with selective checkpointing: which outputs the per-op policy keeps around the adapters' "
-                   "matmuls is not modelled yet; use checkpointing none or full")
-    if cfg.offload != "none":
-        out.reject("adapter with offload", f"{a} with offload {cfg.offload}: use offload none (the adapters' "
-                                           "states are small; the frozen base is what takes the memory)")
     n, base = ctx.layout.trainable_parameters, ctx.layout.frozen_parameters
     out.warnings.append(f"{a} trains {n:,} adapter parameters ({n / base:.2%} of {base:,}) on the frozen base: a "
                         "different method from full fine-tuning (its learning rate is typically 10x higher)")

@@ -19,7 +19,7 @@ from planner.engine.ranking import Ranking, distinct, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, settings_of
 from strategies import FIELDS, REGISTRY, approximations, summary
-from strategies.adapter import Adapter
+from strategies.adapter import ALLOWS, Adapter
 from strategies.vocabulary import TechniqueLists
 
 
@@ -153,7 +153,13 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
     choices), as one line. None when an adapter was named, or would not help."""
     if any(a != Adapter.NONE for a in request.adapter) or request.launcher == Launcher.TRAINER:
         return None
-    asked = request.model_copy(update={"adapter": [Adapter.LORA, Adapter.QLORA]})
+    narrowed = {}
+    for field, (allowed, _, _) in ALLOWS.items():  # only what an adapter plan may take
+        given = [str(v) for v in getattr(request, field)] or list(allowed)
+        narrowed[field] = [v for v in given if v in allowed]
+        if not narrowed[field]:
+            return None
+    asked = request.model_copy(update={"adapter": [Adapter.LORA, Adapter.QLORA]} | narrowed)
     space = _space(asked, hardware.num_gpus, request.global_batch_size)
     try:
         outcome = _search(asked.model_copy(update={"engine": "auto"}), model, hardware, space)
