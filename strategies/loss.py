@@ -30,13 +30,18 @@ def head_gradient_moment_bytes(ctx: PlanContext) -> int:
     """
     m, lay = ctx.model, ctx.layout
     vh, c = m.vocab_size * m.hidden_size, lay.dtypes.compute
+    if lay.adapter is not None:  # a frozen head: no weight gradient
+        return 0
     return vh * (c + 4) if lay.autocast else vh * c
 
 
 def head_gradient_bytes_per_element(ctx: PlanContext) -> int:
     """The head's whole gradient once backward has made it: the weight's dtype (FSDP: the unsharded
-    parameters' dtype, until the root unit's reduce-scatter)."""
+    parameters' dtype, until the root unit's reduce-scatter); 0 when an adapter trains (the head is
+    frozen: its matmul backward makes the input gradient only)."""
     lay = ctx.layout
+    if lay.adapter is not None:
+        return 0
     return lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes
 
 
@@ -88,7 +93,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
             "start of backward: fp32 log-softmax output, its gradient and input gradient":
                 hc + A.logits_bytes(m, lay.dtypes) * tokens,
             "head backward: logits gradient and head weight gradient":
-                max(hc + c * v_t + vh * c, head_gradient_moment_bytes(ctx)),
+                max(hc + c * v_t + (vh * c if lay.adapter is None else 0), head_gradient_moment_bytes(ctx)),
             norm_label: norm,
         }
     if held and ctx.layout.resharding:  # the backward moments: the top layer's prefetched all-gather output
@@ -110,11 +115,14 @@ def embedding_backward_bytes(ctx: PlanContext) -> tuple[int, str]:
       place, so the waiting one, the new one and their sum: two more V*h*g
       (torch/csrc/autograd/input_buffer.cpp ``can_accumulate_inplace``).
     Measured on real CPU tensors by the allocator in tests/test_traced.py. Under ZeRO-2/3 the
-    embeddings' new gradients are full-size beside the rank's partition (an assumption).
+    embeddings' new gradients are full-size beside the rank's partition (an assumption). With an
+    adapter the embeddings are frozen and their input (token ids) needs no gradient: no backward.
     """
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     if ctx.engine == Engine.FSDP:
         return 0, "the root unit's gradients under FSDP (strategies/fsdp_memory.py)"
+    if lay.adapter is not None:
+        return 0, "no embedding backward: an adapter's frozen embeddings need no gradient"
     vhg = m.vocab_size * m.hidden_size * lay.grad_bytes if m.tie_word_embeddings else 0
     # ZeRO-2/3 (assumption; DeepSpeed is not traced): the gradients row holds the rank's partition,
     # so the embeddings' new full-size gradients count until DeepSpeed's hooks copy them to buckets

@@ -330,3 +330,19 @@ def test_next_steps_keep_the_training_method(tmp_path):
     r = cli.invoke(app, ["check", "--job-dir", str(out), "--model", LLAMA, "--gpus", "1xA100-40"])
     assert r.exit_code == 0, r.output[-1500:]
     assert "--adapter qlora --lora-rank 8" in r.output.strip().splitlines()[-1]
+
+
+def test_a_frozen_head_and_embedding_make_no_gradients():
+    """An adapter plan's head and embeddings are frozen: no head weight gradient after the loss,
+    no embedding backward (the token ids need no gradient), so nothing but model states is alive
+    when the backward ends. Full fine-tuning of the same tied-embedding model holds the two table
+    gradients there (traced: a probe of Qwen2.5-0.5B QLoRA never enters the embeddings' backward)."""
+    from planner.core.ledger import Location, Phase, resident
+
+    def at_end(plan):
+        return sum(r.bytes for r in resident(plan.ledger, Phase.BACKWARD_END, Location.GPU)
+                   if r.term in ("activations", "logits"))
+
+    shape = dict(seq_len=512, checkpointing="full")
+    assert at_end(run("Qwen/Qwen2.5-0.5B", "1xA100-40", adapter="qlora", **shape)) == 0
+    assert at_end(run("Qwen/Qwen2.5-0.5B", "1xA100-40", **shape)) > 0
