@@ -7,7 +7,7 @@ Compared (bytes per GPU, one rank):
   autocast weight casts, gathered FSDP parameters, the loss and the head's backward;
 - each phase's peak (forward, backward, backward_end, step: planner/core/ledger.py), and the step peak (the largest).
 What a trace cannot see is left out of the analytic side: the CUDA context and NCCL, the
-allocator's fragmentation reserve, and DDP/ZeRO communication buckets (DDP and ZeRO do not run
+allocator's fragmentation reserve, QLoRA's dequantized weight, and DDP/ZeRO communication buckets (DDP and ZeRO do not run
 under the trace; FSDP2's all-gather and reduce-scatter buffers do, and are compared). Model states of ZeRO plans are computed, not traced (probes/traced.py).
 """
 
@@ -17,8 +17,10 @@ from planner.core.ledger import Location, Phase
 from planner.core.ledger import phase_sum as ledger_phase_sum
 from planner.core.ledger import resident as ledger_resident
 from strategies import TrainingConfig
+from strategies.adapter import NF4_DEQUANTIZED
 
 UNTRACED = frozenset({"cuda_context", "allocator_reserve"})  # and DDP / ZeRO buckets (not traced)
+UNTRACED_ROWS = frozenset({NF4_DEQUANTIZED})  # QLoRA's dequantized weight: bitsandbytes does not run on fake tensors
 STATES = {"parameters": ("weights", "master_weights"), "gradients": ("gradients",),
           "optimizer_states": ("optimizer_states",)}
 TOLERANCE = 0.05  # issue 6: transients and the step peak within 5 %
@@ -77,7 +79,7 @@ def compare_result(model: str, config: TrainingConfig, world_size: int, layers: 
     """Set the analytic ledger of the same plan beside a TraceResult."""
     untraced = UNTRACED | ({"communication_buffers"} if not config.sharding.startswith("fsdp") else set())
     rows = [r for r in analytic_result(model, config, world_size, layers, gpu, spec).ledger
-            if r.location == Location.GPU and r.term not in untraced]
+            if r.location == Location.GPU and r.term not in untraced and r.label not in UNTRACED_ROWS]
 
     def phase_sum(phase: Phase) -> int:
         return ledger_phase_sum(rows, phase, Location.GPU)

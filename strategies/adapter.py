@@ -58,6 +58,9 @@ SETTINGS = (
     Setting("lora_dropout", float, 0.05, "dropout on each adapter's input (0: none, and less memory)", ge=0.0, le=0.9),
 )
 FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
+#: The ledger row of QLoRA's dequantized weight (bitsandbytes does not run on fake tensors, so a
+#: traced comparison leaves it out: probes/compare.py).
+NF4_DEQUANTIZED = "QLoRA: one weight dequantized to 16 bit"
 
 
 #: The other techniques' values an adapter plan may take: field -> (allowed values, rejection code,
@@ -143,7 +146,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     wrapped = AD.wrapped(m, spec.targets)
     if spec.nf4:
         largest = max(t.numel for t in P.layer_matmuls(m) if AD.nf4_quantized(m, t))
-        ledger.add("autocast_weight_copies", "QLoRA: one weight dequantized to 16 bit", largest, c,
+        ledger.add("autocast_weight_copies", NF4_DEQUANTIZED, largest, c,
                    phases=FORWARD_AND_BACKWARD, note="bitsandbytes dequantizes per matmul, forward and backward")
     if spec.dora:
         work = max(dora_norm_bytes(t.shape, lay.weight_bytes, c) for t in wrapped)
