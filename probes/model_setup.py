@@ -40,23 +40,14 @@ def computed_state_bytes(model, c) -> int:
 
 
 def nf4_saving_bytes(model) -> int:
-    """Bytes QLoRA's 4-bit load saves on a model traced over its 16-bit base: each frozen decoder-
-    layer linear's weight (what transformers' bitsandbytes integration quantizes; the adapters'
-    own linears are trained, not quantized) in its dtype less its NF4 bytes with double
+    """Bytes QLoRA's 4-bit load saves on a model traced over its 16-bit base: each linear it
+    quantizes (planner.runtime.adapter.frozen_linears) in its dtype less its NF4 bytes with double
     quantization (planner.cost.adapters.nf4_bytes)."""
     from planner.cost.adapters import nf4_bytes
-    from planner.runtime.model import decoder_layers
+    from planner.runtime.adapter import frozen_linears
 
-    saved = 0
-    for layer in decoder_layers(model):
-        for name, module in layer.named_modules():
-            weight = getattr(module, "weight", None)
-            # (peft's wrapper is also named Linear and shows its base layer's weight: count the base once)
-            if ("lora_" in name or weight is None or weight.requires_grad or weight.ndim != 2
-                    or hasattr(module, "base_layer") or type(module).__name__ not in ("Linear", "Conv1D")):
-                continue
-            saved += weight.numel() * weight.element_size() - nf4_bytes(weight.numel(), True)
-    return saved
+    return sum(w.numel() * w.element_size() - nf4_bytes(w.numel(), True)
+               for _, _, child in frozen_linears(model) for w in [child.weight])
 
 
 def peft_on_fake_tensors():

@@ -95,9 +95,8 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     if spec is None:
         return {"frozen_parameters": 0, "adapter": None}
     m = ctx.model
-    dora = spec.dora and AD.dora_supported(m, spec.targets)  # (check refuses the rest)
-    return {"trainable_parameters": AD.adapter_parameters(m, spec.targets, spec.rank, dora),
-            "frozen_parameters": P.total_parameters(m), "adapter": spec}
+    trained = sum(t.numel * P.multiplicity(m, t) for t in AD.trainable_tensors(m, spec))
+    return {"trainable_parameters": trained, "frozen_parameters": P.total_parameters(m), "adapter": spec}
 
 
 def _check(ctx: PlanContext, out: Check) -> None:

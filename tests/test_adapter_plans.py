@@ -279,11 +279,13 @@ def test_full_fine_tuning_answers_say_what_an_adapter_would_give():
     assert r.exit_code == 0 and f"--adapter {option.adapter} would give" in r.output
 
 
-def test_a_model_built_from_its_config_is_quantized_as_the_plan_counts(tmp_path):
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_a_model_built_from_its_config_is_quantized_as_the_plan_counts(tmp_path, model_type):
     """The measured probe builds QLoRA's model from a config (from_config cannot quantize): the
     runtime replaces the decoder linears by bitsandbytes NF4 layers in place. On the CPU, the
     quantized model's parameter and quantization-state bytes equal the planner's
-    qlora_weight_bytes exactly, and the peft-wrapped model trains a step."""
+    qlora_weight_bytes exactly (GPT-2's Conv1D layers included), and the peft-wrapped model trains
+    a step."""
     pytest.importorskip("bitsandbytes")
     peft = pytest.importorskip("peft")
     import torch
@@ -291,9 +293,10 @@ def test_a_model_built_from_its_config_is_quantized_as_the_plan_counts(tmp_path)
 
     from planner import runtime
 
-    cfg = transformers.AutoConfig.for_model(model_type="llama", hidden_size=256, intermediate_size=512,
-                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                            vocab_size=512)
+    sizes = (dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512) if model_type == "llama"
+             else dict(n_embd=256, n_layer=2, n_head=4, vocab_size=512, n_positions=64))  # GPT-2: Conv1D layers
+    cfg = transformers.AutoConfig.for_model(model_type=model_type, **sizes)
     cfg.save_pretrained(tmp_path)
     config = TrainingConfig(adapter="qlora", lora_rank=4)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)

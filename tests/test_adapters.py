@@ -7,6 +7,7 @@ import pytest
 from planner.catalog.models import catalog, resolve_model
 from planner.cost import adapters as AD
 from planner.cost import params as P
+from strategies.adapter import target_modules
 
 peft = pytest.importorskip("peft")
 torch = pytest.importorskip("torch")
@@ -16,13 +17,11 @@ FAMILY_MODELS = ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen3-0.6
                  "mistralai/Mixtral-8x7B-v0.1", "google/gemma-2-2b", "microsoft/Phi-3-mini-4k-instruct",
                  "openai-community/gpt2"]
 #: transformers' module names of the attention projections, per family (the ``attention`` set).
-ATTENTION_MODULES = {"gpt2": ["attn.c_attn", "attn.c_proj"], "phi3": ["qkv_proj", "o_proj"]}
-LLAMA_LIKE_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def lora(model, family: str, targets: str, rank: int, dora: bool = False):
     """``model`` wrapped by peft: LoRA (or DoRA) of ``rank`` on the target set's modules."""
-    modules = "all-linear" if targets == AD.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_LIKE_ATTENTION)
+    modules = target_modules(targets, family)  # what the emitted runtime.json names
     config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=modules, use_dora=dora, task_type="CAUSAL_LM")
     return peft.get_peft_model(model, config)
 
@@ -205,7 +204,7 @@ def layer_saved_per_token(path, family: str, attention: str, mode: str, adapter:
             model.requires_grad_(True)
         else:
             targets, dropout = adapter
-            modules = "all-linear" if targets == AD.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_LIKE_ATTENTION)
+            modules = target_modules(targets, family)
             model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout,
                                                                target_modules=modules, task_type="CAUSAL_LM"),
                                         autocast_adapter_dtype=mixed)

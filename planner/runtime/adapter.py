@@ -35,31 +35,46 @@ def prepare(model, config, site: Site, **_) -> str | None:
     return quantize_nf4(model, config)
 
 
-def quantize_nf4(model, config) -> str:
-    """Replace every ``nn.Linear`` of the decoder layers by a bitsandbytes NF4 ``Linear4bit`` on the
-    same device (the output head and embeddings stay 16-bit, as transformers keeps them)."""
-    import bitsandbytes as bnb
+def frozen_linears(model):
+    """(parent, name, linear) for each frozen linear of the decoder layers that a 4-bit load
+    quantizes: ``nn.Linear`` and GPT-2's ``Conv1D``, not the output head or embeddings (outside the
+    layers), not peft's adapters (``lora_*``) and, in a peft-wrapped model, the wrapper's base layer
+    once (not the wrapper, which shows the base's weight)."""
     import torch
 
     from planner.runtime.model import decoder_layers
 
-    compute = getattr(torch, quantization_config(config)["bnb_4bit_compute_dtype"])
-    count = 0
     for layer in decoder_layers(model):
-        for module in list(layer.modules()):
-            for name, child in list(module.named_children()):
-                if not isinstance(child, torch.nn.Linear):
+        for path, parent in layer.named_modules():
+            if "lora_" in path:
+                continue
+            for name, child in parent.named_children():
+                if (name.startswith("lora_") or hasattr(child, "base_layer")
+                        or not (isinstance(child, torch.nn.Linear) or type(child).__name__ == "Conv1D")):
                     continue
-                device = child.weight.device
-                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                      compute_dtype=compute, compress_statistics=True, quant_type="nf4")
-                q.weight = bnb.nn.Params4bit(child.weight.data.to("cpu"), requires_grad=False,
-                                             compress_statistics=True, quant_type="nf4")
-                if child.bias is not None:
-                    q.bias = torch.nn.Parameter(child.bias.data.to("cpu"), requires_grad=False)
-                setattr(module, name, q.to(device))
-                count += 1
-    return f"qlora: {count} decoder linears quantized to NF4 (double quantization) in place"
+                yield parent, name, child
+
+
+def quantize_nf4(model, config) -> str:
+    """Replace every ``frozen_linears`` layer by a bitsandbytes NF4 ``Linear4bit`` on the same
+    device (Conv1D's (in, out) weight transposed to a linear's (out, in), as transformers' 4-bit
+    load does)."""
+    import bitsandbytes as bnb
+    import torch
+
+    compute = getattr(torch, quantization_config(config)["bnb_4bit_compute_dtype"])
+    found = list(frozen_linears(model))
+    for parent, name, child in found:
+        weight = child.weight.data if isinstance(child, torch.nn.Linear) else child.weight.data.t().contiguous()
+        device = weight.device
+        out_features, in_features = weight.shape
+        q = bnb.nn.Linear4bit(in_features, out_features, bias=child.bias is not None,
+                              compute_dtype=compute, compress_statistics=True, quant_type="nf4")
+        q.weight = bnb.nn.Params4bit(weight.to("cpu"), requires_grad=False, compress_statistics=True, quant_type="nf4")
+        if child.bias is not None:
+            q.bias = torch.nn.Parameter(child.bias.data.to("cpu"), requires_grad=False)
+        setattr(parent, name, q.to(device))
+    return f"qlora: {len(found)} decoder linears quantized to NF4 (double quantization) in place"
 
 
 def wrap(model, config, site: Site):
