@@ -17,8 +17,11 @@ weight-norm work per wrapped weight. Step time: the frozen matmuls' forward and 
 (no weight gradients), the adapters' matmuls (``adapter_matmul_flops_per_token``), QLoRA's
 dequantization (memory bound).
 
-Modelled on one GPU and under DDP for dense models; the sharded engines (ZeRO, FSDP / FSDP-QLoRA),
-MoE experts and selective checkpointing are refused with a reason until they are modelled.
+Modelled for dense models on one GPU, under DDP, DeepSpeed ZeRO-1/2/3 and FSDP2 (the sharding
+strategy divides the frozen base and the adapters' states as each engine does: ZeRO-3 and FSDP
+shard and gather the frozen base too, and reduce only the adapters' gradients). Refused with a
+reason until they are modelled: QLoRA under ZeRO / FSDP (FSDP-QLoRA's 16-bit quant storage), MoE
+experts, selective checkpointing, offload.
 An adapter is a different training method (numerics: DESIGN.md), so the search uses one only when
 the user names it (``--adapter lora``, or ``--adapter any``).
 """
@@ -57,6 +60,10 @@ SETTINGS = (
     Setting("lora_alpha", int, 32, "LoRA alpha: the update is scaled by alpha / r", ge=1, le=1_000_000),
     Setting("lora_dropout", float, 0.05, "dropout on each adapter's input (0: none, and less memory)", ge=0.0, le=0.9),
 )
+#: The tag of the frozen base's rows (the optimizer step never touches them).
+FROZEN_BASE = "frozen_base"
+#: The shardings that replicate the whole model on every GPU.
+UNSHARDED = ("none", "ddp")
 FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
 #: The ledger row of QLoRA's dequantized weight (bitsandbytes does not run on fake tensors, so a
 #: traced comparison leaves it out: probes/compare.py).
@@ -67,9 +74,6 @@ NF4_DEQUANTIZED = "QLoRA: one weight dequantized to 16 bit"
 #: why). The check refuses the rest; a search for adapter plans only (suggest's one-line adapter
 #: option) narrows its space to them.
 ALLOWS: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "sharding": (("none", "ddp"), "adapter under a sharded engine",
-                 "planner models adapters on one GPU or under DDP so far (the frozen base replicated on every GPU); "
-                 "use sharding none or ddp"),
     "offload": (("none",), "adapter with offload",
                 "use offload none (the adapters' states are small; the frozen base is what takes the memory)"),
     "checkpointing": (("none", "full"), "adapter with selective checkpointing",
@@ -89,14 +93,19 @@ def spec_of(config) -> AD.AdapterSpec | None:
 
 
 def _storage(ctx: PlanContext, decided: dict) -> dict:
-    """What is trained: the adapter's tensors, the whole base frozen (LayerNorm biases included:
-    peft's ``bias="none"``)."""
-    spec = spec_of(ctx.config)
+    """What is trained: the whole model, or the adapter's tensors on the whole base frozen
+    (LayerNorm biases included: peft's ``bias="none"``); per decoder layer, what has gradients and
+    what a sharded engine gathers (the layer's weights and its adapters)."""
+    spec, m = spec_of(ctx.config), ctx.model
+    layer = P.layer_parameters(m)
     if spec is None:
-        return {"frozen_parameters": 0, "adapter": None}
-    m = ctx.model
-    trained = sum(t.numel * P.multiplicity(m, t) for t in AD.trainable_tensors(m, spec))
-    return {"trainable_parameters": trained, "frozen_parameters": P.total_parameters(m), "adapter": spec}
+        return {"frozen_parameters": 0, "adapter": None, "layer_trained": layer, "layer_gathered": layer,
+                "root_trained": P.root_parameters(m)}
+    tensors = AD.trainable_tensors(m, spec)
+    per_layer = sum(t.numel for t in tensors)  # (adapters live in the decoder layers only)
+    trained = sum(t.numel * P.multiplicity(m, t) for t in tensors)
+    return {"trainable_parameters": trained, "frozen_parameters": P.total_parameters(m), "adapter": spec,
+            "layer_trained": per_layer, "layer_gathered": layer + per_layer, "root_trained": 0}
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -106,6 +115,11 @@ def _check(ctx: PlanContext, out: Check) -> None:
     for field, (allowed, code, why) in ALLOWS.items():
         if str(getattr(cfg, field)) not in allowed:
             out.reject(code, f"{a} with {field} {getattr(cfg, field)}: {why}")
+    if a == Adapter.QLORA and cfg.sharding not in UNSHARDED:
+        out.reject("qlora under a sharded engine",
+                   f"qlora with sharding {cfg.sharding}: a 4-bit base under ZeRO-3 / FSDP (bnb_4bit_quant_storage) is "
+                   "not modelled yet, and ZeRO-1/2 would replicate it anyway; use sharding ddp (the NF4 base on every "
+                   "GPU), or lora with a sharded engine")
     if m.is_moe:
         out.reject("adapter on a MoE model",
                    f"{a} on {m.id}: adapters on MoE experts (peft's ParamWrapper) are not modelled yet; "
@@ -131,12 +145,12 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     wdt = {4: "fp32", 2: "16-bit"}[lay.frozen_bytes]
     if spec.nf4:
         nf4, rest = AD.qlora_weight_parts(m, True)
-        ledger.add("weights", "frozen decoder linears (NF4, double quantization)", nf4, 1,
+        ledger.add("weights", "frozen decoder linears (NF4, double quantization)", nf4, 1, tag=FROZEN_BASE,
                    note="4 bits + 8-bit absmax per 64 + fp32 per 256 blocks")
-        ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes,
+        ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes, tag=FROZEN_BASE,
                    note=f"{rest:,} params x {lay.frozen_bytes} B")
     else:
-        ledger.add("weights", f"frozen base weights ({wdt})", lay.frozen_parameters, lay.frozen_bytes,
+        ledger.add("weights", f"frozen base weights ({wdt})", lay.frozen_parameters, lay.frozen_bytes, tag=FROZEN_BASE,
                    note=f"{lay.frozen_parameters:,} params x {lay.frozen_bytes} B")
     c = lay.dtypes.compute
     if lay.weight_bytes != c:  # fp32 adapters under autocast: their 16-bit casts, cached and saved

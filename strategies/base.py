@@ -68,6 +68,9 @@ class PlanLayout:
     frozen_parameters: int = 0  # the base model's, when an adapter trains instead of it
     frozen_bytes: int = 0  # bytes per element of the frozen 16-bit (or fp32) base weights
     adapter: AdapterSpec | None = None  # the adapter trained on the frozen base (None: full fine-tuning)
+    layer_trained: int = 0  # elements of one decoder layer that have gradients (its adapters' under an adapter)
+    layer_gathered: int = 0  # elements one decoder layer gathers under ZeRO-3 / FSDP (its weights and adapters)
+    root_trained: int = 0  # trained elements outside the layers (embeddings, final norm, head; 0 with an adapter)
     tensor_parallel: int = 1
     context_parallel: int = 1
     pipeline_parallel: int = 1

@@ -243,7 +243,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     fsdp = ctx.engine == Engine.FSDP
     # (an adapter's gradients are the precision strategy's row over the whole backward)
     g = 0 if ctx.layout.gradients_sharded or cfg.grad_accum > 1 or lay.adapter else lay.grad_bytes
-    layer_grads = P.layer_parameters(m) * (lay.gathered_bytes if fsdp else g)
+    layer_grads = lay.layer_trained * (lay.gathered_bytes if fsdp else g)
     cast = P.layer_matmul_parameters(m) * (dt.compute if lay.autocast else 0)
     below = m.num_layers - 1
     saved_casts = cast * (below if cfg.checkpointing == Checkpointing.NONE else 0)
@@ -251,7 +251,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     common = {
         # FSDP: the top layer and the next one, prefetched (fsdp-grad-op: every layer, kept from forward)
         "gathered_parameters": (m.num_layers if not ctx.layout.resharding else min(2, m.num_layers))
-        * P.layer_parameters(m) * lay.gathered_bytes if fsdp else 0,
+        * lay.layer_gathered * lay.gathered_bytes if fsdp else 0,
         "gradients": (P.root_parameters(m) - P.late_gradient_parameters(m)) * g,
     }
     moments = {
@@ -261,7 +261,8 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
                             + A.mlp_backward_transient_bytes(m, dt) + adapter_backward_bytes(ctx) + fp8_casts) * T,
         },
         "attention": common | {
-            "gradients": common["gradients"] + (P.layer_block_parameters(m, "mlp") + P.output_projection_parameters(m))
+            "gradients": common["gradients"] + _trained(ctx, P.layer_block_parameters(m, "mlp")
+                                                        + P.output_projection_parameters(m))
             * (lay.gathered_bytes if fsdp else g),
             "autocast_weight_copies": saved_casts + (P.layer_block_parameters(m, "self_attn", matmul_only=True)
                                                      * (dt.compute if lay.autocast else 0)),
@@ -277,6 +278,13 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     return label, moments[label]
 
 
+def _trained(ctx: PlanContext, elements: int) -> int:
+    """Elements of a layer's block that have gradients: all of them, or with an adapter the
+    layer's adapters (an upper bound for one block: a per-block split of the adapters is not worth
+    its code, as they are ~1 % of the layer)."""
+    return min(elements, ctx.layout.layer_trained) if ctx.layout.adapter else elements
+
+
 def second_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     """FSDP2: the second decoder layer from the top at its backward, bytes per term beyond the
     sharding buffers and the top layer's reduce-scatter input (in flight, a row of its own): the
@@ -289,9 +297,9 @@ def second_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     label, moment = first_layer_backward(ctx)
     below = per_layer_forward_bytes(ctx) * (m.num_layers - 2) * cfg.tokens_per_micro_batch
-    done = P.layer_parameters(m) * lay.grad_bytes / lay.shard_degree
+    done = lay.layer_trained * lay.grad_bytes / lay.shard_degree
     # fsdp-grad-op: the layers below still unsharded from forward (each reshards after its backward)
-    kept = 0 if lay.resharding else (m.num_layers - 2) * P.layer_parameters(m) * lay.gathered_bytes
+    kept = 0 if lay.resharding else (m.num_layers - 2) * lay.layer_gathered * lay.gathered_bytes
     return label, moment | {"activations": moment["activations"] + below, "gradients": moment["gradients"] + done,
                             "gathered_parameters": moment["gathered_parameters"] + kept}
 
@@ -331,9 +339,9 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     cast = c if lay.autocast else 0
     # the layer computing, unsharded; resharding, also an all-gather output FSDP2 holds until the next
     # all-gather copies out (the prefetched layer's), so two layers (traced: Mixtral 8x7B, FSDP2, 2 ranks)
-    gathered = (2 if lay.resharding and m.num_layers > 1 else 1) * P.layer_parameters(m) * lay.gathered_bytes if fsdp else 0
+    gathered = (2 if lay.resharding and m.num_layers > 1 else 1) * lay.layer_gathered * lay.gathered_bytes if fsdp else 0
     attention = A.total(A.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
-    mlp_grads, big = P.layer_block_parameters(m, "mlp"), P.largest_mlp_matrix(m)
+    mlp_grads, big = _trained(ctx, P.layer_block_parameters(m, "mlp")), P.largest_mlp_matrix(m)
     attention_casts = P.layer_block_parameters(m, "self_attn", matmul_only=True) * cast
     intermediate = (2 if P.fused_gate_up(m) else 1) * c * m.intermediate_size * m.experts_per_token
     routed = 2 * c * h * m.experts_per_token if m.is_moe else 0  # the experts' input and its gradient
@@ -352,7 +360,7 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             "activations": (attention + mlp_side) * T,
         },
         "attention": {
-            "gradients": (mlp_grads + P.output_projection_parameters(m)) * g,
+            "gradients": (mlp_grads + _trained(ctx, P.output_projection_parameters(m))) * g,
             "autocast_weight_copies": attention_casts,
             "activations": _attention_backward(ctx) * T,
         },

@@ -33,7 +33,9 @@ FWD, BWD = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD})
 def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
     """The FSDP2 rows of every phase (the model-state rows are divided by strategies/sharding.py)."""
     m, lay = ctx.model, ctx.layout
-    root, layer, total = P.root_parameters(m), P.layer_parameters(m), P.total_parameters(m)
+    # (a layer gathers its adapters with its weights; the root unit has none)
+    root, layer = P.root_parameters(m), lay.layer_gathered
+    total = P.total_parameters(m) + (lay.trainable_parameters if lay.adapter else 0)
     g = lay.gathered_bytes
     if not lay.resharding:  # fsdp-grad-op
         ledger.add(
@@ -68,11 +70,11 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
         note="gathered again when backward starts; the layers' gathers are in the layer moments",
     )
     ledger.add(
-        "communication_buffers", "a layer's reduce-scatter input", layer, ctx.layout.reduce_bytes, phases=BWD,
+        "communication_buffers", "a layer's reduce-scatter input", lay.layer_trained, lay.reduce_bytes, phases=BWD,
         note="FSDP2 copies the unsharded gradients in and frees them before making the sharded output",
         tag=AFTER_TOP_LAYER,
     )
-    waiting = root - P.late_gradient_parameters(m)
+    waiting = root_waiting_gradient(ctx)
     ledger.add(
         "communication_buffers", "FSDP root unit: the head's unsharded gradient (until the root's reduce-scatter)",
         waiting, g, phases=BWD, note="made by the head's backward, reduced when the root unit's backward ends",
@@ -81,6 +83,14 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
     for term, bytes_ in moment.items():
         ledger.add(term, f"FSDP end of backward, {label}", bytes_, 1, phases=frozenset({Phase.BACKWARD_END}),
                    note="the larger of the embeddings' backward and the root unit's reduce-scatter")
+
+
+def root_waiting_gradient(ctx: PlanContext) -> int:
+    """Elements of the root unit's gradients made before its reduce-scatter (the head's and the
+    final norm's, from the loss on): the root's trained elements but the embeddings'; 0 with an
+    adapter (the root unit is frozen)."""
+    lay = ctx.layout
+    return lay.root_trained - P.late_gradient_parameters(ctx.model) if lay.root_trained else 0
 
 
 def fsdp_backward_end(ctx: PlanContext) -> tuple[str, dict[str, int]]:
@@ -95,13 +105,18 @@ def fsdp_backward_end(ctx: PlanContext) -> tuple[str, dict[str, int]]:
       plain parameters' .grad, no autocast copy): the new one and the sum, 2*V*h*g;
     - the root unit's reduce-scatter: its unsharded gradients (root*g) and their reduce-dtype
       input (root*red).
+    With an adapter the root unit trains nothing and the frozen embeddings have no backward: the
+    root unit, gathered for backward, and the first layer's reduce-scatter input are what is held.
     Traced with FSDP2 under a fake process group (benchmarks/traced_matrix.py).
     """
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     g, red = lay.gathered_bytes, lay.reduce_bytes
-    root, late, layer = P.root_parameters(m), P.late_gradient_parameters(m), P.layer_parameters(m)
+    root, late = P.root_parameters(m), P.late_gradient_parameters(m)
     vh = m.vocab_size * m.hidden_size if m.tie_word_embeddings else 0
-    held = {"gathered_parameters": root * g, "communication_buffers": layer * red + (root - late) * g}
+    waiting = root_waiting_gradient(ctx)
+    held = {"gathered_parameters": root * g, "communication_buffers": lay.layer_trained * red + waiting * g}
+    if lay.adapter is not None:
+        return "the root unit and the first layer's reduce-scatter input (frozen embeddings)", held
     rht = lay.dtypes.residual * m.hidden_size * cfg.tokens_per_micro_batch
     moments = {"the embeddings' backward": held | {"activations": rht + (late + vh) * g}}
     if vh and cfg.loss != Loss.CHUNKED:  # the chunked loss's buffer is fresh: added in place

@@ -77,7 +77,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     w = head_gradient_bytes_per_element(ctx)
     norm = vh * w + (A.final_norm_backward_bytes(m, lay.dtypes) - A.final_norm_bytes(m, lay.dtypes)) * tokens
     norm_label = "final norm backward: the head's gradient and the norm's fp32 temporaries"
-    held = P.layer_parameters(m) * lay.gathered_bytes if ctx.engine == Engine.FSDP else 0
+    held = lay.layer_gathered * lay.gathered_bytes if ctx.engine == Engine.FSDP else 0
     forward = ("chunked loss: one chunk, the head weight gradient made in forward, weight casts",
                "loss forward inside autocast")
     if cfg.loss == Loss.CHUNKED:

@@ -24,6 +24,7 @@ from planner.cost import optimizer_states as S
 from planner.cost import params as P
 from planner.cost import runtime as R
 from strategies import rates
+from strategies.adapter import FROZEN_BASE
 from planner.core.numerics import Rung
 from strategies.base import Check, Engine, PlanContext, Strategy
 
@@ -150,7 +151,8 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     the fp32 weights (or master copy, plus the 16-bit copy it refreshes) and any fp32 gradient
     upcast: bytes from this rank's GPU ledger rows / achieved bandwidth (roofline). Paged state
     that spilled migrates in and back out over the host link once per step."""
-    gpu_rows = [r for r in ledger.rows if r.location == Location.GPU and Phase.STEP in r.phases]
+    gpu_rows = [r for r in ledger.rows if r.location == Location.GPU and Phase.STEP in r.phases
+                and r.tag != FROZEN_BASE]  # (an adapter's frozen base is not updated)
 
     def total(*terms: str) -> int:
         return sum(r.bytes for r in gpu_rows if r.term in terms)

@@ -65,25 +65,37 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     weight, master, grad, state, dtypes, autocast, gathered = _dtypes(p, decided["engine"])
     frozen = 0
     if decided.get("frozen_parameters"):  # an adapter trains; the base is frozen
-        weight, master, grad, state, dtypes, autocast, frozen = _adapter_dtypes(p)
+        weight, master, grad, state, dtypes, autocast, frozen = _adapter_dtypes(p, decided["engine"])
     return {"weight_bytes": weight, "master_bytes": master, "grad_bytes": grad, "state_bytes": state,
             "gathered_bytes": gathered, "reduce_bytes": grad, "dtypes": dtypes, "autocast": autocast,
             "compute_dtype": COMPUTE_DTYPE[p], "layer_matmul_dtype": LAYER_MATMUL_DTYPE[p], "frozen_bytes": frozen}
 
 
-def _adapter_dtypes(p: Precision) -> tuple:
+def _adapter_dtypes(p: Precision, engine: Engine) -> tuple:
     """(adapter weights, master, adapter gradients, states, activation dtypes, autocast of the
-    base's weights, frozen base bytes) when an adapter trains on a frozen base (one GPU or DDP).
+    base's weights, frozen base bytes) when an adapter trains on a frozen base.
 
     The mixed precisions load the frozen base in their 16-bit dtype (nothing to update, so no fp32
     copy) and keep the adapters in fp32 (peft ``autocast_adapter_dtype``), autocast casting only
-    the adapters; the residual stream is 16-bit (the embeddings' output). bf16-pure: everything
-    bf16 (adapters too); fp32: everything fp32. Traced on real peft layers (tests/test_adapters.py)."""
+    the adapters; the residual stream is 16-bit (the embeddings' output). Under FSDP2 the same
+    (accelerate ``fsdp2_prepare_model`` upcasts only trainable parameters to fp32; the policy
+    gathers everything in 16 bit). DeepSpeed casts every parameter, the adapters included, to
+    16 bit (``DeepSpeedEngine._configure_distributed_model``) and keeps fp32 masters of the trained
+    ones in its optimizer. bf16-pure: everything bf16 (adapters too); fp32: everything fp32.
+    Traced on real peft layers (tests/test_adapters.py)."""
     if p == Precision.FP32:
         return 4, 0, 4, 4, DTypes(4, 4), False, 4
-    if p == Precision.BF16_PURE:
-        return 2, 0, 2, 2, DTypes(2, 2), False, 2
+    if not fp32_adapters(p, engine):
+        return (2, 4, 2, 4, DTypes(2, 2), False, 2) if engine == Engine.DEEPSPEED else (2, 0, 2, 2, DTypes(2, 2), False, 2)
     return 4, 0, 4, 4, DTypes(2, 2), False, 2
+
+
+def fp32_adapters(p: Precision, engine: Engine) -> bool:
+    """Whether a plan's adapters are fp32 parameters beside its 16-bit frozen base: under a mixed
+    precision, except with DeepSpeed, whose optimizer keeps the fp32 masters of 16-bit parameters
+    (the launch makes them 16-bit: ZeRO-1/2 would cast them, and ZeRO-3, whose partitioned base
+    is not cast, would keep fp32 adapters it then flattens beside 16-bit ones)."""
+    return p in MIXED and engine != Engine.DEEPSPEED
 
 
 @cache

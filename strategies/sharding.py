@@ -26,6 +26,7 @@ from planner.core.job import FsdpSettings, JobFiles, Reading
 from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
+from planner.cost import adapters as AD
 from planner.cost import comms
 from planner.cost import params as P
 from planner.cost import runtime as R
@@ -105,37 +106,45 @@ def _check(ctx: PlanContext, out: Check) -> None:
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     s, m, lay = ctx.config.sharding, ctx.model, ctx.layout
     n = lay.shard_degree
-    total, layer = P.total_parameters(m), P.layer_parameters(m)
-    h = m.hidden_size
+    total, h = P.total_parameters(m), m.hidden_size
     if s == Sharding.DDP:
         ledger.add(
             "communication_buffers", "DDP gradient buckets", lay.trainable_parameters, lay.grad_bytes,
             note="reducer's flat buckets cover every gradient (gradient_as_bucket_view=False)",
         )
         return
-    rank0 = P.fsdp_rank0_elements(m, n) if ctx.engine == Engine.FSDP else None
+    # whole-model rows of uniform bytes per element (the frozen base's, the trained tensors'): FSDP2
+    # gives rank 0 its padded dim-0 chunks; any other row is divided evenly
+    wholes = []
+    if ctx.engine == Engine.FSDP:
+        if lay.adapter is not None:
+            wholes.append((total, P.fsdp_rank0_elements(m, n)))
+        wholes.append((lay.trainable_parameters, P.fsdp_rank0_elements(m, n, AD.trainable_tensors(m, lay.adapter))))
     for row in ledger.of(*SHARDED_TERMS.get(s, ALL_MODEL_STATES)):
         if row.tag == "step_counters":  # per-tensor scalars: every rank keeps them all
             continue
-        if rank0 is not None and row.elements * row.bytes_per_element % total == 0:
-            # whole-model rows of uniform bytes per parameter: rank 0's padded dim-0 chunks
-            row.elements, row.bytes_per_element = rank0, row.elements * row.bytes_per_element // total
+        whole = next(((count, rank0) for count, rank0 in wholes if row.elements * row.bytes_per_element % count == 0), None)
+        if whole is not None:
+            row.elements, row.bytes_per_element = whole[1], row.elements * row.bytes_per_element // whole[0]
         else:
             row.shard = n
     if ctx.engine == Engine.DEEPSPEED:
-        _deepspeed_rows(ctx, ledger, n, total, layer, h)
+        _deepspeed_rows(ctx, ledger, n, h)
     elif ctx.engine == Engine.FSDP:
         fsdp_rows(ctx, ledger)
 
 
-def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, total: int, layer: int, h: int) -> None:
+def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, h: int) -> None:
+    """DeepSpeed's buffers: reduce buckets, the fp32 gradient partition of the trained
+    parameters, ZeRO-3's persistent small parameters (the adapters' too) and gathers."""
     m, lay, s = ctx.model, ctx.layout, ctx.config.sharding
     b = deepspeed_buckets(h)
     ledger.add(
         "communication_buffers", "ZeRO reduce buckets (x2, overlap_comm)", 2 * b["reduce_bucket_size"], lay.grad_bytes,
         note="reduce_bucket_size = h*h",
     )
-    fp32_partition = min(-(-total // n), ZERO_SUB_GROUP_SIZE) if s == Sharding.ZERO3 else -(-total // n)
+    trained = lay.trainable_parameters
+    fp32_partition = min(-(-trained // n), ZERO_SUB_GROUP_SIZE) if s == Sharding.ZERO3 else -(-trained // n)
     ledger.add(
         "optimizer_step_temporaries", "fp32 gradient partition for the step", fp32_partition, 4,
         phases=STEP, tag="fp32_grad_partition", note="16-bit gradient partition upcast for the optimizer",
@@ -143,7 +152,8 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, total: int, l
     if s != Sharding.ZERO3:
         return
     threshold = b["stage3_param_persistence_threshold"]
-    persistent = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if t.numel <= threshold)
+    tensors = P.model_tensors(m) + (AD.trainable_tensors(m, lay.adapter) if lay.adapter else ())
+    persistent = sum(t.numel * P.multiplicity(m, t) for t in tensors if t.numel <= threshold)
     ledger.add(
         "weights", "ZeRO-3 persistent small parameters (unpartitioned)", persistent * (n - 1) / n, lay.weight_bytes,
         note=f"tensors <= stage3_param_persistence_threshold ({threshold:,} elements)",
@@ -156,10 +166,11 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, total: int, l
         phases=FWD, note="the output head is gathered at the loss; prefetch bucket 0.9*h*h",
     )
     ledger.add(
-        "gathered_parameters", "ZeRO-3 gathered layer + prefetch (backward)", min(live, layer + prefetch),
+        "gathered_parameters", "ZeRO-3 gathered layer + prefetch (backward)", min(live, lay.layer_gathered + prefetch),
         lay.gathered_bytes, phases=BWD, note="one decoder layer and the prefetch bucket",
     )
-    ledger.add("gathered_parameters", "ZeRO-3 unpartitioned layer gradients", layer, lay.grad_bytes, phases=BWD)
+    ledger.add("gathered_parameters", "ZeRO-3 unpartitioned layer gradients", lay.layer_trained, lay.grad_bytes,
+               phases=BWD)
 
 
 def _link(ctx: PlanContext, spans_nodes: bool) -> tuple[float, float]:
@@ -183,6 +194,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     all-gather) run alone."""
     s, m, lay, hw = ctx.config.sharding, ctx.model, ctx.layout, ctx.hardware
     n, psi, layers = lay.data_parallel, P.total_parameters(m), m.num_layers
+    trained = lay.trainable_parameters  # (every parameter is gathered; only the trained are reduced)
     if s == Sharding.ZERO3:
         draft.cpu_dispatch_seconds += layers * R.ZERO3_HOOK_SECONDS_PER_LAYER
     elif ctx.engine == Engine.FSDP:
@@ -192,7 +204,6 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     world = _link(ctx, hw.nodes > 1)
     g = lay.gathered_bytes
     if s == Sharding.DDP:
-        trained = lay.trainable_parameters
         buckets = max(1, int(trained * lay.grad_bytes // DDP_BUCKET_BYTES))
         volume = comms.all_reduce_bytes(trained * lay.grad_bytes, n)
         draft.overlapped("communication", "DDP gradient all-reduce", _seconds(volume, world, buckets), Window.BACKWARD,
@@ -200,7 +211,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
         return
     if ctx.engine == Engine.DEEPSPEED:
         gather = _seconds(comms.all_gather_bytes(psi * lay.weight_bytes, n), world, layers)
-        reduce = _seconds(comms.all_gather_bytes(psi * lay.grad_bytes, n), world, layers)
+        reduce = _seconds(comms.all_gather_bytes(trained * lay.grad_bytes, n), world, layers)
         if s == Sharding.ZERO3:
             draft.overlapped("communication", "ZeRO-3 parameter all-gather (forward)", gather, Window.FORWARD, True)
             draft.overlapped("communication", "ZeRO-3 all-gather + gradient reduce-scatter (backward)", gather + reduce,
@@ -211,19 +222,20 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
                              note="overlap_comm, every micro-batch")
         else:
             draft.serial("communication", "ZeRO-1 gradient reduce-scatter at the step", reduce)
-        draft.serial("communication", "updated 16-bit parameter all-gather", gather)
+        updated = _seconds(comms.all_gather_bytes(trained * lay.weight_bytes, n), world, layers)
+        draft.serial("communication", "updated 16-bit parameter all-gather", updated)
         return
     # FSDP2: all-gather params in param_dtype, reduce-scatter grads in reduce_dtype
     reduce_bytes = lay.reduce_bytes
     group = _link(ctx, False) if s == Sharding.FSDP_HYBRID else world
     ranks = hw.gpus_per_node if s == Sharding.FSDP_HYBRID else n
     gather = _seconds(comms.all_gather_bytes(psi * g, ranks), group, layers + 1)
-    reduce = _seconds(comms.all_gather_bytes(psi * reduce_bytes, ranks), group, layers + 1)
+    reduce = _seconds(comms.all_gather_bytes(trained * reduce_bytes, ranks), group, layers + 1)
     draft.overlapped("communication", "FSDP parameter all-gather (forward)", gather, Window.FORWARD, True)
     backward = reduce if s == Sharding.FSDP_GRAD_OP else gather + reduce
     draft.overlapped("communication", "FSDP all-gather + reduce-scatter (backward)", backward, Window.BACKWARD, True)
     if s == Sharding.FSDP_HYBRID:
-        across = comms.all_reduce_bytes(psi / ranks * reduce_bytes, hw.nodes)
+        across = comms.all_reduce_bytes(trained / ranks * reduce_bytes, hw.nodes)
         draft.overlapped("communication", "HSDP gradient all-reduce across nodes", _seconds(across, world, layers + 1),
                          Window.BACKWARD, True)
 

@@ -113,13 +113,28 @@ def test_frozen_weights_get_no_weight_gradient_time():
     assert any(label.startswith("adapter matmuls") for label in t)
 
 
-@pytest.mark.parametrize("config", [
-    dict(sharding="zero3"), dict(sharding="fsdp"), dict(checkpointing="selective"), dict(precision="fp8-mixed"),
+@pytest.mark.parametrize("adapter, config", [
+    ("qlora", dict(sharding="zero3")), ("qlora", dict(sharding="fsdp")), ("qlora", dict(sharding="zero2")),
+    ("lora", dict(checkpointing="selective")), ("lora", dict(precision="fp8-mixed")),
+    ("dora", dict(sharding="zero3", offload="optimizer")),
 ])
-def test_what_is_not_modelled_yet_is_refused_with_a_reason(config):
+def test_what_is_not_modelled_yet_is_refused_with_a_reason(adapter, config):
     gpus = "2xH100-80" if "sharding" in config else "1xH100-80"
-    plan = run(LLAMA, gpus, adapter="lora", **config)
-    assert not plan.feasible and plan.reasons and all("lora" in r for r in plan.reasons)
+    plan = run(LLAMA, gpus, adapter=adapter, **config)
+    assert not plan.feasible and plan.reasons and all(adapter in r for r in plan.reasons)
+
+
+@pytest.mark.parametrize("sharding", ["zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op"])
+def test_lora_is_planned_under_every_sharded_engine(sharding):
+    """ZeRO and FSDP2 shard an adapter plan: the frozen base is divided only where the engine
+    shards parameters (ZeRO-3, FSDP), and the step moves only the adapters' states."""
+    ddp, plan = (run(LLAMA, "8xH100-80", adapter="lora", sharding=s) for s in ("ddp", sharding))
+    assert plan.feasible, plan.reasons
+    frozen = lambda p: sum(r.bytes for r in p.ledger if r.label.startswith("frozen base"))  # noqa: E731
+    shards_weights = sharding in ("zero3", "fsdp", "fsdp-grad-op")
+    assert frozen(plan) == pytest.approx(frozen(ddp) / 8 if shards_weights else frozen(ddp), rel=1e-3)
+    step = next(r for r in plan.time.rows if r.term == "optimizer_step")
+    assert float(step.note.split()[0]) < 1.0  # GiB: the adapters' states, not the 16 GB base
 
 
 def test_moe_adapters_are_refused_with_a_reason():
@@ -217,28 +232,31 @@ def test_trainable_tensors_cover_the_adapter_exactly():
     assert TrainingConfig().adapter == "none"
 
 
-TRACED = [("Qwen/Qwen2.5-0.5B", dict(adapter="lora", checkpointing="none")),
-          ("Qwen/Qwen2.5-0.5B", dict(adapter="lora", checkpointing="full")),
-          ("meta-llama/Llama-3.2-1B", dict(adapter="qlora", checkpointing="full")),
-          ("openai-community/gpt2", dict(adapter="dora", lora_targets="attention", precision="bf16-pure"))]
+TRACED = [("Qwen/Qwen2.5-0.5B", dict(adapter="lora", checkpointing="none"), 1),
+          ("Qwen/Qwen2.5-0.5B", dict(adapter="lora", checkpointing="full"), 1),
+          ("meta-llama/Llama-3.2-1B", dict(adapter="qlora", checkpointing="full"), 1),
+          ("openai-community/gpt2", dict(adapter="dora", lora_targets="attention", precision="bf16-pure"), 1),
+          ("openai-community/gpt2", dict(adapter="lora", sharding="fsdp"), 2),
+          ("Qwen/Qwen2.5-0.5B", dict(adapter="dora", lora_targets="attention", sharding="fsdp-grad-op"), 2)]
 
 
 def test_adapter_plans_against_the_traced_peft_model():
     """The peft-wrapped model traced on fake tensors (QLoRA's NF4 bytes computed) against the
-    ledger, 2 layers x 2 x 1024 tokens: model states to the byte, the step peak never more than 1 %
-    under the trace (issue 17's target), the backward phase within -10 % and +15 %.
-    benchmarks/adapter_traced_matrix.py runs 64 cells."""
+    ledger, 2 layers x 2 x 1024 tokens, on one GPU and under FSDP2 at 2 ranks (a fake process
+    group): model states to the byte, the step peak never more than 1 % under the trace (issue
+    17's target), the backward phase within -10 % and +15 %.
+    benchmarks/adapter_traced_matrix.py runs 112 cells."""
     pytest.importorskip("peft")
     from planner.catalog.models import catalog
     from probes.compare import compare_result
     from probes.traced import TraceRequest, trace_many
 
-    configs = [(m, TrainingConfig(micro_batch_size=2, seq_len=1024, **c)) for m, c in TRACED]
-    traces = trace_many([TraceRequest(config_json=catalog()[m].config, config=c, layers=2) for m, c in configs],
-                        timeout=900)
-    for (m, c), t in zip(configs, traces):
+    configs = [(m, TrainingConfig(micro_batch_size=2, seq_len=1024, **c), w) for m, c, w in TRACED]
+    traces = trace_many([TraceRequest(config_json=catalog()[m].config, config=c, layers=2, world_size=w)
+                         for m, c, w in configs], timeout=900)
+    for (m, c, w), t in zip(configs, traces):
         assert not isinstance(t, str), t
-        terms = {x.term: x for x in compare_result(m, c, 1, 2, t).terms}
+        terms = {x.term: x for x in compare_result(m, c, w, 2, t).terms}
         assert all(terms[k].analytic == terms[k].traced for k in ("parameters", "gradients", "optimizer_states")), terms
         assert terms["step_peak"].error >= -0.01, (m, c.adapter, terms["step_peak"])
         assert -0.10 <= terms["backward_phase"].error <= 0.15, (m, c.adapter, terms["backward_phase"])

@@ -55,6 +55,23 @@ def test_ledger_model_states_equal_zero_paper(sharding, stage):
         assert gpu_state_rows(r, persistent_small=True) == pytest.approx(2 * small * 63 / 64, abs=2)
 
 
+@pytest.mark.parametrize("sharding, stage", [("ddp", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)])
+def test_adapter_model_states_are_the_zero_paper_over_the_adapters(sharding, stage):
+    """LoRA (rank 16, all-linear) under mixed-precision AdamW on 64 GPUs: the adapters' states are
+    the paper's formula with Psi = the 41,943,040 adapter parameters (DeepSpeed: 16-bit adapters,
+    fp32 masters and moments; DDP: fp32 adapters under autocast, the same 16 B per parameter), and
+    the frozen 16-bit base (2 B per parameter, no gradient or state) is divided only by ZeRO-3."""
+    r = run("meta-llama/Llama-3.1-8B", "8x8xH100-80", optimizer="adamw", precision="bf16-mixed", sharding=sharding,
+            adapter="lora")
+    psi_a, psi_f = r.model.num_trainable_parameters, r.model.num_parameters
+    assert psi_a == 41_943_040
+    frozen = sum(row.bytes for row in r.ledger if row.label.startswith("frozen base"))
+    assert frozen == pytest.approx(2 * psi_f / (64 if stage == 3 else 1), abs=1)
+    counters = sum(row.bytes for row in r.ledger if row.label.startswith("optimizer step counters"))
+    assert counters == 4 * (1 if stage else 32 * 7 * 2)  # one per flat group, or per adapter tensor
+    assert gpu_state_rows(r) - frozen - counters == pytest.approx(zero_model_state_bytes(psi_a, 12, stage, 64), abs=8)
+
+
 def _deepspeed_table(capsys, fn, **kw) -> dict[str, tuple[float, float]]:
     """Run one of DeepSpeed's *_all_cold estimators; {options: (per CPU GiB, per GPU GiB)}."""
     fn(**kw)

@@ -202,11 +202,12 @@ def output_projection_parameters(m: ModelSpec) -> int:
 
 
 @cache
-def fsdp_rank0_elements(m: ModelSpec, world: int) -> int:
-    """Elements of rank 0's FSDP2 shards: each parameter is split on dim 0 into ``world`` chunks
-    of ceil(dim0 / world) rows (the last ranks' chunks padded or empty), so rank 0 holds
-    ceil(dim0 / world) rows of every tensor (torch fully_shard, ``FSDPParam`` chunking)."""
+def fsdp_rank0_elements(m: ModelSpec, world: int, tensors: tuple[ParamTensor, ...] | None = None) -> int:
+    """Elements of rank 0's FSDP2 shards of ``tensors`` (default: the whole model): each parameter
+    is split on dim 0 into ``world`` chunks of ceil(dim0 / world) rows (the last ranks' chunks
+    padded or empty), so rank 0 holds ceil(dim0 / world) rows of every tensor (torch fully_shard,
+    ``FSDPParam`` chunking)."""
     total = 0
-    for t in model_tensors(m):  # MoE experts counted as separate tensors of ``shape`` (not traced)
+    for t in model_tensors(m) if tensors is None else tensors:  # MoE experts as separate tensors (not traced)
         total += -(-t.shape[0] // world) * prod(t.shape[1:]) * t.experts * multiplicity(m, t)
     return total

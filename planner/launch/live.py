@@ -53,6 +53,16 @@ def _fsdp_state(module):
     return get() if get is not None else None
 
 
+def _layer_group(layer):
+    """The FSDP2 parameter group of a decoder layer: its own, or (activation checkpointing wraps
+    the layer first) its wrapped module's."""
+    for module in (layer, getattr(layer, "_checkpoint_wrapped_module", None)):
+        state = _fsdp_state(module) if module is not None else None
+        if state is not None and state._fsdp_param_group is not None:
+            return state._fsdp_param_group
+    return None
+
+
 def _sharding_and_offload(trainer, model) -> tuple[str, str, dict]:
     from accelerate.utils import DistributedType
 
@@ -67,27 +77,38 @@ def _sharding_and_offload(trainer, model) -> tuple[str, str, dict]:
     if kind == DistributedType.FSDP:
         from torch.distributed.fsdp import CPUOffloadPolicy
 
-        groups = [state._fsdp_param_group for m in model.modules() if m is not model
-                  for state in [_fsdp_state(m)] if state is not None and state._fsdp_param_group is not None]
-        group = groups[0]  # the first decoder layer's unit (the root's reshard policy differs in FSDP2)
+        from planner.runtime.model import decoder_layers
+
+        # the plan shards every decoder layer as its own unit (gathered one at a time); a layer left
+        # in the root's unit is gathered with the whole model
+        layers = list(decoder_layers(model))
+        units = [g for g in map(_layer_group, layers) if g is not None]
+        group = units[0] if units else _fsdp_state(model)._fsdp_param_group  # (the root's reshard policy differs)
         reshard = group.post_forward_mesh_info is not None
         mesh = group.mesh_info.mesh
         sharding = "fsdp-hybrid" if mesh.ndim == 2 else "fsdp" if reshard else "fsdp-grad-op"
+        if len(units) != len(layers):
+            sharding += f" ({len(units)} of {len(layers)} decoder layers sharded as their own units)"
         offload = "optimizer+params" if isinstance(group.offload_policy, CPUOffloadPolicy) else "none"
-        return sharding, offload, {"fsdp_reshard_after_forward": reshard, "fsdp_mesh": list(mesh.shape)}
+        return sharding, offload, {"fsdp_reshard_after_forward": reshard, "fsdp_mesh": list(mesh.shape),
+                                   "fsdp_decoder_layer_units": len(units)}
     return ("ddp" if world > 1 else "none"), "none", {"distributed_type": str(kind)}
 
 
 def _precision(trainer, model, sharding: str) -> tuple[str, dict]:
     params = [p for p in model.parameters() if p.requires_grad] or list(model.parameters())  # (an adapter's)
-    local = getattr(params[0], "_local_tensor", params[0])
+    # (FSDP2: the DTensor's local shard; ZeRO-3: the partition DeepSpeed keeps, ds_tensor)
+    local = getattr(params[0], "_local_tensor", getattr(params[0], "ds_tensor", params[0]))
     dtype = str(local.dtype).removeprefix("torch.")
     fp8 = sum(any(c.__name__ == "Float8Linear" for c in type(m).__mro__) for m in model.modules())
     mp = str(trainer.accelerator.mixed_precision)
     detail = {"parameter_dtype": dtype, "mixed_precision": mp, "float8_linears": fp8}
     if sharding.startswith("zero"):
         engine = trainer.model_wrapped
-        return ("bf16-mixed" if engine.bfloat16_enabled() else "fp16-mixed" if engine.fp16_enabled() else "fp32"), detail
+        name = "bf16-mixed" if engine.bfloat16_enabled() else "fp16-mixed" if engine.fp16_enabled() else "fp32"
+        # DeepSpeed's mixed precision trains 16-bit parameters (fp32 masters in its optimizer)
+        sixteen = {"bf16-mixed": "bfloat16", "fp16-mixed": "float16"}.get(name, dtype)
+        return (name if dtype == sixteen else f"{name} over {dtype} parameters"), detail
     if mp == "fp8" and fp8:
         return "fp8-mixed", detail
     if mp in ("bf16", "fp16"):
@@ -121,7 +142,8 @@ def _adapter(model) -> dict:
     four_bit = any(type(m).__name__ == "Linear4bit" for m in model.modules())
     kind = "dora" if lora.use_dora else "qlora" if four_bit else "lora"
     targets = "attention" if all(".attn." in n or ".self_attn." in n for n in wrapped) else "all-linear"
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    # (ZeRO-3 partitions parameters: ds_numel is the whole tensor's)
+    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
     return {"adapter": kind, "lora_rank": lora.r, "lora_targets": targets, "lora_alpha": lora.lora_alpha,
             "lora_dropout": lora.lora_dropout, "details": {"adapter_wrapped_modules": len(wrapped),
                                                           "trainable_parameters": trainable, "nf4_linears": four_bit}}

@@ -3,14 +3,16 @@
 QLoRA loads the base with transformers' ``BitsAndBytesConfig`` (strategies.adapter
 ``quantization_config``); every adapter wraps the loaded model with ``peft.get_peft_model`` and
 the plan's ``LoraConfig`` (``lora_config``), adapters in fp32 under the mixed precisions (peft's
-``autocast_adapter_dtype``), in the parameters' dtype otherwise. planner does not call peft's
+``autocast_adapter_dtype``) but DeepSpeed's, in the parameters' dtype otherwise
+(strategies.precision ``fp32_adapters``). planner does not call peft's
 ``prepare_model_for_kbit_training``: it would upcast the embeddings, norms and head to fp32
 (4.2 GB more on Llama-3.1-8B) beyond what the plan counts.
 """
 
 from planner.runtime import Site
 from strategies.adapter import Adapter, lora_config, quantization_config
-from strategies.precision import MIXED
+from strategies.precision import fp32_adapters
+from strategies.sharding import engine_of
 
 
 def model_kwargs(config) -> dict:
@@ -85,6 +87,7 @@ def wrap(model, config, site: Site):
     import peft
 
     lora = peft.LoraConfig(**lora_config(config, model.config.model_type))
-    wrapped = peft.get_peft_model(model, lora, autocast_adapter_dtype=config.precision in MIXED)
+    fp32 = fp32_adapters(config.precision, engine_of(config.sharding))
+    wrapped = peft.get_peft_model(model, lora, autocast_adapter_dtype=fp32)
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     return wrapped, f"{config.adapter}: peft r{config.lora_rank} {config.lora_targets}, {trainable:,} trainable parameters"
