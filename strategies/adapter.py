@@ -19,9 +19,10 @@ dequantization (memory bound).
 
 Modelled for dense models on one GPU, under DDP, DeepSpeed ZeRO-1/2/3 and FSDP2 (the sharding
 strategy divides the frozen base and the adapters' states as each engine does: ZeRO-3 and FSDP
-shard and gather the frozen base too, and reduce only the adapters' gradients). Refused with a
-reason until they are modelled: QLoRA under ZeRO / FSDP (FSDP-QLoRA's 16-bit quant storage), MoE
-experts, selective checkpointing, offload.
+shard and gather the frozen base too, and reduce only the adapters' gradients; FSDP-QLoRA keeps
+its NF4 codes in the 16-bit quant storage FSDP shards, the quantization state whole on every rank).
+Refused with a reason until they are modelled: QLoRA under ZeRO, MoE experts, selective
+checkpointing, offload.
 An adapter is a different training method (numerics: DESIGN.md), so the search uses one only when
 the user names it (``--adapter lora``, or ``--adapter any``).
 """
@@ -38,6 +39,8 @@ from planner.cost import compute as C
 from planner.cost import params as P
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.moments import FROZEN_BASE, FROZEN_EVERY_RANK
+from strategies.sharding import engine_of
 
 
 class Adapter(StrEnum):
@@ -60,8 +63,6 @@ SETTINGS = (
     Setting("lora_alpha", int, 32, "LoRA alpha: the update is scaled by alpha / r", ge=1, le=1_000_000),
     Setting("lora_dropout", float, 0.05, "dropout on each adapter's input (0: none, and less memory)", ge=0.0, le=0.9),
 )
-#: The tag of the frozen base's rows (the optimizer step never touches them).
-FROZEN_BASE = "frozen_base"
 #: The shardings that replicate the whole model on every GPU.
 UNSHARDED = ("none", "ddp")
 FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
@@ -104,8 +105,12 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     tensors = AD.trainable_tensors(m, spec)
     per_layer = sum(t.numel for t in tensors)  # (adapters live in the decoder layers only)
     trained = sum(t.numel * P.multiplicity(m, t) for t in tensors)
+    gathered = layer + per_layer
+    if spec.nf4:  # FSDP-QLoRA gathers the packed NF4 codes in their 16-bit storage dtype
+        storage = COMPUTE_BYTES.get(str(ctx.config.precision), 2)
+        gathered -= sum(t.numel - AD.nf4_storage_elements(t.numel, storage) for t in AD.qlora_layer_quantized(m))
     return {"trainable_parameters": trained, "frozen_parameters": P.total_parameters(m), "adapter": spec,
-            "layer_trained": per_layer, "layer_gathered": layer + per_layer, "root_trained": 0}
+            "layer_trained": per_layer, "layer_gathered": gathered, "root_trained": 0}
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -115,11 +120,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
     for field, (allowed, code, why) in ALLOWS.items():
         if str(getattr(cfg, field)) not in allowed:
             out.reject(code, f"{a} with {field} {getattr(cfg, field)}: {why}")
-    if a == Adapter.QLORA and cfg.sharding not in UNSHARDED:
-        out.reject("qlora under a sharded engine",
-                   f"qlora with sharding {cfg.sharding}: a 4-bit base under ZeRO-3 / FSDP (bnb_4bit_quant_storage) is "
-                   "not modelled yet, and ZeRO-1/2 would replicate it anyway; use sharding ddp (the NF4 base on every "
-                   "GPU), or lora with a sharded engine")
+    if a == Adapter.QLORA and ctx.engine == Engine.DEEPSPEED:
+        out.reject("qlora under DeepSpeed",
+                   f"qlora with sharding {cfg.sharding}: a 4-bit base under DeepSpeed ZeRO is not modelled yet (ZeRO-1/2 "
+                   "would replicate it; ZeRO-3 needs bnb_4bit_quant_storage); use fsdp (FSDP-QLoRA) or ddp")
     if m.is_moe:
         out.reject("adapter on a MoE model",
                    f"{a} on {m.id}: adapters on MoE experts (peft's ParamWrapper) are not modelled yet; "
@@ -143,7 +147,19 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     if spec is None:
         return
     wdt = {4: "fp32", 2: "16-bit"}[lay.frozen_bytes]
-    if spec.nf4:
+    if spec.nf4 and ctx.engine == Engine.FSDP:  # FSDP2 shards the codes; the state is every rank's
+        c = lay.dtypes.compute
+        quantized = AD.qlora_layer_quantized(m)
+        codes = sum(AD.nf4_storage_elements(t.numel, c) for t in quantized) * m.num_layers
+        state = sum(AD.nf4_state_bytes(t.numel) for t in quantized) * m.num_layers
+        _, rest = AD.qlora_weight_parts(m, True)
+        ledger.add("weights", "frozen decoder linears: NF4 codes (16-bit quant storage)", codes, c, tag=FROZEN_BASE,
+                   note="4 bits per weight, viewed as the 16-bit storage dtype FSDP shards")
+        ledger.add("weights", "frozen decoder linears: NF4 quantization state", state, 1, tag=FROZEN_EVERY_RANK,
+                   note="8-bit absmax per 64 + fp32 per 256 blocks: module attributes, not sharded")
+        ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes, tag=FROZEN_BASE,
+                   note=f"{rest:,} params x {lay.frozen_bytes} B")
+    elif spec.nf4:
         nf4, rest = AD.qlora_weight_parts(m, True)
         ledger.add("weights", "frozen decoder linears (NF4, double quantization)", nf4, 1, tag=FROZEN_BASE,
                    note="4 bits + 8-bit absmax per 64 + fp32 per 256 blocks")
@@ -225,15 +241,26 @@ def target_modules(targets: str, family: str):
     return "all-linear" if targets == AD.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_ATTENTION)
 
 
+#: The dtype QLoRA computes in (and, under FSDP, stores its packed codes in), per precision.
+COMPUTE_TORCH_DTYPE = {"fp16-mixed": "float16", "fp32": "float32"}
+COMPUTE_BYTES = {"fp32": 4}
+
+
 def quantization_config(config) -> dict | None:
     """transformers ``BitsAndBytesConfig`` keyword arguments for QLoRA (runtime.json
-    ``quantization``): NF4 with double quantization, computing in the plan's 16-bit dtype, stored
-    in uint8 (one GPU / DDP: nothing shards the packed weights)."""
+    ``quantization``): NF4 with double quantization, computing in the plan's 16-bit dtype. The
+    packed codes are stored in uint8 on one GPU or under DDP; under FSDP in the compute dtype
+    (``bnb_4bit_quant_storage``, Answer.AI's FSDP-QLoRA): FSDP2 cannot shard uint8 4-bit weights
+    (accelerate leaves them out of sharding), and the Trainer then sets FSDP's mixed precision to
+    that dtype (transformers ``update_fsdp_plugin_peft``)."""
     if config.adapter != Adapter.QLORA:
         return None
-    compute = "float16" if config.precision == "fp16-mixed" else "float32" if config.precision == "fp32" else "bfloat16"
-    return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
-            "bnb_4bit_compute_dtype": compute}
+    compute = COMPUTE_TORCH_DTYPE.get(str(config.precision), "bfloat16")
+    q = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+         "bnb_4bit_compute_dtype": compute}
+    if engine_of(config.sharding) == Engine.FSDP:
+        q["bnb_4bit_quant_storage"] = compute
+    return q
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
@@ -266,6 +293,12 @@ def _read(job: JobFiles, r: Reading) -> None:
     if four_bit and lora.get("use_dora"):
         r.problems.append(f"{where}: use_dora over a 4-bit base is not a planned adapter (qlora or dora)")
     r.set("adapter", kind, f"{where}: lora" + (" over a 4-bit base" if four_bit else ""))
+    storage = quant.get("bnb_4bit_quant_storage", "uint8") if four_bit else None
+    fsdp = job.distributed_type == "FSDP" or bool(job.fsdp)
+    if fsdp and storage not in (None, *COMPUTE_TORCH_DTYPE.values(), "bfloat16"):
+        r.warnings.append(f"{where}: qlora under FSDP with bnb_4bit_quant_storage {storage}: accelerate leaves "
+                          "such 4-bit weights out of FSDP's sharding (every GPU holds the whole base), which is not "
+                          "the FSDP-QLoRA planned; set quantization.bnb_4bit_quant_storage to the compute dtype")
     for key, name in (("r", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
         if key in lora:
             r.set(name, lora[key], f"{where}: lora.{key}")

@@ -35,7 +35,7 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
     m, lay = ctx.model, ctx.layout
     # (a layer gathers its adapters with its weights; the root unit has none)
     root, layer = P.root_parameters(m), lay.layer_gathered
-    total = P.total_parameters(m) + (lay.trainable_parameters if lay.adapter else 0)
+    total = root + m.num_layers * layer  # everything gathered: fsdp-grad-op keeps it from forward to backward
     g = lay.gathered_bytes
     if not lay.resharding:  # fsdp-grad-op
         ledger.add(

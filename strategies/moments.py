@@ -14,3 +14,11 @@ ROOT_REGATHER = "the root unit's all-gather for backward"
 #: the reduce-scatter input of the layer above (strategies/fsdp_memory.py).
 GRADIENTS_BEFORE_FIRST_LAYER = "gradients_before_first_layer"
 AFTER_TOP_LAYER = "after_top_layer"
+
+#: Tags of an adapter's frozen base rows (strategies/adapter.py), which the optimizer step never
+#: touches (strategies/optimizer.py): sharded like any parameter, or held whole on every rank
+#: (QLoRA's quantization state under FSDP2: module attributes, not parameters), which
+#: strategies/sharding.py leaves undivided.
+FROZEN_BASE = "frozen_base"
+FROZEN_EVERY_RANK = "frozen_every_rank"
+FROZEN = (FROZEN_BASE, FROZEN_EVERY_RANK)

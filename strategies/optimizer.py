@@ -24,9 +24,9 @@ from planner.cost import optimizer_states as S
 from planner.cost import params as P
 from planner.cost import runtime as R
 from strategies import rates
-from strategies.adapter import FROZEN_BASE
 from planner.core.numerics import Rung
 from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.moments import FROZEN
 
 
 class Optimizer(StrEnum):
@@ -152,7 +152,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     upcast: bytes from this rank's GPU ledger rows / achieved bandwidth (roofline). Paged state
     that spilled migrates in and back out over the host link once per step."""
     gpu_rows = [r for r in ledger.rows if r.location == Location.GPU and Phase.STEP in r.phases
-                and r.tag != FROZEN_BASE]  # (an adapter's frozen base is not updated)
+                and r.tag not in FROZEN]  # (an adapter's frozen base is not updated)
 
     def total(*terms: str) -> int:
         return sum(r.bytes for r in gpu_rows if r.term in terms)

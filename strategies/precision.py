@@ -63,11 +63,14 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     for the mixed precisions planner emits, else the parameters' own dtype: the gradients' dtype."""
     p = ctx.config.precision
     weight, master, grad, state, dtypes, autocast, gathered = _dtypes(p, decided["engine"])
-    frozen = 0
+    frozen, reduce = 0, grad
     if decided.get("frozen_parameters"):  # an adapter trains; the base is frozen
         weight, master, grad, state, dtypes, autocast, frozen = _adapter_dtypes(p, decided["engine"])
+        reduce = grad
+        if decided["adapter"].nf4 and decided["engine"] == Engine.FSDP:  # FSDP-QLoRA: the quant storage's policy
+            reduce = gathered
     return {"weight_bytes": weight, "master_bytes": master, "grad_bytes": grad, "state_bytes": state,
-            "gathered_bytes": gathered, "reduce_bytes": grad, "dtypes": dtypes, "autocast": autocast,
+            "gathered_bytes": gathered, "reduce_bytes": reduce, "dtypes": dtypes, "autocast": autocast,
             "compute_dtype": COMPUTE_DTYPE[p], "layer_matmul_dtype": LAYER_MATMUL_DTYPE[p], "frozen_bytes": frozen}
 
 
@@ -81,7 +84,8 @@ def _adapter_dtypes(p: Precision, engine: Engine) -> tuple:
     (accelerate ``fsdp2_prepare_model`` upcasts only trainable parameters to fp32; the policy
     gathers everything in 16 bit). DeepSpeed casts every parameter, the adapters included, to
     16 bit (``DeepSpeedEngine._configure_distributed_model``) and keeps fp32 masters of the trained
-    ones in its optimizer. bf16-pure: everything bf16 (adapters too); fp32: everything fp32.
+    ones in its optimizer. FSDP-QLoRA reduces in the quant storage dtype (the Trainer sets FSDP's
+    mixed precision to it: transformers ``update_fsdp_plugin_peft``). bf16-pure: everything bf16 (adapters too); fp32: everything fp32.
     Traced on real peft layers (tests/test_adapters.py)."""
     if p == Precision.FP32:
         return 4, 0, 4, 4, DTypes(4, 4), False, 4

@@ -32,6 +32,7 @@ from planner.cost import params as P
 from planner.cost import runtime as R
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.fsdp_memory import fsdp_rows
+from strategies.moments import FROZEN_EVERY_RANK
 
 
 class Sharding(StrEnum):
@@ -121,7 +122,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
             wholes.append((total, P.fsdp_rank0_elements(m, n)))
         wholes.append((lay.trainable_parameters, P.fsdp_rank0_elements(m, n, AD.trainable_tensors(m, lay.adapter))))
     for row in ledger.of(*SHARDED_TERMS.get(s, ALL_MODEL_STATES)):
-        if row.tag == "step_counters":  # per-tensor scalars: every rank keeps them all
+        if row.tag in ("step_counters", FROZEN_EVERY_RANK):  # per-tensor scalars, QLoRA's state: on every rank
             continue
         whole = next(((count, rank0) for count, rank0 in wholes if row.elements * row.bytes_per_element % count == 0), None)
         if whole is not None:
@@ -193,8 +194,9 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     under forward and backward). End-of-step collectives (ZeRO-1 reduce, ZeRO-1/2 parameter
     all-gather) run alone."""
     s, m, lay, hw = ctx.config.sharding, ctx.model, ctx.layout, ctx.hardware
-    n, psi, layers = lay.data_parallel, P.total_parameters(m), m.num_layers
+    n, layers = lay.data_parallel, m.num_layers
     trained = lay.trainable_parameters  # (every parameter is gathered; only the trained are reduced)
+    gathered = P.root_parameters(m) + layers * lay.layer_gathered  # (FSDP-QLoRA: the packed codes)
     if s == Sharding.ZERO3:
         draft.cpu_dispatch_seconds += layers * R.ZERO3_HOOK_SECONDS_PER_LAYER
     elif ctx.engine == Engine.FSDP:
@@ -210,7 +212,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
                          per_micro_batch=False, note="once per step, bucketed under the last backward")
         return
     if ctx.engine == Engine.DEEPSPEED:
-        gather = _seconds(comms.all_gather_bytes(psi * lay.weight_bytes, n), world, layers)
+        gather = _seconds(comms.all_gather_bytes(gathered * lay.weight_bytes, n), world, layers)
         reduce = _seconds(comms.all_gather_bytes(trained * lay.grad_bytes, n), world, layers)
         if s == Sharding.ZERO3:
             draft.overlapped("communication", "ZeRO-3 parameter all-gather (forward)", gather, Window.FORWARD, True)
@@ -229,7 +231,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     reduce_bytes = lay.reduce_bytes
     group = _link(ctx, False) if s == Sharding.FSDP_HYBRID else world
     ranks = hw.gpus_per_node if s == Sharding.FSDP_HYBRID else n
-    gather = _seconds(comms.all_gather_bytes(psi * g, ranks), group, layers + 1)
+    gather = _seconds(comms.all_gather_bytes(gathered * g, ranks), group, layers + 1)
     reduce = _seconds(comms.all_gather_bytes(trained * reduce_bytes, ranks), group, layers + 1)
     draft.overlapped("communication", "FSDP parameter all-gather (forward)", gather, Window.FORWARD, True)
     backward = reduce if s == Sharding.FSDP_GRAD_OP else gather + reduce

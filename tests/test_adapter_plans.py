@@ -114,7 +114,7 @@ def test_frozen_weights_get_no_weight_gradient_time():
 
 
 @pytest.mark.parametrize("adapter, config", [
-    ("qlora", dict(sharding="zero3")), ("qlora", dict(sharding="fsdp")), ("qlora", dict(sharding="zero2")),
+    ("qlora", dict(sharding="zero3")), ("qlora", dict(sharding="zero2")),
     ("lora", dict(checkpointing="selective")), ("lora", dict(precision="fp8-mixed")),
     ("dora", dict(sharding="zero3", offload="optimizer")),
 ])
@@ -122,6 +122,47 @@ def test_what_is_not_modelled_yet_is_refused_with_a_reason(adapter, config):
     gpus = "2xH100-80" if "sharding" in config else "1xH100-80"
     plan = run(LLAMA, gpus, adapter=adapter, **config)
     assert not plan.feasible and plan.reasons and all(adapter in r for r in plan.reasons)
+
+
+def test_fsdp_qlora_shards_the_packed_codes_and_keeps_the_state_on_every_rank():
+    """FSDP-QLoRA (bnb_4bit_quant_storage bf16): on 8 ranks each GPU holds an eighth of the NF4
+    codes and of the 16-bit embeddings, norms and head, and the whole quantization state; together
+    the rows are the single-GPU QLoRA base; and the per-GPU base is below FSDP-LoRA's."""
+    one, fsdp, lora = (run(LLAMA, g, adapter=a, sharding=s) for g, a, s in
+                       (("1xH100-80", "qlora", "none"), ("8xH100-80", "qlora", "fsdp"), ("8xH100-80", "lora", "fsdp")))
+    rows = lambda p: {r.label: r.bytes for r in p.ledger if r.label.startswith("frozen")}  # noqa: E731
+    sharded, whole = rows(fsdp), rows(one)
+    codes = sharded["frozen decoder linears: NF4 codes (16-bit quant storage)"]
+    state = sharded["frozen decoder linears: NF4 quantization state"]
+    assert codes * 8 + state == pytest.approx(whole["frozen decoder linears (NF4, double quantization)"], rel=1e-6)
+    rest = "frozen embeddings, norms, head (16-bit)"
+    assert sharded[rest] * 8 == pytest.approx(whole[rest], rel=1e-6)
+    assert sum(sharded.values()) < sum(rows(lora).values())
+    import torch
+    import transformers
+
+    runtime = json.loads(build_files(single_plan_result(fsdp))["runtime.json"])
+    q = transformers.BitsAndBytesConfig(**runtime["quantization"])
+    assert q.bnb_4bit_quant_storage == torch.bfloat16 and q.bnb_4bit_compute_dtype == torch.bfloat16
+    assert "bnb_4bit_quant_storage" not in json.loads(build_files(single_plan_result(one))["runtime.json"])["quantization"]
+
+
+def test_an_fsdp_qlora_job_round_trips_and_one_without_quant_storage_is_named(tmp_path):
+    """The emitted FSDP-QLoRA files read back as the plan; the same job with the 4-bit weights in
+    bitsandbytes' default uint8 storage (which accelerate leaves unsharded) reads with a warning
+    saying what to set."""
+    plan = run(LLAMA, "4xA100-40", adapter="qlora", sharding="fsdp", checkpointing="full")
+    result = round_trip(plan, tmp_path)
+    assert round_trip_errors(plan, result) == []
+    assert not any("quant_storage" in w for w in result.warnings)
+    runtime = tmp_path / "runtime.json"
+    job = json.loads(runtime.read_text())
+    del job["quantization"]["bnb_4bit_quant_storage"]
+    runtime.write_text(json.dumps(job))
+    from planner.check import CheckRequest, check
+
+    again = check(CheckRequest(model=LLAMA, gpus="4xA100-40", job_dir=tmp_path, alternatives=0))
+    assert any("bnb_4bit_quant_storage uint8" in w for w in again.warnings)
 
 
 @pytest.mark.parametrize("sharding", ["zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op"])

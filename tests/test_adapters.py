@@ -79,7 +79,12 @@ def test_nf4_bytes_equal_bitsandbytes(shape, double_quant):
         parts += [state.state2.absmax, state.state2.code, state.offset]
         assert state.state2.blocksize == AD.NF4_NESTED_BLOCK
     assert state.nested == double_quant
-    assert AD.nf4_bytes(shape[0] * shape[1], double_quant) == sum(t.numel() * t.element_size() for t in parts)
+    numel = shape[0] * shape[1]
+    assert AD.nf4_bytes(numel, double_quant) == sum(t.numel() * t.element_size() for t in parts)
+    # FSDP-QLoRA: the codes FSDP shards, viewed as the 16-bit quant storage; the state every rank keeps
+    assert packed.dtype == torch.bfloat16 and packed.numel() == AD.nf4_storage_elements(numel, 2)
+    if double_quant:
+        assert AD.nf4_state_bytes(numel) == sum(t.numel() * t.element_size() for t in parts[1:])
 
 
 TINY = {  # small configs of each family, loaded for real (bitsandbytes quantizes on the CPU)

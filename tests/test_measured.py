@@ -83,7 +83,11 @@ def emitted_deepspeed(config: dict, world: int) -> dict:
     ({"checkpointing": "full", "precision": "bf16-pure", "grad_accum": 2}, 1, False),
     ({"sharding": "fsdp", "grad_accum": 2}, 4, False),
     ({"sharding": "zero3"}, 4, True),
-], ids=["adamw-bf16-mixed", "full-ckpt-bf16-pure-accum", "fsdp2-fake-4-ranks", "zero3-fake-4-ranks"])
+    ({"adapter": "qlora", "checkpointing": "full"}, 1, False),
+    ({"adapter": "dora", "lora_targets": "attention", "sharding": "fsdp"}, 4, False),
+    ({"adapter": "lora", "sharding": "zero3"}, 4, True),
+], ids=["adamw-bf16-mixed", "full-ckpt-bf16-pure-accum", "fsdp2-fake-4-ranks", "zero3-fake-4-ranks", "qlora",
+        "dora-fsdp2-fake-4-ranks", "lora-zero3-fake-4-ranks"])
 def test_each_engine_trains_for_real(config, world, deepspeed):
     ds = emitted_deepspeed(config, world) if deepspeed else None
     r = measure(tiny_request(config=config, world_size=world, deepspeed_config=ds), timeout=300)
@@ -92,6 +96,9 @@ def test_each_engine_trains_for_real(config, world, deepspeed):
     assert r.versions["torch"] == torch.__version__
     if world > 1:
         assert any("fake process group" in n and "modelled" in n for n in r.notes)
+    if "adapter" in config:  # the peft-wrapped model trained (QLoRA: its linears quantized by bitsandbytes)
+        assert any(n.startswith(f"{config['adapter']}: peft r16") for n in r.notes), r.notes
+        assert config["adapter"] != "qlora" or any("quantized to NF4" in n for n in r.notes)
 
 
 def test_oom_is_a_result_not_a_crash():

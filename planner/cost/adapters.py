@@ -150,6 +150,24 @@ def nf4_quantized(m: ModelSpec, t: P.ParamTensor) -> bool:
 
 
 @cache
+def nf4_state_bytes(numel: int) -> int:
+    """Bytes of one NF4 weight's quantization state with double quantization (``nf4_bytes`` less
+    the packed codes): the 8-bit absmax per block, the fp32 absmax per 256 blocks and the maps."""
+    return nf4_bytes(numel, True) - ceil(numel / 2)
+
+
+def nf4_storage_elements(numel: int, storage_bytes: int) -> int:
+    """Elements of the tensor holding one weight's packed NF4 codes in a storage dtype of
+    ``storage_bytes`` (``bnb_4bit_quant_storage``: bitsandbytes views the ceil(numel / 2) code
+    bytes as that dtype, a (n, 1) tensor), which FSDP shards and gathers like any parameter."""
+    return ceil(ceil(numel / 2) / storage_bytes)
+
+
+def qlora_layer_quantized(m: ModelSpec) -> tuple[P.ParamTensor, ...]:
+    """One decoder layer's weights a 4-bit load stores in NF4 (``nf4_quantized``)."""
+    return tuple(t for t in P.layer_tensors(m) if nf4_quantized(m, t))
+
+
 def qlora_weight_parts(m: ModelSpec, double_quant: bool) -> tuple[int, int]:
     """The frozen base model loaded in 4 bits, in two parts: bytes of its NF4 weights
     (``nf4_bytes`` where ``nf4_quantized``), and elements of every other parameter (kept in the

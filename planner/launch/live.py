@@ -90,8 +90,11 @@ def _sharding_and_offload(trainer, model) -> tuple[str, str, dict]:
         if len(units) != len(layers):
             sharding += f" ({len(units)} of {len(layers)} decoder layers sharded as their own units)"
         offload = "optimizer+params" if isinstance(group.offload_policy, CPUOffloadPolicy) else "none"
+        policy = group.mp_policy
         return sharding, offload, {"fsdp_reshard_after_forward": reshard, "fsdp_mesh": list(mesh.shape),
-                                   "fsdp_decoder_layer_units": len(units)}
+                                   "fsdp_decoder_layer_units": len(units),
+                                   "fsdp_param_dtype": str(policy.param_dtype).removeprefix("torch."),
+                                   "fsdp_reduce_dtype": str(policy.reduce_dtype).removeprefix("torch.")}
     return ("ddp" if world > 1 else "none"), "none", {"distributed_type": str(kind)}
 
 

@@ -23,7 +23,8 @@ def model_kwargs(config) -> dict:
     import torch
     from transformers import BitsAndBytesConfig
 
-    return {"quantization_config": BitsAndBytesConfig(**q | {"bnb_4bit_compute_dtype": getattr(torch, q["bnb_4bit_compute_dtype"])})}
+    dtypes = {k: getattr(torch, v) for k, v in q.items() if k in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage")}
+    return {"quantization_config": BitsAndBytesConfig(**q | dtypes)}
 
 
 def prepare(model, config, site: Site, **_) -> str | None:
@@ -64,15 +65,18 @@ def quantize_nf4(model, config) -> str:
     import bitsandbytes as bnb
     import torch
 
-    compute = getattr(torch, quantization_config(config)["bnb_4bit_compute_dtype"])
+    q = quantization_config(config)
+    compute = getattr(torch, q["bnb_4bit_compute_dtype"])
+    storage = getattr(torch, q.get("bnb_4bit_quant_storage", "uint8"))
     found = list(frozen_linears(model))
     for parent, name, child in found:
         weight = child.weight.data if isinstance(child, torch.nn.Linear) else child.weight.data.t().contiguous()
         device = weight.device
         out_features, in_features = weight.shape
-        q = bnb.nn.Linear4bit(in_features, out_features, bias=child.bias is not None,
-                              compute_dtype=compute, compress_statistics=True, quant_type="nf4")
-        q.weight = bnb.nn.Params4bit(weight.to("cpu"), requires_grad=False, compress_statistics=True, quant_type="nf4")
+        q = bnb.nn.Linear4bit(in_features, out_features, bias=child.bias is not None, compute_dtype=compute,
+                              compress_statistics=True, quant_type="nf4", quant_storage=storage)
+        q.weight = bnb.nn.Params4bit(weight.to("cpu"), requires_grad=False, compress_statistics=True, quant_type="nf4",
+                                     quant_storage=storage)
         if child.bias is not None:
             q.bias = torch.nn.Parameter(child.bias.data.to("cpu"), requires_grad=False)
         setattr(parent, name, q.to(device))
