@@ -275,8 +275,50 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         files.extras.add("qlora")
 
 
+#: Every decoder-layer linear of the dense families, by the names peft's target_modules use.
+ALL_LINEAR_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+
+
+def targets_of(modules) -> tuple[LoraTargets, str | None]:
+    """The target set a peft ``target_modules`` value means, and a note when it is only modelled
+    as one: "all-linear", or a list naming every projection, is all-linear; any other list (or
+    none: peft's per-architecture default, q and v on Llama) is modelled as attention."""
+    if modules == "all-linear" or (isinstance(modules, list) and ALL_LINEAR_MODULES <= set(map(str, modules))):
+        return LoraTargets.ALL_LINEAR, None
+    if isinstance(modules, list) and set(map(str, modules)) == set(LLAMA_ATTENTION):
+        return LoraTargets.ATTENTION, None
+    return LoraTargets.ATTENTION, f"target modules {modules!r} are modelled as attention (q, k, v, o)"
+
+
+def _read_trl(d: dict, where: str, r: Reading) -> None:
+    """A TRL recipe's ``ModelConfig`` (or alignment-handbook's ``ModelArguments``): ``use_peft``
+    with ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_dora`` and
+    ``load_in_4bit`` (QLoRA); TRL's defaults are planner's (16, 32, 0.05)."""
+    if not r.typed(d, "use_peft", (bool,), where, False):
+        if r.typed(d, "load_in_4bit", (bool,), where, False):
+            r.problems.append(f"{where}: load_in_4bit without use_peft: a 4-bit base trains only with an adapter")
+        return
+    four = r.typed(d, "load_in_4bit", (bool,), where, False)
+    dora = r.typed(d, "use_dora", (bool,), where, False)
+    if four and dora:
+        r.problems.append(f"{where}: use_dora over a 4-bit base is not a planned adapter (qlora or dora)")
+    r.set("adapter", Adapter.DORA if dora else Adapter.QLORA if four else Adapter.LORA, f"{where}: use_peft")
+    for key, name, kinds in (("lora_r", "lora_rank", (int,)), ("lora_alpha", "lora_alpha", (int,)),
+                             ("lora_dropout", "lora_dropout", (float, int))):
+        value = r.typed(d, key, kinds, where)
+        if value is not None:
+            r.set(name, value, f"{where}: {key}")
+    targets, note = targets_of(d.get("lora_target_modules"))
+    r.set("lora_targets", targets, f"{where}: lora_target_modules")
+    if note:
+        r.warnings.append(f"{where}: lora_target_modules: {note}")
+
+
 def _read(job: JobFiles, r: Reading) -> None:
-    """runtime.json's ``lora`` and ``quantization``: the adapter and its settings."""
+    """runtime.json's ``lora`` and ``quantization``, or a TRL recipe's ``use_peft`` and LoRA
+    settings: the adapter and its settings."""
+    if job.training_args_where:
+        _read_trl(job.training_args, job.training_args_where, r)
     if not job.runtime_where:
         return
     lora, quant, where = job.runtime.get("lora"), job.runtime.get("quantization"), job.runtime_where
@@ -303,10 +345,12 @@ def _read(job: JobFiles, r: Reading) -> None:
         if key in lora:
             r.set(name, lora[key], f"{where}: lora.{key}")
     modules = lora.get("target_modules")
-    targets = LoraTargets.ALL_LINEAR if modules == "all-linear" else LoraTargets.ATTENTION
     if modules != "all-linear" and not (isinstance(modules, list) and modules and all(isinstance(x, str) for x in modules)):
         r.problems.append(f"{where}: lora.target_modules {modules!r}: 'all-linear' or the attention projections")
+    targets, note = targets_of(modules)
     r.set("lora_targets", targets, f"{where}: lora.target_modules")
+    if note and modules not in (ATTENTION_MODULES.get(f) for f in ATTENTION_MODULES):
+        r.warnings.append(f"{where}: lora.target_modules: {note}")
 
 
 def describe(get) -> str:

@@ -65,13 +65,17 @@ READS = {"sdpa": Attention.SDPA, "eager": Attention.EAGER, "flash_attention_2": 
 
 
 def _read(job: JobFiles, r: Reading) -> None:
-    """runtime.json's attn_implementation (transformers loads sdpa when nothing says otherwise)."""
-    if job.runtime_where:
-        name = job.runtime.get("attn_implementation", "sdpa")
+    """runtime.json's attn_implementation (transformers loads sdpa when nothing says otherwise), or
+    a TRL recipe's (``ModelConfig.attn_implementation``)."""
+    sources = [(job.runtime, job.runtime_where, "sdpa")] if job.runtime_where else []
+    if job.training_args_where and "attn_implementation" in job.training_args:
+        sources.append((job.training_args, job.training_args_where, None))
+    for d, where, default in sources:
+        name = d.get("attn_implementation", default)
         if name in READS:
-            r.set("attention", READS[name], f"{job.runtime_where}: attn_implementation {name}")
-        else:
-            r.problems.append(f"{job.runtime_where}: attn_implementation {name!r} is not one of {', '.join(READS)}")
+            r.set("attention", READS[name], f"{where}: attn_implementation {name}")
+        elif name is not None:
+            r.problems.append(f"{where}: attn_implementation {name!r} is not one of {', '.join(READS)}")
 
 
 STRATEGY = Strategy(

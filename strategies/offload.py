@@ -7,6 +7,11 @@
 - optimizer+params: ZeRO-3 ``offload_param: cpu`` as well (16-bit partition on the host too, 18
   bytes per parameter / N), or FSDP2 CPUOffloadPolicy (sharded fp32 parameters, gradients and
   states on the host, the optimizer step on the CPU).
+- params: ZeRO-3 ``offload_param: cpu`` alone: the 16-bit parameter partition on the host (2
+  bytes per parameter / N), gathered to the GPU for forward and backward; the fp32 master,
+  optimizer states and gradients stay on the GPU, where the optimizer steps (DeepSpeed
+  ``runtime/zero/stage3.py``: ``offload_param`` without ``offload_optimizer``). FSDP2 has no
+  parameter-only offload. Read from job files and planned when asked; the search leaves it out.
 DeepSpeed's CPU optimizers exist for Adam(W) and Lion; FSDP offload runs any torch optimizer
 on the CPU (not bitsandbytes, which needs CUDA tensors).
 """
@@ -30,6 +35,7 @@ class Offload(StrEnum):
     NONE = "none"
     OPTIMIZER = "optimizer"
     OPTIMIZER_PARAMS = "optimizer+params"
+    PARAMS = "params"
 
 
 DEEPSPEED_CPU_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.LION)
@@ -44,7 +50,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("optimizer offload without ZeRO", f"offload optimizer is DeepSpeed ZeRO-Offload and needs a ZeRO stage; {hint}")
     if off == Offload.OPTIMIZER_PARAMS and not (s == Sharding.ZERO3 or ctx.engine == Engine.FSDP):
         out.reject("parameter offload without zero3 or fsdp", "offload optimizer+params needs sharded parameters: use zero3 or fsdp")
-    if ctx.engine == Engine.DEEPSPEED and opt not in DEEPSPEED_CPU_OPTIMIZERS:
+    if off == Offload.PARAMS and s != Sharding.ZERO3:
+        out.reject("parameter-only offload without zero3", "offload params (without the optimizer) is DeepSpeed "
+                   "ZeRO-3's offload_param alone: use zero3, or optimizer+params with fsdp")
+    if ctx.engine == Engine.DEEPSPEED and off != Offload.PARAMS and opt not in DEEPSPEED_CPU_OPTIMIZERS:
         out.reject("no DeepSpeed CPU optimizer for it", f"offload runs DeepSpeed's CPU optimizer, which exists for adamw and lion, not {opt}")
     # (bitsandbytes optimizers under FSDP are rejected by the optimizer strategy)
 
@@ -52,6 +61,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     off = ctx.config.offload
     if off == Offload.NONE:
+        return
+    if off == Offload.PARAMS:  # the 16-bit partition only; the optimizer's rows stay on the GPU
+        for row in ledger.of("weights"):
+            row.location = Location.HOST
         return
     moved = ledger.of("master_weights", "optimizer_states", "gradients")
     if off == Offload.OPTIMIZER_PARAMS:
@@ -83,6 +96,11 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     def host(n_bytes: float) -> float:
         return comms.transfer_seconds(n_bytes, link, R.HOST_LINK_EFFICIENCY)
 
+    if off == Offload.PARAMS:  # the partition up for forward and backward, the updated one down
+        draft.overlapped("offload", "parameter partition to GPU (forward)", host(2 * partition), Window.FORWARD, True)
+        draft.overlapped("offload", "parameter partition to GPU (backward)", host(2 * partition), Window.BACKWARD, True)
+        draft.serial("offload", "updated parameter partition to host", host(2 * partition))
+        return
     if ctx.engine == Engine.DEEPSPEED:
         draft.overlapped("offload", "gradient partition to host", host(2 * partition), Window.BACKWARD, True)
         draft.serial("offload", "updated parameters to GPU", host(2 * partition))
@@ -104,9 +122,12 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         return
     if ctx.engine == Engine.DEEPSPEED:
         zero = files.deepspeed["zero_optimization"]
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if off == Offload.OPTIMIZER_PARAMS:
+        if off != Offload.PARAMS:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if off in (Offload.OPTIMIZER_PARAMS, Offload.PARAMS):
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        if off == Offload.PARAMS:
+            return
         optimizer = files.deepspeed.get("optimizer")
         if optimizer:  # DeepSpeed's CPU Adam / CPU Lion run the offloaded step
             optimizer["params"].pop("torch_adam", None)
@@ -152,7 +173,7 @@ def _devices(optimizer_device, param_device, where: str, r: Reading) -> None:
     if "nvme" in (optimizer_device, param_device):
         r.warnings.append(f"{where}: NVMe offload is modelled as CPU offload (host RAM is then overstated)")
     if DEVICES[param_device]:
-        r.set("offload", Offload.OPTIMIZER_PARAMS, where)
+        r.set("offload", Offload.OPTIMIZER_PARAMS if DEVICES[optimizer_device] else Offload.PARAMS, where)
     elif DEVICES[optimizer_device]:
         r.set("offload", Offload.OPTIMIZER, where)
     else:
@@ -171,8 +192,10 @@ def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
 
 STRATEGY = Strategy(
     "offload", Offload, Offload.NONE, order=4, short="offload",
-    help="model states in host RAM: none, optimizer (DeepSpeed ZeRO-Offload), optimizer+params (ZeRO-3 or FSDP2)",
+    help="model states in host RAM: none, optimizer (DeepSpeed ZeRO-Offload), optimizer+params (ZeRO-3 or FSDP2), "
+         "params (ZeRO-3 offload_param alone)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
     # host RAM, PCIe and the CPU optimizer step become part of the job
-    complexity={Offload.OPTIMIZER: 2, Offload.OPTIMIZER_PARAMS: 3},
+    complexity={Offload.OPTIMIZER: 2, Offload.OPTIMIZER_PARAMS: 3, Offload.PARAMS: 2},
+    searched=(Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS),
 )

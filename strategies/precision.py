@@ -322,7 +322,10 @@ NOT_MIXED = "not mixed"
 #: A reading that a more specific one refines rather than contradicts: "not mixed" is fp32 or
 #: bf16-pure; the Trainer's bf16 flag next to accelerate's fp8 is an fp8 job (bf16 outside the
 #: fp8 matmuls).
-REFINES = {NOT_MIXED: {Precision.FP32, Precision.BF16_PURE}, Precision.BF16_MIXED: {Precision.FP8_MIXED}}
+#: accelerate's "no" beside the Trainer's bf16 / fp16 flag is the Trainer's mixed precision (its flags
+#: override the environment accelerate launch exports: TrainingArguments.__post_init__).
+REFINES = {NOT_MIXED: {Precision.FP32, Precision.BF16_PURE, Precision.BF16_MIXED, Precision.FP16_MIXED},
+           Precision.BF16_MIXED: {Precision.FP8_MIXED}}
 ACCELERATE_READS = {"no": NOT_MIXED, "fp16": Precision.FP16_MIXED, "bf16": Precision.BF16_MIXED,
                     "fp8": Precision.FP8_MIXED}
 
@@ -343,13 +346,17 @@ def _read(job: JobFiles, r: Reading) -> None:
             r.warnings.append(f"{job.accelerate_where}: fp8 backend {fp8.get('backend')} is modelled as torchao fp8")
     if job.deepspeed_where:
         ds, where = job.deepspeed, job.deepspeed_where
-        bf16 = r.typed(r.section(ds, "bf16", where), "enabled", (bool,), f"{where}: bf16", False, allow_auto=True)
+        bf_key = "bf16" if "bf16" in ds or "bfloat16" not in ds else "bfloat16"  # (DeepSpeed's legacy alias)
+        bf16 = r.typed(r.section(ds, bf_key, where), "enabled", (bool,), f"{where}: {bf_key}", False, allow_auto=True)
         fp16 = r.typed(r.section(ds, "fp16", where), "enabled", (bool,), f"{where}: fp16", False, allow_auto=True)
+        auto = "auto" in (r.section(ds, bf_key, where).get("enabled"), r.section(ds, "fp16", where).get("enabled"))
         if bf16 and fp16:
             r.problems.append(f"contradiction: {where} enables both bf16 and fp16")
         elif bf16 or fp16:
             r.set("precision", Precision.BF16_MIXED if bf16 else Precision.FP16_MIXED,
-                  f"{where}: {'bf16' if bf16 else 'fp16'}.enabled", REFINES)
+                  f"{where}: {bf_key if bf16 else 'fp16'}.enabled", REFINES)
+        elif not auto:  # DeepSpeed trains in fp32 unless a section enables 16 bit (the Trainer fills only "auto")
+            r.set("precision", Precision.FP32, f"{where}: neither bf16 nor fp16 enabled (DeepSpeed trains fp32)")
     if job.training_args_where:
         d, where = job.training_args, job.training_args_where
         bf16, fp16 = (r.typed(d, k, (bool,), where, False) for k in ("bf16", "fp16"))

@@ -43,7 +43,7 @@ def test_known_keys_match_the_installed_libraries(tmp_path):
                    check=True, capture_output=True)
     fresh = json.loads((tmp_path / "keys.json").read_text())
     shipped = json.loads((ROOT / "planner/catalog/data/known_keys.json").read_text())
-    for group in ("accelerate", "training_args", "deepspeed_zero"):
+    for group in ("accelerate", "training_args", "deepspeed_zero", "deepspeed_top"):
         assert set(shipped[group]) == set(fresh[group]), group
 
 
@@ -160,7 +160,6 @@ def test_fitting_job_lists_faster_plans(tmp_path):
     ({"t.json": {"fp16": True}, "ds.json": {"bf16": {"enabled": True}}}, [], "contradiction"),
     ({"ds.json": {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "train_batch_size": 64}}, [],
      "train_batch_size"),
-    ({"a.yaml": {"distributed_type": "MULTI_GPU", "num_processes": 4}}, [], "num_processes"),
     ({"a.yaml": {"distributed_type": "FSDP", "num_processes": 8}, "t.json": {"deepspeed": {"zero_optimization": {"stage": 2}}}},
      [], "contradiction"),
     ({"t.json": {"learning_rat": 1e-4}}, [], "unknown key"),
@@ -182,6 +181,16 @@ def test_bad_input_exit_2(tmp_path, files, flags, needle):
     r = cli("--model", LLAMA, *gpus, *flags, *args)
     assert r.exit_code == 2, r.output
     assert needle in r.output
+
+
+def test_a_launcher_count_differing_from_gpus_is_a_note_not_an_error(tmp_path):
+    """open-r1's and the handbook's SLURM scripts pass --num_processes / --num_machines to accelerate
+    launch over the YAML's: --gpus decides, and the output names the file's count."""
+    acc = write(tmp_path / "a.yaml", {"distributed_type": "MULTI_GPU", "num_processes": 4, "num_machines": 1})
+    r = cli("--model", LLAMA, "--gpus", "2x8xH100-80", "--accelerate-config", str(acc))
+    assert r.exit_code in (0, 1), r.output
+    assert "num_processes = 4, but --gpus 2x8xH100-80 is 16 GPUs" in " ".join(r.output.split())
+    assert "num_machines = 1" in r.output
 
 
 def test_unreadable_inputs_exit_2(tmp_path):
@@ -277,3 +286,70 @@ def test_examples_launch_only_what_fits(tmp_path):
 def test_odd_values_in_nested_sections_exit_2(tmp_path, content):
     path = write(tmp_path / "a.yaml", content)
     assert cli("--model", LLAMA, "--gpus", "8xH100-80", "--accelerate-config", str(path)).exit_code == 2
+
+
+def test_files_read_as_their_libraries_read_them(tmp_path):
+    """Legacy keys and precedence as accelerate, DeepSpeed and the Trainer apply them."""
+    # accelerate converts the legacy dynamo_backend (BaseConfig.process_config): not an unknown key
+    acc = write(tmp_path / "a.yaml", {"distributed_type": "MULTI_GPU", "num_processes": 8, "dynamo_backend": "INDUCTOR",
+                                      "mixed_precision": "no"})
+    targs = write(tmp_path / "t.json", {"per_device_train_batch_size": 1, "bf16": True})
+    r = check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, training_args=targs, alternatives=0))
+    assert r.estimate.config.precision == "bf16-mixed"  # the Trainer's bf16 over accelerate's "no"
+    assert any("dynamo_config" in w for w in r.warnings)
+    # DeepSpeed's legacy bfloat16 section; and no 16-bit section at all is fp32 training
+    alias = write(tmp_path / "alias.json", {"zero_optimization": {"stage": 3}, "bfloat16": {"enabled": True},
+                                            "train_micro_batch_size_per_gpu": 1})
+    fp32 = write(tmp_path / "fp32.json", {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    read = {p.name: check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=p, alternatives=0)).estimate
+            for p in (alias, fp32)}
+    assert read["alias.json"].config.precision == "bf16-mixed" and read["fp32.json"].config.precision == "fp32"
+    assert read["fp32.json"].memory["peak"] > read["alias.json"].memory["peak"]
+
+
+def test_accelerate_refuses_deepspeed_keys_beside_a_deepspeed_file(tmp_path):
+    """accelerate raises when its YAML's deepspeed_config names a file and also sets zero_stage,
+    offload devices, ... (DeepSpeedPlugin._deepspeed_config_checks): so does check (exit 2)."""
+    ds = write(tmp_path / "ds.json", {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})
+    acc = write(tmp_path / "a.yaml", {"distributed_type": "DEEPSPEED", "num_processes": 8,
+                                      "deepspeed_config": {"deepspeed_config_file": str(ds), "zero_stage": 2}})
+    r = cli("--model", LLAMA, "--gpus", "8xH100-80", "--accelerate-config", str(acc))
+    assert r.exit_code == 2 and "accelerate refuses" in " ".join(r.output.split()), r.output
+
+
+def test_what_is_not_modelled_or_ignored_is_named(tmp_path):
+    """A DeepSpeed top-level typo (DeepSpeed ignores it), DeepSpeed compile and Ulysses sequence
+    parallelism, accelerate's tensor / context parallelism: each a warning naming it."""
+    ds = write(tmp_path / "ds.json", {"zero_optimisation": {"stage": 3}, "bf16": {"enabled": True},
+                                      "compile": {"deepcompile": True}, "sequence_parallel_size": 4,
+                                      "train_micro_batch_size_per_gpu": 1})
+    acc = write(tmp_path / "a.yaml", {"distributed_type": "FSDP", "num_processes": 8,
+                                      "fsdp_config": {"fsdp_version": 2},
+                                      "parallelism_config": {"parallelism_config_tp_size": 2,
+                                                             "parallelism_config_cp_size": 2}})
+    warned = " ".join(check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=ds, alternatives=0)).warnings
+                      + check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, alternatives=0)).warnings)
+    assert "zero_optimisation (did you mean zero_optimization?)" in warned
+    for needle in ("compile: DeepSpeed's torch.compile", "Ulysses", "parallelism_config_tp_size 2", "parallelism_config_cp_size 2"):
+        assert needle in warned, needle
+    auto = write(tmp_path / "auto.json", {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True},
+                                          "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})
+    warned = " ".join(check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=auto, alternatives=0)).warnings)
+    for needle in ('train_micro_batch_size_per_gpu is "auto"', 'gradient_accumulation_steps is "auto"'):
+        assert needle in warned, needle
+
+
+def test_an_infeasible_job_gets_its_one_field_fixes_first(tmp_path):
+    """paged-adamw-8bit under FSDP2 cannot run: the changes that make it fit are single fields (the
+    optimizer, or the engine), not four-field re-plans."""
+    acc = write(tmp_path / "a.yaml", {"distributed_type": "FSDP", "num_processes": 8, "mixed_precision": "bf16",
+                                      "fsdp_config": {"fsdp_version": 2}})
+    targs = write(tmp_path / "t.json", {"per_device_train_batch_size": 1, "optim": "paged_adamw_8bit", "bf16": True})
+    r = check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, training_args=targs))
+    assert not r.fits and r.changes
+    for c in r.changes:
+        changed = [k for k in type(c.config).model_fields if getattr(c.config, k) != getattr(r.estimate.config, k)]
+        assert len(changed) == 1 and c.fits, (c.change, changed)
+    assert {c.change.split()[0] for c in r.changes} <= {"optimizer", "sharding", "offload", "precision",
+                                                        "checkpointing", "loss", "attention"}
+    assert any(c.change == "optimizer paged-adamw-8bit -> adamw" for c in r.changes)

@@ -142,7 +142,7 @@ class CalibrationStore:
         con = self._connect(write=False)
         try:
             return con.execute(sql, args).fetchall()
-        except sqlite3.OperationalError as e:
+        except sqlite3.DatabaseError as e:  # (OperationalError, and "file is not a database")
             if "no such table" in str(e):
                 return []
             raise PlannerInputError(f"calibration store {self.path}: {e}", hint=f"Set {ENV}=off to ignore it.") from None
@@ -154,6 +154,9 @@ class CalibrationStore:
         try:
             with con:
                 con.execute(sql, args)
+        except sqlite3.DatabaseError as e:
+            raise PlannerInputError(f"calibration store {self.path}: {e}",
+                                    hint=f"Point {ENV} at a writable SQLite file, or set {ENV}=off.") from None
         finally:
             con.close()
 

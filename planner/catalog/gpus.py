@@ -128,7 +128,12 @@ def _index() -> dict[str, str]:
 
 
 def _is_file(name: str) -> bool:
-    return name.lower().endswith((".yaml", ".yml")) or Path(name).is_file()
+    if name.lower().endswith((".yaml", ".yml")):
+        return True
+    try:
+        return Path(name).is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte: not a file
+        return False
 
 
 def _tokens(name: str) -> tuple[str, ...]:

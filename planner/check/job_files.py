@@ -5,10 +5,13 @@ accelerate YAML, DeepSpeed JSON, Trainer arguments (JSON or YAML) and planner's 
 ``JobFiles`` (planner/core/job.py); this module reads what belongs to no technique (unknown keys,
 process and machine counts, the workload: micro-batch, accumulation, sequence length, global batch)
 and every registered strategy's ``read`` maps its own keys onto its field. Every mapped value
-remembers where it came from. Keys the libraries do not know are bad input (the key sets ship in
-data/known_keys.json, kept equal to the installed libraries by a test); keys that are valid but
-that the planner does not model are named in warnings. Two files that disagree on a field are a
-contradiction (bad input), not silently resolved.
+remembers where it came from. Keys are judged as each library's loader judges them: accelerate's
+config and DeepSpeed's ZeRO section refuse unknown keys (bad input, with "did you mean"; the key
+sets ship in data/known_keys.json, kept equal to the installed libraries by a test); DeepSpeed
+ignores an unknown top-level key (a warning); Trainer/TRL recipes are judged across the library
+versions people pin (planner/check/recipe_keys.py). Legacy keys are read as the libraries convert
+them; keys that are valid but that the planner does not model are named in warnings. Two files
+that disagree on a field are a contradiction (bad input), not silently resolved.
 """
 
 import json
@@ -21,6 +24,7 @@ from planner.catalog import DATA_DIR
 from planner.catalog.files import read_mapping
 from planner.core.errors import PlannerInputError
 from planner.core.job import FsdpSettings, JobFiles, Reading
+from planner.check.recipe_keys import read_recipe_keys, suggestion
 from planner.core.launch import RUNTIME_FILE, RuntimeArgs
 from strategies import TECHNIQUES
 
@@ -89,16 +93,17 @@ def _runtime(path: Path, r: Reading, parts: dict) -> None:
     r.set("seq_len", args.seq_len, f"{path.name}: seq_len")
 
 
-def _unknown(d: dict, known: frozenset[str], where: str, what: str, r: Reading, extra: tuple = ()) -> None:
-    unknown = sorted(str(k) for k in d if k not in known and k not in extra)
+def _unknown(d: dict, known: frozenset[str], where: str, what: str, r: Reading) -> None:
+    unknown = sorted(str(k) for k in d if k not in known)
     if unknown:
-        r.problems.append(f"{where}: unknown key(s) {', '.join(unknown)}: {what} has no such key")
+        named = ", ".join(k + suggestion(k, known) for k in unknown)
+        r.problems.append(f"{where}: unknown key(s) {named}: {what} has no such key")
 
 
 def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
     """The accelerate config: its own keys, processes and machines, its FSDP and inline DeepSpeed
     settings for the strategies; returns the DeepSpeed JSON it points at, if any."""
-    d = read_mapping(path, "accelerate config")
+    d = _accelerate_legacy(read_mapping(path, "accelerate config"))
     where = path.name
     _unknown(d, known_keys()["accelerate"], where, "accelerate's config", r)
     dt = r.typed(d, "distributed_type", (str,), where, "NO")
@@ -114,6 +119,10 @@ def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
     if dt == "DEEPSPEED":
         ds = r.section(d, "deepspeed_config", where)
         ds_file = ds.get("deepspeed_config_file")
+        ignored = sorted(k for k in ds if k in DEEPSPEED_FILE_IGNORES) if ds_file is not None else []
+        if ignored:
+            r.problems.append(f"{where}: deepspeed_config sets {', '.join(ignored)} beside deepspeed_config_file; "
+                              "accelerate refuses that (DeepSpeedPlugin: put them in the DeepSpeed config file)")
         if ds_file is None:
             parts["accelerate_inline_deepspeed"] = ds
             accum = ds.get("gradient_accumulation_steps")
@@ -122,13 +131,43 @@ def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
         elif not isinstance(ds_file, str):
             r.problems.append(f"{where}: deepspeed_config.deepspeed_config_file must be a path")
             ds_file = None
-    elif dt == "FSDP":
-        par = r.section(d, "parallelism_config", where)
+    par = r.section(d, "parallelism_config", where)
+    for key in ("parallelism_config_tp_size", "parallelism_config_cp_size", "parallelism_config_sp_size"):
+        size = par.get(key, 1)
+        if isinstance(size, int) and not isinstance(size, bool) and size > 1:
+            r.warnings.append(f"{where}: {key} {size}: tensor / context / sequence parallelism is not modelled yet "
+                              "(planned as data parallelism over every GPU)")
+    if dt == "FSDP":
         replicas = par.get("parallelism_config_dp_replicate_size", 1)
         hybrid = isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1
         _add_fsdp(parts, r.section(d, "fsdp_config", where), where, r, accelerate=True,
                   options=("hybrid_shard",) if hybrid else ())
     return beside(path, ds_file) if ds_file else None
+
+
+#: DeepSpeed sections planner reads but does not model (the output names them).
+UNMODELLED_DEEPSPEED = {"compile": "DeepSpeed's torch.compile", "tensor_parallel": "DeepSpeed AutoTP tensor parallelism",
+                        "sequence_parallel_size": "Ulysses sequence parallelism"}
+#: accelerate's deepspeed_config keys it refuses beside deepspeed_config_file (accelerate
+#: DeepSpeedPlugin._deepspeed_config_checks).
+DEEPSPEED_FILE_IGNORES = frozenset({"gradient_accumulation_steps", "gradient_clipping", "zero_stage",
+                                    "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
+                                    "offload_optimizer_nvme_path", "zero3_save_16bit_model"})
+
+
+def _accelerate_legacy(d: dict) -> dict:
+    """The legacy keys accelerate converts as it loads a config (``BaseConfig.process_config``):
+    ``fp16: true`` is mixed_precision fp16 (when none is given), ``dynamo_backend`` is
+    ``dynamo_config``."""
+    d = dict(d)
+    if "fp16" in d:
+        fp16 = d.pop("fp16")
+        if "mixed_precision" not in d and fp16:
+            d["mixed_precision"] = "fp16"
+    if "dynamo_backend" in d:
+        backend = d.pop("dynamo_backend")
+        d.setdefault("dynamo_config", {} if str(backend).upper() == "NO" else {"dynamo_backend": backend})
+    return d
 
 
 def _add_fsdp(parts: dict, config: dict, where: str, r: Reading, accelerate: bool, options: tuple[str, ...]) -> None:
@@ -152,9 +191,23 @@ def beside(path: Path, named: str) -> Path:
 
 
 def _deepspeed(d: dict, where: str, r: Reading) -> None:
-    """The DeepSpeed JSON's own keys and its batch sizes."""
+    """The DeepSpeed JSON's own keys and its batch sizes. DeepSpeed ignores top-level keys it does
+    not read (a warning here, with the closest key); its ZeRO section refuses unknown keys."""
+    unknown = sorted(str(k) for k in d if k not in known_keys()["deepspeed_top"])
+    if unknown:
+        named = ", ".join(k + suggestion(k, known_keys()["deepspeed_top"]) for k in unknown)
+        r.warnings.append(f"{where}: DeepSpeed reads no top-level key {named}: it is ignored")
+    for key, what in UNMODELLED_DEEPSPEED.items():
+        if isinstance(d.get(key), dict) and d[key].get("enabled", True) not in (False, "false") or (
+                key == "sequence_parallel_size" and isinstance(d.get(key), int) and d[key] > 1):
+            r.warnings.append(f"{where}: {key}: {what} is not modelled; its memory and speed are not counted")
     zero = r.section(d, "zero_optimization", where)
     _unknown(zero, known_keys()["deepspeed_zero"], f"{where}: zero_optimization", "DeepSpeed's ZeRO config", r)
+    for key, field in (("train_micro_batch_size_per_gpu", "micro_batch_size"), ("gradient_accumulation_steps",
+                                                                                "grad_accum")):
+        if d.get(key) == "auto" and field not in r.values:
+            r.warnings.append(f"{where}: {key} is \"auto\" (the Trainer fills it from its arguments) and no Trainer "
+                              f"arguments set it: planned with the default or --{field.replace('_', '-')}")
     mbs = r.typed(d, "train_micro_batch_size_per_gpu", (int,), where, allow_auto=True)
     accum = r.typed(d, "gradient_accumulation_steps", (int,), where, allow_auto=True)
     total = r.typed(d, "train_batch_size", (int,), where, allow_auto=True)
@@ -172,7 +225,9 @@ def _training_args(path: Path, r: Reading, parts: dict) -> Path | dict | None:
     d = read_mapping(path, "training arguments")
     where = path.name
     parts |= {"training_args": d, "training_args_where": where}
-    _unknown(d, known_keys()["training_args"], where, "transformers.TrainingArguments", r, extra=SEQ_LEN_KEYS)
+    problems, warnings = read_recipe_keys(d, known_keys()["training_args"], where, extra=SEQ_LEN_KEYS)
+    r.problems += problems
+    r.warnings += warnings
     mbs = r.typed(d, "per_device_train_batch_size", (int,), where)
     accum = r.typed(d, "gradient_accumulation_steps", (int,), where)
     if mbs is not None:

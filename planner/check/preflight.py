@@ -118,10 +118,12 @@ def _plan_config(path: Path) -> dict | None:
 def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[TrainingConfig, dict]:
     num_gpus, nodes = hardware.num_gpus, hardware.nodes
     problems = []
-    if reading.processes and reading.processes[0] != num_gpus:
-        problems.append(f"{reading.processes[1]} = {reading.processes[0]}, but --gpus {request.gpus} is {num_gpus} GPUs")
-    if reading.machines and reading.machines[0] != nodes:
-        problems.append(f"{reading.machines[1]} = {reading.machines[0]}, but --gpus {request.gpus} is {nodes} node(s)")
+    # launchers override the file's counts (accelerate launch --num_processes / --num_machines, as
+    # SLURM scripts do): --gpus is the job's shape, the file's count a note
+    for count, what, given in ((reading.processes, "GPUs", num_gpus), (reading.machines, "node(s)", nodes)):
+        if count and count[0] != given:
+            reading.warnings.append(f"{count[1]} = {count[0]}, but --gpus {request.gpus} is {given} {what}: planned "
+                                    f"for --gpus (a launcher's --num_processes / --num_machines overrides the file)")
     values = {k: v for k, (v, _) in reading.values.items()}
     sources = {k: where for k, (_, where) in reading.values.items()}
     for name in CONFIG_FIELDS:
@@ -176,10 +178,29 @@ def _change(old: TrainingConfig, r: EstimateResult, label: str | None = None) ->
                   tokens_per_second=r.time.tokens_per_second, config=r.config)
 
 
+def _one_field_fixes(model, hardware, config, margin) -> list[Change]:
+    """Every single-field change (one technique to another value the search would try) that makes
+    the job feasible and fit, fastest first: an infeasible job's fix is often one field
+    (an optimizer the engine cannot run, an offload without its ZeRO stage)."""
+    out = []
+    for s in TECHNIQUES:
+        old = getattr(config, s.field)
+        for value in s.searched or tuple(s.enum):
+            if value == old:
+                continue
+            r = estimate_config(model, hardware, config.model_copy(update={s.field: value}), margin)
+            if r.feasible and r.fits:
+                out.append(_change(config, r, f"{s.field} {old} -> {value}"))
+    return sorted(out, key=lambda c: -c.tokens_per_second)
+
+
 def _changes_that_fit(model, hardware, config, margin, result, limit) -> list[Change]:
-    """One change if any fits, else two, else the fastest fitting plans for this job's batch."""
+    """One change if any fits (the techniques' memory savers, or for an infeasible job any one
+    field), else two, else the fastest fitting plans for this job's batch."""
     savers = memory_savers(model, hardware, config, margin, baseline=result) if result.feasible else []
     single = [_change(config, a.result, a.change) for a in savers if a.result.fits]
+    if not result.feasible:
+        single = _one_field_fixes(model, hardware, config, margin)
     if single:
         return single[:limit]
     pairs = []

@@ -29,6 +29,9 @@ from planner.cost.runtime import DEFAULT_MARGIN
 # What a screen's next command leaves out: the defaults of suggest's search-space options.
 SPACE_DEFAULTS = {"launcher": Launcher.PLANNER, "numerics": NumericsPolicy.LADDER}
 EXIT_CODES = "Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input."
+#: The longest a timeout flag may ask for (a week): an infinite or huge one would overflow the
+#: child-process wait.
+MAX_SECONDS = 7 * 86400
 app = typer.Typer(
     help=f"planner: the fastest LLM training configuration that fits your GPUs. {EXIT_CODES}",
     no_args_is_help=True,
@@ -115,6 +118,10 @@ def serve(plan: Callable[[], Any], render: str | Callable, as_json: bool,
         error: PlannerError = PlannerInputError(_validation_problems(e))
     except PlannerError as e:
         error = e
+    except OSError as e:  # a path the file system refuses (too long, not permitted, ...) that no reader named
+        name = str(e.filename or "")
+        error = PlannerInputError(f"{e.strerror or e}: {name[:120] + ('...' if len(name) > 120 else '')}",
+                                  hint="Check the paths given to the flags.")
     else:
         error = None
     if error is not None:
@@ -167,7 +174,7 @@ def suggest(
     trials: Annotated[int, typer.Option(help="Optuna trials (tpe / nsga2 engines)")] = 400,
     seed: O.Seed = 0,
     probe: Annotated[int, typer.Option(help="measure the top K plans on this machine's GPU (a real short run each, in a child process; kept in the calibration store); the fastest measured plan is the winner --out writes. Exit 2 without a GPU.")] = 0,
-    probe_timeout: Annotated[float, typer.Option(help="seconds per measured probe")] = 900.0,
+    probe_timeout: Annotated[float, typer.Option(help="seconds per measured probe", min=0.01, max=MAX_SECONDS)] = 900.0,
     tokens: Annotated[float | None, typer.Option(help="tokens to train on (e.g. 2e9): the winner's training time")] = None,
     price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour, for the training cost (with --tokens)")] = None,
     as_json: O.Json = False,
@@ -291,7 +298,7 @@ def probe(
     extrapolate_from: Annotated[str | None, typer.Option(help="measured: two reduced depths, e.g. 2,4, the full depth extrapolated from them (big models on one GPU); a third, e.g. 2,4,8, checks that memory is linear in depth")] = None,
     steps: Annotated[int, typer.Option(help="measured: timed optimizer steps")] = 5,
     warmup_steps: Annotated[int, typer.Option(help="measured: untimed steps first")] = 2,
-    timeout: Annotated[float, typer.Option(help="seconds before a probe's child process is stopped")] = 1800.0,
+    timeout: Annotated[float, typer.Option(help="seconds before a probe's child process is stopped", min=0.01, max=MAX_SECONDS)] = 1800.0,
     explain: Annotated[bool, typer.Option("--explain", help="traced: list the tensors alive at the traced peak")] = False,
     calibration: O.Calibration = None,
     as_json: O.Json = False,
@@ -328,7 +335,7 @@ def tune(
     techniques: dict,
     space: dict,
     trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count; 0 reports an existing study's best and writes its files, probing nothing)")] = 20,
-    timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)")] = None,
+    timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)", min=0.01, max=MAX_SECONDS)] = None,
     fidelity: Annotated[str, typer.Option(help="auto (measured with a GPU, else traced) | measured | traced | analytic")] = "auto",
     band: Annotated[float, typer.Option(help="the model's relative error on throughput: stop when no unprobed candidate can beat the best probed one by more")] = 0.15,
     storage: Annotated[str | None, typer.Option(help="an Optuna storage URL shared by workers (default: sqlite:///OUT/study.db, or ./planner-tune.db)")] = None,
@@ -336,7 +343,7 @@ def tune(
     out: Annotated[Path | None, typer.Option(help="write the best plan's launch files, tune.png and the study file here")] = None,
     force: O.Force = False,
     enqueue: Annotated[int, typer.Option(help="the analytic model's top candidates probed first")] = 5,
-    probe_timeout: Annotated[float, typer.Option(help="seconds per probe")] = 900.0,
+    probe_timeout: Annotated[float, typer.Option(help="seconds per probe", min=0.01, max=MAX_SECONDS)] = 900.0,
     heartbeat_seconds: Annotated[int, typer.Option(help="a dead worker's trial is retried after twice this")] = 30,
     seed: O.Seed = 0,
     as_json: O.Json = False,
