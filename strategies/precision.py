@@ -355,8 +355,9 @@ def _read(job: JobFiles, r: Reading) -> None:
         elif bf16 or fp16:
             r.set("precision", Precision.BF16_MIXED if bf16 else Precision.FP16_MIXED,
                   f"{where}: {bf_key if bf16 else 'fp16'}.enabled", REFINES)
-        elif not auto:  # DeepSpeed trains in fp32 unless a section enables 16 bit (the Trainer fills only "auto")
-            r.set("precision", Precision.FP32, f"{where}: neither bf16 nor fp16 enabled (DeepSpeed trains fp32)")
+        elif not auto:  # DeepSpeed trains in fp32 unless a section enables 16 bit; accelerate adds one for
+            # its own bf16 / fp16 (the Trainer's flags), so this is "not mixed", which they refine
+            r.set("precision", NOT_MIXED, f"{where}: neither bf16 nor fp16 enabled", REFINES)
     if job.training_args_where:
         d, where = job.training_args, job.training_args_where
         bf16, fp16 = (r.typed(d, k, (bool,), where, False) for k in ("bf16", "fp16"))
