@@ -55,7 +55,6 @@ CASES = [
     ("fsdp-lora", "2xA100-80", dict(sharding="fsdp", adapter="lora"), 2),
     ("fsdp-qlora", "2xA100-80", dict(sharding="fsdp", adapter="qlora", checkpointing="full"), 2),
     ("zero3-lora-full", "2xA100-80", dict(sharding="zero3", adapter="lora", checkpointing="full"), 2),
-    ("zero2-dora", "2xA100-80", dict(sharding="zero2", adapter="dora", lora_targets="attention"), 2),
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
 
 

@@ -84,10 +84,9 @@ def emitted_deepspeed(config: dict, world: int) -> dict:
     ({"sharding": "fsdp", "grad_accum": 2}, 4, False),
     ({"sharding": "zero3"}, 4, True),
     ({"adapter": "qlora", "checkpointing": "full"}, 1, False),
-    ({"adapter": "dora", "lora_targets": "attention", "sharding": "fsdp"}, 4, False),
     ({"adapter": "lora", "sharding": "zero3"}, 4, True),
 ], ids=["adamw-bf16-mixed", "full-ckpt-bf16-pure-accum", "fsdp2-fake-4-ranks", "zero3-fake-4-ranks", "qlora",
-        "dora-fsdp2-fake-4-ranks", "lora-zero3-fake-4-ranks"])
+        "lora-zero3-fake-4-ranks"])
 def test_each_engine_trains_for_real(config, world, deepspeed):
     ds = emitted_deepspeed(config, world) if deepspeed else None
     r = measure(tiny_request(config=config, world_size=world, deepspeed_config=ds), timeout=300)
