@@ -40,6 +40,7 @@ from planner.cost import params as P
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.moments import FROZEN_BASE, FROZEN_EVERY_RANK
+from strategies.precision import load_dtype
 from strategies.sharding import engine_of
 
 
@@ -63,8 +64,6 @@ SETTINGS = (
     Setting("lora_alpha", int, 32, "LoRA alpha: the update is scaled by alpha / r", ge=1, le=1_000_000),
     Setting("lora_dropout", float, 0.05, "dropout on each adapter's input (0: none, and less memory)", ge=0.0, le=0.9),
 )
-#: The shardings that replicate the whole model on every GPU.
-UNSHARDED = ("none", "ddp")
 FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
 #: The ledger row of QLoRA's dequantized weight (bitsandbytes does not run on fake tensors, so a
 #: traced comparison leaves it out: probes/compare.py).
@@ -107,7 +106,7 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     trained = sum(t.numel * P.multiplicity(m, t) for t in tensors)
     gathered = layer + per_layer
     if spec.nf4:  # FSDP-QLoRA gathers the packed NF4 codes in their 16-bit storage dtype
-        storage = COMPUTE_BYTES.get(str(ctx.config.precision), 2)
+        storage = DTYPE_BYTES[compute_dtype(ctx.config)]
         gathered -= sum(t.numel - AD.nf4_storage_elements(t.numel, storage) for t in AD.qlora_layer_quantized(m))
     return {"trainable_parameters": trained, "frozen_parameters": P.total_parameters(m), "adapter": spec,
             "layer_trained": per_layer, "layer_gathered": gathered, "root_trained": 0}
@@ -241,9 +240,14 @@ def target_modules(targets: str, family: str):
     return "all-linear" if targets == AD.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_ATTENTION)
 
 
-#: The dtype QLoRA computes in (and, under FSDP, stores its packed codes in), per precision.
-COMPUTE_TORCH_DTYPE = {"fp16-mixed": "float16", "fp32": "float32"}
-COMPUTE_BYTES = {"fp32": 4}
+#: Bytes per element of the dtypes QLoRA computes and stores its codes in.
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def compute_dtype(config) -> str:
+    """The dtype QLoRA dequantizes to and computes in (and, under FSDP, stores its packed codes
+    in): the frozen base's load dtype (strategies.precision ``load_dtype``)."""
+    return load_dtype(config.precision, adapter=True)
 
 
 def quantization_config(config) -> dict | None:
@@ -255,7 +259,7 @@ def quantization_config(config) -> dict | None:
     that dtype (transformers ``update_fsdp_plugin_peft``)."""
     if config.adapter != Adapter.QLORA:
         return None
-    compute = COMPUTE_TORCH_DTYPE.get(str(config.precision), "bfloat16")
+    compute = compute_dtype(config)
     q = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
          "bnb_4bit_compute_dtype": compute}
     if engine_of(config.sharding) == Engine.FSDP:
@@ -290,6 +294,13 @@ def targets_of(modules) -> tuple[LoraTargets, str | None]:
     return LoraTargets.ATTENTION, f"target modules {modules!r} are modelled as attention (q, k, v, o)"
 
 
+def _kind(four_bit: bool, dora: bool, where: str, r: Reading) -> Adapter:
+    """The adapter a LoRA over a (4-bit) base is; DoRA over a 4-bit base is not a planned one."""
+    if four_bit and dora:
+        r.problems.append(f"{where}: use_dora over a 4-bit base is not a planned adapter (qlora or dora)")
+    return Adapter.DORA if dora else Adapter.QLORA if four_bit else Adapter.LORA
+
+
 def _read_trl(d: dict, where: str, r: Reading) -> None:
     """A TRL recipe's ``ModelConfig`` (or alignment-handbook's ``ModelArguments``): ``use_peft``
     with ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_dora`` and
@@ -298,11 +309,9 @@ def _read_trl(d: dict, where: str, r: Reading) -> None:
         if r.typed(d, "load_in_4bit", (bool,), where, False):
             r.problems.append(f"{where}: load_in_4bit without use_peft: a 4-bit base trains only with an adapter")
         return
-    four = r.typed(d, "load_in_4bit", (bool,), where, False)
-    dora = r.typed(d, "use_dora", (bool,), where, False)
-    if four and dora:
-        r.problems.append(f"{where}: use_dora over a 4-bit base is not a planned adapter (qlora or dora)")
-    r.set("adapter", Adapter.DORA if dora else Adapter.QLORA if four else Adapter.LORA, f"{where}: use_peft")
+    kind = _kind(r.typed(d, "load_in_4bit", (bool,), where, False), r.typed(d, "use_dora", (bool,), where, False),
+                 where, r)
+    r.set("adapter", kind, f"{where}: use_peft")
     for key, name, kinds in (("lora_r", "lora_rank", (int,)), ("lora_alpha", "lora_alpha", (int,)),
                              ("lora_dropout", "lora_dropout", (float, int))):
         value = r.typed(d, key, kinds, where)
@@ -331,13 +340,11 @@ def _read(job: JobFiles, r: Reading) -> None:
         r.problems.append(f"{where}: lora must be a mapping of peft LoraConfig arguments")
         return
     four_bit = isinstance(quant, dict) and quant.get("load_in_4bit") is True
-    kind = Adapter.DORA if lora.get("use_dora") else Adapter.QLORA if four_bit else Adapter.LORA
-    if four_bit and lora.get("use_dora"):
-        r.problems.append(f"{where}: use_dora over a 4-bit base is not a planned adapter (qlora or dora)")
-    r.set("adapter", kind, f"{where}: lora" + (" over a 4-bit base" if four_bit else ""))
+    r.set("adapter", _kind(four_bit, bool(lora.get("use_dora")), where, r),
+          f"{where}: lora" + (" over a 4-bit base" if four_bit else ""))
     storage = quant.get("bnb_4bit_quant_storage", "uint8") if four_bit else None
     fsdp = job.distributed_type == "FSDP" or bool(job.fsdp)
-    if fsdp and storage not in (None, *COMPUTE_TORCH_DTYPE.values(), "bfloat16"):
+    if fsdp and storage not in (None, *DTYPE_BYTES):
         r.warnings.append(f"{where}: qlora under FSDP with bnb_4bit_quant_storage {storage}: accelerate leaves "
                           "such 4-bit weights out of FSDP's sharding (every GPU holds the whole base), which is not "
                           "the FSDP-QLoRA planned; set quantization.bnb_4bit_quant_storage to the compute dtype")
@@ -349,7 +356,7 @@ def _read(job: JobFiles, r: Reading) -> None:
         r.problems.append(f"{where}: lora.target_modules {modules!r}: 'all-linear' or the attention projections")
     targets, note = targets_of(modules)
     r.set("lora_targets", targets, f"{where}: lora.target_modules")
-    if note and modules not in (ATTENTION_MODULES.get(f) for f in ATTENTION_MODULES):
+    if note and modules not in ATTENTION_MODULES.values():
         r.warnings.append(f"{where}: lora.target_modules: {note}")
 
 

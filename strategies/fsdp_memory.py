@@ -33,9 +33,7 @@ FWD, BWD = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD})
 def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
     """The FSDP2 rows of every phase (the model-state rows are divided by strategies/sharding.py)."""
     m, lay = ctx.model, ctx.layout
-    # (a layer gathers its adapters with its weights; the root unit has none)
-    root, layer = P.root_parameters(m), lay.layer_gathered
-    total = root + m.num_layers * layer  # everything gathered: fsdp-grad-op keeps it from forward to backward
+    root, layer, total = P.root_parameters(m), lay.layer_gathered, gathered_model_elements(ctx)
     g = lay.gathered_bytes
     if not lay.resharding:  # fsdp-grad-op
         ledger.add(
@@ -83,6 +81,12 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
     for term, bytes_ in moment.items():
         ledger.add(term, f"FSDP end of backward, {label}", bytes_, 1, phases=frozenset({Phase.BACKWARD_END}),
                    note="the larger of the embeddings' backward and the root unit's reduce-scatter")
+
+
+def gathered_model_elements(ctx: PlanContext) -> int:
+    """Elements of the whole model as ZeRO-3 / FSDP gather it, in the gathered dtype: the root
+    unit and every decoder layer with its adapters (FSDP-QLoRA: the packed NF4 codes)."""
+    return P.root_parameters(ctx.model) + ctx.model.num_layers * ctx.layout.layer_gathered
 
 
 def root_waiting_gradient(ctx: PlanContext) -> int:

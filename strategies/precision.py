@@ -63,43 +63,40 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     for the mixed precisions planner emits, else the parameters' own dtype: the gradients' dtype."""
     p = ctx.config.precision
     weight, master, grad, state, dtypes, autocast, gathered = _dtypes(p, decided["engine"])
-    frozen, reduce = 0, grad
+    frozen = 0
     if decided.get("frozen_parameters"):  # an adapter trains; the base is frozen
         weight, master, grad, state, dtypes, autocast, frozen = _adapter_dtypes(p, decided["engine"])
-        reduce = grad
-        if decided["adapter"].nf4 and decided["engine"] == Engine.FSDP:  # FSDP-QLoRA: the quant storage's policy
-            reduce = gathered
+    # FSDP-QLoRA reduces in the quant storage dtype: the Trainer sets FSDP's mixed precision to it
+    # (transformers ``update_fsdp_plugin_peft``)
+    qlora_fsdp = decided.get("adapter") is not None and decided["adapter"].nf4 and decided["engine"] == Engine.FSDP
     return {"weight_bytes": weight, "master_bytes": master, "grad_bytes": grad, "state_bytes": state,
-            "gathered_bytes": gathered, "reduce_bytes": reduce, "dtypes": dtypes, "autocast": autocast,
-            "compute_dtype": COMPUTE_DTYPE[p], "layer_matmul_dtype": LAYER_MATMUL_DTYPE[p], "frozen_bytes": frozen}
+            "gathered_bytes": gathered, "reduce_bytes": gathered if qlora_fsdp else grad, "dtypes": dtypes,
+            "autocast": autocast, "compute_dtype": COMPUTE_DTYPE[p], "layer_matmul_dtype": LAYER_MATMUL_DTYPE[p],
+            "frozen_bytes": frozen}
 
 
 def _adapter_dtypes(p: Precision, engine: Engine) -> tuple:
     """(adapter weights, master, adapter gradients, states, activation dtypes, autocast of the
     base's weights, frozen base bytes) when an adapter trains on a frozen base.
 
-    The mixed precisions load the frozen base in their 16-bit dtype (nothing to update, so no fp32
-    copy) and keep the adapters in fp32 (peft ``autocast_adapter_dtype``), autocast casting only
-    the adapters; the residual stream is 16-bit (the embeddings' output). Under FSDP2 the same
-    (accelerate ``fsdp2_prepare_model`` upcasts only trainable parameters to fp32; the policy
-    gathers everything in 16 bit). DeepSpeed casts every parameter, the adapters included, to
-    16 bit (``DeepSpeedEngine._configure_distributed_model``) and keeps fp32 masters of the trained
-    ones in its optimizer. FSDP-QLoRA reduces in the quant storage dtype (the Trainer sets FSDP's
-    mixed precision to it: transformers ``update_fsdp_plugin_peft``). bf16-pure: everything bf16 (adapters too); fp32: everything fp32.
-    Traced on real peft layers (tests/test_adapters.py)."""
-    if p == Precision.FP32:
-        return 4, 0, 4, 4, DTypes(4, 4), False, 4
-    if not fp32_adapters(p, engine):
-        return (2, 4, 2, 4, DTypes(2, 2), False, 2) if engine == Engine.DEEPSPEED else (2, 0, 2, 2, DTypes(2, 2), False, 2)
-    return 4, 0, 4, 4, DTypes(2, 2), False, 2
+    The frozen base loads in the compute dtype (nothing to update, so no fp32 copy: 16 bit, or
+    fp32 under fp32). The adapters are laid out as FSDP2 lays out trained parameters on every
+    engine but DeepSpeed: fp32 under the mixed precisions (peft ``autocast_adapter_dtype``;
+    accelerate's ``fsdp2_prepare_model`` upcasts only trainable parameters), a 16-bit residual
+    stream (the embeddings' output), no autocast of the base; bf16-pure and fp32 keep their own
+    dtype. DeepSpeed casts every parameter, the adapters included, to 16 bit
+    (``DeepSpeedEngine._configure_distributed_model``) and keeps fp32 masters of the trained ones
+    in its optimizer: its own layout. Traced on real peft layers (tests/test_adapters.py)."""
+    basis = Engine.DEEPSPEED if engine == Engine.DEEPSPEED else Engine.FSDP
+    weight, master, grad, state, dtypes, _, _ = _dtypes(p, basis)
+    return weight, master, grad, state, dtypes, False, 4 if p == Precision.FP32 else 2
 
 
 def fp32_adapters(p: Precision, engine: Engine) -> bool:
-    """Whether a plan's adapters are fp32 parameters beside its 16-bit frozen base: under a mixed
-    precision, except with DeepSpeed, whose optimizer keeps the fp32 masters of 16-bit parameters
-    (the launch makes them 16-bit: ZeRO-1/2 would cast them, and ZeRO-3, whose partitioned base
-    is not cast, would keep fp32 adapters it then flattens beside 16-bit ones)."""
-    return p in MIXED and engine != Engine.DEEPSPEED
+    """Whether a plan's adapters are fp32 parameters beside a 16-bit frozen base (``_adapter_dtypes``);
+    the launch creates them so (peft ``autocast_adapter_dtype``), and 16-bit under DeepSpeed, whose
+    ZeRO-3 does not cast a partitioned base and would keep fp32 adapters beside it."""
+    return p != Precision.FP32 and _adapter_dtypes(p, engine)[0] == 4
 
 
 @cache

@@ -31,7 +31,7 @@ from planner.cost import comms
 from planner.cost import params as P
 from planner.cost import runtime as R
 from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.fsdp_memory import fsdp_rows
+from strategies.fsdp_memory import fsdp_rows, gathered_model_elements
 from strategies.moments import FROZEN_EVERY_RANK
 
 
@@ -196,7 +196,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     s, m, lay, hw = ctx.config.sharding, ctx.model, ctx.layout, ctx.hardware
     n, layers = lay.data_parallel, m.num_layers
     trained = lay.trainable_parameters  # (every parameter is gathered; only the trained are reduced)
-    gathered = P.root_parameters(m) + layers * lay.layer_gathered  # (FSDP-QLoRA: the packed codes)
+    gathered = gathered_model_elements(ctx)
     if s == Sharding.ZERO3:
         draft.cpu_dispatch_seconds += layers * R.ZERO3_HOOK_SECONDS_PER_LAYER
     elif ctx.engine == Engine.FSDP:

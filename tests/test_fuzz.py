@@ -47,6 +47,7 @@ def _files(tmp: Path) -> dict[str, Path]:
         "deepmap.json": '{"a":' * 50_000 + "1" + "}" * 50_000,
         "deep.yaml": "a: " + "[" * 100_000 + "]" * 100_000 + "\n",
         "dashes.yaml": "- " * 100_000 + "x\n",
+        "apostrophe.yaml": "a: it's\nb: " + "[" * 100_000 + "]" * 100_000 + "\n",  # a quote must not hide them
         "keys.yaml": "? " * 100_000 + "x\n",
         "nan.json": '{"per_device_train_batch_size": NaN, "learning_rate": Infinity}',
         "float.yaml": "per_device_train_batch_size: 1e400\n",
@@ -83,8 +84,8 @@ def test_what_would_crash_or_hang_a_parser_is_refused_before_it(tmp_path):
         "for path in sys.argv[1:]:\n"
         "    r = CliRunner().invoke(app, ['check', '--model', 'gpt2', '--gpus', '1xA100-40', '--training-args', path])\n"
         "    print(path.rsplit('/', 1)[-1], r.exit_code, ' '.join(r.output.split()), flush=True)\n")
-    paths = [str(files[n]) for n in ("deep.yaml", "dashes.yaml", "keys.yaml")] + [str(fifo), str(tmp_path),
-                                                                                   "/dev/zero"]
+    paths = [str(files[n]) for n in ("deep.yaml", "dashes.yaml", "keys.yaml", "apostrophe.yaml")] + [
+        str(fifo), str(tmp_path), "/dev/zero"]
     done = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True, timeout=120,
                           cwd=ROOT, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -93,7 +94,8 @@ def test_what_would_crash_or_hang_a_parser_is_refused_before_it(tmp_path):
     for line in lines:
         name, code, first = line.split(" ", 2)
         assert code == "2" and first.startswith("error:"), line
-    assert "nested deeper" in lines[0] and "not a regular file" in lines[3] and "directory" in lines[4]
+    assert all("nested deeper" in line for line in lines[:4])
+    assert "not a regular file" in lines[4] and "directory" in lines[5]
 
 
 @pytest.mark.parametrize("args, needle", [

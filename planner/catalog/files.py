@@ -35,22 +35,12 @@ def regular_file(path: Path, what: str, hint: str = "") -> int:
 
 
 def nesting_depth(text: str) -> int:
-    """The deepest bracket nesting of a JSON / YAML flow text outside quoted strings (an upper
-    bound is enough: it only guards the parsers)."""
+    """The deepest bracket nesting of a JSON / YAML flow text, brackets inside strings counted
+    too: an upper bound, which is what guards a parser (skipping quoted text would let a stray
+    apostrophe of a YAML plain scalar hide the brackets after it)."""
     depth = deepest = 0
-    quote = ""
-    escaped = False
     for ch in text:
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\" and quote == '"':
-                escaped = True
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "[{":
+        if ch in "[{":
             depth += 1
             deepest = max(deepest, depth)
         elif ch in "]}":

@@ -93,10 +93,13 @@ def _runtime(path: Path, r: Reading, parts: dict) -> None:
     r.set("seq_len", args.seq_len, f"{path.name}: seq_len")
 
 
-def _unknown(d: dict, known: frozenset[str], where: str, what: str, r: Reading) -> None:
-    unknown = sorted(str(k) for k in d if k not in known)
-    if unknown:
-        named = ", ".join(k + suggestion(k, known) for k in unknown)
+def _unknown(d: dict, known: frozenset[str]) -> str:
+    """The keys of ``d`` not in ``known``, each with its "did you mean" ('' when none)."""
+    return ", ".join(k + suggestion(k, known) for k in sorted(str(k) for k in d if k not in known))
+
+
+def _refuse_unknown(d: dict, known: frozenset[str], where: str, what: str, r: Reading) -> None:
+    if named := _unknown(d, known):
         r.problems.append(f"{where}: unknown key(s) {named}: {what} has no such key")
 
 
@@ -105,7 +108,7 @@ def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
     settings for the strategies; returns the DeepSpeed JSON it points at, if any."""
     d = _accelerate_legacy(read_mapping(path, "accelerate config"))
     where = path.name
-    _unknown(d, known_keys()["accelerate"], where, "accelerate's config", r)
+    _refuse_unknown(d, known_keys()["accelerate"], where, "accelerate's config", r)
     dt = r.typed(d, "distributed_type", (str,), where, "NO")
     machines = r.typed(d, "num_machines", (int,), where, 1)
     processes = r.typed(d, "num_processes", (int,), where, 1)
@@ -155,6 +158,13 @@ DEEPSPEED_FILE_IGNORES = frozenset({"gradient_accumulation_steps", "gradient_cli
                                     "offload_optimizer_nvme_path", "zero3_save_16bit_model"})
 
 
+def _turned_on(value) -> bool:
+    """A DeepSpeed section that is on: a mapping not ``enabled: false``, or a degree above 1."""
+    if isinstance(value, dict):
+        return value.get("enabled", True) not in (False, "false")
+    return isinstance(value, int) and not isinstance(value, bool) and value > 1
+
+
 def _accelerate_legacy(d: dict) -> dict:
     """The legacy keys accelerate converts as it loads a config (``BaseConfig.process_config``):
     ``fp16: true`` is mixed_precision fp16 (when none is given), ``dynamo_backend`` is
@@ -193,16 +203,13 @@ def beside(path: Path, named: str) -> Path:
 def _deepspeed(d: dict, where: str, r: Reading) -> None:
     """The DeepSpeed JSON's own keys and its batch sizes. DeepSpeed ignores top-level keys it does
     not read (a warning here, with the closest key); its ZeRO section refuses unknown keys."""
-    unknown = sorted(str(k) for k in d if k not in known_keys()["deepspeed_top"])
-    if unknown:
-        named = ", ".join(k + suggestion(k, known_keys()["deepspeed_top"]) for k in unknown)
+    if named := _unknown(d, known_keys()["deepspeed_top"]):
         r.warnings.append(f"{where}: DeepSpeed reads no top-level key {named}: it is ignored")
     for key, what in UNMODELLED_DEEPSPEED.items():
-        if isinstance(d.get(key), dict) and d[key].get("enabled", True) not in (False, "false") or (
-                key == "sequence_parallel_size" and isinstance(d.get(key), int) and d[key] > 1):
+        if _turned_on(d.get(key)):
             r.warnings.append(f"{where}: {key}: {what} is not modelled; its memory and speed are not counted")
     zero = r.section(d, "zero_optimization", where)
-    _unknown(zero, known_keys()["deepspeed_zero"], f"{where}: zero_optimization", "DeepSpeed's ZeRO config", r)
+    _refuse_unknown(zero, known_keys()["deepspeed_zero"], f"{where}: zero_optimization", "DeepSpeed's ZeRO config", r)
     for key, field in (("train_micro_batch_size_per_gpu", "micro_batch_size"), ("gradient_accumulation_steps",
                                                                                 "grad_accum")):
         if d.get(key) == "auto" and field not in r.values:

@@ -198,9 +198,8 @@ def _changes_that_fit(model, hardware, config, margin, result, limit) -> list[Ch
     """One change if any fits (the techniques' memory savers, or for an infeasible job any one
     field), else two, else the fastest fitting plans for this job's batch."""
     savers = memory_savers(model, hardware, config, margin, baseline=result) if result.feasible else []
-    single = [_change(config, a.result, a.change) for a in savers if a.result.fits]
-    if not result.feasible:
-        single = _one_field_fixes(model, hardware, config, margin)
+    single = ([_change(config, a.result, a.change) for a in savers if a.result.fits] if result.feasible
+              else _one_field_fixes(model, hardware, config, margin))
     if single:
         return single[:limit]
     pairs = []
