@@ -59,12 +59,14 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
                                 hint="Install the probe extra: pip install -e '.[probes]' (torch first, CPU build).") from None
     from planner.catalog.models import model_config, resolve_model
     from planner.engine.estimate import resolve_config
+    from planner.runtime.sharding import refuse_fsdp1
     from probes.compare import compare_result, compare_zero_result
     from probes.traced import TraceRequest, trace
 
     spec = resolve_model(req.model)
     hardware = req.hardware()
     config = resolve_config(req, spec, hardware)
+    refuse_fsdp1(config)
     if config.sharding == "fsdp-hybrid":
         raise PlannerInputError("--sharding fsdp-hybrid is not traced",
                                 hint="Trace fsdp on one node's GPU count: one rank's memory is the same.")

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.catalog.calibration import CalibrationStore, Measurement
 from planner.core.errors import PlannerInputError
+from planner.runtime.sharding import refuse_fsdp1
 from planner.engine.estimate import EstimateResult
 from planner.engine.suggest import SuggestResult
 from probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
@@ -264,6 +265,7 @@ def run_measured_probe(req, device: DeviceInfo | None = None) -> MeasuredCompari
         raise PlannerInputError("--extrapolate-from takes two or three different depths, e.g. 2,4 or 2,4,8, "
                                 "and no --layers")
     plan = estimate(req)  # bad input is reported before any GPU work
+    refuse_fsdp1(plan.config)
     device = device or require_gpu()
     if plan.config.precision == "fp8-mixed" and device.capability and float(device.capability) < 8.9:
         raise PlannerInputError(f"fp8-mixed needs compute capability 8.9+; {device.name} has {device.capability}")

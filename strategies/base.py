@@ -100,6 +100,11 @@ class PlanContext:
     def engine(self) -> Engine:
         return self.layout.engine
 
+    @property
+    def fsdp2(self) -> bool:
+        """FSDP2 (``fully_shard``: per-parameter DTensor shards), not FSDP1's flat parameters."""
+        return self.engine == Engine.FSDP and getattr(self.config, "fsdp_version", 2) == 2
+
 
 def resolve_layout(ctx: PlanContext, registry) -> PlanLayout:
     """Every strategy's ``parallelism`` hook first (how the model is split across GPUs), then every
@@ -195,6 +200,8 @@ class Strategy:
     #: the technique's parameters beside its choice (LoRA's rank, ...): TrainingConfig fields,
     #: flags and request fields of every planning command; the search never varies them
     settings: tuple[Setting, ...] = ()
+    #: whether the settings mean anything at a value of the choice (None: at any but the default)
+    settings_used: Callable[[Any], bool] | None = None
     #: how a summary names the choice with its settings ("lora r16 all-linear"); None: the value
     describe: Callable[[Any], str] | None = None
     #: the flag of a searching command also takes "any": let the search try every choice
@@ -208,6 +215,10 @@ class Strategy:
     @property
     def flag(self) -> str:
         return "--" + self.field.replace("_", "-")
+
+    def uses_settings(self, value: Any) -> bool:
+        """Whether the settings mean anything at ``value`` (LoRA's rank without an adapter does not)."""
+        return self.settings_used(value) if self.settings_used is not None else str(value) != str(self.default)
 
     def default_on(self, hardware: HardwareSpec) -> StrEnum:
         return self.default_for(hardware) if self.default_for is not None else self.default

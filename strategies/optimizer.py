@@ -2,8 +2,8 @@
 
 Implementations modelled (what the emitted files will run):
 adamw: torch AdamW, fused (no step temporaries); adamw-8bit / paged-adamw / paged-adamw-8bit /
-lion / lion-8bit: bitsandbytes (32-bit bitsandbytes states are always fp32), except adamw-8bit under
-FSDP2: torchao's AdamW8bit (the same layout: 8-bit states in blocks of 256 with an fp32 scale each,
+lion / lion-8bit: bitsandbytes (32-bit bitsandbytes states are always fp32; under FSDP1 they step
+the flat parameter shards), except adamw-8bit under FSDP2: torchao's AdamW8bit (the same layout: 8-bit states in blocks of 256 with an fp32 scale each,
 32-bit states for tensors under 4096 elements; torchao/optim/adam.py ``_new_buffer``), because
 bitsandbytes' cannot step sharded DTensor parameters; adam-mini: the
 reference Adam-mini; adafactor: transformers Adafactor (beta1=None); sgd: torch SGD with the
@@ -94,11 +94,12 @@ def _state_bytes_split(m: ModelSpec, opt: Optimizer, sb: int, adapter: AD.Adapte
 
 def _check(ctx: PlanContext, out: Check) -> None:
     opt = ctx.config.optimizer
-    if opt in BITSANDBYTES_8BIT_OR_PAGED and opt != Optimizer.ADAMW_8BIT and ctx.engine == Engine.FSDP:
+    if opt in BITSANDBYTES_8BIT_OR_PAGED and opt != Optimizer.ADAMW_8BIT and ctx.fsdp2:
         out.reject(
-            "bitsandbytes optimizer under FSDP",
+            "bitsandbytes optimizer under FSDP2",
             f"{opt}: bitsandbytes 8-bit and paged optimizers do not work under FSDP2 (sharded DTensor parameters); "
-            "use zero2/zero3 with it, or adamw / adamw-8bit (torchao) / adam-mini under FSDP"
+            "use --fsdp-version 1 (flat parameters, which they step), zero2/zero3, or adamw / adamw-8bit "
+            "(torchao) / adam-mini under FSDP2"
         )
     if opt in QUANTIZED:
         out.warnings.append(f"{opt} quantizes optimizer states to 8 bits block-wise: an approximation of 32-bit states")
@@ -194,7 +195,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     builds it and hands it to the Trainer, which then ignores ``optim``); DeepSpeed's own optimizer
     block where DeepSpeed runs the step."""
     opt = ctx.config.optimizer
-    if opt == Optimizer.ADAMW_8BIT and ctx.engine == Engine.FSDP:
+    if opt == Optimizer.ADAMW_8BIT and ctx.fsdp2:
         files.training_args["optim"] = TORCHAO_ADAMW_8BIT
         files.extras.add("torchao")
     elif opt in TRAINER_OPTIM:

@@ -1,4 +1,4 @@
-"""Data parallelism and sharding: DDP, DeepSpeed ZeRO 1-3, FSDP2 (full, grad-op, hybrid).
+"""Data parallelism and sharding: DDP, DeepSpeed ZeRO 1-3, FSDP (full, grad-op, hybrid), FSDP2 or FSDP1.
 
 What each mode divides by the sharding degree N (ZeRO paper, Rajbhandari et al. 2020, Sec. 5;
 FSDP: Zhao et al. 2023 "PyTorch FSDP", and the FSDP2 fully_shard docs):
@@ -11,6 +11,14 @@ FSDP: Zhao et al. 2023 "PyTorch FSDP", and the FSDP2 fully_shard docs):
   head) for its forward, then again for backward: planner emits reshard_after_forward=True for
   every unit, the root included. fsdp-grad-op keeps every layer unsharded between forward and
   backward. fsdp-hybrid shards within a node and replicates across nodes.
+
+FSDP1 (``fsdp_version`` 1, the FlatParameter ``FullyShardedDataParallel``) is modelled as FSDP2
+but for two facts: each unit's parameters are one flat tensor padded to a multiple of the world
+size, so every rank holds an even 1/N (FSDP2 gives rank 0 ceil(dim0 / N) rows of every tensor);
+and its shards are plain tensors, which bitsandbytes' 8-bit and paged optimizers step (FSDP2's
+DTensors they cannot: strategies/optimizer.py). Its gathers and frees per moment are taken to be
+FSDP2's (not traced: the probes build FSDP2). Source: torch/distributed/fsdp/_flat_param.py
+(``FlatParamHandle``: flatten, pad to a multiple of the world size, chunk).
 
 DeepSpeed settings modelled are those planner emits, the Hugging Face "auto" values:
 reduce_bucket_size = h*h, stage3_prefetch_bucket_size = 0.9*h*h,
@@ -26,6 +34,7 @@ from planner.core.job import FsdpSettings, JobFiles, Reading
 from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import Setting
 from planner.cost import adapters as AD
 from planner.cost import comms
 from planner.cost import params as P
@@ -98,6 +107,9 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("sharding none on several GPUs", f"sharding none runs one process, but {n} GPUs were given; use ddp, zero1-3 or fsdp")
     if s == Sharding.DDP and n == 1:
         out.reject("ddp on one GPU", "ddp needs 2 or more GPUs; with one GPU use sharding none")
+    if s in FSDP and ctx.config.fsdp_version == 1:
+        out.warnings.append("FSDP1: deprecated by transformers 5 (FSDP2 is its default) and modelled as FSDP2 "
+                            "but for its even flat shards; use it where an optimizer needs it (bitsandbytes')")
     if s == Sharding.FSDP_HYBRID and ctx.hardware.nodes == 1:
         out.reject("fsdp-hybrid on one node", "fsdp-hybrid shards within a node and replicates across nodes: it needs 2+ nodes; use fsdp")
     if s not in (Sharding.NONE, Sharding.DDP) and n == 1 and ctx.config.offload == "none":  # (the offload strategy's "none")
@@ -115,9 +127,9 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         )
         return
     # whole-model rows of uniform bytes per element (the frozen base's, the trained tensors'): FSDP2
-    # gives rank 0 its padded dim-0 chunks; any other row is divided evenly
+    # gives rank 0 its padded dim-0 chunks; any other row (and FSDP1's flat shards) is divided evenly
     wholes = []
-    if ctx.engine == Engine.FSDP:
+    if ctx.fsdp2:
         if lay.adapter is not None:
             wholes.append((total, P.fsdp_rank0_elements(m, n)))
         wholes.append((lay.trainable_parameters, P.fsdp_rank0_elements(m, n, AD.trainable_tensors(m, lay.adapter))))
@@ -244,7 +256,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     """distributed_type; the ZeRO block of the DeepSpeed JSON (the bucket sizes the memory model
-    assumes); the FSDP2 block (wrap the family's decoder layer, reshard after forward unless
+    assumes); the FSDP2 block (or FSDP1's, ``_emit_fsdp1``) (wrap the family's decoder layer, reshard after forward unless
     grad-op, sharded state dict, rank-0 loading); hybrid FSDP2 through accelerate's
     parallelism_config (replicate across nodes, shard within)."""
     s, m, hw = ctx.config.sharding, ctx.model, ctx.hardware
@@ -276,7 +288,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         if hw.nodes > 1:
             acc["deepspeed_config"]["deepspeed_multinode_launcher"] = "standard"
         args["deepspeed"] = "deepspeed_config.json"
-    else:
+    elif ctx.fsdp2:
         reshard = s != Sharding.FSDP_GRAD_OP
         acc["distributed_type"] = "FSDP"
         files.fsdp().update({
@@ -300,6 +312,42 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
             "version": 2, "transformer_layer_cls_to_wrap": [m.decoder_layer_class], "reshard_after_forward": reshard,
             "state_dict_type": "SHARDED_STATE_DICT", "cpu_ram_efficient_loading": True,
         })
+    else:
+        _emit_fsdp1(ctx, files)
+
+
+#: FSDP1's ShardingStrategy for each FSDP mode (HYBRID_SHARD: shard within a node, replicate across).
+FSDP1_STRATEGIES = {Sharding.FSDP: "FULL_SHARD", Sharding.FSDP_GRAD_OP: "SHARD_GRAD_OP",
+                    Sharding.FSDP_HYBRID: "HYBRID_SHARD"}
+
+
+def _emit_fsdp1(ctx: PlanContext, files: EmitDraft) -> None:
+    """The FSDP1 block (``fsdp_version`` 1): the mode's ShardingStrategy, the family's decoder layer
+    wrapped, prefetch of the next unit in backward (BACKWARD_PRE, the FSDP1 default), original
+    parameters exposed (``use_orig_params``), rank-0 loading broadcast (``sync_module_states``, which
+    accelerate requires with it), sharded state dict."""
+    strategy, m = FSDP1_STRATEGIES[ctx.config.sharding], ctx.model
+    files.accelerate["distributed_type"] = "FSDP"
+    files.fsdp().update({
+        "fsdp_version": 1,
+        "fsdp_sharding_strategy": strategy,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": m.decoder_layer_class,
+        "fsdp_backward_prefetch": "BACKWARD_PRE",
+        "fsdp_forward_prefetch": False,
+        "fsdp_use_orig_params": True,
+        "fsdp_sync_module_states": True,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_offload_params": False,
+        "fsdp_activation_checkpointing": False,
+    })
+    files.training_args["fsdp"] = f"{strategy.lower()} auto_wrap"
+    files.trainer_fsdp().update({
+        "version": 1, "transformer_layer_cls_to_wrap": [m.decoder_layer_class], "backward_prefetch": "backward_pre",
+        "forward_prefetch": False, "use_orig_params": True, "sync_module_states": True,
+        "state_dict_type": "SHARDED_STATE_DICT", "cpu_ram_efficient_loading": True,
+    })
 
 
 #: accelerate's distributed_type -> vocabulary (NO is none on one process, else ddp).
@@ -327,6 +375,7 @@ def _read(job: JobFiles, r: Reading) -> None:
             _stage(inline["zero_stage"], f"{where}: deepspeed_config.zero_stage", r)
     for fsdp in job.fsdp:
         r.set("sharding", _fsdp_sharding(fsdp), fsdp.where, REFINES)
+        r.set("fsdp_version", fsdp.version, fsdp.version_source)
     if job.deepspeed_where:
         zero = r.section(job.deepspeed, "zero_optimization", job.deepspeed_where)
         if "stage" in zero:
@@ -371,11 +420,23 @@ def _default(hardware: HardwareSpec) -> Sharding:
     return Sharding.NONE if hardware.num_gpus == 1 else Sharding.DDP
 
 
+SETTINGS = (Setting("fsdp_version", int, 2, "FSDP under fsdp*: 2 (fully_shard) or 1 (flat parameters, which "
+                    "bitsandbytes' 8-bit and paged optimizers can step)", ge=1, le=2),)
+
+
+def describe(get) -> str:
+    """The mode, "fsdp1" style under FSDP1 ("fsdp" alone is FSDP2)."""
+    s = get("sharding")
+    return f"{s} (fsdp1)" if s is not None and str(s) in FSDP and get("fsdp_version") == 1 else str(s)
+
+
 STRATEGY = Strategy(
     "sharding", Sharding, Sharding.NONE, order=3, short="sharding",
-    help="data parallelism and sharding: none, ddp, zero1-3 (DeepSpeed), fsdp, fsdp-grad-op, fsdp-hybrid (FSDP2)",
+    help="data parallelism and sharding: none, ddp, zero1-3 (DeepSpeed), fsdp, fsdp-grad-op, fsdp-hybrid (FSDP2; "
+         "--fsdp-version 1 for FSDP1)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, parallelism=_parallelism,
-    default_for=_default, runtime="planner.runtime.sharding",
+    default_for=_default, runtime="planner.runtime.sharding", settings=SETTINGS, describe=describe,
+    settings_used=lambda value: str(value) in FSDP,
     # replicas are the plain data parallelism; a sharding engine (DeepSpeed, FSDP) weighs as two
     # techniques (its own collectives, checkpoint format and wrapping), two-level sharding as three
     complexity={s: 3 if s == Sharding.FSDP_HYBRID else 2 for s in Sharding if s not in (Sharding.NONE, Sharding.DDP)},

@@ -181,14 +181,17 @@ def _accelerate_legacy(d: dict) -> dict:
 
 
 def _add_fsdp(parts: dict, config: dict, where: str, r: Reading, accelerate: bool, options: tuple[str, ...]) -> None:
-    """FSDP settings for the strategies, after the version check (FSDP1 is modelled as FSDP2)."""
-    version = config.get("fsdp_version" if accelerate else "version", 1 if accelerate else 2)
+    """FSDP settings for the strategies, with their version: accelerate's ``fsdp_version`` (default
+    1, accelerate FullyShardedDataParallelPlugin) or the Trainer's ``fsdp_config.version`` (default 2,
+    transformers 5 ``TrainingArguments``)."""
+    key, default = ("fsdp_version", 1) if accelerate else ("version", 2)
+    version = config.get(key, default)
     if version not in (1, 2, "1", "2"):
         r.problems.append(f"{where}: FSDP version must be 1 or 2, not {version!r}")
         return
-    if str(version) == "1":
-        r.warnings.append(f"{where}: FSDP1 is modelled as FSDP2 (same sharding, per-layer units)")
-    parts["fsdp"] = (*parts.get("fsdp", ()), FsdpSettings(where, config, accelerate, options))
+    source = f"{where}: {'' if accelerate else 'fsdp_config.'}{key}" if key in config else \
+        f"{where}: no {key} ({'accelerate' if accelerate else 'the Trainer'}'s default, {default})"
+    parts["fsdp"] = (*parts.get("fsdp", ()), FsdpSettings(where, config, accelerate, options, int(version), source))
 
 
 def beside(path: Path, named: str) -> Path:

@@ -143,10 +143,10 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
             values[name] = defaults.get(name, TrainingConfig.model_fields[name].default)
             sources[name] = "default"
     for s in TECHNIQUES:  # a technique's settings mean nothing while it is off (LoRA's rank without an adapter)
-        if s.settings and str(values[s.field]) == str(s.default):
+        if s.settings and not s.uses_settings(values[s.field]):
             for x in s.settings:
                 if sources[x.name] == "default":
-                    sources[x.name] = f"unused ({s.field} {s.default})"
+                    sources[x.name] = f"unused ({s.field} {values[s.field]})"
     if reading.train_batch:
         total = values["micro_batch_size"] * values["grad_accum"] * num_gpus
         if reading.train_batch[0] != total:

@@ -21,6 +21,8 @@ class FsdpSettings:
     config: dict  # the fsdp_config mapping
     accelerate: bool  # keys carry accelerate's fsdp_ prefix
     options: tuple[str, ...]  # the Trainer's fsdp options ("full_shard", "offload", ...), or ("hybrid_shard",)
+    version: int = 2  # 1: FlatParameter FSDP, 2: fully_shard
+    version_source: str = ""  # where the version came from (the key, or the loader's default)
 
     @property
     def where(self) -> str:

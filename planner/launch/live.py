@@ -3,7 +3,7 @@
 Each field is observed, not copied from the files: the optimizer's class and its state dtypes, the
 parameters' dtype and accelerate's mixed precision (fp8 linears counted), the checkpoint wrappers
 on the decoder layers, accelerate's distributed type with DeepSpeed's stage and offload devices or
-FSDP2's reshard and offload policies, the loss the model's forward runs, the attention
+FSDP2's reshard and offload policies or FSDP1's strategy, the loss the model's forward runs, the attention
 implementation, and the shape of the batches the model saw.
 """
 
@@ -74,6 +74,8 @@ def _sharding_and_offload(trainer, model) -> tuple[str, str, dict]:
         offload = "optimizer+params" if param else "optimizer" if optim else "none"
         return f"zero{engine.zero_optimization_stage()}", offload, {"deepspeed_stage": engine.zero_optimization_stage(),
                                                                     "offload_devices": [bool(optim), bool(param)]}
+    if kind == DistributedType.FSDP and _fsdp1_root(trainer) is not None:
+        return _fsdp1(_fsdp1_root(trainer), model)
     if kind == DistributedType.FSDP:
         from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -91,11 +93,40 @@ def _sharding_and_offload(trainer, model) -> tuple[str, str, dict]:
             sharding += f" ({len(units)} of {len(layers)} decoder layers sharded as their own units)"
         offload = "optimizer+params" if isinstance(group.offload_policy, CPUOffloadPolicy) else "none"
         policy = group.mp_policy
-        return sharding, offload, {"fsdp_reshard_after_forward": reshard, "fsdp_mesh": list(mesh.shape),
+        return sharding, offload, {"fsdp_version": 2, "fsdp_reshard_after_forward": reshard, "fsdp_mesh": list(mesh.shape),
                                    "fsdp_decoder_layer_units": len(units),
                                    "fsdp_param_dtype": str(policy.param_dtype).removeprefix("torch."),
                                    "fsdp_reduce_dtype": str(policy.reduce_dtype).removeprefix("torch.")}
     return ("ddp" if world > 1 else "none"), "none", {"distributed_type": str(kind)}
+
+
+def _fsdp1_root(trainer):
+    """The FSDP1 ``FullyShardedDataParallel`` root the Trainer wraps the model in, or None."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    wrapped = trainer.model_wrapped
+    return wrapped if isinstance(wrapped, FullyShardedDataParallel) else None
+
+
+#: FSDP1 ShardingStrategy names -> vocabulary.
+FSDP1_STRATEGIES = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "HYBRID_SHARD": "fsdp-hybrid",
+                    "NO_SHARD": "ddp"}
+
+
+def _fsdp1(root, model) -> tuple[str, str, dict]:
+    """FSDP1: the root's sharding strategy, CPU offload and the decoder layers wrapped as their own
+    units (an FSDP1 module whose wrapped module is the layer, under checkpoint wrappers too)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    layers = list(decoder_layers(model))  # (each the FSDP module wrapping it, when wrapped)
+    units = sum(1 for x in layers if isinstance(x, FullyShardedDataParallel)
+                or isinstance(getattr(x, "_checkpoint_wrapped_module", None), FullyShardedDataParallel))
+    sharding = FSDP1_STRATEGIES.get(root.sharding_strategy.name, root.sharding_strategy.name)
+    if units != len(layers):
+        sharding += f" ({units} of {len(layers)} decoder layers sharded as their own units)"
+    offload = "optimizer+params" if root.cpu_offload.offload_params else "none"
+    return sharding, offload, {"fsdp_version": 1, "fsdp_sharding_strategy": root.sharding_strategy.name,
+                               "fsdp_decoder_layer_units": units}
 
 
 def _precision(trainer, model, sharding: str) -> tuple[str, dict]:
@@ -166,11 +197,12 @@ def observe(trainer, session) -> dict:
     accum = trainer.model_wrapped.gradient_accumulation_steps() if sharding.startswith("zero") else trainer.args.gradient_accumulation_steps
     adapter = _adapter(model)
     adapter_detail = adapter.pop("details", {})
+    fsdp = {"fsdp_version": shard_detail["fsdp_version"]} if "fsdp_version" in shard_detail else {}  # FSDP runs only
     live = {
         "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing, "sharding": sharding,
         "offload": offload, "loss": loss, "attention": model.config._attn_implementation,
         "micro_batch_size": shape[0], "grad_accum": accum, "seq_len": shape[1],
-    } | adapter
+    } | adapter | fsdp
     assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
     return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | adapter_detail
                    | {"compiled": trainer.args.torch_compile}}

@@ -7,6 +7,16 @@ from strategies.offload import Offload
 from strategies.sharding import Sharding
 
 
+def refuse_fsdp1(config) -> None:
+    """The probes build FSDP2 alone: an FSDP1 plan is bad input for them (PlannerInputError)."""
+    from planner.core.errors import PlannerInputError
+
+    if str(config.sharding).startswith("fsdp") and config.fsdp_version == 1:
+        raise PlannerInputError("FSDP1 plans are not probed: the probes build FSDP2 (fully_shard)",
+                                hint="Probe the plan with --fsdp-version 2 (the same memory model but for FSDP2's "
+                                     "rank-0 padding) and an optimizer FSDP2 can step.")
+
+
 def apply_fsdp(model, config, mesh) -> None:
     """Reshard after forward unless fsdp-grad-op; offload optimizer+params with CPUOffloadPolicy (the
     emitted fsdp_offload_params: parameters, gradients and the optimizer step on the host)."""
