@@ -433,10 +433,11 @@ def _read(job: JobFiles, r: Reading) -> None:
     keys = ("gradient_checkpointing", "activation_checkpointing")
     if job.training_args_where:
         d, where = job.training_args, job.training_args_where
-        if any(r.typed(d, k, (bool,), where, False) for k in keys):
-            r.set("checkpointing", Checkpointing.FULL, f"{where}: activation checkpointing on")
+        on = next((k for k in keys if r.typed(d, k, (bool,), where, False)), None)
+        if on is not None:
+            r.set("checkpointing", Checkpointing.FULL, f"{where}: {on}")
         elif any(k in d for k in keys) and "checkpointing" not in r.values:  # off, and nothing else checkpoints
-            r.set("checkpointing", Checkpointing.NONE, f"{where}: activation checkpointing off")
+            r.set("checkpointing", Checkpointing.NONE, f"{where}: {next(k for k in keys if k in d)} off")
     if job.deepspeed_where and job.deepspeed.get("activation_checkpointing"):
         r.warnings.append(f"{job.deepspeed_where}: DeepSpeed's activation_checkpointing applies only through its own "
                           "API; not modelled")

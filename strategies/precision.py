@@ -358,8 +358,11 @@ def _read(job: JobFiles, r: Reading) -> None:
     if job.training_args_where:
         d, where = job.training_args, job.training_args_where
         bf16, fp16 = (r.typed(d, k, (bool,), where, False) for k in ("bf16", "fp16"))
+        pure = _bf16_weights_trained(job, r)
         if bf16 and fp16:
             r.problems.append(f"contradiction: {where} sets both bf16 and fp16")
+        elif pure and not fp16:
+            r.set("precision", Precision.BF16_PURE, f"{where}: {pure}", REFINES)
         elif bf16 or fp16:
             r.set("precision", Precision.BF16_MIXED if bf16 else Precision.FP16_MIXED,
                   f"{where}: {'bf16' if bf16 else 'fp16'}", REFINES)
@@ -372,6 +375,31 @@ def _read(job: JobFiles, r: Reading) -> None:
                               "(pytorch/ao#685); its step time is bf16-mixed's, a lower bound")
     if job.runtime_where:
         _read_load_dtype(job, r)
+
+
+#: A recipe's load dtype (TRL ModelConfig ``torch_dtype``, renamed ``dtype`` in TRL 0.22).
+LOAD_DTYPE_KEYS = ("torch_dtype", "dtype")
+
+
+def _bf16_weights_trained(job: JobFiles, r: Reading) -> str:
+    """Why a recipe trains bf16 weights ('' when it does not): its model loads in bfloat16, it trains
+    the whole model, and no engine keeps fp32 masters. DeepSpeed's bf16 keeps fp32 partitions and
+    accelerate upcasts FSDP's trainable parameters to fp32 under mixed precision, but plain torch
+    and DDP step the bf16 parameters themselves, their AdamW moments bf16 too (torch AdamW's
+    states follow the parameter's dtype): bf16-pure, whatever ``bf16`` says (autocast over bf16
+    weights). An adapter's base loads in bf16 either way (peft keeps the adapters fp32). axolotl
+    replaces accelerate's FSDP2 preparation with one that does not upcast: bf16-pure there too
+    (planner/check/frameworks.py)."""
+    d = job.training_args
+    key = next((k for k in LOAD_DTYPE_KEYS if k in d), None)
+    if key is None or d[key] not in ("bfloat16", "bf16"):
+        return ""
+    fsdp = bool(job.fsdp) or job.distributed_type == "FSDP"
+    if job.framework == "axolotl" and fsdp and all(f.version == 2 for f in job.fsdp):
+        fsdp = False  # axolotl's own fsdp2_prepare_model keeps the bf16 parameters
+    if job.deepspeed_where or fsdp or job.distributed_type == "DEEPSPEED" or d.get("use_peft"):
+        return ""
+    return f"{key} {d[key]} (bf16 weights and states: no engine keeps fp32 masters)"
 
 
 def _read_load_dtype(job: JobFiles, r: Reading) -> None:

@@ -15,6 +15,7 @@ that disagree on a field are a contradiction (bad input), not silently resolved.
 """
 
 import json
+import re
 from functools import cache
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from planner.catalog import DATA_DIR
 from planner.catalog.files import read_mapping
 from planner.core.errors import PlannerInputError
 from planner.core.job import FsdpSettings, JobFiles, Reading
+from planner.check.frameworks import check_keys, detect, translate
 from planner.check.recipe_keys import read_recipe_keys, suggestion
 from planner.core.launch import RUNTIME_FILE, RuntimeArgs
 from strategies import TECHNIQUES
@@ -72,13 +74,30 @@ def read_job(paths: dict[str, Path | None]) -> Reading:
             errors += e.problems
     if parts.get("deepspeed_where"):
         _deepspeed(parts["deepspeed"], parts["deepspeed_where"], r)
+    origins = parts.pop("origins", {})
     job = JobFiles(**parts)
     for strategy in TECHNIQUES:
         strategy.read(job, r)
+    _name_origins(r, origins)
     if errors or r.problems:  # (several readers may trip over one malformed section: each said once)
         raise PlannerInputError(list(dict.fromkeys(errors + r.problems)),
                                 hint="Fix the files (or the flags) and run planner check again.")
     return r
+
+
+def _name_origins(r: Reading, origins: dict[str, dict[str, str]]) -> None:
+    """Sources and messages name the key a framework file has (or its default), not the Trainer key
+    it was translated to: "f.yaml: max_length" -> "f.yaml: cutoff_len"."""
+    for where, names in origins.items():
+        if not names:
+            continue
+        pattern = re.compile(rf"{re.escape(where)}: ({'|'.join(map(re.escape, sorted(names, key=len, reverse=True)))})\b")
+
+        def rename(text: str) -> str:
+            return pattern.sub(lambda m: f"{where}: {names[m.group(1)]}", text)
+
+        r.values = {k: (v, rename(src)) for k, (v, src) in r.values.items()}
+        r.problems, r.warnings = [rename(x) for x in r.problems], [rename(x) for x in r.warnings]
 
 
 def _runtime(path: Path, r: Reading, parts: dict) -> None:
@@ -234,8 +253,17 @@ def _training_args(path: Path, r: Reading, parts: dict) -> Path | dict | None:
     the DeepSpeed config they name (a path or an inline dict)."""
     d = read_mapping(path, "training arguments")
     where = path.name
+    framework = detect(d)
+    if framework is None:
+        problems, warnings = read_recipe_keys(d, known_keys()["training_args"], where, extra=SEQ_LEN_KEYS)
+        if isinstance(d.get("model_name_or_path"), str):
+            r.model = (d["model_name_or_path"], f"{where}: model_name_or_path")
+    else:  # a LLaMA-Factory or axolotl YAML, as the Trainer/TRL recipe it becomes
+        problems, warnings = check_keys(framework, d, known_keys()["training_args"], where)
+        t = translate(framework, d, where)
+        problems, warnings, d, r.model = problems + t.problems, warnings + t.warnings, t.args, t.model
+        parts |= {"framework": framework, "origins": {**parts.get("origins", {}), where: t.origins}}
     parts |= {"training_args": d, "training_args_where": where}
-    problems, warnings = read_recipe_keys(d, known_keys()["training_args"], where, extra=SEQ_LEN_KEYS)
     r.problems += problems
     r.warnings += warnings
     mbs = r.typed(d, "per_device_train_batch_size", (int,), where)

@@ -37,6 +37,7 @@ class CheckRequest(PlanTarget, TechniqueChoices):
     """The job's files (any subset, or a job directory) and flags that fill or override them: one
     optional value per technique (TechniqueChoices) and the workload."""
 
+    model: str | None = None  # None: the model the recipe names (model_name_or_path, base_model)
     accelerate_config: Path | None = None
     deepspeed_config: Path | None = None
     training_args: Path | None = None
@@ -62,6 +63,7 @@ class CheckResult(BaseModel):
 
     fits: bool
     estimate: EstimateResult
+    model_source: str = "--model"  # where the model came from
     sources: dict[str, str]  # field -> where its value came from
     warnings: list[str]  # what the files say that the planner does not model
     changes: list[Change]  # when it does not fit: cheapest changes that make it fit
@@ -71,7 +73,7 @@ class CheckResult(BaseModel):
 
 def check(request: CheckRequest) -> CheckResult:
     reading, plan_config = _read_files(request)
-    model = resolve_model(request.model)
+    model, model_source = _model(request, reading)
     hardware = request.hardware()
     config, sources = _resolve(request, reading, plan_config, model, hardware)
     result = estimate_config(model, hardware, config, request.margin)
@@ -85,9 +87,26 @@ def check(request: CheckRequest) -> CheckResult:
         else:
             changes = _changes_that_fit(model, hardware, config, request.margin, result, request.alternatives)
     return CheckResult(
-        fits=result.fits, estimate=result, sources=sources, warnings=reading.warnings + result.warnings,
+        fits=result.fits, estimate=result, model_source=model_source, sources=sources, warnings=reading.warnings + result.warnings,
         changes=changes, faster=faster, reasons=_reasons(result, changes, faster),
     )
+
+
+def _model(request: CheckRequest, reading: Reading):
+    """The model: --model, else the one the recipe names (resolved offline, as --model is)."""
+    named = reading.model
+    if request.model is not None:
+        return resolve_model(request.model), "--model" + (f" (the recipe names {named[0]})" if named and
+                                                          named[0] != request.model else "")
+    if named is None:
+        raise PlannerInputError("no model: --model is not given and the files name none",
+                                hint="Pass --model with a catalog id (`planner models`) or a config.json path.")
+    try:
+        return resolve_model(named[0]), named[1]
+    except PlannerInputError as e:
+        raise PlannerInputError([f"{named[1]}: {p}" for p in e.problems],
+                                hint="Pass --model with a catalog id of the same architecture (`planner models`) "
+                                     "or the model's config.json.") from None
 
 
 def _read_files(request: CheckRequest) -> tuple[Reading, dict | None]:

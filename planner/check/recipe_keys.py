@@ -25,6 +25,8 @@ NAMES = {"transformers": "transformers", "trl": "TRL", "alignment-handbook": "al
          "open-r1": "open-r1"}
 #: The libraries whose newest version's keys a recipe may hold without a word.
 RECIPE_LIBRARIES = ("trl", "alignment-handbook", "open-r1")
+#: Key sets of other file formats (planner/check/frameworks.py), not a Trainer/TRL recipe's.
+OTHER_FORMATS = ("llamafactory", "axolotl")
 
 
 @cache
@@ -69,10 +71,11 @@ def read_recipe_keys(d: dict, installed: frozenset[str], where: str, extra: tupl
                         f"{newest} refuses them, so run this file with a version that has them")
     problems = []
     if unknown:
-        every = set(installed).union(*(sets[lib][1] for lib in sets))
+        libraries = {lib: v for lib, v in sets.items() if lib not in OTHER_FORMATS}
+        every = set(installed).union(*(keys for _, keys in libraries.values()))
         named = ", ".join(k + suggestion(k, every) for k in unknown)
         spans = "; ".join(f"{NAMES.get(lib, lib)} {v[0]} to {v[-1]}" if len(v) > 1 else f"{NAMES.get(lib, lib)} @{v[0]}"
-                          for lib, (v, _) in sets.items())
+                          for lib, (v, _) in libraries.items())
         problems.append(f"{where}: unknown key(s) {named}: no TrainingArguments, TRL config, ModelConfig or script "
                         f"arguments has them ({spans}), and their parsers refuse unknown keys")
     return problems, warnings

@@ -221,7 +221,7 @@ def emit(
              "arguments JSON/YAML, a planner launch's runtime.json, any subset, or --job-dir); flags fill gaps or override. Exit codes: 0 fits, "
              "1 will not fit, 2 bad input (unreadable file, unknown key, contradiction).")
 @with_techniques("optional")
-@with_target
+@partial(with_target, model_from_files=True)
 def check(
     target: dict,
     techniques: dict,

@@ -76,11 +76,17 @@ def _option(name: str, annotation, default=None) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-def with_target(command):
+ModelFromFiles = Annotated[str | None, typer.Option("--model", help="HF id from the catalog or local HF cache, or a "
+                                                      "config.json / model folder (default: the model the recipe names)")]
+
+
+def with_target(command, model_from_files: bool = False):
     """Give a planning command the options of what it plans for: --model, --gpus, --margin,
     --host-memory-gb, --inter-node-gbps, --calibration; it is called with ``target={...}``, the
-    fields of a PlanTarget (the calibration store resolved)."""
-    added = [_option("model", Model, inspect.Parameter.empty), _option("gpus", Gpus, inspect.Parameter.empty),
+    fields of a PlanTarget (the calibration store resolved). ``model_from_files``: --model may be
+    left out (check: the recipe names it)."""
+    model = _option("model", ModelFromFiles, None) if model_from_files else _option("model", Model, inspect.Parameter.empty)
+    added = [model, _option("gpus", Gpus, inspect.Parameter.empty),
              _option("margin", Margin, DEFAULT_MARGIN), _option("host_memory_gb", HostMemory), _option("inter_node_gbps", InterNode),
              _option("calibration", Calibration)]
     return _extend(command, "target", added, lambda v: v | {"calibration": calibration_store(v["calibration"])})

@@ -49,6 +49,7 @@ class JobFiles:
     processes: int | None = None  # accelerate num_processes
     accelerate_inline_deepspeed: dict | None = None  # accelerate's deepspeed_config without a JSON file
     fsdp: tuple[FsdpSettings, ...] = ()
+    framework: str = ""  # the training arguments' format: "" (Trainer/TRL), "llamafactory" or "axolotl"
 
     @property
     def accelerate_precision_applies(self) -> bool:
@@ -67,6 +68,7 @@ class Reading:
     processes: tuple[int, str] | None = None  # accelerate num_processes (all machines)
     machines: tuple[int, str] | None = None
     train_batch: tuple[int, str] | None = None  # DeepSpeed train_batch_size
+    model: tuple[str, str] | None = None  # the model a recipe names (model_name_or_path, base_model), and where
     #: values that price the step time where the job runs slower than its memory reading says (an
     #: eager fp8 job is timed as bf16-mixed): field -> value
     time_as: dict[str, Any] = field(default_factory=dict)

@@ -19,7 +19,7 @@ class Asked:
     """How the user asked: --model, --gpus, the other target flags (margin, host RAM, network), and
     this command's own flags that shape the answer, as command-line words."""
 
-    model: str
+    model: str | None  # None: the model the job's recipe names (check)
     gpus: str
     target: tuple[str, ...] = ()  # --margin 0.1, --host-memory-gb 64, ...
     options: tuple[str, ...] = ()  # --optimizer adamw, --seq-len 4096, ...

@@ -3,6 +3,8 @@ catalogs in catalogs.py. Every screen starts with its verdict, then what it assu
 details, and ends with what to run next (next_steps.py); it reads at 80 columns and up
 (layout.py)."""
 
+from dataclasses import replace
+
 from rich.console import Console
 
 from planner.core.formatting import gib
@@ -38,6 +40,8 @@ def render_estimate(r: EstimateResult, console: Console, asked: Asked | None = N
 def render_check(result, console: Console, asked: Asked | None = None) -> None:
     """The verdict, the job as read (each value with its source), what to change, what next."""
     r = result.estimate
+    if asked is not None and asked.model is None:  # (the recipe named it)
+        asked = replace(asked, model=r.model.id)
     verdict(console, "FITS" if result.fits else "WILL NOT FIT", fit_words(r), good=result.fits)
     target_line(r, console)
     config_line(r, console)
@@ -45,6 +49,7 @@ def render_check(result, console: Console, asked: Asked | None = None) -> None:
     reasons(r.reasons, console)
     heading(console, "The job as read")
     t = table(("setting", "left"), ("value", "left"), ("from", "left"), wrap=("from",))
+    t.add_row("model", r.model.id, result.model_source)
     for name, where in result.sources.items():
         t.add_row(name.replace("_", "-"), str(getattr(r.config, name)), where)
     console.print(t)

@@ -1,0 +1,249 @@
+"""LLaMA-Factory and axolotl training YAMLs, read as the Trainer/TRL recipe each one becomes.
+
+Both frameworks build transformers' Trainer from their own keys; ``translate`` rewrites a file into
+the keys planner's readers know (TrainingArguments and TRL's ModelConfig: ``use_peft``,
+``lora_r``, ``load_in_4bit``, ``max_length``, ``attn_implementation``, ``torch_dtype``), with the
+framework's defaults written out, and remembers which of the file's keys (or which default) each
+one came from, so every value still names its source. Facts, at the commits the corpus holds
+(LF: hiyouga/LLaMA-Factory@ff6d4d12; AX: axolotl-ai-cloud/axolotl@067b021c):
+
+LLaMA-Factory (``llamafactory-cli train``): HfArgumentParser refuses unknown keys
+(hparams/parser.py ``_parse_args``, unless ALLOW_EXTRA_ARGS); ``finetuning_type`` defaults to lora
+(finetuning_args.py), ``lora_rank`` 8, ``lora_alpha`` None -> 2 x rank, ``lora_dropout`` 0,
+``lora_target`` "all" = every linear but the head (model_utils/misc.py); ``quantization_bit`` 4
+with the bnb method over LoRA is QLoRA (model_utils/quantization.py); gradient checkpointing is on
+unless ``disable_gradient_checkpointing`` (model_utils/checkpointing.py); ``cutoff_len`` 2048
+(data_args.py); ``flash_attn`` auto leaves transformers' default, disabled/sdpa/fa2/fa3 set
+eager/sdpa/flash_attention_2/3 (model_utils/attention.py); trainable parameters are upcast to
+fp32 unless ``pure_bf16`` (model/adapter.py), so bf16 trains fp32 weights with autocast.
+
+axolotl: pydantic drops unknown keys silently (utils/schemas/config.py: no ``extra``), so they
+warn here; ``bf16`` defaults to "auto" (bf16 where the GPU has it) and the model loads in that
+dtype, with no fp32 upcast (utils/config/__init__.py ``resolve_dtype``, loaders/model.py);
+``adapter`` lora / qlora (qlora requires ``load_in_4bit``), ``lora_r`` and ``lora_alpha`` have no
+default, ``lora_dropout`` 0, ``lora_target_linear`` = every linear but the head (utils/schemas/
+peft.py, loaders/adapter.py); ``sequence_len`` 512, ``micro_batch_size`` and
+``gradient_accumulation_steps`` 1, ``optimizer`` adamw_torch_fused, ``gradient_checkpointing``
+off (utils/schemas/training.py, config.py); the legacy attention booleans map to
+``attn_implementation`` (config.py); ``fsdp_config`` keys lose their ``fsdp_`` prefix and a config
+without a version is FSDP1 (utils/schemas/validation.py); under FSDP2 axolotl's own
+``fsdp2_prepare_model`` keeps bf16 parameters (monkeypatch/accelerate/fsdp2.py).
+"""
+
+from planner.check.recipe_keys import recipe_keys, suggestion
+
+LLAMAFACTORY, AXOLOTL = "llamafactory", "axolotl"
+NAMES = {LLAMAFACTORY: "LLaMA-Factory", AXOLOTL: "axolotl"}
+#: Keys only a LLaMA-Factory / an axolotl file has (transformers, TRL and the other has none).
+MARKERS = {LLAMAFACTORY: ("finetuning_type", "stage", "cutoff_len", "template", "lora_target", "quantization_bit"),
+           AXOLOTL: ("base_model", "sequence_len", "micro_batch_size", "lora_target_linear", "adapter")}
+#: Preference tuning and RL: the reference model, paired or sampled sequences are not modelled.
+TUNING = {"dpo", "kto", "rm", "ppo", "orpo", "ipo", "simpo", "grpo", "gdpo", "ebft"}
+LF_ATTENTION = {"disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_3"}
+AX_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager",
+                "xformers_attention": "xformers", "flex_attention": "flex_attention", "sage_attention": "sage"}
+#: LoRA over bitsandbytes' int8 base, which is not planned, read as LoRA over the 16-bit base: an
+#: upper bound on memory (int8 weights take half the bytes), so a FITS holds.
+EIGHT_BIT = ("{where}: {key}: LoRA over an 8-bit base is modelled as LoRA over the 16-bit base (int8 weights "
+             "take half its bytes): the memory is an upper bound and the speed that of 16-bit matmuls")
+#: TrainingArguments keys both frameworks pass through unchanged.
+PASSED = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "optim", "deepspeed", "fsdp",
+          "fsdp_config", "torch_compile", "gradient_checkpointing", "use_liger_kernel")
+
+
+def detect(d: dict) -> str | None:
+    """The framework whose file ``d`` is (None: a Trainer/TRL recipe)."""
+    for framework, markers in MARKERS.items():
+        if any(k in d for k in markers):
+            return framework
+    return None
+
+
+class Translation:
+    """The Trainer/TRL keys a framework file becomes, each with the file key (or default) it came
+    from, and what the file gets wrong (problems) or the planner does not model (warnings)."""
+
+    def __init__(self, d: dict, where: str):
+        self.d, self.where = d, where
+        self.args: dict = {k: d[k] for k in PASSED if k in d}
+        self.origins: dict[str, str] = {}
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+        self.model: tuple[str, str] | None = None
+
+    def put(self, key: str, value, origin: str) -> None:
+        self.args[key], self.origins[key] = value, origin
+
+    def default(self, key: str, file_key: str, value, framework: str) -> None:
+        """``key`` from ``file_key``, or the framework's default when the file does not say."""
+        if file_key in self.d:
+            self.put(key, self.d[file_key], file_key)
+        else:
+            self.put(key, value, f"no {file_key} ({NAMES[framework]}'s default, {value})")
+
+    def name_model(self, key: str) -> None:
+        if isinstance(self.d.get(key), str):
+            self.model = (self.d[key], f"{self.where}: {key}")
+
+
+def translate(framework: str, d: dict, where: str) -> Translation:
+    t = Translation(d, where)
+    (_llamafactory if framework == LLAMAFACTORY else _axolotl)(t)
+    tuning = d.get("stage" if framework == LLAMAFACTORY else "rl")
+    if isinstance(tuning, str) and tuning.lower() in TUNING:
+        t.warnings.append(f"{where}: {'stage' if framework == LLAMAFACTORY else 'rl'} {tuning}: its reference model "
+                          "and paired or sampled sequences are not modelled (memory is a lower bound)")
+    return t
+
+
+def _llamafactory(t: Translation) -> None:
+    d, where = t.d, t.where
+    t.name_model("model_name_or_path")
+    kind = d.get("finetuning_type", "lora")
+    if kind not in ("lora", "full"):
+        t.problems.append(f"{where}: finetuning_type {kind!r} is not planned (planner plans full and lora)")
+    bits, method = d.get("quantization_bit"), str(d.get("quantization_method", "bnb"))
+    if bits == 8 and method == "bnb":
+        t.warnings.append(EIGHT_BIT.format(where=where, key="quantization_bit 8"))
+    elif bits is not None and (bits != 4 or method != "bnb"):
+        t.problems.append(f"{where}: quantization_bit {bits} with quantization_method {method} is not planned "
+                          "(planner plans bitsandbytes 4-bit NF4 under LoRA: quantization_bit 4, method bnb)")
+    if kind == "lora":
+        t.put("use_peft", True, "finetuning_type lora" if "finetuning_type" in d else
+              "no finetuning_type (LLaMA-Factory's default, lora)")
+        if bits == 4:
+            t.put("load_in_4bit", True, "quantization_bit 4")
+        t.default("lora_r", "lora_rank", 8, LLAMAFACTORY)
+        rank = t.args["lora_r"]
+        if d.get("lora_alpha") is None and isinstance(rank, int):
+            t.put("lora_alpha", 2 * rank, f"no lora_alpha (LLaMA-Factory's default, 2 x lora_rank = {2 * rank})")
+        else:
+            t.put("lora_alpha", d["lora_alpha"], "lora_alpha")
+        t.default("lora_dropout", "lora_dropout", 0.0, LLAMAFACTORY)
+        target = d.get("lora_target", "all")
+        modules = "all-linear" if target == "all" else [s.strip() for s in str(target).split(",") if s.strip()]
+        t.put("lora_target_modules", modules, "lora_target" if "lora_target" in d else
+              "no lora_target (LLaMA-Factory's default, all)")
+        if d.get("use_dora"):
+            t.put("use_dora", True, "use_dora")
+    if "gradient_checkpointing" not in d:
+        off = d.get("disable_gradient_checkpointing", False) is True
+        t.put("gradient_checkpointing", not off, "disable_gradient_checkpointing" if "disable_gradient_checkpointing"
+              in d else "no disable_gradient_checkpointing (LLaMA-Factory's default: checkpointing on)")
+    t.default("max_length", "cutoff_len", 2048, LLAMAFACTORY)
+    attention = d.get("flash_attn", "auto")
+    if attention in LF_ATTENTION:
+        t.put("attn_implementation", LF_ATTENTION[attention], f"flash_attn {attention}")
+    if d.get("enable_liger_kernel"):
+        t.put("use_liger_kernel", True, "enable_liger_kernel")
+    if d.get("pure_bf16"):
+        t.put("torch_dtype", "bfloat16", "pure_bf16 (no fp32 upcast)")
+    for key in ("use_unsloth", "use_unsloth_gc", "use_badam", "use_galore", "use_apollo"):
+        if d.get(key):
+            t.warnings.append(f"{where}: {key} is not modelled; its memory and speed are not counted")
+
+
+def _axolotl(t: Translation) -> None:
+    d, where = t.d, t.where
+    t.name_model("base_model")
+    adapter, four, eight = d.get("adapter"), d.get("load_in_4bit") is True, d.get("load_in_8bit") is True
+    if adapter in ("lora", "qlora"):
+        if adapter == "qlora" and not four:
+            t.problems.append(f"{where}: adapter qlora needs load_in_4bit: true (axolotl refuses it without)")
+        if eight:
+            t.warnings.append(EIGHT_BIT.format(where=where, key="load_in_8bit"))
+        t.put("use_peft", True, f"adapter {adapter}")
+        if four:
+            t.put("load_in_4bit", True, "load_in_4bit")
+        for key, file_key in (("lora_r", "lora_r"), ("lora_alpha", "lora_alpha")):
+            if d.get(file_key) is None:
+                t.problems.append(f"{where}: adapter {adapter} without {file_key}: axolotl has no default for it")
+            else:
+                t.put(key, d[file_key], file_key)
+        t.default("lora_dropout", "lora_dropout", 0.0, AXOLOTL)
+        if d.get("lora_target_linear"):
+            t.put("lora_target_modules", "all-linear", "lora_target_linear")
+        elif d.get("lora_target_modules") is not None:
+            t.put("lora_target_modules", d["lora_target_modules"], "lora_target_modules")
+        if d.get("peft_use_dora"):
+            t.put("use_dora", True, "peft_use_dora")
+    elif adapter is not None:
+        t.problems.append(f"{where}: adapter {adapter!r} is not planned (lora or qlora)")
+    elif four or eight:
+        t.problems.append(f"{where}: load_in_4bit / load_in_8bit without an adapter: axolotl refuses a quantized "
+                          "base without one")
+    t.default("max_length", "sequence_len", 512, AXOLOTL)
+    t.default("per_device_train_batch_size", "micro_batch_size", 1, AXOLOTL)
+    t.default("gradient_accumulation_steps", "gradient_accumulation_steps", 1, AXOLOTL)
+    t.default("optim", "optimizer", "adamw_torch_fused", AXOLOTL)
+    _axolotl_precision(t)
+    checkpointing = d.get("gradient_checkpointing", False)
+    t.put("gradient_checkpointing", bool(checkpointing), "gradient_checkpointing" if "gradient_checkpointing" in d
+          else "no gradient_checkpointing (axolotl's default: off)")
+    if isinstance(checkpointing, str):
+        t.warnings.append(f"{where}: gradient_checkpointing {checkpointing}: the offload of checkpoints to the "
+                          "host is not modelled (planned as full checkpointing on the GPU)")
+    for key, name in AX_ATTENTION.items():
+        if d.get(key) and "attn_implementation" not in d:
+            t.put("attn_implementation", name, key)
+    if "attn_implementation" in d:
+        t.put("attn_implementation", d["attn_implementation"], "attn_implementation")
+    if d.get("fsdp") or d.get("fsdp_config"):
+        _axolotl_fsdp(t)
+
+
+def _axolotl_precision(t: Translation) -> None:
+    """bf16 (default "auto": bf16 where the GPU has it) or fp16 are the Trainer's flags, and the
+    dtype the model loads in; bfloat16 / float16 load in that dtype without autocast."""
+    d = t.d
+    if d.get("bfloat16") or d.get("float16"):
+        key = "bfloat16" if d.get("bfloat16") else "float16"
+        t.put("torch_dtype", key, key)
+        return
+    bf16 = d.get("bf16", "auto")
+    if d.get("fp16") and bf16 in ("auto", None, False):
+        t.put("fp16", True, "fp16")
+        return
+    if bf16 == "auto" or bf16 is True:
+        origin = "bf16" if "bf16" in d else "no bf16 (axolotl's default, auto)"
+        t.put("bf16", True, origin + (" (auto: bf16 on GPUs that have it)" if bf16 == "auto" and "bf16" in d else ""))
+        t.put("torch_dtype", "bfloat16", origin + " (the model loads in bf16)")
+
+
+def _axolotl_fsdp(t: Translation) -> None:
+    """axolotl's ``fsdp`` options and ``fsdp_config`` (keys without their ``fsdp_`` prefix, the
+    version from ``fsdp_version`` anywhere, FSDP1 when none is given) as the Trainer's."""
+    d = t.d
+    raw = d.get("fsdp_config") or {}
+    config = {str(k).removeprefix("fsdp_"): v for k, v in raw.items()} if isinstance(raw, dict) else {}
+    version = config.pop("version", d.get("fsdp_version", 1))
+    config["version"] = version
+    where = "fsdp_version" if "fsdp_version" in d or "fsdp_version" in raw or "version" in raw else \
+        "no fsdp_version (axolotl's default with an fsdp_config: 1)"
+    options = d.get("fsdp")
+    t.put("fsdp", " ".join(map(str, options)) if isinstance(options, list) else (options or "full_shard"), "fsdp")
+    t.put("fsdp_config", config, f"fsdp_config ({where})")
+
+
+def check_keys(framework: str, d: dict, installed: frozenset[str], where: str) -> tuple[list[str], list[str]]:
+    """(problems, warnings) for a framework file's keys. LLaMA-Factory refuses a key that none of its
+    releases and no transformers version has (HfArgumentParser); a key only other releases have
+    warns. axolotl ignores unknown keys: each warns, with "did you mean"."""
+    sets = recipe_keys()
+    versions, keys = sets[framework]
+    transformers = sets["transformers"][1] if framework == LLAMAFACTORY else {}
+    own = set(keys) | (set(installed) | set(transformers) if framework == LLAMAFACTORY else set())
+    unknown = [k for k in sorted(map(str, d)) if k not in own]
+    older = [k for k in sorted(map(str, d)) if k in keys and len(versions) - 1 not in keys[k]]
+    problems, warnings, name = [], [], NAMES[framework]
+    named = ", ".join(k + suggestion(k, own) for k in unknown)
+    if unknown and framework == LLAMAFACTORY:
+        problems.append(f"{where}: unknown key(s) {named}: no LLaMA-Factory ({versions[0]} to @{versions[-1]}) or "
+                        "transformers version has them, and llamafactory-cli refuses unknown keys")
+    elif unknown:
+        warnings.append(f"{where}: unknown key(s) {named}: no axolotl release ({versions[0]} to @{versions[-1]}) has "
+                        "them; axolotl ignores them")
+    if older:
+        spans = ", ".join(f"{k} ({name} {versions[keys[k][0]]} to {versions[keys[k][-1]]})" for k in older)
+        warnings.append(f"{where}: keys of older {name} releases only: {spans}; run the file with such a release")
+    return problems, warnings
