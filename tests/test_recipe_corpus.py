@@ -126,6 +126,9 @@ def test_llamafactory_defaults_and_refusals(tmp_path):
     with pytest.raises(PlannerInputError) as e:
         check(CheckRequest(gpus="1xA100-80", training_args=f, alternatives=0))
     assert "lora_rnak (did you mean lora_rank?)" in str(e.value) and "llamafactory-cli refuses" in str(e.value)
+    f.write_text("model_name_or_path: Qwen/Qwen3-8B\nstage: sft\nlora_rank: eight\n")  # bad input, no crash
+    with pytest.raises(PlannerInputError, match="lora_rank"):
+        check(CheckRequest(gpus="1xA100-80", training_args=f, alternatives=0))
 
 
 def test_axolotl_defaults_and_unknown_keys(tmp_path):

@@ -115,10 +115,10 @@ def _llamafactory(t: Translation) -> None:
             t.put("load_in_4bit", True, "quantization_bit 4")
         t.default("lora_r", "lora_rank", 8, LLAMAFACTORY)
         rank = t.args["lora_r"]
-        if d.get("lora_alpha") is None and isinstance(rank, int):
-            t.put("lora_alpha", 2 * rank, f"no lora_alpha (LLaMA-Factory's default, 2 x lora_rank = {2 * rank})")
-        else:
+        if d.get("lora_alpha") is not None:
             t.put("lora_alpha", d["lora_alpha"], "lora_alpha")
+        elif isinstance(rank, int) and not isinstance(rank, bool):
+            t.put("lora_alpha", 2 * rank, f"no lora_alpha (LLaMA-Factory's default, 2 x lora_rank = {2 * rank})")
         t.default("lora_dropout", "lora_dropout", 0.0, LLAMAFACTORY)
         target = d.get("lora_target", "all")
         modules = "all-linear" if target == "all" else [s.strip() for s in str(target).split(",") if s.strip()]
