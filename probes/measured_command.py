@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.catalog.calibration import CalibrationStore, Measurement
 from planner.core.errors import PlannerInputError
-from planner.runtime.sharding import refuse_fsdp1
 from planner.engine.estimate import EstimateResult
 from planner.engine.suggest import SuggestResult
+from planner.runtime.sharding import refuse_fsdp1
 from probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
 from probes.measured import MeasureRequest, MeasureResult, measure
 from strategies import TrainingConfig

@@ -256,9 +256,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     """distributed_type; the ZeRO block of the DeepSpeed JSON (the bucket sizes the memory model
-    assumes); the FSDP2 block (or FSDP1's, ``_emit_fsdp1``) (wrap the family's decoder layer, reshard after forward unless
-    grad-op, sharded state dict, rank-0 loading); hybrid FSDP2 through accelerate's
-    parallelism_config (replicate across nodes, shard within)."""
+    assumes); the FSDP block (``_emit_fsdp``)."""
     s, m, hw = ctx.config.sharding, ctx.model, ctx.hardware
     acc, args = files.accelerate, files.training_args
     if s == Sharding.NONE:
@@ -288,32 +286,8 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         if hw.nodes > 1:
             acc["deepspeed_config"]["deepspeed_multinode_launcher"] = "standard"
         args["deepspeed"] = "deepspeed_config.json"
-    elif ctx.fsdp2:
-        reshard = s != Sharding.FSDP_GRAD_OP
-        acc["distributed_type"] = "FSDP"
-        files.fsdp().update({
-            "fsdp_version": 2,
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_transformer_layer_cls_to_wrap": m.decoder_layer_class,
-            "fsdp_reshard_after_forward": reshard,
-            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-            "fsdp_cpu_ram_efficient_loading": True,
-            "fsdp_offload_params": False,
-            "fsdp_activation_checkpointing": False,
-        })
-        if s == Sharding.FSDP_HYBRID:
-            acc["parallelism_config"] = {
-                "parallelism_config_dp_replicate_size": hw.nodes,
-                "parallelism_config_dp_shard_size": hw.gpus_per_node,
-            }
-            files.notes.append("fsdp-hybrid: accelerate's parallelism_config replicates across nodes and shards within each")
-        args["fsdp"] = "full_shard" if reshard else "shard_grad_op"
-        files.trainer_fsdp().update({
-            "version": 2, "transformer_layer_cls_to_wrap": [m.decoder_layer_class], "reshard_after_forward": reshard,
-            "state_dict_type": "SHARDED_STATE_DICT", "cpu_ram_efficient_loading": True,
-        })
     else:
-        _emit_fsdp1(ctx, files)
+        _emit_fsdp(ctx, files)
 
 
 #: FSDP1's ShardingStrategy for each FSDP mode (HYBRID_SHARD: shard within a node, replicate across).
@@ -321,33 +295,36 @@ FSDP1_STRATEGIES = {Sharding.FSDP: "FULL_SHARD", Sharding.FSDP_GRAD_OP: "SHARD_G
                     Sharding.FSDP_HYBRID: "HYBRID_SHARD"}
 
 
-def _emit_fsdp1(ctx: PlanContext, files: EmitDraft) -> None:
-    """The FSDP1 block (``fsdp_version`` 1): the mode's ShardingStrategy, the family's decoder layer
-    wrapped, prefetch of the next unit in backward (BACKWARD_PRE, the FSDP1 default), original
-    parameters exposed (``use_orig_params``), rank-0 loading broadcast (``sync_module_states``, which
-    accelerate requires with it), sharded state dict."""
-    strategy, m = FSDP1_STRATEGIES[ctx.config.sharding], ctx.model
+def _emit_fsdp(ctx: PlanContext, files: EmitDraft) -> None:
+    """The FSDP block of both files (accelerate's keys carry its ``fsdp_`` prefix): wrap the family's
+    decoder layer, sharded state dict, rank-0 loading. FSDP2: reshard after forward unless grad-op,
+    hybrid through accelerate's parallelism_config (replicate across nodes, shard within). FSDP1:
+    the mode's ShardingStrategy, prefetch of the next unit in backward (BACKWARD_PRE, its default),
+    original parameters exposed (``use_orig_params``), rank-0 weights broadcast
+    (``sync_module_states``, which accelerate requires with rank-0 loading)."""
+    s, m, hw = ctx.config.sharding, ctx.model, ctx.hardware
     files.accelerate["distributed_type"] = "FSDP"
-    files.fsdp().update({
-        "fsdp_version": 1,
-        "fsdp_sharding_strategy": strategy,
-        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        "fsdp_transformer_layer_cls_to_wrap": m.decoder_layer_class,
-        "fsdp_backward_prefetch": "BACKWARD_PRE",
-        "fsdp_forward_prefetch": False,
-        "fsdp_use_orig_params": True,
-        "fsdp_sync_module_states": True,
-        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        "fsdp_cpu_ram_efficient_loading": True,
-        "fsdp_offload_params": False,
-        "fsdp_activation_checkpointing": False,
-    })
-    files.training_args["fsdp"] = f"{strategy.lower()} auto_wrap"
-    files.trainer_fsdp().update({
-        "version": 1, "transformer_layer_cls_to_wrap": [m.decoder_layer_class], "backward_prefetch": "backward_pre",
-        "forward_prefetch": False, "use_orig_params": True, "sync_module_states": True,
-        "state_dict_type": "SHARDED_STATE_DICT", "cpu_ram_efficient_loading": True,
-    })
+    both = {"state_dict_type": "SHARDED_STATE_DICT", "cpu_ram_efficient_loading": True}
+    if ctx.fsdp2:
+        reshard = s != Sharding.FSDP_GRAD_OP
+        own = {"version": 2, "reshard_after_forward": reshard}
+        option = "full_shard" if reshard else "shard_grad_op"
+        if s == Sharding.FSDP_HYBRID:
+            files.accelerate["parallelism_config"] = {
+                "parallelism_config_dp_replicate_size": hw.nodes,
+                "parallelism_config_dp_shard_size": hw.gpus_per_node,
+            }
+            files.notes.append("fsdp-hybrid: accelerate's parallelism_config replicates across nodes and shards within each")
+    else:
+        strategy = FSDP1_STRATEGIES[s]
+        own = {"version": 1, "sharding_strategy": strategy, "backward_prefetch": "BACKWARD_PRE",
+               "forward_prefetch": False, "use_orig_params": True, "sync_module_states": True}
+        option = f"{strategy.lower()} auto_wrap"
+    accelerate = both | own | {"auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap":
+                               m.decoder_layer_class, "offload_params": False, "activation_checkpointing": False}
+    files.fsdp().update({f"fsdp_{k}": v for k, v in accelerate.items()})
+    files.training_args["fsdp"] = option
+    files.trainer_fsdp().update(both | own | {"transformer_layer_cls_to_wrap": [m.decoder_layer_class]})
 
 
 #: accelerate's distributed_type -> vocabulary (NO is none on one process, else ddp).

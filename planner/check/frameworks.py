@@ -63,8 +63,8 @@ class Translation:
     """The Trainer/TRL keys a framework file becomes, each with the file key (or default) it came
     from, and what the file gets wrong (problems) or the planner does not model (warnings)."""
 
-    def __init__(self, d: dict, where: str):
-        self.d, self.where = d, where
+    def __init__(self, framework: str, d: dict, where: str):
+        self.framework, self.d, self.where = framework, d, where
         self.args: dict = {k: d[k] for k in PASSED if k in d}
         self.origins: dict[str, str] = {}
         self.problems: list[str] = []
@@ -74,12 +74,12 @@ class Translation:
     def put(self, key: str, value, origin: str) -> None:
         self.args[key], self.origins[key] = value, origin
 
-    def default(self, key: str, file_key: str, value, framework: str) -> None:
+    def default(self, key: str, file_key: str, value) -> None:
         """``key`` from ``file_key``, or the framework's default when the file does not say."""
         if file_key in self.d:
             self.put(key, self.d[file_key], file_key)
         else:
-            self.put(key, value, f"no {file_key} ({NAMES[framework]}'s default, {value})")
+            self.put(key, value, f"no {file_key} ({NAMES[self.framework]}'s default, {value})")
 
     def name_model(self, key: str) -> None:
         if isinstance(self.d.get(key), str):
@@ -87,12 +87,12 @@ class Translation:
 
 
 def translate(framework: str, d: dict, where: str) -> Translation:
-    t = Translation(d, where)
+    t = Translation(framework, d, where)
     (_llamafactory if framework == LLAMAFACTORY else _axolotl)(t)
-    tuning = d.get("stage" if framework == LLAMAFACTORY else "rl")
-    if isinstance(tuning, str) and tuning.lower() in TUNING:
-        t.warnings.append(f"{where}: {'stage' if framework == LLAMAFACTORY else 'rl'} {tuning}: its reference model "
-                          "and paired or sampled sequences are not modelled (memory is a lower bound)")
+    key = "stage" if framework == LLAMAFACTORY else "rl"
+    if isinstance(d.get(key), str) and d[key].lower() in TUNING:
+        t.warnings.append(f"{where}: {key} {d[key]}: its reference model and paired or sampled sequences are not "
+                          "modelled (memory is a lower bound)")
     return t
 
 
@@ -113,13 +113,13 @@ def _llamafactory(t: Translation) -> None:
               "no finetuning_type (LLaMA-Factory's default, lora)")
         if bits == 4:
             t.put("load_in_4bit", True, "quantization_bit 4")
-        t.default("lora_r", "lora_rank", 8, LLAMAFACTORY)
+        t.default("lora_r", "lora_rank", 8)
         rank = t.args["lora_r"]
         if d.get("lora_alpha") is not None:
             t.put("lora_alpha", d["lora_alpha"], "lora_alpha")
         elif isinstance(rank, int) and not isinstance(rank, bool):
             t.put("lora_alpha", 2 * rank, f"no lora_alpha (LLaMA-Factory's default, 2 x lora_rank = {2 * rank})")
-        t.default("lora_dropout", "lora_dropout", 0.0, LLAMAFACTORY)
+        t.default("lora_dropout", "lora_dropout", 0.0)
         target = d.get("lora_target", "all")
         modules = "all-linear" if target == "all" else [s.strip() for s in str(target).split(",") if s.strip()]
         t.put("lora_target_modules", modules, "lora_target" if "lora_target" in d else
@@ -130,7 +130,7 @@ def _llamafactory(t: Translation) -> None:
         off = d.get("disable_gradient_checkpointing", False) is True
         t.put("gradient_checkpointing", not off, "disable_gradient_checkpointing" if "disable_gradient_checkpointing"
               in d else "no disable_gradient_checkpointing (LLaMA-Factory's default: checkpointing on)")
-    t.default("max_length", "cutoff_len", 2048, LLAMAFACTORY)
+    t.default("max_length", "cutoff_len", 2048)
     attention = d.get("flash_attn", "auto")
     if attention in LF_ATTENTION:
         t.put("attn_implementation", LF_ATTENTION[attention], f"flash_attn {attention}")
@@ -160,7 +160,7 @@ def _axolotl(t: Translation) -> None:
                 t.problems.append(f"{where}: adapter {adapter} without {file_key}: axolotl has no default for it")
             else:
                 t.put(key, d[file_key], file_key)
-        t.default("lora_dropout", "lora_dropout", 0.0, AXOLOTL)
+        t.default("lora_dropout", "lora_dropout", 0.0)
         if d.get("lora_target_linear"):
             t.put("lora_target_modules", "all-linear", "lora_target_linear")
         elif d.get("lora_target_modules") is not None:
@@ -172,10 +172,10 @@ def _axolotl(t: Translation) -> None:
     elif four or eight:
         t.problems.append(f"{where}: load_in_4bit / load_in_8bit without an adapter: axolotl refuses a quantized "
                           "base without one")
-    t.default("max_length", "sequence_len", 512, AXOLOTL)
-    t.default("per_device_train_batch_size", "micro_batch_size", 1, AXOLOTL)
-    t.default("gradient_accumulation_steps", "gradient_accumulation_steps", 1, AXOLOTL)
-    t.default("optim", "optimizer", "adamw_torch_fused", AXOLOTL)
+    t.default("max_length", "sequence_len", 512)
+    t.default("per_device_train_batch_size", "micro_batch_size", 1)
+    t.default("gradient_accumulation_steps", "gradient_accumulation_steps", 1)
+    t.default("optim", "optimizer", "adamw_torch_fused")
     _axolotl_precision(t)
     checkpointing = d.get("gradient_checkpointing", False)
     t.put("gradient_checkpointing", bool(checkpointing), "gradient_checkpointing" if "gradient_checkpointing" in d
@@ -231,8 +231,7 @@ def check_keys(framework: str, d: dict, installed: frozenset[str], where: str) -
     warns. axolotl ignores unknown keys: each warns, with "did you mean"."""
     sets = recipe_keys()
     versions, keys = sets[framework]
-    transformers = sets["transformers"][1] if framework == LLAMAFACTORY else {}
-    own = set(keys) | (set(installed) | set(transformers) if framework == LLAMAFACTORY else set())
+    own = set(keys) | (set(installed) | set(sets["transformers"][1]) if framework == LLAMAFACTORY else set())
     unknown = [k for k in sorted(map(str, d)) if k not in own]
     older = [k for k in sorted(map(str, d)) if k in keys and len(versions) - 1 not in keys[k]]
     problems, warnings, name = [], [], NAMES[framework]

@@ -9,6 +9,7 @@ implementation, and the shape of the batches the model saw.
 
 from planner.runtime.model import decoder_layers
 from strategies import FIELDS
+from strategies.sharding import FSDP1_STRATEGIES
 
 #: Optimizer classes (module prefix, class name) -> vocabulary.
 OPTIMIZERS = {
@@ -74,8 +75,9 @@ def _sharding_and_offload(trainer, model) -> tuple[str, str, dict]:
         offload = "optimizer+params" if param else "optimizer" if optim else "none"
         return f"zero{engine.zero_optimization_stage()}", offload, {"deepspeed_stage": engine.zero_optimization_stage(),
                                                                     "offload_devices": [bool(optim), bool(param)]}
-    if kind == DistributedType.FSDP and _fsdp1_root(trainer) is not None:
-        return _fsdp1(_fsdp1_root(trainer), model)
+    root = _fsdp1_root(trainer) if kind == DistributedType.FSDP else None
+    if root is not None:
+        return _fsdp1(root, model)
     if kind == DistributedType.FSDP:
         from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -108,9 +110,8 @@ def _fsdp1_root(trainer):
     return wrapped if isinstance(wrapped, FullyShardedDataParallel) else None
 
 
-#: FSDP1 ShardingStrategy names -> vocabulary.
-FSDP1_STRATEGIES = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "HYBRID_SHARD": "fsdp-hybrid",
-                    "NO_SHARD": "ddp"}
+#: FSDP1 ShardingStrategy names -> vocabulary (the emitted ones, and NO_SHARD: FSDP1 on one rank).
+FSDP1_MODES = {name: str(mode) for mode, name in FSDP1_STRATEGIES.items()} | {"NO_SHARD": "ddp"}
 
 
 def _fsdp1(root, model) -> tuple[str, str, dict]:
@@ -121,7 +122,7 @@ def _fsdp1(root, model) -> tuple[str, str, dict]:
     layers = list(decoder_layers(model))  # (each the FSDP module wrapping it, when wrapped)
     units = sum(1 for x in layers if isinstance(x, FullyShardedDataParallel)
                 or isinstance(getattr(x, "_checkpoint_wrapped_module", None), FullyShardedDataParallel))
-    sharding = FSDP1_STRATEGIES.get(root.sharding_strategy.name, root.sharding_strategy.name)
+    sharding = FSDP1_MODES.get(root.sharding_strategy.name, root.sharding_strategy.name)
     if units != len(layers):
         sharding += f" ({units} of {len(layers)} decoder layers sharded as their own units)"
     offload = "optimizer+params" if root.cpu_offload.offload_params else "none"

@@ -4,14 +4,14 @@ then the root (embeddings, final norm, head), as the emitted accelerate config w
 from planner.runtime.model import decoder_layers
 from planner.runtime.precision import fsdp_policy
 from strategies.offload import Offload
-from strategies.sharding import Sharding
+from strategies.sharding import FSDP, Sharding
 
 
 def refuse_fsdp1(config) -> None:
     """The probes build FSDP2 alone: an FSDP1 plan is bad input for them (PlannerInputError)."""
     from planner.core.errors import PlannerInputError
 
-    if str(config.sharding).startswith("fsdp") and config.fsdp_version == 1:
+    if config.sharding in FSDP and config.fsdp_version == 1:
         raise PlannerInputError("FSDP1 plans are not probed: the probes build FSDP2 (fully_shard)",
                                 hint="Probe the plan with --fsdp-version 2 (the same memory model but for FSDP2's "
                                      "rank-0 padding) and an optimizer FSDP2 can step.")
