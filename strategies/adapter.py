@@ -17,12 +17,15 @@ weight-norm work per wrapped weight. Step time: the frozen matmuls' forward and 
 (no weight gradients), the adapters' matmuls (``adapter_matmul_flops_per_token``), QLoRA's
 dequantization (memory bound).
 
-Modelled for dense models on one GPU, under DDP, DeepSpeed ZeRO-1/2/3 and FSDP2 (the sharding
+Modelled for dense models on one GPU, under DDP, DeepSpeed ZeRO-1/2/3 and FSDP (the sharding
 strategy divides the frozen base and the adapters' states as each engine does: ZeRO-3 and FSDP
 shard and gather the frozen base too, and reduce only the adapters' gradients; FSDP-QLoRA keeps
 its NF4 codes in the 16-bit quant storage FSDP shards, the quantization state whole on every rank).
+FSDP's CPU offload (optimizer+params) puts every sharded row on the host, the frozen base's
+included, as ``fsdp_offload_params`` does (Answer.AI's FSDP-QLoRA trains Llama-2-70B so on two
+24 GB GPUs); strategies/offload.py times its copies from those rows and steps only the adapters.
 Refused with a reason until they are modelled: QLoRA under ZeRO, MoE experts, selective
-checkpointing, offload.
+checkpointing, offload under DeepSpeed.
 An adapter is a different training method (numerics: DESIGN.md), so the search uses one only when
 the user names it (``--adapter lora``, or ``--adapter any``).
 """
@@ -74,8 +77,9 @@ NF4_DEQUANTIZED = "QLoRA: one weight dequantized to 16 bit"
 #: why). The check refuses the rest; a search for adapter plans only (suggest's one-line adapter
 #: option) narrows its space to them.
 ALLOWS: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "offload": (("none",), "adapter with offload",
-                "use offload none (the adapters' states are small; the frozen base is what takes the memory)"),
+    "offload": (("none", "optimizer+params"), "adapter with offload",
+                "use offload none, or optimizer+params with fsdp (the adapters' states are small; the frozen base is "
+                "what takes the memory, and FSDP's CPU offload keeps its shard on the host)"),
     "checkpointing": (("none", "full"), "adapter with selective checkpointing",
                       "which outputs the per-op policy keeps around the adapters' matmuls is not modelled yet; use "
                       "checkpointing none or full"),
@@ -123,6 +127,9 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("qlora under DeepSpeed",
                    f"qlora with sharding {cfg.sharding}: a 4-bit base under DeepSpeed ZeRO is not modelled yet (ZeRO-1/2 "
                    "would replicate it; ZeRO-3 needs bnb_4bit_quant_storage); use fsdp (FSDP-QLoRA) or ddp")
+    if cfg.offload != "none" and ctx.engine != Engine.FSDP:
+        out.reject("adapter with offload", f"{a} with offload {cfg.offload} under {cfg.sharding}: DeepSpeed's offload "
+                   "of a frozen base is not modelled yet; use offload optimizer+params with fsdp, or offload none")
     if m.is_moe:
         out.reject("adapter on a MoE model",
                    f"{a} on {m.id}: adapters on MoE experts (peft's ParamWrapper) are not modelled yet; "

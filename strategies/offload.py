@@ -86,7 +86,10 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     and the CPU optimizer step, which all ranks of a node share and which nothing hides.
     DeepSpeed: 16-bit gradients down every micro-batch, updated 16-bit parameters up once per
     step; with offloaded parameters also the 16-bit partition up in forward and backward.
-    FSDP2 CPU offload: fp32 sharded parameters up in forward and backward, gradients down."""
+    FSDP CPU offload: the host's parameter shard (the ledger's host weight rows: fp32 under the
+    mixed precisions, 16-bit under bf16-pure, an adapter plan's frozen base as stored, NF4 codes
+    included) up in forward and again in backward, the trained parameters' gradients (the host
+    gradient rows) down. The CPU steps what is trained: every parameter, or an adapter's."""
     off, hw = ctx.config.offload, ctx.hardware
     if off == Offload.NONE:
         return
@@ -108,10 +111,14 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
             draft.overlapped("offload", "parameter partition to GPU (forward)", host(2 * partition), Window.FORWARD, True)
             draft.overlapped("offload", "parameter partition to GPU (backward)", host(2 * partition), Window.BACKWARD, True)
     else:
-        draft.overlapped("offload", "fp32 parameter shard to GPU (forward)", host(4 * partition), Window.FORWARD, True)
-        draft.overlapped("offload", "fp32 parameter shard to GPU (backward) + gradients to host",
-                         host(8 * partition), Window.BACKWARD, True)
-    cpu = partition * hw.gpus_per_node / R.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE
+        on_host = [r for r in ledger.rows if r.location == Location.HOST]
+        shard = sum(r.bytes for r in on_host if r.term == "weights")
+        grads = max((r.bytes for r in on_host if r.term == "gradients"), default=0)
+        draft.overlapped("offload", "parameter shard to GPU (forward)", host(shard), Window.FORWARD, True)
+        draft.overlapped("offload", "parameter shard to GPU (backward) + gradients to host",
+                         host(shard + grads), Window.BACKWARD, True)
+    stepped = ctx.layout.trainable_parameters / ctx.layout.shard_degree
+    cpu = stepped * hw.gpus_per_node / R.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE
     draft.serial("cpu_optimizer_step", "optimizer step on the CPU", cpu,
                  note=f"{hw.gpus_per_node} ranks share the node's CPUs")
 

@@ -116,12 +116,28 @@ def test_frozen_weights_get_no_weight_gradient_time():
 @pytest.mark.parametrize("adapter, config", [
     ("qlora", dict(sharding="zero3")), ("qlora", dict(sharding="zero2")),
     ("lora", dict(checkpointing="selective")), ("lora", dict(precision="fp8-mixed")),
-    ("dora", dict(sharding="zero3", offload="optimizer")),
+    ("dora", dict(sharding="zero3", offload="optimizer")), ("lora", dict(sharding="zero3", offload="optimizer+params")),
 ])
 def test_what_is_not_modelled_yet_is_refused_with_a_reason(adapter, config):
     gpus = "2xH100-80" if "sharding" in config else "1xH100-80"
     plan = run(LLAMA, gpus, adapter=adapter, **config)
     assert not plan.feasible and plan.reasons and all(adapter in r for r in plan.reasons)
+
+
+def test_fsdp_offload_of_an_adapter_plan_moves_its_whole_shard_to_the_host():
+    """FSDP CPU offload (optimizer+params) of FSDP-QLoRA: every row the GPU held of the frozen base
+    and the adapters' states moves to the host, byte for byte; the host-link copies carry that
+    shard (not fp32 copies of the whole model) and the CPU steps the adapters only."""
+    on, off = (run(LLAMA, "2xH100-80", adapter="qlora", sharding="fsdp", offload=o) for o in ("optimizer+params", "none"))
+    assert on.feasible and off.feasible
+    kept = {(r.term, r.label): r.bytes for r in off.ledger if r.term in ("weights", "gradients", "optimizer_states")}
+    moved = {(r.term, r.label): r.bytes for r in on.ledger if r.location == "host"}
+    assert moved == kept
+    shard = sum(b for (term, _), b in moved.items() if term == "weights")
+    full = run(LLAMA, "2xH100-80", sharding="fsdp", offload="optimizer+params")  # full fine-tuning's offload
+    assert on.time.terms["cpu_optimizer_step"] < full.time.terms["cpu_optimizer_step"] / 50
+    assert on.time.terms["offload"] < full.time.terms["offload"]
+    assert shard < 0.3 * sum(r.bytes for r in full.ledger if r.location == "host" and r.term == "weights")
 
 
 def test_fsdp_qlora_shards_the_packed_codes_and_keeps_the_state_on_every_rank():

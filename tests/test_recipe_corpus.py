@@ -201,11 +201,16 @@ VERDICTS = [
      "Qwen/Qwen2.5-7B", "8xH100-80", {}, True),
     (AX + "llama-2/qlora.yml", None, "meta-llama/Llama-2-7b-hf", "1xRTX4090-24", {}, True),
     (AX + "llama-2/lora.yml", None, "meta-llama/Llama-2-7b-hf", "1xRTX4090-24", {}, True),
+    # "dual GPU @ 21GB": FSDP1 CPU offload of the NF4 base; the README states no host RAM, and
+    # planner's model load (rank 0 holds the 16-bit checkpoint, 141 GB: an upper bound) needs
+    # more than its default 2x GPU memory, so the machine is stated as a 256 GB workstation
+    (AX + "llama-3/qlora-fsdp-70b.yaml", None, "meta-llama/Llama-3.1-70B", "2xRTX4090-24", {"host_memory_gb": 256},
+     True),
 ]
 
 
 @pytest.mark.parametrize("recipe, accelerate, model, gpus, flags, published", VERDICTS,
-                         ids=[f"{v[0].rsplit('/', 3)[-3]}-{v[0].rsplit('/', 1)[-1]}{'-32k' if v[4] else ''}"
+                         ids=[f"{v[0].rsplit('/', 3)[-3]}-{v[0].rsplit('/', 1)[-1]}{''.join(f'-{k}={x}' for k, x in v[4].items())}"
                               for v in VERDICTS])
 def test_verdicts_agree_with_published_outcomes(recipe, accelerate, model, gpus, flags, published):
     from planner.check import CheckRequest, check
@@ -216,13 +221,13 @@ def test_verdicts_agree_with_published_outcomes(recipe, accelerate, model, gpus,
 
 
 def test_published_memory_figures_and_the_disagreements_stated():
-    """axolotl's README memory figures, and the two files whose published outcome planner does not
+    """axolotl's README memory figures, and the files whose published figure planner does not
     reproduce, with why (the closing note's table states them too):
     - fft-8b (full fine-tune, paged AdamW 8-bit, 8k tokens): "48GB VRAM"; planner's peak without
       the paged state (which spills to the host on a 48 GB GPU) is within 10 % (50.6 GB: above
       an A40's 45 GiB, so on that GPU the verdict is WILL NOT FIT, 2 GiB over).
-    - qlora-fsdp-70b ("dual GPU @ 21GB"): FSDP's offload of an adapter plan's parameters is not
-      modelled, so the job is refused with that reason (a refusal, not a memory verdict).
+    - qlora-fsdp-70b ("dual GPU @ 21GB"): fits, at a lower peak than the published figure (see
+      the PEFT case below).
     - lora-8b ("11GB" on one GPU): an 8-bit base modelled as 16-bit (an upper bound) with the
       standard loss over Llama-3's 128k vocabulary at 2 x 4096 tokens: the fp32 logits alone are
       4.2 GB; planner says it will not fit 24 GB, and fits once the loss is chunked."""
@@ -235,8 +240,36 @@ def test_published_memory_figures_and_the_disagreements_stated():
     assert e.peak_without_paged / 1e9 == pytest.approx(48, rel=0.1)
     fsdp = check(CheckRequest(model="meta-llama/Llama-3.1-70B", gpus="2xRTX4090-24", alternatives=0,
                               training_args=ROOT / AX / "llama-3/qlora-fsdp-70b.yaml"))
-    assert not fsdp.fits and any("offload" in r for r in fsdp.reasons)
+    assert (fsdp.estimate.config.offload, fsdp.estimate.config.fsdp_version) == ("optimizer+params", 1)
+    assert fsdp.estimate.memory["peak"] < 21e9 and not fsdp.fits  # GPU fits; host RAM at the 2x default does not
+    assert any("host RAM" in r and "--host-memory-gb" in r for r in fsdp.reasons)
     lora = check(CheckRequest(model="meta-llama/Meta-Llama-3-8B", gpus="1xRTX4090-24", alternatives=3,
                               training_args=ROOT / AX / "llama-3/lora-8b.yml"))
     assert not lora.fits and any("load_in_8bit" in w for w in lora.warnings)
     assert any("chunked" in ch.change and ch.fits for ch in lora.changes)
+
+
+def test_fsdp_qlora_70b_against_peft_published_figures():
+    """PEFT's FSDP-QLoRA guide (huggingface/peft docs/source/accelerate/fsdp.md, v0.21.2, "Memory
+    usage"): Llama-2-70B on 2 GPUs, accelerate FSDP1 (fsdp_config_qlora.yaml: FULL_SHARD,
+    offload_params) and --bf16, seq 2048 packed, batch 2 x accum 2, gradient checkpointing, flash
+    attention, LoRA r 8 / alpha 16 / dropout 0.1 on all linears, nested NF4 in bf16 storage:
+    "the memory consumed per GPU is 19.6 GB while CPU RAM usage is around 107 GB. When disabling
+    CPU offloading, the GPU memory usage is 35.6 GB/GPU".
+    Without offload planner agrees within 10 %. With offload it is lower than the published
+    figure (14 GB vs 19.6: the guide's caveat says offload's GPU saving is untested, and what
+    FSDP1's CPU offload keeps on the GPU beyond the gathered units is not modelled): stated, and
+    the 2 x 24 GB verdict the guide draws from it holds. Host RAM: planner's load figure (rank 0
+    holds the 16-bit checkpoint, 138 GB) is an upper bound above the 107 GB the guide saw."""
+    from planner.engine.estimate import EstimateRequest, estimate
+
+    job = dict(model="meta-llama/Llama-2-70b-hf", adapter="qlora", sharding="fsdp", fsdp_version=1,
+               checkpointing="full", seq_len=2048, micro_batch_size=2, grad_accum=2, lora_rank=8, lora_alpha=16,
+               lora_dropout=0.1, precision="bf16-mixed")
+    plain = estimate(EstimateRequest(gpus="2xA100-80", offload="none", **job))
+    assert plain.memory["peak"] / 1e9 == pytest.approx(35.6, rel=0.1)
+    offload = estimate(EstimateRequest(gpus="2xRTX4090-24", offload="optimizer+params", host_memory_gb=256, **job))
+    assert offload.fits and offload.memory["peak"] / 1e9 < 19.6
+    assert offload.host_memory["model_loading"] / 1e9 > 107  # the stated upper bound
+    # the CPU steps the adapters only (104M parameters), not the 69B frozen base
+    assert offload.time.terms["cpu_optimizer_step"] < 1.0
