@@ -212,10 +212,7 @@ def _mfu(step_flops: float, precision: str, device_gpu: str, step: float | None)
 
 
 def _hardware(plan: EstimateResult):
-    from planner.catalog.gpus import parse_gpus
-
-    hw = plan.hardware
-    return parse_gpus(hw.spec, hw.host_memory_bytes_per_node / 1e9, hw.inter_node_bytes_per_s * 8 / 1e9)
+    return plan.hardware.parse()
 
 
 def _deepspeed_config(plan: EstimateResult) -> dict:

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from planner.catalog.models import resolve_model
 from planner.cli import app
 from planner.emit import FILE_NAMES, build_files, single_plan_result, write_files
+from planner.emit.writer import MANIFEST
 
 from helpers import run
 
@@ -202,7 +203,7 @@ def test_writes_atomically_and_never_overwrites_without_force(tmp_path):
     fsdp = build_files(single_plan_result(run(LLAMA, "8xH100-80", sharding="fsdp")))
     write_files(fsdp, tmp_path, force=True)
     assert not (tmp_path / "deepspeed_config.json").exists()  # the old plan's file is gone
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(fsdp)  # and no temp files remain
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*fsdp, MANIFEST])  # and no temp files remain
     (tmp_path / "notes.txt").write_text("mine")
     write_files(fsdp, tmp_path, force=True)
     assert (tmp_path / "notes.txt").read_text() == "mine"  # files that are not planner's are never touched
@@ -214,7 +215,7 @@ def test_cli_emit_and_suggest_out(tmp_path):
     r = runner.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "8xH100-80", "--sharding", "zero3", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert {"accelerate_config.yaml", "deepspeed_config.json", "training_args.json", "runtime.json", "launch.sh",
-            "plan.json", "PLAN.md"} == {p.name for p in out.iterdir()}
+            "plan.json", "PLAN.md", MANIFEST} == {p.name for p in out.iterdir()}
     again = runner.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "8xH100-80", "--out", str(out)])
     assert again.exit_code == 2 and "--force" in again.output
     r = runner.invoke(app, ["emit", "--plan", str(out / "plan.json"), "--out", str(tmp_path / "again")])
@@ -246,4 +247,4 @@ def test_golden_files(emitted, name):
     assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in d.iterdir())
     for f in d.iterdir():
         assert f.read_text() == (target / f.name).read_text(), f"{name}/{f.name} changed"
-    assert set(p.name for p in d.iterdir()) <= set(FILE_NAMES)
+    assert set(p.name for p in d.iterdir()) <= {*FILE_NAMES, MANIFEST}

@@ -14,18 +14,19 @@ import re
 from functools import cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from planner.catalog import DATA_DIR, calibration
 from planner.catalog.efficiency import efficiency
 from planner.catalog.files import read_mapping
+from planner.core import shell
 from planner.core.errors import PlannerInputError
 from planner.core.specs import GpuSpec, HardwareSpec
 from planner.core.units import GB, MIB, TERA
 
 GPU_DIR = DATA_DIR / "gpus"
 GRAMMAR = "[NODES x] [GPUS_PER_NODE x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, or 2x./my-gpu.yaml"
-_SPEC = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(?:(\d+)\s*[x×*]\s*)?(\S.*?)\s*$", re.IGNORECASE)
+_SPEC = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(?:(\d+)\s*[x×*]\s*)?(\S.*?)\s*$", re.IGNORECASE | re.DOTALL)
 #: Default host RAM per node when --host-memory-gb is not given: twice the node's GPU memory,
 #: at least 64 GB. Assumption matching common cloud shapes (Colab A100: 83 GB for 40 GB of GPU;
 #: p4d 8xA100-40: 1152 GiB; p5 8xH100: 2 TiB); pass --host-memory-gb for your machine.
@@ -63,6 +64,14 @@ class GpuFile(BaseModel):
     host_link: _Link
     max_gpus_per_node: int = Field(8, ge=1)
     sources: dict[str, str] = {}
+
+    @field_validator("id", "name", "vendor", "architecture")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        """Names reach screens, PLAN.md and launch.sh comments: one line of printable text."""
+        if not v.strip() or any(shell.unsafe(c) for c in v):
+            raise ValueError(f"must be one line of printable text, not {shell.visible(v)}")
+        return v
 
     def to_spec(self, calibration_store: Path | None = None) -> GpuSpec:
         """The GPU in base units with its catalog efficiency, and the corrections ``planner calibrate``
@@ -181,7 +190,7 @@ def resolve_gpu(name: str, calibration_store: Path | None = None) -> GpuSpec:
         path = Path(name).expanduser()
         if not path.is_file():
             raise PlannerInputError(f"GPU file not found: {path}", hint=_yaml_hint())
-        return _read(path).to_spec(calibration_store)
+        return _user_gpu(_read(path), path.resolve(), calibration_store)
     gid = _index().get(normalize(name))
     if gid is None:
         close = difflib.get_close_matches(normalize(name), list(_index()), n=4, cutoff=0.5)
@@ -195,21 +204,39 @@ def resolve_gpu(name: str, calibration_store: Path | None = None) -> GpuSpec:
     return catalog()[gid].to_spec(calibration_store)
 
 
+def _user_gpu(f: GpuFile, path: Path | str, calibration_store: Path | None) -> GpuSpec:
+    """A user GPU file's GPU, carrying where it came from and what it said (GpuSpec.definition)."""
+    spec = f.to_spec(calibration_store)
+    return spec.model_copy(update={"file": str(path), "definition": f.model_dump(mode="json")})
+
+
+def _defined_gpu(definition: dict, name: str, calibration_store: Path | None) -> GpuSpec:
+    """The GPU a plan file defines (a user GPU file's content, as planned): no file is read."""
+    try:
+        f = GpuFile.model_validate(definition)
+    except ValidationError as e:
+        problems = [f"the plan's GPU definition ({name}): {'.'.join(map(str, err['loc']))}: {err['msg']}"
+                    for err in e.errors()]
+        raise PlannerInputError(problems, hint="Re-plan with the GPU file, or pass --gpus with a catalog GPU.") from None
+    return _user_gpu(f, name, calibration_store)
+
+
 def default_host_memory_bytes(gpu: GpuSpec, gpus_per_node: int) -> int:
     return max(DEFAULT_HOST_MEMORY_MIN_BYTES, DEFAULT_HOST_MEMORY_FACTOR * gpus_per_node * gpu.memory_bytes)
 
 
 def parse_gpus(spec: str, host_memory_gb: float | None = None, inter_node_gbps: float | None = None,
-               calibration_store: Path | None = None) -> HardwareSpec:
+               calibration_store: Path | None = None, definition: dict | None = None) -> HardwareSpec:
     """Parse ``--gpus`` (and ``--host-memory-gb``, decimal GB per node; ``--inter-node-gbps``,
     Gbit/s per node) into a HardwareSpec; ``calibration_store`` (``--calibration``) supplies the
-    GPU's measured corrections."""
+    GPU's measured corrections. ``definition``: the content of the user GPU file ``spec`` names, as
+    a plan file holds it (GpuSpec.definition): used instead of reading the file."""
     match = _SPEC.match(spec or "")
     if not match:
         raise PlannerInputError(f"malformed --gpus {spec!r}", hint=f"Grammar: {GRAMMAR}")
     first, second, name = match.groups()
     nodes, per_node = (int(first), int(second)) if second else (1, int(first or 1))
-    gpu = resolve_gpu(name, calibration_store)
+    gpu = _defined_gpu(definition, name, calibration_store) if definition else resolve_gpu(name, calibration_store)
     problems = []
     if nodes < 1 or per_node < 1:
         problems.append(f"--gpus {spec!r}: counts must be at least 1")

@@ -47,8 +47,7 @@ def suggest(job: SuggestJob, say: Say):
     if job.out is not None and result.fits:
         from planner.emit import emit as write_plan
 
-        for path in write_plan(result, job.out, job.force, rank=winner, calibration=job.calibration):
-            say(f"wrote {path}")
+        report(write_plan(result, job.out, job.force, rank=winner, calibration=job.calibration), say)
     return served
 
 
@@ -69,6 +68,7 @@ class Emitted(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     written: list[str]
+    kept: list[str] = []  # the user's files at planner file names, left as they were
     fits: bool  # the plan fits (the files are written either way; PLAN.md says when it does not)
 
 
@@ -77,9 +77,16 @@ def emit(job: EmitJob, say: Say) -> Emitted:
 
     search = load_plan_file(job.plan)
     written = write_files(build_files(search, job.rank, job.gpus, job.calibration), job.out, job.force)
-    for path in written:
+    report(written, say)
+    return Emitted(written=[str(p) for p in written.paths], kept=written.kept, fits=search.plans[job.rank - 1].fits)
+
+
+def report(written, say: Say) -> None:
+    """The files a write put in place, and the user's files it kept (planner/emit/writer.py)."""
+    for path in written.paths:
         say(f"wrote {path}")
-    return Emitted(written=[str(p) for p in written], fits=search.plans[job.rank - 1].fits)
+    for kept in written.kept:
+        say(f"kept {kept}")
 
 
 def probe(fields: dict, plan: Path | None, rank: int):
@@ -121,9 +128,8 @@ def tune(request: TuneRequest, force: bool, console) -> TuneResult:
         from planner.emit import emit as write_plan
         from planner.emit import single_plan_result
 
-        for path in write_plan(single_plan_result(result.best_plan), request.out, force,
-                               calibration=request.calibration):
-            console.print(f"wrote {path}", highlight=False)
+        report(write_plan(single_plan_result(result.best_plan), request.out, force, calibration=request.calibration),
+               lambda line: console.print(line, highlight=False))
         picture = plot(result, request.out / "tune.png")
         console.print(f"wrote {picture}" if picture else "no tune.png: pip install matplotlib for the plot",
                       highlight=False)

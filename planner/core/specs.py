@@ -118,6 +118,8 @@ class GpuSpec(BaseModel):
     sources: dict[str, str]
     efficiency: Efficiency
     calibration: Calibration | None = None  # measured corrections in use (None: assumptions only)
+    file: str | None = None  # the user GPU YAML it was read from (absolute path); None: the catalog
+    definition: dict | None = None  # that file's content, so that a plan file carries its GPU
 
     def supports(self, dtype: str) -> bool:
         return self.dense_flops_per_s.get(dtype) is not None

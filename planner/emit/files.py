@@ -13,21 +13,21 @@ with the user's own script (``TRAIN_SCRIPT``), which then has only the standard 
 """
 
 import json
-import os
-import shlex
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
 from planner import __version__
-from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
+from planner.core import shell
 from planner.core.emitted import EmitDraft
 from planner.core.errors import PlannerInputError
 from planner.core.launch import RUNTIME_FILE
 from planner.core.numerics import NumericsPolicy
+from planner.emit import writer
 from planner.emit.plan_doc import render_plan_doc
+from planner.emit.writer import Written
 from planner.engine.alternatives import memory_savers
 from planner.engine.estimate import EstimateResult, estimate_config
 from planner.engine.suggest import SuggestResult
@@ -91,10 +91,8 @@ def build_files(search: SuggestResult, rank: int = 1, gpus: str | None = None,
         raise PlannerInputError(f"--rank {rank}: the plan file holds {len(search.plans)} plan(s)")
     old = search.plans[rank - 1]
     model = resolve_model(old.model.id)
-    hw_in = old.hardware
-    hardware = parse_gpus(gpus or old.hardware.spec, hw_in.host_memory_bytes_per_node / 1e9,
-                          hw_in.inter_node_bytes_per_s * 8 / 1e9, calibration)
-    margin = 1 - old.usable_bytes / hw_in.gpu_memory_bytes
+    hardware = old.hardware.parse(gpus, calibration)
+    margin = 1 - old.usable_bytes / old.hardware.gpu_memory_bytes
     plan = estimate_config(model, hardware, old.config, margin)  # with this planner's model
     ctx = PlanContext(model, hardware, plan.config)
     files = _draft(ctx)
@@ -164,10 +162,10 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
     user's TRAIN_SCRIPT). Run from anywhere: every path is the script's own folder."""
     c, hw = plan.config, plan.hardware
     lines = [
-        "#!/usr/bin/env bash",
-        f"# Launch {plan.model.id} on {plan.hardware.spec}: {summary(c)},",
-        f"# micro-batch {c.micro_batch_size} x accumulation {c.grad_accum} x {hw.num_gpus} GPU(s), seq {c.seq_len}."
-        f" Written by planner {__version__}; see PLAN.md.",
+        "#!/usr/bin/env bash",  # (user text, the model and the GPUs, reaches comments only: shell.comment)
+        shell.comment(f"Launch {plan.model.id} on {plan.hardware.spec}: {summary(c)},"),
+        shell.comment(f"micro-batch {c.micro_batch_size} x accumulation {c.grad_accum} x {hw.num_gpus} GPU(s), "
+                      f"seq {c.seq_len}. Written by planner {__version__}; see PLAN.md."),
         "#",
         "#   MODEL=path/to/model DATA=path/to/train.jsonl ./launch.sh [--max-steps N ...]",
         "#     (python -m planner.launch --help lists the options; DATA=sample: a smoke test)",
@@ -198,45 +196,27 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
         command.append('--machine_rank "$MACHINE_RANK" --main_process_ip "$MAIN_ADDR" --main_process_port "$MAIN_PORT"')
     if files.deepspeed is not None:  # accelerate reads the JSON path relative to the working directory
         command.append('--deepspeed_config_file "$HERE/deepspeed_config.json"')
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(LAUNCH_ENV.items()))
+    env = " ".join(f"{k}={shell.quote(v)}" for k, v in sorted(LAUNCH_ENV.items()))
     lines.append(f'export PLANNER_JOB_DIR="$HERE" {env}')
     lines.append("exec " + " \\\n  ".join(command + ['"${ENTRY[@]}" "$@"']))
     return "\n".join(lines) + "\n"
 
 
-def write_files(files: dict[str, str], out: Path, force: bool) -> list[Path]:
-    """Write atomically (temp file + rename). Refuse to overwrite without ``force``; with it, also
-    remove planner files a previous plan left that this plan does not have."""
-    if out.exists() and not out.is_dir():
-        raise PlannerInputError(f"--out {out} is a file, not a directory")
-    existing = existing_plan_files(out)
-    if existing and not force:
-        raise PlannerInputError(f"{out} already has {', '.join(existing)}", hint="Pass --force to overwrite them.")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        written = []
-        for name, content in files.items():
-            target = out / name
-            tmp = out / f".{name}.tmp-{os.getpid()}"
-            tmp.write_text(content)
-            if name.endswith(".sh"):
-                tmp.chmod(0o755)
-            os.replace(tmp, target)
-            written.append(target)
-        for stale in set(existing) - set(files):
-            (out / stale).unlink()
-    except OSError as e:
-        raise PlannerInputError(f"cannot write to {out}: {e}") from None
-    return written
+def write_files(files: dict[str, str], out: Path, force: bool) -> Written:
+    """Write a plan's files into ``out`` (planner/emit/writer.py: a manifest of what planner wrote,
+    writes that nothing redirects, one writer at a time): never over a file the user has, and
+    with ``force`` over planner's own files only; planner files of an earlier plan this one does
+    not have are removed."""
+    return writer.write_files(files, out, force, FILE_NAMES)
 
 
 def existing_plan_files(out: Path) -> list[str]:
-    """The planner file names ``out`` already holds."""
-    return sorted(n for n in FILE_NAMES if (out / n).exists())
+    """The planner file names ``out`` already holds (anything at the name, a dangling link too)."""
+    return sorted(n for n in (*FILE_NAMES, writer.MANIFEST) if writer.present(out, n))
 
 
 def emit(search: SuggestResult, out: Path, force: bool = False, rank: int = 1, gpus: str | None = None,
-         calibration: Path | None = None) -> list[Path]:
+         calibration: Path | None = None) -> Written:
     return write_files(build_files(search, rank, gpus, calibration), out, force)
 
 

@@ -1,6 +1,7 @@
 """PLAN.md: why this plan, its memory and time breakdown, what was rejected, what to change
 first if it runs out of memory, and how to run it."""
 
+from planner.core import shell
 from planner.core.emitted import EmitDraft
 from planner.core.formatting import count, gib, share
 from planner.core.launch import RUNTIME_FILE, RuntimeArgs
@@ -27,9 +28,9 @@ def peak_words(plan: EstimateResult) -> str:
 def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], draft: EmitDraft,
                     savers: list[Alternative], files: list[str]) -> str:
     c, hw, t, m = plan.config, plan.hardware, plan.time, plan.model
-    gpus = hw.spec
+    gpus, model = shell.visible(hw.spec), shell.visible(m.id)  # (one line each, whatever the user named)
     out = [
-        f"# Plan: {m.id} on {gpus}",
+        f"# Plan: {model} on {gpus}",
         "",
         f"{summary(c, 'markdown', ' · ')} · micro-batch {c.micro_batch_size} × "
         f"accumulation {c.grad_accum} × {hw.num_gpus} GPU(s) × {c.seq_len} tokens",
@@ -55,7 +56,7 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
         out.append(f"- Approximations would give {trade.gain:+.0%} ({trade.plan.time.tokens_per_second:,.0f} tokens/s): "
                    f"{'; '.join(trade.approximations)}; they change numerics (`--numerics any`).")
     out += [
-        f"- {m.id}: {count(m.num_parameters)} parameters ({m.family}).",
+        f"- {model}: {count(m.num_parameters)} parameters ({m.family}).",
         f"- Throughput {t.tokens_per_second:,.0f} tokens/s ({t.tokens_per_second_per_gpu:,.0f} per GPU), "
         f"MFU {t.mfu:.1%} (model FLOPs over the {t.mfu_basis}), {t.step_seconds:,.3f} s per optimizer step.",
         f"- Peak {peak_words(plan)} of {_gib(plan.usable_bytes)} GiB usable per GPU at the "
@@ -103,7 +104,7 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
         out.append("No single change of this plan lowers its peak further; use more or larger GPUs.")
     out += ["", *how_to_run(draft, files, c.seq_len)]
     if notes or plan.warnings:
-        out += ["", "Notes:", ""] + [f"- {n}" for n in notes + plan.warnings]
+        out += ["", "Notes:", ""] + [f"- {shell.visible(n)}" for n in notes + plan.warnings]
     return "\n".join(out) + "\n"
 
 

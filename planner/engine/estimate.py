@@ -77,11 +77,19 @@ class HardwareInfo(BaseModel):
     host_memory_bytes_per_node: int
     inter_node_bytes_per_s: float
     calibration: str | None = None  # the measured corrections in use (planner calibrate); None: assumptions
+    gpu_file: str | None = None  # a user GPU file's path (GpuSpec.file); None: a catalog GPU
+    gpu_definition: dict | None = None  # that file's content as planned (GpuSpec.definition)
 
     @property
     def spec(self) -> str:
-        """The --gpus spelling of this hardware: 8xH100-SXM-80, 2x8xH100-SXM-80."""
-        return (f"{self.nodes}x" if self.nodes > 1 else "") + f"{self.gpus_per_node}x{self.gpu}"
+        """The --gpus spelling of this hardware: 8xH100-SXM-80, 2x8xH100-SXM-80, 4x/path/to/gpu.yaml."""
+        return (f"{self.nodes}x" if self.nodes > 1 else "") + f"{self.gpus_per_node}x{self.gpu_file or self.gpu}"
+
+    def parse(self, gpus: str | None = None, calibration: Path | None = None) -> HardwareSpec:
+        """This hardware again (a user GPU from the definition the plan holds, not from its file),
+        or ``gpus`` instead of its GPUs, with its host RAM and network."""
+        return parse_gpus(gpus or self.spec, self.host_memory_bytes_per_node / 1e9, self.inter_node_bytes_per_s * 8 / 1e9,
+                          calibration, definition=None if gpus else self.gpu_definition)
 
 
 class EstimateResult(BaseModel):
@@ -265,6 +273,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
             host_memory_bytes_per_node=hardware.host_memory_bytes_per_node,
             inter_node_bytes_per_s=hardware.inter_node_bytes_per_s,
             calibration=hardware.gpu.calibration.note if hardware.gpu.calibration else None,
+            gpu_file=hardware.gpu.file, gpu_definition=hardware.gpu.definition,
         ),
         config=config,
         memory=memory,

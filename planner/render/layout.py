@@ -7,13 +7,14 @@ columns never wrap (``figures``), and otherwise the caller picks a narrower layo
 """
 
 import os
-import shlex
 
 from rich import box
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+
+from planner.core import shell
 
 DEFAULT_WIDTH = 100  # stdout is not a terminal and COLUMNS is not set (pipes, CI logs)
 SEP = " · "
@@ -102,7 +103,7 @@ def _groups(words: list[str]) -> list[str]:
     """Quoted words, an option with its value as one group: ['--model x', '--out d']."""
     out: list[str] = []
     for w in words:
-        quoted = w if w in (">", "&&", "|") else shlex.quote(w)
+        quoted = w if w in (">", "&&", "|") else shell.quote(w)
         if out and out[-1].startswith("--") and " " not in out[-1] and not w.startswith("--") and w not in (">", "&&"):
             out[-1] += " " + quoted
         else:
