@@ -29,9 +29,9 @@ from planner.catalog.gpus import GPU_DIR
 from planner.catalog.models import resolve_model
 from planner.cli import app
 from planner.core import shell
-from planner.emit import build_files, launch_script, single_plan_result, write_files
+from planner.core.errors import PlannerInputError
+from planner.emit import build_files, launch_script, single_plan_result, write_files, writer
 from planner.emit import files as emit_files
-from planner.emit import writer
 from planner.emit.writer import MANIFEST
 from strategies import PlanContext
 
@@ -120,7 +120,7 @@ def test_a_hostile_model_folder_and_gpu_file_run_nothing(tmp_path, monkeypatch):
     r = runner.invoke(app, ["suggest", "--model", str(tmp_path / evil), "--gpus", f"2x{gpu_dir}/lab.yaml",
                             "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert subprocess.run(["bash", "-n", str(out / "launch.sh")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(out / "launch.sh")], check=False).returncode == 0
     _fake_accelerate(tmp_path / "bin")
     env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", MODEL="x", DATA="sample",
                FAKE_ARGS=str(tmp_path / "args"))
@@ -141,12 +141,12 @@ def test_force_keeps_the_users_files_and_removes_only_planners(tmp_path, plans):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "deepspeed_config.json").write_text('{"my": "own"}')
-    with pytest.raises(Exception, match="--force"):
+    with pytest.raises(PlannerInputError, match="--force"):
         write_files(fsdp, mine, force=False)
     done = write_files(fsdp, mine, force=True)  # the FSDP plan has no DeepSpeed file: the user's stays
     assert (mine / "deepspeed_config.json").read_text() == '{"my": "own"}'
     assert done.kept == ["deepspeed_config.json (not written by planner, or changed since)"]
-    with pytest.raises(Exception, match="did not write") as e:  # a ZeRO-3 plan needs that name: refused
+    with pytest.raises(PlannerInputError, match="did not write") as e:  # a ZeRO-3 plan needs that name: refused
         before = snapshot(mine)
         write_files(zero3, mine, force=True)
     assert "another --out" in e.value.hint and snapshot(mine) == before
@@ -157,7 +157,7 @@ def test_force_keeps_the_users_files_and_removes_only_planners(tmp_path, plans):
     assert sorted(p.name for p in ours.iterdir()) == sorted([*fsdp, MANIFEST])
     (ours / "PLAN.md").write_text((ours / "PLAN.md").read_text() + "\nmy notes\n")  # edited: the user's now
     before = snapshot(ours)
-    with pytest.raises(Exception, match="PLAN.md"):
+    with pytest.raises(PlannerInputError, match="PLAN.md"):
         write_files(zero3, ours, force=True)
     assert snapshot(ours) == before
 
@@ -186,7 +186,7 @@ def test_links_and_directories_at_planner_names_are_never_written_through(tmp_pa
         d.mkdir()
         make(d / name)
         before = snapshot(d)
-        with pytest.raises(Exception):
+        with pytest.raises(PlannerInputError):
             write_files(zero3, d, force=force)
         assert snapshot(d) == before, name  # nothing written, no temp file left
         assert (outside / "victim").read_text() == "precious"
@@ -220,12 +220,12 @@ def test_a_failure_mid_way_leaves_the_folder_as_it_was(tmp_path, plans, monkeypa
         real(source, target)
 
     monkeypatch.setattr(writer, "_place", failing)
-    with pytest.raises(Exception, match="No space left"):
+    with pytest.raises(PlannerInputError, match="No space left"):
         write_files(fsdp, tmp_path, force=True)
     assert snapshot(tmp_path) == before
     fresh = tmp_path / "new" / "deeper"
     calls.clear()
-    with pytest.raises(Exception):
+    with pytest.raises(PlannerInputError):
         write_files(fsdp, fresh, force=False)
     assert not fresh.exists()  # a folder made for the failed write goes again
 

@@ -128,11 +128,12 @@ def tune(request: TuneRequest, force: bool, console) -> TuneResult:
         from planner.emit import emit as write_plan
         from planner.emit import single_plan_result
 
-        report(write_plan(single_plan_result(result.best_plan), request.out, force, calibration=request.calibration),
+        picture = plot(result)
+        report(write_plan(single_plan_result(result.best_plan), request.out, force, calibration=request.calibration,
+                          extra={"tune.png": picture} if picture else None),
                lambda line: console.print(line, highlight=False))
-        picture = plot(result, request.out / "tune.png")
-        console.print(f"wrote {picture}" if picture else "no tune.png: pip install matplotlib for the plot",
-                      highlight=False)
+        if not picture:
+            console.print("no tune.png: pip install matplotlib for the plot", highlight=False)
     return result
 
 

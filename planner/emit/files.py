@@ -35,6 +35,8 @@ from strategies import REGISTRY, Engine, PlanContext, numerics_of, summary
 
 FILE_NAMES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.json", RUNTIME_FILE, "launch.sh",
               "plan.json", "PLAN.md")
+#: Files a command writes beside a plan's (planner tune's plot): planner's too, replaced with the plan.
+EXTRA_NAMES = ("tune.png",)
 MAIN_PORT = 29500
 #: Set by launch.sh: expandable segments let the caching allocator grow segments instead of
 #: stranding free blocks, which shrinks fragmentation (torch.cuda memory management notes).
@@ -202,22 +204,23 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_files(files: dict[str, str], out: Path, force: bool) -> Written:
+def write_files(files: dict[str, str | bytes], out: Path, force: bool) -> Written:
     """Write a plan's files into ``out`` (planner/emit/writer.py: a manifest of what planner wrote,
     writes that nothing redirects, one writer at a time): never over a file the user has, and
     with ``force`` over planner's own files only; planner files of an earlier plan this one does
     not have are removed."""
-    return writer.write_files(files, out, force, FILE_NAMES)
+    return writer.write_files(files, out, force, FILE_NAMES + EXTRA_NAMES)
 
 
 def existing_plan_files(out: Path) -> list[str]:
     """The planner file names ``out`` already holds (anything at the name, a dangling link too)."""
-    return sorted(n for n in (*FILE_NAMES, writer.MANIFEST) if writer.present(out, n))
+    return sorted(n for n in (*FILE_NAMES, *EXTRA_NAMES, writer.MANIFEST) if writer.present(out, n))
 
 
 def emit(search: SuggestResult, out: Path, force: bool = False, rank: int = 1, gpus: str | None = None,
-         calibration: Path | None = None) -> Written:
-    return write_files(build_files(search, rank, gpus, calibration), out, force)
+         calibration: Path | None = None, extra: dict[str, bytes] | None = None) -> Written:
+    """Write the plan at ``rank`` of ``search`` into ``out``, with ``extra`` files (EXTRA_NAMES)."""
+    return write_files(build_files(search, rank, gpus, calibration) | (extra or {}), out, force)
 
 
 def _yaml(data: dict) -> str:

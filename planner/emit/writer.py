@@ -134,11 +134,15 @@ def _refusal(out: Path, names: list[str], force: bool) -> PlannerInputError:
         hint="Move them away, or write the plan to another --out.")
 
 
-def _stage(staging: Path, name: str, content: str) -> None:
+def _bytes(content: str | bytes) -> bytes:
+    return content.encode("utf-8") if isinstance(content, str) else content
+
+
+def _stage(staging: Path, name: str, content: str | bytes) -> None:
     mode = 0o755 if name.endswith(".sh") else 0o644
     fd = os.open(staging / name, _OPEN_NEW, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(content)
+    with os.fdopen(fd, "wb") as f:
+        f.write(_bytes(content))
     os.chmod(staging / name, mode)  # (the umask may have narrowed it)
 
 
@@ -153,8 +157,8 @@ def _place(source: Path, target: Path) -> None:
         os.rename(source, target)
 
 
-def write_files(files: dict[str, str], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
-    """Write ``files`` (name -> text) into ``out`` as one plan (module docstring); ``plan_names``:
+def write_files(files: dict[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
+    """Write ``files`` (name -> text or bytes) into ``out`` as one plan (module docstring); ``plan_names``:
     every file name a plan of planner's may have (the old plan's files are among them)."""
     if os.path.lexists(out) and not out.is_dir():
         raise PlannerInputError(f"--out {out} is a file, not a directory", hint="Pass a folder for the plan's files.")
@@ -174,7 +178,7 @@ def write_files(files: dict[str, str], out: Path, force: bool, plan_names: tuple
                 pass
 
 
-def _write_locked(files: dict[str, str], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
+def _write_locked(files: dict[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
     names = sorted(set(plan_names) | set(files) | {MANIFEST})
     there = [n for n in names if present(out, n)]
     if there and not force:
@@ -189,7 +193,7 @@ def _write_locked(files: dict[str, str], out: Path, force: bool, plan_names: tup
     result = Written(kept=[f"{n} (not written by planner, or changed since)" for n in there
                            if n != MANIFEST and n not in ours])
     new_manifest = {"written_by": f"planner {__version__}",
-                    "files": {n: digest(text.encode("utf-8")) for n, text in sorted(files.items())}}
+                    "files": {n: digest(_bytes(content)) for n, content in sorted(files.items())}}
     staging = Path(tempfile.mkdtemp(prefix=".planner-staging-", dir=out))
     moved: list[str] = []  # planner's old files moved into staging/old/
     placed: list[str] = []

@@ -1,6 +1,6 @@
 """What ``planner tune`` shows: live progress, the predicted-vs-probed table, the PNG plot."""
 
-from pathlib import Path
+import io
 
 from rich.console import Console
 from rich.markup import escape
@@ -70,9 +70,9 @@ def render_tune(r: TuneResult, console: Console) -> None:
     console.print(f"open the study: optuna-dashboard {r.storage}", highlight=False)
 
 
-def plot(r: TuneResult, path: Path) -> Path | None:
-    """predicted vs probed peak memory and throughput, one point per probed trial, to a PNG.
-    None when matplotlib is not installed."""
+def plot(r: TuneResult) -> bytes | None:
+    """predicted vs probed peak memory and throughput, one point per probed trial: a PNG's bytes
+    (written with the plan's files, planner/emit/writer.py). None when matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -102,10 +102,10 @@ def plot(r: TuneResult, path: Path) -> Path | None:
     rate.set_title("throughput")
     fig.suptitle(f"planner tune: {r.study_name}")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
     plt.close(fig)
-    return path
+    return png.getvalue()
 
 
 def _gib(x: int | None) -> str:
