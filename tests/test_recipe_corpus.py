@@ -174,6 +174,7 @@ HB, OR, AX = "huggingface__alignment-handbook/recipes/", "huggingface__open-r1/r
 #: Published outcomes (provenance.csv) checked as their authors launched them: recipe, the
 #: accelerate config their README launches it with, a catalog model of the recipe's architecture
 #: (the recipe's own where the catalog has it: zephyr-7b-sft-full is a Mistral-7B fine-tune,
+#: zephyr-7b-gemma-sft a Gemma-7B one, SmolLM3-3B-checkpoints SmolLM3-3B's intermediate checkpoints,
 #: Qwen2.5-Coder/Math-7B and -32B have Qwen2.5-7B's and -32B's shapes), GPUs (the stated ones; an
 #: unstated 80 GB GPU as A100-80; axolotl's "any 24GB GPU" as an RTX 4090), extra flags, and the
 #: published verdict.
@@ -186,6 +187,12 @@ VERDICTS = [
     (HB + "zephyr-7b-beta/dpo/config_qlora.yaml", None, "mistralai/Mistral-7B-v0.1", "1xA100-80", {}, True),
     (HB + "zephyr-141b-A35b/orpo/config_full.yaml", HB + "accelerate_configs/fsdp.yaml", "mistralai/Mixtral-8x22B-v0.1",
      "4x8xH100-80", {}, True),
+    (HB + "zephyr-7b-gemma/sft/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "google/gemma-7b",
+     "8xA100-80", {}, True),
+    (HB + "zephyr-7b-gemma/dpo/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "google/gemma-7b",
+     "8xA100-80", {}, True),
+    (HB + "smollm3/sft/sft.yaml", HB + "accelerate_configs/zero3.yaml", "HuggingFaceTB/SmolLM3-3B", "8xA100-80", {},
+     True),
     (HB + "smollm2/sft/config.yaml", None, "HuggingFaceTB/SmolLM2-1.7B", "8xH100-80", {}, True),
     (HB + "smollm2/dpo/config.yaml", None, "HuggingFaceTB/SmolLM2-1.7B", "8xH100-80", {}, True),
     (OR + "OpenR1-Distill-7B/sft/config_distill.yaml", OR + "accelerate_configs/zero3.yaml", "Qwen/Qwen2.5-7B",

@@ -58,6 +58,24 @@ def _gemma2(c: dict) -> dict:
     )
 
 
+def _gemma(c: dict) -> dict:
+    """Gemma (v1): Gemma-2's layer without its post-norms, soft-capping and sliding window
+    (transformers GemmaConfig: tie_word_embeddings True, head_dim 256; GemmaRMSNorm scales by
+    1 + weight in fp32; the MLP is gated, gelu_pytorch_tanh)."""
+    return _llama_like(c) | dict(
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+        head_dim=c.get("head_dim", 256),
+        norm_kind=NormKind.RMS_GEMMA,
+    )
+
+
+def _smollm3(c: dict) -> dict:
+    """SmolLM3: Llama's layer (no biases, SiLU-gated MLP, RMSNorm) with RoPE skipped in every
+    fourth layer (``no_rope_layers``: no parameters, no saved tensor of its own) and tied
+    embeddings by default (transformers SmolLM3Config: tie_word_embeddings True)."""
+    return _llama_like(c) | dict(tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
+
+
 def _phi3(c: dict) -> dict:
     return _llama_like(c) | dict(fused_qkv=True, qkv_bias=False, o_bias=False)
 
@@ -94,7 +112,9 @@ DECODER_LAYER_CLASS: dict[str, str] = {
     "qwen2": "Qwen2DecoderLayer",
     "qwen3": "Qwen3DecoderLayer",
     "mixtral": "MixtralDecoderLayer",
+    "gemma": "GemmaDecoderLayer",
     "gemma2": "Gemma2DecoderLayer",
+    "smollm3": "SmolLM3DecoderLayer",
     "phi3": "Phi3DecoderLayer",
     "gpt2": "GPT2Block",
 }
@@ -105,19 +125,30 @@ ADAPTERS: dict[str, Callable[[dict], dict]] = {
     "qwen2": _qwen2,
     "qwen3": _qwen3,
     "mixtral": _mixtral,
+    "gemma": _gemma,
     "gemma2": _gemma2,
+    "smollm3": _smollm3,
     "phi3": _phi3,
     "gpt2": _gpt2,
 }
 SUPPORTED_FAMILIES = tuple(ADAPTERS)
 
 
+#: config.json lists with one entry per decoder layer (transformers validates their length).
+PER_LAYER_KEYS = ("layer_types", "no_rope_layers")
+
+
 def with_depth(config: dict, layers: int | None) -> dict:
     """A copy of a config.json mapping at ``layers`` decoder layers (None: as it is). The depth key
-    is ``num_hidden_layers``, GPT-2's ``n_layer`` (transformers GPT2Config)."""
+    is ``num_hidden_layers``, GPT-2's ``n_layer`` (transformers GPT2Config); per-layer lists
+    (``layer_types``, SmolLM3's ``no_rope_layers``), which transformers requires to have one entry
+    per layer, keep their pattern from the first layer on."""
     out = dict(config)
     if layers is not None:
         out["n_layer" if out.get("model_type") == "gpt2" else "num_hidden_layers"] = layers
+        for key in PER_LAYER_KEYS:
+            if isinstance(out.get(key), list) and out[key]:
+                out[key] = [out[key][i % len(out[key])] for i in range(layers)]
     return out
 
 
