@@ -101,7 +101,8 @@ def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "OMP_NUM_THREADS": "1",
     }
-    if processes > 1 and not plan.config.sharding.startswith("zero") and not torch.cuda.is_available():
+    fsdp = plan.config.sharding.startswith("fsdp")  # (FSDP on one GPU runs distributed too: a world of one)
+    if (processes > 1 or fsdp) and not plan.config.sharding.startswith("zero") and not torch.cuda.is_available():
         env["ACCELERATE_USE_CPU"] = "1"
     if plan.config.sharding.startswith("zero") and plan.config.offload != "none":
         env["TORCH_EXTENSIONS_DIR"] = str(tmp_path_factory.getbasetemp() / "torch_extensions")  # CPU Adam, built here

@@ -199,8 +199,9 @@ def test_suggest_probe_picks_the_fastest_measured_plan():
     from planner.engine.suggest import SuggestRequest, suggest
     from probes.measured_command import probe_suggestion
 
-    result = suggest(SuggestRequest(model=TINY, gpus="1xH100-80", seq_len=64, top=3, optimizer=["adamw"],
-                                    sharding=["none"], offload=["none"], loss=["standard"], precision=["bf16-mixed"]))
+    result = suggest(SuggestRequest(model=TINY, gpus="1xH100-80", seq_len=64, global_batch_size=16, top=3,
+                                    optimizer=["adamw"], sharding=["none"], offload=["none"], loss=["standard"],
+                                    precision=["bf16-mixed"]))  # (16 sequences: each probe a few seconds on a CPU)
     probed = probe_suggestion(result, 2, CPU, timeout=300, device_kind="cpu")
     assert len(probed.probes) == 2 and all(p.status == "ok" for p in probed.probes)
     rates = [p.tokens_per_second for p in probed.probes]

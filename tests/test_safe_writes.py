@@ -67,19 +67,20 @@ def _commands(script: str) -> list[str]:
 
 
 @settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(model=hostile_text, gpu=hostile_text)
-def test_user_text_reaches_launch_sh_as_comments_only(plans, model, gpu):
-    """Whatever the model id and the GPU file path hold, every line it reaches is a comment and the
-    commands are exactly a benign plan's."""
-    search = plans[2]
-    plan = search.plans[0]
-    hostile = plan.model_copy(update={"model": plan.model.model_copy(update={"id": model}),
-                                      "hardware": plan.hardware.model_copy(update={"gpu_file": gpu})})
+@given(model=hostile_text, gpu_id=hostile_text, gpu_file=st.none() | hostile_text)
+def test_user_text_reaches_launch_sh_as_comments_only(plans, model, gpu_id, gpu_file):
+    """Whatever the model id, the GPU id and the GPU file path hold, every line they reach is a
+    comment, the commands are exactly a benign plan's, and bash -n accepts the script. (The
+    output folder never reaches launch.sh: it finds its files from its own location.)"""
+    plan = plans[2].plans[0]
+    hostile = plan.model_copy(update={
+        "model": plan.model.model_copy(update={"id": model}),
+        "hardware": plan.hardware.model_copy(update={"gpu": gpu_id, "gpu_file": gpu_file})})
     draft = emit_files._draft(PlanContext(resolve_model(MODEL), plan.hardware.parse(), plan.config))
-    script = launch_script(hostile, draft)
-    assert _commands(script) == _commands(launch_script(plan, draft))
-    assert all(line.startswith("#") or line in _commands(launch_script(plan, draft)) for line in script.splitlines())
+    script, benign = launch_script(hostile, draft), launch_script(plan, draft)
+    assert _commands(script) == _commands(benign)
     assert "\x00" not in script and "\x1b" not in script and "\u2028" not in script
+    assert subprocess.run(["bash", "-n"], input=script.encode(), check=False).returncode == 0
 
 
 def test_quoted_words_read_back_exactly_in_bash():
@@ -227,7 +228,7 @@ def test_a_failure_mid_way_leaves_the_folder_as_it_was(tmp_path, plans, monkeypa
     calls.clear()
     with pytest.raises(PlannerInputError):
         write_files(fsdp, fresh, force=False)
-    assert not fresh.exists()  # a folder made for the failed write goes again
+    assert not (tmp_path / "new").exists()  # the folders made for the failed write go again
 
 
 # -- 4. two writers ---------------------------------------------------------------------------------

@@ -162,20 +162,21 @@ def write_files(files: dict[str, str | bytes], out: Path, force: bool, plan_name
     every file name a plan of planner's may have (the old plan's files are among them)."""
     if os.path.lexists(out) and not out.is_dir():
         raise PlannerInputError(f"--out {out} is a file, not a directory", hint="Pass a folder for the plan's files.")
-    created = not os.path.lexists(out)
+    made = [p for p in (out, *out.parents) if not os.path.lexists(p)]  # the folders this write creates
     try:
         out.mkdir(parents=True, exist_ok=True)
         with _FolderLock(out):
             return _write_locked(files, out, force, plan_names)
-    except OSError as e:
+    except (OSError, PlannerInputError) as e:
+        for folder in made:  # a failed write leaves no folder of its own behind
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        if isinstance(e, PlannerInputError):
+            raise
         raise PlannerInputError(f"cannot write to {out}: {e.strerror or e}", hint="Check the folder and its "
                                 "permissions; nothing was changed there.") from None
-    finally:
-        if created:  # a folder made for a write that failed goes again
-            try:
-                out.rmdir()
-            except OSError:
-                pass
 
 
 def _write_locked(files: dict[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
