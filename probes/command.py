@@ -88,6 +88,7 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
     traced = trace(TraceRequest(config_json=model_config(req.model), config=traced_config, world_size=world,
                                 layers=req.layers, explain=req.explain), timeout=req.timeout)
     compare = compare_zero_result if zero else compare_result
-    comparison = compare(req.model, config, hardware.num_gpus, req.layers, traced, gpu=hardware.gpu.id, spec=spec)
+    gpu = hardware.gpu.file or hardware.gpu.id  # (a user GPU file by its path: its id is not the catalog's)
+    comparison = compare(req.model, config, hardware.num_gpus, req.layers, traced, gpu=gpu, spec=spec)
     return ProbeResult(fidelity=req.fidelity, comparison=comparison, phase_peaks=traced.phase_peaks,
                        explanation=traced.explanation)

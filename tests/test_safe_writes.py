@@ -303,3 +303,23 @@ def test_custom_gpu_files_work_in_every_gpus_position(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     for name in ("accelerate_config.yaml", "training_args.json", "launch.sh"):
         assert Path("again", name).read_text() == Path("out-1", name).read_text()
+
+
+def test_probe_and_tune_take_a_custom_gpu_file_and_tune_never_writes_through_a_link(tmp_path, monkeypatch):
+    """The rest of the commands with --gpus: a traced probe and a tune (analytic, two trials) on a
+    GPU file; tune's default study file planted as a symlink is refused (exit 2), its target kept."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lab.yaml").write_text((GPU_DIR / "a100-sxm-80.yaml").read_text().replace("id: A100-SXM-80", "id: LAB"))
+    runner = CliRunner()
+    r = runner.invoke(app, ["probe", "--model", "HuggingFaceTB/SmolLM2-135M", "--gpus", "1x./lab.yaml", "--layers", "1",
+                            "--seq-len", "128"])
+    assert r.exit_code in (0, 1) and "Traceback" not in r.output, r.output
+    tune = ["tune", "--model", MODEL, "--gpus", "2x./lab.yaml", "--fidelity", "analytic", "--trials", "2"]
+    r = runner.invoke(app, [*tune, "--out", "t"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(Path("t/plan.json").read_text())["plans"][0]["hardware"]["gpu"] == "LAB"
+    (tmp_path / "precious").write_text("mine")
+    Path("u").mkdir()
+    Path("u/study.db").symlink_to(tmp_path / "precious")
+    r = runner.invoke(app, [*tune, "--out", "u"])
+    assert r.exit_code == 2 and "symlink" in r.output and (tmp_path / "precious").read_text() == "mine"

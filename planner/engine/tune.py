@@ -137,8 +137,12 @@ def study_name(req: TuneRequest, fidelity: str) -> str:
 
 
 def default_storage(out: Path | None) -> str:
-    """A SQLite study file next to the output (``--out``), else in the working directory."""
+    """A SQLite study file next to the output (``--out``), else in the working directory; never
+    through a symlink or onto something that is not a regular file (SQLite would write there)."""
     path = (out / "study.db") if out is not None else Path("planner-tune.db")
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_file()):
+        raise PlannerInputError(f"{path} is a symlink or not a regular file: planner does not write its study through it",
+                                hint="Remove it, or pass --storage with a study file of your own.")
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path.resolve()}"
 
