@@ -163,6 +163,17 @@ def test_force_keeps_the_users_files_and_removes_only_planners(tmp_path, plans):
     assert snapshot(ours) == before
 
 
+def test_a_folder_from_before_the_manifest_is_refused_with_what_to_do(tmp_path, plans):
+    """Files an older planner wrote (no manifest) are the user's as far as --force knows: refused,
+    and the hint says why and what to do."""
+    zero3, _, _ = plans
+    for name, text in zero3.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(PlannerInputError) as e:
+        write_files(zero3, tmp_path, force=True)
+    assert "older planner" in e.value.hint and MANIFEST in e.value.hint
+
+
 def test_cli_names_the_kept_file(tmp_path):
     out = tmp_path / "d"
     out.mkdir()

@@ -125,13 +125,15 @@ class _FolderLock:
             os.close(self.fd)  # (closing releases the flock)
 
 
-def _refusal(out: Path, names: list[str], force: bool) -> PlannerInputError:
+def _refusal(out: Path, names: list[str], force: bool, manifest: bool = True) -> PlannerInputError:
     if not force:
         return PlannerInputError(f"{out} already has {', '.join(names)}", hint="Pass --force to overwrite them.")
+    older = "" if manifest else (f" ({out} has no {MANIFEST}: files an older planner wrote there count as yours; "
+                                 "delete them if they are planner's)")
     return PlannerInputError(
         f"{out} has {', '.join(names)}, which planner did not write (or which changed since): --force replaces "
         "only planner's own files",
-        hint="Move them away, or write the plan to another --out.")
+        hint=f"Move them away, or write the plan to another --out{older}.")
 
 
 def _bytes(content: str | bytes) -> bytes:
@@ -190,7 +192,7 @@ def _write_locked(files: dict[str, str | bytes], out: Path, force: bool, plan_na
         raise _refusal(out, [MANIFEST], force)
     blocking = [n for n in there if n != MANIFEST and n not in ours and n in files]
     if blocking:
-        raise _refusal(out, blocking, force)
+        raise _refusal(out, blocking, force, manifest=MANIFEST in there)
     result = Written(kept=[f"{n} (not written by planner, or changed since)" for n in there
                            if n != MANIFEST and n not in ours])
     new_manifest = {"written_by": f"planner {__version__}",
