@@ -4,8 +4,9 @@ accelerate_config.yaml, deepspeed_config.json (ZeRO plans), training_args.json (
 TrainingArguments), runtime.json (what the planner launch applies beyond them,
 planner.core.launch), launch.sh, plan.json (the suggest JSON of this plan; no launch reads it) and
 PLAN.md. Each technique's piece comes from its strategy (``Strategy.emit``); this module adds the
-plan-wide keys, renders the launch script, and writes everything atomically, never over a file
-the user has without ``force``.
+plan-wide keys and renders the launch script (user text in it only as escaped comments:
+planner.core.shell); planner/emit/writer.py writes the set as one plan, never over a file the user
+has (with ``force``, over planner's own unchanged files only).
 
 launch.sh runs ``accelerate launch`` with the files and planner's entry point
 (``python -m planner.launch``: the user's model and data, the HF Trainer, runtime.json applied), or
