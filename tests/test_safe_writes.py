@@ -60,6 +60,20 @@ def plans():
     return build_files(zero3), build_files(fsdp), zero3
 
 
+@pytest.fixture(scope="module")
+def draft(plans):
+    """The ZeRO-3 plan's emit draft (what launch_script renders besides the plan's own text)."""
+    plan = plans[2].plans[0]
+    return emit_files._draft(PlanContext(resolve_model(MODEL), plan.hardware.parse(), plan.config))
+
+
+def lab_gpu(folder: Path, gpu_id: str = "LAB") -> Path:
+    """A user GPU file in ``folder``: the catalog's A100-SXM-80 under the id ``gpu_id``."""
+    path = folder / "lab.yaml"
+    path.write_text((GPU_DIR / "a100-sxm-80.yaml").read_text().replace("id: A100-SXM-80", f"id: {gpu_id}"))
+    return path
+
+
 # -- 1. shell injection ---------------------------------------------------------------------------
 
 def _commands(script: str) -> list[str]:
@@ -68,7 +82,7 @@ def _commands(script: str) -> list[str]:
 
 @settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(model=hostile_text, gpu_id=hostile_text, gpu_file=st.none() | hostile_text)
-def test_user_text_reaches_launch_sh_as_comments_only(plans, model, gpu_id, gpu_file):
+def test_user_text_reaches_launch_sh_as_comments_only(plans, draft, model, gpu_id, gpu_file):
     """Whatever the model id, the GPU id and the GPU file path hold, every line they reach is a
     comment, the commands are exactly a benign plan's, and bash -n accepts the script. (The
     output folder never reaches launch.sh: it finds its files from its own location.)"""
@@ -76,7 +90,6 @@ def test_user_text_reaches_launch_sh_as_comments_only(plans, model, gpu_id, gpu_
     hostile = plan.model_copy(update={
         "model": plan.model.model_copy(update={"id": model}),
         "hardware": plan.hardware.model_copy(update={"gpu": gpu_id, "gpu_file": gpu_file})})
-    draft = emit_files._draft(PlanContext(resolve_model(MODEL), plan.hardware.parse(), plan.config))
     script, benign = launch_script(hostile, draft), launch_script(plan, draft)
     assert _commands(script) == _commands(benign)
     assert "\x00" not in script and "\x1b" not in script and "\u2028" not in script
@@ -114,8 +127,7 @@ def test_a_hostile_model_folder_and_gpu_file_run_nothing(tmp_path, monkeypatch):
     (tmp_path / evil / "config.json").write_text(json.dumps(config))
     gpu_dir = tmp_path / "gpus\n touch INJECTED_G #"
     gpu_dir.mkdir()
-    gpu = (GPU_DIR / "a100-sxm-80.yaml").read_text()
-    (gpu_dir / "lab.yaml").write_text(gpu.replace("id: A100-SXM-80", "id: LAB"))
+    lab_gpu(gpu_dir)
     runner = CliRunner()
     out = tmp_path / "plan $(touch INJECTED_O)"
     r = runner.invoke(app, ["suggest", "--model", str(tmp_path / evil), "--gpus", f"2x{gpu_dir}/lab.yaml",
@@ -129,9 +141,9 @@ def test_a_hostile_model_folder_and_gpu_file_run_nothing(tmp_path, monkeypatch):
     assert (tmp_path / "args").read_text().splitlines()[:2] == ["launch", "--config_file"]
     assert not list(tmp_path.rglob("INJECTED*"))
     assert "$'" in r.output  # the next-step commands quote the folder on one line
-    bad = gpu.replace("id: A100-SXM-80", 'id: "LAB\\ntouch INJECTED #"')
-    (tmp_path / "bad.yaml").write_text(bad)
-    r = runner.invoke(app, ["estimate", "--model", MODEL, "--gpus", "1x./bad.yaml"])
+    (tmp_path / "bad").mkdir()
+    lab_gpu(tmp_path / "bad", '"LAB\\ntouch INJECTED #"')  # (YAML reads \n in double quotes as a newline)
+    r = runner.invoke(app, ["estimate", "--model", MODEL, "--gpus", "1x./bad/lab.yaml"])
     assert r.exit_code == 2 and "one line of printable text" in r.output and "Traceback" not in r.output
 
 
@@ -296,7 +308,7 @@ def test_custom_gpu_files_work_in_every_gpus_position(tmp_path, monkeypatch):
     """suggest --out and estimate with NxFILE and NODESxNxFILE; emit --gpus FILE; check --gpus FILE;
     and a plan file emitted again after the GPU file is gone (the plan carries its definition)."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "lab.yaml").write_text((GPU_DIR / "a100-sxm-80.yaml").read_text().replace("id: A100-SXM-80", "id: LAB"))
+    lab_gpu(tmp_path)
     runner = CliRunner()
     for gpus in ("4x./lab.yaml", "2x4x./lab.yaml", f"1x{tmp_path / 'lab.yaml'}"):
         r = runner.invoke(app, ["suggest", "--model", MODEL, "--gpus", gpus, "--out", f"out-{gpus.count('x')}",
@@ -320,7 +332,7 @@ def test_probe_and_tune_take_a_custom_gpu_file_and_tune_never_writes_through_a_l
     """The rest of the commands with --gpus: a traced probe and a tune (analytic, two trials) on a
     GPU file; tune's default study file planted as a symlink is refused (exit 2), its target kept."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "lab.yaml").write_text((GPU_DIR / "a100-sxm-80.yaml").read_text().replace("id: A100-SXM-80", "id: LAB"))
+    lab_gpu(tmp_path)
     runner = CliRunner()
     r = runner.invoke(app, ["probe", "--model", "HuggingFaceTB/SmolLM2-135M", "--gpus", "1x./lab.yaml", "--layers", "1",
                             "--seq-len", "128"])
