@@ -72,6 +72,10 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
                                 hint="Trace fsdp on one node's GPU count: one rank's memory is the same.")
     if config.offload != "none":
         raise PlannerInputError("offload is not traced", hint="Trace the plan with --offload none.")
+    if config.adapter == "lora-int8":
+        raise PlannerInputError("--adapter lora-int8 is not traced: bitsandbytes' int8 matmuls do not run on fake "
+                                "tensors, and they keep other tensors than the 16-bit base a trace would run",
+                                hint="Probe it on a GPU (--fidelity measured), or trace --adapter qlora or lora.")
     if config.grad_accum != 1:
         raise PlannerInputError("--grad-accum is not traced", hint="Trace one micro-batch (--grad-accum 1).")
     zero = config.sharding in ZERO_STAGES

@@ -50,6 +50,23 @@ def nf4_saving_bytes(model) -> int:
                for _, _, child in frozen_linears(model) for w in [child.weight])
 
 
+def bnb_lora_casts():
+    """Make peft's LoRA layers over the 16-bit base the trace uses for QLoRA cast their input as
+    peft's bitsandbytes layers do (``tuners/lora/bnb.py``: only without CUDA's autocast, where the
+    adapters are in the activations' dtype, so never a copy; planner.cost.adapters
+    ``casts_adapter_input``): under the trace's CPU autocast the plain layer would cast to the
+    fp32 adapters' dtype and save that copy. Returns the undo function."""
+    from peft.tuners.lora.layer import LoraLayer
+
+    original = LoraLayer._cast_input_dtype
+
+    def cast(self, x, dtype):
+        return x if torch.is_autocast_enabled(x.device.type) else original(self, x, dtype)
+
+    LoraLayer._cast_input_dtype = cast
+    return lambda: setattr(LoraLayer, "_cast_input_dtype", original)
+
+
 def peft_on_fake_tensors():
     """Patches for wrapping and tracing a peft model on fake tensors. Returns one undo function.
 

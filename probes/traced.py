@@ -99,6 +99,8 @@ def run_trace(req: TraceRequest) -> TraceResult:
         notes += runtime.prepare(model, c, runtime.Site.TRACED, chunked_fallback=chunked_causal_lm_forward)
         if c.adapter != "none" and not req.real:
             cleanup.callback(S.peft_on_fake_tensors())
+        if c.adapter == "qlora":
+            cleanup.callback(S.bnb_lora_casts())
         model, wrapped = runtime.wrap(model, c, runtime.Site.TRACED)
         notes += wrapped
         nf4_saving = S.nf4_saving_bytes(model) if c.adapter == "qlora" else 0

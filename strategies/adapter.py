@@ -7,15 +7,21 @@
   (Dettmers et al. 2023, arXiv:2305.14314; bitsandbytes ``Linear4bit``), computed in 16 bit.
 - dora: LoRA with a trained magnitude per output row (Liu et al. 2024, arXiv:2402.09353; peft
   ``use_dora``).
+- lora-int8: LoRA over a base whose decoder-layer linears are stored in int8 with a scale per row
+  (LLM.int8(), Dettmers et al. 2022, arXiv:2208.07339; transformers ``load_in_8bit``, bitsandbytes
+  ``Linear8bitLt``), computed as int8 matmuls with fp16 outliers and dequantized in backward.
 
 What the memory model counts (the rules live in planner/cost/adapters.py): the frozen base in the
 load dtype (16 bit under the mixed precisions and bf16-pure, fp32 under fp32; QLoRA: NF4 plus 16-bit
 embeddings, norms and head), the adapters' weights, gradients and optimizer states in their own
 dtype (fp32 under the mixed precisions: peft's ``autocast_adapter_dtype``), their autocast casts,
 the activations a LoRA layer keeps (``adapter_layer_saved``), QLoRA's dequantized weight and DoRA's
-weight-norm work per wrapped weight. Step time: the frozen matmuls' forward and input gradients
-(no weight gradients), the adapters' matmuls (``adapter_matmul_flops_per_token``), QLoRA's
-dequantization (memory bound).
+weight-norm work per wrapped weight; LLM.int8()'s int8 weights with their row scales, the inputs
+its matmuls keep for backward, their forward temporaries and the weight dequantized in backward.
+Step time: the frozen matmuls' forward and input gradients (no weight gradients), the adapters'
+matmuls (``adapter_matmul_flops_per_token``), QLoRA's dequantization and LLM.int8()'s quantize /
+dequantize passes (memory bound; its int8 matmuls are timed at the 16-bit rate, which bitsandbytes'
+outlier decomposition does not beat: uncalibrated, no GPU measurement yet).
 
 Modelled for dense models on one GPU, under DDP, DeepSpeed ZeRO-1/2/3 and FSDP (the sharding
 strategy divides the frozen base and the adapters' states as each engine does: ZeRO-3 and FSDP
@@ -24,8 +30,9 @@ its NF4 codes in the 16-bit quant storage FSDP shards, the quantization state wh
 FSDP's CPU offload (optimizer+params) puts every sharded row on the host, the frozen base's
 included, as ``fsdp_offload_params`` does (Answer.AI's FSDP-QLoRA trains Llama-2-70B so on two
 24 GB GPUs); strategies/offload.py times its copies from those rows and steps only the adapters.
-Refused with a reason until they are modelled: QLoRA under ZeRO, MoE experts, selective
-checkpointing, offload under DeepSpeed.
+Refused with a reason until they are modelled: QLoRA under ZeRO, an int8 base under ZeRO or FSDP
+(FSDP cannot shard bitsandbytes' ``Int8Params``), MoE experts, selective checkpointing, offload
+under DeepSpeed.
 An adapter is a different training method (numerics: DESIGN.md), so the search uses one only when
 the user names it (``--adapter lora``, or ``--adapter any``).
 """
@@ -42,7 +49,7 @@ from planner.cost import compute as C
 from planner.cost import params as P
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.moments import FROZEN_BASE, FROZEN_EVERY_RANK
+from strategies.moments import FROZEN_BASE, FROZEN_EVERY_RANK, LAST_LAYER_FORWARD
 from strategies.precision import load_dtype
 from strategies.sharding import engine_of
 
@@ -52,6 +59,7 @@ class Adapter(StrEnum):
     LORA = "lora"
     QLORA = "qlora"
     DORA = "dora"
+    LORA_INT8 = "lora-int8"
 
 
 class LoraTargets(StrEnum):
@@ -71,6 +79,9 @@ FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
 #: The ledger row of QLoRA's dequantized weight (bitsandbytes does not run on fake tensors, so a
 #: traced comparison leaves it out: probes/compare.py).
 NF4_DEQUANTIZED = "QLoRA: one weight dequantized to 16 bit"
+#: The ledger rows of LLM.int8()'s transients (bitsandbytes does not run on fake tensors either).
+INT8_DEQUANTIZED = "LLM.int8(): one weight dequantized to 16 bit (backward)"
+INT8_TEMPORARIES = "LLM.int8(): one matmul's int8 input, int32 product and fp16 output"
 
 
 #: The other techniques' values an adapter plan may take: field -> (allowed values, rejection code,
@@ -93,7 +104,8 @@ def spec_of(config) -> AD.AdapterSpec | None:
     if config.adapter == Adapter.NONE:
         return None
     return AD.AdapterSpec(targets=str(config.lora_targets), rank=config.lora_rank, dropout=config.lora_dropout,
-                          dora=config.adapter == Adapter.DORA, nf4=config.adapter == Adapter.QLORA)
+                          dora=config.adapter == Adapter.DORA, nf4=config.adapter == Adapter.QLORA,
+                          int8=config.adapter == Adapter.LORA_INT8)
 
 
 def _storage(ctx: PlanContext, decided: dict) -> dict:
@@ -127,6 +139,14 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("qlora under DeepSpeed",
                    f"qlora with sharding {cfg.sharding}: a 4-bit base under DeepSpeed ZeRO is not modelled yet (ZeRO-1/2 "
                    "would replicate it; ZeRO-3 needs bnb_4bit_quant_storage); use fsdp (FSDP-QLoRA) or ddp")
+    if a == Adapter.LORA_INT8 and cfg.precision == "bf16-pure":
+        out.reject("lora-int8 with bf16-pure",
+                   "lora-int8 with precision bf16-pure: peft keeps adapters over an int8 base in fp32 and, without "
+                   "autocast, casts each one's input to fp32, which is not modelled; use bf16-mixed")
+    if a == Adapter.LORA_INT8 and ctx.engine in (Engine.DEEPSPEED, Engine.FSDP):
+        out.reject("lora-int8 under a sharded engine",
+                   f"lora-int8 with sharding {cfg.sharding}: FSDP cannot shard bitsandbytes' int8 weights and an int8 "
+                   "base under DeepSpeed ZeRO is not modelled; use ddp, or qlora under fsdp")
     if cfg.offload != "none" and ctx.engine != Engine.FSDP:
         out.reject("adapter with offload", f"{a} with offload {cfg.offload} under {cfg.sharding}: DeepSpeed's offload "
                    "of a frozen base is not modelled yet; use offload optimizer+params with fsdp, or offload none")
@@ -143,6 +163,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
     if a == Adapter.QLORA:
         out.warnings.append("qlora computes with the base's NF4-quantized weights (dequantized to 16 bit per "
                             "matmul): the forward is an approximation of the 16-bit model's")
+    if a == Adapter.LORA_INT8:
+        out.warnings.append("lora-int8 computes the base's matmuls in int8 (LLM.int8(): inputs cast to fp16 and "
+                            "quantized per row, outlier features in fp16): an approximation of the 16-bit model's "
+                            "forward; its speed is uncalibrated (the int8 matmuls are timed at the 16-bit rate)")
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
@@ -165,10 +189,11 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                    note="8-bit absmax per 64 + fp32 per 256 blocks: module attributes, not sharded")
         ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes, tag=FROZEN_BASE,
                    note=f"{rest:,} params x {lay.frozen_bytes} B")
-    elif spec.nf4:
-        nf4, rest = AD.qlora_weight_parts(m, True)
-        ledger.add("weights", "frozen decoder linears (NF4, double quantization)", nf4, 1, tag=FROZEN_BASE,
-                   note="4 bits + 8-bit absmax per 64 + fp32 per 256 blocks")
+    elif spec.nf4 or spec.int8:
+        packed, rest = AD.quantized_weight_parts(m, spec)
+        what, note = (("int8, fp32 scale per row", "1 B per weight + 4 B per output row") if spec.int8 else
+                      ("NF4, double quantization", "4 bits + 8-bit absmax per 64 + fp32 per 256 blocks"))
+        ledger.add("weights", f"frozen decoder linears ({what})", packed, 1, tag=FROZEN_BASE, note=note)
         ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes, tag=FROZEN_BASE,
                    note=f"{rest:,} params x {lay.frozen_bytes} B")
     else:
@@ -180,9 +205,16 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                    phases=FORWARD_AND_BACKWARD, note="torch.amp casts of the fp32 adapters")
     wrapped = AD.wrapped(m, spec.targets)
     if spec.nf4:
-        largest = max(t.numel for t in P.layer_matmuls(m) if AD.nf4_quantized(m, t))
+        largest = max(t.numel for t in P.layer_matmuls(m) if AD.bnb_quantized(m, t))
         ledger.add("autocast_weight_copies", NF4_DEQUANTIZED, largest, c,
                    phases=FORWARD_AND_BACKWARD, note="bitsandbytes dequantizes per matmul, forward and backward")
+    if spec.int8:
+        largest = max(t.numel for t in P.layer_matmuls(m) if AD.bnb_quantized(m, t))
+        ledger.add("autocast_weight_copies", INT8_DEQUANTIZED, largest, c, phases=frozenset({Phase.BACKWARD}),
+                   note="CB.to(dtype) * SCB / 127 per matmul's input gradient")
+        ledger.add("activations", INT8_TEMPORARIES, AD.int8_forward_temporaries(m), ctx.config.tokens_per_micro_batch,
+                   phases=frozenset({Phase.FORWARD}), moment=LAST_LAYER_FORWARD,
+                   note="the widest quantized matmul, at the top layer's forward")
     if spec.dora:
         work = max(dora_norm_bytes(t.shape, lay.weight_bytes, c) for t in wrapped)
         ledger.add("autocast_weight_copies", "DoRA: one weight's norm work", work, 1, phases=FORWARD_AND_BACKWARD,
@@ -216,12 +248,21 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
                   note="A and B weight and input gradients")
     c = ctx.layout.dtypes.compute
     if spec.nf4:
-        elements = sum(t.numel for t in P.layer_matmuls(m) if AD.nf4_quantized(m, t)) * m.num_layers
+        elements = sum(t.numel for t in P.layer_matmuls(m) if AD.bnb_quantized(m, t)) * m.num_layers
         once = elements * (0.5 + c) / rates.bandwidth(ctx)
         recompute = ctx.config.checkpointing == "full"
         draft.compute("elementwise", "QLoRA dequantization (forward)", once, Window.FORWARD)
         draft.compute("elementwise", "QLoRA dequantization (backward" + (", recompute)" if recompute else ")"),
                       once * (2 if recompute else 1), Window.BACKWARD)
+    if spec.int8:
+        per_token, dequantize = AD.int8_traffic(m, c)
+        passes = 2 if ctx.config.checkpointing == "full" else 1  # the recompute quantizes again
+        forward = per_token * rates.tokens(ctx) / rates.bandwidth(ctx)
+        draft.compute("elementwise", "LLM.int8() input quantization and output dequantization", forward,
+                      Window.FORWARD, note="memory bound, per quantized matmul")
+        draft.compute("elementwise", "LLM.int8() weight dequantization (backward)" + (
+            " and the recompute's quantization" if passes == 2 else ""),
+            dequantize / rates.bandwidth(ctx) + (passes - 1) * forward, Window.BACKWARD)
     if spec.dora:
         wrapped = AD.wrapped(m, spec.targets)
         flops = sum(2 * t.shape[0] * t.shape[1] * spec.rank for t in wrapped) * m.num_layers
@@ -263,7 +304,10 @@ def quantization_config(config) -> dict | None:
     packed codes are stored in uint8 on one GPU or under DDP; under FSDP in the compute dtype
     (``bnb_4bit_quant_storage``, Answer.AI's FSDP-QLoRA): FSDP2 cannot shard uint8 4-bit weights
     (accelerate leaves them out of sharding), and the Trainer then sets FSDP's mixed precision to
-    that dtype (transformers ``update_fsdp_plugin_peft``)."""
+    that dtype (transformers ``update_fsdp_plugin_peft``). lora-int8: ``load_in_8bit`` (LLM.int8()
+    with transformers' defaults: outlier threshold 6.0, the head kept 16-bit)."""
+    if config.adapter == Adapter.LORA_INT8:
+        return {"load_in_8bit": True}
     if config.adapter != Adapter.QLORA:
         return None
     compute = compute_dtype(config)
@@ -301,23 +345,31 @@ def targets_of(modules) -> tuple[LoraTargets, str | None]:
     return LoraTargets.ATTENTION, f"target modules {modules!r} are modelled as attention (q, k, v, o)"
 
 
-def _kind(four_bit: bool, dora: bool, where: str, r: Reading) -> Adapter:
-    """The adapter a LoRA over a (4-bit) base is; DoRA over a 4-bit base is not a planned one."""
-    if four_bit and dora:
-        r.problems.append(f"{where}: use_dora over a 4-bit base is not a planned adapter (qlora or dora)")
-    return Adapter.DORA if dora else Adapter.QLORA if four_bit else Adapter.LORA
+def _kind(four_bit: bool, dora: bool, where: str, r: Reading, eight_bit: bool = False) -> Adapter:
+    """The adapter a LoRA over a (4-bit or 8-bit) base is; DoRA over a quantized base is not a
+    planned one, nor a base asked to load in both widths (transformers refuses that)."""
+    if four_bit and eight_bit:
+        r.problems.append(f"{where}: load_in_4bit and load_in_8bit together: transformers refuses both; pick one")
+    elif (four_bit or eight_bit) and dora:
+        r.problems.append(f"{where}: use_dora over a quantized base is not a planned adapter (qlora, lora-int8 or "
+                          "dora)")
+    return (Adapter.DORA if dora else Adapter.QLORA if four_bit else Adapter.LORA_INT8 if eight_bit
+            else Adapter.LORA)
 
 
 def _read_trl(d: dict, where: str, r: Reading) -> None:
     """A TRL recipe's ``ModelConfig`` (or alignment-handbook's ``ModelArguments``): ``use_peft``
-    with ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_dora`` and
-    ``load_in_4bit`` (QLoRA); TRL's defaults are planner's (16, 32, 0.05)."""
+    with ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_dora``,
+    ``lora_modules_to_save`` (warned: not counted) and
+    ``load_in_4bit`` (QLoRA) or ``load_in_8bit`` (lora-int8); TRL's defaults are planner's (16, 32,
+    0.05)."""
     if not r.typed(d, "use_peft", (bool,), where, False):
-        if r.typed(d, "load_in_4bit", (bool,), where, False):
-            r.problems.append(f"{where}: load_in_4bit without use_peft: a 4-bit base trains only with an adapter")
+        for key in ("load_in_4bit", "load_in_8bit"):
+            if r.typed(d, key, (bool,), where, False):
+                r.problems.append(f"{where}: {key} without use_peft: a quantized base trains only with an adapter")
         return
     kind = _kind(r.typed(d, "load_in_4bit", (bool,), where, False), r.typed(d, "use_dora", (bool,), where, False),
-                 where, r)
+                 where, r, r.typed(d, "load_in_8bit", (bool,), where, False))
     r.set("adapter", kind, f"{where}: use_peft")
     for key, name, kinds in (("lora_r", "lora_rank", (int,)), ("lora_alpha", "lora_alpha", (int,)),
                              ("lora_dropout", "lora_dropout", (float, int))):
@@ -328,6 +380,11 @@ def _read_trl(d: dict, where: str, r: Reading) -> None:
     r.set("lora_targets", targets, f"{where}: lora_target_modules")
     if note:
         r.warnings.append(f"{where}: lora_target_modules: {note}")
+    saved = d.get("lora_modules_to_save")
+    if saved:
+        r.warnings.append(f"{where}: lora_modules_to_save {saved!r}: peft trains full copies of these modules beside "
+                          "the adapters (their weights, gradients and optimizer states), which planner does not "
+                          "count: the memory is a lower bound")
 
 
 def _read(job: JobFiles, r: Reading) -> None:
@@ -340,15 +397,16 @@ def _read(job: JobFiles, r: Reading) -> None:
     lora, quant, where = job.runtime.get("lora"), job.runtime.get("quantization"), job.runtime_where
     if lora is None:
         if quant is not None:
-            r.problems.append(f"{where}: quantization without lora: a 4-bit base trains only with an adapter")
+            r.problems.append(f"{where}: quantization without lora: a quantized base trains only with an adapter")
         r.set("adapter", Adapter.NONE, f"{where}: no lora")
         return
     if not isinstance(lora, dict):
         r.problems.append(f"{where}: lora must be a mapping of peft LoraConfig arguments")
         return
     four_bit = isinstance(quant, dict) and quant.get("load_in_4bit") is True
-    r.set("adapter", _kind(four_bit, bool(lora.get("use_dora")), where, r),
-          f"{where}: lora" + (" over a 4-bit base" if four_bit else ""))
+    eight_bit = isinstance(quant, dict) and quant.get("load_in_8bit") is True
+    r.set("adapter", _kind(four_bit, bool(lora.get("use_dora")), where, r, eight_bit),
+          f"{where}: lora" + (" over a 4-bit base" if four_bit else " over an 8-bit base" if eight_bit else ""))
     storage = quant.get("bnb_4bit_quant_storage", "uint8") if four_bit else None
     fsdp = job.distributed_type == "FSDP" or bool(job.fsdp)
     if fsdp and storage not in (None, *DTYPE_BYTES):
@@ -379,9 +437,11 @@ def describe(get) -> str:
 
 STRATEGY = Strategy(
     "adapter", Adapter, Adapter.NONE, order=7, short="adapter",
-    help="what trains: none (full fine-tuning), lora, qlora (LoRA over an NF4 base), dora (LoRA with magnitudes)",
+    help="what trains: none (full fine-tuning), lora, qlora (LoRA over an NF4 base), dora (LoRA with magnitudes), "
+         "lora-int8 (LoRA over an LLM.int8() base)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage,
     searched=(Adapter.NONE,), settings=SETTINGS, describe=describe, any_choice=True,
-    runtime="planner.runtime.adapter", runtime_only=(Adapter.LORA, Adapter.QLORA, Adapter.DORA),
-    complexity={Adapter.QLORA: 1, Adapter.DORA: 1},
+    runtime="planner.runtime.adapter", runtime_only=(Adapter.LORA, Adapter.QLORA, Adapter.DORA,
+                                                        Adapter.LORA_INT8),
+    complexity={Adapter.QLORA: 1, Adapter.DORA: 1, Adapter.LORA_INT8: 1},
 )

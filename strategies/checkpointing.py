@@ -99,9 +99,9 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
     spec = lay.adapter
     if spec is None or m.is_moe:  # (a MoE adapter plan is refused: strategies/adapter.py)
         return A.total(A.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
-    cast = lay.weight_bytes != lay.dtypes.compute
+    cast = AD.casts_adapter_input(spec, lay.weight_bytes, lay.dtypes.compute)
     return A.total(AD.adapter_layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len, spec.targets, spec.rank,
-                                          spec.dropout, cast, spec.dora))
+                                          spec.dropout, cast, spec.dora, spec.int8))
 
 
 def adapter_backward_bytes(ctx: PlanContext) -> float:
@@ -110,7 +110,8 @@ def adapter_backward_bytes(ctx: PlanContext) -> float:
     checkpointing the peak is elsewhere in the layer (traced: benchmarks/adapter_traced_matrix.py).
     0 without an adapter."""
     lay = ctx.layout
-    if lay.adapter is None or ctx.config.checkpointing != Checkpointing.FULL:
+    if (lay.adapter is None or ctx.config.checkpointing != Checkpointing.FULL
+            or not AD.casts_adapter_input(lay.adapter, lay.weight_bytes, lay.dtypes.compute)):
         return 0.0
     return AD.adapter_backward_transient_bytes(ctx.model, lay.adapter.targets, lay.weight_bytes, lay.dtypes.compute)
 

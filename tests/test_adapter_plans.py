@@ -424,3 +424,34 @@ def test_a_frozen_head_and_embedding_make_no_gradients():
     shape = dict(seq_len=512, checkpointing="full")
     assert at_end(run("Qwen/Qwen2.5-0.5B", "1xA100-40", adapter="qlora", **shape)) == 0
     assert at_end(run("Qwen/Qwen2.5-0.5B", "1xA100-40", **shape)) > 0
+
+
+def test_lora_over_an_int8_base_is_read_planned_and_emitted(tmp_path):
+    """LoRA over an LLM.int8() base (``load_in_8bit``), as each reader names it (a TRL recipe's
+    ModelConfig, axolotl's lora + load_in_8bit, LLaMA-Factory's quantization_bit 8, runtime.json's
+    quantization): read as lora-int8; its plan holds int8 weights with fp32 row scales
+    (half LoRA's 16-bit base and more than QLoRA's NF4), emits ``load_in_8bit`` and reads back as
+    itself; sharded engines and bf16-pure are refused with a reason."""
+    from planner.check import CheckRequest, check
+
+    recipes = {"trl.yaml": "use_peft: true\nload_in_8bit: true\nbf16: true\n",
+               "ax.yml": "base_model: x\nadapter: lora\nload_in_8bit: true\nlora_r: 8\nlora_alpha: 16\n",
+               "lf.yaml": "model_name_or_path: x\nstage: sft\nquantization_bit: 8\nbf16: true\n"}
+    for name, text in recipes.items():
+        (tmp_path / name).write_text(text)
+        r = check(CheckRequest(model=LLAMA, gpus="1xA100-80", training_args=tmp_path / name, alternatives=0))
+        assert r.estimate.config.adapter == "lora-int8", name
+    plans = {a: run(LLAMA, "1xA100-40", adapter=a, checkpointing="full") for a in ("lora", "lora-int8", "qlora")}
+    weights = {a: sum(r.bytes for r in p.ledger if r.term == "weights") for a, p in plans.items()}
+    assert weights["qlora"] < weights["lora-int8"] < weights["lora"]
+    m = resolve_model(LLAMA)
+    quantized = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if AD.bnb_quantized(m, t))
+    rows = {r.label: r.bytes for r in plans["lora-int8"].ledger}
+    assert rows["frozen decoder linears (int8, fp32 scale per row)"] == quantized + 4 * sum(
+        t.shape[0] * P.multiplicity(m, t) for t in P.model_tensors(m) if AD.bnb_quantized(m, t))
+    files = build_files(single_plan_result(plans["lora-int8"]))
+    assert json.loads(files["runtime.json"])["quantization"] == {"load_in_8bit": True}
+    assert round_trip_errors(plans["lora-int8"], round_trip(plans["lora-int8"], tmp_path / "plan")) == []
+    for bad in (dict(sharding="fsdp"), dict(sharding="zero2"), dict(precision="bf16-pure")):
+        refused = run(LLAMA, "2xA100-40", adapter="lora-int8", **bad)
+        assert not refused.feasible and any("lora-int8" in x for x in refused.reasons), bad

@@ -148,9 +148,30 @@ def test_qlora_weights_equal_a_real_4bit_load(tmp_path, family, double_quant):
             parts = [state.absmax, state.code] + ([state.state2.absmax, state.state2.code, state.offset] if state.nested else [])
             loaded += sum(t.numel() * t.element_size() for t in parts)
     quantized = sum(type(p).__name__ == "Params4bit" for p in model.parameters())
-    expected = sum(AD.nf4_quantized(spec, t) * P.multiplicity(spec, t) for t in P.model_tensors(spec))
+    expected = sum(AD.bnb_quantized(spec, t) * P.multiplicity(spec, t) for t in P.model_tensors(spec))
     assert quantized == expected, json.dumps(TINY[family])
     assert AD.qlora_weight_bytes(spec, double_quant) == loaded
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_int8_weights_equal_a_real_8bit_load(tmp_path, family):
+    """Load a tiny model of the family with ``BitsAndBytesConfig(load_in_8bit=True)`` (LLM.int8(),
+    bitsandbytes on the CPU): every parameter's bytes and each int8 weight's fp32 row scales
+    (``SCB``) sum to planner's int8 base, and the same weights are quantized."""
+    pytest.importorskip("bitsandbytes")
+    import transformers
+
+    spec = tiny_checkpoint(tmp_path, family)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, quantization_config=transformers.BitsAndBytesConfig(load_in_8bit=True), device_map="cpu",
+        dtype=torch.bfloat16)
+    loaded = sum(p.numel() * p.element_size() for p in model.parameters())
+    loaded += sum(p.SCB.numel() * p.SCB.element_size() for p in model.parameters() if type(p).__name__ == "Int8Params")
+    quantized = sum(type(p).__name__ == "Int8Params" for p in model.parameters())
+    assert quantized == sum(AD.bnb_quantized(spec, t) * P.multiplicity(spec, t) for t in P.model_tensors(spec))
+    packed, rest = AD.quantized_weight_parts(spec, AD.AdapterSpec("all-linear", 4, 0.0, int8=True))
+    assert packed + 2 * rest == loaded
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -181,6 +202,30 @@ def test_moe_step_flops_equal_torchs_count(tmp_path, targets):
     assert sum(counted.values()) == per_token * tokens + AD.fold_flops_per_micro_batch(spec, targets, 4)
 
 
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family", ["llama", "phi3", "gpt2"])
+def test_an_int8_base_keeps_its_matmul_inputs(saved_tiny, family):
+    """LoRA over an LLM.int8() base (bitsandbytes on the CPU, bf16 weights, fp32 adapters under
+    bf16 autocast): a real layer saves what planner's list with ``int8`` holds, compared as the
+    difference from full fine-tuning (as the LoRA test above): its int8 matmuls keep their inputs,
+    which a frozen 16-bit base frees. On the CPU peft's bitsandbytes layer casts each adapter input
+    to fp32 (its test is CUDA's autocast, ``casts_adapter_input``), so the CPU run is the list
+    with ``cast``; on CUDA under autocast that copy is not made."""
+    pytest.importorskip("bitsandbytes")
+    from planner.cost import activations as A
+    from planner.cost.activations import DTypes
+
+    path, spec = saved_tiny[family]
+    full = layer_saved_per_token(path, family, "sdpa", "bf16-mixed", None)
+    model_full = sum(v for _, v in A.layer_saved(spec, DTypes(2, 2), True, 32))
+    for targets in AD.TARGETS:
+        for dropout in (0.0, 0.1):
+            saved = AD.adapter_layer_saved(spec, DTypes(2, 2), True, 32, targets, 4, dropout, cast=True, int8=True)
+            model = sum(v * (4 if n.endswith("dropout mask") else 1) for n, v in saved)  # (the CPU's fp32 noise)
+            traced = layer_saved_per_token(path, family, "sdpa", "bf16-mixed", (targets, dropout), int8=True)
+            assert traced - full == model - model_full, (targets, dropout)
+
+
 SAVED_TINY = TINY | {
     "qwen3": dict(model_type="qwen3", hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, vocab_size=256),
@@ -192,19 +237,25 @@ SAVED_TINY = TINY | {
 SAVED_MODES = {"bf16-mixed": ("bfloat16", True), "bf16-pure": ("bfloat16", False), "fp32": ("float32", False)}
 
 
-def layer_saved_per_token(path, family: str, attention: str, mode: str, adapter: tuple | None, seq: int = 32) -> float:
+def layer_saved_per_token(path, family: str, attention: str, mode: str, adapter: tuple | None, seq: int = 32,
+                          int8: bool = False) -> float:
     """Bytes per token layer 1 of a real model saves for backward (storages, parameters excluded),
     as the slope between micro-batches of 2 and 4 sequences (per-layer constants, such as the
     adapters' autocast weight casts, cancel). ``adapter``: (targets, dropout) for peft LoRA of
-    rank 4, or None for full fine-tuning."""
+    rank 4, or None for full fine-tuning. ``int8``: the base loaded with ``load_in_8bit``, whose
+    matmuls keep their tensors on their context, out of the saved-tensor hooks' sight: they are
+    read from the autograd graph, and each int8 matmul of layer 1 must keep its module's very
+    input (on the CPU bitsandbytes trains through ``MatMul8bitFp``, ``ctx.A``; on CUDA through
+    ``MatMul8bitLt``, whose ``ctx.tensors`` keep the same input, ``A``)."""
     import transformers
 
     dtype, mixed = SAVED_MODES[mode]
     sizes = []
     for batch in (2, 4):
         torch.manual_seed(0)
+        quant = {"quantization_config": transformers.BitsAndBytesConfig(load_in_8bit=True)} if int8 else {}
         model = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention,
-                                                                  dtype=getattr(torch, dtype))
+                                                                  dtype=getattr(torch, dtype), **quant)
         if adapter is None:
             model.requires_grad_(True)
         else:
@@ -226,10 +277,30 @@ def layer_saved_per_token(path, family: str, attention: str, mode: str, adapter:
                 seen[storage.data_ptr()] = storage.nbytes()
             return t
 
+        inputs = {}  # layer 1's int8 matmuls: input storage -> bytes
+        for m in layer.modules():
+            if type(m).__name__ == "Linear8bitLt":
+                m.register_forward_hook(lambda mod, args, out: inputs.__setitem__(
+                    args[0].untyped_storage().data_ptr(), args[0].untyped_storage().nbytes()))
         ids = torch.randint(0, 256, (batch, seq))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
-                model(input_ids=ids, labels=ids)
+                loss = model(input_ids=ids, labels=ids).loss
+        kept, stack, visited = set(), [loss.grad_fn], set()
+        while stack:
+            node = stack.pop()
+            if node is None or node in visited:
+                continue
+            visited.add(node)
+            kind = type(node).__name__
+            if kind in ("MatMul8bitLtBackward", "MatMul8bitFpBackward"):  # CUDA's; the CPU's
+                kept_input = node.tensors[2] if kind == "MatMul8bitLtBackward" else node.A
+                ptr = kept_input.untyped_storage().data_ptr()
+                if ptr in inputs:
+                    kept.add(ptr)
+                    seen[ptr] = inputs[ptr]
+            stack += [n for n, _ in node.next_functions]
+        assert kept == set(inputs), "every int8 matmul of layer 1 keeps its input"
         sizes.append(sum(seen.values()))
     return (sizes[1] - sizes[0]) / (2 * seq)
 

@@ -72,10 +72,10 @@ def test_launch_runs_the_plan(tmp_path, tmp_path_factory, tiny_model, name, gpus
                         processes)
 
 
-@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+@pytest.mark.parametrize("adapter", ["lora", "qlora", "lora-int8"])
 def test_the_adapter_plan_suggested_for_an_rtx_4090_trains(tmp_path, tmp_path_factory, tiny_model, adapter):
     """The issue's case: ``planner suggest --model meta-llama/Llama-3.1-8B --gpus 1xRTX4090-24
-    --adapter lora|qlora``. Its winner's techniques and adapter settings, launched on the tiny
+    --adapter lora|qlora|lora-int8``. Its winner's techniques and adapter settings, launched on the tiny
     model (the CPU's shape, and the standard loss where the winner's chunked one needs CUDA),
     train with the live objects of the plan."""
     from planner.engine.suggest import SuggestRequest, suggest
@@ -85,7 +85,7 @@ def test_the_adapter_plan_suggested_for_an_rtx_4090_trains(tmp_path, tmp_path_fa
     config = winner.config.model_dump() | SHAPE | {"loss": "standard"}
     plan = run(TINY, "1xRTX4090-24", **config)
     assert plan.feasible, plan.reasons
-    _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, 29900 + 7 * ["lora", "qlora"].index(adapter), 1)
+    _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, 29900 + 7 * ["lora", "qlora", "lora-int8"].index(adapter), 1)
 
 
 def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int, processes: int) -> None:

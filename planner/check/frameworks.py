@@ -11,7 +11,8 @@ LLaMA-Factory (``llamafactory-cli train``): HfArgumentParser refuses unknown key
 (hparams/parser.py ``_parse_args``, unless ALLOW_EXTRA_ARGS); ``finetuning_type`` defaults to lora
 (finetuning_args.py), ``lora_rank`` 8, ``lora_alpha`` None -> 2 x rank, ``lora_dropout`` 0,
 ``lora_target`` "all" = every linear but the head (model_utils/misc.py); ``quantization_bit`` 4
-with the bnb method over LoRA is QLoRA (model_utils/quantization.py); gradient checkpointing is on
+with the bnb method over LoRA is QLoRA, 8 LoRA over an LLM.int8() base (model_utils/quantization.py),
+``additional_target`` modules are trained in full (peft ``modules_to_save``); gradient checkpointing is on
 unless ``disable_gradient_checkpointing`` (model_utils/checkpointing.py); ``cutoff_len`` 2048
 (data_args.py); ``flash_attn`` auto leaves transformers' default, disabled/sdpa/fa2/fa3 set
 eager/sdpa/flash_attention_2/3 (model_utils/attention.py); trainable parameters are upcast to
@@ -20,7 +21,8 @@ fp32 unless ``pure_bf16`` (model/adapter.py), so bf16 trains fp32 weights with a
 axolotl: pydantic drops unknown keys silently (utils/schemas/config.py: no ``extra``), so they
 warn here; ``bf16`` defaults to "auto" (bf16 where the GPU has it) and the model loads in that
 dtype, with no fp32 upcast (utils/config/__init__.py ``resolve_dtype``, loaders/model.py);
-``adapter`` lora / qlora (qlora requires ``load_in_4bit``), ``lora_r`` and ``lora_alpha`` have no
+``adapter`` lora / qlora (qlora requires ``load_in_4bit``; lora with ``load_in_8bit`` is LoRA over an
+LLM.int8() base; ``lora_modules_to_save`` are trained in full), ``lora_r`` and ``lora_alpha`` have no
 default, ``lora_dropout`` 0, ``lora_target_linear`` = every linear but the head (utils/schemas/
 peft.py, loaders/adapter.py); ``sequence_len`` 512, ``micro_batch_size`` and
 ``gradient_accumulation_steps`` 1, ``optimizer`` adamw_torch_fused, ``gradient_checkpointing``
@@ -42,10 +44,6 @@ TUNING = {"dpo", "kto", "rm", "ppo", "orpo", "ipo", "simpo", "grpo", "gdpo", "eb
 LF_ATTENTION = {"disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_3"}
 AX_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager",
                 "xformers_attention": "xformers", "flex_attention": "flex_attention", "sage_attention": "sage"}
-#: LoRA over bitsandbytes' int8 base, which is not planned, read as LoRA over the 16-bit base: an
-#: upper bound on memory (int8 weights take half the bytes), so a FITS holds.
-EIGHT_BIT = ("{where}: {key}: LoRA over an 8-bit base is modelled as LoRA over the 16-bit base (int8 weights "
-             "take half its bytes): the memory is an upper bound and the speed that of 16-bit matmuls")
 #: TrainingArguments keys both frameworks pass through unchanged.
 PASSED = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "optim", "deepspeed", "fsdp",
           "fsdp_config", "torch_compile", "gradient_checkpointing", "use_liger_kernel")
@@ -103,16 +101,17 @@ def _llamafactory(t: Translation) -> None:
     if kind not in ("lora", "full"):
         t.problems.append(f"{where}: finetuning_type {kind!r} is not planned (planner plans full and lora)")
     bits, method = d.get("quantization_bit"), str(d.get("quantization_method", "bnb"))
-    if bits == 8 and method == "bnb":
-        t.warnings.append(EIGHT_BIT.format(where=where, key="quantization_bit 8"))
-    elif bits is not None and (bits != 4 or method != "bnb"):
+    if bits is not None and (bits not in (4, 8) or method != "bnb"):
         t.problems.append(f"{where}: quantization_bit {bits} with quantization_method {method} is not planned "
-                          "(planner plans bitsandbytes 4-bit NF4 under LoRA: quantization_bit 4, method bnb)")
+                          "(planner plans bitsandbytes under LoRA: quantization_bit 4 (NF4) or 8 (LLM.int8()), "
+                          "method bnb)")
     if kind == "lora":
         t.put("use_peft", True, "finetuning_type lora" if "finetuning_type" in d else
               "no finetuning_type (LLaMA-Factory's default, lora)")
-        if bits == 4:
-            t.put("load_in_4bit", True, "quantization_bit 4")
+        if bits in (4, 8):
+            t.put(f"load_in_{bits}bit", True, f"quantization_bit {bits}")
+        if d.get("additional_target"):
+            t.put("lora_modules_to_save", d["additional_target"], "additional_target")
         t.default("lora_r", "lora_rank", 8)
         rank = t.args["lora_r"]
         if d.get("lora_alpha") is not None:
@@ -150,11 +149,12 @@ def _axolotl(t: Translation) -> None:
     if adapter in ("lora", "qlora"):
         if adapter == "qlora" and not four:
             t.problems.append(f"{where}: adapter qlora needs load_in_4bit: true (axolotl refuses it without)")
-        if eight:
-            t.warnings.append(EIGHT_BIT.format(where=where, key="load_in_8bit"))
         t.put("use_peft", True, f"adapter {adapter}")
-        if four:
-            t.put("load_in_4bit", True, "load_in_4bit")
+        for key, on in (("load_in_4bit", four), ("load_in_8bit", eight)):
+            if on:
+                t.put(key, True, key)
+        if d.get("lora_modules_to_save"):
+            t.put("lora_modules_to_save", d["lora_modules_to_save"], "lora_modules_to_save")
         for key, file_key in (("lora_r", "lora_r"), ("lora_alpha", "lora_alpha")):
             if d.get(file_key) is None:
                 t.problems.append(f"{where}: adapter {adapter} without {file_key}: axolotl has no default for it")

@@ -34,6 +34,7 @@ class AdapterSpec:
     dropout: float
     dora: bool = False  # DoRA: a magnitude vector per wrapped weight
     nf4: bool = False  # QLoRA: the wrapped weights stored in NF4 (double quantization)
+    int8: bool = False  # LoRA over bitsandbytes' LLM.int8() base (``load_in_8bit``)
 
 
 @dataclass(frozen=True)
@@ -140,12 +141,13 @@ def nf4_bytes(numel: int, double_quant: bool) -> int:
     return packed + 4 * blocks + NF4_CODE_BYTES
 
 
-def nf4_quantized(m: ModelSpec, t: P.ParamTensor) -> bool:
-    """Whether transformers' bitsandbytes 4-bit loading (QLoRA) stores this weight in NF4: a
-    decoder layer's ``nn.Linear``/``Conv1D`` weight (biases, norms, embeddings and the head stay
-    16-bit: ``get_keys_to_not_convert`` keeps the output embedding). A MoE's fused expert tensors
-    and its router are plain parameters in transformers 5, so they stay 16-bit too (checked by
-    loading tiny models with ``BitsAndBytesConfig(load_in_4bit=True)`` on the CPU)."""
+def bnb_quantized(m: ModelSpec, t: P.ParamTensor) -> bool:
+    """Whether transformers' bitsandbytes loading quantizes this weight (NF4 under ``load_in_4bit``,
+    QLoRA; int8 under ``load_in_8bit``): a decoder layer's ``nn.Linear``/``Conv1D`` weight (biases,
+    norms, embeddings and the head stay 16-bit: ``get_keys_to_not_convert`` keeps the output
+    embedding). A MoE's fused expert tensors and its router are plain parameters in transformers 5,
+    so they stay 16-bit too (checked by loading tiny models with ``BitsAndBytesConfig`` on the CPU,
+    both widths)."""
     return t.part == P.Part.LAYER and t.matmul and not t.routed and not t.name.startswith("mlp.router")
 
 
@@ -164,16 +166,16 @@ def nf4_storage_elements(numel: int, storage_bytes: int) -> int:
 
 
 def qlora_layer_quantized(m: ModelSpec) -> tuple[P.ParamTensor, ...]:
-    """One decoder layer's weights a 4-bit load stores in NF4 (``nf4_quantized``)."""
-    return tuple(t for t in P.layer_tensors(m) if nf4_quantized(m, t))
+    """One decoder layer's weights a 4-bit load stores in NF4 (``bnb_quantized``)."""
+    return tuple(t for t in P.layer_tensors(m) if bnb_quantized(m, t))
 
 
 def qlora_weight_parts(m: ModelSpec, double_quant: bool) -> tuple[int, int]:
     """The frozen base model loaded in 4 bits, in two parts: bytes of its NF4 weights
-    (``nf4_bytes`` where ``nf4_quantized``), and elements of every other parameter (kept in the
+    (``nf4_bytes`` where ``bnb_quantized``), and elements of every other parameter (kept in the
     16-bit load dtype)."""
-    nf4 = sum(nf4_bytes(t.numel, double_quant) * P.multiplicity(m, t) for t in P.model_tensors(m) if nf4_quantized(m, t))
-    rest = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if not nf4_quantized(m, t))
+    nf4 = sum(nf4_bytes(t.numel, double_quant) * P.multiplicity(m, t) for t in P.model_tensors(m) if bnb_quantized(m, t))
+    rest = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if not bnb_quantized(m, t))
     return nf4, rest
 
 
@@ -182,6 +184,55 @@ def qlora_weight_bytes(m: ModelSpec, double_quant: bool, other_bytes: int = 2) -
     in ``other_bytes`` (``qlora_weight_parts``)."""
     nf4, rest = qlora_weight_parts(m, double_quant)
     return nf4 + rest * other_bytes
+
+
+#: bitsandbytes LLM.int8() (Dettmers et al. 2022, arXiv:2208.07339): the fp32 scale per output row
+#: (``Int8Params.SCB``) beside the int8 weight.
+INT8_SCALE_BYTES = 4
+
+
+def int8_bytes(shape: tuple[int, ...]) -> int:
+    """Bytes one (out, in) weight takes loaded with ``load_in_8bit``: one int8 per element and an
+    fp32 absmax scale per output row (bitsandbytes ``Int8Params``: ``CB`` int8, ``SCB`` fp32 (out,);
+    the matmul state shares both). A test loads a tiny model so on the CPU and sums the bytes."""
+    return prod(shape) + INT8_SCALE_BYTES * shape[0]
+
+
+def quantized_weight_parts(m: ModelSpec, spec: "AdapterSpec") -> tuple[int, int]:
+    """The frozen base model loaded quantized, in two parts: bytes of its quantized weights
+    (``bnb_quantized``: NF4 with double quantization, ``nf4_bytes``, or int8, ``int8_bytes``) and
+    elements of every other parameter (kept in the 16-bit load dtype)."""
+    if spec.int8:
+        return (sum(int8_bytes(t.shape) * P.multiplicity(m, t) for t in P.model_tensors(m) if bnb_quantized(m, t)),
+                sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if not bnb_quantized(m, t)))
+    return qlora_weight_parts(m, True)
+
+
+def int8_forward_temporaries(m: ModelSpec) -> int:
+    """Bytes per token an LLM.int8() matmul of the frozen base allocates while it runs forward, the
+    largest over the layer's quantized matmuls (bitsandbytes ``MatMul8bitLt.forward``): the input
+    quantized row-wise to int8 (``int8_vectorwise_quant``, d_in), the int32 product
+    (``int8_linear_matmul``, 4 d_out) and its fp16 dequantization (``int8_mm_dequant``, 2 d_out)
+    coexist; the fp16 cast of a bf16 input is freed once quantized. Outlier columns (``threshold``
+    6.0) add an fp16 matmul over the few outlier features: not counted (data dependent)."""
+    return max(t.shape[1] + 6 * t.shape[0] for t in P.layer_matmuls(m) if bnb_quantized(m, t))
+
+
+def int8_traffic(m: ModelSpec, compute_bytes: int) -> tuple[float, float]:
+    """Memory traffic of the frozen base's LLM.int8() matmuls beyond the matmuls themselves, all
+    layers: (bytes per token of one forward, bytes of one backward's weight dequantization).
+
+    - Forward, per quantized (out, in) matmul and token: the input cast to fp16 (read c, write 2
+      per input element), quantized (read 2, write 1), the int32 product dequantized (read 4,
+      write 2 per output element) and cast back to the compute dtype where it is not fp16 (read 2,
+      write c): (c + 5) d_in + (8 + c) d_out bytes (fp16 itself skips that last cast: counted anyway).
+    - Backward: ``CB.to(dtype, copy=True).mul_(SCB / 127)``, the whole weight dequantized once per
+      backward (read 1, write c, then read c and write c): (1 + 3 c) per element, per token none.
+    Source: bitsandbytes 0.50 ``autograd/_functions.py`` ``MatMul8bitLt``. Unit: bytes."""
+    quantized = [t for t in P.layer_matmuls(m) if bnb_quantized(m, t)]
+    forward = sum((compute_bytes + 5) * t.shape[1] + (8 + compute_bytes) * t.shape[0] for t in quantized) * m.num_layers
+    backward = sum((1 + 3 * compute_bytes) * t.numel for t in quantized) * m.num_layers
+    return forward, backward
 
 
 def _first_matmuls(m: ModelSpec) -> tuple[P.ParamTensor, ...]:
@@ -297,7 +348,8 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, .
 
 @cache
 def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: str, rank: int,
-                        dropout: float, cast: bool, dora: bool = False) -> tuple[tuple[str, float], ...]:
+                        dropout: float, cast: bool, dora: bool = False,
+                        int8: bool = False) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves (no checkpointing) when its weights are frozen and
     the target set's matmuls carry LoRA adapters (peft ``LoraLayer.forward``: ``base(x) +
     B(A(dropout(x.to(A's dtype)))) * scaling``), in the activation dtypes ``dt``.
@@ -316,6 +368,10 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
       by the base and the adapter outputs, so both are saved: 2 c per output element. Measured on
       tiny Llama, GPT-2 and Phi-3 layers on the CPU (bf16-mixed, bf16-pure, fp32, both target sets),
       the rest of DoRA's list differs from this by -10 % to +10 % of its size; not exact yet.
+    - ``int8``: an LLM.int8() base matmul keeps its input for the input gradient
+      (bitsandbytes ``MatMul8bitLt``: ``ctx.tensors = (CAt, subA, A)`` whenever the input needs a
+      gradient), so the matmul inputs stay as in full fine-tuning; the norms' normalised inputs
+      still go (their weights are frozen). A test walks a real int8 peft model's autograd graph.
     The adapters' weights (and under autocast their 16-bit casts) are per layer, not per token: the
     ledger counts them. Dense models only; a MoE's folded expert adapters are ledger rows of their
     own. Traced on real peft models (tests/test_adapters.py)."""
@@ -325,7 +381,7 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     c = dt.compute
     on = {t.name: t for t in wrapped(m, targets)}
     own_copy = dropout > 0 or cast
-    inputs = _weight_gradient_inputs(m, fused)
+    inputs = {} if int8 else _weight_gradient_inputs(m, fused)
     full = A.layer_saved(m, dt, fused, seq_len)
     unknown = set(inputs) - {name for name, _ in full}
     if unknown:  # the activation lists renamed a tensor: fail loudly rather than keep it silently
@@ -348,6 +404,16 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
         if dora:
             saved.append((f"{short} DoRA base and adapter outputs", 2 * c * t.shape[0]))
     return tuple(saved)
+
+
+def casts_adapter_input(spec: AdapterSpec, adapter_bytes: int, compute_bytes: int) -> bool:
+    """Whether each wrapped matmul's adapter input is a cast copy (``adapter_layer_saved``'s
+    ``cast``): peft's LoRA layer casts the input to the adapters' dtype (``_cast_input_dtype``), a
+    copy where fp32 adapters run under autocast over 16-bit activations. Its bitsandbytes layers
+    (``Linear4bit``, QLoRA; ``Linear8bitLt``, lora-int8) cast only without autocast
+    (``requires_conversion = not torch.is_autocast_enabled()``, CUDA's autocast), where the adapters
+    are in the activations' dtype: never a copy. Source: peft 0.21 ``tuners/lora/bnb.py``."""
+    return adapter_bytes != compute_bytes and not (spec.nf4 or spec.int8)
 
 
 def adapter_backward_transient_bytes(m: ModelSpec, targets: str, adapter_bytes: int, compute_bytes: int) -> float:

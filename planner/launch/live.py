@@ -175,13 +175,15 @@ def _adapter(model) -> dict:
     lora = next(iter(configs.values()))
     wrapped = [n for n, m in model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
     four_bit = any(type(m).__name__ == "Linear4bit" for m in model.modules())
-    kind = "dora" if lora.use_dora else "qlora" if four_bit else "lora"
+    eight_bit = any(type(m).__name__ == "Linear8bitLt" for m in model.modules())
+    kind = "dora" if lora.use_dora else "qlora" if four_bit else "lora-int8" if eight_bit else "lora"
     targets = "attention" if all(".attn." in n or ".self_attn." in n for n in wrapped) else "all-linear"
     # (ZeRO-3 partitions parameters: ds_numel is the whole tensor's)
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
     return {"adapter": kind, "lora_rank": lora.r, "lora_targets": targets, "lora_alpha": lora.lora_alpha,
             "lora_dropout": lora.lora_dropout, "details": {"adapter_wrapped_modules": len(wrapped),
-                                                          "trainable_parameters": trainable, "nf4_linears": four_bit}}
+                                                          "trainable_parameters": trainable, "nf4_linears": four_bit,
+                                                          "int8_linears": eight_bit}}
 
 
 def observe(trainer, session) -> dict:

@@ -1,6 +1,7 @@
-"""Adapters in a training process: the 4-bit base of QLoRA at load time, and the peft wrapper.
+"""Adapters in a training process: the quantized base (QLoRA's NF4, lora-int8's LLM.int8()) at
+load time, and the peft wrapper.
 
-QLoRA loads the base with transformers' ``BitsAndBytesConfig`` (strategies.adapter
+QLoRA and lora-int8 load the base with transformers' ``BitsAndBytesConfig`` (strategies.adapter
 ``quantization_config``); every adapter wraps the loaded model with ``peft.get_peft_model`` and
 the plan's ``LoraConfig`` (``lora_config``), adapters in fp32 under the mixed precisions (peft's
 ``autocast_adapter_dtype``) but DeepSpeed's, in the parameters' dtype otherwise
@@ -16,7 +17,8 @@ from strategies.sharding import engine_of
 
 
 def model_kwargs(config) -> dict:
-    """``quantization_config`` for QLoRA (bitsandbytes NF4, double quantization)."""
+    """``quantization_config`` for QLoRA (bitsandbytes NF4, double quantization) or lora-int8
+    (``load_in_8bit``)."""
     q = quantization_config(config)
     if q is None:
         return {}
@@ -33,7 +35,11 @@ def prepare(model, config, site: Site, **_) -> str | None:
     dtype), which quantize as they move to the model's device, as transformers' 4-bit load does.
     The launch loads with ``quantization_config`` instead; the traced probe computes the NF4 bytes
     (bitsandbytes does not run on fake tensors)."""
-    if config.adapter != Adapter.QLORA or site != Site.MEASURED:
+    if site != Site.MEASURED:
+        return None
+    if config.adapter == Adapter.LORA_INT8:
+        return quantize_int8(model)
+    if config.adapter != Adapter.QLORA:
         return None
     return quantize_nf4(model, config)
 
@@ -81,6 +87,27 @@ def quantize_nf4(model, config) -> str:
             q.bias = torch.nn.Parameter(child.bias.data.to("cpu"), requires_grad=False)
         setattr(parent, name, q.to(device))
     return f"qlora: {len(found)} decoder linears quantized to NF4 (double quantization) in place"
+
+
+def quantize_int8(model) -> str:
+    """Replace every ``frozen_linears`` layer by a bitsandbytes ``Linear8bitLt`` (int8 weights,
+    no fp16 copy, outlier threshold 6.0: transformers' ``load_in_8bit`` defaults) on the same
+    device, quantized as it moves there."""
+    import bitsandbytes as bnb
+    import torch
+
+    found = list(frozen_linears(model))
+    for parent, name, child in found:
+        weight = child.weight.data if isinstance(child, torch.nn.Linear) else child.weight.data.t().contiguous()
+        device = weight.device
+        out_features, in_features = weight.shape
+        q = bnb.nn.Linear8bitLt(in_features, out_features, bias=child.bias is not None, has_fp16_weights=False,
+                                threshold=6.0)
+        q.weight = bnb.nn.Int8Params(weight.to("cpu"), requires_grad=False, has_fp16_weights=False)
+        if child.bias is not None:
+            q.bias = torch.nn.Parameter(child.bias.data.to("cpu"), requires_grad=False)
+        setattr(parent, name, q.to(device))
+    return f"lora-int8: {len(found)} decoder linears quantized to int8 (LLM.int8()) in place"
 
 
 def wrap(model, config, site: Site):
