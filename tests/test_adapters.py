@@ -260,7 +260,7 @@ def test_lora_layer_activations_equal_a_real_peft_layer(saved_tiny, family, atte
     layer (the full lists follow CUDA and are traced in benchmarks/traced_matrix.py; e.g. the CPU's
     SDPA copies Phi-3's strided v). One CPU fact is applied to the model's figure: the dropout mask
     is a noise tensor in the input's dtype (fp32 after peft's cast under autocast), where CUDA's
-    fused dropout keeps a bool mask (AD.DROPOUT_MASK_BYTES)."""
+    fused dropout keeps a bool mask (planner.cost.activations.DROPOUT_MASK_BYTES)."""
     from planner.cost import activations as A
     from planner.cost.activations import DTypes
 

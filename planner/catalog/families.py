@@ -29,7 +29,7 @@ def _llama_like(c: dict) -> dict:
         qkv_bias=bias,
         o_bias=bias,
         mlp_bias=bool(c.get("mlp_bias", False)),
-        dropout=float(c.get("attention_dropout", 0.0) or 0.0),
+        attention_dropout=float(c.get("attention_dropout", 0.0) or 0.0),
         # Qwen2's sliding_window is inert unless use_sliding_window (its layer_types are full attention)
         sliding_window=c.get("sliding_window") if c.get("use_sliding_window", True) else None,
     )
@@ -100,7 +100,8 @@ def _gpt2(c: dict) -> dict:
         mlp_bias=True,
         norm_kind=NormKind.LAYER,
         mlp_kind=MlpKind.PLAIN,
-        dropout=float(max(c.get("attn_pdrop", 0.1), c.get("resid_pdrop", 0.1))),
+        attention_dropout=float(c.get("attn_pdrop", 0.1)),
+        residual_dropout=float(c.get("resid_pdrop", 0.1)),
     )
 
 
