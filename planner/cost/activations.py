@@ -74,7 +74,7 @@ def _norm(m: ModelSpec, width: int, input_bytes: int, rows: int = 1) -> Saved:
     dtype (saved by the weight multiply).
     Gemma RMSNorm: computes in fp32 and multiplies by (1 + weight): fp32 input, fp32 rsqrt per
     row and fp32 normalised tensor are saved (the (1 + weight) sum is weight-sized, per layer,
-    not per token: omitted). LayerNorm (GPT-2): its input and native_layer_norm's fp32
+    not per token: omitted). LayerNorm (GPT-2, StarCoder2): its input and native_layer_norm's fp32
     mean and rstd per row. Traced (benchmarks/traced_matrix.py, one layer's activations).
     """
     if m.norm_kind == NormKind.RMS:
@@ -185,8 +185,8 @@ def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
             # ops; pow saves x, tanh its output, the final product both factors (0.5x and 1 + tanh)
             return [("act input", c * f), ("tanh output", c * f), ("0.5x", c * f), ("1 + tanh", c * f),
                     ("act output", c * f)]
-        # one op (e.g. gelu_pytorch_tanh: F.gelu(approximate="tanh")) saves its input; its output is
-        # the second matmul's input
+        # one op (StarCoder2's gelu_pytorch_tanh: F.gelu(approximate="tanh")) saves its input; its
+        # output is the second matmul's input
         return [("act input", c * f), ("act output", c * f)]
     gated = [("gate", c * f), ("act(gate)", c * f), ("up", c * f), ("act*up", c * f)]
     if not m.is_moe:
@@ -204,9 +204,24 @@ def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
 def _residual_dropout(m: ModelSpec) -> Saved:
     """What a block's residual dropout saves, bytes per token: dropout on the attention's or the
     MLP's output before the residual add (GPT-2 ``resid_pdrop``: an ``nn.Dropout`` after each
+    ``c_proj``; StarCoder2 ``residual_dropout``: ``nn.functional.dropout`` after ``o_proj`` and after
     ``c_proj``) keeps its mask, one per element of the hidden width (``DROPOUT_MASK_BYTES``); the
-    add saves nothing. Source: transformers modeling_gpt2.py; traced (benchmarks/traced_matrix.py)."""
+    add saves nothing. Source: transformers modeling_gpt2.py, modeling_starcoder2.py; traced
+    (benchmarks/traced_matrix.py: GPT-2; tests/test_traced.py: StarCoder2)."""
     return [("resid dropout mask", DROPOUT_MASK_BYTES * m.hidden_size)] if m.residual_dropout > 0 else []
+
+
+def embedding_dropout_bytes(m: ModelSpec) -> float:
+    """Bytes per token dropout on the embeddings' output saves (StarCoder2 ``embedding_dropout``):
+    its mask (``DROPOUT_MASK_BYTES`` per element of the hidden width), held from the forward's start
+    until the backward reaches the embeddings, beside every layer's saved tensors in every
+    checkpointing mode (it is outside the layers). Its output is the first layer's input, which the
+    layer lists count. 0 without embedding dropout. Over frozen embeddings (an adapter) autograd
+    keeps the mask only where the embeddings' output is made to require grad (transformers'
+    activation_checkpointing_enable calls enable_input_require_grads); it is counted in every case,
+    an upper bound by h bytes per token. Source: transformers modeling_starcoder2.py
+    (``Starcoder2Model.forward``); traced (tests/test_traced.py)."""
+    return DROPOUT_MASK_BYTES * m.hidden_size if m.embedding_dropout > 0 else 0.0
 
 
 @cache
@@ -261,6 +276,7 @@ def selective_matmuls(m: ModelSpec) -> tuple[tuple[ParamTensor, ...], tuple[Para
     ``grouped_mm`` experts, an op the policy neither counts nor saves, so every expert matmul is
     recomputed. Llama, Mistral, Qwen2/3, Gemma-2: q, v, gate, down kept; k, o, up recomputed.
     Phi-3: qkv, gate_up kept; o, down recomputed. GPT-2: c_attn, c_fc kept; both c_proj recomputed.
+    StarCoder2: q, v, c_fc kept; k, o, c_proj recomputed.
     Mixtral: q, v kept; k, o, router, experts recomputed. Traced (aten op order per family).
     """
     counted = [t for t in P.layer_matmuls(m) if not t.routed and t.name != "mlp.router.weight"]
