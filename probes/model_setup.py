@@ -131,13 +131,27 @@ def gpu_attention_with_dropout():
     flash kernel with dropout. Under fake tensors the CUDA flash op's shape function runs on CPU
     tensors, so calls with dropout go to it (to the memory-efficient kernel when a mask is given, as
     on a GPU); the rest keep the CPU flash kernel, which saves what
-    the GPU flash kernel saves (q, k, v, out, fp32 log-sum-exp). Returns an undo function."""
+    the GPU flash kernel saves (q, k, v, out, fp32 log-sum-exp). Grouped k/v (``enable_gqa``, which
+    transformers passes only without a mask: integrations/sdpa_attention.py ``use_gqa_in_sdpa``) go
+    to the flash kernel as they are: CUDA's flash kernel takes fewer k/v heads than query heads (torch
+    aten/src/ATen/native/transformers/cuda/sdp_utils.cpp ``can_use_flash_attention``:
+    ``backend_supports_grouped_query_attention``) and saves k and v un-repeated. Under autocast the
+    patch casts q, k, v (and a float mask) to the autocast dtype first, as autocast does for
+    ``scaled_dot_product_attention`` (on its lower-precision list) but not for the kernel ops called
+    here: RoPE leaves q and k in fp32 when the cos/sin follow an fp32 residual stream (StarCoder2,
+    Llama under bf16-mixed). Returns an undo function."""
     import torch.nn.functional as F
 
     original = F.scaled_dot_product_attention
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if dropout_p > 0 and query.shape[1] == key.shape[1]:
+        grouped = enable_gqa and attn_mask is None and query.shape[1] % key.shape[1] == 0
+        if dropout_p > 0 and (query.shape[1] == key.shape[1] or grouped):
+            if torch.is_autocast_enabled("cpu"):
+                dtype = torch.get_autocast_dtype("cpu")
+                query, key, value = (t.to(dtype) for t in (query, key, value))
+                if attn_mask is not None and attn_mask.is_floating_point():
+                    attn_mask = attn_mask.to(dtype)
             if attn_mask is None:
                 return torch.ops.aten._scaled_dot_product_flash_attention(
                     query, key, value, dropout_p, is_causal, False, scale=scale)[0]

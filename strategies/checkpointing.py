@@ -146,6 +146,10 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         "activations", "final norm and head input", A.final_norm_bytes(m, dt), tokens, phases=frozenset({Phase.FORWARD}),
         moment=LOSS_MOMENT,
     )
+    if embedding_dropout := A.embedding_dropout_bytes(m):
+        ledger.add("activations", "embedding dropout mask", embedding_dropout, tokens,
+                   phases=frozenset({Phase.FORWARD, Phase.BACKWARD}),
+                   note="outside the layers: kept until the backward reaches the embeddings")
     if cfg.checkpointing != Checkpointing.NONE and (masks := A.mask_bytes(m, dt, ctx.layout.fused_attention, cfg.seq_len)):
         ledger.add("activations", "attention masks (checkpoint inputs)", masks, tokens,
                    phases=frozenset({Phase.FORWARD, Phase.BACKWARD}),

@@ -95,6 +95,9 @@ TINY = {  # small configs of each family, loaded for real (bitsandbytes quantize
     "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128),
     "phi3": dict(model_type="phi3", hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4, vocab_size=256, pad_token_id=0),
+    # LayerNorm, plain MLP, biases everywhere, GQA (Starcoder2Config's dropouts default to 0)
+    "starcoder2": dict(model_type="starcoder2", hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=256),
 }
 
 
@@ -175,7 +178,7 @@ def test_int8_weights_equal_a_real_8bit_load(tmp_path, family):
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("family", ["llama", "phi3", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "phi3", "gpt2", "starcoder2"])
 @pytest.mark.parametrize("targets", AD.TARGETS)
 @pytest.mark.parametrize("input_grads", [False, True])
 def test_adapter_step_matmul_flops_equal_torchs_count(tmp_path, family, targets, input_grads):
@@ -318,7 +321,8 @@ def saved_tiny(tmp_path_factory):
 
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("family, attention", [("llama", "sdpa"), ("llama", "eager"), ("qwen3", "sdpa"), ("phi3", "sdpa"),
-                                               ("gpt2", "sdpa"), ("gpt2", "eager"), ("gemma2", "eager")])
+                                               ("gpt2", "sdpa"), ("gpt2", "eager"), ("gemma2", "eager"),
+                                               ("starcoder2", "sdpa"), ("starcoder2", "eager")])
 @pytest.mark.parametrize("mode", list(SAVED_MODES))
 def test_lora_layer_activations_equal_a_real_peft_layer(saved_tiny, family, attention, mode):
     """What a LoRA layer saves beyond full fine-tuning, exactly as a real peft model on the CPU saves
@@ -331,7 +335,7 @@ def test_lora_layer_activations_equal_a_real_peft_layer(saved_tiny, family, atte
     layer (the full lists follow CUDA and are traced in benchmarks/traced_matrix.py; e.g. the CPU's
     SDPA copies Phi-3's strided v). One CPU fact is applied to the model's figure: the dropout mask
     is a noise tensor in the input's dtype (fp32 after peft's cast under autocast), where CUDA's
-    fused dropout keeps a bool mask (AD.DROPOUT_MASK_BYTES)."""
+    fused dropout keeps a bool mask (planner.cost.activations.DROPOUT_MASK_BYTES)."""
     from planner.cost import activations as A
     from planner.cost.activations import DTypes
 

@@ -14,7 +14,8 @@ REQUIRED = [
     "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-72B", "google/gemma-2-9b",
     "microsoft/Phi-3-mini-4k-instruct", "openai-community/gpt2", "openai-community/gpt2-xl",
 ]
-FAMILIES = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "gemma", "gemma2", "smollm3", "phi3", "gpt2"}
+FAMILIES = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "gemma", "gemma2", "smollm3", "phi3", "starcoder2",
+            "gpt2"}
 
 
 def test_catalog_has_required_models_and_families():

@@ -195,6 +195,9 @@ VERDICTS = [
      "8xA100-80", {}, True),
     (HB + "smollm3/sft/sft.yaml", HB + "accelerate_configs/zero3.yaml", "HuggingFaceTB/SmolLM3-3B", "8xA100-80", {},
      True),
+    # README: "You will require 8 GPUs (80GB of VRAM) to train the full model", launched with zero3.yaml
+    (HB + "starchat2-15b/sft/config_v0.1.yaml", HB + "accelerate_configs/zero3.yaml", "bigcode/starcoder2-15b",
+     "8xA100-80", {}, True),
     (HB + "smollm2/sft/config.yaml", None, "HuggingFaceTB/SmolLM2-1.7B", "8xH100-80", {}, True),
     (HB + "smollm2/dpo/config.yaml", None, "HuggingFaceTB/SmolLM2-1.7B", "8xH100-80", {}, True),
     (OR + "OpenR1-Distill-7B/sft/config_distill.yaml", OR + "accelerate_configs/zero3.yaml", "Qwen/Qwen2.5-7B",

@@ -29,7 +29,7 @@ def _llama_like(c: dict) -> dict:
         qkv_bias=bias,
         o_bias=bias,
         mlp_bias=bool(c.get("mlp_bias", False)),
-        dropout=float(c.get("attention_dropout", 0.0) or 0.0),
+        attention_dropout=float(c.get("attention_dropout", 0.0) or 0.0),
         # Qwen2's sliding_window is inert unless use_sliding_window (its layer_types are full attention)
         sliding_window=c.get("sliding_window") if c.get("use_sliding_window", True) else None,
     )
@@ -76,6 +76,27 @@ def _smollm3(c: dict) -> dict:
     return _llama_like(c) | dict(tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
 
 
+def _starcoder2(c: dict) -> dict:
+    """StarCoder2: Llama's attention (GQA, RoPE) with GPT-2's LayerNorm (weight and bias) and plain
+    MLP (``c_fc`` -> gelu_pytorch_tanh -> ``c_proj``); ``use_bias`` puts biases on q, k, v, o and
+    both MLP matmuls; dropout on the attention probabilities, on both blocks' outputs before their
+    residual adds (``residual_dropout``) and on the embeddings' output (``embedding_dropout``).
+    Defaults of transformers Starcoder2Config: use_bias True, tie_word_embeddings True, hidden_act
+    gelu_pytorch_tanh, every dropout 0.0. Source: transformers modeling_starcoder2.py."""
+    bias = bool(c.get("use_bias", True))
+    return _llama_like(c) | dict(
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=bias,
+        norm_kind=NormKind.LAYER,
+        mlp_kind=MlpKind.PLAIN,
+        activation=str(c.get("hidden_act", "gelu_pytorch_tanh")),
+        residual_dropout=float(c.get("residual_dropout", 0.0) or 0.0),
+        embedding_dropout=float(c.get("embedding_dropout", 0.0) or 0.0),
+    )
+
+
 def _phi3(c: dict) -> dict:
     return _llama_like(c) | dict(fused_qkv=True, qkv_bias=False, o_bias=False)
 
@@ -100,7 +121,8 @@ def _gpt2(c: dict) -> dict:
         mlp_bias=True,
         norm_kind=NormKind.LAYER,
         mlp_kind=MlpKind.PLAIN,
-        dropout=float(max(c.get("attn_pdrop", 0.1), c.get("resid_pdrop", 0.1))),
+        attention_dropout=float(c.get("attn_pdrop", 0.1)),
+        residual_dropout=float(c.get("resid_pdrop", 0.1)),
     )
 
 
@@ -116,6 +138,7 @@ DECODER_LAYER_CLASS: dict[str, str] = {
     "gemma2": "Gemma2DecoderLayer",
     "smollm3": "SmolLM3DecoderLayer",
     "phi3": "Phi3DecoderLayer",
+    "starcoder2": "Starcoder2DecoderLayer",
     "gpt2": "GPT2Block",
 }
 
@@ -129,6 +152,7 @@ ADAPTERS: dict[str, Callable[[dict], dict]] = {
     "gemma2": _gemma2,
     "smollm3": _smollm3,
     "phi3": _phi3,
+    "starcoder2": _starcoder2,
     "gpt2": _gpt2,
 }
 SUPPORTED_FAMILIES = tuple(ADAPTERS)

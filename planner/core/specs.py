@@ -12,12 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field
 class NormKind(StrEnum):
     RMS = "rms"  # weight only (Llama, Mistral, Qwen, Phi-3)
     RMS_GEMMA = "rms-gemma"  # weight only, computes in fp32 and scales by (1 + weight)
-    LAYER = "layer"  # weight and bias (GPT-2)
+    LAYER = "layer"  # weight and bias (GPT-2, StarCoder2)
 
 
 class MlpKind(StrEnum):
     GATED = "gated"  # down(act(gate(x)) * up(x))
-    PLAIN = "plain"  # fc2(act(fc1(x)))
+    PLAIN = "plain"  # fc2(act(fc1(x))) (GPT-2, StarCoder2)
 
 
 class ModelSpec(BaseModel):
@@ -26,7 +26,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str
-    family: str  # the transformers model_type: llama, mistral, qwen2, qwen3, mixtral, gemma2, phi3, gpt2
+    family: str  # the transformers model_type (planner.catalog.families.SUPPORTED_FAMILIES)
     source: str
     hidden_size: int = Field(ge=1)
     num_layers: int = Field(ge=1)
@@ -49,7 +49,10 @@ class ModelSpec(BaseModel):
     num_experts: int = 1  # Mixtral: num_local_experts
     experts_per_token: int = 1
     activation: str = "silu"  # the MLP activation as transformers names it (GPT-2: gelu_new, a Python-level tanh GELU)
-    dropout: float = 0.0  # attention-probability and residual dropout in training (GPT-2: 0.1)
+    # dropout probabilities in training (0: none); each saves a mask for backward
+    attention_dropout: float = 0.0  # on the attention probabilities (GPT-2 attn_pdrop, StarCoder2 attention_dropout)
+    residual_dropout: float = 0.0  # on each block's output before its residual add (GPT-2 resid_pdrop, StarCoder2)
+    embedding_dropout: float = 0.0  # on the embeddings' output (StarCoder2; GPT-2's embd_pdrop is not read)
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     # tokens a query attends back to where the model's layers use sliding-window attention

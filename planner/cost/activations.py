@@ -26,6 +26,11 @@ from planner.cost import params as P
 from planner.cost.params import ParamTensor
 
 FP32 = 4
+#: Bytes per element of a dropout mask in training: CUDA's fused ``native_dropout`` saves a boolean
+#: mask (aten/native/Dropout.cpp ``is_fused_kernel_acceptable``: CUDA, XPU, lazy and privateuse1
+#: tensors). On the CPU torch's ``_dropout_impl`` saves a noise tensor in the input's dtype instead
+#: (the traced probe sends dropout to ``native_dropout``: probes/model_setup.py ``gpu_dropout``).
+DROPOUT_MASK_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,8 @@ def _norm(m: ModelSpec, width: int, input_bytes: int, rows: int = 1) -> Saved:
     dtype (saved by the weight multiply).
     Gemma RMSNorm: computes in fp32 and multiplies by (1 + weight): fp32 input, fp32 rsqrt per
     row and fp32 normalised tensor are saved (the (1 + weight) sum is weight-sized, per layer,
-    not per token: omitted). LayerNorm (GPT-2): its input and native_layer_norm's fp32 mean and
-    rstd per row. Traced (benchmarks/traced_matrix.py, one layer's activations).
+    not per token: omitted). LayerNorm (GPT-2, StarCoder2): its input and native_layer_norm's fp32
+    mean and rstd per row. Traced (benchmarks/traced_matrix.py, one layer's activations).
     """
     if m.norm_kind == NormKind.RMS:
         return [("norm fp32 input", FP32 * width * rows), ("norm rsqrt fp32", FP32 * rows),
@@ -136,10 +141,12 @@ def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
     if m.attn_logit_softcapping:
         saved.append(("tanh(scores/cap)", c * a * s))
     saved.append(("softmax fp32", FP32 * a * s))
-    if c != FP32:
+    if m.attention_dropout > 0:
+        # dropout keeps its mask, the value matmul the dropped probabilities: the compute-dtype
+        # copy of the softmax output (``.to(query.dtype)``) is dropout's input, which it does not save
+        saved += [("attn dropout mask", DROPOUT_MASK_BYTES * a * s), ("dropped probs", c * a * s)]
+    elif c != FP32:
         saved.append((PROBS_COPY, c * a * s))
-    if m.dropout > 0:
-        saved += [("attn dropout mask", 1 * a * s), ("dropped probs", c * a * s)]
     saved.append(("attn out (contiguous)", c * q))
     return saved
 
@@ -163,8 +170,8 @@ def _gpt2_attention(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
     if fused:
         return [("q k v", 3 * c * h), ("attn out", c * h), ("logsumexp fp32", FP32 * a)]
     saved = [("q k", 2 * c * h), ("softmax", _softmax_bytes(m, dt) * a * s)]
-    if m.dropout > 0:
-        saved += [("attn dropout mask", 1 * a * s), ("dropped probs", c * a * s)]
+    if m.attention_dropout > 0:
+        saved += [("attn dropout mask", DROPOUT_MASK_BYTES * a * s), ("dropped probs", c * a * s)]
     elif dt.upcast:
         saved.append((PROBS_COPY, c * a * s))
     return saved + [("v", c * h), ("out-proj input", c * h)]
@@ -178,6 +185,8 @@ def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
             # ops; pow saves x, tanh its output, the final product both factors (0.5x and 1 + tanh)
             return [("act input", c * f), ("tanh output", c * f), ("0.5x", c * f), ("1 + tanh", c * f),
                     ("act output", c * f)]
+        # one op (StarCoder2's gelu_pytorch_tanh: F.gelu(approximate="tanh")) saves its input; its
+        # output is the second matmul's input
         return [("act input", c * f), ("act output", c * f)]
     gated = [("gate", c * f), ("act(gate)", c * f), ("up", c * f), ("act*up", c * f)]
     if not m.is_moe:
@@ -192,14 +201,38 @@ def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
     return [("router softmax fp32", FP32 * e)] + routing + [(f"{n} x{k}", b * k) for n, b in per_expert]
 
 
+def _residual_dropout(m: ModelSpec) -> Saved:
+    """What a block's residual dropout saves, bytes per token: dropout on the attention's or the
+    MLP's output before the residual add (GPT-2 ``resid_pdrop``: an ``nn.Dropout`` after each
+    ``c_proj``; StarCoder2 ``residual_dropout``: ``nn.functional.dropout`` after ``o_proj`` and after
+    ``c_proj``) keeps its mask, one per element of the hidden width (``DROPOUT_MASK_BYTES``); the
+    add saves nothing. Source: transformers modeling_gpt2.py, modeling_starcoder2.py; traced
+    (benchmarks/traced_matrix.py: GPT-2; tests/test_traced.py: StarCoder2)."""
+    return [("resid dropout mask", DROPOUT_MASK_BYTES * m.hidden_size)] if m.residual_dropout > 0 else []
+
+
+def embedding_dropout_bytes(m: ModelSpec) -> float:
+    """Bytes per token dropout on the embeddings' output saves (StarCoder2 ``embedding_dropout``):
+    its mask (``DROPOUT_MASK_BYTES`` per element of the hidden width), held from the forward's start
+    until the backward reaches the embeddings, beside every layer's saved tensors in every
+    checkpointing mode (it is outside the layers). Its output is the first layer's input, which the
+    layer lists count. 0 without embedding dropout. Over frozen embeddings (an adapter) autograd
+    keeps the mask only where the embeddings' output is made to require grad (transformers'
+    activation_checkpointing_enable calls enable_input_require_grads); it is counted in every case,
+    an upper bound by h bytes per token. Source: transformers modeling_starcoder2.py
+    (``Starcoder2Model.forward``); traced (tests/test_traced.py)."""
+    return DROPOUT_MASK_BYTES * m.hidden_size if m.embedding_dropout > 0 else 0.0
+
+
 @cache
 def attention_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tuple[tuple[str, float], ...]:
     """Bytes per token the attention half of one decoder layer saves (no checkpointing): its norm,
-    projections' inputs and the attention kernel's tensors (Gemma-2: and the post-attention norm)."""
+    projections' inputs and the attention kernel's tensors (Gemma-2: and the post-attention norm),
+    and its residual dropout's mask."""
     c, r, h = dt.compute, dt.residual, m.hidden_size
-    if m.family == "gpt2":
-        masks = [("resid dropout mask", 1 * h)] if m.dropout > 0 else []
-        return tuple(_norm(m, h, r) + _inputs("qkv input", dt, h, 1) + _gpt2_attention(m, dt, fused, seq_len) + masks)
+    if m.family == "gpt2":  # GPT-2's own attention module: one Conv1D c_attn, its own eager softmax
+        return tuple(_norm(m, h, r) + _inputs("qkv input", dt, h, 1) + _gpt2_attention(m, dt, fused, seq_len)
+                     + _residual_dropout(m))
     saved = _norm(m, h, r) + _inputs("qkv input", dt, h, 1 if m.fused_qkv else 3)
     if m.qk_norm:  # Qwen3: RMSNorm over head_dim on q and k before RoPE (input is bf16 matmul output)
         saved += _norm(m, m.head_dim, c, m.num_heads) + _norm(m, m.head_dim, c, m.num_kv_heads)
@@ -209,22 +242,20 @@ def attention_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> tupl
     saved += _attention_core(m, dt, fused, seq_len)
     if m.norms_per_layer == 4:  # Gemma-2: post-attention norm on o_proj output (c)
         saved += _norm(m, h, c)
-    return tuple(saved)
+    return tuple(saved + _residual_dropout(m))
 
 
 @cache
 def mlp_saved(m: ModelSpec, dt: DTypes) -> tuple[tuple[str, float], ...]:
     """Bytes per token the MLP half of one decoder layer saves (no checkpointing): its norm, input
-    and intermediate tensors (Gemma-2: and the post-feedforward norm)."""
+    and intermediate tensors (Gemma-2: and the post-feedforward norm), and its residual dropout's
+    mask."""
     c, r, h = dt.compute, dt.residual, m.hidden_size
-    if m.family == "gpt2":
-        masks = [("resid dropout mask", 1 * h)] if m.dropout > 0 else []
-        return tuple(_norm(m, h, r) + _inputs("fc input", dt, h, 1) + _mlp(m, dt) + masks)
     readers = 1 if m.fused_qkv or m.mlp_kind == MlpKind.PLAIN else 2  # gate_up, or gate and up (MoE: the router)
     saved = _norm(m, h, r) + _inputs("mlp input", dt, h, readers) + _mlp(m, dt)
     if m.norms_per_layer == 4:  # Gemma-2: post-feedforward norm on down_proj output
         saved += _norm(m, h, c)
-    return tuple(saved)
+    return tuple(saved + _residual_dropout(m))
 
 
 @cache
@@ -245,6 +276,7 @@ def selective_matmuls(m: ModelSpec) -> tuple[tuple[ParamTensor, ...], tuple[Para
     ``grouped_mm`` experts, an op the policy neither counts nor saves, so every expert matmul is
     recomputed. Llama, Mistral, Qwen2/3, Gemma-2: q, v, gate, down kept; k, o, up recomputed.
     Phi-3: qkv, gate_up kept; o, down recomputed. GPT-2: c_attn, c_fc kept; both c_proj recomputed.
+    StarCoder2: q, v, c_fc kept; k, o, c_proj recomputed.
     Mixtral: q, v kept; k, o, router, experts recomputed. Traced (aten op order per family).
     """
     counted = [t for t in P.layer_matmuls(m) if not t.routed and t.name != "mlp.router.weight"]

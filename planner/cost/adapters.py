@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from math import ceil, prod
 
-from planner.core.specs import ModelSpec
+from planner.core.specs import MlpKind, ModelSpec
 from planner.cost import activations as A
 from planner.cost import compute as C
 from planner.cost import params as P
@@ -306,10 +306,6 @@ def fold_flops_per_micro_batch(m: ModelSpec, targets: str, rank: int) -> float:
     return total * m.num_layers
 
 
-#: Bytes per element of a dropout mask in training: CUDA's fused ``native_dropout`` saves a boolean
-#: mask (aten/native/Dropout.cpp ``is_fused_kernel_acceptable``: CUDA, XPU, lazy and privateuse1
-#: tensors). On the CPU torch's ``_dropout_impl`` saves a noise tensor in the input's dtype instead.
-DROPOUT_MASK_BYTES = 1
 #: The activation-list names of norm tensors saved only for the norm weight's gradient: the
 #: normalised input of RMSNorm's weight multiply (Gemma's fp32 one of ``1 + weight``).
 #: LayerNorm's saved input, mean and rstd serve its input gradient too.
@@ -324,21 +320,21 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, .
     only when the weight requires grad; bitsandbytes' ``MatMul4Bit`` likewise).
 
     Not listed, because another op saves them too: SDPA's output (its own backward reads it; Llama-
-    style o_proj reads it as a view), the gated MLP's gate and up (the product saves both), GPT-2's
-    activation input. Source: the activation lists' own docstrings; traced per family
+    style o_proj reads it as a view), the gated MLP's gate and up (the product saves both), a plain
+    MLP's activation input. The MLP's output matmul reads the plain MLP's activation output or the
+    gated MLP's product. Source: the activation lists' own docstrings; traced per family
     (tests/test_adapters.py)."""
     names = [t.name for t in P.layer_matmuls(m)]
     first = tuple(t.name for t in _first_matmuls(m))
     attn_out = next(n for n in names if n.startswith("self_attn.o_proj"))
     mlp_in = tuple(n for n in names if n.startswith(("mlp.gate", "mlp.up", "mlp.fc_in")))
     mlp_out = tuple(n for n in names if n.startswith(("mlp.down", "mlp.fc_out")))
-    inputs = {"qkv input": first}
-    if m.family == "gpt2":
-        inputs |= {"fc input": mlp_in, "act output": mlp_out}
+    inputs = {"qkv input": first, "mlp input": mlp_in,
+              "act output" if m.mlp_kind == MlpKind.PLAIN else "act*up": mlp_out}
+    if m.family == "gpt2":  # GPT-2's own attention module (planner.cost.activations._gpt2_attention)
         if not fused:
             inputs["out-proj input"] = (attn_out,)
         return inputs
-    inputs |= {"mlp input": mlp_in, "act*up": mlp_out}
     if not fused:
         inputs["attn out (contiguous)"] = (attn_out,)
     elif m.fused_qkv:
@@ -361,7 +357,7 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     - ``cast``: the adapters' dtype is not the activations' (fp32 adapters over a 16-bit model
       under autocast). peft casts A's input to fp32 (``_cast_input_dtype``) and autocast casts it
       back to the compute dtype, so each wrapped matmul's A saves its own copy, c per input element.
-    - ``dropout`` > 0: each wrapped matmul's own dropout saves its mask (``DROPOUT_MASK_BYTES`` per
+    - ``dropout`` > 0: each wrapped matmul's own dropout saves its mask (``A.DROPOUT_MASK_BYTES`` per
       element) and A saves the dropped input (c per element; under ``cast`` its 16-bit copy).
     - Every wrapped matmul: A's output, r elements in the compute dtype, which B saves.
     - ``dora``: peft's DoRA output ``(m - 1) * base + m * lora * s`` multiplies the trained magnitude
@@ -397,7 +393,7 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
         d_in = t.shape[1]
         short = t.name.removesuffix(".weight")
         if dropout > 0:
-            saved.append((f"{short} dropout mask", DROPOUT_MASK_BYTES * d_in))
+            saved.append((f"{short} dropout mask", A.DROPOUT_MASK_BYTES * d_in))
         if own_copy:
             saved.append((f"{short} adapter input", c * d_in))
         saved.append((f"{short} lora_A output", c * lora_rank(m, t, rank)))

@@ -4,7 +4,7 @@ Counting is exact, tensor by tensor, so that per-tensor rules (bitsandbytes' sma
 exemption, ZeRO-3's persistence threshold, Adafactor's factored moments) can be applied.
 Source for the layouts: the transformers modeling files of each family (modeling_llama.py,
 modeling_mistral.py, modeling_qwen2.py, modeling_qwen3.py, modeling_mixtral.py,
-modeling_gemma2.py, modeling_phi3.py, modeling_gpt2.py). A test builds every catalog model on the
+modeling_gemma2.py, modeling_phi3.py, modeling_starcoder2.py, modeling_gpt2.py). A test builds every catalog model on the
 meta device with transformers and compares the total exactly.
 """
 
