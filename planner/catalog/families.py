@@ -123,6 +123,7 @@ def _gpt2(c: dict) -> dict:
         mlp_kind=MlpKind.PLAIN,
         attention_dropout=float(c.get("attn_pdrop", 0.1)),
         residual_dropout=float(c.get("resid_pdrop", 0.1)),
+        embedding_dropout=float(c.get("embd_pdrop", 0.1)),  # nn.Dropout on token + position embeddings
     )
 
 

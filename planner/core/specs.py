@@ -52,7 +52,7 @@ class ModelSpec(BaseModel):
     # dropout probabilities in training (0: none); each saves a mask for backward
     attention_dropout: float = 0.0  # on the attention probabilities (GPT-2 attn_pdrop, StarCoder2 attention_dropout)
     residual_dropout: float = 0.0  # on each block's output before its residual add (GPT-2 resid_pdrop, StarCoder2)
-    embedding_dropout: float = 0.0  # on the embeddings' output (StarCoder2; GPT-2's embd_pdrop is not read)
+    embedding_dropout: float = 0.0  # on the embeddings' output (GPT-2 embd_pdrop, StarCoder2 embedding_dropout)
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     # tokens a query attends back to where the model's layers use sliding-window attention

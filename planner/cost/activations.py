@@ -212,15 +212,16 @@ def _residual_dropout(m: ModelSpec) -> Saved:
 
 
 def embedding_dropout_bytes(m: ModelSpec) -> float:
-    """Bytes per token dropout on the embeddings' output saves (StarCoder2 ``embedding_dropout``):
+    """Bytes per token dropout on the embeddings' output saves (GPT-2 ``embd_pdrop``: ``nn.Dropout`` on
+    the token plus position embeddings; StarCoder2 ``embedding_dropout``):
     its mask (``DROPOUT_MASK_BYTES`` per element of the hidden width), held from the forward's start
     until the backward reaches the embeddings, beside every layer's saved tensors in every
     checkpointing mode (it is outside the layers). Its output is the first layer's input, which the
     layer lists count. 0 without embedding dropout. Over frozen embeddings (an adapter) autograd
     keeps the mask only where the embeddings' output is made to require grad (transformers'
     activation_checkpointing_enable calls enable_input_require_grads); it is counted in every case,
-    an upper bound by h bytes per token. Source: transformers modeling_starcoder2.py
-    (``Starcoder2Model.forward``); traced (tests/test_traced.py)."""
+    an upper bound by h bytes per token. Source: transformers modeling_gpt2.py (``GPT2Model.drop``),
+    modeling_starcoder2.py (``Starcoder2Model.forward``); traced (tests/test_traced.py)."""
     return DROPOUT_MASK_BYTES * m.hidden_size if m.embedding_dropout > 0 else 0.0
 
 
