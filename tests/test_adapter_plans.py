@@ -15,6 +15,7 @@ from planner.cost import params as P
 from planner.emit import build_files, single_plan_result
 from planner.engine.suggest import SuggestRequest, suggest
 from strategies import TrainingConfig
+from strategies import adapter as strategies_adapter
 
 from helpers import examples, round_trip, round_trip_errors, run
 
@@ -355,12 +356,13 @@ def test_full_fine_tuning_answers_say_what_an_adapter_would_give():
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2"])
-def test_a_model_built_from_its_config_is_quantized_as_the_plan_counts(tmp_path, model_type):
-    """The measured probe builds QLoRA's model from a config (from_config cannot quantize): the
-    runtime replaces the decoder linears by bitsandbytes NF4 layers in place. On the CPU, the
-    quantized model's parameter and quantization-state bytes equal the planner's
-    qlora_weight_bytes exactly (GPT-2's Conv1D layers included), and the peft-wrapped model trains
-    a step."""
+@pytest.mark.parametrize("adapter", ["qlora", "lora-int8"])
+def test_a_model_built_from_its_config_is_quantized_as_the_plan_counts(tmp_path, model_type, adapter):
+    """The measured probe builds a quantized base from a config (from_config cannot quantize):
+    the runtime replaces the decoder linears by bitsandbytes NF4 (QLoRA) or int8 (lora-int8)
+    layers in place. On the CPU, the quantized model's parameter and quantization-state bytes
+    equal the planner's quantized base exactly (GPT-2's Conv1D layers included), and the
+    peft-wrapped model trains a step."""
     pytest.importorskip("bitsandbytes")
     peft = pytest.importorskip("peft")
     import torch
@@ -373,18 +375,22 @@ def test_a_model_built_from_its_config_is_quantized_as_the_plan_counts(tmp_path,
              else dict(n_embd=256, n_layer=2, n_head=4, vocab_size=512, n_positions=64))  # GPT-2: Conv1D layers
     cfg = transformers.AutoConfig.for_model(model_type=model_type, **sizes)
     cfg.save_pretrained(tmp_path)
-    config = TrainingConfig(adapter="qlora", lora_rank=4)
+    config = TrainingConfig(adapter=adapter, lora_rank=4)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    assert any("NF4" in n for n in runtime.prepare(model, config, runtime.Site.MEASURED))
+    assert any(("NF4" if adapter == "qlora" else "int8") in n for n in runtime.prepare(model, config,
+                                                                                          runtime.Site.MEASURED))
 
     def stored(p):
         q = getattr(p, "quant_state", None)
+        if getattr(p, "SCB", None) is not None:  # int8: the fp32 scale per row
+            return p.numel() + p.SCB.numel() * 4
         if q is None:
             return p.numel() * p.element_size()
         nested = q.state2.absmax.numel() * 4 + q.state2.code.numel() * 4 + 4 if q.state2 is not None else 0
         return p.numel() * p.element_size() + q.absmax.numel() * q.absmax.element_size() + q.code.numel() * 4 + nested
 
-    assert sum(stored(p) for p in model.parameters()) == AD.qlora_weight_bytes(resolve_model(str(tmp_path / "config.json")), True)
+    packed, rest = AD.quantized_weight_parts(resolve_model(str(tmp_path / "config.json")), strategies_adapter.spec_of(config))
+    assert sum(stored(p) for p in model.parameters()) == packed + 2 * rest
     wrapped, _ = runtime.wrap(model, config, runtime.Site.MEASURED)
     assert isinstance(wrapped, peft.PeftModel)
     ids = torch.randint(0, 512, (2, 16))

@@ -85,7 +85,8 @@ def test_the_adapter_plan_suggested_for_an_rtx_4090_trains(tmp_path, tmp_path_fa
     config = winner.config.model_dump() | SHAPE | {"loss": "standard"}
     plan = run(TINY, "1xRTX4090-24", **config)
     assert plan.feasible, plan.reasons
-    _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, 29900 + 7 * ["lora", "qlora", "lora-int8"].index(adapter), 1)
+    port = 29900 + 7 * ["lora", "qlora", "lora-int8"].index(adapter)
+    _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port, 1)
 
 
 def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int, processes: int) -> None:

@@ -64,50 +64,57 @@ def frozen_linears(model):
                 yield parent, name, child
 
 
+def _replace_frozen_linears(model, build) -> int:
+    """Replace every ``frozen_linears`` layer by ``build(out_features, in_features, weight on the
+    CPU, has_bias)``'s bitsandbytes layer on the same device, which quantizes as it moves there
+    (Conv1D's (in, out) weight transposed to a linear's (out, in), as transformers' quantized load
+    does); its bias stays a frozen 16-bit parameter. Returns how many were replaced."""
+    import torch
+
+    found = list(frozen_linears(model))
+    for parent, name, child in found:
+        weight = child.weight.data if isinstance(child, torch.nn.Linear) else child.weight.data.t().contiguous()
+        device = weight.device
+        q = build(*weight.shape, weight.to("cpu"), child.bias is not None)
+        if child.bias is not None:
+            q.bias = torch.nn.Parameter(child.bias.data.to("cpu"), requires_grad=False)
+        setattr(parent, name, q.to(device))
+    return len(found)
+
+
 def quantize_nf4(model, config) -> str:
-    """Replace every ``frozen_linears`` layer by a bitsandbytes NF4 ``Linear4bit`` on the same
-    device (Conv1D's (in, out) weight transposed to a linear's (out, in), as transformers' 4-bit
-    load does)."""
+    """The frozen decoder linears as bitsandbytes NF4 ``Linear4bit`` (double quantization, the
+    plan's compute and storage dtypes)."""
     import bitsandbytes as bnb
     import torch
 
     q = quantization_config(config)
     compute = getattr(torch, q["bnb_4bit_compute_dtype"])
     storage = getattr(torch, q.get("bnb_4bit_quant_storage", "uint8"))
-    found = list(frozen_linears(model))
-    for parent, name, child in found:
-        weight = child.weight.data if isinstance(child, torch.nn.Linear) else child.weight.data.t().contiguous()
-        device = weight.device
-        out_features, in_features = weight.shape
-        q = bnb.nn.Linear4bit(in_features, out_features, bias=child.bias is not None, compute_dtype=compute,
-                              compress_statistics=True, quant_type="nf4", quant_storage=storage)
-        q.weight = bnb.nn.Params4bit(weight.to("cpu"), requires_grad=False, compress_statistics=True, quant_type="nf4",
-                                     quant_storage=storage)
-        if child.bias is not None:
-            q.bias = torch.nn.Parameter(child.bias.data.to("cpu"), requires_grad=False)
-        setattr(parent, name, q.to(device))
-    return f"qlora: {len(found)} decoder linears quantized to NF4 (double quantization) in place"
+
+    def build(out_features, in_features, weight, bias):
+        layer = bnb.nn.Linear4bit(in_features, out_features, bias=bias, compute_dtype=compute, compress_statistics=True,
+                                  quant_type="nf4", quant_storage=storage)
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, compress_statistics=True, quant_type="nf4",
+                                         quant_storage=storage)
+        return layer
+
+    n = _replace_frozen_linears(model, build)
+    return f"qlora: {n} decoder linears quantized to NF4 (double quantization) in place"
 
 
 def quantize_int8(model) -> str:
-    """Replace every ``frozen_linears`` layer by a bitsandbytes ``Linear8bitLt`` (int8 weights,
-    no fp16 copy, outlier threshold 6.0: transformers' ``load_in_8bit`` defaults) on the same
-    device, quantized as it moves there."""
+    """The frozen decoder linears as bitsandbytes ``Linear8bitLt`` (int8 weights, no fp16 copy,
+    outlier threshold 6.0: transformers' ``load_in_8bit`` defaults)."""
     import bitsandbytes as bnb
-    import torch
 
-    found = list(frozen_linears(model))
-    for parent, name, child in found:
-        weight = child.weight.data if isinstance(child, torch.nn.Linear) else child.weight.data.t().contiguous()
-        device = weight.device
-        out_features, in_features = weight.shape
-        q = bnb.nn.Linear8bitLt(in_features, out_features, bias=child.bias is not None, has_fp16_weights=False,
-                                threshold=6.0)
-        q.weight = bnb.nn.Int8Params(weight.to("cpu"), requires_grad=False, has_fp16_weights=False)
-        if child.bias is not None:
-            q.bias = torch.nn.Parameter(child.bias.data.to("cpu"), requires_grad=False)
-        setattr(parent, name, q.to(device))
-    return f"lora-int8: {len(found)} decoder linears quantized to int8 (LLM.int8()) in place"
+    def build(out_features, in_features, weight, bias):
+        layer = bnb.nn.Linear8bitLt(in_features, out_features, bias=bias, has_fp16_weights=False, threshold=6.0)
+        layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
+        return layer
+
+    n = _replace_frozen_linears(model, build)
+    return f"lora-int8: {n} decoder linears quantized to int8 (LLM.int8()) in place"
 
 
 def wrap(model, config, site: Site):
