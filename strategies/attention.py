@@ -72,7 +72,7 @@ def _read(job: JobFiles, r: Reading) -> None:
         sources.append((job.training_args, job.training_args_where, None))
     for d, where, default in sources:
         name = d.get("attn_implementation", default)
-        if name in READS:
+        if isinstance(name, str) and name in READS:
             r.set("attention", READS[name], f"{where}: attn_implementation {name}")
         elif name is not None:
             r.problems.append(f"{where}: attn_implementation {name!r} is not one of {', '.join(READS)}")

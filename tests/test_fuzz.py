@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from planner.check.frameworks import AXOLOTL, LLAMAFACTORY, MARKERS
 from planner.check.job_files import known_keys
+from planner.check.recipe_keys import recipe_keys
 from planner.cli import app
 
 from helpers import examples
@@ -151,9 +153,15 @@ READERS = {
                                                                                 "bfloat16", "train_batch_size",
                                                                                 "train_micro_batch_size_per_gpu"]),
     "--training-args": ("t.yaml", sorted(known_keys()["training_args"]) + ["use_peft", "lora_r", "load_in_4bit",
+                                                                             "load_in_8bit", "lora_modules_to_save",
                                                                              "lora_target_modules", "max_seq_length"]),
     "--runtime-args": ("runtime.json", ["dtype", "seq_len", "lora", "quantization", "attn_implementation", "r",
-                                        "load_in_4bit", "target_modules", "use_dora"]),
+                                        "load_in_4bit", "load_in_8bit", "target_modules", "use_dora", "optimizer",
+                                        "checkpointing"]),
+    # the framework files, through --training-args, each with one of the keys that tell the
+    # framework apart (planner/check/frameworks.py MARKERS)
+    "--training-args llamafactory": ("lf.yaml", sorted(recipe_keys()[LLAMAFACTORY][1])),
+    "--training-args axolotl": ("ax.yaml", sorted(recipe_keys()[AXOLOTL][1])),
 }
 
 
@@ -173,12 +181,28 @@ def test_generated_job_files_end_cleanly(tmp_path_factory, data, option):
 
     name, keys = READERS[option]
     tree = data.draw(st.dictionaries(st.sampled_from(keys), VALUES | _tree(keys), max_size=6))
+    if " " in option:  # a framework file: one of its marker keys, so it is read as that framework's
+        framework = option.split()[1]
+        tree[data.draw(st.sampled_from(MARKERS[framework]))] = data.draw(VALUES | _tree(keys))
     path = tmp_path_factory.getbasetemp() / name
     path.write_text(json.dumps(tree, allow_nan=True) if name.endswith(".json") else yaml.safe_dump(tree))
-    field = option.removeprefix("--").replace("-", "_")
+    field = option.split()[0].removeprefix("--").replace("-", "_")
     try:
         result = check(CheckRequest(model="gpt2", gpus="8xH100-80", alternatives=0, **{field: path}))
     except PlannerInputError as e:
         assert e.problems and all(isinstance(p, str) and p for p in e.problems), tree
     else:
         assert result.estimate.memory["peak"] > 0 and result.estimate.time.tokens_per_second > 0, tree
+
+
+@pytest.mark.parametrize("text", ["stage: sft\nflash_attn: {a: 1}\n", "base_model: x\nfsdp_config: true\n",
+                                  "base_model: x\nattn_implementation: {a: 1}\n"])
+def test_framework_files_with_values_of_the_wrong_type_end_cleanly(tmp_path, text):
+    """Crashes the generated framework files found (TypeError: a mapping where LLaMA-Factory's
+    flash_attn or an attn_implementation name belongs, a boolean fsdp_config): each is now exit 2
+    with the key named."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    out = CliRunner().invoke(app, ["check", "--model", "gpt2", "--gpus", "1xA100-80", "--training-args", str(path)])
+    assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+    assert any(k in out.output for k in ("flash_attn", "fsdp_config", "attn_implementation")), out.output

@@ -131,8 +131,11 @@ def _llamafactory(t: Translation) -> None:
               in d else "no disable_gradient_checkpointing (LLaMA-Factory's default: checkpointing on)")
     t.default("max_length", "cutoff_len", 2048)
     attention = d.get("flash_attn", "auto")
-    if attention in LF_ATTENTION:
+    if isinstance(attention, str) and attention in LF_ATTENTION:
         t.put("attn_implementation", LF_ATTENTION[attention], f"flash_attn {attention}")
+    elif attention != "auto":
+        t.problems.append(f"{where}: flash_attn {attention!r}: one of auto, {', '.join(LF_ATTENTION)} "
+                          "(llamafactory-cli refuses other values)")
     if d.get("enable_liger_kernel"):
         t.put("use_liger_kernel", True, "enable_liger_kernel")
     if d.get("pure_bf16"):
@@ -215,7 +218,11 @@ def _axolotl_fsdp(t: Translation) -> None:
     version from ``fsdp_version`` anywhere, FSDP1 when none is given) as the Trainer's."""
     d = t.d
     raw = d.get("fsdp_config") or {}
-    config = {str(k).removeprefix("fsdp_"): v for k, v in raw.items()} if isinstance(raw, dict) else {}
+    if not isinstance(raw, dict):
+        t.problems.append(f"{t.where}: fsdp_config must be a mapping of FSDP options (axolotl's schema refuses "
+                          f"{type(raw).__name__})")
+        raw = {}
+    config = {str(k).removeprefix("fsdp_"): v for k, v in raw.items()}
     version = config.pop("version", d.get("fsdp_version", 1))
     config["version"] = version
     where = "fsdp_version" if "fsdp_version" in d or "fsdp_version" in raw or "version" in raw else \
