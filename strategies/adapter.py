@@ -123,7 +123,7 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     gathered = layer + per_layer
     if spec.nf4:  # FSDP-QLoRA gathers the packed NF4 codes in their 16-bit storage dtype
         storage = DTYPE_BYTES[compute_dtype(ctx.config)]
-        gathered -= sum(t.numel - AD.nf4_storage_elements(t.numel, storage) for t in AD.qlora_layer_quantized(m))
+        gathered -= sum(t.numel - AD.nf4_storage_elements(t.numel, storage) for t in AD.layer_quantized(m))
     return {"trainable_parameters": trained, "frozen_parameters": P.total_parameters(m), "adapter": spec,
             "layer_trained": per_layer, "layer_gathered": gathered, "root_trained": 0}
 
@@ -179,7 +179,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     wdt = {4: "fp32", 2: "16-bit"}[lay.frozen_bytes]
     if spec.nf4 and ctx.engine == Engine.FSDP:  # FSDP2 shards the codes; the state is every rank's
         c = lay.dtypes.compute
-        quantized = AD.qlora_layer_quantized(m)
+        quantized = AD.layer_quantized(m)
         codes = sum(AD.nf4_storage_elements(t.numel, c) for t in quantized) * m.num_layers
         state = sum(AD.nf4_state_bytes(t.numel) for t in quantized) * m.num_layers
         _, rest = AD.qlora_weight_parts(m, True)
@@ -204,12 +204,11 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         ledger.add("autocast_weight_copies", "autocast casts of the adapters' weights", lay.trainable_parameters, c,
                    phases=FORWARD_AND_BACKWARD, note="torch.amp casts of the fp32 adapters")
     wrapped = AD.wrapped(m, spec.targets)
+    largest = max((t.numel for t in AD.layer_quantized(m)), default=0)  # the widest weight bitsandbytes dequantizes
     if spec.nf4:
-        largest = max(t.numel for t in P.layer_matmuls(m) if AD.bnb_quantized(m, t))
         ledger.add("autocast_weight_copies", NF4_DEQUANTIZED, largest, c,
                    phases=FORWARD_AND_BACKWARD, note="bitsandbytes dequantizes per matmul, forward and backward")
     if spec.int8:
-        largest = max(t.numel for t in P.layer_matmuls(m) if AD.bnb_quantized(m, t))
         ledger.add("autocast_weight_copies", INT8_DEQUANTIZED, largest, c, phases=frozenset({Phase.BACKWARD}),
                    note="CB.to(dtype) * SCB / 127 per matmul's input gradient")
         ledger.add("activations", INT8_TEMPORARIES, AD.int8_forward_temporaries(m), ctx.config.tokens_per_micro_batch,
@@ -248,7 +247,7 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
                   note="A and B weight and input gradients")
     c = ctx.layout.dtypes.compute
     if spec.nf4:
-        elements = sum(t.numel for t in P.layer_matmuls(m) if AD.bnb_quantized(m, t)) * m.num_layers
+        elements = sum(t.numel for t in AD.layer_quantized(m)) * m.num_layers
         once = elements * (0.5 + c) / rates.bandwidth(ctx)
         recompute = ctx.config.checkpointing == "full"
         draft.compute("elementwise", "QLoRA dequantization (forward)", once, Window.FORWARD)

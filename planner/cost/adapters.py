@@ -165,18 +165,24 @@ def nf4_storage_elements(numel: int, storage_bytes: int) -> int:
     return ceil(ceil(numel / 2) / storage_bytes)
 
 
-def qlora_layer_quantized(m: ModelSpec) -> tuple[P.ParamTensor, ...]:
-    """One decoder layer's weights a 4-bit load stores in NF4 (``bnb_quantized``)."""
+def layer_quantized(m: ModelSpec) -> tuple[P.ParamTensor, ...]:
+    """One decoder layer's weights a bitsandbytes load quantizes (``bnb_quantized``)."""
     return tuple(t for t in P.layer_tensors(m) if bnb_quantized(m, t))
 
 
-def qlora_weight_parts(m: ModelSpec, double_quant: bool) -> tuple[int, int]:
-    """The frozen base model loaded in 4 bits, in two parts: bytes of its NF4 weights
-    (``nf4_bytes`` where ``bnb_quantized``), and elements of every other parameter (kept in the
-    16-bit load dtype)."""
-    nf4 = sum(nf4_bytes(t.numel, double_quant) * P.multiplicity(m, t) for t in P.model_tensors(m) if bnb_quantized(m, t))
+def _weight_parts(m: ModelSpec, size) -> tuple[int, int]:
+    """The frozen base model loaded quantized, in two parts: bytes of its quantized weights
+    (``size(tensor)`` each where ``bnb_quantized``) and elements of every other parameter (kept in
+    the 16-bit load dtype)."""
+    packed = sum(size(t) * P.multiplicity(m, t) for t in P.model_tensors(m) if bnb_quantized(m, t))
     rest = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if not bnb_quantized(m, t))
-    return nf4, rest
+    return packed, rest
+
+
+def qlora_weight_parts(m: ModelSpec, double_quant: bool) -> tuple[int, int]:
+    """The frozen base model loaded in 4 bits: bytes of its NF4 weights (``nf4_bytes``) and
+    elements of every other parameter (``_weight_parts``)."""
+    return _weight_parts(m, lambda t: nf4_bytes(t.numel, double_quant))
 
 
 def qlora_weight_bytes(m: ModelSpec, double_quant: bool, other_bytes: int = 2) -> int:
@@ -203,8 +209,7 @@ def quantized_weight_parts(m: ModelSpec, spec: "AdapterSpec") -> tuple[int, int]
     (``bnb_quantized``: NF4 with double quantization, ``nf4_bytes``, or int8, ``int8_bytes``) and
     elements of every other parameter (kept in the 16-bit load dtype)."""
     if spec.int8:
-        return (sum(int8_bytes(t.shape) * P.multiplicity(m, t) for t in P.model_tensors(m) if bnb_quantized(m, t)),
-                sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if not bnb_quantized(m, t)))
+        return _weight_parts(m, lambda t: int8_bytes(t.shape))
     return qlora_weight_parts(m, True)
 
 
@@ -215,7 +220,7 @@ def int8_forward_temporaries(m: ModelSpec) -> int:
     (``int8_linear_matmul``, 4 d_out) and its fp16 dequantization (``int8_mm_dequant``, 2 d_out)
     coexist; the fp16 cast of a bf16 input is freed once quantized. Outlier columns (``threshold``
     6.0) add an fp16 matmul over the few outlier features: not counted (data dependent)."""
-    return max(t.shape[1] + 6 * t.shape[0] for t in P.layer_matmuls(m) if bnb_quantized(m, t))
+    return max(t.shape[1] + 6 * t.shape[0] for t in layer_quantized(m))
 
 
 def int8_traffic(m: ModelSpec, compute_bytes: int) -> tuple[float, float]:
@@ -229,7 +234,7 @@ def int8_traffic(m: ModelSpec, compute_bytes: int) -> tuple[float, float]:
     - Backward: ``CB.to(dtype, copy=True).mul_(SCB / 127)``, the whole weight dequantized once per
       backward (read 1, write c, then read c and write c): (1 + 3 c) per element, per token none.
     Source: bitsandbytes 0.50 ``autograd/_functions.py`` ``MatMul8bitLt``. Unit: bytes."""
-    quantized = [t for t in P.layer_matmuls(m) if bnb_quantized(m, t)]
+    quantized = layer_quantized(m)
     forward = sum((compute_bytes + 5) * t.shape[1] + (8 + compute_bytes) * t.shape[0] for t in quantized) * m.num_layers
     backward = sum((1 + 3 * compute_bytes) * t.numel for t in quantized) * m.num_layers
     return forward, backward
