@@ -12,7 +12,8 @@ itself (planner/launch/cpu.py). ZeRO-Offload builds DeepSpeed's CPU Adam (a C++ 
 50 s on 2 cores) into the test's own folder, so no build is left behind. Hybrid FSDP runs as two
 machines (a launch.sh per MACHINE_RANK) on this host, 2 x 2 processes. Not run here, because the
 CPU cannot: Liger's chunked loss (Triton kernels, CUDA), paged memory (bitsandbytes falls back to
-unpaged state on the CPU; the class is still checked: paged-adamw, paged-adamw-8bit).
+unpaged state on the CPU; the class is still checked: paged-adamw, paged-adamw-8bit). ZeRO with fp16
+is skipped, with the reason, where DeepSpeed's CPU accelerator says the CPU has no fp16.
 """
 
 import json
@@ -24,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from planner.emit import build_files, single_plan_result, write_files
+from strategies.precision import Precision
+from strategies.sharding import Engine, engine_of
 
 from helpers import run
 
@@ -65,9 +68,10 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name, gpus, config, processes", CASES, ids=[c[0] for c in CASES])
-def test_launch_runs_the_plan(tmp_path, tmp_path_factory, tiny_model, name, gpus, config, processes):
+def test_launch_runs_the_plan(tmp_path, tmp_path_factory, tiny_model, monkeypatch, name, gpus, config, processes):
     plan = run(TINY, gpus, **(dict(precision="bf16-mixed") | SHAPE | config))
     assert plan.feasible, plan.reasons
+    _skip_where_deepspeed_refuses_fp16(plan, monkeypatch)
     _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, 29700 + 7 * [c[0] for c in CASES].index(name),
                         processes)
 
@@ -87,6 +91,24 @@ def test_the_adapter_plan_suggested_for_an_rtx_4090_trains(tmp_path, tmp_path_fa
     assert plan.feasible, plan.reasons
     port = 29900 + 7 * ["lora", "qlora", "lora-int8"].index(adapter)
     _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port, 1)
+
+
+def _skip_where_deepspeed_refuses_fp16(plan, monkeypatch) -> None:
+    """DeepSpeed refuses fp16 where its accelerator says the device has none ("Type fp16 is not
+    supported on your device"). Without CUDA the launch runs DeepSpeed's CPU accelerator (chosen by
+    its auto-detection; DS_ACCELERATOR=cpu names it here), whose answer is oneDNN's: torch's
+    ``_is_mkldnn_fp16_supported``, true on x86 CPUs with AVX512-FP16 or AVX-NE-CONVERT."""
+    import torch
+
+    if (engine_of(plan.config.sharding) != Engine.DEEPSPEED or plan.config.precision != Precision.FP16_MIXED
+            or torch.cuda.is_available()):
+        return
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    from deepspeed.accelerator import get_accelerator
+
+    if not get_accelerator().is_fp16_supported():
+        pytest.skip("DeepSpeed's CPU accelerator has no fp16 here: this CPU lacks oneDNN's fp16 support "
+                    "(AVX512-FP16 or AVX-NE-CONVERT on x86); the case runs on CPUs with it and on CUDA GPUs")
 
 
 def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int, processes: int) -> None:
