@@ -9,5 +9,6 @@ and at the end the live objects of the run are compared with it (planner.launch.
 
 Layer: above check and runtime, beside the CLI (tests/test_layers.py); torch, transformers and
 accelerate are imported when a function runs. Exit codes: 0 trained as planned, 1 the live run
-differs from the plan (it names how), 2 bad input (files, flags, model or data).
+differs from the plan (it names how), 2 bad input (files, flags, model or data), 3 a package the
+plan needs is missing (it names the module and the pip extra of planner that installs it).
 """

@@ -3,6 +3,7 @@ runtime applied, the packed data, and the Trainer that runs them (torch, transfo
 accelerate are imported here, when a launch runs)."""
 
 import argparse
+import importlib
 
 from planner.catalog.files import read_mapping
 from planner.check.job_files import beside
@@ -10,7 +11,8 @@ from planner.core.errors import PlannerInputError
 from planner.launch import cpu
 from planner.launch.data import SAMPLE, packed_blocks, read_texts
 from strategies import TrainingConfig
-from strategies.optimizer import RUNTIME_BUILT
+from strategies.adapter import Adapter, quantization_config
+from strategies.optimizer import BITSANDBYTES, RUNTIME_BUILT, TORCHAO_ADAMW_8BIT, TRAINER_OPTIM, Optimizer
 from strategies.precision import Precision
 from strategies.sharding import FSDP
 
@@ -29,6 +31,8 @@ class Session:
         cpu.before_training_arguments()
         path = self.args.job_dir / "training_args.json"
         values = read_mapping(path, "training arguments")
+        for module in self.packages_called_on(values):
+            importlib.import_module(module)
         if isinstance(values.get("deepspeed"), str):  # as planner check finds it: beside the file first
             values["deepspeed"] = str(beside(path, values["deepspeed"]))
         try:
@@ -43,6 +47,20 @@ class Session:
         for field, value in updates.items():
             setattr(training, field, value)
         return training
+
+    def packages_called_on(self, training_args: dict) -> list[str]:
+        """The packages the plan's settings call on. The launch imports them before the tokenizer and
+        model load: transformers and accelerate check for them with an ImportError that names no
+        module (or, for DeepSpeed, a TypeError), and a missing one then exits 3, named (train.main)."""
+        c, optim = self.config, training_args.get("optim")
+        return [module for module, needed in (
+            ("deepspeed", bool(training_args.get("deepspeed"))),
+            ("liger_kernel.transformers", training_args.get("use_liger_kernel") is True),
+            ("bitsandbytes", quantization_config(c) is not None or optim in {TRAINER_OPTIM[o] for o in BITSANDBYTES}),
+            ("torchao", optim == TORCHAO_ADAMW_8BIT or c.precision == Precision.FP8_MIXED),
+            ("peft", c.adapter != Adapter.NONE),
+            ("adam_mini", c.optimizer == Optimizer.ADAM_MINI),
+        ) if needed]
 
     def model(self):
         """The user's model, loaded locally with the plan's keyword arguments (load dtype, attention),

@@ -20,7 +20,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m planner.launch",
         description="Train a model as a planner plan says (run by the plan's launch.sh under accelerate launch). "
-                    "Exit codes: 0 trained as planned, 1 the live run differs from the plan, 2 bad input.")
+                    "Exit codes: 0 trained as planned, 1 the live run differs from the plan, 2 bad input, "
+                    "3 a package the plan needs is missing (the message names it and the pip install line).")
     p.add_argument("--job-dir", type=Path, default=Path(os.environ.get("PLANNER_JOB_DIR", ".")),
                    help="the plan folder (planner suggest --out); default: $PLANNER_JOB_DIR, set by launch.sh")
     p.add_argument("--model", required=True, help="a local model folder, or a Hugging Face id in the local cache")
@@ -62,7 +63,64 @@ def main(argv: list[str] | None = None) -> None:
         if e.hint:
             print(e.hint, file=sys.stderr)
         code = 2
+    except ImportError as e:
+        module = _missing_module(e)
+        if module is None:  # planner's own code or the standard library: a bug, with its traceback
+            raise
+        print(_missing_module_message(module, e), file=sys.stderr)
+        code = 3
     sys.exit(code)
+
+
+#: planner's own top-level packages (pyproject.toml's packages.find): an import of them failing is a bug.
+OWN_PACKAGES = ("planner", "strategies", "probes")
+
+
+def _missing_module(e: ImportError) -> str | None:
+    """The top-level third-party module whose import failed: ``e.name``, or that of the import
+    error ``e`` was raised from (planner.runtime re-raises some with install advice, ``from None``)."""
+    while e is not None:
+        if isinstance(e, ImportError) and e.name:
+            top = e.name.partition(".")[0]
+            return None if top in OWN_PACKAGES or top in sys.stdlib_module_names else top
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _missing_module_message(module: str, error: ImportError) -> str:
+    """One paragraph: the module, and the pip install line of planner's extra that provides it."""
+    from packaging.utils import canonicalize_name
+
+    dist = canonicalize_name(module)  # (the packages of planner's extras are named as they import: liger_kernel)
+    extra = _smallest_extra_installing(dist)
+    missing = isinstance(error, ModuleNotFoundError)
+    pip = "pip install" if missing else "pip install -U"
+    install = (f"{pip} 'planner[{extra}]' (planner's {extra} extra; PLAN.md's \"How to run\" names every extra "
+               "this plan needs)") if extra else f"{pip} {dist}"
+    state = "is not installed" if missing else f"does not import ({error})"
+    return (f"planner.launch: the plan needs the Python package {module}, which {state}. "
+            f"Install it with {install}, then launch again.")
+
+
+def _smallest_extra_installing(dist: str) -> str | None:
+    """The pip extra of planner with the fewest packages that installs ``dist``: pyproject.toml's
+    optional-dependencies, read from the installed planner's metadata (None without it)."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        meta = metadata("planner")
+    except PackageNotFoundError:
+        return None
+    requirements = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
+
+    def installs(extra: str) -> set[str]:
+        return {canonicalize_name(r.name) for r in requirements if r.marker and r.marker.evaluate({"extra": extra})}
+
+    return min((x for x in meta.get_all("Provides-Extra") or [] if dist in installs(x)),
+               key=lambda x: len(installs(x)), default=None)
 
 
 def run(args: argparse.Namespace) -> int:
