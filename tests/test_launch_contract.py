@@ -58,3 +58,24 @@ def test_launcher_trainer_ranks_only_what_the_standard_files_say():
     assert any(getattr(p.config, s.field) in s.runtime_only for p in default.plans for s in REGISTRY)
     with pytest.raises(PlannerInputError, match="--launcher trainer"):
         suggest(SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", optimizer=["adam-mini"], launcher="trainer"))
+
+
+def test_the_live_check_sees_liger_applied_as_the_trainer_applies_it():
+    """``use_liger_kernel`` makes the Trainer call Liger's ``_apply_liger_kernel_to_instance``,
+    which binds its forward to the model instance (the class keeps transformers' own): the live
+    check reads that as the chunked loss. Seen on an H100 (benchmarks/results/H100-SXM-80/launches):
+    the check once read only the class's forward and called Liger's run 'standard'."""
+    import json
+    from pathlib import Path
+
+    pytest.importorskip("liger_kernel")
+    import transformers
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    from planner.launch.live import _loss
+
+    config = json.loads((Path(__file__).parent / "data" / "tiny-llama" / "config.json").read_text())
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    assert _loss(model) == "standard"
+    _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
+    assert _loss(model) == "chunked"

@@ -186,6 +186,16 @@ def _adapter(model) -> dict:
                                                           "int8_linears": eight_bit}}
 
 
+def _loss(model) -> str:
+    """chunked when the forward the model runs is Liger's: its class's (Liger's patch of the class)
+    or the one Liger binds to the instance (``_apply_liger_kernel_to_instance``, what the
+    Trainer's ``use_liger_kernel`` calls: ``model.forward = MethodType(lce_forward, model)``);
+    either function's module is Liger's."""
+    bound = getattr(model.forward, "__func__", model.forward)
+    modules = (getattr(type(model).forward, "__module__", None), getattr(bound, "__module__", None))
+    return "chunked" if any("liger" in (m or "") for m in modules) else "standard"
+
+
 def observe(trainer, session) -> dict:
     """The live configuration: one value per TrainingConfig field, and the facts behind them."""
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped) if hasattr(trainer, "accelerator") else trainer.model
@@ -194,8 +204,7 @@ def observe(trainer, session) -> dict:
     sharding, offload, shard_detail = _sharding_and_offload(trainer, model)
     precision, prec_detail = _precision(trainer, model, sharding)
     checkpointing, ckpt_detail = _checkpointing(model)
-    forward = type(model).forward
-    loss = "chunked" if "liger" in (getattr(forward, "__module__", "") or "") or "liger" in str(getattr(model.forward, "__func__", model.forward)) else "standard"
+    loss = _loss(model)
     shape = getattr(session, "batch_shape", None) or (None, None)
     accum = trainer.model_wrapped.gradient_accumulation_steps() if sharding.startswith("zero") else trainer.args.gradient_accumulation_steps
     adapter = _adapter(model)
