@@ -50,7 +50,8 @@ def catalog_gpu(name: str, total_bytes: int) -> str:
     return name
 
 
-def main() -> None:
+def probe_device() -> DeviceInfo:
+    """This process's view of the first GPU (it starts a CUDA context: run it in a child)."""
     try:
         import torch
 
@@ -58,17 +59,18 @@ def main() -> None:
 
         versions = software_versions()
         if not torch.cuda.is_available():
-            answer(DeviceInfo(available=False, message="no CUDA GPU is visible (torch.cuda.is_available() is "
-                              f"False; torch {torch.__version__}, CUDA build {torch.version.cuda})",
-                              versions=versions).model_dump())
-            return
+            return DeviceInfo(available=False, message="no CUDA GPU is visible (torch.cuda.is_available() is "
+                              f"False; torch {torch.__version__}, CUDA build {torch.version.cuda})", versions=versions)
         free, total = torch.cuda.mem_get_info(0)
         major, minor = torch.cuda.get_device_capability(0)
-        answer(DeviceInfo(available=True, name=torch.cuda.get_device_name(0), count=torch.cuda.device_count(),
-                          total_bytes=total, free_bytes=free, capability=f"{major}.{minor}",
-                          versions=versions).model_dump())
+        return DeviceInfo(available=True, name=torch.cuda.get_device_name(0), count=torch.cuda.device_count(),
+                          total_bytes=total, free_bytes=free, capability=f"{major}.{minor}", versions=versions)
     except ImportError as e:
-        answer(DeviceInfo(available=False, message=f"torch is not installed ({e})").model_dump())
+        return DeviceInfo(available=False, message=f"torch is not installed ({e})")
+
+
+def main() -> None:
+    answer(probe_device().model_dump())
 
 
 if __name__ == "__main__":

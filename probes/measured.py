@@ -27,13 +27,14 @@ step exercises the OOM path.
 
 import os
 import statistics
-import subprocess
 import sys
 import time
 from importlib import metadata
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.core.launch import LAUNCH_ENV
+from probes.gpu_readings import device_used_bytes, process_device_bytes, snapshot
 from strategies import TrainingConfig
 
 #: Device memory a probe leaves free for everyone else on a shared GPU (and the driver).
@@ -80,6 +81,8 @@ class MeasureResult(BaseModel):
     alloc_retries: int | None = None
     num_ooms: int | None = None
     step_seconds: list[float] = []
+    readings: dict[str, dict[str, int | None]] = {}  # start | built | peak -> probes/gpu_readings.py READINGS
+    allocator_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF the run's allocator started with
     versions: dict[str, str | None] = {}
     notes: list[str] = []
     seconds: float = 0.0
@@ -101,19 +104,22 @@ def memory_budget(total: int, free: int, context: int, cap: int | None, unified:
     """The caching allocator's limit, in bytes, for a probe on a possibly shared GPU.
 
     - The plan's GPU holds ``cap`` bytes in all (None: this device's ``total``); the process's
-      context is already resident, so the allocator may use ``cap - context``.
-    - Paged optimizer state lives in CUDA unified memory outside the allocator; it must fit in
-      the device's free memory (never ask for more unified memory than the card has free), so
-      it comes off both limits.
-    - On a shared device at most ``free - SHARED_RESERVE_BYTES`` (less the unified state) is
-      taken; when that is below the plan's limit an OOM here says less about the plan's GPU
-      (``note``)."""
-    target = (cap if cap is not None else total) - context - unified
-    available = free - SHARED_RESERVE_BYTES - unified
-    if unified and unified > free - SHARED_RESERVE_BYTES:
+      context is already resident, so the allocator may use ``cap - context``: on a bigger card
+      that emulates a smaller one, exactly the room the plan's card gives it.
+    - Paged optimizer state lives in CUDA unified memory outside the allocator. Its bytes come off
+      this device's free memory only (never ask for more unified memory than the card has free),
+      not off the emulated card's room: on the plan's card the driver would evict pages to host
+      RAM where the allocator needs the memory, which a bigger card never has to do (so a
+      predicted spill is not measured: the probe's caller says so).
+    - On a shared device at most ``free - SHARED_RESERVE_BYTES - unified`` is taken; when that is
+      below the plan's limit an OOM here says less about the plan's GPU (``note``)."""
+    target = (cap if cap is not None else total) - context
+    room = free - SHARED_RESERVE_BYTES
+    if unified and unified > room:
         return Budget(allocator_limit_bytes=0, refused=(
             f"the paged optimizer needs {unified / 2**30:.2f} GiB of unified memory and the device has "
             f"{free / 2**30:.2f} GiB free: a probe never asks for more unified memory than the card has free"))
+    available = room - unified
     if available <= 0:
         return Budget(allocator_limit_bytes=0, refused=f"the device has only {free / 2**30:.2f} GiB free")
     limit = min(target, available)
@@ -153,8 +159,10 @@ def run_measure(req: MeasureRequest) -> MeasureResult:
     import torch
 
     start = time.perf_counter()
-    fields: dict = {"versions": software_versions(), "notes": []}
+    fields: dict = {"versions": software_versions(), "notes": [],
+                    "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     cuda = req.device == "cuda"
+    readings: dict[str, dict[str, int | None]] = {}
     if cuda and not torch.cuda.is_available():
         return MeasureResult(status="refused", message="no CUDA GPU is visible to this process", **fields)
     torch.manual_seed(req.seed)
@@ -164,16 +172,20 @@ def run_measure(req: MeasureRequest) -> MeasureResult:
     times: list[float] = []
     try:
         if cuda:
-            budget = _cap_cuda(req, device, fields)
+            budget = _cap_cuda(req, device, fields, readings)
             if budget.refused:
-                return MeasureResult(status="refused", message=budget.refused, **fields)
+                return MeasureResult(status="refused", message=budget.refused, readings=readings, **fields)
         where = "build"
         from probes.measured_setup import build_run
 
         run = build_run(req, device)
         fields["notes"] += run.notes
         if cuda:
+            # what the build freed (a quantized model's 16-bit copies) goes back to the driver, as a
+            # training process that loads the model and then trains holds only what training keeps
             torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            readings["built"] = snapshot()
             torch.cuda.reset_peak_memory_stats()
         elif req.memory_cap_bytes:
             _cap_address_space(req.memory_cap_bytes)
@@ -187,14 +199,28 @@ def run_measure(req: MeasureRequest) -> MeasureResult:
                 torch.cuda.synchronize()
             if not warm:
                 times.append(time.perf_counter() - t0)
+            if cuda:  # after the timer: the readings at the step's end, the largest device use kept
+                now = snapshot()
+                if now["device_used"] >= (readings.get("peak") or {}).get("device_used", -1):
+                    readings["peak"] = now
         status, message, where = "ok", "", ""
     except (Exception, MemoryError) as exc:  # the plan's failure is the result
         status, message = classify_failure(exc), f"{type(exc).__name__}: {str(exc)[:1500]}"
     if cuda:
         peaks.mark("")
         fields |= _cuda_memory(req, peaks)
-    return MeasureResult(status=status, message=message, where=where, step_seconds=times,
+        if status != "ok":
+            readings["end"] = _safe_snapshot()
+    return MeasureResult(status=status, message=message, where=where, step_seconds=times, readings=readings,
                          seconds=time.perf_counter() - start, **fields)
+
+
+def _safe_snapshot() -> dict[str, int | None]:
+    """The readings after a failure; empty when the device cannot answer (a CUDA error)."""
+    try:
+        return snapshot()
+    except Exception:  # a sticky CUDA error: nothing more can be read
+        return {}
 
 
 class PhasePeaks:
@@ -218,13 +244,14 @@ class PhasePeaks:
         self.current = phase
 
 
-def _cap_cuda(req: MeasureRequest, device, fields: dict) -> Budget:
+def _cap_cuda(req: MeasureRequest, device, fields: dict, readings: dict) -> Budget:
     """Start CUDA (context and cuBLAS), read the free memory and the context, cap the allocator."""
     import torch
 
     x = torch.ones(256, 256, device=device)
     (x @ x).sum().item()  # loads cuBLAS: its workspace is part of what every step needs
     del x
+    readings["start"] = snapshot()
     free, total = torch.cuda.mem_get_info(device)
     used, _ = process_device_bytes(req.device_used_before_bytes)
     context = max(0, used - torch.cuda.memory_reserved(device)) if used is not None else 0
@@ -234,7 +261,8 @@ def _cap_cuda(req: MeasureRequest, device, fields: dict) -> Budget:
     if budget.note:
         fields["notes"].append(budget.note)
     if not budget.refused:
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget.allocator_limit_bytes / total), device)
+        index = device.index if device.index is not None else torch.cuda.current_device()  # (torch wants one)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget.allocator_limit_bytes / total), index)
     return budget
 
 
@@ -251,49 +279,6 @@ def _cuda_memory(req: MeasureRequest, peaks: PhasePeaks) -> dict:
             "alloc_retries": stats.get("num_alloc_retries", 0), "num_ooms": stats.get("num_ooms", 0),
             "context_bytes": context, "driver_method": method,
             "driver_used_bytes": context + peaks.max_reserved if context is not None else None}
-
-
-def process_device_bytes(device_used_before: int | None) -> tuple[int | None, str]:
-    """Device memory the driver sees this process use, in bytes, and how it was read: NVML per
-    process, nvidia-smi per process, or the device's used memory less ``device_used_before``
-    (containers whose PID namespace hides the process from the driver)."""
-    pid = os.getpid()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i)):
-                if proc.pid == pid and proc.usedGpuMemory:
-                    return int(proc.usedGpuMemory), "nvml"
-    except Exception:  # not installed, or no NVML: the next reading
-        pass
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-        for line in out.splitlines():
-            fields = [f.strip() for f in line.split(",")]
-            if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
-                return int(fields[1]) << 20, "nvidia-smi"
-    except (OSError, subprocess.SubprocessError):
-        pass
-    if device_used_before is not None:
-        import torch
-
-        free, total = torch.cuda.mem_get_info()
-        return total - free - device_used_before, "device used less before"
-    return None, ""
-
-
-def device_used_bytes() -> int | None:
-    """The first GPU's used memory from nvidia-smi (the parent's reading before a probe starts;
-    it starts no CUDA context)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-        return int(out.splitlines()[0]) << 20 if out else None
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
 
 
 def _cap_address_space(extra: int) -> None:
@@ -314,7 +299,29 @@ def measure(req: MeasureRequest, timeout: float) -> MeasureResult:
 
     if req.device == "cuda" and req.device_used_before_bytes is None:
         req = req.model_copy(update={"device_used_before_bytes": device_used_bytes()})
-    outcome = run_child("probes.measured", req.model_dump_json(), timeout)
+    outcome = run_child("probes.measured", req.model_dump_json(), timeout, env=LAUNCH_ENV)
+    return _result(outcome)
+
+
+def measure_forked(req: MeasureRequest, timeout: float) -> MeasureResult:
+    """``run_measure`` in a child forked from this process (probes/forked.py): the libraries this
+    process imported are not imported again, so a probe starts in a fraction of a second. This
+    process must not have started CUDA (the child starts its own context); the allocator setting
+    the launch uses is put in the environment first, as ``measure`` gives it to its child."""
+    from probes.forked import run_forked
+
+    if req.device == "cuda" and req.device_used_before_bytes is None:
+        req = req.model_copy(update={"device_used_before_bytes": device_used_bytes()})
+    os.environ.update(LAUNCH_ENV)
+    return _result(run_forked(_measure_payload, req.model_dump_json(), timeout))
+
+
+def _measure_payload(payload: str) -> dict:
+    return run_measure(MeasureRequest.model_validate_json(payload)).model_dump()
+
+
+def _result(outcome) -> MeasureResult:
+    """A child's outcome (probes/child.py ChildOutcome) as a result: timeouts and crashes too."""
     if outcome.status == "timeout":
         return MeasureResult(status="timeout", message=outcome.describe(), seconds=outcome.seconds)
     if outcome.status != "ok" or not isinstance(outcome.value, dict):

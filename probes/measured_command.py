@@ -20,6 +20,7 @@ from planner.engine.estimate import EstimateResult
 from planner.engine.suggest import SuggestResult
 from planner.runtime.sharding import refuse_fsdp1
 from probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
+from probes.gpu_readings import unified_resident_bytes
 from probes.measured import MeasureRequest, MeasureResult, measure
 from strategies import TrainingConfig
 
@@ -43,10 +44,11 @@ class MeasuredComparison(BaseModel):
     where: str
     predicted_fits: bool
     predicted_peak_bytes: int  # less NCCL under a fake process group
-    predicted_allocated_bytes: int  # the peak less context, NCCL and the allocator reserve
+    predicted_allocated_bytes: int  # the peak less context, NCCL, the allocator reserve and resident paged state
     predicted_step_seconds: float  # less communication under a fake process group
     modelled_communication_seconds: float
-    measured_peak_bytes: int | None  # driver-seen (driver reserve + context + reserved peak), else reserved + predicted context
+    measured_peak_bytes: int | None  # driver-seen (driver reserve + context + reserved peak), else reserved + predicted
+    # context; with paged state resident on the GPU added (probes/gpu_readings.py)
     measured_allocated_bytes: int | None
     measured_reserved_bytes: int | None
     measured_step_seconds: float | None
@@ -71,10 +73,13 @@ def require_gpu(timeout: float = 180.0) -> DeviceInfo:
 def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device: DeviceInfo, *,
                  layers: int | None = None, extrapolate_from: list[int] | None = None, warmup_steps: int = 2,
                  steps: int = 5, timeout: float = 900.0, runner=measure, device_kind: str = "cuda",
-                 store: Path | None = None) -> MeasuredComparison:
+                 store: Path | None = None, timed: bool = True) -> MeasuredComparison:
     """Measure one plan (``plan``: its analytic estimate at full depth), compare, and keep every run
     in the calibration ``store`` (None: keep nothing). ``runner`` is ``probes.measured.measure``
-    (tests pass a CPU runner); each run gets ``timeout`` seconds."""
+    (or ``measure_forked``; tests pass a CPU runner); each run gets ``timeout`` seconds.
+    ``timed=False``: the run's step times say nothing about the plan's (fp8 run eager where the
+    launch compiles; a paged state that would spill on the plan's smaller card does not here), so
+    the store keeps its memory and no step times, and the calibration fits no speed to it."""
     from planner.catalog.models import resolve_model
     from planner.cost import compute as C
     from planner.engine.estimate import estimate_config
@@ -104,8 +109,9 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
         runs.append((depth, result))
         if store is not None:
             flops = C.model_flops_per_token(spec.model_copy(update={"num_layers": depth or spec.num_layers}), c.seq_len)
+            kept = result if timed else result.model_copy(update={"step_seconds": []})
             store.add(_measurement(model_ref, config_json, depth, c, ranks if sharded else 1, plan, device,
-                                   device_gpu, result, flops))
+                                   device_gpu, kept, flops))
     if depths:
         result, layers = extrapolate_runs(runs, spec.num_layers), None
         result = _over_capacity(result, plan.hardware.gpu_memory_bytes, device_gpu)
@@ -114,11 +120,11 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
     at_depth = plan if layers is None else estimate_config(
         spec.model_copy(update={"num_layers": layers}), hardware, c,
         1 - plan.usable_bytes / plan.hardware.gpu_memory_bytes)
-    return _compare(at_depth, model_ref, device, device_gpu, layers, depths, world > 1, result,
+    return compare(at_depth, model_ref, device, device_gpu, layers, depths, world > 1, result,
                     str(store.path) if store is not None else None)
 
 
-def _compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gpu: str, layers: int | None,
+def compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gpu: str, layers: int | None,
              depths: list[int], modelled: bool, m: MeasureResult, stored: str | None) -> MeasuredComparison:
     """``modelled``: the plan has several GPUs, and one process ran (one rank under a fake process
     group, or DDP as one process): NCCL's buffers and the communication time are left out."""
@@ -126,12 +132,17 @@ def _compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gp
     nccl = sum(r.bytes for r in rows if r.term == "cuda_context" and "NCCL" in r.label) if modelled else 0
     context = sum(r.bytes for r in rows if r.term == "cuda_context") - nccl
     reserve = sum(r.bytes for r in rows if r.term == "allocator_reserve")
+    # torch's allocator sees no CUDA managed memory: a paged state resident on the GPU is not allocated
+    paged = plan.paged.resident_bytes if plan.paged else 0
     predicted_peak = plan.memory["peak"] - nccl
     communication = plan.time.terms.get("communication", 0.0) if modelled else 0.0
     predicted_step = plan.time.step_seconds - communication
     measured_peak = _driver_peak(m, device_gpu)
     if measured_peak is None and m.max_reserved_bytes is not None:
         measured_peak = m.max_reserved_bytes + context
+    unified = unified_resident_bytes(m.readings)  # paged state on the GPU: the driver's process figure omits it
+    if measured_peak is not None:
+        measured_peak += unified
     step = statistics.median(m.step_seconds) if m.step_seconds else None
     tokens = plan.config.micro_batch_size * plan.config.grad_accum * plan.config.seq_len
     notes = list(m.notes)
@@ -155,7 +166,7 @@ def _compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gp
         model=model_ref, gpus=plan.hardware.spec, device=device.name, device_gpu=device_gpu, config=plan.config,
         layers=layers, extrapolated_from=depths, status=m.status, message=m.message, where=m.where,
         predicted_fits=plan.fits, predicted_peak_bytes=predicted_peak,
-        predicted_allocated_bytes=predicted_peak - context - reserve, predicted_step_seconds=predicted_step,
+        predicted_allocated_bytes=predicted_peak - context - reserve - paged, predicted_step_seconds=predicted_step,
         modelled_communication_seconds=communication, measured_peak_bytes=measured_peak,
         measured_allocated_bytes=m.max_allocated_bytes, measured_reserved_bytes=m.max_reserved_bytes,
         measured_step_seconds=step, tokens_per_second=tokens / step if step else None,

@@ -53,6 +53,10 @@ def test_memory_budget_caps_at_the_plan_and_the_free_memory():
     assert b.allocator_limit_bytes == 79 * GIB - SHARED_RESERVE_BYTES - 10 * GIB
     b = memory_budget(total=80 * GIB, free=8 * GIB, context=0, cap=None, unified=10 * GIB)
     assert b.refused and "unified memory" in b.refused
+    # emulating a 40 GiB card on an idle 80 GiB one: the paged state comes off the device's free
+    # memory only; the allocator keeps the whole room the 40 GiB card gives it (the seed case)
+    b = memory_budget(total=80 * GIB, free=79 * GIB, context=GIB // 2, cap=40 * GIB, unified=16 * GIB)
+    assert b.allocator_limit_bytes == 40 * GIB - GIB // 2 and not b.refused and not b.note
 
 
 def test_failures_are_classified():

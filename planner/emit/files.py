@@ -24,7 +24,7 @@ from planner.catalog.models import resolve_model
 from planner.core import shell
 from planner.core.emitted import EmitDraft
 from planner.core.errors import PlannerInputError
-from planner.core.launch import RUNTIME_FILE
+from planner.core.launch import LAUNCH_ENV, RUNTIME_FILE
 from planner.core.numerics import NumericsPolicy
 from planner.emit import writer
 from planner.emit.plan_doc import render_plan_doc
@@ -39,9 +39,6 @@ FILE_NAMES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.
 #: Files a command writes beside a plan's (planner tune's plot): planner's too, replaced with the plan.
 EXTRA_NAMES = ("tune.png",)
 MAIN_PORT = 29500
-#: Set by launch.sh: expandable segments let the caching allocator grow segments instead of
-#: stranding free blocks, which shrinks fragmentation (torch.cuda memory management notes).
-LAUNCH_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def load_plan_file(path: Path) -> SuggestResult:

@@ -1,0 +1,213 @@
+"""Phase A of the GPU validation: the machine's facts, a smoke test per library a case needs, and
+the device's ceilings (a bf16 and an fp8 matmul, a device-to-device copy).
+
+Every test runs in a forked child (probes/forked.py) with a timeout: a library that crashes or
+hangs disables the cases that need it, and the run goes on. In ``--cpu`` mode the tests that need
+CUDA are recorded as skipped, the rest run on the CPU.
+"""
+
+import json
+import platform
+import subprocess
+import time
+from importlib import metadata
+
+from probes.forked import collect, run_forked, start_forked
+
+#: Libraries whose versions the results depend on.
+PACKAGES = ("torch", "transformers", "accelerate", "peft", "deepspeed", "bitsandbytes", "torchao", "liger-kernel",
+            "triton", "optuna", "pydantic", "nvidia-ml-py", "tokenizers", "safetensors", "huggingface-hub")
+SMOKE_SECONDS = 90.0
+
+
+def facts() -> dict:
+    """Versions, Python, CPU count and nvidia-smi's view of the GPU (no CUDA context here)."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    out = {"python": platform.python_version(), "platform": platform.platform(), "versions": versions}
+    try:
+        import os
+
+        out["cpus"] = os.cpu_count()
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version,"
+                              "clocks.max.sm,power.limit,compute_mode", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        out["nvidia_smi"] = smi.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out["nvidia_smi"] = ""
+    return out
+
+
+# --- smoke tests: each returns a short description of what worked, or raises ------------------
+
+def _bnb_8bit(device: str) -> str:
+    import bitsandbytes as bnb
+    import torch
+
+    p = torch.nn.Parameter(torch.randn(4096, 1024, device=device))
+    opt = bnb.optim.AdamW8bit([p])
+    p.grad = torch.randn_like(p)
+    opt.step()
+    state = opt.state[p]["state1"]
+    return f"AdamW8bit step, state1 {state.dtype}"
+
+
+def _bnb_paged(device: str) -> str:
+    import bitsandbytes as bnb
+    import torch
+
+    from probes.gpu_readings import paged_bytes
+
+    p = torch.nn.Parameter(torch.randn(1024, 1024, device=device))
+    opt = bnb.optim.PagedAdamW8bit([p])
+    p.grad = torch.randn_like(p)
+    opt.step()
+    return f"PagedAdamW8bit step, {paged_bytes()} paged bytes"
+
+
+def _bnb_4bit(device: str) -> str:
+    import bitsandbytes as bnb
+    import torch
+
+    layer = bnb.nn.Linear4bit(1024, 1024, compute_dtype=torch.bfloat16, quant_type="nf4").to(device)
+    x = torch.randn(8, 1024, device=device, dtype=torch.bfloat16, requires_grad=True)
+    layer(x).sum().backward()
+    return f"Linear4bit nf4 forward+backward, weight {layer.weight.dtype}"
+
+
+def _torchao_fp8(device: str) -> str:
+    import torch
+    from torchao.float8 import convert_to_float8_training
+
+    if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        raise RuntimeError("fp8 needs compute capability 8.9+")
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024)).to(device)
+    convert_to_float8_training(model)
+    x = torch.randn(64, 1024, device=device, requires_grad=True)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        model(x).sum().backward()
+    return f"Float8Linear forward+backward: {type(model[0]).__name__}"
+
+
+def _liger(device: str) -> str:
+    import torch
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    w = torch.randn(32000, 512, device=device, dtype=torch.bfloat16, requires_grad=True)
+    h = torch.randn(256, 512, device=device, dtype=torch.bfloat16, requires_grad=True)
+    y = torch.randint(0, 32000, (256,), device=device)
+    loss = LigerFusedLinearCrossEntropyLoss()(w, h, y)
+    loss.backward()
+    return f"fused linear cross-entropy, loss {loss.item():.2f}"
+
+
+def _deepspeed(device: str) -> str:
+    import deepspeed
+
+    return f"import deepspeed {deepspeed.__version__}"
+
+
+def _peft(device: str) -> str:
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=256)
+    with torch.device(device):
+        model = get_peft_model(transformers.LlamaForCausalLM(cfg), LoraConfig(r=8, target_modules="all-linear"))
+    ids = torch.randint(0, 256, (2, 16), device=device)
+    model(input_ids=ids, labels=ids).loss.backward()
+    return f"LoRA on a 2-layer Llama: {model.get_nb_trainable_parameters()[0]} trainable"
+
+
+def _nvml(device: str) -> str:
+    import torch
+
+    from probes.gpu_readings import nvml_process_bytes
+
+    torch.ones(1, device=device)
+    reading = nvml_process_bytes()
+    if reading is None:
+        raise RuntimeError("neither NVML nor nvidia-smi lists this process")
+    return f"{reading[1]}: this process holds {reading[0] / 2**20:.0f} MiB"
+
+
+#: name -> (test, needs CUDA)
+SMOKE_TESTS = {"bnb_8bit": (_bnb_8bit, False), "bnb_paged": (_bnb_paged, True), "bnb_4bit": (_bnb_4bit, False),
+               "torchao_fp8": (_torchao_fp8, True), "liger": (_liger, True), "deepspeed": (_deepspeed, False),
+               "peft": (_peft, False), "nvml": (_nvml, True)}
+
+
+def _smoke_child(payload: str) -> str:
+    name, device = json.loads(payload)
+    return SMOKE_TESTS[name][0](device)
+
+
+def smoke_tests(device: str, deadline: float) -> dict[str, dict]:
+    """Every smoke test at once, each in its own forked child: {name: {ok, detail, seconds}}; a
+    test still running at ``deadline`` (monotonic seconds) is killed and fails."""
+    out, running = {}, {}
+    for name, (_, needs_cuda) in SMOKE_TESTS.items():
+        if needs_cuda and device != "cuda":
+            out[name] = {"ok": False, "detail": "skipped: needs CUDA", "seconds": 0.0}
+        else:
+            running[name] = start_forked(_smoke_child, json.dumps([name, device]))
+    end = time.perf_counter() + min(SMOKE_SECONDS, deadline - time.monotonic())
+    for name, child in running.items():
+        outcome = collect(child, end)
+        ok = outcome.status == "ok"
+        detail = outcome.value if ok else outcome.describe()[-600:]
+        out[name] = {"ok": ok, "detail": str(detail), "seconds": round(outcome.seconds, 2)}
+        print(f"  smoke {name:12s} {'ok  ' if ok else 'FAIL'} {outcome.seconds:5.1f} s  {str(detail)[:90]}",
+              flush=True)
+    return {name: out[name] for name in SMOKE_TESTS}
+
+
+# --- ceilings --------------------------------------------------------------------------------
+
+def _ceilings_child(payload: str) -> dict:
+    """Median of timed bf16 and fp8 matmuls (8192^3, FLOP/s) and a 4 GiB copy (bytes read +
+    written per second), with CUDA events after warm-up; random data (never zeros)."""
+    import torch
+
+    n, out = 8192, {}
+
+    def timed(fn, repeats=10) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        return sorted(times)[len(times) // 2]
+
+    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    out["bf16_matmul_tflops"] = 2 * n**3 / timed(lambda: x @ y) / 1e12
+    if torch.cuda.get_device_capability() >= (8, 9):
+        xf, yf = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t().contiguous().t()
+        one = torch.ones((), device="cuda")
+        out["fp8_matmul_tflops"] = 2 * n**3 / timed(
+            lambda: torch._scaled_mm(xf, yf, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)) / 1e12
+    del x, y
+    src = torch.empty(1 << 31, device="cuda", dtype=torch.int16).random_()
+    dst = torch.empty_like(src)
+    out["copy_gbps"] = 2 * src.nbytes / timed(lambda: dst.copy_(src), repeats=5) / 1e9
+    out["device"] = torch.cuda.get_device_name()
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def ceilings(device: str) -> dict:
+    if device != "cuda":
+        return {"skipped": "needs CUDA"}
+    outcome = run_forked(_ceilings_child, "", 60)
+    return outcome.value if outcome.status == "ok" else {"error": outcome.describe()[-600:]}

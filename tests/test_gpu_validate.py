@@ -1,0 +1,127 @@
+"""The GPU validation command (benchmarks/gpu_validate.sh) runs end to end on the CPU, as it will
+in a GPU window: every case gets a row (run, skipped or refused, with the reason), the two
+launches train as planned, at most 8 files come back, and the summary is the last thing
+printed. Its parts: the forked probe runner, the phase clock's skip rule, the emulated card's
+memory budget."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from probes.forked import run_forked  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from validation.cases import CASES  # noqa: E402
+
+EXPECTED_FILES = {"env.json", "probes.csv", "probes.jsonl", "calibration-cpu.sqlite", "calibrate.json",
+                  "launch.json", "validation.png", "log.txt"}
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("validate")
+    env = os.environ | {"OUT": str(out), "PY": sys.executable, "PLANNER_VALIDATE_WORK": str(out.parent / "work"),
+                        "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_validate.sh"), "--cpu"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=400)
+    return out, proc
+
+
+def test_the_cpu_mode_runs_every_case_and_both_launches(cpu_run):
+    out, proc = cpu_run
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert {p.name for p in out.iterdir()} == EXPECTED_FILES  # at most 8 files come back from a GPU window
+    rows = list(csv.DictReader((out / "probes.csv").open()))
+    assert [r["key"] for r in rows] == [c.key for c in CASES]
+    for row, case in zip(rows, CASES):
+        if not case.cpu:
+            assert row["status"] == "skipped" and row["message"] == "needs CUDA"
+        elif any(n in case.needs for n in ("liger", "bnb_paged", "torchao_fp8")):  # CUDA-only libraries
+            assert row["status"] == "skipped" and "smoke test failed" in row["message"], row
+        else:
+            assert row["status"] == "ok", row
+            assert float(row["measured_step_s"]) > 0 and row["time_status"] == "cpu: not the plan's GPU"
+            assert row["allocator_conf"] == "expandable_segments:True"  # the launch's allocator setting
+    records = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
+    assert len(records) == len(CASES)
+    launches = json.loads((out / "launch.json").read_text())
+    assert [x["name"] for x in launches] == ["suggested", "suggested-qlora"]
+    for launch in launches:
+        assert launch["rc"] == 0 and launch["differences"] == [], launch.get("log_tail", launch)
+        assert "the live run is the plan" in launch["live_verdict"]
+    assert launches[1]["config"]["adapter"] == "qlora"
+    env = json.loads((out / "env.json").read_text())
+    assert set(env["phases"]) == set("ABCDE") and all(p["ended_before_deadline"] for p in env["phases"].values())
+    assert env["smoke"]["deepspeed"]["ok"] and env["smoke"]["peft"]["ok"] and env["smoke"]["bnb_8bit"]["ok"]
+    # the summary is what is printed last: the table, the errors, the surprises, the launches
+    tail = proc.stdout.strip().splitlines()[-6:]
+    assert tail[-1].startswith("gpu_validate: exit 0")
+    assert any(line.startswith("predicted to fit but OOM: 0") for line in tail)
+    assert any(line.startswith("launch suggested-qlora: rc 0") for line in tail)
+
+
+def test_a_case_that_cannot_finish_in_its_phase_is_skipped_with_the_reason(tmp_path):
+    import gpu_validate
+    from validation.report import Records
+
+    from probes.device import DeviceInfo
+
+    now = time.monotonic()
+    clock = gpu_validate.Clock(start=now - 100, deadline=now + 10)  # phase B ended long ago
+    records = Records(tmp_path)
+    runner = gpu_validate.CaseRunner("cpu", "cpu", DeviceInfo(available=True, name="cpu"), {}, tmp_path / "s.sqlite",
+                                     clock, records)
+    runner.run(CASES[0], "B")
+    assert records.rows[0]["status"] == "skipped" and "phase B has 0 s" in records.rows[0]["message"]
+    # the pace of earlier cases scales what a case is expected to take (within 0.5x-3x)
+    clock.ratios = [2.0, 2.0, 10.0]
+    assert clock.expect(10.0) == 20.0
+    clock.ratios = [100.0]
+    assert clock.expect(10.0) == 30.0
+
+
+def _sleep_forever(_: str) -> None:
+    subprocess.Popen(["sleep", "300"])  # a grandchild in the child's process group
+    time.sleep(300)
+
+
+def test_forked_children_answer_fail_and_time_out():
+    ok = run_forked(lambda payload: {"echo": payload, "pid": os.getpid()}, "x", 30)
+    assert ok.status == "ok" and ok.value["echo"] == "x" and ok.value["pid"] != os.getpid()
+    failed = run_forked(lambda _: 1 / 0, "", 30)
+    assert failed.status == "crashed" and "ZeroDivisionError" in failed.stderr_tail
+    died = run_forked(lambda _: os.kill(os.getpid(), signal.SIGKILL), "", 30)
+    assert died.status == "crashed" and died.returncode == -signal.SIGKILL
+    start = time.perf_counter()
+    slow = run_forked(_sleep_forever, "", 2)
+    assert slow.status == "timeout" and time.perf_counter() - start < 15
+    leftover = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()
+    assert not leftover, "the timed-out child's process group was not killed"
+
+
+def test_forking_is_refused_once_cuda_started(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="started CUDA"):
+        run_forked(lambda _: None, "", 5)
+
+
+def test_a_launch_that_could_not_start_fails_the_run_and_one_skipped_for_time_does_not():
+    import gpu_validate
+
+    assert gpu_validate._launch_failed({"rc": 1})
+    assert gpu_validate._launch_failed({"rc": None, "error": "planner suggest exited 2: error: ..."})
+    assert gpu_validate._launch_failed({"rc": "timeout"})
+    assert not gpu_validate._launch_failed({"rc": 0})
+    assert not gpu_validate._launch_failed({"rc": None, "error": "skipped: 12 s left in phase C"})
