@@ -197,6 +197,10 @@ class Strategy:
     #: what each choice adds to a plan's complexity, for breaking ties between plans of equal
     #: speed (planner/engine/ranking.py): 0 (unlisted) is the plain choice
     complexity: dict[StrEnum, int] = field(default_factory=dict)
+    #: the caching allocator's reserve a choice adds beyond planner/cost/runtime.py's
+    #: FRAGMENTATION_FRACTION, as a fraction of the allocated peak (measured: reserved less
+    #: allocated peak on a real GPU; the plan takes the largest of its choices', ``reserve_extra``)
+    reserve: dict[StrEnum, float] = field(default_factory=dict)
     #: the technique's parameters beside its choice (LoRA's rank, ...): TrainingConfig fields,
     #: flags and request fields of every planning command; the search never varies them
     settings: tuple[Setting, ...] = ()

@@ -24,7 +24,7 @@ from planner.core.units import GIB, MIB
 from planner.cost import runtime as R
 from planner.engine.calibrate import fit, predict, scaled, uncalibrated_gpu
 from planner.engine.estimate import EstimateRequest, estimate
-from strategies import TrainingConfig
+from strategies import TrainingConfig, reserve_extra
 
 GPU = "H100-SXM-80"
 CONTEXT = int(1.4 * GIB)
@@ -45,7 +45,8 @@ def measurement(model: str = "meta-llama/Llama-3.2-1B", *, layers: int | None = 
         communication=communication, created="2026-01-01T00:00:00+00:00",
     )
     allocated = predict(bare).allocated_bytes
-    reserved = round(allocated * (1 + FRAGMENTATION))
+    # the truth's reserve: the base fraction, what the plan's techniques add (strategies ``reserve``), the stream pools
+    reserved = round(allocated * (1 + FRAGMENTATION + reserve_extra(TrainingConfig(**config)))) + predict(bare).pool_bytes
     seconds = predict(bare, scaled(uncalibrated_gpu(GPU), TRUTH)).comparable_step_seconds
     return bare.model_copy(update={
         "max_allocated_bytes": allocated, "max_reserved_bytes": reserved, "driver_used_bytes": reserved + CONTEXT,

@@ -135,7 +135,9 @@ def test_not_fitting_job_gets_changes_that_fit(tmp_path):
     assert r.exit_code == 1
     out = json.loads(r.output)
     assert not out["fits"] and out["changes"]
-    assert out["changes"][0]["change"] == "checkpointing none -> full"  # one change suffices here
+    # checkpointing is part of the first fix (with the reserve its recompute keeps, measured on an
+    # H100, a smaller micro-batch goes with it: strategies/checkpointing.py ``reserve``)
+    assert "checkpointing none -> " in out["changes"][0]["change"]
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
     from strategies import TrainingConfig

@@ -1,13 +1,11 @@
 """Properties the memory model must hold for every configuration (hypothesis)."""
 
-import math
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from planner.catalog.models import catalog
 from planner.core.ledger import Phase
-from planner.cost.runtime import FRAGMENTATION_FRACTION
 from strategies import TECHNIQUES
 from strategies.checkpointing import Checkpointing
 
@@ -29,6 +27,18 @@ configs = st.fixed_dictionaries({  # every registered technique, every value
 def required(r) -> int:
     """Peak GPU bytes the configuration needs (paged state fills whatever is left, so exclude it)."""
     return r.memory["peak"] - (r.paged.resident_bytes if r.paged else 0)
+
+
+def held(r) -> int:
+    """``required`` less the caching allocator's reserve: the tensors and the CUDA context."""
+    return required(r) - sum(row.bytes for row in r.ledger if row.term == "allocator_reserve")
+
+
+def reserve_fraction(r) -> float:
+    """The allocator's reserve as a fraction of the allocated peak (the peak less context and reserve)."""
+    reserve = sum(row.bytes for row in r.ledger if row.term == "allocator_reserve")
+    context = sum(row.bytes for row in r.ledger if row.term == "cuda_context")
+    return reserve / (required(r) - context - reserve)
 
 
 def checkpoint_inputs(r) -> int:
@@ -75,8 +85,10 @@ def test_checkpointing_never_increases_activations(model, gpus, cfg):
     assert masks == checkpoint_inputs(full) and checkpoint_inputs(none) == 0
     for phase in Phase:
         assert activation_bytes(full, phase) <= activation_bytes(selective, phase) <= activation_bytes(none, phase) + masks
-    # the allocator's fragmentation reserve is a fraction of the peak, so it grows with the masks too
-    assert required(full) <= required(selective) <= required(none) + math.ceil(masks * (1 + FRAGMENTATION_FRACTION))
+    # the tensors the peak holds (the allocator's reserve aside: measured on an H100, checkpointing's
+    # recompute keeps a larger reserve, strategies/checkpointing.py ``reserve``)
+    assert held(full) <= held(selective) <= held(none) + masks
+    assert reserve_fraction(full) >= reserve_fraction(selective) - 1e-6 >= reserve_fraction(none) - 2e-6
 
 
 @SETTINGS

@@ -239,10 +239,12 @@ def test_published_memory_figures_and_the_disagreements_stated():
     differs, why (the closing note's table states them too):
     - fft-8b (full fine-tune, bf16 weights, paged AdamW 8-bit, 8,192 tokens): "Single GPU @ 48GB
       VRAM". The paged state (16 GB) spills to the host on such a GPU; the rest, planner's peak,
-      is 50.6 GB (+5 %), reached at the start of the loss's backward, which holds three fp32
-      copies of the 8,192 x 128,256 logits (12.6 GB; traced against transformers 5). It fits
-      inside an RTX A6000's or RTX 6000 Ada's 47.99 GiB with only planner's safety margin short
-      (so planner does not promise it), and not in an A40's or L40S's 44.99 GiB (2.1 GiB over).
+      is 54.1 GB (+13 %), reached at the start of the loss's backward, which holds three fp32
+      copies of the 8,192 x 128,256 logits (12.6 GB; traced against transformers 5). Of it, 5.7
+      GB is the caching allocator's reserve: 12 % of the allocated peak, as an H100 measured it
+      with full checkpointing (Llama-3.2-1B at 2 x 2048; benchmarks/results/H100-SXM-80; 3.5-5.4 %
+      without). Whether this shape keeps that much is not measured: the disagreement is open,
+      and planner does not promise the job on a 48 GB card (an RTX A6000 is 3.9 GiB short).
     - lora-8b as first published (15f7910d3: Llama-2-7B, LoRA r32 over an LLM.int8() base,
       2 x 4,096 tokens): "Single GPU @ 11GB VRAM". Planner: 15.3 GB, and fits any 24 GB GPU. 11 GB
       is below what the job holds by construction: the weights (int8 linears, 16-bit embeddings and
@@ -261,10 +263,11 @@ def test_published_memory_figures_and_the_disagreements_stated():
     fft = dict(model="meta-llama/Llama-3.1-8B", alternatives=0, training_args=ROOT / AX / "llama-3/fft-8b.yaml")
     a40 = check(CheckRequest(gpus="1xA40-48", **fft)).estimate  # (its paged state spills to the host)
     assert a40.config.precision == "bf16-pure" and a40.paged.spilled_bytes == a40.paged.state_bytes
-    assert a40.peak_without_paged / 1e9 == pytest.approx(48, rel=0.1)
+    assert 48 < a40.peak_without_paged / 1e9 < 48 * 1.15  # above the published class (see above)
+    reserve = sum(r.bytes for r in a40.ledger if r.term == "allocator_reserve")
+    assert reserve / (a40.peak_without_paged - reserve - 1.25 * 2**30) == pytest.approx(0.12, abs=0.005)
     a6000 = check(CheckRequest(gpus="1xRTXA6000-48", **fft))
-    assert not a6000.fits and a6000.estimate.memory["peak"] < 47.99 * 2**30
-    assert "only the margin for the model's error is missing" in a6000.reasons[0]
+    assert not a6000.fits and a6000.estimate.memory["peak"] > 47.99 * 2**30
     fsdp = check(CheckRequest(model="meta-llama/Llama-3.1-70B", gpus="2xRTX4090-24", alternatives=0,
                               training_args=ROOT / AX / "llama-3/qlora-fsdp-70b.yaml"))
     assert (fsdp.estimate.config.offload, fsdp.estimate.config.fsdp_version) == ("optimizer+params", 1)

@@ -8,19 +8,24 @@ measured step folds them into the fitted FLOP/s factor.
 
 from planner.core.units import GIB
 
-#: Per GPU: the driver's reservation (nvidia-smi total minus what CUDA can allocate: A100-40GB
-#: 40960 vs 40339 MiB, ~0.6 GiB), the process's CUDA context with lazy module loading
-#: (~0.3-0.5 GiB, CUDA 11.7+ CUDA_MODULE_LOADING=LAZY) and cuBLAS/cuBLASLt workspaces.
-#: Sources: CUDA C Programming Guide "Lazy Loading"; torch.cuda memory notes
-#: (https://pytorch.org/docs/stable/notes/cuda.html), nvidia-smi/deviceQuery readings.
-CUDA_CONTEXT_BYTES = 1 * GIB
+#: Per GPU: the driver's reservation (nvidia-smi total minus what CUDA can allocate: H100 80GB
+#: HBM3 81559 vs 81079 MiB, 0.47 GiB; A100-40GB 40960 vs 40339 MiB, 0.6 GiB), the process's CUDA
+#: context with lazy module loading, and cuBLAS/cuBLASLt workspaces. Measured on an H100 (torch
+#: 2.11, CUDA 13, NVML per-process bytes less the allocator's reserved bytes after training
+#: steps): 0.74 GiB for one process, 0.81 GiB once a process group exists; with the driver's
+#: reservation 1.21-1.28 GiB (benchmarks/results/H100-SXM-80/probes.csv, context_gib; the
+#: calibration fitted 1.21 GiB). Sources: that run; CUDA C Programming Guide "Lazy Loading".
+CUDA_CONTEXT_BYTES = 5 * GIB // 4
 #: Per GPU when more than one process communicates: NCCL channel buffers
 #: (NCCL_BUFFSIZE 4 MiB per channel and peer) and communicator state. Source: NCCL docs,
 #: environment variables NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS; assumption ~0.5 GiB.
 NCCL_BYTES = GIB // 2
 #: The caching allocator's reserved-but-unallocated slack, as a fraction of the allocated peak
-#: (block rounding and segment splitting; torch.cuda memory_stats reserved vs allocated is
-#: commonly 1.02-1.10 in steady training). Assumption; ``planner calibrate`` fits it per GPU.
+#: (block rounding and segment splitting), for a plan whose techniques keep no pools of their own
+#: (their ``reserve``, strategies/: checkpointing, adapters, the sharding engines add to it).
+#: Measured on an H100 with expandable segments (launch.sh's setting): 3.5-5.4 % (median 4.7 %)
+#: over seven such plans of Llama-3.2-1B (benchmarks/results/H100-SXM-80/probes.csv, reserved less
+#: allocated peak); ``planner calibrate`` fits it per GPU.
 FRAGMENTATION_FRACTION = 0.05
 #: Host RAM per training process: Python, torch, CUDA host libraries, pinned staging and the
 #: data loader. Assumption (~3 GiB, typical RSS of a torch training process before model load).
@@ -31,11 +36,11 @@ HOST_PROCESS_BYTES = 3 * GIB
 #: (benchmarks/traced_matrix.py, 529 cells, docs/traced-matrix.md) reads the step peak at worst
 #: 0.62 % low (Phi-3-mini, fp8-mixed, eager, FSDP at 8 ranks, 1 x 8192, full depth): m >= 1 -
 #: 1/1.0062 = 0.6 %. It was 6 % (5.8 % under before issue 17 fixed the activation lists), then
-#: 3 % (2.35 %, Mixtral under FSDP2, before its buffers were in the ledger). It stays 3 %: the
-#: rest covers what a trace cannot show and no GPU run has yet measured against it (issue 20:
-#: kernel workspaces, the allocator beyond its fragmentation reserve). The CUDA context and the
-#: allocator reserve are ledger rows already (a GPU run's own differences are measured by
-#: ``planner calibrate``).
+#: 3 % (2.35 %, Mixtral under FSDP2, before its buffers were in the ledger). On a real GPU (an
+#: H100, benchmarks/results/H100-SXM-80, docs/measured.md) the driver-seen peak of 15 plans was at
+#: worst 0.5 % above the prediction once that run's reserves were in the model (13.6 % before:
+#: FSDP2's), so m >= 0.5 % in sample. It stays 3 % until a run measures the model out of sample
+#: (a second GPU, multi-GPU engines, the 8B cases that run did not reach).
 #: ``--margin 0`` turns it off.
 DEFAULT_MARGIN = 0.03
 

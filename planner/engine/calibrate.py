@@ -42,8 +42,8 @@ from planner.core.errors import PlannerInputError
 from planner.core.specs import GpuSpec, HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, step_seconds
 from planner.cost import runtime as R
-from planner.engine.estimate import evaluate, runtime_reserves
-from strategies import TrainingConfig
+from planner.engine.estimate import FRAGMENTATION_LABEL, evaluate, runtime_reserves
+from strategies import TrainingConfig, reserve_extra
 from strategies.precision import LAYER_MATMUL_DTYPE
 
 #: The efficiency-table entry a plan's step time is fitted to: its decoder layers' matmul dtype
@@ -71,6 +71,7 @@ class Prediction(BaseModel):
     nodes: int
     gpus_per_node: int
     allocated_bytes: int  # peak less CUDA context, NCCL, allocator reserve and paged state: what torch's allocator counts
+    pool_bytes: int = 0  # of the reserve, the engines' stream pools (strategies' allocator_reserve rows)
     peak_bytes: int  # the full per-GPU peak (Evaluation.peak)
     nccl_bytes: int  # NCCL buffers in the peak (none under a fake process group)
     step_seconds: float
@@ -151,27 +152,30 @@ def predict(m: Measurement, gpu: GpuSpec | None = None) -> Prediction:
     ev = evaluate(measured_model(m), hardware, config)
     context_rows = sum(r.bytes for r in ev.draft.of("cuda_context"))
     reserve = sum(r.bytes for r in ev.draft.of("allocator_reserve"))
+    pools = sum(r.bytes for r in ev.draft.of("allocator_reserve") if r.label != FRAGMENTATION_LABEL)
     paged = ev.paged.resident_bytes if ev.paged else 0
     nccl = context_rows - runtime_reserves(hardware)[0]
     quiet = TimeDraft([r for r in ev.time_draft.rows if r.term != "communication"], ev.time_draft.cpu_dispatch_seconds)
     return Prediction(
         gpu=gpu.id, nodes=hardware.nodes, gpus_per_node=hardware.gpus_per_node,
-        allocated_bytes=ev.peak - context_rows - reserve - paged, peak_bytes=ev.peak, nccl_bytes=nccl,
+        allocated_bytes=ev.peak - context_rows - reserve - paged, pool_bytes=pools, peak_bytes=ev.peak, nccl_bytes=nccl,
         step_seconds=ev.step_seconds, step_seconds_without_communication=step_seconds(quiet, config.grad_accum),
         communication=m.communication,
     )
 
 
 def fit_fragmentation(rows: Sequence[Measurement]) -> float | None:
-    """The caching allocator's reserve as a fraction of its allocated peak: the median over rows of
-    (max_reserved_bytes - max_allocated_bytes) / max_allocated_bytes, in [0, 1].
+    """The caching allocator's base reserve as a fraction of its allocated peak: the median over
+    rows of (max_reserved_bytes - max_allocated_bytes - the engines' stream pools) /
+    max_allocated_bytes less what the row's techniques add (strategies ``reserve_extra``), in [0, 1].
 
-    Unit: a fraction. Assumption: the reserve (block rounding, split and cached segments) grows with
-    the allocated peak, as planner/cost/runtime.py FRAGMENTATION_FRACTION assumes; the median keeps
-    one odd run from moving it. Source: torch.cuda.max_memory_reserved / max_memory_allocated
-    (PyTorch "CUDA semantics", memory management). None with fewer than MIN_ROWS rows."""
-    ratios = [(m.max_reserved_bytes - m.max_allocated_bytes) / m.max_allocated_bytes for m in rows
-              if m.max_reserved_bytes is not None and m.max_allocated_bytes]
+    Unit: a fraction. Assumption: the reserve (block rounding, split and cached segments, the
+    techniques' own pools) grows with the allocated peak, as planner/cost/runtime.py
+    FRAGMENTATION_FRACTION and the strategies' ``reserve`` assume; the median keeps one odd run
+    from moving it. Source: torch.cuda.max_memory_reserved / max_memory_allocated (PyTorch "CUDA
+    semantics", memory management). None with fewer than MIN_ROWS rows."""
+    ratios = [(m.max_reserved_bytes - m.max_allocated_bytes - predict(m).pool_bytes) / m.max_allocated_bytes
+              - reserve_extra(training_config(m)) for m in rows if m.max_reserved_bytes is not None and m.max_allocated_bytes]
     return min(1.0, max(0.0, median(ratios))) if len(ratios) >= MIN_ROWS else None
 
 

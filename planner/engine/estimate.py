@@ -21,7 +21,7 @@ from planner.cost import adapters as AD
 from planner.cost import params as P
 from planner.cost import runtime as R
 from planner.engine.assumptions import assumptions
-from strategies import REGISTRY, SETTINGS, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig
+from strategies import REGISTRY, SETTINGS, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig, reserve_extra
 from strategies.rates import peak_dtype, peak_flops
 from strategies.sharding import Sharding
 from strategies.vocabulary import TechniqueChoices
@@ -202,6 +202,11 @@ def check_config(ctx: PlanContext) -> Check:
     return check
 
 
+#: The ledger row of the caching allocator's reserve as a fraction of the allocated peak (the
+#: engines' stream pools are allocator_reserve rows too, written by their strategies).
+FRAGMENTATION_LABEL = "caching-allocator fragmentation reserve"
+
+
 def evaluate(
     model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0, *, skip_infeasible: bool = False
 ) -> Evaluation:
@@ -212,16 +217,18 @@ def evaluate(
     draft = LedgerDraft()
     for strategy in REGISTRY:
         strategy.apply(ctx, draft)
-    context, fragmentation, measured = runtime_reserves(hardware)
+    context, base, measured = runtime_reserves(hardware)
+    fragmentation = base + reserve_extra(config)
     draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", context, 1,
               note="measured (planner calibrate)" if measured["context"] else "")
     if hardware.num_gpus > 1:
         draft.add("cuda_context", "NCCL buffers and communicators", R.NCCL_BYTES, 1)
-    peak = draft.peak_bytes()  # context and NCCL rows are resident in every phase
-    allocated = peak - sum(r.bytes for r in draft.of("cuda_context"))
+    peak = draft.peak_bytes()  # context, NCCL and the engines' stream pools are resident in every phase
+    allocated = peak - sum(r.bytes for r in draft.of("cuda_context", "allocator_reserve"))
     reserve = draft.add(
-        "allocator_reserve", "caching-allocator fragmentation reserve", allocated, fragmentation,
-        note=f"{fragmentation:.1%} of the allocated peak" + (", measured" if measured["fragmentation"] else ""),
+        "allocator_reserve", FRAGMENTATION_LABEL, allocated, fragmentation,
+        note=f"{fragmentation:.1%} of the allocated peak" + (", measured" if measured["fragmentation"] else "")
+        + (f" ({fragmentation - base:.0%} of it for the techniques' own pools)" if fragmentation > base else ""),
     )
     peak += reserve.bytes  # resident in every phase too
     ev.draft, ev.paged = draft, _place_paged_state(draft, ev.usable, peak)
@@ -237,9 +244,10 @@ def evaluate(
 
 
 def runtime_reserves(hardware: HardwareSpec) -> tuple[int, float, dict[str, bool]]:
-    """Bytes of CUDA context per GPU and the allocator's reserve as a fraction of the allocated
-    peak: fitted from measured probes on this GPU when the calibration store has them
-    (GpuSpec.calibration), else the assumptions of planner/cost/runtime.py."""
+    """Bytes of CUDA context per GPU and the allocator's base reserve as a fraction of the
+    allocated peak (techniques add their own: strategies ``reserve_extra``): fitted from measured
+    probes on this GPU when the calibration store has them (GpuSpec.calibration), else
+    planner/cost/runtime.py's."""
     cal = hardware.gpu.calibration
     context = cal.context_bytes if cal and cal.context_bytes is not None else R.CUDA_CONTEXT_BYTES
     fragmentation = (cal.fragmentation_fraction if cal and cal.fragmentation_fraction is not None

@@ -1,0 +1,87 @@
+"""planner against what a real GPU measured (benchmarks/results/<gpu>/, one run of
+benchmarks/gpu_validate.sh each): plans predicted to fit hold on the card, the paged-memory
+accounting the run settled, the calibration rows, and docs/measured.md as the results make it."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.catalog.calibration import CalibrationStore
+from planner.cost.runtime import DEFAULT_MARGIN
+from planner.engine.calibrate import predict
+
+ROOT = Path(__file__).resolve().parent.parent
+H100 = ROOT / "benchmarks" / "results" / "H100-SXM-80"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def records(folder: Path = H100) -> list[dict]:
+    return [json.loads(line) for line in (folder / "probes.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def now():
+    pytest.importorskip("torch")  # the comparison reads the probes' result models
+    from measured_report import now_comparison
+
+    return {r["case"]["key"]: now_comparison(r)[1] for r in records() if r["comparison"]}
+
+
+def test_every_measured_peak_fits_what_planner_predicts_with_its_margin(now):
+    """A plan predicted at (1 - margin) of the card must not exceed the card: the GPU's
+    driver-seen peak is at most the predicted peak / (1 - DEFAULT_MARGIN), for every run."""
+    assert len(now) >= 10
+    for key, c in now.items():
+        assert c.status == "ok", (key, c.message)
+        assert c.measured_peak_bytes <= c.predicted_peak_bytes / (1 - DEFAULT_MARGIN), (
+            key, c.predicted_peak_bytes / 2**30, c.measured_peak_bytes / 2**30)
+
+
+def test_the_allocated_peak_is_the_analytic_one_within_2_percent_where_nothing_is_fused(now):
+    """torch's allocated peak against the ledger's tensors (context, reserve and paged state left
+    out): within 2 % for every plan but Liger's chunked loss, whose real kernel holds less than
+    planner's model of it (an over-prediction, on the safe side)."""
+    for key, c in now.items():
+        error = (c.predicted_allocated_bytes - c.measured_allocated_bytes) / c.measured_allocated_bytes
+        if key == "1b-chunked-loss":
+            assert 0 < error < 0.10, error
+        else:
+            assert abs(error) <= 0.02, (key, error)
+
+
+def test_paged_state_is_on_the_device_but_not_in_the_driver_process_figure():
+    """The run settled paged accounting: NVML's per-process bytes leave CUDA managed memory out,
+    cudaMemGetInfo's device-wide used bytes count the pages resident on the GPU, so the second
+    grew by the paged state's size more than the first (within 5 %)."""
+    from probes.gpu_readings import unified_resident_bytes
+
+    paged = [r for r in records() if r["comparison"] and r["case"]["config"].get("optimizer", "").startswith("paged")]
+    assert len(paged) >= 2
+    for r in paged:
+        readings = r["comparison"]["measurement"]["readings"]
+        state = readings["peak"]["paged"]
+        grew = (readings["peak"]["device_used"] - readings["peak"]["nvml_process"]) - (
+            readings["start"]["device_used"] - readings["start"]["nvml_process"])
+        assert state > 2**30 and abs(grew - state) <= 0.05 * state, (r["case"]["key"], grew, state)
+        assert unified_resident_bytes(readings) == state  # (capped at the state's size)
+
+
+def test_the_calibration_predicts_a_paged_row_without_its_unified_state():
+    """``planner calibrate`` fits torch's allocated peak, which never sees managed memory: for the
+    paged runs in the H100 store its prediction leaves the paged state out and lands within 1 %."""
+    store = CalibrationStore(H100 / "calibration-H100-SXM-80.sqlite")
+    paged = [m for m in store.measurements() if m.config["optimizer"].startswith("paged")]
+    assert len(paged) == 2
+    for m in paged:
+        p = predict(m)
+        assert abs(p.allocated_bytes - m.max_allocated_bytes) <= 0.01 * m.max_allocated_bytes, (
+            m.config["optimizer"], p.allocated_bytes, m.max_allocated_bytes)
+
+
+def test_docs_measured_is_what_the_results_make():
+    pytest.importorskip("torch")
+    from measured_report import PAGE, page
+
+    assert PAGE.read_text() == page(), "docs/measured.md is stale: run python benchmarks/measured_report.py --write"
