@@ -3,9 +3,11 @@
     bash benchmarks/gpu_validate.sh          # on the GPU machine (installs the carried wheels)
     bash benchmarks/gpu_validate.sh --cpu    # the same driver on the CPU: tiny model, ~1-2 minutes
 
-Phases, each with a hard end (fractions of the whole budget, --deadline); a case starts only if
+Phases, each with a hard end (fractions of the whole budget, --budget); a case starts only if
 its expected seconds (scaled by how long the cases so far took against theirs) fit before its
-phase ends, else it is written as skipped; a running case is killed at the run's last deadline:
+phase ends, else it is written as skipped; a running case is killed at the run's last deadline.
+Within each tier, the cases an earlier window measured on this GPU (benchmarks/results/<gpu>/*/)
+run last, so that successive windows cover the whole list:
 - A. setup: facts, a smoke test per library (setup.py), the device's ceilings;
 - B. probes, tier 1 (validation/cases.py);
 - C. two launches (launches.py): the suggested plan and its QLoRA twin, run by their launch.sh;
@@ -126,7 +128,11 @@ def main() -> int:
     device_gpu = catalog_gpu(info.name, info.total_bytes) if device == "cuda" else "cpu"
     store = args.out / f"calibration-{device_gpu}.sqlite"
     records = Records(args.out)
-    cases = [c for c in CASES if args.only in c.key]
+    before = measured_before(device_gpu)
+    # within each tier, what no earlier window measured on this GPU goes first
+    cases = sorted((c for c in CASES if args.only in c.key), key=lambda c: c.key in before)
+    if before:
+        print(f"  {len(before)} cases measured before on {device_gpu} (benchmarks/results): they run last", flush=True)
     runner = CaseRunner(device, device_gpu, info, env["smoke"], store, clock, records)
     with clock.phase("B"):
         for case in cases:
@@ -177,6 +183,18 @@ def dry_run(gpu: str) -> int:
     print(f"probes: {len(CASES)} cases, {total:.0f} s expected; launches ~{LAUNCH_SECONDS:.0f} s; "
           f"budget {470} s with phase ends {PHASE_ENDS}")
     return 0
+
+
+def measured_before(device_gpu: str) -> set[str]:
+    """Keys of the cases an earlier window measured on this GPU (status ok in a committed
+    benchmarks/results/<gpu>/<date>/probes.csv)."""
+    import csv
+
+    keys: set[str] = set()
+    for path in (Path(__file__).resolve().parent / "results" / device_gpu).rglob("probes.csv"):
+        with path.open() as f:
+            keys |= {r["key"] for r in csv.DictReader(f) if r.get("status") == "ok"}
+    return keys
 
 
 def _import_once(device: str) -> float:

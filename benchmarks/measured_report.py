@@ -5,7 +5,7 @@ measured, per case and in summary, at the time of the run and with today's model
     python benchmarks/measured_report.py --write    # write docs/measured.md (tests/test_measured_report.py
                                                     # checks the committed page is this output)
 
-Each results folder under benchmarks/results/<gpu>/ holds one run of benchmarks/gpu_validate.sh
+Each results folder benchmarks/results/<gpu>/<date>/ holds one run of benchmarks/gpu_validate.sh
 (probes.jsonl: every case's plan, its measurement with the raw memory readings; env.json; and
 launches/launch.json where the launches ran in their own window). "Then" is the prediction the
 run recorded; "now" evaluates the same case with today's cost model and compares it with the
@@ -50,7 +50,7 @@ def page() -> str:
              "sees: CUDA context, the allocator's reserved peak, the driver's own reservation, and paged",
              "optimizer state resident on the GPU; \"allocated\" is torch's allocated peak against the",
              "analytic peak less context, allocator reserve and paged state.", ""]
-    for folder in sorted(p for p in RESULTS.iterdir() if (p / "probes.jsonl").is_file()):
+    for folder in sorted(p.parent for p in RESULTS.rglob("probes.jsonl")):
         lines += gpu_section(folder)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -61,11 +61,12 @@ def gpu_section(folder: Path) -> list[str]:
     env = json.loads((folder / "env.json").read_text())
     records = [json.loads(line) for line in (folder / "probes.jsonl").read_text().splitlines()]
     v = env["facts"]["versions"]
-    out = [f"## {folder.name}", "",
+    out = [f"## {folder.relative_to(RESULTS)}", "",
            f"{env['device'].get('name')}, nvidia-smi: {env['facts'].get('nvidia_smi')}; torch {v.get('torch')}, "
            f"transformers {v.get('transformers')}, accelerate {v.get('accelerate')}, peft {v.get('peft')}, "
            f"bitsandbytes {v.get('bitsandbytes')}, deepspeed {v.get('deepspeed')}, torchao {v.get('torchao')}, "
            f"liger-kernel {v.get('liger-kernel')}; Python {env['facts'].get('python')}.", "",
+           *(_notes(folder)),
            f"Ceilings (median of timed repeats): {_ceilings(env.get('ceilings', {}))}. Smoke tests: "
            + ", ".join(f"{k} {'ok' if x['ok'] else 'FAILED'}" for k, x in env.get("smoke", {}).items()) + ".", "",
            "| case | status | peak GiB pred / meas | error then | error now | allocated now | step s pred / meas "
@@ -114,23 +115,41 @@ def summary(rows: list) -> list[str]:
 def launches(results: list[dict]) -> list[str]:
     out = ["Launches (`planner suggest --out`, then the plan's `launch.sh --max-steps 3` on a random-weight model",
            "folder built on the box; nvidia-smi polled every 100 ms, device-wide):", "",
-           "| launch | plan | rc | polled peak GiB | plan's peak GiB | steps/s (3 steps, first included) | live check |",
-           "|---|---|---|---|---|---|---|"]
+           "| launch | plan | rc | polled peak GiB | plan's peak GiB then / now | steps/s (3 steps, first included) "
+           "| live check |", "|---|---|---|---|---|---|---|"]
     for x in results:
         c = x.get("config") or {}
         plan = (f"{c.get('optimizer')}, {c.get('precision')}, ckpt {c.get('checkpointing')}, loss {c.get('loss')}, "
                 f"adapter {c.get('adapter')}, {c.get('micro_batch_size')} x {c.get('grad_accum')} x {c.get('seq_len')}")
         live = (x.get("live_verdict") or x.get("error", "")).replace("planner.launch: rank 0/1: ", "")
         peak = x.get("polled_peak_gib")
-        out.append(f"| {x['name']} | {plan} | {x.get('rc')} | {peak:.1f} | {x.get('predicted_peak_gib', 0):.1f} | "
+        out.append(f"| {x['name']} | {plan} | {x.get('rc')} | {peak:.1f} | {x.get('predicted_peak_gib', 0):.1f} / "
+                   f"{_launch_peak_now(x) / 2**30:.1f} | "
                    f"{x.get('steps_per_second')} | {live} |" if peak is not None else
                    f"| {x['name']} | {plan} | {x.get('rc')} | | | | {live} |")
     return out + [""]
 
 
+def _launch_peak_now(launch: dict) -> int:
+    """The launched plan's peak with today's model (Llama-3.2-1B on the GPU it ran on)."""
+    from planner.engine.estimate import EstimateRequest, estimate
+
+    from validation.launches import GPU_MODEL
+
+    c = dict(launch["config"])
+    gpus = launch["plan"]["command"].split("--gpus ")[1].split()[0]
+    return estimate(EstimateRequest(model=GPU_MODEL, gpus=gpus, **c)).memory["peak"]
+
+
 class _Case:
     def __init__(self, case: dict) -> None:
         self.emulated = "{gpu}" not in case["gpus"]
+
+
+def _notes(folder: Path) -> list[str]:
+    """The run's NOTES.md (how its commands went), as written, and a blank line."""
+    notes = folder / "NOTES.md"
+    return [notes.read_text().rstrip(), ""] if notes.is_file() else []
 
 
 def _ceilings(c: dict) -> str:

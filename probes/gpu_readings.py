@@ -7,7 +7,7 @@ wrong, so a probe records all of them together:
   allocator's segments, library workspaces, but not CUDA managed (unified) pages;
 - ``device_used``: the device's total less its free memory (``cudaMemGetInfo``), every process
   and the driver's own reservation included, and managed pages resident on the device. Measured
-  on an H100 (benchmarks/results/H100-SXM-80): a paged 32-bit AdamW's 9.21 GiB of state showed as
+  on an H100 (benchmarks/results/H100-SXM-80/2026-11-26): a paged 32-bit AdamW's 9.21 GiB of state showed as
   9.26 GiB more device-used than NVML's per-process figure, 8-bit's 2.30 GiB as 2.38 GiB;
 - ``reserved`` / ``allocated``: the caching allocator's reserved segments and its live tensors
   (``torch.cuda.memory_reserved`` / ``memory_allocated``), which see no managed memory;

@@ -80,7 +80,7 @@ def reserve_extra(config) -> float:
     """The caching allocator's reserve the plan's techniques add beyond the base fraction, as a
     fraction of the allocated peak: the largest of its choices' ``reserve`` (not their sum: on an
     H100, QLoRA with full checkpointing reserved 11.1 % of its allocated peak, checkpointing alone
-    12.4 %, QLoRA alone 9.1 %; benchmarks/results/H100-SXM-80/probes.csv)."""
+    12.4 %, QLoRA alone 9.1 %; benchmarks/results/H100-SXM-80/2026-11-26/probes.csv)."""
     return max((s.reserve.get(getattr(config, s.field), 0.0) for s in TECHNIQUES), default=0.0)
 
 

@@ -445,6 +445,6 @@ STRATEGY = Strategy(
     complexity={Adapter.QLORA: 1, Adapter.DORA: 1, Adapter.LORA_INT8: 1},
     # many small adapter tensors beside the frozen base: reserved - allocated peak was 8.3 % (LoRA)
     # and 9.1 % (QLoRA) of the allocated peak on an H100 (Llama-3.2-1B, 2 x 2048, no checkpointing;
-    # benchmarks/results/H100-SXM-80); DoRA and LoRA over int8 take LoRA's (not measured)
+    # benchmarks/results/H100-SXM-80/2026-11-26); DoRA and LoRA over int8 take LoRA's (not measured)
     reserve={a: 0.04 for a in Adapter if a != Adapter.NONE},
 )

@@ -463,6 +463,6 @@ STRATEGY = Strategy(
     complexity={Checkpointing.SELECTIVE: 1, Checkpointing.FULL: 1},  # recompute in backward
     # recompute interleaves short-lived activations with the gradients: reserved - allocated peak
     # was 12.4 % (full) and 10.0 % (selective) of the allocated peak on an H100, against 3.5-5.4 %
-    # without (Llama-3.2-1B, 2 x 2048, expandable segments; benchmarks/results/H100-SXM-80)
+    # without (Llama-3.2-1B, 2 x 2048, expandable segments; benchmarks/results/H100-SXM-80/2026-11-26)
     reserve={Checkpointing.FULL: 0.07, Checkpointing.SELECTIVE: 0.05},
 )

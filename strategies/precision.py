@@ -150,7 +150,7 @@ def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
     flat gradient-partition buffer when the engine is built (deepspeed/runtime/zero/stage3.py
     ``grad_partitions_flat_buffer``, 0.19.8), so its gradients are resident in every phase:
     measured on an H100, ZeRO-3's forward and backward peaks sat 2.31 GiB above ZeRO-2's, its
-    bf16 gradient partition (Llama-3.2-1B, one rank; benchmarks/results/H100-SXM-80)."""
+    bf16 gradient partition (Llama-3.2-1B, one rank; benchmarks/results/H100-SXM-80/2026-11-26)."""
     if ctx.config.grad_accum > 1 or ctx.config.sharding == "zero3":
         return ALL_PHASES
     return frozenset({Phase.BACKWARD_END, Phase.STEP})

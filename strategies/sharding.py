@@ -158,7 +158,7 @@ def _reduction_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> Non
     on the gradients are allocated in those very blocks, and their rows count them). With
     accumulation the gradients live across micro-batches, so nothing is freed in between: no row.
 
-    Measured on an H100 (Llama-3.2-1B, 2 x 2048, one rank; benchmarks/results/H100-SXM-80):
+    Measured on an H100 (Llama-3.2-1B, 2 x 2048, one rank; benchmarks/results/H100-SXM-80/2026-11-26):
     reserved less allocated peak was 5.74 GiB under FSDP2 and 5.39 GiB under ZeRO-2 against 1.0-1.4
     GiB for the same plans without an engine; the fp32 gradient shard is 4.60 GiB, ZeRO-2's is
     counted at fp32 too (its 16-bit partition, 2.30 GiB, alone falls short of what was measured).

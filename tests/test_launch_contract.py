@@ -63,7 +63,7 @@ def test_launcher_trainer_ranks_only_what_the_standard_files_say():
 def test_the_live_check_sees_liger_applied_as_the_trainer_applies_it():
     """``use_liger_kernel`` makes the Trainer call Liger's ``_apply_liger_kernel_to_instance``,
     which binds its forward to the model instance (the class keeps transformers' own): the live
-    check reads that as the chunked loss. Seen on an H100 (benchmarks/results/H100-SXM-80/launches):
+    check reads that as the chunked loss. Seen on an H100 (benchmarks/results/H100-SXM-80/2026-11-26/launches):
     the check once read only the class's forward and called Liger's run 'standard'."""
     import json
     from pathlib import Path

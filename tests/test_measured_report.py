@@ -1,4 +1,4 @@
-"""planner against what a real GPU measured (benchmarks/results/<gpu>/, one run of
+"""planner against what a real GPU measured (benchmarks/results/<gpu>/<date>/, one run of
 benchmarks/gpu_validate.sh each): plans predicted to fit hold on the card, the paged-memory
 accounting the run settled, the calibration rows, and docs/measured.md as the results make it."""
 
@@ -13,7 +13,7 @@ from planner.cost.runtime import DEFAULT_MARGIN
 from planner.engine.calibrate import predict
 
 ROOT = Path(__file__).resolve().parent.parent
-H100 = ROOT / "benchmarks" / "results" / "H100-SXM-80"
+H100 = ROOT / "benchmarks" / "results" / "H100-SXM-80" / "2026-11-26"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 

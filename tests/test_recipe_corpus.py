@@ -242,7 +242,7 @@ def test_published_memory_figures_and_the_disagreements_stated():
       is 54.1 GB (+13 %), reached at the start of the loss's backward, which holds three fp32
       copies of the 8,192 x 128,256 logits (12.6 GB; traced against transformers 5). Of it, 5.7
       GB is the caching allocator's reserve: 12 % of the allocated peak, as an H100 measured it
-      with full checkpointing (Llama-3.2-1B at 2 x 2048; benchmarks/results/H100-SXM-80; 3.5-5.4 %
+      with full checkpointing (Llama-3.2-1B at 2 x 2048; benchmarks/results/H100-SXM-80/2026-11-26; 3.5-5.4 %
       without). Whether this shape keeps that much is not measured: the disagreement is open,
       and planner does not promise the job on a 48 GB card (an RTX A6000 is 3.9 GiB short).
     - lora-8b as first published (15f7910d3: Llama-2-7B, LoRA r32 over an LLM.int8() base,

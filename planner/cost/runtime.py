@@ -13,7 +13,7 @@ from planner.core.units import GIB
 #: context with lazy module loading, and cuBLAS/cuBLASLt workspaces. Measured on an H100 (torch
 #: 2.11, CUDA 13, NVML per-process bytes less the allocator's reserved bytes after training
 #: steps): 0.74 GiB for one process, 0.81 GiB once a process group exists; with the driver's
-#: reservation 1.21-1.28 GiB (benchmarks/results/H100-SXM-80/probes.csv, context_gib; the
+#: reservation 1.21-1.28 GiB (benchmarks/results/H100-SXM-80/2026-11-26/probes.csv, context_gib; the
 #: calibration fitted 1.21 GiB). Sources: that run; CUDA C Programming Guide "Lazy Loading".
 CUDA_CONTEXT_BYTES = 5 * GIB // 4
 #: Per GPU when more than one process communicates: NCCL channel buffers
@@ -24,7 +24,7 @@ NCCL_BYTES = GIB // 2
 #: (block rounding and segment splitting), for a plan whose techniques keep no pools of their own
 #: (their ``reserve``, strategies/: checkpointing, adapters, the sharding engines add to it).
 #: Measured on an H100 with expandable segments (launch.sh's setting): 3.5-5.4 % (median 4.7 %)
-#: over seven such plans of Llama-3.2-1B (benchmarks/results/H100-SXM-80/probes.csv, reserved less
+#: over seven such plans of Llama-3.2-1B (benchmarks/results/H100-SXM-80/2026-11-26/probes.csv, reserved less
 #: allocated peak); ``planner calibrate`` fits it per GPU.
 FRAGMENTATION_FRACTION = 0.05
 #: Host RAM per training process: Python, torch, CUDA host libraries, pinned staging and the
@@ -37,7 +37,7 @@ HOST_PROCESS_BYTES = 3 * GIB
 #: 0.62 % low (Phi-3-mini, fp8-mixed, eager, FSDP at 8 ranks, 1 x 8192, full depth): m >= 1 -
 #: 1/1.0062 = 0.6 %. It was 6 % (5.8 % under before issue 17 fixed the activation lists), then
 #: 3 % (2.35 %, Mixtral under FSDP2, before its buffers were in the ledger). On a real GPU (an
-#: H100, benchmarks/results/H100-SXM-80, docs/measured.md) the driver-seen peak of 15 plans was at
+#: H100, benchmarks/results/H100-SXM-80/2026-11-26, docs/measured.md) the driver-seen peak of 15 plans was at
 #: worst 0.5 % above the prediction once that run's reserves were in the model (13.6 % before:
 #: FSDP2's), so m >= 0.5 % in sample. It stays 3 % until a run measures the model out of sample
 #: (a second GPU, multi-GPU engines, the 8B cases that run did not reach).
