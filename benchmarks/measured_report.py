@@ -19,6 +19,10 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from validation.report import relative_error, time_status  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "measured.md"
@@ -56,7 +60,6 @@ def page() -> str:
 
 
 def gpu_section(folder: Path) -> list[str]:
-    from validation.report import time_status
 
     env = json.loads((folder / "env.json").read_text())
     records = [json.loads(line) for line in (folder / "probes.jsonl").read_text().splitlines()]
@@ -85,7 +88,7 @@ def gpu_section(folder: Path) -> list[str]:
         time_note = _pct(now.time_error) if status in TIMED else f"({status})" if status != "-" else ""
         out.append(f"| {case['key']} | {now.status} | {_gib(now.predicted_peak_bytes)} / "
                    f"{_gib(now.measured_peak_bytes)} | {_pct(then['memory_error'])} | {_pct(now.memory_error)} | "
-                   f"{_pct(_error(now.predicted_allocated_bytes, now.measured_allocated_bytes))} | {step} | {time_note} |")
+                   f"{_pct(relative_error(now.predicted_allocated_bytes, now.measured_allocated_bytes))} | {step} | {time_note} |")
     out += [""] + summary(rows) + [""]
     launch_file = folder / "launches" / "launch.json"
     if launch_file.is_file():
@@ -99,7 +102,7 @@ def summary(rows: list) -> list[str]:
     for label, values in (
             ("peak memory, then", [then["memory_error"] for _, _, then in ok if then["memory_error"] is not None]),
             ("peak memory, now", [now.memory_error for now, _, _ in ok if now.memory_error is not None]),
-            ("allocated peak, now", [_error(now.predicted_allocated_bytes, now.measured_allocated_bytes)
+            ("allocated peak, now", [relative_error(now.predicted_allocated_bytes, now.measured_allocated_bytes)
                                      for now, _, _ in ok if now.measured_allocated_bytes]),
             ("step time, now", [now.time_error for now, status, _ in ok if status in TIMED and now.time_error is not None])):
         if values:
@@ -159,10 +162,6 @@ def _ceilings(c: dict) -> str:
             f"device copy {c['copy_gbps']} GB/s (read + written)")
 
 
-def _error(predicted, measured):
-    return None if predicted is None or not measured else (predicted - measured) / measured
-
-
 def _pct(x) -> str:
     return "" if x is None else f"{x:+.1%}"
 
@@ -183,8 +182,6 @@ def main() -> int:
         print(text, end="")
     return 0
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 if __name__ == "__main__":
     sys.exit(main())

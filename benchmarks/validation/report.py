@@ -68,7 +68,7 @@ def csv_row(case, model: str, plan, comparison, status: str, message: str, secon
             "measured_peak_gib": _g(comparison.measured_peak_bytes), "memory_error": _f(comparison.memory_error),
             "predicted_allocated_gib": _g(comparison.predicted_allocated_bytes),
             "measured_allocated_gib": _g(comparison.measured_allocated_bytes),
-            "allocated_error": _f(_error(comparison.predicted_allocated_bytes, comparison.measured_allocated_bytes)),
+            "allocated_error": _f(relative_error(comparison.predicted_allocated_bytes, comparison.measured_allocated_bytes)),
             "measured_reserved_gib": _g(comparison.measured_reserved_bytes),
             **{f"peak_{r}_gib": _g(peak.get(r)) for r in READINGS},
             **{f"start_{r}_gib": _g(start.get(r)) for r in READINGS},
@@ -167,7 +167,8 @@ def figure(rows: list[dict], path: Path) -> str:
     return ""
 
 
-def _error(predicted, measured):
+def relative_error(predicted, measured) -> float | None:
+    """(predicted - measured) / measured; None without both."""
     return None if predicted is None or not measured else (predicted - measured) / measured
 
 
