@@ -246,7 +246,7 @@ class CaseRunner:
         from probes.measured_command import measure_plan
         from validation.cases import CPU_SHAPE
         from validation.launches import TINY_CONFIG
-        from validation.report import csv_row, time_status
+        from validation.report import csv_row, untimed
 
         cpu = self.device == "cpu"
         expected = CPU_EXPECTED_SECONDS if cpu else case.expected_seconds
@@ -280,7 +280,7 @@ class CaseRunner:
             return record("skipped", f"needs ~{want:.0f} s, phase {phase} has {max(0, self.clock.left(phase)):.0f} s")
         timeout = min(max(TIMEOUT_FACTOR * want, MIN_TIMEOUT), self.clock.hard_stop() - time.monotonic())
         depths = list(case.cpu_depths if cpu else case.extrapolate_from) or None
-        timed = time_status(case, plan, _Probe()) in ("timed", "communication modelled")
+        timed = not untimed(case, plan)
         try:
             comparison = measure_plan(plan, model, model_config(model), self.info, extrapolate_from=depths,
                                       timeout=timeout / (len(depths) if depths else 1), runner=measure_forked,
@@ -289,12 +289,6 @@ class CaseRunner:
             return record("error", str(e))
         self.clock.ratios.append((time.monotonic() - t0) / expected)
         record(comparison.status, comparison.message, comparison)
-
-
-class _Probe:
-    """A stand-in for a run that went well: asks time_status whether the plan's steps can be timed."""
-
-    status, measured_step_seconds, modelled_communication_seconds, device_gpu = "ok", 1.0, 0.0, ""
 
 
 def run_launches(launches, device: str, device_gpu: str, clock: Clock, out: Path) -> list[dict]:

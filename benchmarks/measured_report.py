@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from validation.cases import Case  # noqa: E402
 from validation.report import relative_error, time_status  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,7 @@ def gpu_section(folder: Path) -> list[str]:
             out.append(f"| {case['key']} | {r['status']} | | | | | | {r['message'][:70]} |")
             continue
         plan, now = now_comparison(r)
-        status = time_status(_Case(case), plan, now)
+        status = time_status(Case(**case), plan, now)
         rows.append((now, status, then, case))
         step = (f"{now.predicted_step_seconds:.3f} / {now.measured_step_seconds:.3f}"
                 if now.measured_step_seconds else "")
@@ -142,11 +143,6 @@ def _launch_peak_now(launch: dict) -> int:
     c = dict(launch["config"])
     gpus = launch["plan"]["command"].split("--gpus ")[1].split()[0]
     return estimate(EstimateRequest(model=GPU_MODEL, gpus=gpus, **c)).memory["peak"]
-
-
-class _Case:
-    def __init__(self, case: dict) -> None:
-        self.emulated = "{gpu}" not in case["gpus"]
 
 
 def _notes(folder: Path) -> list[str]:

@@ -50,9 +50,10 @@ def build_folder(work: Path, device: str) -> tuple[Path, str, float]:
 
 
 def planner_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The planner CLI in a child process, from the tree this process imported planner from."""
+    """The planner CLI in a child process, with this process's environment (its PYTHONPATH names
+    the planner it runs; the driver made it offline)."""
     return subprocess.run([sys.executable, "-P", "-c", "from planner.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=timeout, env=_env())
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def write_plan(ref: str, gpus: str, out: Path, device: str, adapter: str | None) -> dict:
@@ -71,7 +72,7 @@ def run_launch(job: Path, folder: Path, device: str, timeout: float) -> dict:
     from planner.emit import load_plan_file
 
     plan = load_plan_file(job / "plan.json").plans[0]
-    env = _env() | {"MODEL": str(folder), "DATA": "sample", "MAIN_PORT": "29611",
+    env = os.environ | {"MODEL": str(folder), "DATA": "sample", "MAIN_PORT": "29611",
                     "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     if device != "cuda":
         env |= {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
@@ -125,8 +126,3 @@ class Poller:
             self.proc.kill()
         self.thread.join(timeout=5)
         return self.peak
-
-
-def _env() -> dict:
-    """This process's environment (its PYTHONPATH names the planner it runs), offline."""
-    return os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -30,18 +30,25 @@ COLUMNS = ["key", "tier", "model", "gpus", "emulated", "depth", "optimizer", "pr
            "expected_s", "seconds", "device", "torch", "message"]
 
 
-def time_status(case, plan, comparison) -> str:
-    """Whether a run's step time measures the plan's: timed | communication modelled | eager
-    (fp8) | spill not measured | - (no time)."""
-    if comparison is None or comparison.status != "ok" or comparison.measured_step_seconds is None:
-        return "-"
-    if comparison.device_gpu == "cpu":
-        return "cpu: not the plan's GPU"
+def untimed(case, plan) -> str:
+    """Why the plan's step time cannot be measured here ("" when it can): fp8 runs eager where
+    the launch compiles; a paged state predicted to spill on the emulated card does not spill on
+    the bigger one."""
     if plan.config.precision == "fp8-mixed":
         return "eager: the launch compiles"
     if plan.paged and plan.paged.spilled_bytes and case.emulated:
         return "spill not measured"
-    return "communication modelled" if comparison.modelled_communication_seconds else "timed"
+    return ""
+
+
+def time_status(case, plan, comparison) -> str:
+    """Whether a run's step time measures the plan's: timed | communication modelled | why not
+    (``untimed``, or a CPU run) | - (no time)."""
+    if comparison is None or comparison.status != "ok" or comparison.measured_step_seconds is None:
+        return "-"
+    if comparison.device_gpu == "cpu":
+        return "cpu: not the plan's GPU"
+    return untimed(case, plan) or ("communication modelled" if comparison.modelled_communication_seconds else "timed")
 
 
 def csv_row(case, model: str, plan, comparison, status: str, message: str, seconds: float, expected: float) -> dict:
