@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from validation.cases import Case  # noqa: E402
-from validation.report import relative_error, time_status  # noqa: E402
+from validation.report import memory_status, relative_error, time_status  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -83,12 +83,14 @@ def gpu_section(folder: Path) -> list[str]:
             continue
         plan, now = now_comparison(r)
         status = time_status(Case(**case), plan, now)
-        rows.append((now, status, then, case))
+        held = memory_status(Case(**case), plan)
+        rows.append((now, status, then, case, held))
         step = (f"{now.predicted_step_seconds:.3f} / {now.measured_step_seconds:.3f}"
                 if now.measured_step_seconds else "")
         time_note = _pct(now.time_error) if status in TIMED else f"({status})" if status != "-" else ""
         out.append(f"| {case['key']} | {now.status} | {_gib(now.predicted_peak_bytes)} / "
-                   f"{_gib(now.measured_peak_bytes)} | {_pct(then['memory_error'])} | {_pct(now.memory_error)} | "
+                   f"{_gib(now.measured_peak_bytes)} | {_pct(then['memory_error'])} | {_pct(now.memory_error)}"
+                   f"{' (' + held + ')' if held else ''} | "
                    f"{_pct(relative_error(now.predicted_allocated_bytes, now.measured_allocated_bytes))} | {step} | {time_note} |")
     out += [""] + summary(rows) + [""]
     launch_file = folder / "launches" / "launch.json"
@@ -98,11 +100,12 @@ def gpu_section(folder: Path) -> list[str]:
 
 
 def summary(rows: list) -> list[str]:
-    ok = [(now, status, then) for now, status, then, _ in rows if now.status == "ok"]
+    ok = [(now, status, then) for now, status, then, _, _ in rows if now.status == "ok"]
+    comparable = [(now, then) for now, _, then, _, why in rows if now.status == "ok" and not why]
     out = []
     for label, values in (
-            ("peak memory, then", [then["memory_error"] for _, _, then in ok if then["memory_error"] is not None]),
-            ("peak memory, now", [now.memory_error for now, _, _ in ok if now.memory_error is not None]),
+            ("peak memory, then", [then["memory_error"] for _, then in comparable if then["memory_error"] is not None]),
+            ("peak memory, now", [now.memory_error for now, _ in comparable if now.memory_error is not None]),
             ("allocated peak, now", [relative_error(now.predicted_allocated_bytes, now.measured_allocated_bytes)
                                      for now, _, _ in ok if now.measured_allocated_bytes]),
             ("step time, now", [now.time_error for now, status, _ in ok if status in TIMED and now.time_error is not None])):
@@ -111,7 +114,7 @@ def summary(rows: list) -> list[str]:
             under = min(values)
             out.append(f"- {label}: median |error| {statistics.median(abs(x) for x in values):.1%}, worst "
                        f"{worst:+.1%}, most under-predicted {under:+.1%}, over {len(values)} runs")
-    surprises = [case["key"] for now, _, _, case in rows if now.status == "oom" and now.predicted_fits]
+    surprises = [case["key"] for now, _, _, case, _ in rows if now.status == "oom" and now.predicted_fits]
     out.append(f"- predicted to fit but ran out of memory: {len(surprises)}" + (f" ({', '.join(surprises)})" if surprises else ""))
     return out
 

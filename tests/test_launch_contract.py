@@ -64,13 +64,14 @@ def test_the_live_check_sees_liger_applied_as_the_trainer_applies_it():
     """``use_liger_kernel`` makes the Trainer call Liger's ``_apply_liger_kernel_to_instance``,
     which binds its forward to the model instance (``model.forward = MethodType(lce_forward,
     model)``; the class keeps transformers' own): the live check reads that as the chunked loss.
-    Seen on an H100 (benchmarks/results/H100-SXM-80/2026-11-26/launches): the check once read only
-    the class's forward and called Liger's run 'standard'. Liger's own call where it is installed
+    Under bf16 mixed precision accelerate wraps that forward again; the check follows the wrappers.
+    Liger's own call where it is installed
     (it needs Triton), else the same binding of a function from Liger's module."""
     import json
     import types
     from pathlib import Path
 
+    import accelerate
     import transformers
 
     from planner.launch.live import _loss
@@ -89,3 +90,8 @@ def test_the_live_check_sees_liger_applied_as_the_trainer_applies_it():
     else:
         _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
     assert _loss(model) == "chunked"
+    # bf16 mixed precision: accelerate wraps that forward in autocast and an fp32 output cast
+    accelerator = accelerate.Accelerator(mixed_precision="bf16", cpu=True)
+    prepared = accelerator.prepare_model(model)
+    assert prepared.forward.__func__.__module__.startswith("accelerate"), prepared.forward
+    assert _loss(accelerator.unwrap_model(prepared)) == "chunked"

@@ -7,7 +7,8 @@ analytic peak; ``allocated_error`` compares torch's allocated peak with the anal
 context, allocator reserve and resident paged state (the part a trace also sees). A step time is
 compared only where it says something about the plan (``time_status``): fp8 runs eager here
 while the launch compiles, and a paged state that would spill on the emulated card does not
-spill on the bigger one.
+spill on the bigger one. For the same reason such a run's driver peak holds every page the
+plan's card would evict (``memory_status``): it is shown, never counted in the medians.
 """
 
 import csv
@@ -21,7 +22,7 @@ MEMORY_BAND, TIME_BAND = 0.10, 0.15
 TIMED = ("timed", "communication modelled")
 COLUMNS = ["key", "tier", "model", "gpus", "emulated", "depth", "optimizer", "precision", "checkpointing", "sharding",
            "offload", "adapter", "loss", "micro_batch_size", "seq_len", "status", "verdict", "where",
-           "predicted_fits", "predicted_peak_gib", "measured_peak_gib", "memory_error",
+           "predicted_fits", "predicted_peak_gib", "measured_peak_gib", "memory_error", "memory_status",
            "predicted_allocated_gib", "measured_allocated_gib", "allocated_error", "measured_reserved_gib",
            "predicted_paged_gib", "predicted_paged_resident_gib", "predicted_paged_spilled_gib",
            *[f"peak_{r}_gib" for r in READINGS], *[f"start_{r}_gib" for r in READINGS],
@@ -30,15 +31,26 @@ COLUMNS = ["key", "tier", "model", "gpus", "emulated", "depth", "optimizer", "pr
            "expected_s", "seconds", "device", "torch", "message"]
 
 
+def emulated_spill(case, plan) -> bool:
+    """A paged state predicted to spill on the emulated card: the bigger card holds every page
+    (the driver evicts only under pressure), so neither the step time nor the driver peak is the
+    plan's."""
+    return bool(case.emulated and plan.paged and plan.paged.spilled_bytes)
+
+
 def untimed(case, plan) -> str:
     """Why the plan's step time cannot be measured here ("" when it can): fp8 runs eager where
-    the launch compiles; a paged state predicted to spill on the emulated card does not spill on
-    the bigger one."""
+    the launch compiles; an emulated spill (``emulated_spill``)."""
     if plan.config.precision == "fp8-mixed":
         return "eager: the launch compiles"
-    if plan.paged and plan.paged.spilled_bytes and case.emulated:
+    if emulated_spill(case, plan):
         return "spill not measured"
     return ""
+
+
+def memory_status(case, plan) -> str:
+    """Whether the driver peak measures the plan's: "" when it does, else why not."""
+    return "spill held: not the plan's card" if emulated_spill(case, plan) else ""
 
 
 def time_status(case, plan, comparison) -> str:
@@ -73,6 +85,7 @@ def csv_row(case, model: str, plan, comparison, status: str, message: str, secon
             "verdict": comparison.verdict, "where": comparison.where,
             "predicted_peak_gib": _g(comparison.predicted_peak_bytes),
             "measured_peak_gib": _g(comparison.measured_peak_bytes), "memory_error": _f(comparison.memory_error),
+            "memory_status": memory_status(case, plan),
             "predicted_allocated_gib": _g(comparison.predicted_allocated_bytes),
             "measured_allocated_gib": _g(comparison.measured_allocated_bytes),
             "allocated_error": _f(relative_error(comparison.predicted_allocated_bytes, comparison.measured_allocated_bytes)),
@@ -112,7 +125,8 @@ def summary(rows: list[dict], launches: list[dict]) -> list[str]:
     for r in rows:
         time_err = _pct(r.get("time_error")) if r.get("time_status") in TIMED else (
             "(" + r["time_status"].split(":")[0][:6] + ")" if r.get("time_status", "-") != "-" else "-")
-        lines.append(f"{r['key'][:34]:34s} {r['status'][:8]:8s} {_pct(r.get('memory_error')):>8s} "
+        mem_err = f"({r['memory_status'][:6]})" if r.get("memory_status") else _pct(r.get("memory_error"))
+        lines.append(f"{r['key'][:34]:34s} {r['status'][:8]:8s} {mem_err:>8s} "
                      f"{_pct(r.get('allocated_error')):>7s} {time_err:>8s}  {r.get('verdict') or r.get('message', '')[:40]}")
     lines += errors_summary(rows)
     surprises = [r["key"] for r in rows if r["status"] == "oom" and r.get("predicted_fits") == "True"]
@@ -127,7 +141,7 @@ def summary(rows: list[dict], launches: list[dict]) -> list[str]:
 def errors_summary(rows: list[dict]) -> list[str]:
     ok = [r for r in rows if r["status"] == "ok"]
     out = []
-    for column, label, subset in (("memory_error", "peak memory (driver)", ok),
+    for column, label, subset in (("memory_error", "peak memory (driver)", [r for r in ok if not r.get("memory_status")]),
                                   ("allocated_error", "allocated peak", ok),
                                   ("time_error", "step time", [r for r in ok if r.get("time_status") in TIMED])):
         values = [float(r[column]) for r in subset if r.get(column)]

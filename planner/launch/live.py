@@ -186,14 +186,30 @@ def _adapter(model) -> dict:
                                                           "int8_linears": eight_bit}}
 
 
+def _forwards(model):
+    """Every function the model's forward reaches through wrappers: the class's, the bound one, and
+    what each wraps. accelerate's mixed precision replaces ``model.forward`` with
+    ``convert_outputs_to_fp32(autocast(forward))``, each layer keeping the one below in
+    ``__wrapped__`` (``ConvertOutputsToFp32`` in ``model_forward``), and keeps the forward it wrapped
+    in ``model._original_forward`` (accelerate ``Accelerator.prepare_model``)."""
+    todo = [type(model).forward, model.forward, model.__dict__.get("_original_forward")]
+    seen = []
+    while todo:
+        fn = todo.pop()
+        fn = getattr(fn, "__func__", fn)
+        if fn is None or any(fn is s for s in seen):
+            continue
+        seen.append(fn)
+        todo += [getattr(fn, "__wrapped__", None), getattr(fn, "model_forward", None)]
+    return seen
+
+
 def _loss(model) -> str:
-    """chunked when the forward the model runs is Liger's: its class's (Liger's patch of the class)
-    or the one Liger binds to the instance (``_apply_liger_kernel_to_instance``, what the
-    Trainer's ``use_liger_kernel`` calls: ``model.forward = MethodType(lce_forward, model)``);
-    either function's module is Liger's."""
-    bound = getattr(model.forward, "__func__", model.forward)
-    modules = (getattr(type(model).forward, "__module__", None), getattr(bound, "__module__", None))
-    return "chunked" if any("liger" in (m or "") for m in modules) else "standard"
+    """chunked when a forward the model runs is Liger's: its class's (Liger's patch of the class) or
+    the one Liger binds to the instance (``_apply_liger_kernel_to_instance``, what the Trainer's
+    ``use_liger_kernel`` calls: ``model.forward = MethodType(lce_forward, model)``), under any
+    wrapper accelerate adds; the function's module is Liger's."""
+    return "chunked" if any("liger" in (getattr(f, "__module__", None) or "") for f in _forwards(model)) else "standard"
 
 
 def observe(trainer, session) -> dict:
