@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
 from planner.engine.estimate import EstimateRequest
-from probes.compare import STATE_BYTES_PER_PARAMETER, ZERO_STAGES, Comparison
+from probes.compare import ZERO_STAGES, Comparison, uniform_state_bytes
 from strategies import TrainingConfig
+from strategies.optimizer import Optimizer
 
 FIDELITIES = ("traced", "measured")
 EXIT_AGREE, EXIT_DISAGREE = 0, 1
@@ -79,9 +80,10 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
     if config.grad_accum != 1:
         raise PlannerInputError("--grad-accum is not traced", hint="Trace one micro-batch (--grad-accum 1).")
     zero = config.sharding in ZERO_STAGES
-    if zero and config.optimizer not in STATE_BYTES_PER_PARAMETER:
+    if zero and uniform_state_bytes(config.optimizer) is None:
+        uniform = [str(o) for o in Optimizer if uniform_state_bytes(o) is not None]
         raise PlannerInputError(f"--optimizer {config.optimizer} with ZeRO is not probed",
-                                hint=f"Use one of {', '.join(STATE_BYTES_PER_PARAMETER)} with ZeRO.")
+                                hint=f"Use one of {', '.join(uniform)} with ZeRO.")
     traced_config, world = config, hardware.num_gpus
     if zero or config.sharding == "ddp":
         # one rank runs the whole model: sharding none (DeepSpeed's module is 16-bit)

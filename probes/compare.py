@@ -138,8 +138,16 @@ def same_moment(model: str, config: TrainingConfig, world_size: int, depths: tup
 
 #: ZeRO stage of each DeepSpeed sharding mode.
 ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
-#: Optimizer state bytes per parameter where it is uniform (fp32 states).
-STATE_BYTES_PER_PARAMETER = {"adamw": 8, "paged-adamw": 8, "lion": 4, "sgd": 0}
+def uniform_state_bytes(optimizer: str) -> int | None:
+    """Optimizer state bytes per parameter where every tensor has the same (fp32 states: the
+    optimizer's own state rule, strategies/optimizer.py, gives k bytes per element for a vector
+    and a matrix alike), else None (8-bit blocks, factored or per-block moments)."""
+    from strategies.optimizer import CHOICES, Optimizer
+
+    rule = CHOICES[Optimizer(optimizer)].states
+    vector, matrix = rule(4096, (4096,), 4), rule(1 << 20, (1024, 1024), 4)
+    k = vector // 4096
+    return k if vector == k * 4096 and matrix == k * (1 << 20) else None
 
 
 def zero_rank_states(psi: int, stage: int, world: int, optimizer: str) -> dict[str, float]:
@@ -147,7 +155,8 @@ def zero_rank_states(psi: int, stage: int, world: int, optimizer: str) -> dict[s
     (Rajbhandari et al. 2020, Sec. 5.1; planner/cost/zero.py): 16-bit weights (partitioned from
     stage 3), fp32 master weights and optimizer states (partitioned from stage 1), 16-bit gradients
     (partitioned from stage 2), for ``psi`` parameters."""
-    k = STATE_BYTES_PER_PARAMETER[optimizer]
+    k = uniform_state_bytes(optimizer)
+    assert k is not None, optimizer
     return {"parameters": 2 * psi / (world if stage >= 3 else 1) + 4 * psi / world,
             "gradients": 2 * psi / (world if stage >= 2 else 1),
             "optimizer_states": k * psi / world}

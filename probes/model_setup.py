@@ -17,26 +17,37 @@ def fake_process_group(world: int) -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
-def computed_state_bytes(model, c) -> int:
-    """Optimizer state bytes from the planner's state layouts, for optimizers fake mode cannot run."""
-    from planner.cost import optimizer_states as S
+def computed_state_bytes(model, c) -> tuple[int, int]:
+    """(on the GPU, paged) optimizer state bytes of ``model``'s trainable parameters from the
+    optimizer's own state rule (strategies/optimizer.py ``CHOICES``), for implementations fake
+    mode cannot run. Paged state is only that of tensors bitsandbytes pages (at least
+    ``BNB_PAGED_MIN_NUMEL`` elements); the rest stays on the GPU."""
+    from planner.cost.optimizer_states import BNB_PAGED_MIN_NUMEL
+    from strategies.optimizer import CHOICES
 
-    total = 0
+    choice = CHOICES[c.optimizer]
+    dense = paged = 0
     for p in model.parameters():
         if not p.requires_grad:  # (an adapter's frozen base has no state)
             continue
-        n = p.numel()
-        if c.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
-            total += S.blockwise_8bit_states(n, 2)
-        elif c.optimizer == "lion-8bit":
-            total += S.blockwise_8bit_states(n, 1)
-        elif c.optimizer == "paged-adamw":
-            total += S.full_states(n, 2, 4)
-        elif c.optimizer == "lion":
-            total += S.full_states(n, 1, 4)
-        elif c.optimizer == "adam-mini":
-            total += S.adam_mini_states(tuple(p.shape), p.element_size())
-    return total
+        b = choice.states(p.numel(), tuple(p.shape), p.element_size())
+        if choice.paged and p.numel() >= BNB_PAGED_MIN_NUMEL:
+            paged += b
+        else:
+            dense += b
+    return dense, paged
+
+
+def computed_step_temporaries(model, c) -> int:
+    """The step's temporaries of an optimizer fake mode cannot run and that updates one tensor at a
+    time (``OptimizerChoice.step_temporaries``: Adam-mini), from the same rule as the analytic
+    ledger (planner/cost/optimizer_states.py ``per_tensor_step_temporary``); 0 for the others."""
+    from planner.cost.optimizer_states import per_tensor_step_temporary
+    from strategies.optimizer import CHOICES
+
+    if not CHOICES[c.optimizer].step_temporaries:
+        return 0
+    return per_tensor_step_temporary(max(p.numel() for p in model.parameters() if p.requires_grad))
 
 
 def nf4_saving_bytes(model) -> int:

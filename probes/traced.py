@@ -10,8 +10,9 @@ What is traced and what is computed (reported in ``TraceResult.notes``):
 - traced: parameters, gradients, activations, temporaries, each phase's peak; optimizer state
   for torch optimizers (AdamW, SGD, Adafactor); the chunked loss through a re-implementation
   with Liger-Kernel's allocations (probes/chunked_loss.py);
-- computed: bitsandbytes 8-bit / paged and Adam-mini states (their kernels do not run under fake
-  tensors): the planner's state-layout formula for the traced parameters; QLoRA's NF4 weights
+- computed: the states of optimizers whose kernels do not run under fake tensors (bitsandbytes,
+  torchao, Adam-mini: ``Impl.fake``), from the optimizer's own state rule for the traced
+  parameters, added to every phase's peak (paged state as resident); QLoRA's NF4 weights
   (traced as LoRA over the 16-bit base, the quantized weights' bytes replaced by
   planner.cost.adapters.nf4_bytes);
 - adapters: the peft-wrapped model (planner.runtime.adapter), as the launch wraps it;
@@ -113,8 +114,6 @@ def run_trace(req: TraceRequest) -> TraceResult:
         elif c.sharding.startswith("zero"):
             notes.append("ZeRO is not traced (DeepSpeed does not run under fake tensors): model states are computed")
         optimizer = build_optimizer(c.optimizer, model, cfg, fused=True, fake=True)
-        if optimizer is None:
-            notes.append(f"{c.optimizer}: states computed from their layout (the optimizer does not run under fake tensors)")
         ids = torch.randint(0, cfg.vocab_size, (c.micro_batch_size, c.seq_len))
         if fsdp:
             tracker = fsdp_step_tracker(model, optimizer, explain=req.explain)
@@ -137,6 +136,8 @@ def run_trace(req: TraceRequest) -> TraceResult:
                 del loss
                 if i == req.iterations - 1:
                     grads = _categories(tracker.get_tracker_snapshot("current"), {"Gradient", "Sharded Grad"})
+                if i == req.iterations - 1:  # what the step starts from (a step fake mode cannot run allocates nothing)
+                    step_start = _categories(tracker.get_tracker_snapshot("current"), None)
                 tracker.phase = "step"
                 if optimizer is not None:
                     optimizer.step()
@@ -147,15 +148,30 @@ def run_trace(req: TraceRequest) -> TraceResult:
                     tracker.reset_mod_stats()
         current = tracker.get_tracker_snapshot("current")
     params = _categories(current, {"Parameter", "Sharded Param"}) - nf4_saving
-    states = (_categories(current, {"Optstate", "OptState"}) if optimizer is not None
-              else S.computed_state_bytes(model, c))
-    peaks = {p: v - nf4_saving for p, v in tracker.phase_peaks.items()}
+    # states of an optimizer fake mode cannot run: computed, and held on the GPU through every
+    # phase as a real run holds them (paged state too: unified memory stays on the GPU while it
+    # has room, as the analytic ledger's resident rows say for a GPU that holds it)
+    computed = 0
+    if optimizer is not None:
+        states = _categories(current, {"Optstate", "OptState"})
+    else:
+        dense, paged = S.computed_state_bytes(model, c)
+        states = computed = dense + paged
+        notes.append(f"{c.optimizer}: {states:,} state bytes computed, held through every phase"
+                     + (f" ({paged:,} paged, resident)" if paged else "")
+                     + " (the optimizer does not run under fake tensors)")
+    peaks = {p: v - nf4_saving + computed for p, v in tracker.phase_peaks.items()}
+    if optimizer is None:  # the step holds the states and its temporaries over what it starts from
+        temporaries = S.computed_step_temporaries(model, c)
+        peaks["step"] = max(peaks.get("step", 0), step_start - nf4_saving + computed + temporaries)
+        if temporaries:
+            notes.append(f"{c.optimizer}: its step's temporaries computed ({temporaries:,} bytes)")
     phase = max(peaks, key=peaks.get)
     return TraceResult(
-        peak_bytes=peaks[phase], peak_phase=phase, phase_peaks=peaks, at_peak=tracker.phase_snapshots[phase],
+        peak_bytes=peaks[phase], peak_phase=phase, phase_peaks=peaks, at_peak=tracker.phase_snapshots.get(phase, {}),
         phase_snapshots=tracker.phase_snapshots,
         parameters_bytes=params, gradients_bytes=grads, optimizer_state_bytes=states,
-        baseline_bytes=baseline - nf4_saving, inplace_adds=tracker.inplace_adds, seconds=time.perf_counter() - start, notes=notes,
+        baseline_bytes=baseline - nf4_saving + computed, inplace_adds=tracker.inplace_adds, seconds=time.perf_counter() - start, notes=notes,
         explanation=tracker.explanation() if req.explain else [],
     )
 

@@ -11,7 +11,7 @@ space, renderer, reader (``planner check``), alternative, emitted file and runti
 them, so adding a technique is one module, one line here, and its tests.
 """
 
-from planner.core.numerics import Rung, numerics_key
+from planner.core.numerics import EXACT, Rung, numerics_key
 from planner.core.vocabulary import config_model
 from strategies import adapter, attention, checkpointing, loss, offload, optimizer, precision, sharding
 from strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
@@ -58,16 +58,20 @@ def summary(config, style: str = "plain", sep: str = ", ") -> str:
     return sep.join(parts)
 
 
+#: The numerics ladder: every rung a choice of the registry sits on, least quality risk first.
+LADDER: tuple[Rung, ...] = tuple(sorted({r for s in TECHNIQUES for r in s.numerics.values()}, key=lambda r: r.risk))
+
+
 def approximations(config) -> list[tuple[str, str, Rung]]:
     """The choices of ``config`` that are not exact: (field, value, rung), least risk first."""
     out = [(s.field, str(getattr(config, s.field)), s.numerics[getattr(config, s.field)])
            for s in TECHNIQUES if getattr(config, s.field) in s.numerics]
-    return sorted(out, key=lambda a: a[2])
+    return sorted(out, key=lambda a: a[2].risk)
 
 
-def numerics_of(config) -> tuple[int, ...]:
+def numerics_of(config) -> tuple[float, ...]:
     """The plan's place on the numerics ladder (planner/core/numerics.py): () when exact."""
-    return numerics_key([s.numerics.get(getattr(config, s.field), Rung.EXACT) for s in TECHNIQUES])
+    return numerics_key([s.numerics.get(getattr(config, s.field), EXACT) for s in TECHNIQUES])
 
 
 def complexity(config) -> int:
@@ -84,5 +88,5 @@ def reserve_extra(config) -> float:
     return max((s.reserve.get(getattr(config, s.field), 0.0) for s in TECHNIQUES), default=0.0)
 
 
-__all__ = ["SETTINGS", "approximations", "complexity", "reserve_extra", "numerics_of", "BY_FIELD", "FIELDS", "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
+__all__ = ["LADDER", "SETTINGS", "approximations", "complexity", "reserve_extra", "numerics_of", "BY_FIELD", "FIELDS", "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
            "Strategy", "TrainingConfig", "summary"]

@@ -27,7 +27,7 @@ from planner.cost import comms
 from planner.cost import params as P
 from planner.cost import runtime as R
 from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.optimizer import Optimizer
+from strategies.optimizer import DEEPSPEED_CPU
 from strategies.sharding import ZERO, Sharding
 
 
@@ -37,8 +37,6 @@ class Offload(StrEnum):
     OPTIMIZER_PARAMS = "optimizer+params"
     PARAMS = "params"
 
-
-DEEPSPEED_CPU_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.LION)
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -53,8 +51,9 @@ def _check(ctx: PlanContext, out: Check) -> None:
     if off == Offload.PARAMS and s != Sharding.ZERO3:
         out.reject("parameter-only offload without zero3", "offload params (without the optimizer) is DeepSpeed "
                    "ZeRO-3's offload_param alone: use zero3, or optimizer+params with fsdp")
-    if ctx.engine == Engine.DEEPSPEED and off != Offload.PARAMS and opt not in DEEPSPEED_CPU_OPTIMIZERS:
-        out.reject("no DeepSpeed CPU optimizer for it", f"offload runs DeepSpeed's CPU optimizer, which exists for adamw and lion, not {opt}")
+    if ctx.engine == Engine.DEEPSPEED and off != Offload.PARAMS and opt not in DEEPSPEED_CPU:
+        out.reject("no DeepSpeed CPU optimizer for it", "offload runs DeepSpeed's CPU optimizer, which exists for "
+                   f"{' and '.join(DEEPSPEED_CPU)}, not {opt}")
     # (bitsandbytes optimizers under FSDP are rejected by the optimizer strategy)
 
 

@@ -1,21 +1,22 @@
 """Optimizer: state bytes per parameter tensor, paging, and the step's temporaries.
 
-Implementations modelled (what the emitted files will run):
-adamw: torch AdamW, fused (no step temporaries); adamw-8bit / paged-adamw / paged-adamw-8bit /
-lion / lion-8bit: bitsandbytes (32-bit bitsandbytes states are always fp32; under FSDP1 they step
-the flat parameter shards), except adamw-8bit under FSDP2: torchao's AdamW8bit (the same layout: 8-bit states in blocks of 256 with an fp32 scale each,
-32-bit states for tensors under 4096 elements; torchao/optim/adam.py ``_new_buffer``), because
-bitsandbytes' cannot step sharded DTensor parameters; adam-mini: the
-reference Adam-mini; adafactor: transformers Adafactor (beta1=None); sgd: torch SGD with the
-Trainer's default momentum 0 (no state).
+Each value is one ``OptimizerChoice`` record (``CHOICES``): its state rule (a formula of
+planner/cost/optimizer_states.py), its rung on the numerics ladder, the implementation that runs
+it on each engine (the Trainer ``optim`` name, the class the runtime builds and the live check
+recognises), the names ``planner check`` reads it from, and the engines that refuse it. Every
+layer reads these records: this strategy's hooks, planner/runtime/optimizer.py,
+planner/launch/live.py and session.py, and the probes.
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
+from planner.core.numerics import EXACT, Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
 from planner.cost import adapters as AD
@@ -24,7 +25,6 @@ from planner.cost import optimizer_states as S
 from planner.cost import params as P
 from planner.cost import runtime as R
 from strategies import rates
-from planner.core.numerics import Rung
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.moments import FROZEN
 
@@ -41,38 +41,167 @@ class Optimizer(StrEnum):
     SGD = "sgd"
 
 
-BITSANDBYTES_8BIT_OR_PAGED = (
-    Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT, Optimizer.LION_8BIT,
-)
-PAGED = (Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT)
-QUANTIZED = (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT, Optimizer.LION_8BIT)
+#: The rungs of the numerics ladder the optimizers sit on (planner/core/numerics.py).
+STATES_8BIT = Rung("8-bit-states", 1.0, "8-bit optimizer states", source=(
+    "block-wise quantised, fp32 absmax per 256 elements: Dettmers et al. 2022, \"8-bit Optimizers via "
+    "Block-wise Quantization\" (ICLR), report 32-bit accuracy recovered across LM pre-training and "
+    "fine-tuning benchmarks"))
+ADAM_MINI_MOMENTS = Rung("adam-mini", 3.0, "Adam-mini's shared second moments", source=(
+    "one second-moment value per block instead of per parameter: Zhang et al. 2024, \"Adam-mini: Use "
+    "Fewer Learning Rates To Gain More\" show parity with AdamW on their runs; a different update rule, "
+    "so results can differ from AdamW's"))
+METHOD = Rung("method", 5.0, "a different optimizer", named_only=True, source=(
+    "Lion, Adafactor, SGD: a different learning algorithm whose hyperparameters do not carry over "
+    "from AdamW; used only when the user names it"))
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of an optimizer value: the class that runs it and how it is built.
+
+    ``library`` is the pip extra (and package) it needs ("" for torch and transformers);
+    ``trainer_optim`` the Trainer ``optim`` name that builds it (None: the runtime builds it from
+    runtime.json); ``fake``: it runs under fake tensors (the traced probe traces its states, else
+    they are computed from ``OptimizerChoice.states``). ``bits`` / ``paged``: for bitsandbytes,
+    whose one class serves 8 and 32 bits, paged or not (the Trainer passes ``optim_bits`` and
+    ``is_paged``), the live object's attributes that tell the values apart."""
+
+    module: str
+    cls: str
+    trainer_optim: str | None
+    library: str = ""
+    fake: bool = False
+    bits: int | None = None
+    paged: bool | None = None
+
+    @property
+    def family(self) -> str:
+        """bitsandbytes' algorithm, which its class names share ("AdamW", "Lion")."""
+        return "Lion" if "Lion" in self.cls else "AdamW"
+
+
+@dataclass(frozen=True)
+class OptimizerChoice:
+    """Everything every layer needs of one optimizer value (DESIGN.md "Strategies").
+
+    ``states(numel, shape, state_bytes)``: state bytes of one parameter tensor of ``numel``
+    elements (one expert's), with ``state_bytes`` the layout's full-precision state element
+    (planner/cost/optimizer_states.py holds the formulas). ``impl`` builds it; ``fsdp2`` builds it
+    under FSDP2 where that differs; ``fsdp2_refused``: why it cannot run under FSDP2 ("" if it can).
+    ``reads``: other Trainer ``optim`` names read as this value; ``deepspeed``: DeepSpeed's own
+    optimizer ``type`` (DeepSpeed builds it from its JSON), ``deepspeed_reads`` other type names;
+    ``deepspeed_cpu``: DeepSpeed has a CPU optimizer for it (ZeRO-Offload); ``live``: other
+    (module, class) pairs the live check reads as this value."""
+
+    help: str
+    states: Callable[[int, tuple[int, ...], int], int]
+    note: str
+    impl: Impl
+    rung: Rung = EXACT
+    complexity: int = 1
+    searched: bool = False
+    paged: bool = False
+    state_bits: int = 32  # the bits of a quantized state element (32: not quantized)
+    step_temporaries: bool = False
+    fsdp2: Impl | None = None
+    fsdp2_refused: str = ""
+    reads: tuple[str, ...] = ()
+    deepspeed: str = ""
+    deepspeed_reads: tuple[str, ...] = ()
+    deepspeed_cpu: bool = False
+    live: tuple[tuple[str, str], ...] = ()
+    eight_bit: str = ""  # the same algorithm with 8-bit states
+    paged_form: str = ""  # the same algorithm with paged states
+
+    @property
+    def quantized(self) -> bool:
+        return self.state_bits < 16
+
+    def impl_for(self, fsdp2: bool) -> Impl:
+        return self.fsdp2 if fsdp2 and self.fsdp2 is not None else self.impl
+
+
+BNB = "bitsandbytes.optim"
+BNB_FSDP2 = ("bitsandbytes 8-bit and paged optimizers do not work under FSDP2 (sharded DTensor parameters); "
+             "use --fsdp-version 1 (flat parameters, which they step), zero2/zero3, or adamw / adamw-8bit "
+             "(torchao) / adam-mini under FSDP2")
+
+
+def _blockwise(n_states: int):
+    return lambda numel, shape, sb: S.blockwise_8bit_states(numel, n_states)
+
+
+#: Every optimizer value, in vocabulary order. Implementations (what the emitted files run): torch
+#: AdamW, fused; bitsandbytes for the 8-bit, paged and Lion values (32-bit bitsandbytes states are
+#: always fp32; under FSDP1 they step the flat parameter shards), except adamw-8bit under FSDP2:
+#: torchao's AdamW8bit (the same layout: 8-bit states in blocks of 256 with an fp32 scale each,
+#: 32-bit states for tensors under 4096 elements; torchao/optim/adam.py ``_new_buffer``), because
+#: bitsandbytes' cannot step sharded DTensor parameters; the reference Adam-mini; transformers
+#: Adafactor (beta1=None); torch SGD with the Trainer's default momentum 0 (no state).
+CHOICES: dict[Optimizer, OptimizerChoice] = {
+    Optimizer.ADAMW: OptimizerChoice(
+        "torch AdamW (fused): fp32 master, two states per parameter",
+        lambda numel, shape, sb: S.full_states(numel, 2, sb), "exp_avg + exp_avg_sq",
+        Impl("torch.optim", "AdamW", "adamw_torch_fused", fake=True), complexity=0, searched=True,
+        reads=("adamw_torch", "adamw_hf", "adamw_apex_fused"), deepspeed="AdamW", deepspeed_reads=("adam",),
+        deepspeed_cpu=True, live=(("torch.optim", "Adam"), ("deepspeed", "DeepSpeedCPUAdam"), ("deepspeed", "FusedAdam")),
+        eight_bit="adamw-8bit", paged_form="paged-adamw"),
+    Optimizer.ADAMW_8BIT: OptimizerChoice(
+        "AdamW with 8-bit block-wise states (bitsandbytes; torchao under FSDP2)", _blockwise(2),
+        "2 x (1 B + fp32 absmax / 256), fp32 under 4096 elements",
+        Impl(BNB, "AdamW8bit", "adamw_bnb_8bit", "bitsandbytes", bits=8, paged=False),
+        rung=STATES_8BIT, searched=True, state_bits=8,
+        fsdp2=Impl("torchao.optim", "AdamW8bit", "adamw_torch_8bit", "torchao"), reads=("adamw_8bit",),
+        paged_form="paged-adamw-8bit"),
+    Optimizer.PAGED_ADAMW: OptimizerChoice(
+        "AdamW with 32-bit states in CUDA unified memory (bitsandbytes)",
+        lambda numel, shape, sb: S.full_states(numel, 2, 4), "2 fp32 states",
+        Impl(BNB, "PagedAdamW32bit", "paged_adamw_32bit", "bitsandbytes", bits=32, paged=True),
+        searched=True, paged=True, fsdp2_refused=BNB_FSDP2, eight_bit="paged-adamw-8bit"),
+    Optimizer.PAGED_ADAMW_8BIT: OptimizerChoice(
+        "AdamW with 8-bit states in CUDA unified memory (bitsandbytes)", _blockwise(2),
+        "2 x (1 B + fp32 absmax / 256), fp32 under 4096 elements",
+        Impl(BNB, "PagedAdamW8bit", "paged_adamw_8bit", "bitsandbytes", bits=8, paged=True),
+        rung=STATES_8BIT, complexity=2, searched=True, paged=True, state_bits=8, fsdp2_refused=BNB_FSDP2),
+    Optimizer.ADAM_MINI: OptimizerChoice(
+        "Adam-mini: one second moment per block", lambda numel, shape, sb: S.adam_mini_states(shape, sb),
+        "full m, one v per block", Impl("adam_mini", "Adam_mini", None, "adam-mini"),
+        rung=ADAM_MINI_MOMENTS, searched=True, step_temporaries=True),
+    Optimizer.ADAFACTOR: OptimizerChoice(
+        "Adafactor (transformers, beta1=None): factored second moment",
+        lambda numel, shape, sb: S.adafactor_states(shape, sb), "factored second moment (row + column)",
+        Impl("transformers.optimization", "Adafactor", "adafactor", fake=True), rung=METHOD, step_temporaries=True),
+    Optimizer.LION: OptimizerChoice(
+        "Lion (bitsandbytes, 32-bit momentum)", lambda numel, shape, sb: S.full_states(numel, 1, 4),
+        "momentum (fp32)", Impl(BNB, "Lion32bit", "lion_32bit", "bitsandbytes", bits=32, paged=False),
+        rung=METHOD, fsdp2_refused=BNB_FSDP2, deepspeed="Lion", deepspeed_cpu=True,
+        live=(("deepspeed", "DeepSpeedCPULion"), ("deepspeed", "FusedLion")), eight_bit="lion-8bit"),
+    Optimizer.LION_8BIT: OptimizerChoice(
+        "Lion with 8-bit momentum (bitsandbytes)", _blockwise(1), "momentum 1 B + fp32 absmax / 256",
+        Impl(BNB, "Lion8bit", "lion_8bit", "bitsandbytes", bits=8, paged=False),
+        rung=METHOD, state_bits=8, fsdp2_refused=BNB_FSDP2),
+    Optimizer.SGD: OptimizerChoice(
+        "torch SGD, momentum 0 (the Trainer's default): no state", lambda numel, shape, sb: 0,
+        "no state (momentum 0)", Impl("torch.optim", "SGD", "sgd", fake=True), rung=METHOD),
+}
+
+PAGED = tuple(o for o, c in CHOICES.items() if c.paged)
+QUANTIZED = tuple(o for o, c in CHOICES.items() if c.quantized)
 #: The optimizers searched unless --optimizer names others: Adam and the implementations that
 #: approximate it (8-bit and paged states, Adam-mini's shared second moments). Lion, Adafactor
 #: and SGD are different learning algorithms whose hyperparameters do not carry over from
 #: AdamW, so the planner never swaps them in on its own.
-SEARCHED = (Optimizer.ADAMW, Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT, Optimizer.ADAM_MINI)
+SEARCHED = tuple(o for o, c in CHOICES.items() if c.searched)
+#: The optimizers the runtime builds (runtime.json ``optimizer``): those with no Trainer optim name.
+RUNTIME_BUILT = tuple(o for o, c in CHOICES.items() if c.impl.trainer_optim is None)
+#: Optimizers DeepSpeed runs as ZeRO-Offload's CPU optimizer.
+DEEPSPEED_CPU = tuple(o for o, c in CHOICES.items() if c.deepspeed_cpu)
 
 
 def tensor_state_bytes(opt: Optimizer, t: P.ParamTensor, state_bytes: int) -> int:
     """Optimizer state bytes for one parameter tensor (all its experts)."""
-    match opt:
-        case Optimizer.ADAMW:
-            return S.full_states(t.numel, 2, state_bytes)
-        case Optimizer.PAGED_ADAMW:
-            return S.full_states(t.numel, 2, 4)
-        case Optimizer.ADAMW_8BIT | Optimizer.PAGED_ADAMW_8BIT:
-            return S.blockwise_8bit_states(t.numel // t.experts, 2) * t.experts
-        case Optimizer.ADAM_MINI:
-            return S.adam_mini_states(t.shape, state_bytes) * t.experts
-        case Optimizer.ADAFACTOR:
-            return S.adafactor_states(t.shape) * t.experts
-        case Optimizer.LION:
-            return S.full_states(t.numel, 1, 4)
-        case Optimizer.LION_8BIT:
-            return S.blockwise_8bit_states(t.numel // t.experts, 1) * t.experts
-        case Optimizer.SGD:
-            return 0
-    raise ValueError(opt)
+    per_expert = t.numel // t.experts
+    return CHOICES[opt].states(per_expert, t.shape, state_bytes) * t.experts
 
 
 def state_bytes_split(ctx: PlanContext) -> tuple[int, int]:
@@ -93,22 +222,20 @@ def _state_bytes_split(m: ModelSpec, opt: Optimizer, sb: int, adapter: AD.Adapte
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
-    opt = ctx.config.optimizer
-    if opt in BITSANDBYTES_8BIT_OR_PAGED and opt != Optimizer.ADAMW_8BIT and ctx.fsdp2:
-        out.reject(
-            "bitsandbytes optimizer under FSDP2",
-            f"{opt}: bitsandbytes 8-bit and paged optimizers do not work under FSDP2 (sharded DTensor parameters); "
-            "use --fsdp-version 1 (flat parameters, which they step), zero2/zero3, or adamw / adamw-8bit "
-            "(torchao) / adam-mini under FSDP2"
-        )
-    if opt in QUANTIZED:
-        out.warnings.append(f"{opt} quantizes optimizer states to 8 bits block-wise: an approximation of 32-bit states")
+    choice = CHOICES[ctx.config.optimizer]
+    if choice.fsdp2_refused and ctx.fsdp2:
+        out.reject(f"{choice.impl.library or ctx.config.optimizer} optimizer under FSDP2",
+                   f"{ctx.config.optimizer}: {choice.fsdp2_refused}")
+    if choice.quantized:
+        out.warnings.append(f"{ctx.config.optimizer} quantizes optimizer states to {choice.state_bits} bits "
+                            "block-wise: an approximation of 32-bit states")
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     opt = ctx.config.optimizer
+    choice = CHOICES[opt]
     dense, paged = state_bytes_split(ctx)
-    ledger.add("optimizer_states", f"optimizer states ({opt})", dense, 1, note=_note(opt))
+    ledger.add("optimizer_states", f"optimizer states ({opt})", dense, 1, note=choice.note)
     if paged:
         ledger.add(
             "optimizer_states", f"paged optimizer states ({opt}, unified memory)", paged, 1,
@@ -121,7 +248,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         count = 1 if ctx.engine == Engine.DEEPSPEED else sum(P.multiplicity(ctx.model, t) for t in _trained(ctx))
         ledger.add("optimizer_states", "optimizer step counters (fp32 scalar per tensor)", count, 4,
                    tag="step_counters", note=f"{count:,} tensors")
-    if opt in (Optimizer.ADAFACTOR, Optimizer.ADAM_MINI):
+    if choice.step_temporaries:
         largest = max(t.numel // t.experts for t in _trained(ctx))
         ledger.add(
             "optimizer_step_temporaries", "per-tensor update temporaries", S.per_tensor_step_temporary(largest), 1,
@@ -131,20 +258,6 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
 
 def _trained(ctx: PlanContext) -> tuple[P.ParamTensor, ...]:
     return AD.trainable_tensors(ctx.model, ctx.layout.adapter)
-
-
-def _note(opt: Optimizer) -> str:
-    return {
-        Optimizer.ADAMW: "exp_avg + exp_avg_sq",
-        Optimizer.PAGED_ADAMW: "2 fp32 states",
-        Optimizer.ADAMW_8BIT: "2 x (1 B + fp32 absmax / 256), fp32 under 4096 elements",
-        Optimizer.PAGED_ADAMW_8BIT: "2 x (1 B + fp32 absmax / 256), fp32 under 4096 elements",
-        Optimizer.ADAM_MINI: "full m, one v per block",
-        Optimizer.ADAFACTOR: "factored second moment (row + column)",
-        Optimizer.LION: "momentum (fp32)",
-        Optimizer.LION_8BIT: "momentum 1 B + fp32 absmax / 256",
-        Optimizer.SGD: "no state (momentum 0)",
-    }[opt]
 
 
 def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
@@ -172,65 +285,42 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
                      note=f"{paged.spilled_bytes / 2**30:.1f} GiB spilled")
 
 
-#: transformers TrainingArguments.optim names (transformers.training_args.OptimizerNames).
-#: Adam-mini has none: runtime.json names it and the runtime builds it.
-TRAINER_OPTIM = {
-    Optimizer.ADAMW: "adamw_torch_fused",
-    Optimizer.ADAMW_8BIT: "adamw_bnb_8bit",
-    Optimizer.PAGED_ADAMW: "paged_adamw_32bit",
-    Optimizer.PAGED_ADAMW_8BIT: "paged_adamw_8bit",
-    Optimizer.ADAFACTOR: "adafactor",
-    Optimizer.LION: "lion_32bit",
-    Optimizer.LION_8BIT: "lion_8bit",
-    Optimizer.SGD: "sgd",
-}
-#: Optimizers DeepSpeed builds itself from its JSON (torch AdamW: DeepSpeed's fused Adam would
-#: need a CUDA toolchain at run time). Others are passed to DeepSpeed as client optimizers.
-DEEPSPEED_NATIVE = {Optimizer.ADAMW: "AdamW", Optimizer.LION: "Lion"}
-
-
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
-    """The Trainer's ``optim`` (torchao's 8-bit AdamW under FSDP2, where bitsandbytes' cannot run on
-    sharded DTensor parameters); Adam-mini, which has no optim name, in runtime.json (the runtime
-    builds it and hands it to the Trainer, which then ignores ``optim``); DeepSpeed's own optimizer
-    block where DeepSpeed runs the step."""
+    """The Trainer's ``optim`` of the value's implementation on this engine; one with no optim name
+    (Adam-mini) in runtime.json (the runtime builds it and hands it to the Trainer, which then
+    ignores ``optim``); DeepSpeed's own optimizer block where DeepSpeed runs the step."""
     opt = ctx.config.optimizer
-    if opt == Optimizer.ADAMW_8BIT and ctx.fsdp2:
-        files.training_args["optim"] = TORCHAO_ADAMW_8BIT
-        files.extras.add("torchao")
-    elif opt in TRAINER_OPTIM:
-        files.training_args["optim"] = TRAINER_OPTIM[opt]
-        files.extras |= {"bitsandbytes"} if opt in BITSANDBYTES else set()
+    choice = CHOICES[opt]
+    impl = choice.impl_for(ctx.fsdp2)
+    if impl.trainer_optim is not None:
+        files.training_args["optim"] = impl.trainer_optim
     else:
         files.runtime["optimizer"] = str(opt)
-        files.extras.add(str(opt))  # adam-mini
-    if files.deepspeed is not None and opt in DEEPSPEED_NATIVE:
+    if impl.library:
+        files.extras.add(impl.library)
+    if files.deepspeed is not None and choice.deepspeed:
         # lr and weight_decay: "auto" (the Trainer and accelerate's DummyOptim fill them); betas and
         # eps: the Trainer's defaults written out, because accelerate fills only lr / weight_decay
         params = {"lr": "auto", "weight_decay": "auto", "betas": [0.9, 0.999]}
         if opt == Optimizer.ADAMW:
             params |= {"eps": 1e-8, "torch_adam": True}
-        files.deepspeed["optimizer"] = {"type": DEEPSPEED_NATIVE[opt], "params": params}
+        files.deepspeed["optimizer"] = {"type": choice.deepspeed, "params": params}
 
 
-#: The optimizers the runtime builds (runtime.json ``optimizer``): those with no Trainer optim name.
-RUNTIME_BUILT = tuple(o for o in Optimizer if o not in TRAINER_OPTIM)
-#: The Trainer's torchao 8-bit AdamW (the adamw-8bit of FSDP2 plans).
-TORCHAO_ADAMW_8BIT = "adamw_torch_8bit"
-#: The Trainer optim names that build a bitsandbytes optimizer (32-bit Lion included).
-BITSANDBYTES = (*BITSANDBYTES_8BIT_OR_PAGED, Optimizer.LION)
+def trainer_names() -> dict[str, Optimizer]:
+    """Trainer ``optim`` names -> vocabulary (transformers OptimizerNames; aliases included)."""
+    out: dict[str, Optimizer] = {}
+    for opt, c in CHOICES.items():
+        impls = (c.impl, c.fsdp2) if c.fsdp2 is not None else (c.impl,)
+        for name in (*(i.trainer_optim for i in impls), *c.reads):
+            if name:
+                out[name] = opt
+    return out
 
 
-#: Trainer ``optim`` names -> vocabulary (transformers OptimizerNames; aliases included).
-TRAINER_READS = {
-    "adamw_torch": Optimizer.ADAMW, "adamw_torch_fused": Optimizer.ADAMW, "adamw_hf": Optimizer.ADAMW,
-    "adamw_apex_fused": Optimizer.ADAMW, "adamw_8bit": Optimizer.ADAMW_8BIT, "adamw_bnb_8bit": Optimizer.ADAMW_8BIT,
-    "paged_adamw_32bit": Optimizer.PAGED_ADAMW, "paged_adamw_8bit": Optimizer.PAGED_ADAMW_8BIT,
-    "adafactor": Optimizer.ADAFACTOR, "lion_32bit": Optimizer.LION, "lion_8bit": Optimizer.LION_8BIT, "sgd": Optimizer.SGD,
-    TORCHAO_ADAMW_8BIT: Optimizer.ADAMW_8BIT,
-}
-#: DeepSpeed optimizer ``type`` names (case-insensitive) -> vocabulary.
-DEEPSPEED_READS = {"adamw": Optimizer.ADAMW, "adam": Optimizer.ADAMW, "lion": Optimizer.LION}
+TRAINER_READS = trainer_names()
+#: DeepSpeed optimizer ``type`` names (lower case) -> vocabulary.
+DEEPSPEED_READS = {name.lower(): o for o, c in CHOICES.items() for name in (c.deepspeed, *c.deepspeed_reads) if name}
 
 
 def _read(job: JobFiles, r: Reading) -> None:
@@ -263,18 +353,11 @@ def _read(job: JobFiles, r: Reading) -> None:
                 r.warnings.append(f"{where}: DeepSpeed optimizer {opt['type']} is not modelled; states counted as AdamW's")
 
 
-EIGHT_BIT = {Optimizer.ADAMW: Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW: Optimizer.PAGED_ADAMW_8BIT,
-             Optimizer.LION: Optimizer.LION_8BIT}
-PAGED_FORM = {Optimizer.ADAMW: Optimizer.PAGED_ADAMW, Optimizer.ADAMW_8BIT: Optimizer.PAGED_ADAMW_8BIT}
-
-
 def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
     """8-bit states, then paged states (the same algorithm's implementations)."""
-    out = []
-    for table, what in ((EIGHT_BIT, "8-bit states"), (PAGED_FORM, "paged states")):
-        if c.optimizer in table:
-            out.append((f"optimizer {c.optimizer} -> {table[c.optimizer]} ({what})", {"optimizer": table[c.optimizer]}))
-    return out
+    choice = CHOICES[c.optimizer]
+    return [(f"optimizer {c.optimizer} -> {to} ({what})", {"optimizer": Optimizer(to)})
+            for to, what in ((choice.eight_bit, "8-bit states"), (choice.paged_form, "paged states")) if to]
 
 
 STRATEGY = Strategy(
@@ -282,9 +365,7 @@ STRATEGY = Strategy(
     help="the optimizer and its state precision and paging",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
     runtime="planner.runtime.optimizer", runtime_only=RUNTIME_BUILT,
-    numerics={Optimizer.ADAMW_8BIT: Rung.STATES_8BIT, Optimizer.PAGED_ADAMW_8BIT: Rung.STATES_8BIT,
-              Optimizer.ADAM_MINI: Rung.ADAM_MINI, Optimizer.ADAFACTOR: Rung.METHOD, Optimizer.LION: Rung.METHOD,
-              Optimizer.LION_8BIT: Rung.METHOD, Optimizer.SGD: Rung.METHOD},
-    # paging moves state through unified memory; a library beyond torch for the others
-    complexity={o: 2 if o == Optimizer.PAGED_ADAMW_8BIT else 1 for o in Optimizer if o != Optimizer.ADAMW},
+    numerics={o: c.rung for o, c in CHOICES.items() if c.rung != EXACT},
+    # a library beyond torch, paging through unified memory on top
+    complexity={o: c.complexity for o, c in CHOICES.items() if c.complexity},
 )

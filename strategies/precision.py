@@ -437,13 +437,24 @@ def _settle(value: str, planned: str | None) -> tuple[str, str]:
     return Precision.FP32, " (fp32 weights)"
 
 
+#: The rungs of the numerics ladder precision's choices sit on (planner/core/numerics.py).
+FP8 = Rung("fp8", 2.0, "fp8 matmuls", source=(
+    "torchao Float8Linear, tensor-wise dynamic scaling: loss curves matching bf16 on Llama-3 8B/70B "
+    "pre-training in torchtitan's published runs (PyTorch blog, \"Supercharging training using float8 and "
+    "FSDP2\", 2024), but the least precision of any exact-looking choice: outliers in activations can "
+    "diverge (Fishman et al. 2024, \"Scaling FP8 training to trillion-token LLMs\")"))
+BF16_WEIGHTS = Rung("bf16-weights", 4.0, "bf16 weights without an fp32 master copy", source=(
+    "updates below bf16's resolution (8 bits of mantissa) are rounded away; Zamirai et al. 2020, "
+    "\"Revisiting BFloat16 Training\", measure a quality gap without stochastic rounding or Kahan summation"))
+
+
 STRATEGY = Strategy(
     "precision", Precision, Precision.BF16_MIXED, order=1, short="precision", bare=True,
     help="weights, gradients and compute dtypes: fp32, fp16-mixed, bf16-mixed, bf16-pure (no fp32 master), "
          "fp8-mixed (fp8 matmuls)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage, settle=_settle,
     runtime="planner.runtime.precision", runtime_only=(Precision.BF16_PURE,),
-    numerics={Precision.FP8_MIXED: Rung.FP8, Precision.BF16_PURE: Rung.BF16_WEIGHTS},
+    numerics={Precision.FP8_MIXED: FP8, Precision.BF16_PURE: BF16_WEIGHTS},
     # fp16 needs dynamic loss scaling (overflows skip steps); bf16 has fp32's range
     complexity={Precision.FP16_MIXED: 1, Precision.FP8_MIXED: 1, Precision.BF16_PURE: 1},
 )

@@ -6,10 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from planner.core.numerics import NumericsPolicy, Rung
+from planner.core.numerics import NumericsPolicy
 from planner.engine.ranking import TIE_BAND, Candidate, order, pick
 from planner.engine.suggest import SuggestRequest, suggest
-from strategies import REGISTRY, complexity, numerics_of
+from strategies import LADDER, REGISTRY, complexity, numerics_of
+from strategies.optimizer import ADAM_MINI_MOMENTS, METHOD, STATES_8BIT
+from strategies.precision import BF16_WEIGHTS, FP8
 
 LLAMA8 = "meta-llama/Llama-3.1-8B"
 
@@ -20,12 +22,13 @@ def test_the_classification_is_the_documented_one():
     order; Lion, Adafactor and SGD are different methods."""
     classified = {(s.field, str(v)): r for s in REGISTRY for v, r in s.numerics.items()}
     assert classified == {
-        ("optimizer", "adamw-8bit"): Rung.STATES_8BIT, ("optimizer", "paged-adamw-8bit"): Rung.STATES_8BIT,
-        ("precision", "fp8-mixed"): Rung.FP8, ("optimizer", "adam-mini"): Rung.ADAM_MINI,
-        ("precision", "bf16-pure"): Rung.BF16_WEIGHTS,
-        ("optimizer", "lion"): Rung.METHOD, ("optimizer", "lion-8bit"): Rung.METHOD,
-        ("optimizer", "adafactor"): Rung.METHOD, ("optimizer", "sgd"): Rung.METHOD,
+        ("optimizer", "adamw-8bit"): STATES_8BIT, ("optimizer", "paged-adamw-8bit"): STATES_8BIT,
+        ("precision", "fp8-mixed"): FP8, ("optimizer", "adam-mini"): ADAM_MINI_MOMENTS,
+        ("precision", "bf16-pure"): BF16_WEIGHTS,
+        ("optimizer", "lion"): METHOD, ("optimizer", "lion-8bit"): METHOD,
+        ("optimizer", "adafactor"): METHOD, ("optimizer", "sgd"): METHOD,
     }
+    assert LADDER == (STATES_8BIT, FP8, ADAM_MINI_MOMENTS, BF16_WEIGHTS, METHOD)
     for s in REGISTRY:
         assert set(s.numerics) <= set(s.choices) and set(s.complexity) <= set(s.choices)
         assert s.complexity.get(s.default, 0) == 0, s.field  # the default is plain

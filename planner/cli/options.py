@@ -12,9 +12,9 @@ import typer
 
 from planner.catalog.calibration import ENV as CALIBRATION_ENV
 from planner.core.launch import Launcher
-from planner.core.numerics import NumericsPolicy
+from planner.core.numerics import NumericsPolicy, ladder_phrase
 from planner.cost.runtime import DEFAULT_MARGIN
-from strategies import BY_FIELD, SETTINGS, TECHNIQUES
+from strategies import BY_FIELD, LADDER, SETTINGS, TECHNIQUES
 
 Model = Annotated[str, typer.Option("--model", help="HF id from the catalog or local HF cache, or a config.json / model folder")]
 Gpus = Annotated[str, typer.Option("--gpus", help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, 2x./gpu.yaml")]
@@ -23,9 +23,8 @@ Margin = Annotated[float, typer.Option("--margin", help="fraction of GPU memory 
                                                        "traced peak is 0.62 %, the rest is for what a trace "
                                                        "cannot see; 0 turns it off)")]
 Numerics = Annotated[NumericsPolicy, typer.Option(
-    "--numerics", help="ladder: the fastest exact plan, or the least approximation (8-bit states < fp8 < Adam-mini < "
-                       "bf16 weights) when none fits; exact: exact plans only; any: the fastest plan, whatever it "
-                       "changes")]
+    "--numerics", help=f"ladder: the fastest exact plan, or the least approximation ({ladder_phrase(LADDER, short=True)})"
+                       " when none fits; exact: exact plans only; any: the fastest plan, whatever it changes")]
 HostMemory = Annotated[float | None, typer.Option("--host-memory-gb", help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")]
 InterNode = Annotated[float | None, typer.Option("--inter-node-gbps", help="network bandwidth per node, Gbit/s (default: 200 per GPU)")]
 Calibration = Annotated[str | None, typer.Option(

@@ -50,13 +50,15 @@ def adam_mini_states(shape: tuple[int, ...], state_bytes: int) -> int:
     return numel * state_bytes + v * FP32
 
 
-def adafactor_states(shape: tuple[int, ...]) -> int:
+def adafactor_states(shape: tuple[int, ...], state_bytes: int = FP32) -> int:
     """Adafactor with beta1=None (transformers' default): factored second moment, a row and a
-    column vector (fp32) for matrices, a full fp32 vector for 1-D tensors; no first moment.
-    Source: Shazeer & Stern 2018 (arXiv:1804.04235), transformers.optimization.Adafactor."""
+    column vector for matrices, a full vector for 1-D tensors, in the gradient's dtype
+    (``state_bytes``: ``.to(grad)``); no first moment; and ``RMS``, the parameter's fp32 root mean
+    square, a 0-dim tensor per parameter. Source: Shazeer & Stern 2018 (arXiv:1804.04235),
+    transformers.optimization.Adafactor.step (state initialisation, ``state["RMS"] = self._rms(p)``)."""
     if len(shape) >= 2:
-        return FP32 * (prod(shape[:-1]) + prod(shape[:-2] + shape[-1:]))
-    return FP32 * prod(shape)
+        return state_bytes * (prod(shape[:-1]) + prod(shape[:-2] + shape[-1:])) + FP32
+    return state_bytes * prod(shape) + FP32
 
 
 def per_tensor_step_temporary(largest_numel: int) -> int:

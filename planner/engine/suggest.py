@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.core.launch import Launcher
-from planner.core.numerics import RUNG_WORDS, NumericsPolicy
+from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.vocabulary import MAX_SEQ_LEN
 from planner.engine.assumptions import assumptions
@@ -190,7 +190,7 @@ def _rank(request: SuggestRequest, outcome: SearchOutcome) -> Ranking:
 
 def words(config) -> list[str]:
     """The approximations of ``config`` as a user reads them, least risk first."""
-    return [f"{field} {value} ({RUNG_WORDS[rung]})" for field, value, rung in approximations(config)]
+    return [f"{field} {value} ({rung.words})" for field, value, rung in approximations(config)]
 
 
 def _trade_off(plan: EstimateResult, winner: EstimateResult | None) -> TradeOff:

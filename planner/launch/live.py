@@ -9,15 +9,8 @@ implementation, and the shape of the batches the model saw.
 
 from planner.runtime.model import decoder_layers
 from strategies import FIELDS
+from strategies.optimizer import CHOICES
 from strategies.sharding import FSDP1_STRATEGIES
-
-#: Optimizer classes (module prefix, class name) -> vocabulary.
-OPTIMIZERS = {
-    ("torch.optim", "AdamW"): "adamw", ("torch.optim", "Adam"): "adamw", ("torch.optim", "SGD"): "sgd",
-    ("deepspeed", "DeepSpeedCPUAdam"): "adamw", ("deepspeed", "FusedAdam"): "adamw",
-    ("torchao", "AdamW8bit"): "adamw-8bit", ("transformers", "Adafactor"): "adafactor", ("adam_mini", "Adam_mini"): "adam-mini",
-}
-
 
 def _inner_optimizer(opt):
     """The optimizer under accelerate's and DeepSpeed's wrappers."""
@@ -27,26 +20,35 @@ def _inner_optimizer(opt):
     return opt
 
 
-def _bitsandbytes(opt) -> str:
-    """bitsandbytes names one class for 8 and 32 bits, paged or not (the Trainer builds AdamW with
-    optim_bits=8): the vocabulary from its algorithm, its state bits and its paging."""
-    base = "lion" if "Lion" in type(opt).__name__ else "adamw"
-    paged = "paged-" if getattr(opt, "is_paged", False) else ""
-    bits = "-8bit" if getattr(getattr(opt, "args", None), "optim_bits", 32) == 8 else ""
-    return paged + base + bits
+def _is(opt, impl) -> bool:
+    """Whether the live optimizer is ``impl`` (strategies/optimizer.py ``Impl``). bitsandbytes names
+    one class for 8 and 32 bits, paged or not (the Trainer builds AdamW with optim_bits=8): its
+    algorithm from the class name, its state bits and its paging from the object."""
+    cls = type(opt)
+    if impl.library == "bitsandbytes":
+        return (cls.__module__.startswith("bitsandbytes") and impl.family in cls.__name__
+                and getattr(getattr(opt, "args", None), "optim_bits", 32) == impl.bits
+                and bool(getattr(opt, "is_paged", False)) == impl.paged)
+    return cls.__module__.startswith(impl.module.split(".")[0]) and cls.__name__ == impl.cls
+
+
+def optimizer_name(opt) -> str:
+    """The vocabulary value of a live optimizer (its module and class where none matches)."""
+    cls = type(opt)
+    for value, choice in CHOICES.items():
+        impls = (choice.impl, choice.fsdp2) if choice.fsdp2 is not None else (choice.impl,)
+        if any(_is(opt, i) for i in impls) or any(
+                cls.__module__.startswith(mod) and cls.__name__ == name for mod, name in choice.live):
+            return str(value)
+    return f"{cls.__module__}.{cls.__name__}"
 
 
 def _optimizer(trainer) -> tuple[str, dict]:
     opt = _inner_optimizer(trainer.optimizer)
     cls = type(opt)
-    if cls.__module__.startswith("bitsandbytes"):
-        name = _bitsandbytes(opt)
-    else:
-            name = next((v for (mod, n), v in OPTIMIZERS.items() if cls.__module__.startswith(mod) and cls.__name__ == n),
-                    f"{cls.__module__}.{cls.__name__}")
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for state in opt.state.values()
                      for t in state.values() if hasattr(t, "dtype") and getattr(t, "ndim", 0) > 0})
-    return name, {"optimizer_class": f"{cls.__module__}.{cls.__name__}", "optimizer_state_dtypes": dtypes}
+    return optimizer_name(opt), {"optimizer_class": f"{cls.__module__}.{cls.__name__}", "optimizer_state_dtypes": dtypes}
 
 
 def _fsdp_state(module):

@@ -12,7 +12,7 @@ from planner.launch import cpu
 from planner.launch.data import SAMPLE, packed_blocks, read_texts
 from strategies import TrainingConfig
 from strategies.adapter import Adapter, quantization_config
-from strategies.optimizer import BITSANDBYTES, RUNTIME_BUILT, TORCHAO_ADAMW_8BIT, TRAINER_OPTIM, Optimizer
+from strategies.optimizer import CHOICES, RUNTIME_BUILT, TRAINER_READS
 from strategies.precision import Precision
 from strategies.sharding import FSDP
 
@@ -53,14 +53,19 @@ class Session:
         model load: transformers and accelerate check for them with an ImportError that names no
         module (or, for DeepSpeed, a TypeError), and a missing one then exits 3, named (train.main)."""
         c, optim = self.config, training_args.get("optim")
-        return [module for module, needed in (
+        # the optimizer's: the implementation its Trainer optim name builds, or the runtime's
+        choice = CHOICES[TRAINER_READS[optim]] if optim in TRAINER_READS else CHOICES[c.optimizer]
+        impl = next((i for i in (choice.impl, choice.fsdp2) if i is not None and i.trainer_optim == optim),
+                    choice.impl_for(c.sharding in FSDP and c.fsdp_version == 2))
+        modules = [module for module, needed in (
             ("deepspeed", bool(training_args.get("deepspeed"))),
             ("liger_kernel.transformers", training_args.get("use_liger_kernel") is True),
-            ("bitsandbytes", quantization_config(c) is not None or optim in {TRAINER_OPTIM[o] for o in BITSANDBYTES}),
-            ("torchao", optim == TORCHAO_ADAMW_8BIT or c.precision == Precision.FP8_MIXED),
+            ("bitsandbytes", quantization_config(c) is not None),
+            ("torchao", c.precision == Precision.FP8_MIXED),
             ("peft", c.adapter != Adapter.NONE),
-            ("adam_mini", c.optimizer == Optimizer.ADAM_MINI),
+            (impl.module.split(".")[0], bool(impl.library)),
         ) if needed]
+        return list(dict.fromkeys(modules))
 
     def model(self):
         """The user's model, loaded locally with the plan's keyword arguments (load dtype, attention),
@@ -138,7 +143,7 @@ def _trainer_class():
                 return super().create_optimizer(model)
             target = self.model if model is None else model  # (the Trainer passes the FSDP-wrapped model)
             self.optimizer = build(str(config.optimizer), target, self.model.config, lr=self.args.learning_rate,
-                                   fsdp=config.sharding in FSDP)
+                                   fsdp=config.sharding in FSDP and config.fsdp_version == 2)
             return self.optimizer
 
     return PlanTrainer
