@@ -87,7 +87,7 @@ class OptimizerChoice:
     ``states(numel, shape, state_bytes)``: state bytes of one parameter tensor of ``numel``
     elements (one expert's), with ``state_bytes`` the layout's full-precision state element
     (planner/cost/optimizer_states.py holds the formulas). ``impl`` builds it; ``fsdp2`` builds it
-    under FSDP2 where that differs; ``fsdp2_refused``: why it cannot run under FSDP2 ("" if it can).
+    under FSDP2 where that differs; ``refused_on``: the engines it cannot run on, each with why.
     ``reads``: other Trainer ``optim`` names read as this value; ``deepspeed``: DeepSpeed's own
     optimizer ``type`` (DeepSpeed builds it from its JSON), ``deepspeed_reads`` other type names;
     ``deepspeed_cpu``: DeepSpeed has a CPU optimizer for it (ZeRO-Offload); ``live``: other
@@ -104,18 +104,21 @@ class OptimizerChoice:
     state_bits: int = 32  # the bits of a quantized state element (32: not quantized)
     step_temporaries: bool = False
     fsdp2: Impl | None = None
-    fsdp2_refused: str = ""
+    refused_on: tuple[tuple[str, str], ...] = ()  # (engine, why): engines are ``engine_of``'s names
     reads: tuple[str, ...] = ()
     deepspeed: str = ""
     deepspeed_reads: tuple[str, ...] = ()
     deepspeed_cpu: bool = False
     live: tuple[tuple[str, str], ...] = ()
-    eight_bit: str = ""  # the same algorithm with 8-bit states
-    paged_form: str = ""  # the same algorithm with paged states
+    lighter: tuple[tuple[str, str], ...] = ()  # (value, what): the same algorithm, holding less
 
     @property
     def quantized(self) -> bool:
         return self.state_bits < 16
+
+    def refusal(self, engine: str) -> str:
+        """Why it cannot run on ``engine`` ("" when it can)."""
+        return next((why for on, why in self.refused_on if on == engine), "")
 
     def impl_for(self, fsdp2: bool) -> Impl:
         return self.fsdp2 if fsdp2 and self.fsdp2 is not None else self.impl
@@ -145,24 +148,24 @@ CHOICES: dict[Optimizer, OptimizerChoice] = {
         Impl("torch.optim", "AdamW", "adamw_torch_fused", fake=True), complexity=0, searched=True,
         reads=("adamw_torch", "adamw_hf", "adamw_apex_fused"), deepspeed="AdamW", deepspeed_reads=("adam",),
         deepspeed_cpu=True, live=(("torch.optim", "Adam"), ("deepspeed", "DeepSpeedCPUAdam"), ("deepspeed", "FusedAdam")),
-        eight_bit="adamw-8bit", paged_form="paged-adamw"),
+        lighter=(("adamw-8bit", "8-bit states"), ("paged-adamw", "paged states"))),
     Optimizer.ADAMW_8BIT: OptimizerChoice(
         "AdamW with 8-bit block-wise states (bitsandbytes; torchao under FSDP2)", _blockwise(2),
         "2 x (1 B + fp32 absmax / 256), fp32 under 4096 elements",
         Impl(BNB, "AdamW8bit", "adamw_bnb_8bit", "bitsandbytes", bits=8, paged=False),
         rung=STATES_8BIT, searched=True, state_bits=8,
         fsdp2=Impl("torchao.optim", "AdamW8bit", "adamw_torch_8bit", "torchao"), reads=("adamw_8bit",),
-        paged_form="paged-adamw-8bit"),
+        lighter=(("paged-adamw-8bit", "paged states"),)),
     Optimizer.PAGED_ADAMW: OptimizerChoice(
         "AdamW with 32-bit states in CUDA unified memory (bitsandbytes)",
         lambda numel, shape, sb: S.full_states(numel, 2, 4), "2 fp32 states",
         Impl(BNB, "PagedAdamW32bit", "paged_adamw_32bit", "bitsandbytes", bits=32, paged=True),
-        searched=True, paged=True, fsdp2_refused=BNB_FSDP2, eight_bit="paged-adamw-8bit"),
+        searched=True, paged=True, refused_on=(("fsdp2", BNB_FSDP2),), lighter=(("paged-adamw-8bit", "8-bit states"),)),
     Optimizer.PAGED_ADAMW_8BIT: OptimizerChoice(
         "AdamW with 8-bit states in CUDA unified memory (bitsandbytes)", _blockwise(2),
         "2 x (1 B + fp32 absmax / 256), fp32 under 4096 elements",
         Impl(BNB, "PagedAdamW8bit", "paged_adamw_8bit", "bitsandbytes", bits=8, paged=True),
-        rung=STATES_8BIT, complexity=2, searched=True, paged=True, state_bits=8, fsdp2_refused=BNB_FSDP2),
+        rung=STATES_8BIT, complexity=2, searched=True, paged=True, state_bits=8, refused_on=(("fsdp2", BNB_FSDP2),)),
     Optimizer.ADAM_MINI: OptimizerChoice(
         "Adam-mini: one second moment per block", lambda numel, shape, sb: S.adam_mini_states(shape, sb),
         "full m, one v per block", Impl("adam_mini", "Adam_mini", None, "adam-mini"),
@@ -174,12 +177,12 @@ CHOICES: dict[Optimizer, OptimizerChoice] = {
     Optimizer.LION: OptimizerChoice(
         "Lion (bitsandbytes, 32-bit momentum)", lambda numel, shape, sb: S.full_states(numel, 1, 4),
         "momentum (fp32)", Impl(BNB, "Lion32bit", "lion_32bit", "bitsandbytes", bits=32, paged=False),
-        rung=METHOD, fsdp2_refused=BNB_FSDP2, deepspeed="Lion", deepspeed_cpu=True,
-        live=(("deepspeed", "DeepSpeedCPULion"), ("deepspeed", "FusedLion")), eight_bit="lion-8bit"),
+        rung=METHOD, refused_on=(("fsdp2", BNB_FSDP2),), deepspeed="Lion", deepspeed_cpu=True,
+        live=(("deepspeed", "DeepSpeedCPULion"), ("deepspeed", "FusedLion")), lighter=(("lion-8bit", "8-bit states"),)),
     Optimizer.LION_8BIT: OptimizerChoice(
         "Lion with 8-bit momentum (bitsandbytes)", _blockwise(1), "momentum 1 B + fp32 absmax / 256",
         Impl(BNB, "Lion8bit", "lion_8bit", "bitsandbytes", bits=8, paged=False),
-        rung=METHOD, state_bits=8, fsdp2_refused=BNB_FSDP2),
+        rung=METHOD, state_bits=8, refused_on=(("fsdp2", BNB_FSDP2),)),
     Optimizer.SGD: OptimizerChoice(
         "torch SGD, momentum 0 (the Trainer's default): no state", lambda numel, shape, sb: 0,
         "no state (momentum 0)", Impl("torch.optim", "SGD", "sgd", fake=True), rung=METHOD),
@@ -221,11 +224,20 @@ def _state_bytes_split(m: ModelSpec, opt: Optimizer, sb: int, adapter: AD.Adapte
     return dense, paged
 
 
+def engine_of(ctx: PlanContext) -> str:
+    """The engine an optimizer steps under, as ``OptimizerChoice.refused_on`` names it: torch,
+    deepspeed, fsdp1 or fsdp2."""
+    if ctx.engine == Engine.FSDP:
+        return "fsdp2" if ctx.fsdp2 else "fsdp1"
+    return str(ctx.engine)
+
+
 def _check(ctx: PlanContext, out: Check) -> None:
     choice = CHOICES[ctx.config.optimizer]
-    if choice.fsdp2_refused and ctx.fsdp2:
-        out.reject(f"{choice.impl.library or ctx.config.optimizer} optimizer under FSDP2",
-                   f"{ctx.config.optimizer}: {choice.fsdp2_refused}")
+    engine = engine_of(ctx)
+    if choice.refusal(engine):
+        out.reject(f"{choice.impl.library or ctx.config.optimizer} optimizer under {engine.upper()}",
+                   f"{ctx.config.optimizer}: {choice.refusal(engine)}")
     if choice.quantized:
         out.warnings.append(f"{ctx.config.optimizer} quantizes optimizer states to {choice.state_bits} bits "
                             "block-wise: an approximation of 32-bit states")
@@ -354,10 +366,9 @@ def _read(job: JobFiles, r: Reading) -> None:
 
 
 def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
-    """8-bit states, then paged states (the same algorithm's implementations)."""
-    choice = CHOICES[c.optimizer]
+    """The same algorithm holding less (``OptimizerChoice.lighter``: 8-bit states, then paged)."""
     return [(f"optimizer {c.optimizer} -> {to} ({what})", {"optimizer": Optimizer(to)})
-            for to, what in ((choice.eight_bit, "8-bit states"), (choice.paged_form, "paged states")) if to]
+            for to, what in CHOICES[c.optimizer].lighter]
 
 
 STRATEGY = Strategy(
