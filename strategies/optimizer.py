@@ -32,6 +32,7 @@ from strategies.moments import FROZEN
 class Optimizer(StrEnum):
     ADAMW = "adamw"
     ADAMW_8BIT = "adamw-8bit"
+    ADAMW_4BIT = "adamw-4bit"
     PAGED_ADAMW = "paged-adamw"
     PAGED_ADAMW_8BIT = "paged-adamw-8bit"
     ADAM_MINI = "adam-mini"
@@ -46,6 +47,10 @@ STATES_8BIT = Rung("8-bit-states", 1.0, "8-bit optimizer states", source=(
     "block-wise quantised, fp32 absmax per 256 elements: Dettmers et al. 2022, \"8-bit Optimizers via "
     "Block-wise Quantization\" (ICLR), report 32-bit accuracy recovered across LM pre-training and "
     "fine-tuning benchmarks"))
+STATES_4BIT = Rung("4-bit-states", 1.5, "4-bit optimizer states", source=(
+    "Li et al. 2023, \"Memory Efficient Optimizers with 4-bit States\" (NeurIPS), match 32-bit AdamW on "
+    "fine-tuning and pre-training benchmarks with finer blocks and zero-point-free second moments; "
+    "torchao's block-wise AdamW4bit follows it; fewer bits than 8-bit states: more rounding risk"))
 ADAM_MINI_MOMENTS = Rung("adam-mini", 3.0, "Adam-mini's shared second moments", source=(
     "one second-moment value per block instead of per parameter: Zhang et al. 2024, \"Adam-mini: Use "
     "Fewer Learning Rates To Gain More\" show parity with AdamW on their runs; a different update rule, "
@@ -155,7 +160,17 @@ CHOICES: dict[Optimizer, OptimizerChoice] = {
         Impl(BNB, "AdamW8bit", "adamw_bnb_8bit", "bitsandbytes", bits=8, paged=False),
         rung=STATES_8BIT, searched=True, state_bits=8,
         fsdp2=Impl("torchao.optim", "AdamW8bit", "adamw_torch_8bit", "torchao"), reads=("adamw_8bit",),
-        lighter=(("paged-adamw-8bit", "paged states"),)),
+        lighter=(("paged-adamw-8bit", "paged states"), ("adamw-4bit", "4-bit states"))),
+    Optimizer.ADAMW_4BIT: OptimizerChoice(
+        "AdamW with 4-bit block-wise states (torchao)",
+        lambda numel, shape, sb: S.torchao_4bit_states(numel, 2, sb),
+        "2 x (4 bits + fp32 scale / 256), full under 4096 elements",
+        Impl("torchao.optim", "AdamW4bit", "adamw_torch_4bit", "torchao"),
+        rung=STATES_4BIT, searched=True, state_bits=4,
+        refused_on=(("deepspeed", "torchao's low-bit optimizers step the plain or FSDP2 parameters they are "
+                                  "given, not DeepSpeed's flat partitions (not modelled); use adamw-8bit with ZeRO"),
+                    ("fsdp1", "torchao's low-bit optimizers run under FSDP2 (DTensor shards), not FSDP1's flat "
+                              "parameters (not modelled); use --fsdp-version 2"))),
     Optimizer.PAGED_ADAMW: OptimizerChoice(
         "AdamW with 32-bit states in CUDA unified memory (bitsandbytes)",
         lambda numel, shape, sb: S.full_states(numel, 2, 4), "2 fp32 states",

@@ -36,6 +36,28 @@ def blockwise_8bit_states(numel: int, n_states: int) -> int:
     return n_states * (numel + FP32 * ceil(numel / BNB_BLOCK))
 
 
+#: torchao's low-bit AdamW as the Trainer builds it (``adamw_torch_4bit``): blocks of 256 elements
+#: (transformers trainer_optimizer.py ``_get_torchao_optimizer``: ``optim_args`` block_size, 256),
+#: quantized only for tensors of at least 4096 elements that the block divides.
+#: Source: torchao/optim/adam.py ``_AdamBase._new_buffer``.
+TORCHAO_BLOCK = 256
+TORCHAO_MIN_SIZE = 4096
+#: A 4-bit state's lookup table: 16 fp32 values per state tensor (torchao/optim/subclass_4bit.py).
+TORCHAO_4BIT_QMAP = 16
+
+
+def torchao_4bit_states(numel: int, n_states: int, state_bytes: int) -> int:
+    """torchao AdamW4bit: per state, the 4-bit codes packed two to a byte, an fp32 scale per block
+    and a 16-entry fp32 lookup table; a tensor under 4096 elements or not a whole number of blocks
+    keeps a full state in the parameter's dtype (``zeros_like``: ``state_bytes``). Under FSDP2 the
+    rule applies to each rank's shard. Source: torchao/optim/subclass_4bit.py
+    ``OptimState4bit.zeros`` (codes ``n // 2`` uint8, scale ``n // block_size`` fp32, qmap);
+    Li et al. 2023, "Memory Efficient Optimizers with 4-bit States" (arXiv:2309.01507)."""
+    if numel < TORCHAO_MIN_SIZE or numel % TORCHAO_BLOCK:
+        return n_states * numel * state_bytes
+    return n_states * (numel // 2 + FP32 * (numel // TORCHAO_BLOCK) + FP32 * TORCHAO_4BIT_QMAP)
+
+
 def adam_mini_states(shape: tuple[int, ...], state_bytes: int) -> int:
     """Adam-mini: a full first moment, and one second-moment scalar per block.
 
