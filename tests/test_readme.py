@@ -88,3 +88,17 @@ def test_every_console_command_runs_and_its_quoted_output_holds(tmp_path):
 @pytest.mark.parametrize("path", ["docs/reference.md", "docs/architecture.md"])
 def test_the_readme_links_resolve(path):
     assert path in README.read_text() and (README.parent / path).exists()
+
+
+@pytest.mark.parametrize("path", ["README.md", "docs/reference.md"])
+def test_the_numerics_ladder_is_the_registrys(path):
+    """The ladder the docs state is the one the strategies declare (strategies.LADDER), and every
+    optimizer value is in the reference's vocabulary table."""
+    from planner.core.numerics import ladder_phrase
+    from strategies import BY_FIELD, LADDER
+
+    text = " ".join((README.parent / path).read_text().split())
+    assert ladder_phrase(LADDER) in text
+    if path == "docs/reference.md":
+        cell = text.split("| `--optimizer` |")[1].split("|")[0]
+        assert all(f"`{v}`" in cell for v in BY_FIELD["optimizer"].choices)
