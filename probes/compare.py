@@ -7,8 +7,9 @@ Compared (bytes per GPU, one rank):
   autocast weight casts, gathered FSDP parameters, the loss and the head's backward;
 - each phase's peak (forward, backward, backward_end, step: planner/core/ledger.py), and the step peak (the largest).
 What a trace cannot see is left out of the analytic side: the CUDA context and NCCL, the
-allocator's fragmentation reserve, QLoRA's dequantized weight, and DDP/ZeRO communication buckets (DDP and ZeRO do not run
-under the trace; FSDP2's all-gather and reduce-scatter buffers do, and are compared). Model states of ZeRO plans are computed, not traced (probes/traced.py).
+allocator's fragmentation reserve, QLoRA's dequantized weight, and DDP/ZeRO communication
+buckets (DDP and ZeRO do not run under the trace; FSDP2's all-gather and reduce-scatter buffers
+do, and are compared). Model states of ZeRO plans are computed, not traced (probes/traced.py).
 """
 
 from pydantic import BaseModel, ConfigDict

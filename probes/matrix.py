@@ -75,7 +75,7 @@ def allowed(row: dict) -> bool:
 
 
 def _product(names) -> list[dict]:
-    rows = (dict(zip(names, values)) for values in itertools.product(*(FACTORS[n] for n in names)))
+    rows = (dict(zip(names, values, strict=True)) for values in itertools.product(*(FACTORS[n] for n in names)))
     return [r for r in rows if allowed(r)]
 
 

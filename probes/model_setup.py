@@ -98,7 +98,8 @@ def peft_on_fake_tensors():
         for layer_name in self.adapter_layer_names + self.other_param_names:
             layer = getattr(self, layer_name, None)
             if isinstance(layer, (torch.nn.ModuleDict, torch.nn.ParameterDict)) and adapter_name in layer:
-                for p in ([layer[adapter_name]] if isinstance(layer, torch.nn.ParameterDict) else layer[adapter_name].parameters()):
+                for p in ([layer[adapter_name]] if isinstance(layer, torch.nn.ParameterDict)
+                          else layer[adapter_name].parameters()):
                     if dtype is not None and dtype.is_floating_point:
                         p.data = p.data.to(dtype)
 

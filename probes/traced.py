@@ -171,7 +171,8 @@ def run_trace(req: TraceRequest) -> TraceResult:
         peak_bytes=peaks[phase], peak_phase=phase, phase_peaks=peaks, at_peak=tracker.phase_snapshots.get(phase, {}),
         phase_snapshots=tracker.phase_snapshots,
         parameters_bytes=params, gradients_bytes=grads, optimizer_state_bytes=states,
-        baseline_bytes=baseline - nf4_saving + computed, inplace_adds=tracker.inplace_adds, seconds=time.perf_counter() - start, notes=notes,
+        baseline_bytes=baseline - nf4_saving + computed, inplace_adds=tracker.inplace_adds,
+        seconds=time.perf_counter() - start, notes=notes,
         explanation=tracker.explanation() if req.explain else [],
     )
 
@@ -199,7 +200,7 @@ def trace_many(requests: list[TraceRequest], timeout: float = 600, workers: int 
     chunks = [indices[k::workers] for indices in by_world.values() for k in range(workers) if indices[k::workers]]
     out: list[TraceResult | str] = [""] * len(requests)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for indices, items in zip(chunks, pool.map(lambda c: _run_child([requests[i] for i in c], timeout), chunks)):
+        for indices, items in zip(chunks, pool.map(lambda c: _run_child([requests[i] for i in c], timeout), chunks), strict=True):
             for i, item in zip(indices, items, strict=True):
                 out[i] = TraceResult.model_validate(item) if isinstance(item, dict) else item
     return out

@@ -11,6 +11,8 @@ space, renderer, reader (``planner check``), alternative, emitted file and runti
 them, so adding a technique is one module, one line here, and its tests.
 """
 
+from typing import TYPE_CHECKING
+
 from planner.core.numerics import EXACT, Rung, numerics_key
 from planner.core.vocabulary import config_model
 from strategies import adapter, attention, checkpointing, loss, offload, optimizer, precision, sharding
@@ -33,7 +35,10 @@ FIELDS: tuple[str, ...] = tuple(BY_FIELD)
 #: One fully specified training configuration: a field per technique (vocabulary order), then the
 #: workload (micro_batch_size, grad_accum, seq_len). A frozen pydantic model.
 SETTINGS = tuple(x for s in TECHNIQUES for x in s.settings)
-TrainingConfig = config_model([(s.field, s.enum, s.default) for s in TECHNIQUES], SETTINGS)
+if TYPE_CHECKING:  # the same model, written out (strategies/static_types.py)
+    from strategies.static_types import TrainingConfig
+else:
+    TrainingConfig = config_model([(s.field, s.enum, s.default) for s in TECHNIQUES], SETTINGS)
 
 
 def summary(config, style: str = "plain", sep: str = ", ") -> str:
@@ -88,5 +93,6 @@ def reserve_extra(config) -> float:
     return max((s.reserve.get(getattr(config, s.field), 0.0) for s in TECHNIQUES), default=0.0)
 
 
-__all__ = ["LADDER", "SETTINGS", "approximations", "complexity", "reserve_extra", "numerics_of", "BY_FIELD", "FIELDS", "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
+__all__ = ["LADDER", "SETTINGS", "approximations", "complexity", "reserve_extra", "numerics_of", "BY_FIELD", "FIELDS",
+           "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
            "Strategy", "TrainingConfig", "summary"]

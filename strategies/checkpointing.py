@@ -394,7 +394,8 @@ def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: Time
     elif cfg.checkpointing == Checkpointing.SELECTIVE:
         kept = A.total(A.layer_selective(m, ctx.layout.dtypes, ctx.layout.fused_attention, cfg.seq_len))
         _, recomputed = A.selective_matmuls(m)
-        redo = rates.elementwise_forward_seconds(ctx, max(0.0, saved - kept)) + rates.layer_matmul_forward_seconds(ctx, recomputed)
+        redo = (rates.elementwise_forward_seconds(ctx, max(0.0, saved - kept))
+                + rates.layer_matmul_forward_seconds(ctx, recomputed))
         what = "elementwise ops"
         if not ctx.layout.fused_attention:
             redo += rates.attention_forward_seconds(ctx)

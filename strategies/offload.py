@@ -45,9 +45,11 @@ def _check(ctx: PlanContext, out: Check) -> None:
         return
     if off == Offload.OPTIMIZER and ctx.engine != Engine.DEEPSPEED:
         hint = "use optimizer+params with fsdp" if ctx.engine == Engine.FSDP else "use zero1, zero2 or zero3"
-        out.reject("optimizer offload without ZeRO", f"offload optimizer is DeepSpeed ZeRO-Offload and needs a ZeRO stage; {hint}")
+        out.reject("optimizer offload without ZeRO",
+                   f"offload optimizer is DeepSpeed ZeRO-Offload and needs a ZeRO stage; {hint}")
     if off == Offload.OPTIMIZER_PARAMS and not (s == Sharding.ZERO3 or ctx.engine == Engine.FSDP):
-        out.reject("parameter offload without zero3 or fsdp", "offload optimizer+params needs sharded parameters: use zero3 or fsdp")
+        out.reject("parameter offload without zero3 or fsdp",
+                   "offload optimizer+params needs sharded parameters: use zero3 or fsdp")
     if off == Offload.PARAMS and s != Sharding.ZERO3:
         out.reject("parameter-only offload without zero3", "offload params (without the optimizer) is DeepSpeed "
                    "ZeRO-3's offload_param alone: use zero3, or optimizer+params with fsdp")

@@ -24,10 +24,10 @@ from functools import cache
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import ALL_PHASES, Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.numerics import Rung
 from planner.core.timing import TimeDraft, Window
 from planner.cost import params as P
 from planner.cost.activations import DTypes
-from planner.core.numerics import Rung
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.checkpointing import Checkpointing
@@ -194,12 +194,14 @@ def _check(ctx: PlanContext, out: Check) -> None:
     if p == Precision.FP8_MIXED and not gpu.supports("fp8"):
         out.reject(
             "fp8 on a GPU without fp8",
-            f"fp8-mixed: {gpu.id} ({gpu.architecture}) has no fp8 tensor cores (needs Ada, Hopper, Blackwell or MI300); use bf16-mixed"
+            f"fp8-mixed: {gpu.id} ({gpu.architecture}) has no fp8 tensor cores "
+            "(needs Ada, Hopper, Blackwell or MI300); use bf16-mixed"
         )
     if p == Precision.BF16_PURE and ctx.engine == Engine.DEEPSPEED:
         out.reject(
             "bf16-pure under DeepSpeed",
-            "bf16-pure with DeepSpeed ZeRO: DeepSpeed always keeps fp32 master weights with bf16; use bf16-mixed, or fsdp for bf16-pure"
+            "bf16-pure with DeepSpeed ZeRO: DeepSpeed always keeps fp32 master weights with bf16; "
+            "use bf16-mixed, or fsdp for bf16-pure"
         )
     if p == Precision.FP8_MIXED and ctx.engine == Engine.DEEPSPEED:
         out.reject(

@@ -104,14 +104,16 @@ def deepspeed_buckets(h: int) -> dict[str, int]:
 def _check(ctx: PlanContext, out: Check) -> None:
     s, n = ctx.config.sharding, ctx.world_size
     if s == Sharding.NONE and n > 1:
-        out.reject("sharding none on several GPUs", f"sharding none runs one process, but {n} GPUs were given; use ddp, zero1-3 or fsdp")
+        out.reject("sharding none on several GPUs",
+                   f"sharding none runs one process, but {n} GPUs were given; use ddp, zero1-3 or fsdp")
     if s == Sharding.DDP and n == 1:
         out.reject("ddp on one GPU", "ddp needs 2 or more GPUs; with one GPU use sharding none")
     if s in FSDP and ctx.config.fsdp_version == 1:
         out.warnings.append("FSDP1: deprecated by transformers 5 (FSDP2 is its default) and modelled as FSDP2 "
                             "but for its even flat shards; use it where an optimizer needs it (bitsandbytes')")
     if s == Sharding.FSDP_HYBRID and ctx.hardware.nodes == 1:
-        out.reject("fsdp-hybrid on one node", "fsdp-hybrid shards within a node and replicates across nodes: it needs 2+ nodes; use fsdp")
+        out.reject("fsdp-hybrid on one node",
+                   "fsdp-hybrid shards within a node and replicates across nodes: it needs 2+ nodes; use fsdp")
     if s not in (Sharding.NONE, Sharding.DDP) and n == 1 and ctx.config.offload == "none":  # (the offload strategy's "none")
         out.warnings.append(f"{s} on one GPU divides nothing; it only helps together with offload")
 

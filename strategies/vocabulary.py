@@ -3,6 +3,8 @@ requests): ``TechniqueChoices`` holds one optional value per technique (estimate
 ``TechniqueLists`` a list per technique (suggest, tune: the values the search may use). Both hold
 each technique's settings (LoRA's rank, ...) as one optional value: the search never varies them."""
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict
 
 from planner.core.vocabulary import choice_model
@@ -13,7 +15,10 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-TechniqueChoices = choice_model("TechniqueChoices", [(s.field, s.enum) for s in TECHNIQUES], many=False, base=_Request,
-                                settings=SETTINGS)
-TechniqueLists = choice_model("TechniqueLists", [(s.field, s.enum) for s in TECHNIQUES], many=True, base=_Request,
-                              settings=SETTINGS)
+if TYPE_CHECKING:  # the same models, written out (strategies/static_types.py)
+    from strategies.static_types import TechniqueChoices, TechniqueLists
+else:
+    TechniqueChoices = choice_model("TechniqueChoices", [(s.field, s.enum) for s in TECHNIQUES], many=False,
+                                    base=_Request, settings=SETTINGS)
+    TechniqueLists = choice_model("TechniqueLists", [(s.field, s.enum) for s in TECHNIQUES], many=True,
+                                  base=_Request, settings=SETTINGS)

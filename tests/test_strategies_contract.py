@@ -225,3 +225,21 @@ def test_every_runtime_module_exists_and_has_a_hook():
             hooks = [h for h in ("model_kwargs", "prepare", "build", "apply_fsdp") if hasattr(module, h)]
             assert hooks, f"{s.runtime} applies nothing"
     assert BY_FIELD["checkpointing"].runtime and BY_FIELD["precision"].runtime
+
+
+@pytest.mark.parametrize("name", ["TrainingConfig", "TechniqueChoices", "TechniqueLists"])
+def test_what_type_checkers_see_is_the_registrys_model(name):
+    """strategies/static_types.py writes out the models the registry builds: the same fields in the
+    same order, with the same types and defaults (pydantic checks the bounds at run time, on the
+    registry's model)."""
+    import strategies
+    import strategies.vocabulary
+    from strategies import static_types
+
+    built = getattr(strategies, name, None) or getattr(strategies.vocabulary, name)
+    written = getattr(static_types, name)
+    assert list(written.model_fields) == list(built.model_fields)
+    for field, info in built.model_fields.items():
+        other = written.model_fields[field]
+        assert other.annotation == info.annotation, field
+        assert other.get_default(call_default_factory=True) == info.get_default(call_default_factory=True), field

@@ -95,7 +95,8 @@ def _locate(ref: str) -> tuple[dict, str, str, tuple]:
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
-            raise PlannerInputError(f"{path.parent} has no config.json", hint="Pass a model folder holding config.json, or the file itself.")
+            raise PlannerInputError(f"{path.parent} has no config.json",
+                                    hint="Pass a model folder holding config.json, or the file itself.")
     if path.is_file():
         return _read_config(path), str(ref), str(path.resolve()), (None, None)
     model_id = _index().get(ref.lower())

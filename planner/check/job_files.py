@@ -23,10 +23,10 @@ from pydantic import ValidationError
 
 from planner.catalog import DATA_DIR
 from planner.catalog.files import read_mapping
-from planner.core.errors import PlannerInputError
-from planner.core.job import FsdpSettings, JobFiles, Reading
 from planner.check.frameworks import check_keys, detect, translate
 from planner.check.recipe_keys import read_recipe_keys, suggestion
+from planner.core.errors import PlannerInputError
+from planner.core.job import FsdpSettings, JobFiles, Reading
 from planner.core.launch import RUNTIME_FILE, RuntimeArgs
 from strategies import TECHNIQUES
 
@@ -93,7 +93,7 @@ def _name_origins(r: Reading, origins: dict[str, dict[str, str]]) -> None:
             continue
         pattern = re.compile(rf"{re.escape(where)}: ({'|'.join(map(re.escape, sorted(names, key=len, reverse=True)))})\b")
 
-        def rename(text: str) -> str:
+        def rename(text: str, pattern=pattern, where=where, names=names) -> str:
             return pattern.sub(lambda m: f"{where}: {names[m.group(1)]}", text)
 
         r.values = {k: (v, rename(src)) for k, (v, src) in r.values.items()}

@@ -87,7 +87,8 @@ def check(request: CheckRequest) -> CheckResult:
         else:
             changes = _changes_that_fit(model, hardware, config, request.margin, result, request.alternatives)
     return CheckResult(
-        fits=result.fits, estimate=result, model_source=model_source, sources=sources, warnings=reading.warnings + result.warnings,
+        fits=result.fits, estimate=result, model_source=model_source, sources=sources,
+        warnings=reading.warnings + result.warnings,
         changes=changes, faster=faster, reasons=_reasons(result, changes, faster),
     )
 
@@ -122,7 +123,8 @@ def _read_files(request: CheckRequest) -> tuple[Reading, dict | None]:
             plan_config = _plan_config(request.job_dir / "plan.json")
     if not any(paths.values()) and request.job_dir is None:
         raise PlannerInputError("no job files given",
-                                hint="Pass --accelerate-config, --deepspeed-config, --training-args, --runtime-args or --job-dir.")
+                                hint="Pass --accelerate-config, --deepspeed-config, --training-args, --runtime-args "
+                                     "or --job-dir.")
     return read_job(paths), plan_config
 
 

@@ -168,15 +168,20 @@ def suggest(
     techniques: dict,
     space: dict,
     top: Annotated[int, typer.Option(help="how many plans to show")] = 5,
-    engine: Annotated[str, typer.Option(help="auto | exhaustive | tpe | nsga2 (auto: exhaustive up to 200,000 candidates)")] = "auto",
-    out: Annotated[Path | None, typer.Option(help="write the winner's launch files here (accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")] = None,
+    engine: Annotated[str, typer.Option(help="auto | exhaustive | tpe | nsga2 "
+                                             "(auto: exhaustive up to 200,000 candidates)")] = "auto",
+    out: Annotated[Path | None, typer.Option(help="write the winner's launch files here "
+                                                  "(accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")] = None,
     force: O.Force = False,
     trials: Annotated[int, typer.Option(help="Optuna trials (tpe / nsga2 engines)")] = 400,
     seed: O.Seed = 0,
-    probe: Annotated[int, typer.Option(help="measure the top K plans on this machine's GPU (a real short run each, in a child process; kept in the calibration store); the fastest measured plan is the winner --out writes. Exit 2 without a GPU.")] = 0,
+    probe: Annotated[int, typer.Option(help="measure the top K plans on this machine's GPU (a real short run each, in a child "
+                                            "process; kept in the calibration store); the fastest measured plan is the winner "
+                                            "--out writes. Exit 2 without a GPU.")] = 0,
     probe_timeout: Annotated[float, typer.Option(help="seconds per measured probe", min=0.01, max=MAX_SECONDS)] = 900.0,
     tokens: Annotated[float | None, typer.Option(help="tokens to train on (e.g. 2e9): the winner's training time")] = None,
-    price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour, for the training cost (with --tokens)")] = None,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour, "
+                                                                  "for the training cost (with --tokens)")] = None,
     as_json: O.Json = False,
 ) -> None:
     from planner.cli import flows
@@ -203,7 +208,8 @@ def suggest(
              "training_args.json, launch.sh, plan.json, PLAN.md. Exit codes: 0 written, 1 the plan does not fit "
              "(files still written, PLAN.md says so), 2 bad input.")
 def emit(
-    plan: Annotated[Path, typer.Option(help="planner suggest --json output, an emitted plan.json, or planner estimate --json output")],
+    plan: Annotated[Path, typer.Option(help="planner suggest --json output, an emitted plan.json, "
+                                            "or planner estimate --json output")],
     out: Annotated[Path, typer.Option(help="directory to write into")],
     rank: Annotated[int, typer.Option(help="which plan of a suggest result (1 = best)")] = 1,
     gpus: Annotated[str | None, typer.Option(help="override the plan's GPUs (needed for a custom GPU YAML)")] = None,
@@ -218,7 +224,8 @@ def emit(
 
 
 @app.command(help="Will this job fit? Reads the job's own files (accelerate YAML, DeepSpeed JSON, Trainer "
-             "arguments JSON/YAML, a planner launch's runtime.json, any subset, or --job-dir); flags fill gaps or override. Exit codes: 0 fits, "
+             "arguments JSON/YAML, a planner launch's runtime.json, any subset, or --job-dir); "
+             "flags fill gaps or override. Exit codes: 0 fits, "
              "1 will not fit, 2 bad input (unreadable file, unknown key, contradiction).")
 @with_techniques("optional")
 @partial(with_target, model_from_files=True)
@@ -230,7 +237,8 @@ def check(
     training_args: Annotated[Path | None, typer.Option(help="the job's Trainer arguments (JSON or YAML)")] = None,
     runtime_args: Annotated[Path | None, typer.Option(help="the runtime.json of a planner launch")] = None,
     job_dir: Annotated[Path | None, typer.Option(help="a directory holding those files, e.g. from suggest --out")] = None,
-    micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", "--mbs", help="sequences per GPU per micro-batch (from the files)")] = None,
+    micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", "--mbs", help="sequences per GPU per micro-batch "
+                                                                                             "(from the files)")] = None,
     grad_accum: Annotated[int | None, typer.Option(help="gradient accumulation steps (from the files)")] = None,
     seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (files rarely say; default 2048)")] = None,
     as_json: O.Json = False,
@@ -286,19 +294,26 @@ PROBE_EXIT_CODES = ("Exit codes: 0 the probe agrees with the analytic model, 1 i
 @with_techniques("one")
 def probe(
     techniques: dict,
-    model: Annotated[str | None, typer.Option(help="HF id from the catalog or local HF cache, or a config.json / model folder")] = None,
+    model: Annotated[str | None, typer.Option(help="HF id from the catalog or local HF cache, "
+                                                   "or a config.json / model folder")] = None,
     gpus: Annotated[str | None, typer.Option(help="the plan's GPUs; their count is FSDP's world size, e.g. 8xH100-80")] = None,
-    plan: Annotated[Path | None, typer.Option(help="probe a planned config: planner suggest --json output, an emitted plan.json, or planner estimate --json output (instead of --model, --gpus and the config flags)")] = None,
+    plan: Annotated[Path | None, typer.Option(help="probe a planned config: planner suggest --json output, an emitted plan.json, "
+                                                   "or planner estimate --json output "
+                                                   "(instead of --model, --gpus and the config flags)")] = None,
     rank: Annotated[int, typer.Option(help="with --plan: which plan of a suggest result (1 = best)")] = 1,
-    fidelity: Annotated[str, typer.Option(help="traced: FakeTensorMode + MemTracker on this machine's CPU; measured: a real run on this machine's GPU")] = "traced",
+    fidelity: Annotated[str, typer.Option(help="traced: FakeTensorMode + MemTracker on this machine's CPU; measured: a real run "
+                                               "on this machine's GPU")] = "traced",
     micro_batch_size: O.MicroBatch = 1,
     grad_accum: Annotated[int, typer.Option(help="gradient accumulation steps (measured only)")] = 1,
     seq_len: O.SeqLen = None,
     layers: Annotated[int | None, typer.Option(help="probe a reduced depth (default: the full model)")] = None,
-    extrapolate_from: Annotated[str | None, typer.Option(help="measured: two reduced depths, e.g. 2,4, the full depth extrapolated from them (big models on one GPU); a third, e.g. 2,4,8, checks that memory is linear in depth")] = None,
+    extrapolate_from: Annotated[str | None, typer.Option(help="measured: two reduced depths, e.g. 2,4, the full depth "
+                                                              "extrapolated from them (big models on one GPU); a third, e.g. "
+                                                              "2,4,8, checks that memory is linear in depth")] = None,
     steps: Annotated[int, typer.Option(help="measured: timed optimizer steps")] = 5,
     warmup_steps: Annotated[int, typer.Option(help="measured: untimed steps first")] = 2,
-    timeout: Annotated[float, typer.Option(help="seconds before a probe's child process is stopped", min=0.01, max=MAX_SECONDS)] = 1800.0,
+    timeout: Annotated[float, typer.Option(help="seconds before a probe's child process is stopped",
+                                           min=0.01, max=MAX_SECONDS)] = 1800.0,
     explain: Annotated[bool, typer.Option("--explain", help="traced: list the tensors alive at the traced peak")] = False,
     calibration: O.Calibration = None,
     as_json: O.Json = False,
@@ -334,11 +349,16 @@ def tune(
     target: dict,
     techniques: dict,
     space: dict,
-    trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count; 0 reports an existing study's best and writes its files, probing nothing)")] = 20,
-    timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)", min=0.01, max=MAX_SECONDS)] = None,
-    fidelity: Annotated[str, typer.Option(help="auto (measured with a GPU, else traced) | measured | traced | analytic")] = "auto",
-    band: Annotated[float, typer.Option(help="the model's relative error on throughput: stop when no unprobed candidate can beat the best probed one by more")] = 0.15,
-    storage: Annotated[str | None, typer.Option(help="an Optuna storage URL shared by workers (default: sqlite:///OUT/study.db, or ./planner-tune.db)")] = None,
+    trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count; 0 "
+                                             "reports an existing study's best and writes its files, probing nothing)")] = 20,
+    timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)",
+                                                  min=0.01, max=MAX_SECONDS)] = None,
+    fidelity: Annotated[str, typer.Option(help="auto (measured with a GPU, else traced) "
+                                               "| measured | traced | analytic")] = "auto",
+    band: Annotated[float, typer.Option(help="the model's relative error on throughput: stop when no unprobed candidate can beat "
+                                             "the best probed one by more")] = 0.15,
+    storage: Annotated[str | None, typer.Option(help="an Optuna storage URL shared by workers (default: sqlite:///OUT/study.db, "
+                                                     "or ./planner-tune.db)")] = None,
     study_name: Annotated[str | None, typer.Option(help="default: from the model, GPUs, fidelity and search space")] = None,
     out: Annotated[Path | None, typer.Option(help="write the best plan's launch files, tune.png and the study file here")] = None,
     force: O.Force = False,

@@ -25,23 +25,31 @@ Margin = Annotated[float, typer.Option("--margin", help="fraction of GPU memory 
 Numerics = Annotated[NumericsPolicy, typer.Option(
     "--numerics", help=f"ladder: the fastest exact plan, or the least approximation ({ladder_phrase(LADDER, short=True)})"
                        " when none fits; exact: exact plans only; any: the fastest plan, whatever it changes")]
-HostMemory = Annotated[float | None, typer.Option("--host-memory-gb", help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")]
-InterNode = Annotated[float | None, typer.Option("--inter-node-gbps", help="network bandwidth per node, Gbit/s (default: 200 per GPU)")]
+HostMemory = Annotated[float | None, typer.Option("--host-memory-gb", help="host RAM per node, GB "
+                                                                           "(default: 2x the node's GPU memory, >= 64)")]
+InterNode = Annotated[float | None, typer.Option("--inter-node-gbps", help="network bandwidth per node, Gbit/s "
+                                                                           "(default: 200 per GPU)")]
 Calibration = Annotated[str | None, typer.Option(
     "--calibration", envvar=CALIBRATION_ENV, show_envvar=True,
     help="the calibration store whose measured corrections apply (planner calibrate), or 'off' "
          "(default: ~/.cache/planner/calibration.sqlite)")]
-SeqLen = Annotated[int | None, typer.Option("--seq-len", help="tokens per sequence (default: 2048, or the model's position limit if shorter)")]
+SeqLen = Annotated[int | None, typer.Option("--seq-len", help="tokens per sequence "
+                                                              "(default: 2048, or the model's position limit if shorter)")]
 MicroBatch = Annotated[int, typer.Option("--micro-batch-size", "--mbs", help="sequences per GPU per micro-batch")]
-MicroBatches = Annotated[list[int] | None, typer.Option("--micro-batch-size", "--mbs", help="allow only these (repeatable); default: every divisor of the per-GPU share of the global batch")]
+MicroBatches = Annotated[list[int] | None, typer.Option(
+    "--micro-batch-size", "--mbs",
+    help="allow only these (repeatable); default: every divisor of the per-GPU share of the global batch")]
 GradAccum = Annotated[int, typer.Option("--grad-accum", help="gradient accumulation steps")]
-GlobalBatch = Annotated[int | None, typer.Option("--global-batch-size", help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k holding >= 131,072 tokens: 64 x 2048)")]
+GlobalBatch = Annotated[int | None, typer.Option(
+    "--global-batch-size", help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k holding "
+                                ">= 131,072 tokens: 64 x 2048)")]
 LauncherOption = Annotated[Launcher, typer.Option(
     "--launcher", help="who runs the files: planner (python -m planner.launch: every plan) or trainer (your own "
                        "Trainer script with the standard files only: plans needing runtime.json are not ranked)")]
 ExactOptimizer = Annotated[bool, typer.Option("--exact-optimizer", help="exclude quantized (8-bit) optimizer states")]
 Json = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
-Out = Annotated[Path | None, typer.Option("--out", help="write the plan's launch files here (accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")]
+Out = Annotated[Path | None, typer.Option("--out", help="write the plan's launch files here "
+                                                        "(accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")]
 Force = Annotated[bool, typer.Option("--force", help="overwrite files already in --out")]
 Seed = Annotated[int, typer.Option("--seed", help="Optuna sampler seed")]
 
@@ -86,7 +94,8 @@ def with_target(command, model_from_files: bool = False):
     left out (check: the recipe names it)."""
     model = _option("model", ModelFromFiles, None) if model_from_files else _option("model", Model, inspect.Parameter.empty)
     added = [model, _option("gpus", Gpus, inspect.Parameter.empty),
-             _option("margin", Margin, DEFAULT_MARGIN), _option("host_memory_gb", HostMemory), _option("inter_node_gbps", InterNode),
+             _option("margin", Margin, DEFAULT_MARGIN), _option("host_memory_gb", HostMemory),
+             _option("inter_node_gbps", InterNode),
              _option("calibration", Calibration)]
     return _extend(command, "target", added, lambda v: v | {"calibration": calibration_store(v["calibration"])})
 

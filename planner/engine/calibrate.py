@@ -316,7 +316,7 @@ def fit_gpu(gpu_id: str, rows: Sequence[Measurement]) -> Corrections:
     }
     for dtype in DTYPE_ORDER:
         report[f"time_rows_{dtype}"] = sum(group.dtypes[i] == dtype and group.timed(i) for i in everything)
-    runs = {"before": [relative_errors(m, p, None) for m, p in zip(rows, group.before)],
+    runs = {"before": [relative_errors(m, p, None) for m, p in zip(rows, group.before, strict=False)],
             "after": [relative_errors(m, predict(m, after), fitted.context_bytes) for m in rows],
             "loo": []}
     for i, m in enumerate(rows):

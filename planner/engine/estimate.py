@@ -304,7 +304,8 @@ def _check_workload(ctx: PlanContext, out: Check) -> None:
     m, s = ctx.model, ctx.config.seq_len
     if s > m.max_position_embeddings:
         if m.learned_position_embeddings:
-            out.reject("seq_len beyond learned positions", f"seq_len {s} exceeds {m.id}'s {m.max_position_embeddings} learned positions")
+            out.reject("seq_len beyond learned positions",
+                       f"seq_len {s} exceeds {m.id}'s {m.max_position_embeddings} learned positions")
         else:
             out.warnings.append(f"seq_len {s} is beyond {m.id}'s max_position_embeddings ({m.max_position_embeddings})")
 

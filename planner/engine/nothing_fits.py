@@ -36,7 +36,7 @@ from planner.core.units import GB
 from planner.engine.estimate import EstimateResult, evaluate, result_of
 from planner.engine.ranking import rank, searched
 from planner.engine.search import SearchOutcome, search
-from planner.engine.space import SearchSpace, build_space, settings_of, default_global_batch
+from planner.engine.space import SearchSpace, build_space, default_global_batch, settings_of
 from strategies import BY_FIELD, FIELDS, PlanContext, summary
 from strategies.base import Check
 
@@ -135,12 +135,12 @@ class Prober:
         mbs, margin = space.micro_batch_sizes[0], self.request.margin
         light = [f for f in MEMORY_SAVING if f in space.choices]
         heavy = [f for f in space.choices if f not in light]
-        lights = [dict(zip(light, values)) for values in itertools.product(
+        lights = [dict(zip(light, values, strict=True)) for values in itertools.product(
             *(sorted(space.choices[f], key=_saving_rank(f)) for f in light))]
         probes = []
         for values in itertools.product(*(space.choices[f] for f in heavy)):
             for extra in lights:
-                techniques = {f: BY_FIELD[f].enum(v) for f, v in (dict(zip(heavy, values)) | extra).items()}
+                techniques = {f: BY_FIELD[f].enum(v) for f, v in (dict(zip(heavy, values, strict=True)) | extra).items()}
                 ev = evaluate(self.model, hw, space.config(techniques, mbs), margin, skip_infeasible=True)
                 if ev.feasible:
                     probes.append(Probe(techniques, ev.peak, ev.usable, ev.host["peak"]))
@@ -164,9 +164,10 @@ class Prober:
         return scan.min_peak if scan is not None and scan.probes else math.inf
 
     def plan(self, scan: Scan, host_gb: float | None = None) -> EstimateResult:
-        """The plan suggest would rank first (planner/engine/ranking.py) on ``scan``'s hardware (with ``host_gb`` GB of host RAM per node; None:
-        its own): a full search over the technique choices of the probes that fit there, which
-        holds every plan that fits (a probe's choices are the memory-saving ones)."""
+        """The plan suggest would rank first (planner/engine/ranking.py) on ``scan``'s hardware
+        (with ``host_gb`` GB of host RAM per node; None: its own): a full search over the
+        technique choices of the probes that fit there, which holds every plan that fits (a
+        probe's choices are the memory-saving ones)."""
         host = scan.hardware.host_memory_bytes_per_node if host_gb is None else host_gb * GB
         fitting = [p for p in scan.probes if p.gpu_fits and p.host <= host]
         narrowed = {f: list(dict.fromkeys(p.techniques[f] for p in fitting)) for f in fitting[0].techniques

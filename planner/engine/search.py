@@ -87,7 +87,7 @@ def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int =
     records, rejected, evaluated = [], Counter(), 0
     sizes = space.micro_batch_sizes
     mine = itertools.islice(space.technique_combos(), share, None, workers)
-    for index, techniques in zip(range(share, space.combos, workers), mine):
+    for index, techniques in zip(range(share, space.combos, workers), mine, strict=False):
         for i, mbs in enumerate(sizes):
             rec = record_of(index, evaluate(space.config(techniques, mbs)))
             evaluated += 1
@@ -152,7 +152,8 @@ def greedy_seeds(space: SearchSpace, evaluate: Evaluate, rounds: int = 2) -> lis
     return [current] if best is not None else []
 
 
-def optuna_search(space: SearchSpace, evaluate: Evaluate, trials: int = 400, seed: int = 0, sampler: str = "tpe") -> SearchOutcome:
+def optuna_search(space: SearchSpace, evaluate: Evaluate, trials: int = 400, seed: int = 0,
+                  sampler: str = "tpe") -> SearchOutcome:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

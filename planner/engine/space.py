@@ -12,8 +12,8 @@ of the per-GPU share.
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
 from math import prod
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -48,7 +48,7 @@ class SearchSpace(BaseModel):
         """Every technique combination, in a fixed order (index i is ``combo(i)``)."""
         enums = [[_ENUMS[f](v) for v in values] for f, values in self.choices.items()]
         for values in itertools.product(*enums):
-            yield dict(zip(self.choices, values))
+            yield dict(zip(self.choices, values, strict=True))
 
     def combo(self, index: int) -> dict:
         out = {}

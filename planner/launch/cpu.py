@@ -72,7 +72,8 @@ def _deepspeed_world() -> None:
     from accelerate.utils import DistributedType
 
     state = PartialState()
-    if state.distributed_type == DistributedType.DEEPSPEED and dist.is_initialized() and state.num_processes != dist.get_world_size():
+    if (state.distributed_type == DistributedType.DEEPSPEED and dist.is_initialized()
+            and state.num_processes != dist.get_world_size()):
         for shared in (PartialState._shared_state, AcceleratorState._shared_state):
             if shared:  # (an AcceleratorState not made yet takes PartialState's values when it is)
                 shared.update(num_processes=dist.get_world_size(), process_index=dist.get_rank(),

@@ -12,6 +12,7 @@ from strategies import FIELDS
 from strategies.optimizer import CHOICES
 from strategies.sharding import FSDP1_STRATEGIES
 
+
 def _inner_optimizer(opt):
     """The optimizer under accelerate's and DeepSpeed's wrappers."""
     seen = 0
@@ -165,7 +166,8 @@ def _checkpointing(model) -> tuple[str, dict]:
 
     wrapped = sum(isinstance(m, CheckpointWrapper) for m in model.modules())  # (FSDP2 renames the classes it shards)
     if wrapped or getattr(model, "is_gradient_checkpointing", False):
-        return "full", {"checkpoint_wrappers": wrapped, "hf_gradient_checkpointing": bool(getattr(model, "is_gradient_checkpointing", False))}
+        return "full", {"checkpoint_wrappers": wrapped,
+                        "hf_gradient_checkpointing": bool(getattr(model, "is_gradient_checkpointing", False))}
     return "none", {}
 
 
@@ -224,7 +226,8 @@ def observe(trainer, session) -> dict:
     checkpointing, ckpt_detail = _checkpointing(model)
     loss = _loss(model)
     shape = getattr(session, "batch_shape", None) or (None, None)
-    accum = trainer.model_wrapped.gradient_accumulation_steps() if sharding.startswith("zero") else trainer.args.gradient_accumulation_steps
+    accum = (trainer.model_wrapped.gradient_accumulation_steps() if sharding.startswith("zero")
+             else trainer.args.gradient_accumulation_steps)
     adapter = _adapter(model)
     adapter_detail = adapter.pop("details", {})
     fsdp = {"fsdp_version": shard_detail["fsdp_version"]} if "fsdp_version" in shard_detail else {}  # FSDP runs only

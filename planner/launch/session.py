@@ -79,7 +79,8 @@ class Session:
                 self.args.model, local_files_only=True, **runtime.model_kwargs(self.config))
         except (OSError, ValueError) as e:
             raise PlannerInputError(f"--model {self.args.model}: cannot load it locally: {str(e)[:400]}",
-                                    hint="Pass a model folder (config, weights) or an id in the local Hugging Face cache.") from None
+                                    hint="Pass a model folder (config, weights) "
+                                         "or an id in the local Hugging Face cache.") from None
         model.config.use_cache = False
         self.notes += runtime.prepare(model, self.config, runtime.Site.LAUNCH)
         model, notes = runtime.wrap(model, self.config, runtime.Site.LAUNCH)

@@ -1,0 +1,69 @@
+"""What type checkers see of the models the registry builds at import time (strategies/__init__.py
+``TrainingConfig``, strategies/vocabulary.py ``TechniqueChoices`` and ``TechniqueLists``): the same
+fields, in the same order, with the same types and defaults, written out. Imported only under
+``typing.TYPE_CHECKING``; tests/test_strategies_contract.py checks each equals the model it stands
+for, so a new technique or setting fails there until it is written here too (a new value of an
+existing technique needs nothing here)."""
+
+from pydantic import BaseModel, Field
+
+from planner.core.vocabulary import ConfigBase
+from strategies.adapter import Adapter, LoraTargets
+from strategies.attention import Attention
+from strategies.checkpointing import Checkpointing
+from strategies.loss import Loss
+from strategies.offload import Offload
+from strategies.optimizer import Optimizer
+from strategies.precision import Precision
+from strategies.sharding import Sharding
+
+
+class TrainingConfig(ConfigBase):
+    optimizer: Optimizer = Optimizer.ADAMW
+    precision: Precision = Precision.BF16_MIXED
+    checkpointing: Checkpointing = Checkpointing.NONE
+    sharding: Sharding = Sharding.NONE
+    offload: Offload = Offload.NONE
+    loss: Loss = Loss.STANDARD
+    attention: Attention = Attention.SDPA
+    adapter: Adapter = Adapter.NONE
+    fsdp_version: int = 2
+    lora_rank: int = 16
+    lora_targets: LoraTargets = LoraTargets.ALL_LINEAR
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    micro_batch_size: int = 1
+    grad_accum: int = 1
+    seq_len: int = 2048
+
+
+class TechniqueChoices(BaseModel):
+    optimizer: Optimizer | None = None
+    precision: Precision | None = None
+    checkpointing: Checkpointing | None = None
+    sharding: Sharding | None = None
+    offload: Offload | None = None
+    loss: Loss | None = None
+    attention: Attention | None = None
+    adapter: Adapter | None = None
+    fsdp_version: int | None = None
+    lora_rank: int | None = None
+    lora_targets: LoraTargets | None = None
+    lora_alpha: int | None = None
+    lora_dropout: float | None = None
+
+
+class TechniqueLists(BaseModel):
+    optimizer: list[Optimizer] = Field(default_factory=list)
+    precision: list[Precision] = Field(default_factory=list)
+    checkpointing: list[Checkpointing] = Field(default_factory=list)
+    sharding: list[Sharding] = Field(default_factory=list)
+    offload: list[Offload] = Field(default_factory=list)
+    loss: list[Loss] = Field(default_factory=list)
+    attention: list[Attention] = Field(default_factory=list)
+    adapter: list[Adapter] = Field(default_factory=list)
+    fsdp_version: int | None = None
+    lora_rank: int | None = None
+    lora_targets: LoraTargets | None = None
+    lora_alpha: int | None = None
+    lora_dropout: float | None = None
