@@ -20,6 +20,7 @@ A third, shallower depth checks it: the line through the two deepest must pass w
 """
 
 import statistics
+from typing import Any
 
 from probes.measured import MeasureResult
 
@@ -46,7 +47,7 @@ def extrapolate(shallow: MeasureResult, d1: int, deep: MeasureResult, d2: int, d
     def line(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else affine(d1, a, d2, b, depth)
 
-    phases = {p: round(line(shallow.phase_peaks[p], deep.phase_peaks[p]))
+    phases = {p: round(affine(d1, shallow.phase_peaks[p], d2, deep.phase_peaks[p], depth))
               for p in deep.phase_peaks if p in shallow.phase_peaks}
     allocated = max(phases.values()) if phases else line(shallow.max_allocated_bytes, deep.max_allocated_bytes)
     reserved = line(shallow.max_reserved_bytes, deep.max_reserved_bytes)
@@ -102,7 +103,7 @@ def extrapolate_runs(runs: list[tuple[int, MeasureResult]], depth: int) -> Measu
     return out.model_copy(update={"notes": [*out.notes, note], "seconds": out.seconds + check.seconds})
 
 
-def extrapolate_trace(runs: list[tuple[int, object]], depth: int):
+def extrapolate_trace(runs: list[tuple[int, Any]], depth: int):
     """A TraceResult (probes/traced.py) at ``depth`` layers from traces at two or three depths, as
     ``extrapolate_runs`` does for measured runs: every phase peak and the parameters, gradients and
     optimizer states along the line through the two deepest; the shallowest, if given, checks that
@@ -115,7 +116,7 @@ def extrapolate_trace(runs: list[tuple[int, object]], depth: int):
         return round(affine(d2, x, d3, y, depth))
 
     phases = {p: line(a.phase_peaks[p], b.phase_peaks[p]) for p in b.phase_peaks if p in a.phase_peaks}
-    peak_phase = max(phases, key=phases.get)
+    peak_phase = max(phases, key=lambda k: phases[k])
     bent = _off_the_line(runs[0][1].phase_peaks, runs[0][0], (d2, a.phase_peaks), (d3, b.phase_peaks)) \
         if len(runs) > 2 else []
     note = (f"extrapolated to {depth} layers from traces at {d2} and {d3} layers"

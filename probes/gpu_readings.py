@@ -94,9 +94,10 @@ def unified_resident_bytes(readings: dict[str, dict[str, int | None]]) -> int:
     peak, start = readings.get("peak") or {}, readings.get("start") or {}
     values = [peak.get("paged"), peak.get("device_used"), peak.get("nvml_process"), start.get("device_used"),
               start.get("nvml_process")]
-    if not values[0] or any(v is None for v in values):
+    present = [v for v in values if v is not None]
+    if not values[0] or len(present) != len(values):
         return 0
-    paged, used, own, used0, own0 = values
+    paged, used, own, used0, own0 = present
     return max(0, min(paged, (used - own) - (used0 - own0)))
 
 

@@ -201,7 +201,7 @@ def run_measure(req: MeasureRequest) -> MeasureResult:
                 times.append(time.perf_counter() - t0)
             if cuda:  # after the timer: the readings at the step's end, the largest device use kept
                 now = snapshot()
-                if now["device_used"] >= (readings.get("peak") or {}).get("device_used", -1):
+                if (now["device_used"] or 0) >= ((readings.get("peak") or {}).get("device_used") or -1):
                     readings["peak"] = now
         status, message, where = "ok", "", ""
     except (Exception, MemoryError) as exc:  # the plan's failure is the result

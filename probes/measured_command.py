@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.catalog.calibration import CalibrationStore, Measurement
 from planner.core.errors import PlannerInputError
+from planner.core.ledger import allocated_peak
 from planner.engine.estimate import EstimateResult
 from planner.engine.suggest import SuggestResult
 from planner.runtime.sharding import refuse_fsdp1
@@ -44,7 +45,7 @@ class MeasuredComparison(BaseModel):
     where: str
     predicted_fits: bool
     predicted_peak_bytes: int  # less NCCL under a fake process group
-    predicted_allocated_bytes: int  # the peak less context, NCCL, the allocator reserve and resident paged state
+    predicted_allocated_bytes: int  # torch's allocated peak (planner/core/ledger.py allocated_peak)
     predicted_step_seconds: float  # less communication under a fake process group
     modelled_communication_seconds: float
     measured_peak_bytes: int | None  # driver-seen (driver reserve + context + reserved peak), else reserved + predicted
@@ -102,18 +103,19 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
                 memory_cap_bytes=plan.hardware.gpu_memory_bytes - reserve if device_kind == "cuda" else None,
                 unified_bytes=plan.paged.state_bytes if plan.paged else 0,
                 deepspeed_config=_deepspeed_config(plan) if c.sharding.startswith("zero") else None)
-    store = CalibrationStore(store) if store is not None else None
+    calibration = CalibrationStore(store) if store is not None else None
     runs: list[tuple[int | None, MeasureResult]] = []
-    for depth in depths or [layers]:
+    todo: list[int | None] = [*depths] or [layers]
+    for depth in todo:
         result = runner(MeasureRequest(**base, layers=depth), timeout)
         runs.append((depth, result))
-        if store is not None:
+        if calibration is not None:
             flops = C.model_flops_per_token(spec.model_copy(update={"num_layers": depth or spec.num_layers}), c.seq_len)
             kept = result if timed else result.model_copy(update={"step_seconds": []})
-            store.add(_measurement(model_ref, config_json, depth, c, ranks if sharded else 1, plan, device,
+            calibration.add(_measurement(model_ref, config_json, depth, c, ranks if sharded else 1, plan, device,
                                    device_gpu, kept, flops))
     if depths:
-        result, layers = extrapolate_runs(runs, spec.num_layers), None
+        result, layers = extrapolate_runs([(d, r) for d, r in runs if d is not None], spec.num_layers), None
         result = _over_capacity(result, plan.hardware.gpu_memory_bytes, device_gpu)
     else:
         result = runs[0][1]
@@ -121,7 +123,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
         spec.model_copy(update={"num_layers": layers}), hardware, c,
         1 - plan.usable_bytes / plan.hardware.gpu_memory_bytes)
     return compare(at_depth, model_ref, device, device_gpu, layers, depths, world > 1, result,
-                    str(store.path) if store is not None else None)
+                    str(calibration.path) if calibration is not None else None)
 
 
 def compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gpu: str, layers: int | None,
@@ -131,9 +133,6 @@ def compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gpu
     rows = plan.ledger
     nccl = sum(r.bytes for r in rows if r.term == "cuda_context" and "NCCL" in r.label) if modelled else 0
     context = sum(r.bytes for r in rows if r.term == "cuda_context") - nccl
-    reserve = sum(r.bytes for r in rows if r.term == "allocator_reserve")
-    # torch's allocator sees no CUDA managed memory: a paged state resident on the GPU is not allocated
-    paged = plan.paged.resident_bytes if plan.paged else 0
     predicted_peak = plan.memory["peak"] - nccl
     communication = plan.time.terms.get("communication", 0.0) if modelled else 0.0
     predicted_step = plan.time.step_seconds - communication
@@ -166,7 +165,7 @@ def compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gpu
         model=model_ref, gpus=plan.hardware.spec, device=device.name, device_gpu=device_gpu, config=plan.config,
         layers=layers, extrapolated_from=depths, status=m.status, message=m.message, where=m.where,
         predicted_fits=plan.fits, predicted_peak_bytes=predicted_peak,
-        predicted_allocated_bytes=predicted_peak - context - reserve - paged, predicted_step_seconds=predicted_step,
+        predicted_allocated_bytes=allocated_peak(rows, plan.paged), predicted_step_seconds=predicted_step,
         modelled_communication_seconds=communication, measured_peak_bytes=measured_peak,
         measured_allocated_bytes=m.max_allocated_bytes, measured_reserved_bytes=m.max_reserved_bytes,
         measured_step_seconds=step, tokens_per_second=tokens / step if step else None,
@@ -213,12 +212,14 @@ def _mfu(step_flops: float, precision: str, device_gpu: str, step: float | None)
     """Model FLOPs of this rank's step / (step seconds x the measuring GPU's dense peak in the
     plan's compute dtype), as StepTime.mfu defines it (recomputation is not model FLOPs)."""
     from planner.catalog.gpus import catalog
-    from strategies.precision import COMPUTE_DTYPE
+    from strategies.precision import COMPUTE_DTYPE, Precision
 
     gpu = catalog().get(device_gpu)
     if gpu is None or not step:
         return None
-    peak = (gpu.dense_tflops.get(COMPUTE_DTYPE[precision]) or gpu.dense_tflops["fp32"]) * 1e12
+    peak = (gpu.dense_tflops.get(COMPUTE_DTYPE[Precision(precision)]) or gpu.dense_tflops["fp32"] or 0) * 1e12
+    if not peak:
+        return None
     return step_flops / (step * peak)
 
 

@@ -166,7 +166,7 @@ def run_trace(req: TraceRequest) -> TraceResult:
         peaks["step"] = max(peaks.get("step", 0), step_start - nf4_saving + computed + temporaries)
         if temporaries:
             notes.append(f"{c.optimizer}: its step's temporaries computed ({temporaries:,} bytes)")
-    phase = max(peaks, key=peaks.get)
+    phase = max(peaks, key=lambda k: peaks[k])
     return TraceResult(
         peak_bytes=peaks[phase], peak_phase=phase, phase_peaks=peaks, at_peak=tracker.phase_snapshots.get(phase, {}),
         phase_snapshots=tracker.phase_snapshots,
@@ -215,6 +215,8 @@ def _run_child(batch: list[TraceRequest], timeout: float) -> list:
         raise ProbeFailedError(f"traced probe timed out after {timeout:g} s")
     if outcome.status != "ok" or outcome.returncode != 0:
         raise ProbeFailedError(f"traced probe failed: {outcome.describe()}")
+    if not isinstance(outcome.value, list):
+        raise ProbeFailedError(f"traced probe failed: its child answered {type(outcome.value).__name__}, not a list")
     return outcome.value
 
 

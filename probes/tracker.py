@@ -21,6 +21,7 @@
 
 import re
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -30,7 +31,16 @@ _EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default  # the emb
 _LAYER = re.compile(r"\.(layers|h)\.\d+")  # a decoder layer's module path (model.layers.N, transformer.h.N)
 
 
-class _StepTracking:
+if TYPE_CHECKING:
+
+    class _Tracker(MemTracker):
+        """What type checkers see the mixin over: the tracker it mixes into."""
+
+else:
+    _Tracker = object
+
+
+class _StepTracking(_Tracker):
     """Mixin over MemTracker or FSDPMemTracker (both call ``_update_peak_stats`` after every op)."""
 
     def _init_step_tracking(self, explain: bool) -> None:

@@ -41,7 +41,7 @@ from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
 from planner.cost import adapters as AD
@@ -220,7 +220,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                    note="identity, B A, the weight and W + s B A, per wrapped weight")
 
 
-def dora_norm_bytes(shape: tuple[int, int], adapter_bytes: int, compute_bytes: int) -> int:
+def dora_norm_bytes(shape: tuple[int, ...], adapter_bytes: int, compute_bytes: int) -> int:
     """Bytes peft's DoRA holds at once computing one wrapped weight's norm in a training forward
     (peft 0.21 ``DoraLinearLayer``: ``get_lora_weight`` multiplies an (in, in) identity in the
     adapters' dtype through A and B, giving B A (out, in) in the compute dtype; the base weight is
@@ -230,7 +230,7 @@ def dora_norm_bytes(shape: tuple[int, int], adapter_bytes: int, compute_bytes: i
     return d_in * d_in * adapter_bytes + d_out * d_in * (compute_bytes + 2 * adapter_bytes)
 
 
-def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """The adapters' own matmuls (forward and backward), QLoRA's dequantization of every NF4
     weight per pass (read 0.5 B + scales, write c B per element; backward dequantizes again), and
     DoRA's weight norms (B A and W + s B A per wrapped weight per forward)."""
@@ -406,7 +406,7 @@ def _read(job: JobFiles, r: Reading) -> None:
     eight_bit = isinstance(quant, dict) and quant.get("load_in_8bit") is True
     r.set("adapter", _kind(four_bit, bool(lora.get("use_dora")), where, r, eight_bit),
           f"{where}: lora" + (" over a 4-bit base" if four_bit else " over an 8-bit base" if eight_bit else ""))
-    storage = quant.get("bnb_4bit_quant_storage", "uint8") if four_bit else None
+    storage = quant.get("bnb_4bit_quant_storage", "uint8") if four_bit and isinstance(quant, dict) else None
     fsdp = job.distributed_type == "FSDP" or bool(job.fsdp)
     if fsdp and storage not in (None, *DTYPE_BYTES):
         r.warnings.append(f"{where}: qlora under FSDP with bnb_4bit_quant_storage {storage}: accelerate leaves "

@@ -9,7 +9,7 @@ from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import Ledger, PagedInfo
+from planner.core.ledger import LedgerDraft, PagedInfo
 from planner.core.timing import TimeDraft, Window
 from strategies import rates
 from strategies.base import Check, PlanContext, Strategy
@@ -47,7 +47,7 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     return {"fused_attention": ctx.config.attention == Attention.SDPA}
 
 
-def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     fwd = rates.attention_forward_seconds(ctx)
     how = "fused, causal blocks skipped" if ctx.config.attention == Attention.SDPA else "eager, full s^2"
     draft.compute("attention", f"attention forward ({how})", fwd, Window.FORWARD)
@@ -67,7 +67,7 @@ READS = {"sdpa": Attention.SDPA, "eager": Attention.EAGER, "flash_attention_2": 
 def _read(job: JobFiles, r: Reading) -> None:
     """runtime.json's attn_implementation (transformers loads sdpa when nothing says otherwise), or
     a TRL recipe's (``ModelConfig.attn_implementation``)."""
-    sources = [(job.runtime, job.runtime_where, "sdpa")] if job.runtime_where else []
+    sources: list[tuple[dict, str, str | None]] = [(job.runtime, job.runtime_where, "sdpa")] if job.runtime_where else []
     if job.training_args_where and "attn_implementation" in job.training_args:
         sources.append((job.training_args, job.training_args_where, None))
     for d, where, default in sources:

@@ -12,6 +12,7 @@ They write the memory ledger in registry order (``strategies.REGISTRY``); later 
 rows earlier ones wrote (sharding divides model states, offload moves rows to the host).
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
@@ -20,7 +21,7 @@ from typing import Any
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import Ledger, LedgerDraft, PagedInfo
+from planner.core.ledger import LedgerDraft, PagedInfo
 from planner.core.numerics import Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
@@ -143,7 +144,7 @@ def no_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
     """For strategies whose memory effect is in the layout other strategies read."""
 
 
-def no_time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+def no_time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """For strategies whose choice costs no step time of its own."""
 
 
@@ -177,7 +178,7 @@ class Strategy:
     short: str  # column header and compact summaries ("ckpt")
     check: Callable[[PlanContext, Check], None] = no_check
     apply: Callable[[PlanContext, LedgerDraft], None] = no_rows
-    time: Callable[[PlanContext, Ledger, PagedInfo | None, TimeDraft], None] = no_time
+    time: Callable[[PlanContext, LedgerDraft, PagedInfo | None, TimeDraft], None] = no_time
     emit: Callable[[PlanContext, EmitDraft], None] = no_emit
     read: Callable[[JobFiles, Reading], None] = no_read
     savers: Savers = no_savers  # one-step changes of this technique that lower the peak (planner/engine/alternatives.py)
@@ -193,14 +194,14 @@ class Strategy:
     #: realises them, through runtime.json (not ranked for ``--launcher trainer``)
     runtime_only: tuple[StrEnum, ...] = ()
     #: the choices that are not exact, each on its rung of the ladder (planner/core/numerics.py)
-    numerics: dict[StrEnum, Rung] = field(default_factory=dict)
+    numerics: dict[StrEnum, Rung] = dataclasses.field(default_factory=dict)
     #: what each choice adds to a plan's complexity, for breaking ties between plans of equal
     #: speed (planner/engine/ranking.py): 0 (unlisted) is the plain choice
-    complexity: dict[StrEnum, int] = field(default_factory=dict)
+    complexity: dict[StrEnum, int] = dataclasses.field(default_factory=dict)
     #: the caching allocator's reserve a choice adds beyond planner/cost/runtime.py's
     #: FRAGMENTATION_FRACTION, as a fraction of the allocated peak (measured: reserved less
     #: allocated peak on a real GPU; the plan takes the largest of its choices', ``reserve_extra``)
-    reserve: dict[StrEnum, float] = field(default_factory=dict)
+    reserve: dict[StrEnum, float] = dataclasses.field(default_factory=dict)
     #: the technique's parameters beside its choice (LoRA's rank, ...): TrainingConfig fields,
     #: flags and request fields of every planning command; the search never varies them
     settings: tuple[Setting, ...] = ()

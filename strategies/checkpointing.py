@@ -17,7 +17,7 @@ from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
+from planner.core.ledger import LedgerDraft, Location, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import activations as A
@@ -176,12 +176,12 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                   ("top layer's backward", *top_layer_backward(ctx), 0, gradients + in_flight)]
     if in_flight and m.num_layers > 2:
         candidates.append(("second layer's backward", *second_layer_backward(ctx), gpu(in_flight), gradients))
-    who, label, moment, _, gone = max(candidates, key=lambda c: sum(c[2].values()) + c[3])
+    who, label, held, _, gone = max(candidates, key=lambda c: sum(c[2].values()) + c[3])
     ledger.remove(gone)
     for term, what in (("gradients", "gradients so far"), ("autocast_weight_copies", "weight casts"),
                        ("gathered_parameters", "FSDP's unsharded layers"),
                        ("activations", "activations and gradient temporaries")):
-        ledger.add(term, f"{who}, {label}: {what}", moment[term], 1, phases=frozenset({Phase.BACKWARD}),
+        ledger.add(term, f"{who}, {label}: {what}", held[term], 1, phases=frozenset({Phase.BACKWARD}),
                    note="the largest of the top, the second (FSDP) and the first layer's backward")
 
 
@@ -207,7 +207,7 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
         instants["the experts' fp32 weighted outputs in flight"] = kept + A.moe_combine_transient_bytes(m)
     if not instants:
         return None
-    label = max(instants, key=instants.get)
+    label = max(instants, key=lambda k: instants[k])
     return label, instants[label]
 
 
@@ -376,7 +376,7 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     return label, moments[label]
 
 
-def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """Elementwise traffic of the layers, and recomputation: full checkpointing runs every layer's
     forward again during backward (matmuls, attention, elementwise: ~33% more compute,
     Korthikanti et al. 2022); selective (SELECTIVE_POLICY) recomputes the elementwise ops and the

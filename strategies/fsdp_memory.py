@@ -77,8 +77,8 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
         "communication_buffers", "FSDP root unit: the head's unsharded gradient (until the root's reduce-scatter)",
         waiting, g, phases=BWD, note="made by the head's backward, reduced when the root unit's backward ends",
     )
-    label, moment = fsdp_backward_end(ctx)
-    for term, bytes_ in moment.items():
+    label, at_end = fsdp_backward_end(ctx)
+    for term, bytes_ in at_end.items():
         ledger.add(term, f"FSDP end of backward, {label}", bytes_, 1, phases=frozenset({Phase.BACKWARD_END}),
                    note="the larger of the embeddings' backward and the root unit's reduce-scatter")
 

@@ -4,7 +4,7 @@ from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import activations as A
@@ -98,7 +98,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
         }
     if held and ctx.layout.resharding:  # the backward moments: the top layer's prefetched all-gather output
         moments = {k: v + (0 if k in forward else held) for k, v in moments.items()}
-    label = max(moments, key=moments.get)
+    label = max(moments, key=lambda k: moments[k])
     return int(moments[label]), label, held if label in forward or ctx.layout.resharding else 0, label in forward
 
 
@@ -131,7 +131,7 @@ def embedding_backward_bytes(ctx: PlanContext) -> tuple[int, str]:
                lay.dtypes.residual * m.hidden_size * cfg.tokens_per_micro_batch + vhg + full}
     if vhg and not (lay.autocast or cfg.loss == Loss.CHUNKED):
         moments["tied embedding: the head's and the embedding's gradients added out of place"] = 2 * vhg
-    label = max(moments, key=moments.get)
+    label = max(moments, key=lambda k: moments[k])
     return int(moments[label]), label
 
 
@@ -181,7 +181,7 @@ LOSS_TRAFFIC_FORWARD_PER_VOCAB = 12
 LOSS_TRAFFIC_BACKWARD_PER_VOCAB = 22
 
 
-def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     per = ctx.model.vocab_size * rates.tokens(ctx) / rates.bandwidth(ctx)
     draft.compute("loss", "cross-entropy over the vocabulary (forward)", LOSS_TRAFFIC_FORWARD_PER_VOCAB * per, Window.FORWARD)
     draft.compute("loss", "cross-entropy over the vocabulary (backward)", LOSS_TRAFFIC_BACKWARD_PER_VOCAB * per, Window.BACKWARD)

@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import ALL_PHASES, Ledger, LedgerDraft, Location, PagedInfo
+from planner.core.ledger import ALL_PHASES, LedgerDraft, Location, PagedInfo
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import comms
@@ -82,7 +82,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         row.location = Location.HOST
 
 
-def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """Host-link traffic per rank (pinned copies at HOST_LINK_EFFICIENCY of the GPU's host link)
     and the CPU optimizer step, which all ranks of a node share and which nothing hides.
     DeepSpeed: 16-bit gradients down every micro-batch, updated 16-bit parameters up once per
@@ -129,14 +129,14 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     if off == Offload.NONE:
         return
     if ctx.engine == Engine.DEEPSPEED:
-        zero = files.deepspeed["zero_optimization"]
+        zero = files.deepspeed_config()["zero_optimization"]
         if off != Offload.PARAMS:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if off in (Offload.OPTIMIZER_PARAMS, Offload.PARAMS):
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
         if off == Offload.PARAMS:
             return
-        optimizer = files.deepspeed.get("optimizer")
+        optimizer = files.deepspeed_config().get("optimizer")
         if optimizer:  # DeepSpeed's CPU Adam / CPU Lion run the offloaded step
             optimizer["params"].pop("torch_adam", None)
         files.notes.append(
@@ -163,8 +163,9 @@ def _read(job: JobFiles, r: Reading) -> None:
     if job.deepspeed_where:
         where = job.deepspeed_where
         zero = r.section(job.deepspeed, "zero_optimization", where)
-        _devices(*(r.section(zero, key, f"{where}: zero_optimization").get("device")
-                   for key in ("offload_optimizer", "offload_param")), f"{where}: zero_optimization", r)
+        optimizer_device, param_device = (r.section(zero, key, f"{where}: zero_optimization").get("device")
+                                          for key in ("offload_optimizer", "offload_param"))
+        _devices(optimizer_device, param_device, f"{where}: zero_optimization", r)
     for fsdp in job.fsdp:
         offload = fsdp.get("offload_params", fsdp.config.get("cpu_offload", False)) or "offload" in fsdp.options
         if offload in (True, "true"):

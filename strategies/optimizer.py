@@ -15,7 +15,7 @@ from functools import cache
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import Ledger, LedgerDraft, Location, PagedInfo, Phase
+from planner.core.ledger import LedgerDraft, Location, PagedInfo, Phase
 from planner.core.numerics import EXACT, Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
@@ -287,7 +287,7 @@ def _trained(ctx: PlanContext) -> tuple[P.ParamTensor, ...]:
     return AD.trainable_tensors(ctx.model, ctx.layout.adapter)
 
 
-def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """The GPU optimizer step is memory bound: it reads gradients, reads and writes states and
     the fp32 weights (or master copy, plus the 16-bit copy it refreshes) and any fp32 gradient
     upcast: bytes from this rank's GPU ledger rows / achieved bandwidth (roofline). Paged state
@@ -328,7 +328,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     if files.deepspeed is not None and choice.deepspeed:
         # lr and weight_decay: "auto" (the Trainer and accelerate's DummyOptim fill them); betas and
         # eps: the Trainer's defaults written out, because accelerate fills only lr / weight_decay
-        params = {"lr": "auto", "weight_decay": "auto", "betas": [0.9, 0.999]}
+        params: dict[str, object] = {"lr": "auto", "weight_decay": "auto", "betas": [0.9, 0.999]}
         if opt == Optimizer.ADAMW:
             params |= {"eps": 1e-8, "torch_adam": True}
         files.deepspeed["optimizer"] = {"type": choice.deepspeed, "params": params}

@@ -23,7 +23,7 @@ from functools import cache
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import ALL_PHASES, Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.ledger import ALL_PHASES, LedgerDraft, PagedInfo, Phase
 from planner.core.numerics import Rung
 from planner.core.timing import TimeDraft, Window
 from planner.cost import params as P
@@ -260,7 +260,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         )
 
 
-def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     fwd = rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
     dtype = "fp8 layers" if ctx.config.precision == Precision.FP8_MIXED else ctx.layout.compute_dtype
     draft.compute("matmul", f"forward matmuls ({dtype})", fwd, Window.FORWARD, note="6N rule: 2 FLOPs/param/token")

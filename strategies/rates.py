@@ -12,10 +12,17 @@ from planner.cost import params as P
 from strategies.base import PlanContext
 
 
+def dense_peak(gpu, dtype: str) -> float:
+    """The GPU's dense peak in ``dtype``, FLOP/s, or its fp32 peak where it has none (every GPU has
+    an fp32 peak: the catalog's loader requires it)."""
+    peak = gpu.dense_flops_per_s.get(dtype) or gpu.dense_flops_per_s["fp32"]
+    assert peak is not None, gpu.name
+    return peak
+
+
 def peak_flops(ctx: PlanContext) -> float:
     """The dense peak in the plan's compute dtype (the layout's; MFU's denominator), FLOP/s."""
-    gpu = ctx.hardware.gpu
-    return gpu.dense_flops_per_s.get(ctx.layout.compute_dtype) or gpu.dense_flops_per_s["fp32"]
+    return dense_peak(ctx.hardware.gpu, ctx.layout.compute_dtype)
 
 
 def peak_dtype(ctx: PlanContext) -> str:
@@ -36,8 +43,7 @@ def saturation(ctx: PlanContext) -> float:
 
 def matmul_rate(ctx: PlanContext, dtype: str) -> float:
     gpu = ctx.hardware.gpu
-    peak = gpu.dense_flops_per_s.get(dtype) or gpu.dense_flops_per_s["fp32"]
-    return peak * gpu.efficiency.gemm_for(dtype) * saturation(ctx)
+    return dense_peak(gpu, dtype) * gpu.efficiency.gemm_for(dtype) * saturation(ctx)
 
 
 def bandwidth(ctx: PlanContext) -> float:

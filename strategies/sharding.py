@@ -31,7 +31,7 @@ from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import FsdpSettings, JobFiles, Reading
-from planner.core.ledger import Ledger, LedgerDraft, PagedInfo, Phase
+from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
@@ -230,7 +230,7 @@ def _seconds(n_bytes: float, link: tuple[float, float], calls: int) -> float:
     return comms.transfer_seconds(n_bytes, link[0], R.LINK_EFFICIENCY, calls * link[1])
 
 
-def _time(ctx: PlanContext, ledger: Ledger, paged: PagedInfo | None, draft: TimeDraft) -> None:
+def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """Collective volumes per rank (ring algorithms, planner.cost.comms) over the slowest link
     the group spans, hidden under the compute of the pass that issues them (bucketed DDP
     all-reduce and ZeRO-2 reduce-scatter under backward; ZeRO-3 / FSDP prefetched all-gathers
@@ -310,7 +310,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
                 "sub_group_size": ZERO_SUB_GROUP_SIZE,
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
-        files.deepspeed["zero_optimization"] = zero
+        files.deepspeed_config()["zero_optimization"] = zero
         files.extras.add("deepspeed")
         acc["distributed_type"] = "DEEPSPEED"
         acc["deepspeed_config"] = {"deepspeed_config_file": "deepspeed_config.json", "zero3_init_flag": stage == 3}

@@ -65,6 +65,15 @@ class GpuFile(BaseModel):
     max_gpus_per_node: int = Field(8, ge=1)
     sources: dict[str, str] = {}
 
+    @field_validator("dense_tflops")
+    @classmethod
+    def _fp32_peak(cls, v: dict[str, float | None]) -> dict[str, float | None]:
+        """Every GPU has a positive fp32 peak: the rate of a dtype it lacks falls back to it."""
+        fp32 = v.get("fp32")
+        if fp32 is None or not fp32 > 0:
+            raise ValueError("needs a positive fp32 peak (dense_tflops: {fp32: TFLOP/s, ...})")
+        return v
+
     @field_validator("id", "name", "vendor", "architecture")
     @classmethod
     def _one_line(cls, v: str) -> str:

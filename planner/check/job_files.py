@@ -16,6 +16,7 @@ that disagree on a field are a contradiction (bad input), not silently resolved.
 
 import json
 import re
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def known_keys() -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in data.items() if k != "source"}
 
 
-def read_job(paths: dict[str, Path | None]) -> Reading:
+def read_job(paths: Mapping[str, Path | None]) -> Reading:
     """Read the files at ``paths`` (JOB_FILES keys; None: not given) and every technique in them.
     Unreadable files and what the files get wrong are raised together as one PlannerInputError."""
     r = Reading()
@@ -51,20 +52,21 @@ def read_job(paths: dict[str, Path | None]) -> Reading:
     parts: dict = {}
     ds_source: Path | dict | None = paths.get("deepspeed_config")
     for key, reader in (("accelerate_config", _accelerate), ("training_args", _training_args)):
-        if paths.get(key) is None:
+        path = paths.get(key)
+        if path is None:
             continue
         try:
-            named = reader(paths[key], r, parts)
+            named = reader(path, r, parts)
         except PlannerInputError as e:
             errors += e.problems
             continue
         if isinstance(named, dict):  # inline in the Trainer arguments
-            parts |= {"deepspeed": named, "deepspeed_where": f"{paths[key].name}: deepspeed"}
+            parts |= {"deepspeed": named, "deepspeed_where": f"{path.name}: deepspeed"}
         elif named is not None and ds_source is None:
             ds_source = named
-    if paths.get("runtime_args") is not None:
+    if (runtime_path := paths.get("runtime_args")) is not None:
         try:
-            _runtime(paths["runtime_args"], r, parts)
+            _runtime(runtime_path, r, parts)
         except PlannerInputError as e:
             errors += e.problems
     if isinstance(ds_source, Path):

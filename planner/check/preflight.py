@@ -24,7 +24,7 @@ from planner.core.formatting import gib
 from planner.core.job import Reading
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
 from planner.engine.alternatives import memory_savers
-from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, estimate_config, evaluate
+from planner.engine.estimate import EstimateResult, Target, default_seq_len, estimate_config, evaluate
 from planner.engine.search import search
 from planner.engine.space import build_space
 from strategies import BY_FIELD, TECHNIQUES, TrainingConfig
@@ -33,11 +33,11 @@ from strategies.vocabulary import TechniqueChoices
 CONFIG_FIELDS = tuple(TrainingConfig.model_fields)  # every technique and the workload
 
 
-class CheckRequest(PlanTarget, TechniqueChoices):
+class CheckRequest(Target, TechniqueChoices):
     """The job's files (any subset, or a job directory) and flags that fill or override them: one
     optional value per technique (TechniqueChoices) and the workload."""
 
-    model: str | None = None  # None: the model the recipe names (model_name_or_path, base_model)
+    # model None: the model the recipe names (model_name_or_path, base_model)
     accelerate_config: Path | None = None
     deepspeed_config: Path | None = None
     training_args: Path | None = None
@@ -246,7 +246,7 @@ def _plans(model, hardware, config, margin, limit, faster_than: float) -> list[C
     except PlannerInputError:
         return []
     outcome = search(space, lambda c: evaluate(model, hardware, c, margin, skip_infeasible=True))
-    out = []
+    out: list = []
     for record in outcome.fitting:
         if record.tokens_per_second <= faster_than or len(out) >= limit:
             break

@@ -115,7 +115,7 @@ def serve(plan: Callable[[], Any], render: str | Callable, as_json: bool,
     try:
         result = plan()
     except ValidationError as e:
-        error: PlannerError = PlannerInputError(_validation_problems(e))
+        error: PlannerError | None = PlannerInputError(_validation_problems(e))
     except PlannerError as e:
         error = e
     except OSError as e:  # a path the file system refuses (too long, not permitted, ...) that no reader named

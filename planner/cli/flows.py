@@ -9,6 +9,7 @@ only in the commands that need them); everything else is the engine's, emit's an
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,12 +39,13 @@ def suggest(job: SuggestJob, say: Say):
 
         device = require_gpu()  # before the search: no GPU, no wait
     result = search_plans(job)
-    served, winner = result, 1
+    served: Any = result  # the suggestion, or its probed form
+    winner = 1
     if device is not None and result.fits:
         from probes.measured_command import probe_suggestion
 
-        served = probe_suggestion(result, job.probe, device, job.probe_timeout, store=job.calibration)
-        winner = served.best_rank or 1
+        probed = probe_suggestion(result, job.probe, device, job.probe_timeout, store=job.calibration)
+        served, winner = probed, probed.best_rank or 1
     if job.out is not None and result.fits:
         from planner.emit import emit as write_plan
 

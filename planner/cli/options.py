@@ -4,9 +4,10 @@ plans without touching this package."""
 
 import functools
 import inspect
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -75,7 +76,7 @@ def _extend(command, name: str, added: list[inspect.Parameter], collect):
     def run(**kwargs):
         return command(**{name: collect({n: kwargs.pop(n) for n in names})}, **kwargs)
 
-    run.__signature__ = signature.replace(parameters=own[:split] + added + own[split:])
+    setattr(run, "__signature__", signature.replace(parameters=own[:split] + added + own[split:]))  # noqa: B010
     return run
 
 
@@ -116,7 +117,8 @@ ANY = "any"
 @functools.cache
 def _with_any(enum: type[StrEnum]) -> type[StrEnum]:
     """The choices of ``enum`` and "any" (every choice), for a searching command's flag."""
-    return StrEnum(enum.__name__ + "OrAny", {m.name: m.value for m in enum} | {"ANY": ANY})
+    make = cast(Callable[..., type[StrEnum]], StrEnum)  # (its functional API, with a computed name)
+    return make(enum.__name__ + "OrAny", {m.name: m.value for m in enum} | {"ANY": ANY})
 
 
 def with_techniques(kind: str):

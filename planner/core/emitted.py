@@ -16,6 +16,13 @@ class EmitDraft:
     extras: set[str] = field(default_factory=set)  # pip extras of planner the launch needs (pyproject.toml)
     notes: list[str] = field(default_factory=list)  # what the user must do beyond the files (PLAN.md)
 
+    def deepspeed_config(self) -> dict:
+        """deepspeed_config.json of a ZeRO plan (planner/emit/files.py makes it before the
+        strategies write theirs)."""
+        if self.deepspeed is None:
+            raise ValueError("deepspeed_config.json is written for ZeRO plans only")
+        return self.deepspeed
+
     def fsdp(self) -> dict:
         return self.accelerate.setdefault("fsdp_config", {})
 

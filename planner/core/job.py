@@ -73,7 +73,7 @@ class Reading:
     #: eager fp8 job is timed as bf16-mixed): field -> value
     time_as: dict[str, Any] = field(default_factory=dict)
 
-    def set(self, name: str, value: Any, where: str, refines: Mapping[str, set] | None = None) -> None:
+    def set(self, name: str, value: Any, where: str, refines: Mapping[Any, set] | None = None) -> None:
         """Record ``value`` for ``name``. Two files that disagree are a contradiction, unless one
         reading refines the other (``refines``: a partial value -> the values that make it precise,
         e.g. "not mixed" -> fp32 or bf16-pure), in which case the precise one stays."""

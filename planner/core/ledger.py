@@ -66,7 +66,7 @@ def resident(rows, phase: Phase, location: Location = Location.GPU) -> list:
     for r in here:
         if r.moment:
             moments[r.moment] = moments.get(r.moment, 0) + r.bytes
-    largest = max(moments, key=moments.get) if moments else ""
+    largest = max(moments, key=lambda k: moments[k]) if moments else ""
     return [r for r in here if r.moment in ("", largest)]  # in ledger order
 
 
@@ -177,3 +177,17 @@ class PagedInfo(BaseModel):
     state_bytes: int
     resident_bytes: int  # on the GPU, in the room the other terms leave
     spilled_bytes: int  # in host RAM, migrated on demand
+
+
+#: Ledger terms that are not tensors torch allocates: the CUDA context and NCCL's buffers, the
+#: caching allocator's reserve and the engines' stream pools (reserved, not allocated).
+NOT_ALLOCATED = ("cuda_context", "allocator_reserve")
+
+
+def allocated_peak(rows, paged: PagedInfo | None = None) -> int:
+    """torch's allocated peak (``torch.cuda.max_memory_allocated``), bytes: the largest phase of the
+    GPU rows less the ``NOT_ALLOCATED`` terms, each phase with only the rows it holds (a stream pool
+    lives in its own phases), less paged state placed on the GPU (CUDA managed memory, outside the
+    allocator; resident in every phase)."""
+    tensors = [r for r in rows if r.term not in NOT_ALLOCATED]
+    return max(phase_sum(tensors, p, Location.GPU) for p in Phase) - (paged.resident_bytes if paged else 0)

@@ -9,7 +9,8 @@ issues add values and techniques, never rename them.
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from types import GenericAlias
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -45,9 +46,9 @@ class Setting:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
-    def field(self, optional: bool = False) -> tuple[type, Any]:
+    def field(self, optional: bool = False) -> tuple[Any, Any]:
         """The pydantic field: the default, or None (optional: "as the default says")."""
-        kind = (self.type | None) if optional else self.type
+        kind: Any = (self.type | None) if optional else self.type
         return kind, Field(None if optional else self.default, ge=self.ge, le=self.le)
 
 
@@ -55,6 +56,9 @@ class ConfigBase(BaseModel):
     """One fully specified training configuration, in vocabulary terms (a frozen value)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    if TYPE_CHECKING:  # fields of every configuration model (the workload's, last: config_model)
+        micro_batch_size: int
+        seq_len: int
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -67,7 +71,8 @@ def config_model(techniques: Sequence[tuple[str, type[StrEnum], StrEnum]],
     settings, then the workload."""
     fields: dict[str, Any] = {name: (enum, default) for name, enum, default in techniques}
     fields |= {s.name: s.field() for s in settings}
-    return create_model("TrainingConfig", __base__=ConfigBase, __module__="strategies", **fields, **WORKLOAD_FIELDS)
+    fields |= WORKLOAD_FIELDS
+    return create_model("TrainingConfig", __base__=ConfigBase, __module__="strategies", **fields)
 
 
 def choice_model(name: str, techniques: Sequence[tuple[str, type[StrEnum]]], many: bool,
@@ -76,7 +81,8 @@ def choice_model(name: str, techniques: Sequence[tuple[str, type[StrEnum]]], man
     ``many``, a list each (empty: leave the choice to the search); and each setting, optional
     (None: its default; the search never varies a setting)."""
     fields: dict[str, Any] = {
-        n: ((list[enum], Field(default_factory=list)) if many else (enum | None, None)) for n, enum in techniques
+        n: ((GenericAlias(list, (enum,)), Field(default_factory=list)) if many else (enum | None, None))
+        for n, enum in techniques
     }
     fields |= {s.name: s.field(optional=True) for s in settings}
     return create_model(name, __base__=base, __module__="strategies", **fields)

@@ -123,6 +123,7 @@ def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
     """Tensors the attention kernel saves, from post-RoPE q/k/v to its output."""
     c, a, q, kv = dt.compute, m.num_heads, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     s = seq_len
+    saved: Saved
     if fused:
         # enable_gqa (no mask: the causal flag): k/v are not repeated. The kernel's output takes q's
         # memory layout: q made by RoPE from the transposed projection is (b, s, a, d)-strided, so
@@ -169,7 +170,7 @@ def _gpt2_attention(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
     c, h, a, s = dt.compute, m.hidden_size, m.num_heads, seq_len
     if fused:
         return [("q k v", 3 * c * h), ("attn out", c * h), ("logsumexp fp32", FP32 * a)]
-    saved = [("q k", 2 * c * h), ("softmax", _softmax_bytes(m, dt) * a * s)]
+    saved: Saved = [("q k", 2 * c * h), ("softmax", _softmax_bytes(m, dt) * a * s)]
     if m.attention_dropout > 0:
         saved += [("attn dropout mask", DROPOUT_MASK_BYTES * a * s), ("dropped probs", c * a * s)]
     elif dt.upcast:
@@ -188,7 +189,7 @@ def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
         # one op (StarCoder2's gelu_pytorch_tanh: F.gelu(approximate="tanh")) saves its input; its
         # output is the second matmul's input
         return [("act input", c * f), ("act output", c * f)]
-    gated = [("gate", c * f), ("act(gate)", c * f), ("up", c * f), ("act*up", c * f)]
+    gated: Saved = [("gate", c * f), ("act(gate)", c * f), ("up", c * f), ("act*up", c * f)]
     if not m.is_moe:
         return gated
     # Mixtral: fp32 router softmax; each token is gathered into k experts and their outputs

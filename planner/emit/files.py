@@ -14,6 +14,7 @@ with the user's own script (``TRAIN_SCRIPT``), which then has only the standard 
 """
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -202,7 +203,7 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_files(files: dict[str, str | bytes], out: Path, force: bool) -> Written:
+def write_files(files: Mapping[str, str | bytes], out: Path, force: bool) -> Written:
     """Write a plan's files into ``out`` (planner/emit/writer.py: a manifest of what planner wrote,
     writes that nothing redirects, one writer at a time): never over a file the user has, and
     with ``force`` over planner's own files only; planner files of an earlier plan this one does
@@ -218,7 +219,8 @@ def existing_plan_files(out: Path) -> list[str]:
 def emit(search: SuggestResult, out: Path, force: bool = False, rank: int = 1, gpus: str | None = None,
          calibration: Path | None = None, extra: dict[str, bytes] | None = None) -> Written:
     """Write the plan at ``rank`` of ``search`` into ``out``, with ``extra`` files (EXTRA_NAMES)."""
-    return write_files(build_files(search, rank, gpus, calibration) | (extra or {}), out, force)
+    files: dict[str, str | bytes] = {**build_files(search, rank, gpus, calibration), **(extra or {})}
+    return write_files(files, out, force)
 
 
 def _yaml(data: dict) -> str:

@@ -25,6 +25,7 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,7 +160,7 @@ def _place(source: Path, target: Path) -> None:
         os.rename(source, target)
 
 
-def write_files(files: dict[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
+def write_files(files: Mapping[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
     """Write ``files`` (name -> text or bytes) into ``out`` as one plan (module docstring); ``plan_names``:
     every file name a plan of planner's may have (the old plan's files are among them)."""
     if os.path.lexists(out) and not out.is_dir():
@@ -181,7 +182,7 @@ def write_files(files: dict[str, str | bytes], out: Path, force: bool, plan_name
                                 "permissions; nothing was changed there.") from None
 
 
-def _write_locked(files: dict[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
+def _write_locked(files: Mapping[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
     names = sorted(set(plan_names) | set(files) | {MANIFEST})
     there = [n for n in names if present(out, n)]
     if there and not force:

@@ -39,6 +39,7 @@ from planner.catalog.gpus import (
     resolve_gpu,
 )
 from planner.core.errors import PlannerInputError
+from planner.core.ledger import allocated_peak
 from planner.core.specs import GpuSpec, HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, step_seconds
 from planner.cost import runtime as R
@@ -70,7 +71,7 @@ class Prediction(BaseModel):
     gpu: str
     nodes: int
     gpus_per_node: int
-    allocated_bytes: int  # peak less CUDA context, NCCL, allocator reserve and paged state: what torch's allocator counts
+    allocated_bytes: int  # what torch's allocator counts (planner/core/ledger.py allocated_peak)
     pool_bytes: int = 0  # of the reserve, the engines' stream pools (strategies' allocator_reserve rows)
     peak_bytes: int  # the full per-GPU peak (Evaluation.peak)
     nccl_bytes: int  # NCCL buffers in the peak (none under a fake process group)
@@ -142,23 +143,21 @@ def training_config(m: Measurement) -> TrainingConfig:
 def predict(m: Measurement, gpu: GpuSpec | None = None) -> Prediction:
     """Evaluate the measurement's plan on ``gpu`` (default: the device's uncalibrated catalog spec).
 
-    allocated = peak - cuda_context rows - allocator_reserve rows - paged state resident on the GPU
-    (bytes; torch.cuda.max_memory_allocated sees neither the context nor CUDA managed memory).
+    allocated: planner/core/ledger.py ``allocated_peak`` (torch.cuda.max_memory_allocated sees
+    neither the context, the allocator's pools, nor CUDA managed memory).
     The step time without communication drops the "communication" time rows and resolves the rest
     again (planner/core/timing.py): under a fake process group collectives return at once."""
     gpu = gpu or uncalibrated_gpu(m.device_gpu)
     hardware = hardware_for(m, gpu)
     config = training_config(m)
     ev = evaluate(measured_model(m), hardware, config)
-    context_rows = sum(r.bytes for r in ev.draft.of("cuda_context"))
-    reserve = sum(r.bytes for r in ev.draft.of("allocator_reserve"))
-    pools = sum(r.bytes for r in ev.draft.of("allocator_reserve") if r.label != FRAGMENTATION_LABEL)
-    paged = ev.paged.resident_bytes if ev.paged else 0
+    context_rows = sum(r.bytes for r in ev.ledger.of("cuda_context"))
+    pools = sum(r.bytes for r in ev.ledger.of("allocator_reserve") if r.label != FRAGMENTATION_LABEL)
     nccl = context_rows - runtime_reserves(hardware)[0]
-    quiet = TimeDraft([r for r in ev.time_draft.rows if r.term != "communication"], ev.time_draft.cpu_dispatch_seconds)
+    quiet = TimeDraft([r for r in ev.timing.rows if r.term != "communication"], ev.timing.cpu_dispatch_seconds)
     return Prediction(
         gpu=gpu.id, nodes=hardware.nodes, gpus_per_node=hardware.gpus_per_node,
-        allocated_bytes=ev.peak - context_rows - reserve - paged, pool_bytes=pools, peak_bytes=ev.peak, nccl_bytes=nccl,
+        allocated_bytes=allocated_peak(ev.ledger.rows, ev.paged), pool_bytes=pools, peak_bytes=ev.peak, nccl_bytes=nccl,
         step_seconds=ev.step_seconds, step_seconds_without_communication=step_seconds(quiet, config.grad_accum),
         communication=m.communication,
     )
@@ -212,6 +211,8 @@ def solve_flops_scale(m: Measurement, gpu: GpuSpec, fixed: dict[str, float], dty
     prediction at the lower bound, or faster than at the upper one, clamps k to that bound.
     The prediction leaves out communication when it was modelled (fake process group)."""
     target = m.median_step_seconds
+    if target is None:
+        raise ValueError("a measurement without step times fits no rate")
 
     def seconds(k: float) -> float:
         return predict(m, scaled(gpu, fixed | {dtype: k})).comparable_step_seconds
@@ -294,9 +295,9 @@ def relative_errors(m: Measurement, p: Prediction, context_bytes: int | None) ->
 
 
 def _summary(report: dict, prefix: str, when: str, values: list[float | None]) -> None:
-    values = [v for v in values if v is not None]
-    report[f"{prefix}_median_error_{when}"] = median(values) if values else None
-    report[f"{prefix}_worst_error_{when}"] = max(values) if values else None
+    present = [v for v in values if v is not None]
+    report[f"{prefix}_median_error_{when}"] = median(present) if present else None
+    report[f"{prefix}_worst_error_{when}"] = max(present) if present else None
 
 
 def fit_gpu(gpu_id: str, rows: Sequence[Measurement]) -> Corrections:

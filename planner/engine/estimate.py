@@ -13,7 +13,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.core.formatting import gib
-from planner.core.ledger import Ledger, LedgerDraft, LedgerRow, Location, PagedInfo, Phase, peak_phase, phase_sum, terms_at
+from planner.core.ledger import (
+    Ledger,
+    LedgerDraft,
+    LedgerRow,
+    Location,
+    PagedInfo,
+    Phase,
+    allocated_peak,
+    peak_phase,
+    phase_sum,
+    terms_at,
+)
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import StepTime, TimeDraft, assemble, step_seconds
 from planner.core.vocabulary import DEFAULT_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN, WORKLOAD
@@ -27,12 +38,13 @@ from strategies.sharding import Sharding
 from strategies.vocabulary import TechniqueChoices
 
 
-class PlanTarget(BaseModel):
-    """What every command plans for: a model on some GPUs, and how much memory to keep free."""
+class Target(BaseModel):
+    """What every command plans for: a model on some GPUs, and how much memory to keep free
+    (``model`` None: a job's recipe names it, planner check)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str
+    model: str | None = None
     gpus: str
     host_memory_gb: float | None = None  # per node, decimal GB
     inter_node_gbps: float | None = None  # per node, Gbit/s
@@ -42,6 +54,12 @@ class PlanTarget(BaseModel):
     def hardware(self, gpus: str | None = None) -> HardwareSpec:
         """The target's GPUs (or ``gpus``, another --gpus spec) with its host, network and calibration."""
         return parse_gpus(gpus or self.gpus, self.host_memory_gb, self.inter_node_gbps, self.calibration)
+
+
+class PlanTarget(Target):
+    """A target whose model is named."""
+
+    model: str
 
 
 class EstimateRequest(PlanTarget, TechniqueChoices):
@@ -142,6 +160,27 @@ class Evaluation:
         return not self.check.infeasible
 
     @property
+    def ledger(self) -> LedgerDraft:
+        """The memory ledger (a candidate skipped as infeasible has none)."""
+        if self.draft is None:
+            raise ValueError("an infeasible candidate skipped before its ledger was written")
+        return self.draft
+
+    @property
+    def timing(self) -> TimeDraft:
+        """The step-time ledger (a candidate skipped as infeasible has none)."""
+        if self.time_draft is None:
+            raise ValueError("an infeasible candidate skipped before its step time was written")
+        return self.time_draft
+
+    @property
+    def host_memory(self) -> dict[str, int]:
+        """Host RAM per node: peak and capacity (a candidate skipped as infeasible has none)."""
+        if self.host is None:
+            raise ValueError("an infeasible candidate skipped before its host memory was written")
+        return self.host
+
+    @property
     def gpu_fits(self) -> bool:
         return self.peak <= self.usable
 
@@ -224,7 +263,7 @@ def evaluate(
     if hardware.num_gpus > 1:
         draft.add("cuda_context", "NCCL buffers and communicators", R.NCCL_BYTES, 1)
     peak = draft.peak_bytes()  # context, NCCL and the engines' stream pools are resident in every phase
-    allocated = peak - sum(r.bytes for r in draft.of("cuda_context", "allocator_reserve"))
+    allocated = allocated_peak(draft.rows)
     reserve = draft.add(
         "allocator_reserve", FRAGMENTATION_LABEL, allocated, fragmentation,
         note=f"{fragmentation:.1%} of the allocated peak" + (", measured" if measured["fragmentation"] else "")
@@ -264,13 +303,13 @@ def estimate_config(model: ModelSpec, hardware: HardwareSpec, config: TrainingCo
 
 def result_of(ev: Evaluation, margin: float) -> EstimateResult:
     """The full, documented result of an evaluation."""
-    ctx, draft = ev.ctx, ev.draft
+    ctx, draft = ev.ctx, ev.ledger
     model, hardware, config = ctx.model, ctx.hardware, ctx.config
     phase_peaks = {p: phase_sum(draft.rows, p, Location.GPU) for p in Phase}
     peak = peak_phase(draft.rows)
     memory = terms_at(draft.rows, peak) | {"peak": ev.peak}
     time = assemble(
-        ev.time_draft, config.grad_accum, ev.tokens_per_step, ctx.world_size,
+        ev.timing, config.grad_accum, ev.tokens_per_step, ctx.world_size,
         AD.training_flops_per_token(model, config.seq_len, ctx.layout.adapter), peak_flops(ctx), peak_dtype(ctx),
     )
     return EstimateResult(
@@ -295,7 +334,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
         time=time,
         feasible=ev.feasible,
         fits=ev.fits,
-        reasons=_reasons(ev.check, ev.peak, peak, ev.usable, margin, ev.host, ev.paged),
+        reasons=_reasons(ev.check, ev.peak, peak, ev.usable, margin, ev.host_memory, ev.paged),
         warnings=ev.check.warnings + hardware.notes,  # how --gpus was read, where that needs saying
     )
 

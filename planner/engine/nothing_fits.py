@@ -143,7 +143,7 @@ class Prober:
                 techniques = {f: BY_FIELD[f].enum(v) for f, v in (dict(zip(heavy, values, strict=True)) | extra).items()}
                 ev = evaluate(self.model, hw, space.config(techniques, mbs), margin, skip_infeasible=True)
                 if ev.feasible:
-                    probes.append(Probe(techniques, ev.peak, ev.usable, ev.host["peak"]))
+                    probes.append(Probe(techniques, ev.peak, ev.usable, ev.host_memory["peak"]))
                     break
                 if not _light_rejects(ev.ctx, light):
                     break  # another choice of the memory-saving techniques cannot make it feasible
@@ -161,7 +161,7 @@ class Prober:
         gpu = hardware.gpu.model_copy(update={"calibration": None, "dense_flops_per_s": dict.fromkeys(
             hardware.gpu.dense_flops_per_s, top)})
         scan = self._scan("", hardware.model_copy(update={"gpu": gpu}))
-        return scan.min_peak if scan is not None and scan.probes else math.inf
+        return min((p.peak for p in scan.probes), default=math.inf) if scan is not None else math.inf
 
     def plan(self, scan: Scan, host_gb: float | None = None) -> EstimateResult:
         """The plan suggest would rank first (planner/engine/ranking.py) on ``scan``'s hardware
@@ -177,7 +177,9 @@ class Prober:
         space = space_for(request, hw.num_gpus)
         outcome = search(space, lambda c: evaluate(self.model, hw, c, request.margin, skip_infeasible=True))
         cands = searched(outcome)
-        best = (rank(cands, request.numerics, 1).plans or [rank(cands, NumericsPolicy.LADDER, 1).least])[0]
+        ranked = rank(cands, request.numerics, 1).plans
+        best = ranked[0] if ranked else rank(cands, NumericsPolicy.LADDER, 1).least
+        assert best is not None, "the scan holds a plan that fits"
         return result_of(evaluate(self.model, hw, best.config, request.margin), request.margin)
 
 
@@ -223,7 +225,9 @@ def explain(request, model: ModelSpec, hardware: HardwareSpec, outcome: SearchOu
 def _fix(prober: Prober, scan: Scan, change: str) -> HardwareSuggestion:
     """``scan``'s hardware with its host RAM, or with the least common size that holds what the
     plan needs."""
-    gb = None if scan.fits() else host_gb(scan.host_needed)
+    needed = scan.host_needed
+    assert needed is not None, "a fix is a scan on which a plan fits the GPU"
+    gb = None if scan.fits() else host_gb(needed)
     return HardwareSuggestion(change=change, gpus=scan.spec, host_memory_gb=gb, plan=prober.plan(scan, gb))
 
 
@@ -233,17 +237,18 @@ def _more_gpus(prober: Prober, hardware: HardwareSpec, here: Scan | None) -> Har
     that is less than the asked hardware needs."""
     ladder = hardware_ladder(hardware)
     scans = _Lazy(prober, ladder)
-    i = _first(len(ladder), lambda i: scans[i] is not None and scans[i].fits())
+    i = _first(len(ladder), lambda i: scans.fits(i))
     if i is not None:
-        return _fix(prober, scans[i], "more GPUs")
+        return _fix(prober, scans.at(i), "more GPUs")
     last = scans[len(ladder) - 1] if ladder else None
     if last is None or last.host_needed is None:
         return None
     floor = host_gb(last.host_needed) * GB
     if here is not None and here.host_needed is not None and host_gb(here.host_needed) * GB <= floor:
         return None  # more GPUs would not lower the host RAM it needs
-    i = _first(len(ladder), lambda i: scans[i] is not None and scans[i].fits(floor))
-    return _fix(prober, scans[i], "more GPUs")
+    i = _first(len(ladder), lambda i: scans.fits(i, floor))
+    assert i is not None, "the last count fits with the host RAM it needs"
+    return _fix(prober, scans.at(i), "more GPUs")
 
 
 def _larger_gpu(prober: Prober, hardware: HardwareSpec, here: Scan | None) -> HardwareSuggestion | None:
@@ -267,6 +272,16 @@ class _Lazy:
 
     def __getitem__(self, i: int) -> Scan | None:
         return self.prober.scan(self.specs[i])
+
+    def fits(self, i: int, host_bytes: int | None = None) -> bool:
+        scan = self[i]
+        return scan is not None and scan.fits(host_bytes)
+
+    def at(self, i: int) -> Scan:
+        """The scan at ``i``, one ``fits`` found a plan on."""
+        scan = self[i]
+        assert scan is not None, self.specs[i]
+        return scan
 
 
 def _first(n: int, ok) -> int | None:
@@ -327,14 +342,14 @@ def _reasons(request, outcome: SearchOutcome, here: Scan | None, nearest: list[E
 
 def _needs(request, here: Scan) -> str:
     """ "needs ≈ X per GPU": the least GPU peak of any candidate here, and the host RAM when that is short."""
-    usable = here.probes[0].usable
+    usable, least = here.probes[0].usable, min(p.peak for p in here.probes)
     if here.host_needed is None:
-        return (f"needs ≈ {gib(here.min_peak)} per GPU ({gib(usable)} usable), the least of any candidate "
+        return (f"needs ≈ {gib(least)} per GPU ({gib(usable)} usable), the least of any candidate "
                 f"(micro-batch {here.space.micro_batch_sizes[0]}, the most memory-saving choices allowed)")
     # host RAM in GB, as --host-memory-gb and the assumptions say it
     capacity = f"{here.hardware.host_memory_bytes_per_node / GB:,.0f} GB " + (
         "given" if request.host_memory_gb is not None else "assumed; --host-memory-gb sets it")
-    return (f"needs ≈ {gib(here.min_peak)} per GPU ({gib(usable)} usable) and ≥ {here.host_needed / GB:,.0f} GB of "
+    return (f"needs ≈ {gib(least)} per GPU ({gib(usable)} usable) and ≥ {here.host_needed / GB:,.0f} GB of "
             f"host RAM per node ({capacity})")
 
 

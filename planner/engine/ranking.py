@@ -19,6 +19,7 @@ that one plan is faster. A judgement, stated, not a fit.
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from planner.core.numerics import NumericsPolicy
 from strategies import complexity, numerics_of
@@ -32,13 +33,13 @@ TIE_BAND = 0.05
 class Candidate:
     """A fitting plan as the ranking sees it (``item`` is the caller's record)."""
 
-    item: object
-    config: object  # a TrainingConfig
+    item: Any  # the caller's record
+    config: Any  # a TrainingConfig (or any object with its technique fields)
     tokens_per_second: float
     peak: int
 
     @property
-    def numerics(self) -> tuple[int, ...]:
+    def numerics(self) -> tuple[float, ...]:
         return numerics_of(self.config)
 
     @property
@@ -64,7 +65,7 @@ def order(cands: list[Candidate], band: float = TIE_BAND, limit: int | None = No
     for c in cands:
         families.setdefault(c.family, []).append(c)
     left = [pick(members, band) for members in families.values()]
-    out = []
+    out: list[Candidate] = []
     while left and (limit is None or len(out) < limit):
         best = pick(left, band)
         out.append(best)
@@ -72,9 +73,9 @@ def order(cands: list[Candidate], band: float = TIE_BAND, limit: int | None = No
     return out
 
 
-def levels(cands: Iterable[Candidate]) -> dict[tuple[int, ...], list[Candidate]]:
+def levels(cands: Iterable[Candidate]) -> dict[tuple[float, ...], list[Candidate]]:
     """Candidates by numerics key, least quality risk first."""
-    out: dict[tuple[int, ...], list[Candidate]] = {}
+    out: dict[tuple[float, ...], list[Candidate]] = {}
     for c in cands:
         out.setdefault(c.numerics, []).append(c)
     return dict(sorted(out.items()))
@@ -88,7 +89,7 @@ class Ranking:
     least: Candidate | None  # the ladder's winner: the best plan of the least approximation that fits
 
 
-def allowed_levels(cands: list[Candidate], policy: NumericsPolicy) -> set[tuple[int, ...]]:
+def allowed_levels(cands: list[Candidate], policy: NumericsPolicy) -> set[tuple[float, ...]]:
     """The numerics levels ``policy`` lets a plan come from, given what fits: any; exact only; or
     (ladder) exact when an exact plan fits, else the least approximation that fits."""
     keys = {c.numerics for c in cands}

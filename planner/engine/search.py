@@ -84,7 +84,9 @@ def record_of(combo: int, ev: Evaluation) -> Record:
 def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1) -> tuple[list[Record], Counter, int]:
     """Records of fitting candidates and of the first miss of each feasible combination, for
     the combinations share, share + workers, share + 2 * workers, ..."""
-    records, rejected, evaluated = [], Counter(), 0
+    records: list[Record] = []
+    rejected: Counter[str] = Counter()
+    evaluated = 0
     sizes = space.micro_batch_sizes
     mine = itertools.islice(space.technique_combos(), share, None, workers)
     for index, techniques in zip(range(share, space.combos, workers), mine, strict=False):
@@ -105,6 +107,7 @@ _JOB: tuple | None = None  # (space, evaluate) inherited by forked workers
 
 
 def _scan_share(share: int, workers: int) -> tuple[list[Record], Counter, int]:
+    assert _JOB is not None, "set by the parent before forking"
     space, evaluate = _JOB
     return _scan(space, evaluate, share, workers)
 
@@ -138,7 +141,7 @@ def _outcome(space: SearchSpace, records: list[Record], rejected: Counter, consi
 def greedy_seeds(space: SearchSpace, evaluate: Evaluate, rounds: int = 2) -> list[dict]:
     """The analytic best of a coordinate search: from the first choice of every field, change one
     field (or the micro-batch) at a time, keeping the fastest fitting candidate."""
-    axes = dict(space.choices) | {"micro_batch_size": space.micro_batch_sizes}
+    axes: dict[str, tuple] = dict(space.choices) | {"micro_batch_size": space.micro_batch_sizes}
     current = {name: values[0] for name, values in axes.items()}
     best: Record | None = None
     for _ in range(rounds):
@@ -146,7 +149,7 @@ def greedy_seeds(space: SearchSpace, evaluate: Evaluate, rounds: int = 2) -> lis
             for value in values:
                 trial = current | {name: value}
                 index = space.combo_index({k: v for k, v in trial.items() if k != "micro_batch_size"})
-                rec = record_of(index, evaluate(space.config(space.combo(index), trial["micro_batch_size"])))
+                rec = record_of(index, evaluate(space.config(space.combo(index), int(trial["micro_batch_size"]))))
                 if rec.reason is None and (best is None or rec.rank_key() < best.rank_key()):
                     best, current = rec, trial
     return [current] if best is not None else []

@@ -140,7 +140,7 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         assumptions=assumptions(request, hardware, space.seq_len, space.global_batch_size, seq_given=seq_given,
                                 batch_given=request.global_batch_size is not None)
         + ([f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
-        training=_training(request, plans[0]) if plans and request.tokens else None,
+        training=_training(request, plans[0], request.tokens) if plans and request.tokens else None,
         needs_bytes=verdict.needs_bytes if verdict else None,
         adapter_option=_adapter_option(request, model, hardware, plans[0] if plans else None),
     )
@@ -176,9 +176,9 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
                          peak_bytes=plan.memory["peak"], gain=gain, summary=summary(plan.config))
 
 
-def _training(request: SuggestRequest, plan: EstimateResult) -> TrainingTime:
+def _training(request: SuggestRequest, plan: EstimateResult, tokens: float) -> TrainingTime:
     """Wall-clock hours = tokens / the plan's tokens/s; GPU-hours = hours x GPUs."""
-    hours = request.tokens / plan.time.tokens_per_second / 3600
+    hours = tokens / plan.time.tokens_per_second / 3600
     gpu_hours = hours * plan.hardware.num_gpus
     cost = gpu_hours * request.price_per_gpu_hour if request.price_per_gpu_hour else None
     return TrainingTime(tokens=request.tokens, hours=hours, gpu_hours=gpu_hours, cost=cost)
@@ -222,6 +222,8 @@ def _launcher_note(request: SuggestRequest) -> list[str]:
 
 def _space(request: SuggestRequest, num_gpus: int, global_batch_size: int | None) -> SearchSpace:
     fixed = {f: [str(v) for v in getattr(request, f)] for f in FIELDS}
+    if request.seq_len is None:
+        raise ValueError("the request's seq_len is resolved before its space (suggest)")
     return build_space(num_gpus, request.seq_len, fixed, list(request.micro_batch_size), global_batch_size,
                        request.exact_optimizer, request.launcher, settings_of(request))
 

@@ -352,7 +352,7 @@ def _best(measured: list[TrialRow], fidelity: str) -> TrialRow | None:
     if not measured:
         return None
     band = TIE_BAND if fidelity == "analytic" else MEASURED_TIE_BAND
-    cands = [Candidate(r, SimpleNamespace(**r.config), r.tokens_per_second, r.peak_bytes or 0)
+    cands = [Candidate(r, SimpleNamespace(**r.config), r.tokens_per_second or 0.0, r.peak_bytes or 0)
              for r in sorted(measured, key=lambda r: r.number)]
     return pick(cands, band).item
 

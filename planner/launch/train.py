@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
 OWN_PACKAGES = ("planner", "strategies", "probes")
 
 
-def _missing_module(e: ImportError) -> str | None:
+def _missing_module(e: BaseException | None) -> str | None:
     """The top-level third-party module whose import failed: ``e.name``, or that of the import
     error ``e`` was raised from (planner.runtime re-raises some with install advice, ``from None``)."""
     while e is not None:

@@ -7,6 +7,7 @@ columns never wrap (``figures``), and otherwise the caller picks a narrower layo
 """
 
 import os
+from typing import Literal
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -37,7 +38,8 @@ def table(*columns: tuple[str, str], wrap: tuple[str, ...] = ()) -> Table:
     other column keeps its cells whole."""
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
     for name, justify in columns:
-        t.add_column(name, justify=justify, no_wrap=name not in wrap, overflow="fold")
+        side: Literal["left", "right"] = "right" if justify == "right" else "left"
+        t.add_column(name, justify=side, no_wrap=name not in wrap, overflow="fold")
     return t
 
 

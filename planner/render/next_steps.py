@@ -36,7 +36,8 @@ class Asked:
         rest = list(self.target)
         if host_memory_gb is not None:
             rest = [*_without(self.target, "--host-memory-gb"), "--host-memory-gb", f"{host_memory_gb:g}"]
-        return ["--model", self.model, "--gpus", gpus or self.gpus, *rest]
+        model = ["--model", self.model] if self.model is not None else []  # (check: the recipe names it)
+        return [*model, "--gpus", gpus or self.gpus, *rest]
 
 
 def suggest_next(result, asked: Asked | None, console: Console) -> None:

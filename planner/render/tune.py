@@ -60,7 +60,7 @@ def render_tune(r: TuneResult, console: Console) -> None:
     console.print(table)
     pruned = sum(1 for t in r.trials if not t.probed)
     console.print(f"{pruned} trials decided by the analytic model without a probe (predicted not to fit or infeasible)")
-    if r.best_plan is not None:
+    if r.best_plan is not None and r.best is not None:
         c = r.best_plan.config
         console.print(f"[bold green]best probed plan:[/] trial {r.best.number}: {r.best.tokens_per_second:,.0f} tokens/s "
                       f"({r.best.fidelity}); {summary(c)}, micro-batch {c.micro_batch_size} x {c.grad_accum}",
@@ -83,7 +83,8 @@ def plot(r: TuneResult) -> bytes | None:
     rows = [t for t in r.trials if t.probed and t.predicted_peak_bytes]
     fig, (mem, rate) = plt.subplots(1, 2, figsize=(11, 5))
     for axis, pairs, unit in (
-        (mem, [(t.predicted_peak_bytes / GIB, t.peak_bytes / GIB, t) for t in rows if t.peak_bytes], "peak memory (GiB)"),
+        (mem, [((t.predicted_peak_bytes or 0) / GIB, t.peak_bytes / GIB, t) for t in rows if t.peak_bytes],
+         "peak memory (GiB)"),
         (rate, [(t.predicted_tokens_per_second, t.tokens_per_second, t) for t in rows if t.tokens_per_second],
          "tokens/s"),
     ):

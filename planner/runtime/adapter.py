@@ -89,6 +89,8 @@ def quantize_nf4(model, config) -> str:
     import torch
 
     q = quantization_config(config)
+    if q is None:
+        raise ValueError(f"adapter {config.adapter}: no 4-bit base to quantize")
     compute = getattr(torch, q["bnb_4bit_compute_dtype"])
     storage = getattr(torch, q.get("bnb_4bit_quant_storage", "uint8"))
 

@@ -10,6 +10,7 @@ accelerate or the Trainer (runtime.json names it): it is applied here everywhere
 
 from collections import Counter, defaultdict
 from functools import partial
+from typing import Any
 
 from planner.runtime import Site
 from planner.runtime.model import decoder_layers
@@ -85,8 +86,9 @@ def prepare(model, config, site: Site, **_) -> str | None:
 
     for layer in decoder_layers(model):
         layer._planner_saved_ops = Counter()  # what the policy saved, for planner.launch.live
-        kw = ({"context_fn": partial(selective_context_fn, frozenset(router_shapes(layer)), layer._planner_saved_ops)}
-              if c == Checkpointing.SELECTIVE else {})
+        kw: dict[str, Any] = (
+            {"context_fn": partial(selective_context_fn, frozenset(router_shapes(layer)), layer._planner_saved_ops)}
+            if c == Checkpointing.SELECTIVE else {})
         layer.forward = partial(checkpoint, layer.forward, use_reentrant=False, **kw)
         layer._planner_checkpointing = str(c)  # what planner.launch.live reads back
     return None
