@@ -88,7 +88,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--started", type=float, default=None, help="epoch seconds the run began (the shell's)")
     ap.add_argument("--budget", type=float, default=None, help="seconds from --started to the last deadline")
-    ap.add_argument("--only", default="", help="only cases whose key contains this (and no launches unless 'launch')")
+    ap.add_argument("--only", default="", help="comma-separated: the cases whose key contains one of them; "
+                                                "'launch' (both launches) or 'launch=NAME' (one); nothing: all")
     ap.add_argument("--skip-launches", action="store_true", help="no phase C (the launches)")
     ap.add_argument("--dry-run", metavar="GPU", help="list the cases, their predictions on this catalog GPU and "
                                                      "their expected seconds; run nothing")
@@ -130,7 +131,8 @@ def main() -> int:
     records = Records(args.out)
     before = measured_before(device_gpu)
     # within each tier, what no earlier window measured on this GPU goes first
-    cases = sorted((c for c in CASES if args.only in c.key), key=lambda c: c.key in before)
+    only = Only(args.only)
+    cases = sorted((c for c in CASES if only.case(c.key)), key=lambda c: c.key in before)
     if before:
         print(f"  {len(before)} cases measured before on {device_gpu} (benchmarks/results): they run last", flush=True)
     runner = CaseRunner(device, device_gpu, info, env["smoke"], store, clock, records)
@@ -140,8 +142,8 @@ def main() -> int:
                 runner.run(case, "B")
     launch_results: list[dict] = []
     with clock.phase("C"):
-        if not args.skip_launches and (not args.only or "launch" in args.only):
-            launch_results = run_launches(launches, device, device_gpu, clock, args.out)
+        if not args.skip_launches and only.launches():
+            launch_results = run_launches(launches, device, device_gpu, clock, args.out, only)
     with clock.phase("D"):
         for case in cases:
             if case.tier > 1:
@@ -291,7 +293,27 @@ class CaseRunner:
         record(comparison.status, comparison.message, comparison)
 
 
-def run_launches(launches, device: str, device_gpu: str, clock: Clock, out: Path) -> list[dict]:
+class Only:
+    """``--only``: comma-separated tokens; a case runs when its key contains one that is not a
+    launch token; ``launch`` runs both launches, ``launch=NAME`` the one named. Empty: everything."""
+
+    def __init__(self, text: str) -> None:
+        tokens = [t.strip() for t in text.split(",") if t.strip()]
+        self.everything = not tokens
+        self.keys = [t for t in tokens if not t.startswith("launch")]
+        self.launch_names = {t.partition("=")[2] for t in tokens if t.startswith("launch")}
+
+    def case(self, key: str) -> bool:
+        return self.everything or any(k in key for k in self.keys)
+
+    def launches(self) -> bool:
+        return self.everything or bool(self.launch_names)
+
+    def launch(self, name: str) -> bool:
+        return self.everything or "" in self.launch_names or name in self.launch_names
+
+
+def run_launches(launches, device: str, device_gpu: str, clock: Clock, out: Path, only: Only | None = None) -> list[dict]:
     """Phase C in a fresh work folder (plans are never written over), removed at the end: what
     the launches showed is in launch.json."""
     results: list[dict] = []
@@ -303,13 +325,14 @@ def run_launches(launches, device: str, device_gpu: str, clock: Clock, out: Path
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="planner-validate-", dir=root))
     try:
-        _launch_both(launches, device, device_gpu, clock, work, results, out / "launch.json")
+        _launch_both(launches, device, device_gpu, clock, work, results, out / "launch.json", only or Only(""))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return results
 
 
-def _launch_both(launches, device: str, device_gpu: str, clock: Clock, work: Path, results: list, path: Path) -> None:
+def _launch_both(launches, device: str, device_gpu: str, clock: Clock, work: Path, results: list, path: Path,
+                 only: Only) -> None:
     try:
         folder, ref, seconds = launches.build_folder(work, device)
         print(f"  model folder {folder} in {seconds:.1f} s", flush=True)
@@ -319,6 +342,9 @@ def _launch_both(launches, device: str, device_gpu: str, clock: Clock, work: Pat
         return
     gpus = f"1x{'H100-SXM-80' if device == 'cpu' else device_gpu}"
     for name, adapter in (("suggested", None), ("suggested-qlora", "qlora")):
+        if not only.launch(name):
+            results.append({"name": name, "rc": None, "error": "skipped: not in --only"})
+            continue
         if device == "cpu" and adapter:  # (the CPU's QLoRA launch: tests/test_launch_live.py)
             results.append({"name": name, "rc": None, "error": "skipped: --cpu runs one launch"})
             continue

@@ -2,6 +2,7 @@
 # planner's predictions against a real GPU in one short window (../shared/GPU_VALIDATION.md):
 #   bash benchmarks/gpu_validate.sh          on the GPU machine, gpu-bundle/ carried (benchmarks/gpu_bundle.sh)
 #   bash benchmarks/gpu_validate.sh --cpu    the same driver on the CPU (tiny model; CI runs it)
+#   --only=1b-adamw-4bit,launch=suggested   some cases and launches (a short window's rerun)
 # Results go to $OUT (default: validate-out/) as they come, at most 8 files; the summary table is
 # the last thing printed. Its own last deadline is 470 s after it starts (--cpu: 240 s), so an
 # outer limit of ~9 minutes holds it. Exit: 0 every case ran or was skipped with a reason, 1 a
@@ -18,7 +19,8 @@ for arg in "$@"; do
     --cpu) MODE=cpu; BUDGET=240 ;;
     --budget=*) BUDGET=${arg#--budget=} ;;
     --skip-launches) EXTRA+=(--skip-launches) ;;
-    *) echo "usage: bash benchmarks/gpu_validate.sh [--cpu] [--budget=SECONDS] [--skip-launches]" >&2; exit 2 ;;
+    --only=*) EXTRA+=(--only "${arg#--only=}") ;;
+    *) echo "usage: bash benchmarks/gpu_validate.sh [--cpu] [--budget=SECONDS] [--skip-launches] [--only=KEY,launch=NAME,...]" >&2; exit 2 ;;
   esac
 done
 OUT=${OUT:-$HERE/validate-out}

@@ -70,6 +70,8 @@ TIER1 = [
     _1b("1b-bf16-pure", "bf16 weights, no master copy", expected=12.0, precision="bf16-pure"),
     _1b("1b-adamw-8bit", "bitsandbytes 8-bit states", ("bnb_8bit",), expected=16.0, optimizer="adamw-8bit",
         precision="bf16-mixed"),
+    _1b("1b-adamw-4bit", "torchao 4-bit states (the Trainer's adamw_torch_4bit; its step compiles)", expected=40.0,
+        cpu=False, optimizer="adamw-4bit", precision="bf16-mixed"),
     _1b("1b-paged-adamw-8bit", "paged 8-bit states (unified memory, no pressure)", ("bnb_paged",), expected=16.0,
         optimizer="paged-adamw-8bit", precision="bf16-mixed"),
     _1b("1b-lora", "LoRA r16 on all linears", ("peft",), expected=15.0, precision="bf16-mixed", adapter="lora"),
