@@ -33,7 +33,7 @@ from importlib import metadata
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.core.launch import LAUNCH_ENV
+from planner.core.launch_contract import LAUNCH_ENV
 from probes.gpu_readings import device_used_bytes, process_device_bytes, snapshot
 from strategies import TrainingConfig
 

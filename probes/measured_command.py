@@ -82,7 +82,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
     launch compiles; a paged state that would spill on the plan's smaller card does not here), so
     the store keeps its memory and no step times, and the calibration fits no speed to it."""
     from planner.catalog.models import resolve_model
-    from planner.cost import compute as C
+    from planner.cost import compute
     from planner.engine.estimate import estimate_config
     from probes.extrapolate import extrapolate_runs
 
@@ -110,7 +110,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
         result = runner(MeasureRequest(**base, layers=depth), timeout)
         runs.append((depth, result))
         if calibration is not None:
-            flops = C.model_flops_per_token(spec.model_copy(update={"num_layers": depth or spec.num_layers}), c.seq_len)
+            flops = compute.model_flops_per_token(spec.model_copy(update={"num_layers": depth or spec.num_layers}), c.seq_len)
             kept = result if timed else result.model_copy(update={"step_seconds": []})
             calibration.add(_measurement(model_ref, config_json, depth, c, ranks if sharded else 1, plan, device,
                                    device_gpu, kept, flops))

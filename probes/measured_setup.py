@@ -30,7 +30,7 @@ from planner.runtime.optimizer import LEARNING_RATE
 from planner.runtime.optimizer import build as build_optimizer
 from planner.runtime.precision import autocast
 from planner.runtime.sharding import apply_fsdp
-from probes import model_setup as S
+from probes import model_setup
 from strategies import TrainingConfig
 
 
@@ -129,7 +129,7 @@ def _fake_ranks(world: int) -> None:
     for key, value in (("LOCAL_RANK", "0"), ("RANK", "0"), ("WORLD_SIZE", str(world)),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
         os.environ.setdefault(key, value)
-    S.fake_process_group(world)
+    model_setup.fake_process_group(world)
 
 
 def filled_deepspeed_config(ds: dict, c: TrainingConfig, world: int) -> dict:

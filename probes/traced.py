@@ -77,7 +77,7 @@ def run_trace(req: TraceRequest) -> TraceResult:
     from planner.runtime.optimizer import build as build_optimizer
     from planner.runtime.precision import autocast_on
     from planner.runtime.sharding import apply_fsdp
-    from probes import model_setup as S
+    from probes import model_setup
     from probes.chunked_loss import chunked_causal_lm_forward
     from probes.tracker import StepTracker, fsdp_step_tracker
 
@@ -90,21 +90,21 @@ def run_trace(req: TraceRequest) -> TraceResult:
     if fsdp:  # the mesh holds a real rank tensor: build it outside fake mode
         from torch.distributed.device_mesh import init_device_mesh
 
-        S.fake_process_group(req.world_size)
+        model_setup.fake_process_group(req.world_size)
         mesh = init_device_mesh("cpu", (req.world_size,))
     mode = contextlib.nullcontext() if req.real else FakeTensorMode(allow_non_fake_inputs=True)
-    undo = (lambda: None) if req.real else S.gpu_kernels()
+    undo = (lambda: None) if req.real else model_setup.gpu_kernels()
     with mode, contextlib.ExitStack() as cleanup:
         cleanup.callback(undo)
         model = build_model(cfg, c)
         notes += runtime.prepare(model, c, runtime.Site.TRACED, chunked_fallback=chunked_causal_lm_forward)
         if c.adapter != "none" and not req.real:
-            cleanup.callback(S.peft_on_fake_tensors())
+            cleanup.callback(model_setup.peft_on_fake_tensors())
         if c.adapter == "qlora":
-            cleanup.callback(S.bnb_lora_casts())
+            cleanup.callback(model_setup.bnb_lora_casts())
         model, wrapped = runtime.wrap(model, c, runtime.Site.TRACED)
         notes += wrapped
-        nf4_saving = S.nf4_saving_bytes(model) if c.adapter == "qlora" else 0
+        nf4_saving = model_setup.nf4_saving_bytes(model) if c.adapter == "qlora" else 0
         if nf4_saving:
             notes.append("qlora: traced over the 16-bit base; the NF4 weights computed (bitsandbytes does not run on "
                          "fake tensors), and its per-matmul dequantization not traced")
@@ -155,14 +155,14 @@ def run_trace(req: TraceRequest) -> TraceResult:
     if optimizer is not None:
         states = _categories(current, {"Optstate", "OptState"})
     else:
-        dense, paged = S.computed_state_bytes(model, c)
+        dense, paged = model_setup.computed_state_bytes(model, c)
         states = computed = dense + paged
         notes.append(f"{c.optimizer}: {states:,} state bytes computed, held through every phase"
                      + (f" ({paged:,} paged, resident)" if paged else "")
                      + " (the optimizer does not run under fake tensors)")
     peaks = {p: v - nf4_saving + computed for p, v in tracker.phase_peaks.items()}
     if optimizer is None:  # the step holds the states and its temporaries over what it starts from
-        temporaries = S.computed_step_temporaries(model, c)
+        temporaries = model_setup.computed_step_temporaries(model, c)
         peaks["step"] = max(peaks.get("step", 0), step_start - nf4_saving + computed + temporaries)
         if temporaries:
             notes.append(f"{c.optimizer}: its step's temporaries computed ({temporaries:,} bytes)")

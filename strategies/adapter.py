@@ -44,9 +44,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
-from planner.cost import adapters as AD
-from planner.cost import compute as C
-from planner.cost import params as P
+from planner.cost import adapters, compute, params
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.moments import FROZEN_BASE, FROZEN_EVERY_RANK, LAST_LAYER_FORWARD
@@ -63,8 +61,8 @@ class Adapter(StrEnum):
 
 
 class LoraTargets(StrEnum):
-    ALL_LINEAR = AD.ALL_LINEAR
-    ATTENTION = AD.ATTENTION
+    ALL_LINEAR = adapters.ALL_LINEAR
+    ATTENTION = adapters.ATTENTION
 
 
 #: TRL's defaults (trl ModelConfig: lora_r 16, lora_alpha 32, lora_dropout 0.05).
@@ -99,11 +97,11 @@ ALLOWS: dict[str, tuple[tuple[str, ...], str, str]] = {
 }
 
 
-def spec_of(config) -> AD.AdapterSpec | None:
+def spec_of(config) -> adapters.AdapterSpec | None:
     """The adapter ``config`` trains (None: full fine-tuning)."""
     if config.adapter == Adapter.NONE:
         return None
-    return AD.AdapterSpec(targets=str(config.lora_targets), rank=config.lora_rank, dropout=config.lora_dropout,
+    return adapters.AdapterSpec(targets=str(config.lora_targets), rank=config.lora_rank, dropout=config.lora_dropout,
                           dora=config.adapter == Adapter.DORA, nf4=config.adapter == Adapter.QLORA,
                           int8=config.adapter == Adapter.LORA_INT8)
 
@@ -113,18 +111,18 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     (LayerNorm biases included: peft's ``bias="none"``); per decoder layer, what has gradients and
     what a sharded engine gathers (the layer's weights and its adapters)."""
     spec, m = spec_of(ctx.config), ctx.model
-    layer = P.layer_parameters(m)
+    layer = params.layer_parameters(m)
     if spec is None:
         return {"frozen_parameters": 0, "adapter": None, "layer_trained": layer, "layer_gathered": layer,
-                "root_trained": P.root_parameters(m)}
-    tensors = AD.trainable_tensors(m, spec)
+                "root_trained": params.root_parameters(m)}
+    tensors = adapters.trainable_tensors(m, spec)
     per_layer = sum(t.numel for t in tensors)  # (adapters live in the decoder layers only)
-    trained = sum(t.numel * P.multiplicity(m, t) for t in tensors)
+    trained = sum(t.numel * params.multiplicity(m, t) for t in tensors)
     gathered = layer + per_layer
     if spec.nf4:  # FSDP-QLoRA gathers the packed NF4 codes in their 16-bit storage dtype
         storage = DTYPE_BYTES[compute_dtype(ctx.config)]
-        gathered -= sum(t.numel - AD.nf4_storage_elements(t.numel, storage) for t in AD.layer_quantized(m))
-    return {"trainable_parameters": trained, "frozen_parameters": P.total_parameters(m), "adapter": spec,
+        gathered -= sum(t.numel - adapters.nf4_storage_elements(t.numel, storage) for t in adapters.layer_quantized(m))
+    return {"trainable_parameters": trained, "frozen_parameters": params.total_parameters(m), "adapter": spec,
             "layer_trained": per_layer, "layer_gathered": gathered, "root_trained": 0}
 
 
@@ -179,10 +177,10 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     wdt = {4: "fp32", 2: "16-bit"}[lay.frozen_bytes]
     if spec.nf4 and ctx.engine == Engine.FSDP:  # FSDP2 shards the codes; the state is every rank's
         c = lay.dtypes.compute
-        quantized = AD.layer_quantized(m)
-        codes = sum(AD.nf4_storage_elements(t.numel, c) for t in quantized) * m.num_layers
-        state = sum(AD.nf4_state_bytes(t.numel) for t in quantized) * m.num_layers
-        _, rest = AD.qlora_weight_parts(m, True)
+        quantized = adapters.layer_quantized(m)
+        codes = sum(adapters.nf4_storage_elements(t.numel, c) for t in quantized) * m.num_layers
+        state = sum(adapters.nf4_state_bytes(t.numel) for t in quantized) * m.num_layers
+        _, rest = adapters.qlora_weight_parts(m, True)
         ledger.add("weights", "frozen decoder linears: NF4 codes (16-bit quant storage)", codes, c, tag=FROZEN_BASE,
                    note="4 bits per weight, viewed as the 16-bit storage dtype FSDP shards")
         ledger.add("weights", "frozen decoder linears: NF4 quantization state", state, 1, tag=FROZEN_EVERY_RANK,
@@ -190,7 +188,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes, tag=FROZEN_BASE,
                    note=f"{rest:,} params x {lay.frozen_bytes} B")
     elif spec.nf4 or spec.int8:
-        packed, rest = AD.quantized_weight_parts(m, spec)
+        packed, rest = adapters.quantized_weight_parts(m, spec)
         what, note = (("int8, fp32 scale per row", "1 B per weight + 4 B per output row") if spec.int8 else
                       ("NF4, double quantization", "4 bits + 8-bit absmax per 64 + fp32 per 256 blocks"))
         ledger.add("weights", f"frozen decoder linears ({what})", packed, 1, tag=FROZEN_BASE, note=note)
@@ -203,15 +201,15 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     if lay.weight_bytes != c:  # fp32 adapters under autocast: their 16-bit casts, cached and saved
         ledger.add("autocast_weight_copies", "autocast casts of the adapters' weights", lay.trainable_parameters, c,
                    phases=FORWARD_AND_BACKWARD, note="torch.amp casts of the fp32 adapters")
-    wrapped = AD.wrapped(m, spec.targets)
-    largest = max((t.numel for t in AD.layer_quantized(m)), default=0)  # the widest weight bitsandbytes dequantizes
+    wrapped = adapters.wrapped(m, spec.targets)
+    largest = max((t.numel for t in adapters.layer_quantized(m)), default=0)  # the widest weight bitsandbytes dequantizes
     if spec.nf4:
         ledger.add("autocast_weight_copies", NF4_DEQUANTIZED, largest, c,
                    phases=FORWARD_AND_BACKWARD, note="bitsandbytes dequantizes per matmul, forward and backward")
     if spec.int8:
         ledger.add("autocast_weight_copies", INT8_DEQUANTIZED, largest, c, phases=frozenset({Phase.BACKWARD}),
                    note="CB.to(dtype) * SCB / 127 per matmul's input gradient")
-        ledger.add("activations", INT8_TEMPORARIES, AD.int8_forward_temporaries(m), ctx.config.tokens_per_micro_batch,
+        ledger.add("activations", INT8_TEMPORARIES, adapters.int8_forward_temporaries(m), ctx.config.tokens_per_micro_batch,
                    phases=frozenset({Phase.FORWARD}), moment=LAST_LAYER_FORWARD,
                    note="the widest quantized matmul, at the top layer's forward")
     if spec.dora:
@@ -237,8 +235,8 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     spec, m = ctx.layout.adapter, ctx.model
     if spec is None:
         return
-    full = AD.adapter_matmul_flops_per_token(m, spec.targets, spec.rank)
-    base = 2 * C.matmul_flops_per_token(m)  # the frozen forward and input gradients (precision's rows)
+    full = adapters.adapter_matmul_flops_per_token(m, spec.targets, spec.rank)
+    base = 2 * compute.matmul_flops_per_token(m)  # the frozen forward and input gradients (precision's rows)
     rate = rates.matmul_rate(ctx, ctx.layout.compute_dtype)
     adapter = max(0.0, full - base) * rates.tokens(ctx) / rate
     draft.compute("matmul", f"adapter matmuls ({ctx.config.adapter} r{spec.rank})", adapter / 3, Window.FORWARD,
@@ -247,14 +245,14 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
                   note="A and B weight and input gradients")
     c = ctx.layout.dtypes.compute
     if spec.nf4:
-        elements = sum(t.numel for t in AD.layer_quantized(m)) * m.num_layers
+        elements = sum(t.numel for t in adapters.layer_quantized(m)) * m.num_layers
         once = elements * (0.5 + c) / rates.bandwidth(ctx)
         recompute = ctx.config.checkpointing == "full"
         draft.compute("elementwise", "QLoRA dequantization (forward)", once, Window.FORWARD)
         draft.compute("elementwise", "QLoRA dequantization (backward" + (", recompute)" if recompute else ")"),
                       once * (2 if recompute else 1), Window.BACKWARD)
     if spec.int8:
-        per_token, dequantize = AD.int8_traffic(m, c)
+        per_token, dequantize = adapters.int8_traffic(m, c)
         passes = 2 if ctx.config.checkpointing == "full" else 1  # the recompute quantizes again
         forward = per_token * rates.tokens(ctx) / rates.bandwidth(ctx)
         draft.compute("elementwise", "LLM.int8() input quantization and output dequantization", forward,
@@ -263,7 +261,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
             " and the recompute's quantization" if passes == 2 else ""),
             dequantize / rates.bandwidth(ctx) + (passes - 1) * forward, Window.BACKWARD)
     if spec.dora:
-        wrapped = AD.wrapped(m, spec.targets)
+        wrapped = adapters.wrapped(m, spec.targets)
         flops = sum(2 * t.shape[0] * t.shape[1] * spec.rank for t in wrapped) * m.num_layers
         traffic = sum(dora_norm_bytes(t.shape, ctx.layout.weight_bytes, c) for t in wrapped) * m.num_layers
         draft.compute("elementwise", "DoRA weight norms (forward)", flops / rate + traffic / rates.bandwidth(ctx),
@@ -284,7 +282,7 @@ LLAMA_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def target_modules(targets: str, family: str):
-    return "all-linear" if targets == AD.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_ATTENTION)
+    return "all-linear" if targets == adapters.ALL_LINEAR else ATTENTION_MODULES.get(family, LLAMA_ATTENTION)
 
 
 #: Bytes per element of the dtypes QLoRA computes and stores its codes in.

@@ -26,7 +26,7 @@ from planner.core.numerics import Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
 from planner.core.vocabulary import Setting
-from planner.cost import params as P
+from planner.cost import params
 from planner.cost.activations import DTypes
 from planner.cost.adapters import AdapterSpec
 
@@ -110,7 +110,7 @@ class PlanContext:
 def resolve_layout(ctx: PlanContext, registry) -> PlanLayout:
     """Every strategy's ``parallelism`` hook first (how the model is split across GPUs), then every
     ``storage`` hook (dtypes and trainable parameters, which may depend on the split)."""
-    values: dict[str, Any] = {"trainable_parameters": P.total_parameters(ctx.model)}
+    values: dict[str, Any] = {"trainable_parameters": params.total_parameters(ctx.model)}
     for s in registry:
         if s.parallelism is not None:
             values |= s.parallelism(ctx)
@@ -198,7 +198,7 @@ class Strategy:
     #: what each choice adds to a plan's complexity, for breaking ties between plans of equal
     #: speed (planner/engine/ranking.py): 0 (unlisted) is the plain choice
     complexity: dict[StrEnum, int] = dataclasses.field(default_factory=dict)
-    #: the caching allocator's reserve a choice adds beyond planner/cost/runtime.py's
+    #: the caching allocator's reserve a choice adds beyond planner/cost/overheads.py's
     #: FRAGMENTATION_FRACTION, as a fraction of the allocated peak (measured: reserved less
     #: allocated peak on a real GPU; the plan takes the largest of its choices', ``reserve_extra``)
     reserve: dict[StrEnum, float] = dataclasses.field(default_factory=dict)

@@ -20,10 +20,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, Location, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
-from planner.cost import activations as A
-from planner.cost import adapters as AD
-from planner.cost import params as P
-from planner.cost import runtime as R
+from planner.cost import activations, adapters, overheads, params
 from strategies import rates
 from strategies.base import Engine, PlanContext, Strategy
 from strategies.moments import (
@@ -98,10 +95,10 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     spec = lay.adapter
     if spec is None or m.is_moe:  # (a MoE adapter plan is refused: strategies/adapter.py)
-        return A.total(A.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
-    cast = AD.casts_adapter_input(spec, lay.weight_bytes, lay.dtypes.compute)
-    return A.total(AD.adapter_layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len, spec.targets, spec.rank,
-                                          spec.dropout, cast, spec.dora, spec.int8))
+        return activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
+    cast = adapters.casts_adapter_input(spec, lay.weight_bytes, lay.dtypes.compute)
+    return activations.total(adapters.adapter_layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len, spec.targets,
+                                                          spec.rank, spec.dropout, cast, spec.dora, spec.int8))
 
 
 def adapter_backward_bytes(ctx: PlanContext) -> float:
@@ -111,9 +108,9 @@ def adapter_backward_bytes(ctx: PlanContext) -> float:
     0 without an adapter."""
     lay = ctx.layout
     if (lay.adapter is None or ctx.config.checkpointing != Checkpointing.FULL
-            or not AD.casts_adapter_input(lay.adapter, lay.weight_bytes, lay.dtypes.compute)):
+            or not adapters.casts_adapter_input(lay.adapter, lay.weight_bytes, lay.dtypes.compute)):
         return 0.0
-    return AD.adapter_backward_transient_bytes(ctx.model, lay.adapter.targets, lay.weight_bytes, lay.dtypes.compute)
+    return adapters.adapter_backward_transient_bytes(ctx.model, lay.adapter.targets, lay.weight_bytes, lay.dtypes.compute)
 
 
 def per_layer_forward_bytes(ctx: PlanContext) -> float:
@@ -123,9 +120,9 @@ def per_layer_forward_bytes(ctx: PlanContext) -> float:
         case Checkpointing.NONE:
             return layer_saved_bytes(ctx)
         case Checkpointing.SELECTIVE:
-            return A.total(A.layer_selective(m, dt, ctx.layout.fused_attention, cfg.seq_len))
+            return activations.total(activations.layer_selective(m, dt, ctx.layout.fused_attention, cfg.seq_len))
         case Checkpointing.FULL:
-            return A.layer_input_bytes(m, dt)
+            return activations.layer_input_bytes(m, dt)
     raise ValueError(cfg.checkpointing)
 
 
@@ -143,14 +140,15 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         ledger.add("activations", f"saved activations, {m.num_layers} layers ({cfg.checkpointing})",
                    per_layer * m.num_layers, tokens, phases=frozenset({Phase.FORWARD}), note=note)
     ledger.add(
-        "activations", "final norm and head input", A.final_norm_bytes(m, dt), tokens, phases=frozenset({Phase.FORWARD}),
-        moment=LOSS_MOMENT,
+        "activations", "final norm and head input", activations.final_norm_bytes(m, dt), tokens,
+        phases=frozenset({Phase.FORWARD}), moment=LOSS_MOMENT,
     )
-    if embedding_dropout := A.embedding_dropout_bytes(m):
+    if embedding_dropout := activations.embedding_dropout_bytes(m):
         ledger.add("activations", "embedding dropout mask", embedding_dropout, tokens,
                    phases=frozenset({Phase.FORWARD, Phase.BACKWARD}),
                    note="outside the layers: kept until the backward reaches the embeddings")
-    if cfg.checkpointing != Checkpointing.NONE and (masks := A.mask_bytes(m, dt, ctx.layout.fused_attention, cfg.seq_len)):
+    masks = activations.mask_bytes(m, dt, ctx.layout.fused_attention, cfg.seq_len)
+    if cfg.checkpointing != Checkpointing.NONE and masks:
         ledger.add("activations", "attention masks (checkpoint inputs)", masks, tokens,
                    phases=frozenset({Phase.FORWARD, Phase.BACKWARD}),
                    note="(b, 1, s, s) per mask kind, kept by every checkpointed layer until its backward")
@@ -199,12 +197,12 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
     instants = {}
     if not ctx.layout.fused_attention:
         instants["eager attention's masked scores and softmax in flight"] = (
-            A.eager_attention_instants(m, dt, cfg.seq_len)["forward"])
+            activations.eager_attention_instants(m, dt, cfg.seq_len)["forward"])
     if m.is_moe:
-        kept = (A.total(A.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
+        kept = (activations.total(activations.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
                 if cfg.checkpointing == Checkpointing.NONE
-                else A.layer_input_bytes(m, dt) + 2 * dt.compute * m.hidden_size * m.experts_per_token)
-        instants["the experts' fp32 weighted outputs in flight"] = kept + A.moe_combine_transient_bytes(m)
+                else activations.layer_input_bytes(m, dt) + 2 * dt.compute * m.hidden_size * m.experts_per_token)
+        instants["the experts' fp32 weighted outputs in flight"] = kept + activations.moe_combine_transient_bytes(m)
     if not instants:
         return None
     label = max(instants, key=lambda k: instants[k])
@@ -216,13 +214,14 @@ def _attention_backward(ctx: PlanContext) -> float:
     tensors and gradient temporaries (eager: ``eager_attention_instants``)."""
     m, dt, s = ctx.model, ctx.layout.dtypes, ctx.config.seq_len
     if not ctx.layout.fused_attention:
-        return A.eager_attention_instants(m, dt, s)["backward"]
-    return A.total(A.attention_saved(m, dt, True, s)) + A.attention_backward_transient_bytes(m, dt, True, s)
+        return activations.eager_attention_instants(m, dt, s)["backward"]
+    return (activations.total(activations.attention_saved(m, dt, True, s))
+            + activations.attention_backward_transient_bytes(m, dt, True, s))
 
 
 def _fp8_gradient_casts(ctx: PlanContext) -> float:
     """Float8Linear's gradient cast in a layer's backward, bytes per token (0 unless fp8-mixed)."""
-    return A.fp8_gradient_cast_bytes(ctx.model) if ctx.config.precision == "fp8-mixed" else 0
+    return activations.fp8_gradient_cast_bytes(ctx.model) if ctx.config.precision == "fp8-mixed" else 0
 
 
 def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
@@ -249,7 +248,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     # (an adapter's gradients are the precision strategy's row over the whole backward)
     g = 0 if ctx.layout.gradients_sharded or cfg.grad_accum > 1 or lay.adapter else lay.grad_bytes
     layer_grads = lay.layer_trained * (lay.gathered_bytes if fsdp else g)
-    cast = P.layer_matmul_parameters(m) * (dt.compute if lay.autocast else 0)
+    cast = params.layer_matmul_parameters(m) * (dt.compute if lay.autocast else 0)
     below = m.num_layers - 1
     saved_casts = cast * (below if cfg.checkpointing == Checkpointing.NONE else 0)
     fp8_casts = _fp8_gradient_casts(ctx)
@@ -257,19 +256,19 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
         # FSDP: the top layer and the next one, prefetched (fsdp-grad-op: every layer, kept from forward)
         "gathered_parameters": (m.num_layers if not ctx.layout.resharding else min(2, m.num_layers))
         * lay.layer_gathered * lay.gathered_bytes if fsdp else 0,
-        "gradients": (P.root_parameters(m) - P.late_gradient_parameters(m)) * g,
+        "gradients": (params.root_parameters(m) - params.late_gradient_parameters(m)) * g,
     }
     moments = {
         "start": common | {
             "autocast_weight_copies": cast + saved_casts,
             "activations": (per_layer_forward_bytes(ctx) * below + layer_saved_bytes(ctx)
-                            + A.mlp_backward_transient_bytes(m, dt) + adapter_backward_bytes(ctx) + fp8_casts) * T,
+                            + activations.mlp_backward_transient_bytes(m, dt) + adapter_backward_bytes(ctx) + fp8_casts) * T,
         },
         "attention": common | {
-            "gradients": common["gradients"] + _trained(ctx, P.layer_block_parameters(m, "mlp")
-                                                        + P.output_projection_parameters(m))
+            "gradients": common["gradients"] + _trained(ctx, params.layer_block_parameters(m, "mlp")
+                                                        + params.output_projection_parameters(m))
             * (lay.gathered_bytes if fsdp else g),
-            "autocast_weight_copies": saved_casts + (P.layer_block_parameters(m, "self_attn", matmul_only=True)
+            "autocast_weight_copies": saved_casts + (params.layer_block_parameters(m, "self_attn", matmul_only=True)
                                                      * (dt.compute if lay.autocast else 0)),
             "activations": (per_layer_forward_bytes(ctx) * below + _attention_backward(ctx)) * T,
         },
@@ -345,18 +344,19 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     # the layer computing, unsharded; resharding, also an all-gather output FSDP2 holds until the next
     # all-gather copies out (the prefetched layer's), so two layers (traced: Mixtral 8x7B, FSDP2, 2 ranks)
     gathered = (2 if lay.resharding and m.num_layers > 1 else 1) * lay.layer_gathered * lay.gathered_bytes if fsdp else 0
-    attention = A.total(A.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
-    mlp_grads, big = _trained(ctx, P.layer_block_parameters(m, "mlp")), P.largest_mlp_matrix(m)
-    attention_casts = P.layer_block_parameters(m, "self_attn", matmul_only=True) * cast
-    intermediate = (2 if P.fused_gate_up(m) else 1) * c * m.intermediate_size * m.experts_per_token
+    attention = activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
+    mlp_grads, big = _trained(ctx, params.layer_block_parameters(m, "mlp")), params.largest_mlp_matrix(m)
+    attention_casts = params.layer_block_parameters(m, "self_attn", matmul_only=True) * cast
+    intermediate = (2 if params.fused_gate_up(m) else 1) * c * m.intermediate_size * m.experts_per_token
     routed = 2 * c * h * m.experts_per_token if m.is_moe else 0  # the experts' input and its gradient
-    mlp_side = A.norm_bytes(m, dt) + c * h + intermediate + routed + 2 * dt.residual * h
+    mlp_side = activations.norm_bytes(m, dt) + c * h + intermediate + routed + 2 * dt.residual * h
     moments = {
         "start": {
             "gradients": 0,
-            "autocast_weight_copies": P.layer_matmul_parameters(m) * cast,
-            "activations": ((layer_saved_bytes(ctx) if lay.adapter else attention + A.total(A.mlp_saved(m, dt)))
-                            + A.mlp_backward_transient_bytes(m, dt) + adapter_backward_bytes(ctx)
+            "autocast_weight_copies": params.layer_matmul_parameters(m) * cast,
+            "activations": ((layer_saved_bytes(ctx) if lay.adapter
+                             else attention + activations.total(activations.mlp_saved(m, dt)))
+                            + activations.mlp_backward_transient_bytes(m, dt) + adapter_backward_bytes(ctx)
                             + _fp8_gradient_casts(ctx)) * T,
         },
         "last MLP weight gradient": {
@@ -365,7 +365,7 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             "activations": (attention + mlp_side) * T,
         },
         "attention": {
-            "gradients": (mlp_grads + _trained(ctx, P.output_projection_parameters(m))) * g,
+            "gradients": (mlp_grads + _trained(ctx, params.output_projection_parameters(m))) * g,
             "autocast_weight_copies": attention_casts,
             "activations": _attention_backward(ctx) * T,
         },
@@ -390,10 +390,10 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     if cfg.checkpointing == Checkpointing.FULL:
         redo = rates.layer_matmul_forward_seconds(ctx) + rates.attention_forward_seconds(ctx) + elementwise
         draft.compute("recompute", "full recomputation: each layer's forward again", redo, Window.BACKWARD)
-        draft.cpu_dispatch_seconds += m.num_layers * R.OPS_PER_LAYER_FORWARD * R.DISPATCH_SECONDS_PER_OP_FORWARD
+        draft.cpu_dispatch_seconds += m.num_layers * overheads.OPS_PER_LAYER_FORWARD * overheads.DISPATCH_SECONDS_PER_OP_FORWARD
     elif cfg.checkpointing == Checkpointing.SELECTIVE:
-        kept = A.total(A.layer_selective(m, ctx.layout.dtypes, ctx.layout.fused_attention, cfg.seq_len))
-        _, recomputed = A.selective_matmuls(m)
+        kept = activations.total(activations.layer_selective(m, ctx.layout.dtypes, ctx.layout.fused_attention, cfg.seq_len))
+        _, recomputed = activations.selective_matmuls(m)
         redo = (rates.elementwise_forward_seconds(ctx, max(0.0, saved - kept))
                 + rates.layer_matmul_forward_seconds(ctx, recomputed))
         what = "elementwise ops"

@@ -17,7 +17,7 @@ benchmarks/traced_matrix.py).
 """
 
 from planner.core.ledger import LedgerDraft, Phase
-from planner.cost import params as P
+from planner.cost import params
 from strategies.base import PlanContext
 from strategies.loss import Loss
 from strategies.moments import (
@@ -33,7 +33,7 @@ FWD, BWD = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD})
 def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
     """The FSDP2 rows of every phase (the model-state rows are divided by strategies/sharding.py)."""
     m, lay = ctx.model, ctx.layout
-    root, layer, total = P.root_parameters(m), lay.layer_gathered, gathered_model_elements(ctx)
+    root, layer, total = params.root_parameters(m), lay.layer_gathered, gathered_model_elements(ctx)
     g = lay.gathered_bytes
     if not lay.resharding:  # fsdp-grad-op
         ledger.add(
@@ -86,7 +86,7 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
 def gathered_model_elements(ctx: PlanContext) -> int:
     """Elements of the whole model as ZeRO-3 / FSDP gather it, in the gathered dtype: the root
     unit and every decoder layer with its adapters (FSDP-QLoRA: the packed NF4 codes)."""
-    return P.root_parameters(ctx.model) + ctx.model.num_layers * ctx.layout.layer_gathered
+    return params.root_parameters(ctx.model) + ctx.model.num_layers * ctx.layout.layer_gathered
 
 
 def root_waiting_gradient(ctx: PlanContext) -> int:
@@ -94,7 +94,7 @@ def root_waiting_gradient(ctx: PlanContext) -> int:
     final norm's, from the loss on): the root's trained elements but the embeddings'; 0 with an
     adapter (the root unit is frozen)."""
     lay = ctx.layout
-    return lay.root_trained - P.late_gradient_parameters(ctx.model) if lay.root_trained else 0
+    return lay.root_trained - params.late_gradient_parameters(ctx.model) if lay.root_trained else 0
 
 
 def fsdp_backward_end(ctx: PlanContext) -> tuple[str, dict[str, int]]:
@@ -115,7 +115,7 @@ def fsdp_backward_end(ctx: PlanContext) -> tuple[str, dict[str, int]]:
     """
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     g, red = lay.gathered_bytes, lay.reduce_bytes
-    root, late = P.root_parameters(m), P.late_gradient_parameters(m)
+    root, late = params.root_parameters(m), params.late_gradient_parameters(m)
     vh = m.vocab_size * m.hidden_size if m.tie_word_embeddings else 0
     waiting = root_waiting_gradient(ctx)
     held = {"gathered_parameters": root * g, "communication_buffers": lay.layer_trained * red + waiting * g}

@@ -7,8 +7,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
-from planner.cost import activations as A
-from planner.cost import params as P
+from planner.cost import activations, params
 from strategies import rates
 from strategies.base import Engine, PlanContext, Strategy
 from strategies.moments import LOSS_MOMENT, ROOT_REGATHER
@@ -75,14 +74,14 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     hc = vh * c if lay.autocast else 0
     cached = cache_only_casts(ctx)
     w = head_gradient_bytes_per_element(ctx)
-    norm = vh * w + (A.final_norm_backward_bytes(m, lay.dtypes) - A.final_norm_bytes(m, lay.dtypes)) * tokens
+    norm = vh * w + (activations.final_norm_backward_bytes(m, lay.dtypes) - activations.final_norm_bytes(m, lay.dtypes)) * tokens
     norm_label = "final norm backward: the head's gradient and the norm's fp32 temporaries"
     held = lay.layer_gathered * lay.gathered_bytes if ctx.engine == Engine.FSDP else 0
     forward = ("chunked loss: one chunk, the head weight gradient made in forward, weight casts",
                "loss forward inside autocast")
     if cfg.loss == Loss.CHUNKED:
         moments = {
-            forward[0]: cached + 2 * hc + vh * w + A.chunked_loss_bytes(m, lay.dtypes, tokens) + held,
+            forward[0]: cached + 2 * hc + vh * w + activations.chunked_loss_bytes(m, lay.dtypes, tokens) + held,
             norm_label: norm,
         }
     else:
@@ -91,7 +90,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
         moments = {
             forward[1]: cached + hc + (c + 8) * v_t + softcap + held,
             "start of backward: fp32 log-softmax output, its gradient and input gradient":
-                hc + A.logits_bytes(m, lay.dtypes) * tokens,
+                hc + activations.logits_bytes(m, lay.dtypes) * tokens,
             "head backward: logits gradient and head weight gradient":
                 max(hc + c * v_t + (vh * c if lay.adapter is None else 0), head_gradient_moment_bytes(ctx)),
             norm_label: norm,
@@ -126,7 +125,7 @@ def embedding_backward_bytes(ctx: PlanContext) -> tuple[int, str]:
     vhg = m.vocab_size * m.hidden_size * lay.grad_bytes if m.tie_word_embeddings else 0
     # ZeRO-2/3 (assumption; DeepSpeed is not traced): the gradients row holds the rank's partition,
     # so the embeddings' new full-size gradients count until DeepSpeed's hooks copy them to buckets
-    full = P.late_gradient_parameters(m) * lay.grad_bytes if ctx.layout.gradients_sharded else 0
+    full = params.late_gradient_parameters(m) * lay.grad_bytes if ctx.layout.gradients_sharded else 0
     moments = {"embedding backward: its input gradient" + (" and the head's waiting gradient" if vhg else ""):
                lay.dtypes.residual * m.hidden_size * cfg.tokens_per_micro_batch + vhg + full}
     if vhg and not (lay.autocast or cfg.loss == Loss.CHUNKED):
@@ -145,7 +144,7 @@ def loss_saved_bytes(ctx: PlanContext) -> int:
     if cfg.loss == Loss.CHUNKED:
         return vh * head_gradient_bytes_per_element(ctx) + lay.dtypes.residual * m.hidden_size * tokens
     softcap = lay.dtypes.compute if m.final_logit_softcapping else 0
-    return (A.FP32 + softcap) * m.vocab_size * tokens
+    return (activations.FP32 + softcap) * m.vocab_size * tokens
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
@@ -155,11 +154,11 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         # unsharded parameters, strategies/fsdp_memory.py) while the loss's and the final norm's
         # saved tensors wait
         lay = ctx.layout
-        ledger.add("gathered_parameters", "FSDP root unit: all-gather output for backward", P.root_parameters(m),
+        ledger.add("gathered_parameters", "FSDP root unit: all-gather output for backward", params.root_parameters(m),
                    lay.gathered_bytes, phases=fwd, moment=ROOT_REGATHER)
         ledger.add("logits", "the loss's tensors saved for backward", loss_saved_bytes(ctx), 1, phases=fwd,
                    moment=ROOT_REGATHER)
-        ledger.add("activations", "final norm and head input", A.final_norm_bytes(m, lay.dtypes),
+        ledger.add("activations", "final norm and head input", activations.final_norm_bytes(m, lay.dtypes),
                    ctx.config.tokens_per_micro_batch, phases=fwd, moment=ROOT_REGATHER)
     end, end_label = embedding_backward_bytes(ctx)
     ledger.add("activations", end_label, end, 1, phases=frozenset({Phase.BACKWARD_END}),

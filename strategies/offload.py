@@ -23,9 +23,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import ALL_PHASES, LedgerDraft, Location, PagedInfo
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
-from planner.cost import comms
-from planner.cost import params as P
-from planner.cost import runtime as R
+from planner.cost import comms, overheads, params
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.optimizer import DEEPSPEED_CPU
 from strategies.sharding import ZERO, Sharding
@@ -75,7 +73,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         # replaces the GPU's 16-bit gradient partition and the step's fp32 upcast.
         ledger.remove(ledger.of("gradients"))
         moved = [r for r in moved if r.term != "gradients"] + ledger.tagged("fp32_grad_partition")
-        partition = -(-P.total_parameters(ctx.model) // ctx.layout.shard_degree)
+        partition = -(-params.total_parameters(ctx.model) // ctx.layout.shard_degree)
         for row in ledger.tagged("fp32_grad_partition"):  # whole partition, not one sub-group's upcast
             row.phases, row.label, row.elements = ALL_PHASES, "fp32 gradient partition", partition
     for row in moved:
@@ -94,11 +92,11 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     off, hw = ctx.config.offload, ctx.hardware
     if off == Offload.NONE:
         return
-    partition = P.total_parameters(ctx.model) / ctx.layout.shard_degree
+    partition = params.total_parameters(ctx.model) / ctx.layout.shard_degree
     link = hw.gpu.host_link_bytes_per_s
 
     def host(n_bytes: float) -> float:
-        return comms.transfer_seconds(n_bytes, link, R.HOST_LINK_EFFICIENCY)
+        return comms.transfer_seconds(n_bytes, link, overheads.HOST_LINK_EFFICIENCY)
 
     if off == Offload.PARAMS:  # the partition up for forward and backward, the updated one down
         draft.overlapped("offload", "parameter partition to GPU (forward)", host(2 * partition), Window.FORWARD, True)
@@ -119,7 +117,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         draft.overlapped("offload", "parameter shard to GPU (backward) + gradients to host",
                          host(shard + grads), Window.BACKWARD, True)
     stepped = ctx.layout.trainable_parameters / ctx.layout.shard_degree
-    cpu = stepped * hw.gpus_per_node / R.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE
+    cpu = stepped * hw.gpus_per_node / overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE
     draft.serial("cpu_optimizer_step", "optimizer step on the CPU", cpu,
                  note=f"{hw.gpus_per_node} ranks share the node's CPUs")
 

@@ -19,11 +19,7 @@ from planner.core.ledger import LedgerDraft, Location, PagedInfo, Phase
 from planner.core.numerics import EXACT, Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
-from planner.cost import adapters as AD
-from planner.cost import comms
-from planner.cost import optimizer_states as S
-from planner.cost import params as P
-from planner.cost import runtime as R
+from planner.cost import adapters, comms, optimizer_states, overheads, params
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.moments import FROZEN
@@ -136,7 +132,7 @@ BNB_FSDP2 = ("bitsandbytes 8-bit and paged optimizers do not work under FSDP2 (s
 
 
 def _blockwise(n_states: int):
-    return lambda numel, shape, sb: S.blockwise_8bit_states(numel, n_states)
+    return lambda numel, shape, sb: optimizer_states.blockwise_8bit_states(numel, n_states)
 
 
 #: Every optimizer value, in vocabulary order. Implementations (what the emitted files run): torch
@@ -149,7 +145,7 @@ def _blockwise(n_states: int):
 CHOICES: dict[Optimizer, OptimizerChoice] = {
     Optimizer.ADAMW: OptimizerChoice(
         "torch AdamW (fused): fp32 master, two states per parameter",
-        lambda numel, shape, sb: S.full_states(numel, 2, sb), "exp_avg + exp_avg_sq",
+        lambda numel, shape, sb: optimizer_states.full_states(numel, 2, sb), "exp_avg + exp_avg_sq",
         Impl("torch.optim", "AdamW", "adamw_torch_fused", fake=True), complexity=0, searched=True,
         reads=("adamw_torch", "adamw_hf", "adamw_apex_fused"), deepspeed="AdamW", deepspeed_reads=("adam",),
         deepspeed_cpu=True, live=(("torch.optim", "Adam"), ("deepspeed", "DeepSpeedCPUAdam"), ("deepspeed", "FusedAdam")),
@@ -163,7 +159,7 @@ CHOICES: dict[Optimizer, OptimizerChoice] = {
         lighter=(("paged-adamw-8bit", "paged states"), ("adamw-4bit", "4-bit states"))),
     Optimizer.ADAMW_4BIT: OptimizerChoice(
         "AdamW with 4-bit block-wise states (torchao)",
-        lambda numel, shape, sb: S.torchao_4bit_states(numel, 2, sb),
+        lambda numel, shape, sb: optimizer_states.torchao_4bit_states(numel, 2, sb),
         "2 x (4 bits + fp32 scale / 256), full under 4096 elements",
         Impl("torchao.optim", "AdamW4bit", "adamw_torch_4bit", "torchao"),
         rung=STATES_4BIT, searched=True, state_bits=4,
@@ -173,7 +169,7 @@ CHOICES: dict[Optimizer, OptimizerChoice] = {
                               "parameters (not modelled); use --fsdp-version 2"))),
     Optimizer.PAGED_ADAMW: OptimizerChoice(
         "AdamW with 32-bit states in CUDA unified memory (bitsandbytes)",
-        lambda numel, shape, sb: S.full_states(numel, 2, 4), "2 fp32 states",
+        lambda numel, shape, sb: optimizer_states.full_states(numel, 2, 4), "2 fp32 states",
         Impl(BNB, "PagedAdamW32bit", "paged_adamw_32bit", "bitsandbytes", bits=32, paged=True),
         searched=True, paged=True, refused_on=(("fsdp2", BNB_FSDP2),), lighter=(("paged-adamw-8bit", "8-bit states"),)),
     Optimizer.PAGED_ADAMW_8BIT: OptimizerChoice(
@@ -182,15 +178,15 @@ CHOICES: dict[Optimizer, OptimizerChoice] = {
         Impl(BNB, "PagedAdamW8bit", "paged_adamw_8bit", "bitsandbytes", bits=8, paged=True),
         rung=STATES_8BIT, complexity=2, searched=True, paged=True, state_bits=8, refused_on=(("fsdp2", BNB_FSDP2),)),
     Optimizer.ADAM_MINI: OptimizerChoice(
-        "Adam-mini: one second moment per block", lambda numel, shape, sb: S.adam_mini_states(shape, sb),
+        "Adam-mini: one second moment per block", lambda numel, shape, sb: optimizer_states.adam_mini_states(shape, sb),
         "full m, one v per block", Impl("adam_mini", "Adam_mini", None, "adam-mini"),
         rung=ADAM_MINI_MOMENTS, searched=True, step_temporaries=True),
     Optimizer.ADAFACTOR: OptimizerChoice(
         "Adafactor (transformers, beta1=None): factored second moment",
-        lambda numel, shape, sb: S.adafactor_states(shape, sb), "factored second moment (row + column)",
+        lambda numel, shape, sb: optimizer_states.adafactor_states(shape, sb), "factored second moment (row + column)",
         Impl("transformers.optimization", "Adafactor", "adafactor", fake=True), rung=METHOD, step_temporaries=True),
     Optimizer.LION: OptimizerChoice(
-        "Lion (bitsandbytes, 32-bit momentum)", lambda numel, shape, sb: S.full_states(numel, 1, 4),
+        "Lion (bitsandbytes, 32-bit momentum)", lambda numel, shape, sb: optimizer_states.full_states(numel, 1, 4),
         "momentum (fp32)", Impl(BNB, "Lion32bit", "lion_32bit", "bitsandbytes", bits=32, paged=False),
         rung=METHOD, refused_on=(("fsdp2", BNB_FSDP2),), deepspeed="Lion", deepspeed_cpu=True,
         live=(("deepspeed", "DeepSpeedCPULion"), ("deepspeed", "FusedLion")), lighter=(("lion-8bit", "8-bit states"),)),
@@ -216,7 +212,7 @@ RUNTIME_BUILT = tuple(o for o, c in CHOICES.items() if c.impl.trainer_optim is N
 DEEPSPEED_CPU = tuple(o for o, c in CHOICES.items() if c.deepspeed_cpu)
 
 
-def tensor_state_bytes(opt: Optimizer, t: P.ParamTensor, state_bytes: int) -> int:
+def tensor_state_bytes(opt: Optimizer, t: params.ParamTensor, state_bytes: int) -> int:
     """Optimizer state bytes for one parameter tensor (all its experts)."""
     per_expert = t.numel // t.experts
     return CHOICES[opt].states(per_expert, t.shape, state_bytes) * t.experts
@@ -228,11 +224,11 @@ def state_bytes_split(ctx: PlanContext) -> tuple[int, int]:
 
 
 @cache
-def _state_bytes_split(m: ModelSpec, opt: Optimizer, sb: int, adapter: AD.AdapterSpec | None) -> tuple[int, int]:
+def _state_bytes_split(m: ModelSpec, opt: Optimizer, sb: int, adapter: adapters.AdapterSpec | None) -> tuple[int, int]:
     dense = paged = 0
-    for t in AD.trainable_tensors(m, adapter):
-        b = tensor_state_bytes(opt, t, sb) * P.multiplicity(m, t)
-        if opt in PAGED and t.numel // t.experts >= S.BNB_PAGED_MIN_NUMEL:
+    for t in adapters.trainable_tensors(m, adapter):
+        b = tensor_state_bytes(opt, t, sb) * params.multiplicity(m, t)
+        if opt in PAGED and t.numel // t.experts >= optimizer_states.BNB_PAGED_MIN_NUMEL:
             paged += b
         else:
             dense += b
@@ -272,19 +268,19 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         # torch AdamW keeps an fp32 `step` scalar per parameter tensor (torch/optim/adamw.py
         # _init_group; on the device when fused). DeepSpeed hands it flat partitions: one per group.
         # Every rank holds all of them, so sharding does not divide this row.
-        count = 1 if ctx.engine == Engine.DEEPSPEED else sum(P.multiplicity(ctx.model, t) for t in _trained(ctx))
+        count = 1 if ctx.engine == Engine.DEEPSPEED else sum(params.multiplicity(ctx.model, t) for t in _trained(ctx))
         ledger.add("optimizer_states", "optimizer step counters (fp32 scalar per tensor)", count, 4,
                    tag="step_counters", note=f"{count:,} tensors")
     if choice.step_temporaries:
         largest = max(t.numel // t.experts for t in _trained(ctx))
         ledger.add(
-            "optimizer_step_temporaries", "per-tensor update temporaries", S.per_tensor_step_temporary(largest), 1,
+            "optimizer_step_temporaries", "per-tensor update temporaries", optimizer_states.per_tensor_step_temporary(largest), 1,
             phases=frozenset({Phase.STEP}), note="two fp32 tensors the size of the largest parameter",
         )
 
 
-def _trained(ctx: PlanContext) -> tuple[P.ParamTensor, ...]:
-    return AD.trainable_tensors(ctx.model, ctx.layout.adapter)
+def _trained(ctx: PlanContext) -> tuple[params.ParamTensor, ...]:
+    return adapters.trainable_tensors(ctx.model, ctx.layout.adapter)
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
@@ -307,7 +303,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
                      note=f"{traffic / 2**30:.1f} GiB moved")
     if paged and paged.spilled_bytes:
         link = ctx.hardware.gpu.host_link_bytes_per_s
-        seconds = comms.transfer_seconds(2 * paged.spilled_bytes, link, R.HOST_LINK_EFFICIENCY)
+        seconds = comms.transfer_seconds(2 * paged.spilled_bytes, link, overheads.HOST_LINK_EFFICIENCY)
         draft.serial("paged_migration", "paged state in and out of host RAM", seconds,
                      note=f"{paged.spilled_bytes / 2**30:.1f} GiB spilled")
 
@@ -328,10 +324,10 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     if files.deepspeed is not None and choice.deepspeed:
         # lr and weight_decay: "auto" (the Trainer and accelerate's DummyOptim fill them); betas and
         # eps: the Trainer's defaults written out, because accelerate fills only lr / weight_decay
-        params: dict[str, object] = {"lr": "auto", "weight_decay": "auto", "betas": [0.9, 0.999]}
+        hyper: dict[str, object] = {"lr": "auto", "weight_decay": "auto", "betas": [0.9, 0.999]}
         if opt == Optimizer.ADAMW:
-            params |= {"eps": 1e-8, "torch_adam": True}
-        files.deepspeed["optimizer"] = {"type": choice.deepspeed, "params": params}
+            hyper |= {"eps": 1e-8, "torch_adam": True}
+        files.deepspeed["optimizer"] = {"type": choice.deepspeed, "params": hyper}
 
 
 def trainer_names() -> dict[str, Optimizer]:

@@ -26,7 +26,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import ALL_PHASES, LedgerDraft, PagedInfo, Phase
 from planner.core.numerics import Rung
 from planner.core.timing import TimeDraft, Window
-from planner.cost import params as P
+from planner.cost import params
 from planner.cost.activations import DTypes
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
@@ -128,11 +128,11 @@ def autocast_layer_parameters(ctx: PlanContext) -> int:
     to fp8 per matmul and saves the fp32 parameter itself, not a copy."""
     m = ctx.model
     if ctx.config.precision != Precision.FP8_MIXED:
-        return P.matmul_parameters(m) - head_parameters(m)
-    layer = P.layer_matmuls(m)
-    kept = sum(t.numel for t in layer if not P.fp8_converted(m, t)) * m.num_layers
+        return params.matmul_parameters(m) - head_parameters(m)
+    layer = params.layer_matmuls(m)
+    kept = sum(t.numel for t in layer if not params.fp8_converted(m, t)) * m.num_layers
     first = layer[0]
-    return kept + (first.numel if P.fp8_converted(m, first) else 0)
+    return kept + (first.numel if params.fp8_converted(m, first) else 0)
 
 
 def cache_only_casts(ctx: PlanContext) -> int:
@@ -161,8 +161,8 @@ def late_gradient_parameters(ctx: PlanContext) -> int:
     embeddings' (planner.cost.params.late_gradient_parameters); under FSDP the whole root unit's
     (embeddings, final norm, head), which FSDP2 reduce-scatters when the root's backward ends."""
     if ctx.engine == Engine.FSDP:
-        return P.root_parameters(ctx.model)
-    return P.late_gradient_parameters(ctx.model)
+        return params.root_parameters(ctx.model)
+    return params.late_gradient_parameters(ctx.model)
 
 
 def moe_autocast_reason(p: str) -> str:
@@ -232,7 +232,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         late = late_gradient_parameters(ctx)
         ledger.add(
             "gradients", f"gradients ({gdt}) made before the first layer's backward",
-            trainable - late - P.layer_parameters(m), lay.grad_bytes, phases=frozenset({Phase.BACKWARD}),
+            trainable - late - params.layer_parameters(m), lay.grad_bytes, phases=frozenset({Phase.BACKWARD}),
             note="the head's and the layers' above the first", tag=GRADIENTS_BEFORE_FIRST_LAYER,
         )
         if ctx.engine == Engine.FSDP:  # the root unit's sharded gradients come from its reduce-scatter, last
@@ -255,7 +255,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
             )
     if ctx.config.precision == Precision.FP8_MIXED:
         ledger.add(
-            "autocast_weight_copies", "fp8 casts of one layer's weights", P.layer_matmul_parameters(m), 1,
+            "autocast_weight_copies", "fp8 casts of one layer's weights", params.layer_matmul_parameters(m), 1,
             phases=frozenset({Phase.FORWARD, Phase.BACKWARD}), note="Float8Linear casts weights per matmul",
         )
 

@@ -7,8 +7,7 @@ reading the weights). Unit: seconds per micro-batch.
 """
 
 from planner.core.units import DTYPE_BYTES
-from planner.cost import compute as C
-from planner.cost import params as P
+from planner.cost import compute, params
 from strategies.base import PlanContext
 
 
@@ -64,17 +63,17 @@ def layer_matmul_forward_seconds(ctx: PlanContext, tensors=None) -> float:
     m = ctx.model
     dtype = ctx.layout.layer_matmul_dtype
     if tensors is None:
-        flops = C.matmul_flops_per_token(m, layers_only=True) * tokens(ctx)
-        weight_bytes = P.layer_matmul_parameters(m) * m.num_layers * DTYPE_BYTES[dtype]
+        flops = compute.matmul_flops_per_token(m, layers_only=True) * tokens(ctx)
+        weight_bytes = params.layer_matmul_parameters(m) * m.num_layers * DTYPE_BYTES[dtype]
     else:
-        flops = 2.0 * sum(P.active_elements(m, t) for t in tensors) * m.num_layers * tokens(ctx)
+        flops = 2.0 * sum(params.active_elements(m, t) for t in tensors) * m.num_layers * tokens(ctx)
         weight_bytes = sum(t.numel for t in tensors) * m.num_layers * DTYPE_BYTES[dtype]
     return max(flops / matmul_rate(ctx, dtype), weight_bytes / bandwidth(ctx))
 
 
 def head_matmul_forward_seconds(ctx: PlanContext) -> float:
     m, dtype = ctx.model, ctx.layout.compute_dtype
-    flops = (C.matmul_flops_per_token(m) - C.matmul_flops_per_token(m, layers_only=True)) * tokens(ctx)
+    flops = (compute.matmul_flops_per_token(m) - compute.matmul_flops_per_token(m, layers_only=True)) * tokens(ctx)
     weight_bytes = m.vocab_size * m.hidden_size * DTYPE_BYTES[dtype]
     return max(flops / matmul_rate(ctx, dtype), weight_bytes / bandwidth(ctx))
 
@@ -86,9 +85,9 @@ def attention_forward_seconds(ctx: PlanContext) -> float:
     m, cfg = ctx.model, ctx.config
     dtype = ctx.layout.compute_dtype
     if ctx.layout.fused_attention:
-        flops = C.attention_flops_per_token(m, cfg.seq_len, causal_skip=True) * tokens(ctx)
+        flops = compute.attention_flops_per_token(m, cfg.seq_len, causal_skip=True) * tokens(ctx)
         return flops / (peak_flops(ctx) * ctx.hardware.gpu.efficiency.attention * saturation(ctx))
-    flops = C.attention_flops_per_token(m, cfg.seq_len, causal_skip=False) * tokens(ctx)
+    flops = compute.attention_flops_per_token(m, cfg.seq_len, causal_skip=False) * tokens(ctx)
     c = DTYPE_BYTES[dtype]
     traffic = (3 * c + 8) * m.num_heads * cfg.seq_len * m.num_layers * tokens(ctx)
     return flops / matmul_rate(ctx, dtype) + traffic / bandwidth(ctx)

@@ -35,10 +35,7 @@ from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
-from planner.cost import adapters as AD
-from planner.cost import comms
-from planner.cost import params as P
-from planner.cost import runtime as R
+from planner.cost import adapters, comms, overheads, params
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.fsdp_memory import fsdp_rows, gathered_model_elements
 from strategies.moments import FROZEN_EVERY_RANK
@@ -121,7 +118,7 @@ def _check(ctx: PlanContext, out: Check) -> None:
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     s, m, lay = ctx.config.sharding, ctx.model, ctx.layout
     n = lay.shard_degree
-    total, h = P.total_parameters(m), m.hidden_size
+    total, h = params.total_parameters(m), m.hidden_size
     if s == Sharding.DDP:
         ledger.add(
             "communication_buffers", "DDP gradient buckets", lay.trainable_parameters, lay.grad_bytes,
@@ -133,8 +130,8 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     wholes = []
     if ctx.fsdp2:
         if lay.adapter is not None:
-            wholes.append((total, P.fsdp_rank0_elements(m, n)))
-        wholes.append((lay.trainable_parameters, P.fsdp_rank0_elements(m, n, AD.trainable_tensors(m, lay.adapter))))
+            wholes.append((total, params.fsdp_rank0_elements(m, n)))
+        wholes.append((lay.trainable_parameters, params.fsdp_rank0_elements(m, n, adapters.trainable_tensors(m, lay.adapter))))
     for row in ledger.of(*SHARDED_TERMS.get(s, ALL_MODEL_STATES)):
         if row.tag in ("step_counters", FROZEN_EVERY_RANK):  # per-tensor scalars, QLoRA's state: on every rank
             continue
@@ -196,8 +193,8 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, h: int) -> No
     if s != Sharding.ZERO3:
         return
     threshold = b["stage3_param_persistence_threshold"]
-    tensors = P.model_tensors(m) + (AD.trainable_tensors(m, lay.adapter) if lay.adapter else ())
-    persistent = sum(t.numel * P.multiplicity(m, t) for t in tensors if t.numel <= threshold)
+    tensors = params.model_tensors(m) + (adapters.trainable_tensors(m, lay.adapter) if lay.adapter else ())
+    persistent = sum(t.numel * params.multiplicity(m, t) for t in tensors if t.numel <= threshold)
     ledger.add(
         "weights", "ZeRO-3 persistent small parameters (unpartitioned)", persistent * (n - 1) / n, lay.weight_bytes,
         note=f"tensors <= stage3_param_persistence_threshold ({threshold:,} elements)",
@@ -222,12 +219,12 @@ def _link(ctx: PlanContext, spans_nodes: bool) -> tuple[float, float]:
     inside a node; across nodes, each GPU's share of the node's network)."""
     hw = ctx.hardware
     if spans_nodes:
-        return min(hw.gpu.gpu_link_bytes_per_s, hw.inter_node_bytes_per_s_per_gpu), R.COLLECTIVE_LATENCY_INTER_S
-    return hw.gpu.gpu_link_bytes_per_s, R.COLLECTIVE_LATENCY_INTRA_S
+        return min(hw.gpu.gpu_link_bytes_per_s, hw.inter_node_bytes_per_s_per_gpu), overheads.COLLECTIVE_LATENCY_INTER_S
+    return hw.gpu.gpu_link_bytes_per_s, overheads.COLLECTIVE_LATENCY_INTRA_S
 
 
 def _seconds(n_bytes: float, link: tuple[float, float], calls: int) -> float:
-    return comms.transfer_seconds(n_bytes, link[0], R.LINK_EFFICIENCY, calls * link[1])
+    return comms.transfer_seconds(n_bytes, link[0], overheads.LINK_EFFICIENCY, calls * link[1])
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
@@ -241,9 +238,9 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     trained = lay.trainable_parameters  # (every parameter is gathered; only the trained are reduced)
     gathered = gathered_model_elements(ctx)
     if s == Sharding.ZERO3:
-        draft.cpu_dispatch_seconds += layers * R.ZERO3_HOOK_SECONDS_PER_LAYER
+        draft.cpu_dispatch_seconds += layers * overheads.ZERO3_HOOK_SECONDS_PER_LAYER
     elif ctx.engine == Engine.FSDP:
-        draft.cpu_dispatch_seconds += layers * R.FSDP_HOOK_SECONDS_PER_LAYER
+        draft.cpu_dispatch_seconds += layers * overheads.FSDP_HOOK_SECONDS_PER_LAYER
     if s == Sharding.NONE or n == 1:
         return
     world = _link(ctx, hw.nodes > 1)

@@ -1,5 +1,5 @@
 """What type checkers see of the models the registry builds at import time (strategies/__init__.py
-``TrainingConfig``, strategies/vocabulary.py ``TechniqueChoices`` and ``TechniqueLists``): the same
+``TrainingConfig``, strategies/request_fields.py ``TechniqueChoices`` and ``TechniqueLists``): the same
 fields, in the same order, with the same types and defaults, written out. Imported only under
 ``typing.TYPE_CHECKING``; tests/test_strategies_contract.py checks each equals the model it stands
 for, so a new technique or setting fails there until it is written here too (a new value of an

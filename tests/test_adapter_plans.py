@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.catalog.models import resolve_model
-from planner.cost import adapters as AD
-from planner.cost import params as P
+from planner.cost import adapters
+from planner.cost import params
 from planner.emit import build_files, single_plan_result
 from planner.engine.suggest import SuggestRequest, suggest
 from strategies import TrainingConfig
@@ -99,7 +99,7 @@ def test_the_frozen_base_is_its_parameters_in_the_load_dtype():
     assert lora["adapter weights (fp32)"] == 4 * 41_943_040
     qlora = {r.label: r.bytes for r in run(LLAMA, "1xA100-40", adapter="qlora").ledger}
     assert qlora["frozen decoder linears (NF4, double quantization)"] + qlora["frozen embeddings, norms, head (16-bit)"] \
-        == AD.qlora_weight_bytes(m, True)
+        == adapters.qlora_weight_bytes(m, True)
     assert "master weights (fp32)" not in lora
 
 
@@ -219,7 +219,7 @@ def test_settings_reach_every_candidate():
     result = _suggest(adapter=["lora"], lora_rank=8, lora_targets="attention", lora_dropout=0.0)
     best = result.plans[0]
     assert (best.config.lora_rank, best.config.lora_targets, best.config.lora_dropout) == (8, "attention", 0.0)
-    assert best.model.num_trainable_parameters == AD.adapter_parameters(resolve_model(LLAMA), "attention", 8)
+    assert best.model.num_trainable_parameters == adapters.adapter_parameters(resolve_model(LLAMA), "attention", 8)
 
 
 @pytest.mark.parametrize("config", [
@@ -287,8 +287,8 @@ def test_adapter_any_lets_the_search_pick():
 
 def test_trainable_tensors_cover_the_adapter_exactly():
     m = resolve_model(LLAMA)
-    spec = AD.AdapterSpec(targets="all-linear", rank=16, dropout=0.0)
-    total = sum(t.numel * P.multiplicity(m, t) for t in AD.trainable_tensors(m, spec))
+    spec = adapters.AdapterSpec(targets="all-linear", rank=16, dropout=0.0)
+    total = sum(t.numel * params.multiplicity(m, t) for t in adapters.trainable_tensors(m, spec))
     assert total == 41_943_040
     assert TrainingConfig().adapter == "none"
 
@@ -392,7 +392,7 @@ def test_a_model_built_from_its_config_is_quantized_as_the_plan_counts(tmp_path,
         nested = q.state2.absmax.numel() * 4 + q.state2.code.numel() * 4 + 4 if q.state2 is not None else 0
         return p.numel() * p.element_size() + q.absmax.numel() * q.absmax.element_size() + q.code.numel() * 4 + nested
 
-    packed, rest = AD.quantized_weight_parts(resolve_model(str(tmp_path / "config.json")), strategies_adapter.spec_of(config))
+    packed, rest = adapters.quantized_weight_parts(resolve_model(str(tmp_path / "config.json")), strategies_adapter.spec_of(config))
     assert sum(stored(p) for p in model.parameters()) == packed + 2 * rest
     wrapped, _ = runtime.wrap(model, config, runtime.Site.MEASURED)
     assert isinstance(wrapped, peft.PeftModel)
@@ -454,10 +454,10 @@ def test_lora_over_an_int8_base_is_read_planned_and_emitted(tmp_path):
     weights = {a: sum(r.bytes for r in p.ledger if r.term == "weights") for a, p in plans.items()}
     assert weights["qlora"] < weights["lora-int8"] < weights["lora"]
     m = resolve_model(LLAMA)
-    quantized = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if AD.bnb_quantized(m, t))
+    quantized = sum(t.numel * params.multiplicity(m, t) for t in params.model_tensors(m) if adapters.bnb_quantized(m, t))
     rows = {r.label: r.bytes for r in plans["lora-int8"].ledger}
     assert rows["frozen decoder linears (int8, fp32 scale per row)"] == quantized + 4 * sum(
-        t.shape[0] * P.multiplicity(m, t) for t in P.model_tensors(m) if AD.bnb_quantized(m, t))
+        t.shape[0] * params.multiplicity(m, t) for t in params.model_tensors(m) if adapters.bnb_quantized(m, t))
     files = build_files(single_plan_result(plans["lora-int8"]))
     assert json.loads(files["runtime.json"])["quantization"] == {"load_in_8bit": True}
     assert round_trip_errors(plans["lora-int8"], round_trip(plans["lora-int8"], tmp_path / "plan")) == []

@@ -5,8 +5,8 @@ real tensors."""
 import pytest
 
 from planner.catalog.models import catalog, resolve_model
-from planner.cost import adapters as AD
-from planner.cost import params as P
+from planner.cost import adapters
+from planner.cost import params
 from strategies.adapter import target_modules
 
 peft = pytest.importorskip("peft")
@@ -37,29 +37,29 @@ def trainable(model) -> int:
 
 
 def test_llama_3_1_8b_rank_16_all_linear_is_the_published_count():
-    assert AD.adapter_parameters(resolve_model("meta-llama/Llama-3.1-8B"), AD.ALL_LINEAR, 16) == 41_943_040
+    assert adapters.adapter_parameters(resolve_model("meta-llama/Llama-3.1-8B"), adapters.ALL_LINEAR, 16) == 41_943_040
 
 
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("model_id", FAMILY_MODELS)
-@pytest.mark.parametrize("targets", AD.TARGETS)
+@pytest.mark.parametrize("targets", adapters.TARGETS)
 def test_trainable_parameters_equal_peft(model_id, targets):
     """LoRA at rank 16 and DoRA at rank 8 (magnitudes included), exactly as peft counts them."""
     spec = resolve_model(model_id)
     for rank, dora in ((16, False), (8, True)):
-        if dora and not AD.dora_supported(spec, targets):
+        if dora and not adapters.dora_supported(spec, targets):
             with pytest.raises(ValueError, match="use_dora"):
                 peft_model(model_id, targets, rank, dora)
             continue
-        assert AD.adapter_parameters(spec, targets, rank, dora) == trainable(peft_model(model_id, targets, rank, dora))
+        assert adapters.adapter_parameters(spec, targets, rank, dora) == trainable(peft_model(model_id, targets, rank, dora))
 
 
 @pytest.mark.filterwarnings("ignore")
 def test_moe_experts_get_one_adapter_pair_over_all_experts_and_a_doubled_rank_on_gate_up():
     """The shapes, not only the count: peft's ParamWrapper on Mixtral's fused expert tensors."""
     spec = resolve_model("mistralai/Mixtral-8x7B-v0.1")
-    shapes = {t.name: t.shape for t in AD.adapter_tensors(spec, AD.ALL_LINEAR, 16, False)}
-    model = peft_model("mistralai/Mixtral-8x7B-v0.1", AD.ALL_LINEAR, 16, False)
+    shapes = {t.name: t.shape for t in adapters.adapter_tensors(spec, adapters.ALL_LINEAR, 16, False)}
+    model = peft_model("mistralai/Mixtral-8x7B-v0.1", adapters.ALL_LINEAR, 16, False)
     got = {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad and ".layers.0." in n}
     assert shapes["mlp.gate_up_proj.lora_A"] == got["base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.default.weight"] == (256, 4096)
     assert shapes["mlp.down_proj.lora_B"] == got["base_model.model.model.layers.0.mlp.experts.lora_B.default.weight"] == (4096, 128)
@@ -71,20 +71,20 @@ def test_nf4_bytes_equal_bitsandbytes(shape, double_quant):
     """Quantize a real tensor with bitsandbytes and add up what it keeps: the packed codes and
     every tensor of its quantization state."""
     bnb = pytest.importorskip("bitsandbytes")
-    packed, state = bnb.functional.quantize_4bit(torch.randn(*shape, dtype=torch.bfloat16), blocksize=AD.NF4_BLOCK,
+    packed, state = bnb.functional.quantize_4bit(torch.randn(*shape, dtype=torch.bfloat16), blocksize=adapters.NF4_BLOCK,
                                                  compress_statistics=double_quant, quant_type="nf4",
                                                  quant_storage=torch.bfloat16)
     parts = [packed, state.absmax, state.code]
     if state.nested:
         parts += [state.state2.absmax, state.state2.code, state.offset]
-        assert state.state2.blocksize == AD.NF4_NESTED_BLOCK
+        assert state.state2.blocksize == adapters.NF4_NESTED_BLOCK
     assert state.nested == double_quant
     numel = shape[0] * shape[1]
-    assert AD.nf4_bytes(numel, double_quant) == sum(t.numel() * t.element_size() for t in parts)
+    assert adapters.nf4_bytes(numel, double_quant) == sum(t.numel() * t.element_size() for t in parts)
     # FSDP-QLoRA: the codes FSDP shards, viewed as the 16-bit quant storage; the state every rank keeps
-    assert packed.dtype == torch.bfloat16 and packed.numel() == AD.nf4_storage_elements(numel, 2)
+    assert packed.dtype == torch.bfloat16 and packed.numel() == adapters.nf4_storage_elements(numel, 2)
     if double_quant:
-        assert AD.nf4_state_bytes(numel) == sum(t.numel() * t.element_size() for t in parts[1:])
+        assert adapters.nf4_state_bytes(numel) == sum(t.numel() * t.element_size() for t in parts[1:])
 
 
 TINY = {  # small configs of each family, loaded for real (bitsandbytes quantizes on the CPU)
@@ -151,9 +151,9 @@ def test_qlora_weights_equal_a_real_4bit_load(tmp_path, family, double_quant):
             parts = [state.absmax, state.code] + ([state.state2.absmax, state.state2.code, state.offset] if state.nested else [])
             loaded += sum(t.numel() * t.element_size() for t in parts)
     quantized = sum(type(p).__name__ == "Params4bit" for p in model.parameters())
-    expected = sum(AD.bnb_quantized(spec, t) * P.multiplicity(spec, t) for t in P.model_tensors(spec))
+    expected = sum(adapters.bnb_quantized(spec, t) * params.multiplicity(spec, t) for t in params.model_tensors(spec))
     assert quantized == expected, json.dumps(TINY[family])
-    assert AD.qlora_weight_bytes(spec, double_quant) == loaded
+    assert adapters.qlora_weight_bytes(spec, double_quant) == loaded
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -172,25 +172,25 @@ def test_int8_weights_equal_a_real_8bit_load(tmp_path, family):
     loaded = sum(p.numel() * p.element_size() for p in model.parameters())
     loaded += sum(p.SCB.numel() * p.SCB.element_size() for p in model.parameters() if type(p).__name__ == "Int8Params")
     quantized = sum(type(p).__name__ == "Int8Params" for p in model.parameters())
-    assert quantized == sum(AD.bnb_quantized(spec, t) * P.multiplicity(spec, t) for t in P.model_tensors(spec))
-    packed, rest = AD.quantized_weight_parts(spec, AD.AdapterSpec("all-linear", 4, 0.0, int8=True))
+    assert quantized == sum(adapters.bnb_quantized(spec, t) * params.multiplicity(spec, t) for t in params.model_tensors(spec))
+    packed, rest = adapters.quantized_weight_parts(spec, adapters.AdapterSpec("all-linear", 4, 0.0, int8=True))
     assert packed + 2 * rest == loaded
 
 
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("family", ["llama", "phi3", "gpt2", "starcoder2"])
-@pytest.mark.parametrize("targets", AD.TARGETS)
+@pytest.mark.parametrize("targets", adapters.TARGETS)
 @pytest.mark.parametrize("input_grads", [False, True])
 def test_adapter_step_matmul_flops_equal_torchs_count(tmp_path, family, targets, input_grads):
     """One forward and backward of a real peft model (tiny, CPU, SDPA), FLOPs of its matmuls (mm,
     addmm: the projections, the adapters and the head) counted by torch's FlopCounterMode."""
     spec, tokens, counted = tiny_lora_step_flops(tmp_path, family, targets, input_grads)
     matmuls = counted.get("mm", 0) + counted.get("addmm", 0)
-    assert matmuls == AD.adapter_matmul_flops_per_token(spec, targets, 4, input_grads) * tokens
+    assert matmuls == adapters.adapter_matmul_flops_per_token(spec, targets, 4, input_grads) * tokens
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("targets", AD.TARGETS)
+@pytest.mark.parametrize("targets", adapters.TARGETS)
 def test_moe_step_flops_equal_torchs_count(tmp_path, targets):
     """A tiny Mixtral with LoRA: per-token matmuls (mm) and the folds of the router (mm) and the
     experts (baddbmm forward, bmm for the factors' gradients; no other op runs a bmm here), as
@@ -199,10 +199,10 @@ def test_moe_step_flops_equal_torchs_count(tmp_path, targets):
     2 more) are left out of both."""
     spec, tokens, counted = tiny_lora_step_flops(tmp_path, "mixtral", targets)
     assert not any("grouped" in op for op in counted)
-    per_element = 6 if targets == AD.ALL_LINEAR else 4
-    grouped = sum(per_element * P.active_elements(spec, t) for t in P.layer_tensors(spec) if t.routed) * spec.num_layers
-    per_token = AD.adapter_matmul_flops_per_token(spec, targets, 4) - grouped
-    assert sum(counted.values()) == per_token * tokens + AD.fold_flops_per_micro_batch(spec, targets, 4)
+    per_element = 6 if targets == adapters.ALL_LINEAR else 4
+    grouped = sum(per_element * params.active_elements(spec, t) for t in params.layer_tensors(spec) if t.routed) * spec.num_layers
+    per_token = adapters.adapter_matmul_flops_per_token(spec, targets, 4) - grouped
+    assert sum(counted.values()) == per_token * tokens + adapters.fold_flops_per_micro_batch(spec, targets, 4)
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -215,15 +215,15 @@ def test_an_int8_base_keeps_its_matmul_inputs(saved_tiny, family):
     to fp32 (its test is CUDA's autocast, ``casts_adapter_input``), so the CPU run is the list
     with ``cast``; on CUDA under autocast that copy is not made."""
     pytest.importorskip("bitsandbytes")
-    from planner.cost import activations as A
+    from planner.cost import activations
     from planner.cost.activations import DTypes
 
     path, spec = saved_tiny[family]
     full = layer_saved_per_token(path, family, "sdpa", "bf16-mixed", None)
-    model_full = sum(v for _, v in A.layer_saved(spec, DTypes(2, 2), True, 32))
-    for targets in AD.TARGETS:
+    model_full = sum(v for _, v in activations.layer_saved(spec, DTypes(2, 2), True, 32))
+    for targets in adapters.TARGETS:
         for dropout in (0.0, 0.1):
-            saved = AD.adapter_layer_saved(spec, DTypes(2, 2), True, 32, targets, 4, dropout, cast=True, int8=True)
+            saved = adapters.adapter_layer_saved(spec, DTypes(2, 2), True, 32, targets, 4, dropout, cast=True, int8=True)
             model = sum(v * (4 if n.endswith("dropout mask") else 1) for n, v in saved)  # (the CPU's fp32 noise)
             traced = layer_saved_per_token(path, family, "sdpa", "bf16-mixed", (targets, dropout), int8=True)
             assert traced - full == model - model_full, (targets, dropout)
@@ -272,11 +272,11 @@ def layer_saved_per_token(path, family: str, attention: str, mode: str, adapter:
         inside, seen = [False], {}
         layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
         layer.register_forward_hook(lambda *a: inside.__setitem__(0, False))
-        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
         def pack(t):
             storage = t.untyped_storage()
-            if inside[0] and storage.data_ptr() not in params:
+            if inside[0] and storage.data_ptr() not in storages:
                 seen[storage.data_ptr()] = storage.nbytes()
             return t
 
@@ -336,7 +336,7 @@ def test_lora_layer_activations_equal_a_real_peft_layer(saved_tiny, family, atte
     SDPA copies Phi-3's strided v). One CPU fact is applied to the model's figure: the dropout mask
     is a noise tensor in the input's dtype (fp32 after peft's cast under autocast), where CUDA's
     fused dropout keeps a bool mask (planner.cost.activations.DROPOUT_MASK_BYTES)."""
-    from planner.cost import activations as A
+    from planner.cost import activations
     from planner.cost.activations import DTypes
 
     path, spec = saved_tiny[family]
@@ -345,10 +345,10 @@ def test_lora_layer_activations_equal_a_real_peft_layer(saved_tiny, family, atte
     cpu_mask = 2 if mode == "bf16-pure" else 4
     fused = attention == "sdpa"
     full = layer_saved_per_token(path, family, attention, mode, None)
-    model_full = sum(v for _, v in A.layer_saved(spec, DTypes(c, c), fused, 32))
-    for targets in AD.TARGETS:
+    model_full = sum(v for _, v in activations.layer_saved(spec, DTypes(c, c), fused, 32))
+    for targets in adapters.TARGETS:
         for dropout in (0.0, 0.1):
-            saved = AD.adapter_layer_saved(spec, DTypes(c, c), fused, 32, targets, 4, dropout, cast=mixed)
+            saved = adapters.adapter_layer_saved(spec, DTypes(c, c), fused, 32, targets, 4, dropout, cast=mixed)
             model = sum(v * (cpu_mask if n.endswith("dropout mask") else 1) for n, v in saved)
             traced = layer_saved_per_token(path, family, attention, mode, (targets, dropout))
             assert traced - full == model - model_full, (targets, dropout)

@@ -21,7 +21,7 @@ from planner.catalog.models import model_config
 from planner.cli import app
 from planner.core.errors import PlannerInputError
 from planner.core.units import GIB, MIB
-from planner.cost import runtime as R
+from planner.cost import overheads
 from planner.engine.calibrate import fit, predict, scaled, uncalibrated_gpu
 from planner.engine.estimate import EstimateRequest, estimate
 from strategies import TrainingConfig, reserve_extra
@@ -142,9 +142,9 @@ def test_store_path_follows_the_environment(monkeypatch, tmp_path):
 def test_predict_splits_the_peak_into_allocated_context_and_reserve():
     p = predict(measurement(micro_batch_size=2, seq_len=2048))
     assert p.nccl_bytes == 0 and (p.nodes, p.gpus_per_node) == (1, 1)
-    # allocated + context + reserve = peak, with the assumptions of planner/cost/runtime.py
+    # allocated + context + reserve = peak, with the assumptions of planner/cost/overheads.py
     # (a ledger row's bytes are rounded up: planner/core/ledger.py RowDraft.bytes)
-    assert p.peak_bytes == p.allocated_bytes + R.CUDA_CONTEXT_BYTES + math.ceil(p.allocated_bytes * R.FRAGMENTATION_FRACTION)
+    assert p.peak_bytes == p.allocated_bytes + overheads.CUDA_CONTEXT_BYTES + math.ceil(p.allocated_bytes * overheads.FRAGMENTATION_FRACTION)
 
 
 def test_predict_leaves_out_modelled_communication():
@@ -154,7 +154,7 @@ def test_predict_leaves_out_modelled_communication():
     single = measurement(micro_batch_size=1, seq_len=256)
     p, q = predict(ddp), predict(single)
     assert (p.nodes, p.gpus_per_node) == (2, 8)
-    assert p.nccl_bytes == R.NCCL_BYTES and p.comparable_peak_bytes == p.peak_bytes - R.NCCL_BYTES
+    assert p.nccl_bytes == overheads.NCCL_BYTES and p.comparable_peak_bytes == p.peak_bytes - overheads.NCCL_BYTES
     assert p.step_seconds > 2 * p.step_seconds_without_communication  # this plan's all-reduce is exposed
     assert p.comparable_step_seconds == p.step_seconds_without_communication
     assert p.step_seconds_without_communication == pytest.approx(q.step_seconds, rel=1e-9)
@@ -222,7 +222,7 @@ def test_estimate_uses_stored_corrections_and_says_so(store_env):
     assert rows["allocator_reserve"].bytes == pytest.approx(FRAGMENTATION * allocated, abs=1)
     assert calibrated.time.step_seconds > plain.time.step_seconds  # 0.8 x the achieved FLOP/s: slower
     assert calibrated.memory["peak"] - plain.memory["peak"] == pytest.approx(
-        CONTEXT - R.CUDA_CONTEXT_BYTES + (FRAGMENTATION - R.FRAGMENTATION_FRACTION) * allocated, abs=2)
+        CONTEXT - overheads.CUDA_CONTEXT_BYTES + (FRAGMENTATION - overheads.FRAGMENTATION_FRACTION) * allocated, abs=2)
     assert estimate(request.model_copy(update={"calibration": None})) == plain  # $PLANNER_CALIBRATION is not read
     other = EstimateRequest(model="meta-llama/Llama-3.2-1B", gpus="1xA100-40")
     assert estimate(other.model_copy(update={"calibration": store_env})) == estimate(other)  # none for the A100

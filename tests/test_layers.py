@@ -104,3 +104,23 @@ def test_the_rules_catch_a_violation(tmp_path):
     assert {n for n in found if n.split(".")[0] in HEAVY} == {"torch"}
     assert {layer_of(n) for n in found if layer_of(n)} - ALLOWED["strategies"] == {"planner.engine"}
     assert "probes" not in ALLOWED["planner.runtime"] and "planner.engine" not in ALLOWED["planner.runtime"]
+
+
+def _table(text: str, layer_col: int, imports_col: int) -> dict[str, set[str]]:
+    """layer -> what it may import, as words (its own layer left out) from a markdown table."""
+    out = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > max(layer_col, imports_col) and cells[layer_col] and cells[layer_col] not in ("layer", "---"):
+            layer = cells[layer_col]
+            words = {w.strip() for w in cells[imports_col].replace(";", ",").replace(" and ", ",").split(",")} - {layer, ""}
+            out[layer] = words
+    return out
+
+
+def test_the_architecture_page_states_this_table():
+    """docs/architecture.md's layer table says what this test enforces (one table is the truth)."""
+    ours = _table(__doc__, 0, 2)
+    page = _table((ROOT / "docs" / "architecture.md").read_text().split("## Layers")[1].split("\n## ")[0], 0, 3)
+    assert set(page) == set(ours)
+    assert page == ours

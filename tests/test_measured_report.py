@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.catalog.calibration import CalibrationStore
-from planner.cost.runtime import DEFAULT_MARGIN
+from planner.cost.overheads import DEFAULT_MARGIN
 from planner.engine.calibrate import predict
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,8 +6,8 @@ import pytest
 
 from planner.catalog.models import resolve_model
 from planner.core.ledger import Location, Phase
-from planner.cost import activations as A
-from planner.cost import params as P
+from planner.cost import activations
+from planner.cost import params
 from planner.cost.zero import zero_model_state_bytes
 from strategies.sharding import ZERO_SUB_GROUP_SIZE, deepspeed_buckets
 
@@ -50,7 +50,7 @@ def test_ledger_model_states_equal_zero_paper(sharding, stage):
     assert gpu_state_rows(r) - counters == pytest.approx(zero_model_state_bytes(psi, 12, stage, 64), abs=8)
     if stage == 3:  # plus small tensors ZeRO-3 leaves whole on every rank (stage3_param_persistence_threshold)
         m = resolve_model("meta-llama/Llama-3.1-8B")
-        small = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m)
+        small = sum(t.numel * params.multiplicity(m, t) for t in params.model_tensors(m)
                     if t.numel <= deepspeed_buckets(m.hidden_size)["stage3_param_persistence_threshold"])
         assert gpu_state_rows(r, persistent_small=True) == pytest.approx(2 * small * 63 / 64, abs=2)
 
@@ -112,8 +112,8 @@ def test_deepspeed_zero3_estimator(capsys):
     """
     stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
     m = resolve_model("meta-llama/Llama-3.1-8B")
-    psi, n = P.total_parameters(m), 4
-    largest = max(P.layer_parameters(m), m.vocab_size * m.hidden_size)
+    psi, n = params.total_parameters(m), 4
+    largest = max(params.layer_parameters(m), m.vocab_size * m.hidden_size)
     table = _deepspeed_table(capsys, stage3.estimate_zero3_model_states_mem_needs_all_cold,
                              total_params=psi, largest_layer_params=largest, num_gpus_per_node=n, num_nodes=1)
     largest_gib = 4 * largest / GIB
@@ -141,13 +141,13 @@ def test_korthikanti_gpt_block(s, b):
     """s*b*h*(34 + 5*a*s/h) bytes per layer: GPT-2 block, eager attention, dropout, 16-bit, and a
     GELU that saves only its input (Megatron's; transformers' "gelu", F.gelu)."""
     m = resolve_model("openai-community/gpt2-xl").model_copy(update={"activation": "gelu"})
-    dt = A.DTypes(compute=2, residual=2)
-    saved = A.total(A.layer_saved(m, dt, False, s)) * s * b
+    dt = activations.DTypes(compute=2, residual=2)
+    saved = activations.total(activations.layer_saved(m, dt, False, s)) * s * b
     # the paper omits LayerNorm's per-row statistics: an fp32 mean and rstd per token per norm, two norms
     stats = 2 * 2 * 4 * s * b
-    assert saved - stats == A.korthikanti_layer_bytes(s, b, m.hidden_size, m.num_heads)
+    assert saved - stats == activations.korthikanti_layer_bytes(s, b, m.hidden_size, m.num_heads)
     # full recomputation keeps 2*s*b*h per layer (Korthikanti et al., Sec. 5)
-    assert A.layer_input_bytes(m, dt) * s * b == 2 * s * b * m.hidden_size
+    assert activations.layer_input_bytes(m, dt) * s * b == 2 * s * b * m.hidden_size
 
 
 def test_korthikanti_through_the_ledger():
@@ -156,7 +156,7 @@ def test_korthikanti_through_the_ledger():
     saved = next(row for row in r.ledger if row.label.startswith("saved activations"))
     # GPT-2's gelu_new is Python ops that also save tanh(.), 0.5x and 1 + tanh(.): 3 * 2 B * 4h per token
     # and LayerNorm's fp32 mean and rstd per token, two norms, which the paper omits
-    assert saved.bytes == 12 * (A.korthikanti_layer_bytes(1024, 4, 768, 12) + 3 * 2 * 4 * 768 * 1024 * 4
+    assert saved.bytes == 12 * (activations.korthikanti_layer_bytes(1024, 4, 768, 12) + 3 * 2 * 4 * 768 * 1024 * 4
                                 + 2 * 2 * 4 * 1024 * 4)
     full = run("openai-community/gpt2", "1xA100-40", precision="bf16-pure", attention="eager",
                seq_len=1024, micro_batch_size=4, checkpointing="full")

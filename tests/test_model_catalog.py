@@ -6,8 +6,7 @@ import pytest
 
 from planner.catalog.models import catalog, resolve_model
 from planner.core.errors import PlannerInputError
-from planner.cost import params as P
-
+from planner.cost import params
 REQUIRED = [
     "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.2-1B",
     "meta-llama/Llama-3.2-3B", "meta-llama/Llama-2-7b-hf", "mistralai/Mistral-7B-v0.1", "mistralai/Mixtral-8x7B-v0.1",
@@ -24,23 +23,23 @@ def test_catalog_has_required_models_and_families():
 
 
 def test_llama_3_1_8b_exact():
-    assert P.total_parameters(resolve_model("meta-llama/Llama-3.1-8B")) == 8_030_261_248
+    assert params.total_parameters(resolve_model("meta-llama/Llama-3.1-8B")) == 8_030_261_248
 
 
 @pytest.mark.parametrize("model_id", sorted(m for m, f in catalog().items() if f.published_parameters))
 def test_count_matches_published(model_id):
     f = catalog()[model_id]
     assert f.published_parameters_source
-    assert P.total_parameters(resolve_model(model_id)) == f.published_parameters
+    assert params.total_parameters(resolve_model(model_id)) == f.published_parameters
 
 
 def test_mixtral_active_parameters_match_mistral_figure():
     # Mistral AI, "Mixtral of experts" (2023-12-11): 46.7B total, 12.9B used per token.
     m = resolve_model("mistralai/Mixtral-8x7B-v0.1")
-    assert P.total_parameters(m) == 46_702_792_704
-    assert P.active_parameters(m) == pytest.approx(12.9e9, rel=0.005)
+    assert params.total_parameters(m) == 46_702_792_704
+    assert params.active_parameters(m) == pytest.approx(12.9e9, rel=0.005)
     dense = resolve_model("meta-llama/Llama-3.1-8B")
-    assert P.active_parameters(dense) == P.total_parameters(dense)
+    assert params.active_parameters(dense) == params.total_parameters(dense)
 
 
 def test_aliases_are_unique_and_resolve_case_insensitively():
@@ -55,7 +54,7 @@ def test_config_json_path_and_folder(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     by_file = resolve_model(str(tmp_path / "config.json"))
     by_dir = resolve_model(str(tmp_path))
-    assert P.total_parameters(by_file) == P.total_parameters(by_dir) == 494_032_768
+    assert params.total_parameters(by_file) == params.total_parameters(by_dir) == 494_032_768
 
 
 def test_local_hf_cache(tmp_path, monkeypatch):
@@ -69,7 +68,7 @@ def test_local_hf_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     spec = resolve_model("acme/tiny-llama")
     assert spec.source.endswith("abc123/config.json")
-    assert P.total_parameters(spec) == 134_515_008
+    assert params.total_parameters(spec) == 134_515_008
 
 
 def test_unknown_model_names_close_matches_and_config_json():
@@ -101,6 +100,6 @@ def test_count_equals_transformers_on_meta_device(model_id):
     meta = pytest.importorskip("probes.meta_model")
     model = meta.build_on_meta(catalog()[model_id].config)
     spec = resolve_model(model_id)
-    assert P.total_parameters(spec) == meta.count_parameters(model)
-    assert P.layer_parameters(spec) == meta.count_parameters(meta.decoder_layers(model)[0])
+    assert params.total_parameters(spec) == meta.count_parameters(model)
+    assert params.layer_parameters(spec) == meta.count_parameters(meta.decoder_layers(model)[0])
     assert len(meta.decoder_layers(model)) == spec.num_layers

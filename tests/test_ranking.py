@@ -127,7 +127,7 @@ def test_the_default_margin_covers_the_worst_measured_under_prediction_and_says_
     import re
     from pathlib import Path
 
-    from planner.cost.runtime import DEFAULT_MARGIN
+    from planner.cost.overheads import DEFAULT_MARGIN
     from planner.engine.estimate import EstimateRequest, estimate
 
     table = (Path(__file__).resolve().parent.parent / "docs" / "traced-matrix.md").read_text()

@@ -4,7 +4,7 @@ import pytest
 
 from planner.core.timing import OVERLAP_EFFICIENCY
 from planner.cost import comms
-from planner.cost import runtime as R
+from planner.cost import overheads
 
 from helpers import run
 
@@ -52,9 +52,9 @@ def test_ddp_all_reduce_volume_and_slowest_link():
                    checkpointing="full")
     row = next(x for x in one_node.time.rows if "all-reduce" in x.label)
     psi = one_node.model.num_parameters
-    nvlink = 450e9 * R.LINK_EFFICIENCY
+    nvlink = 450e9 * overheads.LINK_EFFICIENCY
     buckets = int(psi * 2 // (25 * 2**20))  # DDP bucket_cap_mb=25: one call (and its latency) per bucket
-    expected = 2 * 7 / 8 * psi * 2 / nvlink + buckets * R.COLLECTIVE_LATENCY_INTRA_S
+    expected = 2 * 7 / 8 * psi * 2 / nvlink + buckets * overheads.COLLECTIVE_LATENCY_INTRA_S
     assert row.raw_seconds == pytest.approx(expected, rel=0.001)
     slow = run(LLAMA, "2x8xH100-80", inter_node_gbps=100, sharding="ddp", optimizer="adamw-8bit",
                precision="bf16-pure", checkpointing="full")
@@ -76,14 +76,14 @@ def test_paged_state_costs_nothing_until_it_spills():
     fits = run("Qwen/Qwen2.5-0.5B", "1xH100-80", optimizer="paged-adamw")
     assert fits.paged.spilled_bytes == 0 and terms(fits)["paged_migration"] == 0
     spills = run(LLAMA, "1xA100-40", optimizer="paged-adamw", precision="bf16-pure", checkpointing="full", seq_len=512)
-    host = 32e9 * R.HOST_LINK_EFFICIENCY  # A100 SXM: PCIe 4 x16, per direction
+    host = 32e9 * overheads.HOST_LINK_EFFICIENCY  # A100 SXM: PCIe 4 x16, per direction
     assert terms(spills)["paged_migration"] == pytest.approx(2 * spills.paged.spilled_bytes / host, rel=1e-6)
 
 
 def test_offload_pays_host_traffic_and_the_cpu_step():
     r = run(LLAMA, "4xH100-80", sharding="zero2", offload="optimizer", host_memory_gb=1000)
     partition = r.model.num_parameters / 4
-    assert terms(r)["cpu_optimizer_step"] == pytest.approx(partition * 4 / R.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE)
+    assert terms(r)["cpu_optimizer_step"] == pytest.approx(partition * 4 / overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE)
     assert terms(r)["offload"] > 0
     assert terms(r)["optimizer_step"] == 0  # states are on the host: no GPU step
     plain = run(LLAMA, "4xH100-80", sharding="zero2", optimizer="adamw-8bit")

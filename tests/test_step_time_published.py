@@ -9,8 +9,7 @@ tokens per second (the efficiency table was fitted to these rows; the test keeps
 
 import pytest
 
-from planner.cost import compute as C
-
+from planner.cost import compute
 from helpers import run
 
 ROWS = [
@@ -47,6 +46,6 @@ def test_model_flops_follow_the_6n_rule():
 
     m = resolve_model("meta-llama/Llama-3.1-8B")
     embedding = m.vocab_size * m.hidden_size  # a lookup, not a matmul
-    assert C.model_flops_per_token(m, 1) == pytest.approx(6 * (r.model.num_parameters - embedding), rel=1e-4)
+    assert compute.model_flops_per_token(m, 1) == pytest.approx(6 * (r.model.num_parameters - embedding), rel=1e-4)
     mixtral = resolve_model("mistralai/Mixtral-8x7B-v0.1")
-    assert C.matmul_flops_per_token(mixtral) == pytest.approx(2 * (12.88e9 - 32000 * 4096), rel=0.01)
+    assert compute.matmul_flops_per_token(mixtral) == pytest.approx(2 * (12.88e9 - 32000 * 4096), rel=0.01)

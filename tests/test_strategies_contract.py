@@ -204,7 +204,7 @@ def test_every_value_is_read_back_by_check(strategy, tmp_path):
 def test_runtime_only_choices_are_exactly_what_needs_runtime_json(strategy):
     """A plan's runtime.json says more than the libraries' defaults (and the sequence length) exactly
     when one of its choices is runtime_only: the one rule --launcher trainer ranks by."""
-    from planner.core.launch import RuntimeArgs
+    from planner.core.launch_contract import RuntimeArgs
 
     for value in strategy.choices:
         gpus, config = _example(strategy, value)
@@ -233,10 +233,10 @@ def test_what_type_checkers_see_is_the_registrys_model(name):
     same order, with the same types and defaults (pydantic checks the bounds at run time, on the
     registry's model)."""
     import strategies
-    import strategies.vocabulary
+    import strategies.request_fields
     from strategies import static_types
 
-    built = getattr(strategies, name, None) or getattr(strategies.vocabulary, name)
+    built = getattr(strategies, name, None) or getattr(strategies.request_fields, name)
     written = getattr(static_types, name)
     assert list(written.model_fields) == list(built.model_fields)
     for field, info in built.model_fields.items():

@@ -79,7 +79,7 @@ class Measurement(BaseModel):
 
 class Corrections(BaseModel):
     """What ``planner calibrate`` fitted for one GPU. None: not enough measurements for that term
-    (the assumption in planner/cost/runtime.py or the catalog's efficiency stays)."""
+    (the assumption in planner/cost/overheads.py or the catalog's efficiency stays)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -1,5 +1,5 @@
 """`planner check`: will this job fit, before it is queued? ``check(CheckRequest) -> CheckResult``."""
 
-from planner.check.preflight import CheckRequest, CheckResult, check
+from planner.check.job_check import CheckRequest, CheckResult, check
 
 __all__ = ["CheckRequest", "CheckResult", "check"]

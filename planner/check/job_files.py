@@ -1,7 +1,7 @@
 """Reading a job's own files into the configuration vocabulary, for `planner check`.
 
 accelerate YAML, DeepSpeed JSON, Trainer arguments (JSON or YAML) and planner's runtime.json
-(planner.core.launch: what the planner launch applies beyond them) are parsed here into a
+(planner.core.launch_contract: what the planner launch applies beyond them) are parsed here into a
 ``JobFiles`` (planner/core/job.py); this module reads what belongs to no technique (unknown keys,
 process and machine counts, the workload: micro-batch, accumulation, sequence length, global batch)
 and every registered strategy's ``read`` maps its own keys onto its field. Every mapped value
@@ -28,7 +28,7 @@ from planner.check.frameworks import check_keys, detect, translate
 from planner.check.recipe_keys import read_recipe_keys, suggestion
 from planner.core.errors import PlannerInputError
 from planner.core.job import FsdpSettings, JobFiles, Reading
-from planner.core.launch import RUNTIME_FILE, RuntimeArgs
+from planner.core.launch_contract import RUNTIME_FILE, RuntimeArgs
 from strategies import TECHNIQUES
 
 #: TRL's SFTConfig sequence-length keys (a TrainingArguments subclass that most SFT jobs use).
@@ -103,7 +103,7 @@ def _name_origins(r: Reading, origins: dict[str, dict[str, str]]) -> None:
 
 
 def _runtime(path: Path, r: Reading, parts: dict) -> None:
-    """runtime.json (planner.core.launch): its format, the sequence length; each technique reads its key."""
+    """runtime.json (planner.core.launch_contract): its format, the sequence length; each technique reads its key."""
     d = read_mapping(path, "planner runtime arguments")
     try:
         args = RuntimeArgs.model_validate(d)

@@ -19,12 +19,12 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from planner.cli import options as O
+from planner.cli import options
 from planner.cli.options import with_space, with_target, with_techniques
 from planner.core.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerError, PlannerInputError
-from planner.core.launch import Launcher
+from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
-from planner.cost.runtime import DEFAULT_MARGIN
+from planner.cost.overheads import DEFAULT_MARGIN
 
 # What a screen's next command leaves out: the defaults of suggest's search-space options.
 SPACE_DEFAULTS = {"launcher": Launcher.PLANNER, "numerics": NumericsPolicy.LADDER}
@@ -143,10 +143,10 @@ def serve(plan: Callable[[], Any], render: str | Callable, as_json: bool,
 def estimate(
     target: dict,
     techniques: dict,
-    micro_batch_size: O.MicroBatch = 1,
-    grad_accum: O.GradAccum = 1,
-    seq_len: O.SeqLen = None,
-    as_json: O.Json = False,
+    micro_batch_size: options.MicroBatch = 1,
+    grad_accum: options.GradAccum = 1,
+    seq_len: options.SeqLen = None,
+    as_json: options.Json = False,
 ) -> None:
     from planner.engine.estimate import EstimateRequest
     from planner.engine.estimate import estimate as run
@@ -172,9 +172,9 @@ def suggest(
                                              "(auto: exhaustive up to 200,000 candidates)")] = "auto",
     out: Annotated[Path | None, typer.Option(help="write the winner's launch files here "
                                                   "(accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")] = None,
-    force: O.Force = False,
+    force: options.Force = False,
     trials: Annotated[int, typer.Option(help="Optuna trials (tpe / nsga2 engines)")] = 400,
-    seed: O.Seed = 0,
+    seed: options.Seed = 0,
     probe: Annotated[int, typer.Option(help="measure the top K plans on this machine's GPU (a real short run each, in a child "
                                             "process; kept in the calibration store); the fastest measured plan is the winner "
                                             "--out writes. Exit 2 without a GPU.")] = 0,
@@ -182,7 +182,7 @@ def suggest(
     tokens: Annotated[float | None, typer.Option(help="tokens to train on (e.g. 2e9): the winner's training time")] = None,
     price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour, "
                                                                   "for the training cost (with --tokens)")] = None,
-    as_json: O.Json = False,
+    as_json: options.Json = False,
 ) -> None:
     from planner.cli import flows
 
@@ -213,13 +213,13 @@ def emit(
     out: Annotated[Path, typer.Option(help="directory to write into")],
     rank: Annotated[int, typer.Option(help="which plan of a suggest result (1 = best)")] = 1,
     gpus: Annotated[str | None, typer.Option(help="override the plan's GPUs (needed for a custom GPU YAML)")] = None,
-    force: O.Force = False,
-    calibration: O.Calibration = None,
+    force: options.Force = False,
+    calibration: options.Calibration = None,
 ) -> None:
     from planner.cli import flows
 
     serve(lambda: flows.emit(flows.EmitJob(plan=plan, out=out, rank=rank, gpus=gpus, force=force,
-                                           calibration=O.calibration_store(calibration)), _say),
+                                           calibration=options.calibration_store(calibration)), _say),
           lambda result, console: None, as_json=False)
 
 
@@ -241,7 +241,7 @@ def check(
                                                                                              "(from the files)")] = None,
     grad_accum: Annotated[int | None, typer.Option(help="gradient accumulation steps (from the files)")] = None,
     seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (files rarely say; default 2048)")] = None,
-    as_json: O.Json = False,
+    as_json: options.Json = False,
 ) -> None:
     from planner.check import CheckRequest
     from planner.check import check as run
@@ -268,7 +268,7 @@ def _listing(entries: list, render: Callable, as_json: bool) -> None:
 
 
 @app.command(help="List the model catalog (ids usable with --model): id, family, parameters.")
-def models(as_json: O.Json = False) -> None:
+def models(as_json: options.Json = False) -> None:
     from planner.render.catalogs import model_entries, render_models
 
     _listing(model_entries(), render_models, as_json)
@@ -276,7 +276,7 @@ def models(as_json: O.Json = False) -> None:
 
 @app.command(help="List the GPU catalog (names usable with --gpus): id, memory, dense bf16 and fp8 TFLOP/s, link, "
                   "aliases.")
-def gpus(as_json: O.Json = False) -> None:
+def gpus(as_json: options.Json = False) -> None:
     from planner.render.catalogs import gpu_entries, render_gpus
 
     _listing(gpu_entries(), render_gpus, as_json)
@@ -303,9 +303,9 @@ def probe(
     rank: Annotated[int, typer.Option(help="with --plan: which plan of a suggest result (1 = best)")] = 1,
     fidelity: Annotated[str, typer.Option(help="traced: FakeTensorMode + MemTracker on this machine's CPU; measured: a real run "
                                                "on this machine's GPU")] = "traced",
-    micro_batch_size: O.MicroBatch = 1,
+    micro_batch_size: options.MicroBatch = 1,
     grad_accum: Annotated[int, typer.Option(help="gradient accumulation steps (measured only)")] = 1,
-    seq_len: O.SeqLen = None,
+    seq_len: options.SeqLen = None,
     layers: Annotated[int | None, typer.Option(help="probe a reduced depth (default: the full model)")] = None,
     extrapolate_from: Annotated[str | None, typer.Option(help="measured: two reduced depths, e.g. 2,4, the full depth "
                                                               "extrapolated from them (big models on one GPU); a third, e.g. "
@@ -315,8 +315,8 @@ def probe(
     timeout: Annotated[float, typer.Option(help="seconds before a probe's child process is stopped",
                                            min=0.01, max=MAX_SECONDS)] = 1800.0,
     explain: Annotated[bool, typer.Option("--explain", help="traced: list the tensors alive at the traced peak")] = False,
-    calibration: O.Calibration = None,
-    as_json: O.Json = False,
+    calibration: options.Calibration = None,
+    as_json: options.Json = False,
 ) -> None:
     from planner.cli import flows
     from planner.render.probe import render_measured, render_probe
@@ -326,7 +326,7 @@ def probe(
         fields = dict(model=model, gpus=gpus, **techniques, micro_batch_size=micro_batch_size, grad_accum=grad_accum,
                       seq_len=seq_len, fidelity=fidelity, layers=layers, timeout=timeout, explain=explain,
                       extrapolate_from=flows.depths(extrapolate_from), steps=steps, warmup_steps=warmup_steps,
-                      calibration=O.calibration_store(calibration))
+                      calibration=options.calibration_store(calibration))
         return flows.probe(fields, plan, rank)
 
     def exit_code(result) -> int:
@@ -361,12 +361,12 @@ def tune(
                                                      "or ./planner-tune.db)")] = None,
     study_name: Annotated[str | None, typer.Option(help="default: from the model, GPUs, fidelity and search space")] = None,
     out: Annotated[Path | None, typer.Option(help="write the best plan's launch files, tune.png and the study file here")] = None,
-    force: O.Force = False,
+    force: options.Force = False,
     enqueue: Annotated[int, typer.Option(help="the analytic model's top candidates probed first")] = 5,
     probe_timeout: Annotated[float, typer.Option(help="seconds per probe", min=0.01, max=MAX_SECONDS)] = 900.0,
     heartbeat_seconds: Annotated[int, typer.Option(help="a dead worker's trial is retried after twice this")] = 30,
-    seed: O.Seed = 0,
-    as_json: O.Json = False,
+    seed: options.Seed = 0,
+    as_json: options.Json = False,
 ) -> None:
     from planner.cli import flows
     from planner.engine.tune import TuneRequest
@@ -390,13 +390,13 @@ def calibrate(
         help="the calibration store (default: ~/.cache/planner/calibration.sqlite; 'off': none)")] = None,
     gpu: Annotated[str | None, typer.Option(help="fit only the measurements taken on this GPU (catalog id or alias)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="fit and print; save nothing")] = False,
-    as_json: O.Json = False,
+    as_json: options.Json = False,
 ) -> None:
     from planner.catalog.calibration import store_path
     from planner.engine.calibrate import EXIT_FITTED, EXIT_NOTHING_TO_FIT, CalibrateRequest
     from planner.engine.calibrate import calibrate as run
 
-    serve(lambda: run(CalibrateRequest(store=O.calibration_store(store), gpu=gpu, dry_run=dry_run,
+    serve(lambda: run(CalibrateRequest(store=options.calibration_store(store), gpu=gpu, dry_run=dry_run,
                                        default_store=store_path())),
           "render_calibrate", as_json, lambda result: EXIT_FITTED if result.fitted else EXIT_NOTHING_TO_FIT)
 

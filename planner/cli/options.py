@@ -12,9 +12,9 @@ from typing import Annotated, cast
 import typer
 
 from planner.catalog.calibration import ENV as CALIBRATION_ENV
-from planner.core.launch import Launcher
+from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy, ladder_phrase
-from planner.cost.runtime import DEFAULT_MARGIN
+from planner.cost.overheads import DEFAULT_MARGIN
 from strategies import BY_FIELD, LADDER, SETTINGS, TECHNIQUES
 
 Model = Annotated[str, typer.Option("--model", help="HF id from the catalog or local HF cache, or a config.json / model folder")]

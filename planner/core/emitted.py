@@ -12,7 +12,7 @@ class EmitDraft:
     accelerate: dict = field(default_factory=dict)  # accelerate_config.yaml
     deepspeed: dict | None = None  # deepspeed_config.json (ZeRO plans only)
     training_args: dict = field(default_factory=dict)  # training_args.json (transformers.TrainingArguments)
-    runtime: dict = field(default_factory=dict)  # runtime.json (planner.core.launch.RuntimeArgs)
+    runtime: dict = field(default_factory=dict)  # runtime.json (planner.core.launch_contract.RuntimeArgs)
     extras: set[str] = field(default_factory=set)  # pip extras of planner the launch needs (pyproject.toml)
     notes: list[str] = field(default_factory=list)  # what the user must do beyond the files (PLAN.md)
 

@@ -43,7 +43,7 @@ class JobFiles:
     deepspeed_where: str = ""
     training_args: dict = field(default_factory=dict)
     training_args_where: str = ""
-    runtime: dict = field(default_factory=dict)  # runtime.json (planner.core.launch.RuntimeArgs)
+    runtime: dict = field(default_factory=dict)  # runtime.json (planner.core.launch_contract.RuntimeArgs)
     runtime_where: str = ""
     distributed_type: str | None = None  # accelerate's (None: no accelerate config)
     processes: int | None = None  # accelerate num_processes

@@ -90,7 +90,7 @@ class Efficiency(BaseModel):
 
 class Calibration(BaseModel):
     """Corrections fitted from measured probes on this GPU (``planner calibrate``;
-    planner/catalog/calibration.py). None: the assumption stays (planner/cost/runtime.py)."""
+    planner/catalog/calibration.py). None: the assumption stays (planner/cost/overheads.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from planner.core.specs import MlpKind, ModelSpec, NormKind
-from planner.cost import params as P
+from planner.cost import params
 from planner.cost.params import ParamTensor
 
 FP32 = 4
@@ -281,9 +281,9 @@ def selective_matmuls(m: ModelSpec) -> tuple[tuple[ParamTensor, ...], tuple[Para
     StarCoder2: q, v, c_fc kept; k, o, c_proj recomputed.
     Mixtral: q, v kept; k, o, router, experts recomputed. Traced (aten op order per family).
     """
-    counted = [t for t in P.layer_matmuls(m) if not t.routed and t.name != "mlp.router.weight"]
+    counted = [t for t in params.layer_matmuls(m) if not t.routed and t.name != "mlp.router.weight"]
     kept = tuple(counted[0::2])
-    return kept, tuple(t for t in P.layer_matmuls(m) if t not in kept)
+    return kept, tuple(t for t in params.layer_matmuls(m) if t not in kept)
 
 
 @cache
@@ -370,7 +370,7 @@ def fp8_gradient_cast_bytes(m: ModelSpec) -> float:
     (one per backward matmul: 1 + 1), beside the 16-bit gradient itself. 0 where nothing is
     converted (GPT-2). Traced (Phi-3-mini fp8-mixed: gate_up_proj's 16,384-wide gradient at the
     backward peak; torchao float8 ``hp_tensor_and_scale_to_float8``)."""
-    widths = [t.shape[0] for t in P.layer_matmuls(m) if P.fp8_converted(m, t)]
+    widths = [t.shape[0] for t in params.layer_matmuls(m) if params.fp8_converted(m, t)]
     return (FP32 + FP32 + 1 + 1) * max(widths, default=0)
 
 

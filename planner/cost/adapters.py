@@ -15,9 +15,7 @@ from functools import cache
 from math import ceil, prod
 
 from planner.core.specs import MlpKind, ModelSpec
-from planner.cost import activations as A
-from planner.cost import compute as C
-from planner.cost import params as P
+from planner.cost import activations, compute, params
 
 #: The target sets (``--lora-targets``): every decoder-layer matmul, or the attention's only.
 ALL_LINEAR = "all-linear"
@@ -49,7 +47,7 @@ class AdapterTensor:
         return prod(self.shape)
 
 
-def wrapped(m: ModelSpec, targets: str) -> tuple[P.ParamTensor, ...]:
+def wrapped(m: ModelSpec, targets: str) -> tuple[params.ParamTensor, ...]:
     """The decoder-layer matmul weights peft wraps, per layer.
 
     - ``all-linear``: every ``nn.Linear``/``Conv1D`` but the output head (peft's shorthand); on a
@@ -62,13 +60,13 @@ def wrapped(m: ModelSpec, targets: str) -> tuple[P.ParamTensor, ...]:
     Embeddings, norms and the head are never wrapped."""
     if targets not in TARGETS:
         raise ValueError(f"lora targets {targets!r}: one of {', '.join(TARGETS)}")
-    matmuls = P.layer_matmuls(m)
+    matmuls = params.layer_matmuls(m)
     if targets == ATTENTION:
         return tuple(t for t in matmuls if t.name.startswith("self_attn."))
     return matmuls
 
 
-def lora_rank(m: ModelSpec, t: P.ParamTensor, rank: int) -> int:
+def lora_rank(m: ModelSpec, t: params.ParamTensor, rank: int) -> int:
     """The rank peft gives a wrapped weight: ``rank``, doubled on a MoE's fused ``gate_up_proj``
     (peft's conversion fuses the w1 and w3 adapters, so ``rank_pattern`` sets r * 2 and
     ``alpha_pattern`` alpha * 2, keeping alpha / r)."""
@@ -101,13 +99,13 @@ def dora_supported(m: ModelSpec, targets: str) -> bool:
 
 
 @cache
-def trainable_tensors(m: ModelSpec, spec: AdapterSpec | None) -> tuple[P.ParamTensor, ...]:
+def trainable_tensors(m: ModelSpec, spec: AdapterSpec | None) -> tuple[params.ParamTensor, ...]:
     """The tensors a plan trains, as parameter tensors (layer tensors once; multiply by
     ``params.multiplicity``): every model tensor in full fine-tuning, else the adapter's."""
     if spec is None:
-        return P.model_tensors(m)
+        return params.model_tensors(m)
     dora = spec.dora and dora_supported(m, spec.targets)
-    return tuple(P.ParamTensor(t.name, t.shape, P.Part.LAYER)
+    return tuple(params.ParamTensor(t.name, t.shape, params.Part.LAYER)
                  for t in adapter_tensors(m, spec.targets, spec.rank, dora))
 
 
@@ -141,14 +139,14 @@ def nf4_bytes(numel: int, double_quant: bool) -> int:
     return packed + 4 * blocks + NF4_CODE_BYTES
 
 
-def bnb_quantized(m: ModelSpec, t: P.ParamTensor) -> bool:
+def bnb_quantized(m: ModelSpec, t: params.ParamTensor) -> bool:
     """Whether transformers' bitsandbytes loading quantizes this weight (NF4 under ``load_in_4bit``,
     QLoRA; int8 under ``load_in_8bit``): a decoder layer's ``nn.Linear``/``Conv1D`` weight (biases,
     norms, embeddings and the head stay 16-bit: ``get_keys_to_not_convert`` keeps the output
     embedding). A MoE's fused expert tensors and its router are plain parameters in transformers 5,
     so they stay 16-bit too (checked by loading tiny models with ``BitsAndBytesConfig`` on the CPU,
     both widths)."""
-    return t.part == P.Part.LAYER and t.matmul and not t.routed and not t.name.startswith("mlp.router")
+    return t.part == params.Part.LAYER and t.matmul and not t.routed and not t.name.startswith("mlp.router")
 
 
 @cache
@@ -165,17 +163,17 @@ def nf4_storage_elements(numel: int, storage_bytes: int) -> int:
     return ceil(ceil(numel / 2) / storage_bytes)
 
 
-def layer_quantized(m: ModelSpec) -> tuple[P.ParamTensor, ...]:
+def layer_quantized(m: ModelSpec) -> tuple[params.ParamTensor, ...]:
     """One decoder layer's weights a bitsandbytes load quantizes (``bnb_quantized``)."""
-    return tuple(t for t in P.layer_tensors(m) if bnb_quantized(m, t))
+    return tuple(t for t in params.layer_tensors(m) if bnb_quantized(m, t))
 
 
 def _weight_parts(m: ModelSpec, size) -> tuple[int, int]:
     """The frozen base model loaded quantized, in two parts: bytes of its quantized weights
     (``size(tensor)`` each where ``bnb_quantized``) and elements of every other parameter (kept in
     the 16-bit load dtype)."""
-    packed = sum(size(t) * P.multiplicity(m, t) for t in P.model_tensors(m) if bnb_quantized(m, t))
-    rest = sum(t.numel * P.multiplicity(m, t) for t in P.model_tensors(m) if not bnb_quantized(m, t))
+    packed = sum(size(t) * params.multiplicity(m, t) for t in params.model_tensors(m) if bnb_quantized(m, t))
+    rest = sum(t.numel * params.multiplicity(m, t) for t in params.model_tensors(m) if not bnb_quantized(m, t))
     return packed, rest
 
 
@@ -240,14 +238,14 @@ def int8_traffic(m: ModelSpec, compute_bytes: int) -> tuple[float, float]:
     return forward, backward
 
 
-def _first_matmuls(m: ModelSpec) -> tuple[P.ParamTensor, ...]:
+def _first_matmuls(m: ModelSpec) -> tuple[params.ParamTensor, ...]:
     """The matmuls that read a decoder layer's input (through its first norm): q, k, v or the
     fused qkv."""
-    return tuple(t for t in P.layer_matmuls(m) if t.name.startswith(("self_attn.q_proj", "self_attn.k_proj",
+    return tuple(t for t in params.layer_matmuls(m) if t.name.startswith(("self_attn.q_proj", "self_attn.k_proj",
                                                                         "self_attn.v_proj", "self_attn.qkv_proj")))
 
 
-def folded(t: P.ParamTensor) -> bool:
+def folded(t: params.ParamTensor) -> bool:
     """Whether peft reaches this wrapped weight as a parameter (``target_parameters``, a MoE's
     router and expert tensors: ``ParamWrapper`` adds B A to the weight each forward) rather than
     as a module whose input it multiplies by A and B."""
@@ -269,13 +267,13 @@ def adapter_matmul_flops_per_token(m: ModelSpec, targets: str, rank: int, input_
     - A folded weight (``folded``: W + B A, per micro-batch in ``fold_flops_per_micro_batch``)
       runs the base matmul only, but its weight now needs a gradient: 2 more per active element.
     Checked against torch's FlopCounterMode on real peft models (tests/test_adapters.py)."""
-    base = C.matmul_flops_per_token(m)
+    base = compute.matmul_flops_per_token(m)
     first = _first_matmuls(m)
     skipped = 0 if input_grads else 2 * sum(t.numel for t in first)  # layer 0's q/k/v input gradients
     adapter = 0.0
     for t in wrapped(m, targets):
         if folded(t):
-            adapter += 2 * P.active_elements(m, t) * m.num_layers
+            adapter += 2 * params.active_elements(m, t) * m.num_layers
             continue
         d_out, d_in = t.shape
         adapter += 6 * lora_rank(m, t, rank) * (d_in + d_out) * m.num_layers
@@ -290,8 +288,8 @@ def training_flops_per_token(m: ModelSpec, seq_len: int, spec: AdapterSpec | Non
     (``adapter_matmul_flops_per_token``: no frozen weight gradients) and the attention's forward
     and backward (3x forward)."""
     if spec is None:
-        return C.model_flops_per_token(m, seq_len)
-    return adapter_matmul_flops_per_token(m, spec.targets, spec.rank) + 3.0 * C.attention_flops_per_token(m, seq_len)
+        return compute.model_flops_per_token(m, seq_len)
+    return adapter_matmul_flops_per_token(m, spec.targets, spec.rank) + 3.0 * compute.attention_flops_per_token(m, seq_len)
 
 
 def fold_flops_per_micro_batch(m: ModelSpec, targets: str, rank: int) -> float:
@@ -329,7 +327,7 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, .
     MLP's activation input. The MLP's output matmul reads the plain MLP's activation output or the
     gated MLP's product. Source: the activation lists' own docstrings; traced per family
     (tests/test_adapters.py)."""
-    names = [t.name for t in P.layer_matmuls(m)]
+    names = [t.name for t in params.layer_matmuls(m)]
     first = tuple(t.name for t in _first_matmuls(m))
     attn_out = next(n for n in names if n.startswith("self_attn.o_proj"))
     mlp_in = tuple(n for n in names if n.startswith(("mlp.gate", "mlp.up", "mlp.fc_in")))
@@ -362,7 +360,7 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     - ``cast``: the adapters' dtype is not the activations' (fp32 adapters over a 16-bit model
       under autocast). peft casts A's input to fp32 (``_cast_input_dtype``) and autocast casts it
       back to the compute dtype, so each wrapped matmul's A saves its own copy, c per input element.
-    - ``dropout`` > 0: each wrapped matmul's own dropout saves its mask (``A.DROPOUT_MASK_BYTES`` per
+    - ``dropout`` > 0: each wrapped matmul's own dropout saves its mask (``activations.DROPOUT_MASK_BYTES`` per
       element) and A saves the dropped input (c per element; under ``cast`` its 16-bit copy).
     - Every wrapped matmul: A's output, r elements in the compute dtype, which B saves.
     - ``dora``: peft's DoRA output ``(m - 1) * base + m * lora * s`` multiplies the trained magnitude
@@ -383,7 +381,7 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     on = {t.name: t for t in wrapped(m, targets)}
     own_copy = dropout > 0 or cast
     inputs = {} if int8 else _weight_gradient_inputs(m, fused)
-    full = A.layer_saved(m, dt, fused, seq_len)
+    full = activations.layer_saved(m, dt, fused, seq_len)
     unknown = set(inputs) - {name for name, _ in full}
     if unknown:  # the activation lists renamed a tensor: fail loudly rather than keep it silently
         raise ValueError(f"adapter_layer_saved: {sorted(unknown)} not in {m.family}'s layer list")
@@ -398,7 +396,7 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
         d_in = t.shape[1]
         short = t.name.removesuffix(".weight")
         if dropout > 0:
-            saved.append((f"{short} dropout mask", A.DROPOUT_MASK_BYTES * d_in))
+            saved.append((f"{short} dropout mask", activations.DROPOUT_MASK_BYTES * d_in))
         if own_copy:
             saved.append((f"{short} adapter input", c * d_in))
         saved.append((f"{short} lora_A output", c * lora_rank(m, t, rank)))

@@ -15,18 +15,18 @@
 from functools import cache
 
 from planner.core.specs import ModelSpec
-from planner.cost import params as P
+from planner.cost import params
 
 
 @cache
 def matmul_flops_per_token(m: ModelSpec, layers_only: bool = False) -> float:
     """Forward matmul FLOPs per token: 2 x active matmul parameters (routed experts: top-k)."""
     total = 0
-    for t in P.model_tensors(m):
-        if not t.matmul or (layers_only and t.part != P.Part.LAYER):
+    for t in params.model_tensors(m):
+        if not t.matmul or (layers_only and t.part != params.Part.LAYER):
             continue
         n = t.numel // t.experts * m.experts_per_token if t.routed else t.numel
-        total += n * P.multiplicity(m, t)
+        total += n * params.multiplicity(m, t)
     return 2.0 * total
 
 

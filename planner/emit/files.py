@@ -2,7 +2,7 @@
 
 accelerate_config.yaml, deepspeed_config.json (ZeRO plans), training_args.json (transformers
 TrainingArguments), runtime.json (what the planner launch applies beyond them,
-planner.core.launch), launch.sh, plan.json (the suggest JSON of this plan; no launch reads it) and
+planner.core.launch_contract), launch.sh, plan.json (the suggest JSON of this plan; no launch reads it) and
 PLAN.md. Each technique's piece comes from its strategy (``Strategy.emit``); this module adds the
 plan-wide keys and renders the launch script (user text in it only as escaped comments:
 planner.core.shell); planner/emit/writer.py writes the set as one plan, never over a file the user
@@ -25,7 +25,7 @@ from planner.catalog.models import resolve_model
 from planner.core import shell
 from planner.core.emitted import EmitDraft
 from planner.core.errors import PlannerInputError
-from planner.core.launch import LAUNCH_ENV, RUNTIME_FILE
+from planner.core.launch_contract import LAUNCH_ENV, RUNTIME_FILE
 from planner.core.numerics import NumericsPolicy
 from planner.emit import writer
 from planner.emit.plan_doc import render_plan_doc

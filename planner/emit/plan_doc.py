@@ -4,7 +4,7 @@ first if it runs out of memory, and how to run it."""
 from planner.core import shell
 from planner.core.emitted import EmitDraft
 from planner.core.formatting import count, gib, share
-from planner.core.launch import RUNTIME_FILE, RuntimeArgs
+from planner.core.launch_contract import RUNTIME_FILE, RuntimeArgs
 from planner.core.ledger import Location, resident
 from planner.engine.alternatives import Alternative
 from planner.engine.estimate import EstimateResult

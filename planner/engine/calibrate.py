@@ -42,7 +42,7 @@ from planner.core.errors import PlannerInputError
 from planner.core.ledger import allocated_peak
 from planner.core.specs import GpuSpec, HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, step_seconds
-from planner.cost import runtime as R
+from planner.cost import overheads
 from planner.engine.estimate import FRAGMENTATION_LABEL, evaluate, runtime_reserves
 from strategies import TrainingConfig, reserve_extra
 from strategies.precision import LAYER_MATMUL_DTYPE
@@ -169,7 +169,7 @@ def fit_fragmentation(rows: Sequence[Measurement]) -> float | None:
     max_allocated_bytes less what the row's techniques add (strategies ``reserve_extra``), in [0, 1].
 
     Unit: a fraction. Assumption: the reserve (block rounding, split and cached segments, the
-    techniques' own pools) grows with the allocated peak, as planner/cost/runtime.py
+    techniques' own pools) grows with the allocated peak, as planner/cost/overheads.py
     FRAGMENTATION_FRACTION and the strategies' ``reserve`` assume; the median keeps one odd run
     from moving it. Source: torch.cuda.max_memory_reserved / max_memory_allocated (PyTorch "CUDA
     semantics", memory management). None with fewer than MIN_ROWS rows."""
@@ -185,7 +185,7 @@ def fit_context(rows: Sequence[Measurement]) -> int | None:
     Unit: bytes per GPU. It holds the CUDA context, loaded kernel modules, and library workspaces
     and handles the caching allocator does not own. Assumptions: it does not depend on the plan
     (the median over plans); NCCL buffers are *not* in it (multi-GPU plans are measured under a
-    fake process group; planner/cost/runtime.py NCCL_BYTES stays an assumption). probes/measured.py
+    fake process group; planner/cost/overheads.py NCCL_BYTES stays an assumption). probes/measured.py
     reads the driver's per-process figure (NVML / nvidia-smi, else the device's used memory less
     what was used before), subtracts the reserved bytes of that instant and adds the reserved peak:
     so driver_used - reserved peak is that context. Memory the driver keeps for itself outside
@@ -286,7 +286,7 @@ def relative_errors(m: Measurement, p: Prediction, context_bytes: int | None) ->
     |predicted - measured| / measured, for the peak bytes and the median step seconds (None where
     the measurement lacks the figure). Both sides leave out what a fake process group does not
     have (NCCL buffers, communication time)."""
-    context = context_bytes if context_bytes is not None else R.CUDA_CONTEXT_BYTES
+    context = context_bytes if context_bytes is not None else overheads.CUDA_CONTEXT_BYTES
     peak = measured_peak_bytes(m, context)
     memory = abs(p.comparable_peak_bytes - peak) / peak if peak else None
     t = m.median_step_seconds

@@ -28,14 +28,12 @@ from planner.core.ledger import (
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import StepTime, TimeDraft, assemble, step_seconds
 from planner.core.vocabulary import DEFAULT_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN, WORKLOAD
-from planner.cost import adapters as AD
-from planner.cost import params as P
-from planner.cost import runtime as R
+from planner.cost import adapters, overheads, params
 from planner.engine.assumptions import assumptions
 from strategies import REGISTRY, SETTINGS, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig, reserve_extra
 from strategies.rates import peak_dtype, peak_flops
+from strategies.request_fields import TechniqueChoices
 from strategies.sharding import Sharding
-from strategies.vocabulary import TechniqueChoices
 
 
 class Target(BaseModel):
@@ -48,7 +46,7 @@ class Target(BaseModel):
     gpus: str
     host_memory_gb: float | None = None  # per node, decimal GB
     inter_node_gbps: float | None = None  # per node, Gbit/s
-    margin: float = Field(R.DEFAULT_MARGIN, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
+    margin: float = Field(overheads.DEFAULT_MARGIN, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
     calibration: Path | None = None  # the calibration store whose corrections apply (None: assumptions only)
 
     def hardware(self, gpus: str | None = None) -> HardwareSpec:
@@ -261,7 +259,7 @@ def evaluate(
     draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", context, 1,
               note="measured (planner calibrate)" if measured["context"] else "")
     if hardware.num_gpus > 1:
-        draft.add("cuda_context", "NCCL buffers and communicators", R.NCCL_BYTES, 1)
+        draft.add("cuda_context", "NCCL buffers and communicators", overheads.NCCL_BYTES, 1)
     peak = draft.peak_bytes()  # context, NCCL and the engines' stream pools are resident in every phase
     allocated = allocated_peak(draft.rows)
     reserve = draft.add(
@@ -274,8 +272,8 @@ def evaluate(
     ev.peak = peak + (ev.paged.resident_bytes if ev.paged else 0)
     ev.host = _host_memory(ctx, draft, ev.paged)
     timing = TimeDraft(cpu_dispatch_seconds=model.num_layers * (
-        R.OPS_PER_LAYER_FORWARD * R.DISPATCH_SECONDS_PER_OP_FORWARD
-        + R.OPS_PER_LAYER_BACKWARD * R.DISPATCH_SECONDS_PER_OP_BACKWARD))
+        overheads.OPS_PER_LAYER_FORWARD * overheads.DISPATCH_SECONDS_PER_OP_FORWARD
+        + overheads.OPS_PER_LAYER_BACKWARD * overheads.DISPATCH_SECONDS_PER_OP_BACKWARD))
     for strategy in REGISTRY:
         strategy.time(ctx, draft, ev.paged, timing)
     ev.time_draft, ev.step_seconds = timing, step_seconds(timing, config.grad_accum)
@@ -286,11 +284,11 @@ def runtime_reserves(hardware: HardwareSpec) -> tuple[int, float, dict[str, bool
     """Bytes of CUDA context per GPU and the allocator's base reserve as a fraction of the
     allocated peak (techniques add their own: strategies ``reserve_extra``): fitted from measured
     probes on this GPU when the calibration store has them (GpuSpec.calibration), else
-    planner/cost/runtime.py's."""
+    planner/cost/overheads.py's."""
     cal = hardware.gpu.calibration
-    context = cal.context_bytes if cal and cal.context_bytes is not None else R.CUDA_CONTEXT_BYTES
+    context = cal.context_bytes if cal and cal.context_bytes is not None else overheads.CUDA_CONTEXT_BYTES
     fragmentation = (cal.fragmentation_fraction if cal and cal.fragmentation_fraction is not None
-                     else R.FRAGMENTATION_FRACTION)
+                     else overheads.FRAGMENTATION_FRACTION)
     measured = {"context": bool(cal and cal.context_bytes is not None),
                 "fragmentation": bool(cal and cal.fragmentation_fraction is not None)}
     return context, fragmentation, measured
@@ -310,7 +308,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
     memory = terms_at(draft.rows, peak) | {"peak": ev.peak}
     time = assemble(
         ev.timing, config.grad_accum, ev.tokens_per_step, ctx.world_size,
-        AD.training_flops_per_token(model, config.seq_len, ctx.layout.adapter), peak_flops(ctx), peak_dtype(ctx),
+        adapters.training_flops_per_token(model, config.seq_len, ctx.layout.adapter), peak_flops(ctx), peak_dtype(ctx),
     )
     return EstimateResult(
         model=_model_info(model, ctx.layout.trainable_parameters),
@@ -375,9 +373,9 @@ def _host_memory(ctx: PlanContext, draft: LedgerDraft, paged: PagedInfo | None) 
     per_rank = draft.peak_bytes(Location.HOST)
     spilled = paged.spilled_bytes if paged else 0
     loaders = 1 if ctx.engine == Engine.FSDP or ctx.config.sharding == Sharding.ZERO3 else gpn
-    loading = loaders * P.total_parameters(ctx.model) * (ctx.layout.frozen_bytes or ctx.layout.weight_bytes)
+    loading = loaders * params.total_parameters(ctx.model) * (ctx.layout.frozen_bytes or ctx.layout.weight_bytes)
     offloaded = (per_rank - spilled) * gpn
-    runtime = R.HOST_PROCESS_BYTES * gpn
+    runtime = overheads.HOST_PROCESS_BYTES * gpn
     return {
         "offloaded": offloaded,
         "paged_spill": spilled * gpn,
@@ -427,8 +425,8 @@ def _reasons(
 
 def _model_info(m: ModelSpec, trainable: int) -> ModelInfo:
     return ModelInfo(
-        id=m.id, family=m.family, source=m.source, num_parameters=P.total_parameters(m), num_trainable_parameters=trainable,
-        num_active_parameters=P.active_parameters(m), num_layers=m.num_layers, hidden_size=m.hidden_size,
+        id=m.id, family=m.family, source=m.source, num_parameters=params.total_parameters(m), num_trainable_parameters=trainable,
+        num_active_parameters=params.active_parameters(m), num_layers=m.num_layers, hidden_size=m.hidden_size,
         vocab_size=m.vocab_size,
     )
 

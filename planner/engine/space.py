@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from planner.core.errors import PlannerInputError
-from planner.core.launch import Launcher
+from planner.core.launch_contract import Launcher
 from strategies import REGISTRY, SETTINGS, TrainingConfig
 from strategies.optimizer import QUANTIZED
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
-from planner.core.launch import Launcher
+from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.vocabulary import MAX_SEQ_LEN
@@ -20,7 +20,7 @@ from planner.engine.search import ENGINES, SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, settings_of
 from strategies import FIELDS, REGISTRY, approximations, summary
 from strategies.adapter import ALLOWS, Adapter
-from strategies.vocabulary import TechniqueLists
+from strategies.request_fields import TechniqueLists
 
 
 class SuggestRequest(PlanTarget, TechniqueLists):

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from planner.core.formatting import count, gib, share
 from planner.core.ledger import Location, resident
+from planner.core.units import GIB
 from planner.engine.estimate import EstimateResult
 from planner.render.layout import fits, heading, line, paragraph, table
 from strategies import summary
@@ -20,7 +21,6 @@ PHASE_WORDS = {
     "backward_end": "the embeddings' backward, end of backward",
     "step": "optimizer step",
 }
-GIB = 2**30
 
 
 def peak_cell(r: EstimateResult) -> str:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.core.formatting import gib
+from planner.core.units import GIB
 from planner.render.breakdown import (
     config_line,
     peak_cell,
@@ -22,7 +23,6 @@ from planner.render.layout import fits, heading, line, paragraph, table, verdict
 from planner.render.next_steps import Asked, suggest_next
 from strategies import TECHNIQUES
 
-GIB = 2**30
 MFU_NOTE = "MFU: model FLOPs over the GPU's dense peak in the plan's compute dtype (bf16 for fp8 plans)"
 
 

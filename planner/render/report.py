@@ -74,7 +74,7 @@ def render_check(result, console: Console, asked: Asked | None = None) -> None:
 def render_calibrate(result, console: Console) -> None:
     """``planner calibrate``: per GPU, the fitted corrections beside the assumptions they replace,
     the analytic model's errors before / after / leave-one-out, and where they are now used."""
-    from planner.cost import runtime as R
+    from planner.cost import overheads
 
     def pct(x):
         return "-" if x is None else f"{x:.1%}"
@@ -85,8 +85,8 @@ def render_calibrate(result, console: Console) -> None:
         fitted = table(("term", "left"), ("fitted", "right"), ("assumption before", "right"), ("from", "left"),
                        wrap=("term", "from"))
         fitted.add_row("CUDA context per process", "-" if c.context_bytes is None else gib(c.context_bytes),
-                       gib(R.CUDA_CONTEXT_BYTES), f"{rep.get('memory_rows', 0)} memory rows (driver-seen - reserved)")
-        fitted.add_row("allocator reserve", pct(c.fragmentation_fraction), pct(R.FRAGMENTATION_FRACTION),
+                       gib(overheads.CUDA_CONTEXT_BYTES), f"{rep.get('memory_rows', 0)} memory rows (driver-seen - reserved)")
+        fitted.add_row("allocator reserve", pct(c.fragmentation_fraction), pct(overheads.FRAGMENTATION_FRACTION),
                        "(reserved - allocated) / allocated")
         for dtype in ("bf16", "fp16", "fp32", "fp8"):
             rows = rep.get(f"time_rows_{dtype}") or 0

@@ -5,11 +5,10 @@ import io
 from rich.console import Console
 from rich.markup import escape
 
+from planner.core.units import GIB
 from planner.engine.tune import TrialRow, TuneResult
 from planner.render.layout import table as plain_table
 from strategies import summary
-
-GIB = 2**30
 
 
 class Progress:

@@ -28,7 +28,7 @@ from planner.engine.estimate import EstimateResult, Target, default_seq_len, est
 from planner.engine.search import search
 from planner.engine.space import build_space
 from strategies import BY_FIELD, TECHNIQUES, TrainingConfig
-from strategies.vocabulary import TechniqueChoices
+from strategies.request_fields import TechniqueChoices
 
 CONFIG_FIELDS = tuple(TrainingConfig.model_fields)  # every technique and the workload
 
