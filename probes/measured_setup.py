@@ -78,7 +78,7 @@ def build_run(req, device: torch.device) -> Run:
     ids = torch.randint(0, cfg.vocab_size, (c.micro_batch_size, c.seq_len), device=device)
     if zero:
         return _deepspeed_run(req, model, ids, notes)
-    optimizer = build_optimizer(c.optimizer, model, cfg, fsdp=fsdp)
+    optimizer = build_optimizer(c.optimizer, model, cfg, fsdp2=fsdp)  # (measured probes refuse FSDP1)
     forward_autocast = autocast(c, device.type)
     scaler = torch.amp.GradScaler(device.type) if c.precision == "fp16-mixed" and not fsdp else None
     params = [p for p in model.parameters() if p.requires_grad]

@@ -62,7 +62,7 @@ def test_every_optimizer_value_is_whole(value, tmp_path):
     for fsdp2, impl in ((False, choice.impl), (True, choice.impl_for(True))):
         if not _importable(impl):
             continue
-        built = build(str(value), model, model.config, fsdp=fsdp2, fused=False)
+        built = build(str(value), model, model.config, fsdp2=fsdp2, fused=False)
         assert optimizer_name(built) == value, (value, type(built))
     if choice.deepspeed:
         assert DEEPSPEED_READS[choice.deepspeed.lower()] == value

@@ -144,7 +144,7 @@ def _trainer_class():
                 return super().create_optimizer(model)
             target = self.model if model is None else model  # (the Trainer passes the FSDP-wrapped model)
             self.optimizer = build(str(config.optimizer), target, self.model.config, lr=self.args.learning_rate,
-                                   fsdp=config.sharding in FSDP and config.fsdp_version == 2)
+                                   fsdp2=config.sharding in FSDP and config.fsdp_version == 2)
             return self.optimizer
 
     return PlanTrainer

@@ -9,15 +9,16 @@ from strategies.optimizer import CHOICES, Optimizer
 LEARNING_RATE = 1e-4
 
 
-def build(name: str, model, cfg=None, *, lr: float = LEARNING_RATE, fsdp: bool = False, fused: bool | None = None,
+def build(name: str, model, cfg=None, *, lr: float = LEARNING_RATE, fsdp2: bool = False, fused: bool | None = None,
           fake: bool = False):
     """The optimizer for ``model``'s trainable parameters; ``cfg`` is the transformers config
-    (Adam-mini's head counts). ``fake``: under fake tensors, None for the implementations that
-    cannot run there (their states are then computed). Raises ImportError with what to install
-    when a package is missing."""
+    (Adam-mini's head counts); ``fsdp2``: the parameters are FSDP2's DTensor shards (the value's
+    FSDP2 implementation, where it has one). ``fake``: under fake tensors, None for the
+    implementations that cannot run there (their states are then computed). Raises ImportError
+    with what to install when a package is missing."""
     import torch
 
-    impl = CHOICES[Optimizer(name)].impl_for(fsdp)
+    impl = CHOICES[Optimizer(name)].impl_for(fsdp2)
     if fake and not impl.fake:
         return None
     try:
