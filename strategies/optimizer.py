@@ -65,7 +65,11 @@ class Impl:
     runtime.json); ``fake``: it runs under fake tensors (the traced probe traces its states, else
     they are computed from ``OptimizerChoice.states``). ``bits`` / ``paged``: for bitsandbytes,
     whose one class serves 8 and 32 bits, paged or not (the Trainer passes ``optim_bits`` and
-    ``is_paged``), the live object's attributes that tell the values apart."""
+    ``is_paged``), the live object's attributes that tell the values apart. ``call``: how the
+    runtime calls the class (planner/runtime/optimizer.py ``CALLS``): ``params`` (the trainable
+    parameters and the learning rate), ``fused`` (torch's fused kernel on CUDA), ``adafactor``
+    (the Trainer's fixed learning rate: no relative step, no parameter scaling), ``named`` (named
+    parameters and the model's head counts: Adam-mini)."""
 
     module: str
     cls: str
@@ -74,6 +78,7 @@ class Impl:
     fake: bool = False
     bits: int | None = None
     paged: bool | None = None
+    call: str = "params"
 
     @property
     def family(self) -> str:
@@ -146,7 +151,7 @@ CHOICES: dict[Optimizer, OptimizerChoice] = {
     Optimizer.ADAMW: OptimizerChoice(
         "torch AdamW (fused): fp32 master, two states per parameter",
         lambda numel, shape, sb: optimizer_states.full_states(numel, 2, sb), "exp_avg + exp_avg_sq",
-        Impl("torch.optim", "AdamW", "adamw_torch_fused", fake=True), complexity=0, searched=True,
+        Impl("torch.optim", "AdamW", "adamw_torch_fused", fake=True, call="fused"), complexity=0, searched=True,
         reads=("adamw_torch", "adamw_hf", "adamw_apex_fused"), deepspeed="AdamW", deepspeed_reads=("adam",),
         deepspeed_cpu=True, live=(("torch.optim", "Adam"), ("deepspeed", "DeepSpeedCPUAdam"), ("deepspeed", "FusedAdam")),
         lighter=(("adamw-8bit", "8-bit states"), ("paged-adamw", "paged states"))),
@@ -179,12 +184,13 @@ CHOICES: dict[Optimizer, OptimizerChoice] = {
         rung=STATES_8BIT, complexity=2, searched=True, paged=True, state_bits=8, refused_on=(("fsdp2", BNB_FSDP2),)),
     Optimizer.ADAM_MINI: OptimizerChoice(
         "Adam-mini: one second moment per block", lambda numel, shape, sb: optimizer_states.adam_mini_states(shape, sb),
-        "full m, one v per block", Impl("adam_mini", "Adam_mini", None, "adam-mini"),
+        "full m, one v per block", Impl("adam_mini", "Adam_mini", None, "adam-mini", call="named"),
         rung=ADAM_MINI_MOMENTS, searched=True, step_temporaries=True),
     Optimizer.ADAFACTOR: OptimizerChoice(
         "Adafactor (transformers, beta1=None): factored second moment",
         lambda numel, shape, sb: optimizer_states.adafactor_states(shape, sb), "factored second moment (row + column)",
-        Impl("transformers.optimization", "Adafactor", "adafactor", fake=True), rung=METHOD, step_temporaries=True),
+        Impl("transformers.optimization", "Adafactor", "adafactor", fake=True, call="adafactor"), rung=METHOD,
+        step_temporaries=True),
     Optimizer.LION: OptimizerChoice(
         "Lion (bitsandbytes, 32-bit momentum)", lambda numel, shape, sb: optimizer_states.full_states(numel, 1, 4),
         "momentum (fp32)", Impl(BNB, "Lion32bit", "lion_32bit", "bitsandbytes", bits=32, paged=False),

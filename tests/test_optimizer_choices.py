@@ -40,7 +40,7 @@ def _importable(impl) -> bool:
 @pytest.mark.parametrize("value", list(CHOICES), ids=str)
 def test_every_optimizer_value_is_whole(value, tmp_path):
     from planner.launch.live import optimizer_name
-    from planner.runtime.optimizer import build
+    from planner.runtime.optimizer import CALLS, build
     from probes.model_setup import computed_state_bytes
 
     choice = CHOICES[value]
@@ -48,6 +48,7 @@ def test_every_optimizer_value_is_whole(value, tmp_path):
     assert {engine for engine, _ in choice.refused_on} <= ENGINES and all(why for _, why in choice.refused_on)
     model = _model()
     impls = [i for i in (choice.impl, choice.fsdp2) if i is not None]
+    assert all(i.call in CALLS for i in impls), value  # the runtime knows how to call each class
     for impl in impls:
         if impl.trainer_optim is None:  # the runtime builds it from runtime.json
             continue

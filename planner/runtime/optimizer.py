@@ -3,6 +3,7 @@
 or what the runtime builds from runtime.json where the Trainer has no name for it)."""
 
 import importlib
+from collections.abc import Callable
 
 from strategies.optimizer import CHOICES, Optimizer
 
@@ -16,8 +17,6 @@ def build(name: str, model, cfg=None, *, lr: float = LEARNING_RATE, fsdp2: bool 
     FSDP2 implementation, where it has one). ``fake``: under fake tensors, None for the
     implementations that cannot run there (their states are then computed). Raises ImportError
     with what to install when a package is missing."""
-    import torch
-
     impl = CHOICES[Optimizer(name)].impl_for(fsdp2)
     if fake and not impl.fake:
         return None
@@ -27,13 +26,20 @@ def build(name: str, model, cfg=None, *, lr: float = LEARNING_RATE, fsdp2: bool 
         raise ImportError(f"{name} needs {impl.library or impl.module} (pip install {impl.library or impl.module}"
                           f"{'; CUDA' if impl.library == 'bitsandbytes' else ''})") from None
     params = [p for p in model.parameters() if p.requires_grad]
-    if cls is torch.optim.AdamW:
-        if fused is None:
-            fused = next(model.parameters()).device.type == "cuda"
-        return cls(params, lr=lr, fused=fused)  # the emitted adamw_torch_fused
-    if impl.module == "transformers.optimization":  # Adafactor as the Trainer builds it
-        return cls(params, lr=lr, relative_step=False, scale_parameter=False)
-    if impl.module == "adam_mini":
-        return cls(named_parameters=model.named_parameters(), lr=lr, dim=cfg.hidden_size,
-                   n_heads=cfg.num_attention_heads, n_kv_heads=getattr(cfg, "num_key_value_heads", None))
-    return cls(params, lr=lr)
+    if fused is None:
+        fused = next(model.parameters()).device.type == "cuda"
+    return CALLS[impl.call](cls, model, params, cfg, lr, fused)
+
+
+#: How the runtime calls an implementation's class (strategies/optimizer.py ``Impl.call``), as the
+#: Trainer calls it for the emitted optim name: (class, model, trainable parameters, transformers
+#: config, learning rate, fused) -> the optimizer.
+CALLS: dict[str, Callable] = {
+    "params": lambda cls, model, params, cfg, lr, fused: cls(params, lr=lr),
+    "fused": lambda cls, model, params, cfg, lr, fused: cls(params, lr=lr, fused=fused),  # adamw_torch_fused
+    "adafactor": lambda cls, model, params, cfg, lr, fused: cls(params, lr=lr, relative_step=False,
+                                                                scale_parameter=False),
+    "named": lambda cls, model, params, cfg, lr, fused: cls(
+        named_parameters=model.named_parameters(), lr=lr, dim=cfg.hidden_size, n_heads=cfg.num_attention_heads,
+        n_kv_heads=getattr(cfg, "num_key_value_heads", None)),
+}
