@@ -172,7 +172,8 @@ def _launch_failed(result: dict) -> bool:
 
 def dry_run(gpu: str) -> int:
     """The case list as the GPU run would meet it: each plan's verdict and peak, expected seconds."""
-    from planner.engine.estimate import EstimateRequest, estimate
+    from planner.engine.estimate import estimate
+    from planner.schema.estimate import EstimateRequest
     from validation.cases import CASES
 
     total = 0.0
@@ -243,7 +244,8 @@ class CaseRunner:
     def run(self, case, phase: str) -> None:
         from planner.catalog.models import model_config
         from planner.core.errors import PlannerInputError
-        from planner.engine.estimate import EstimateRequest, estimate
+        from planner.engine.estimate import estimate
+        from planner.schema.estimate import EstimateRequest
         from probes.measured import measure_forked
         from probes.measured_command import measure_plan
         from validation.cases import CPU_SHAPE
@@ -369,7 +371,7 @@ def _launch_both(launches, device: str, device_gpu: str, clock: Clock, work: Pat
 def calibrate(store: Path, path: Path) -> dict:
     """``planner calibrate`` on the run's store: the corrections and the errors before and after."""
     from planner.core.errors import PlannerInputError
-    from planner.engine.calibrate import CalibrateRequest
+    from planner.schema.calibrate import CalibrateRequest
     from planner.engine.calibrate import calibrate as fit
 
     try:

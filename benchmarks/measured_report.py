@@ -32,7 +32,8 @@ TIMED = ("timed", "communication modelled")
 
 def now_comparison(record: dict):
     """The case's comparison with today's model: the recorded measurement, a fresh estimate."""
-    from planner.engine.estimate import EstimateRequest, estimate
+    from planner.engine.estimate import estimate
+    from planner.schema.estimate import EstimateRequest
     from probes.device import DeviceInfo
     from probes.measured import MeasureResult
     from probes.measured_command import compare
@@ -139,7 +140,8 @@ def launches(results: list[dict]) -> list[str]:
 
 def _launch_peak_now(launch: dict) -> int:
     """The launched plan's peak with today's model (Llama-3.2-1B on the GPU it ran on)."""
-    from planner.engine.estimate import EstimateRequest, estimate
+    from planner.engine.estimate import estimate
+    from planner.schema.estimate import EstimateRequest
 
     from validation.launches import GPU_MODEL
 

@@ -10,7 +10,8 @@ import csv
 import sys
 import time
 
-from planner.engine.suggest import SuggestRequest, suggest
+from planner.engine.suggest import suggest
+from planner.schema.suggest import SuggestRequest
 from strategies import summary
 
 SITUATIONS = [

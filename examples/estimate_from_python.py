@@ -4,7 +4,8 @@
 """
 
 from planner.core.formatting import gib
-from planner.engine.estimate import EstimateRequest, estimate
+from planner.engine.estimate import estimate
+from planner.schema.estimate import EstimateRequest
 
 result = estimate(
     EstimateRequest(

@@ -3,7 +3,8 @@
     python examples/suggest_from_python.py
 """
 
-from planner.engine.suggest import SuggestRequest, suggest
+from planner.engine.suggest import suggest
+from planner.schema.suggest import SuggestRequest
 
 result = suggest(SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", margin=0.05, top=3))
 print(f"{result.considered:,} candidates, {sum(result.rejected.values()):,} rejected")

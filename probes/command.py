@@ -11,7 +11,7 @@ partition rules (the output's notes say so). The probe needs the ``[probes]`` ex
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
-from planner.engine.estimate import EstimateRequest
+from planner.schema.estimate import EstimateRequest
 from probes.compare import ZERO_STAGES, Comparison, uniform_state_bytes
 from strategies import TrainingConfig
 from strategies.optimizer import Optimizer

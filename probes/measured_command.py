@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict
 from planner.catalog.calibration import CalibrationStore, Measurement
 from planner.core.errors import PlannerInputError
 from planner.core.ledger import allocated_peak
-from planner.engine.estimate import EstimateResult
-from planner.engine.suggest import SuggestResult
 from planner.runtime.sharding import refuse_fsdp1
+from planner.schema.estimate import EstimateResult
+from planner.schema.suggest import SuggestResult
 from probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
 from probes.gpu_readings import unified_resident_bytes
 from probes.measured import MeasureRequest, MeasureResult, measure

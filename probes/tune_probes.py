@@ -13,8 +13,8 @@
 import importlib.util
 
 from planner.core.errors import PlannerInputError, ProbeFailedError
-from planner.engine.estimate import EstimateResult
-from planner.engine.tune import ProbeOutcome
+from planner.schema.estimate import EstimateResult
+from planner.schema.tune import ProbeOutcome
 
 
 def analytic_probe(plan: EstimateResult) -> ProbeOutcome:

@@ -74,6 +74,11 @@ def approximations(config) -> list[tuple[str, str, Rung]]:
     return sorted(out, key=lambda a: a[2].risk)
 
 
+def approximation_words(config) -> list[str]:
+    """The approximations of ``config`` as a user reads them, least risk first."""
+    return [f"{field} {value} ({rung.words})" for field, value, rung in approximations(config)]
+
+
 def numerics_of(config) -> tuple[float, ...]:
     """The plan's place on the numerics ladder (planner/core/numerics.py): () when exact."""
     return numerics_key([s.numerics.get(getattr(config, s.field), EXACT) for s in TECHNIQUES])

@@ -13,7 +13,8 @@ from planner.catalog.models import resolve_model
 from planner.cost import adapters
 from planner.cost import params
 from planner.emit import build_files, single_plan_result
-from planner.engine.suggest import SuggestRequest, suggest
+from planner.engine.suggest import suggest
+from planner.schema.suggest import SuggestRequest
 from strategies import TrainingConfig
 from strategies import adapter as strategies_adapter
 

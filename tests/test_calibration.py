@@ -23,7 +23,8 @@ from planner.core.errors import PlannerInputError
 from planner.core.units import GIB, MIB
 from planner.cost import overheads
 from planner.engine.calibrate import fit, predict, scaled, uncalibrated_gpu
-from planner.engine.estimate import EstimateRequest, estimate
+from planner.engine.estimate import estimate
+from planner.schema.estimate import EstimateRequest
 from strategies import TrainingConfig, reserve_extra
 
 GPU = "H100-SXM-80"

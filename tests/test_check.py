@@ -17,7 +17,8 @@ from planner.check import CheckRequest, check
 from planner.cli import app
 from planner.emit import emit
 from planner.engine.estimate import estimate_config
-from planner.engine.suggest import SuggestRequest, suggest
+from planner.engine.suggest import suggest
+from planner.schema.suggest import SuggestRequest
 
 from helpers import examples
 

@@ -117,12 +117,14 @@ def test_more_gpus_in_a_node_than_usual_is_a_note_not_a_refusal():
 
 
 def test_the_notes_reach_the_results():
-    from planner.engine.estimate import EstimateRequest, estimate
+    from planner.engine.estimate import estimate
+    from planner.schema.estimate import EstimateRequest
 
     r = estimate(EstimateRequest(model="meta-llama/Llama-3.2-1B", gpus="A100"))
     assert any("taken as A100-SXM-80" in w for w in r.warnings)
     assert not any("taken as" in w for w in estimate(EstimateRequest(model="meta-llama/Llama-3.2-1B", gpus="A100-40")).warnings)
-    from planner.engine.suggest import SuggestRequest, suggest
+    from planner.engine.suggest import suggest
+    from planner.schema.suggest import SuggestRequest
 
     assert any("taken as A100-SXM-80" in w for w in suggest(SuggestRequest(model="meta-llama/Llama-3.2-1B", gpus="A100",
                                                                          top=1)).reasons)

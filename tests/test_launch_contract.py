@@ -11,7 +11,8 @@ every strategy one by one.
 
 import pytest
 
-from planner.engine.suggest import SuggestRequest, suggest
+from planner.engine.suggest import suggest
+from planner.schema.suggest import SuggestRequest
 
 from helpers import round_trip, round_trip_errors
 

@@ -89,7 +89,8 @@ def test_the_adapter_plan_suggested_for_an_rtx_4090_trains(tmp_path, tmp_path_fa
     --adapter lora|qlora|lora-int8``. Its winner's techniques and adapter settings, launched on the tiny
     model (the CPU's shape, and the standard loss where the winner's chunked one needs CUDA),
     train with the live objects of the plan."""
-    from planner.engine.suggest import SuggestRequest, suggest
+    from planner.engine.suggest import suggest
+    from planner.schema.suggest import SuggestRequest
 
     winner = suggest(SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="1xRTX4090-24", adapter=[adapter])).plans[0]
     assert winner.config.adapter == adapter

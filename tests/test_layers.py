@@ -5,17 +5,18 @@
 | catalogs   | planner.catalog                  | core, catalogs                             | never              |
 | cost       | planner.cost                     | core, catalogs, cost                       | never              |
 | strategies | strategies                       | core, cost, strategies                     | never              |
+| schema     | planner.schema                   | core, catalogs, cost, strategies, schema   | never              |
 | engine     | planner.engine                   | the above, engine                          | not at module level|
 | emit       | planner.emit                     | the above, emit                            | not at module level|
 | check      | planner.check                    | the above, check                           | not at module level|
-| render     | planner.render                   | the above, render                          | not at module level|
+| render     | planner.render                   | core, catalogs, cost, strategies, schema, render | not at module level|
 | runtime    | planner.runtime                  | core, catalogs, strategies, runtime        | not at module level|
 | launch     | planner.launch                   | all but render, cli and probes             | not at module level|
 | probes     | probes                           | all but check, render and cli              | yes                |
 | cli        | planner.cli                      | everything; probes only inside functions   | not at module level|
 
-"The above" is every earlier row. The engine takes probes as functions; renderers take results by
-their attributes; the runtime is what a training process imports with the plan; the launch is
+"The above" is every earlier row. The engine takes probes as functions; renderers take the schema's
+results and never the engine that computes them; the runtime is what a training process imports with the plan; the launch is
 the training process's entry point (it reads the files with check's reader and applies the runtime).
 """
 
@@ -24,10 +25,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = {"torch", "transformers", "accelerate", "deepspeed", "optuna", "bitsandbytes", "torchao", "peft", "trl"}
-ORDER = ("planner.core", "planner.catalog", "planner.cost", "strategies", "planner.engine", "planner.emit",
-         "planner.check", "planner.render")
+ORDER = ("planner.core", "planner.catalog", "planner.cost", "strategies", "planner.schema", "planner.engine",
+         "planner.emit", "planner.check", "planner.render")
 ALLOWED: dict[str, set[str]] = {layer: set(ORDER[: i + 1]) for i, layer in enumerate(ORDER)}
 ALLOWED["strategies"] = {"planner.core", "planner.cost", "strategies"}
+ALLOWED["planner.render"] = {"planner.core", "planner.catalog", "planner.cost", "strategies", "planner.schema",
+                             "planner.render"}
 ALLOWED["planner.runtime"] = {"planner.core", "planner.catalog", "strategies", "planner.runtime"}
 ALLOWED["planner.launch"] = set(ORDER) - {"planner.render"} | {"planner.runtime", "planner.launch"}
 ALLOWED["probes"] = set(ORDER) - {"planner.check", "planner.render"} | {"planner.runtime", "probes"}
@@ -35,7 +38,7 @@ ALLOWED["planner.cli"] = set(ORDER) | {"planner.runtime", "planner.cli", "probes
 #: Layers that may import heavy packages at module level.
 HEAVY_AT_TOP = {"probes"}
 #: Layers that import nothing heavy, not even inside a function.
-NEVER_HEAVY = {"planner.core", "planner.catalog", "planner.cost", "strategies"}
+NEVER_HEAVY = {"planner.core", "planner.catalog", "planner.cost", "strategies", "planner.schema"}
 
 
 def imports(path: Path, top_level_only: bool) -> set[str]:

@@ -16,7 +16,8 @@ pytest.importorskip("transformers")
 
 from planner.catalog.calibration import CalibrationStore  # noqa: E402
 from planner.catalog.models import model_config  # noqa: E402
-from planner.engine.estimate import EstimateRequest, estimate  # noqa: E402
+from planner.engine.estimate import estimate
+from planner.schema.estimate import EstimateRequest
 from probes.child import KILL_GRACE_SECONDS, run_child  # noqa: E402
 from probes.device import DeviceInfo, catalog_gpu  # noqa: E402
 from probes.measured import SHARED_RESERVE_BYTES, MeasureRequest, classify_failure, measure, memory_budget  # noqa: E402
@@ -200,7 +201,8 @@ def test_without_a_gpu_the_measured_probe_says_so(args):
 
 
 def test_suggest_probe_picks_the_fastest_measured_plan():
-    from planner.engine.suggest import SuggestRequest, suggest
+    from planner.engine.suggest import suggest
+    from planner.schema.suggest import SuggestRequest
     from probes.measured_command import probe_suggestion
 
     result = suggest(SuggestRequest(model=TINY, gpus="1xH100-80", seq_len=64, global_batch_size=16, top=3,

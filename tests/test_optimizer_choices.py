@@ -102,7 +102,8 @@ def test_4bit_states_are_torchaos_own(shape, dtype, tmp_path):
 def test_the_ladder_takes_4bit_states_only_when_8bit_does_not_fit():
     """4-bit states sit between 8-bit states and fp8 on the ladder: with room for 8-bit states the
     answer keeps them; at a context where only 4-bit states fit, the answer is 4-bit and says so."""
-    from planner.engine.suggest import SuggestRequest, suggest
+    from planner.engine.suggest import suggest
+    from planner.schema.suggest import SuggestRequest
 
     assert [r.name for r in LADDER[:3]] == ["8-bit-states", "4-bit-states", "fp8"]
     ask = dict(model="meta-llama/Llama-3.2-1B", gpus="1xA10G-24", sharding=["none"], offload=["none"],
@@ -111,6 +112,6 @@ def test_the_ladder_takes_4bit_states_only_when_8bit_does_not_fit():
     long = suggest(SuggestRequest(**ask, seq_len=20480))
     assert long.plans[0].config.optimizer == "adamw-4bit"
     assert not any(p.config.optimizer == "adamw-8bit" for p in long.plans)
-    from planner.engine.suggest import words
+    from strategies import approximation_words
 
-    assert words(long.plans[0].config) == ["optimizer adamw-4bit (4-bit optimizer states)"]
+    assert approximation_words(long.plans[0].config) == ["optimizer adamw-4bit (4-bit optimizer states)"]

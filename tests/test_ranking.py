@@ -8,7 +8,8 @@ import pytest
 
 from planner.core.numerics import NumericsPolicy
 from planner.engine.ranking import TIE_BAND, Candidate, order, pick
-from planner.engine.suggest import SuggestRequest, suggest
+from planner.engine.suggest import suggest
+from planner.schema.suggest import SuggestRequest
 from strategies import LADDER, REGISTRY, complexity, numerics_of
 from strategies.optimizer import ADAM_MINI_MOMENTS, METHOD, STATES_8BIT
 from strategies.precision import BF16_WEIGHTS, FP8
@@ -128,7 +129,8 @@ def test_the_default_margin_covers_the_worst_measured_under_prediction_and_says_
     from pathlib import Path
 
     from planner.cost.overheads import DEFAULT_MARGIN
-    from planner.engine.estimate import EstimateRequest, estimate
+    from planner.engine.estimate import estimate
+    from planner.schema.estimate import EstimateRequest
 
     table = (Path(__file__).resolve().parent.parent / "docs" / "traced-matrix.md").read_text()
     worst = float(re.search(r"^Worst step peak: (-?\d+\.\d+)%", table, re.M).group(1)) / 100

@@ -297,7 +297,8 @@ def test_fsdp_qlora_70b_against_peft_published_figures():
     FSDP1's CPU offload keeps on the GPU beyond the gathered units is not modelled): stated, and
     the 2 x 24 GB verdict the guide draws from it holds. Host RAM: planner's load figure (rank 0
     holds the 16-bit checkpoint, 138 GB) is an upper bound above the 107 GB the guide saw."""
-    from planner.engine.estimate import EstimateRequest, estimate
+    from planner.engine.estimate import estimate
+    from planner.schema.estimate import EstimateRequest
 
     job = dict(model="meta-llama/Llama-2-70b-hf", adapter="qlora", sharding="fsdp", fsdp_version=1,
                checkpointing="full", seq_len=2048, micro_batch_size=2, grad_accum=2, lora_rank=8, lora_alpha=16,

@@ -161,7 +161,7 @@ def test_check_screen_reads_at_width(width, tmp_path_factory):
 
 def test_nothing_fits_reads_at_every_width():
     """The slow search once (--json); its screen at each width from the command's renderer."""
-    from planner.engine.suggest import SuggestResult
+    from planner.schema.suggest import SuggestResult
     from planner.render.next_steps import Asked
     from planner.render.report import render_suggest
 

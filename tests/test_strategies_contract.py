@@ -24,9 +24,10 @@ from planner.cli.flows import SuggestJob
 from planner.core.ledger import TERMS, LedgerDraft
 from planner.core.vocabulary import WORKLOAD
 from planner.emit import build_files, single_plan_result
-from planner.engine.estimate import EstimateRequest, estimate_config, evaluate
-from planner.engine.suggest import SuggestRequest
-from planner.engine.tune import TrialRow, TuneRequest, TuneResult
+from planner.engine.estimate import estimate_config, evaluate
+from planner.schema.estimate import EstimateRequest
+from planner.schema.suggest import SuggestRequest
+from planner.schema.tune import TrialRow, TuneRequest, TuneResult
 from planner.render import report
 from planner.render.tune import render_tune
 from strategies import BY_FIELD, REGISTRY, SETTINGS, TECHNIQUES, Check, PlanContext, TrainingConfig

@@ -16,8 +16,10 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-from planner.engine.suggest import SuggestRequest, suggest  # noqa: E402
-from planner.engine.tune import ProbeOutcome, TuneRequest, tune  # noqa: E402
+from planner.engine.suggest import suggest
+from planner.schema.suggest import SuggestRequest
+from planner.engine.tune import tune
+from planner.schema.tune import ProbeOutcome, TuneRequest
 
 TINY = str(Path(__file__).parent / "data" / "tiny-llama" / "config.json")
 #: A narrowed space (one GPU: no sharding; AdamW and its 8-bit form): the study's rules, not the space's

@@ -24,9 +24,11 @@ from planner.core.formatting import gib
 from planner.core.job import Reading
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
 from planner.engine.alternatives import memory_savers
-from planner.engine.estimate import EstimateResult, Target, default_seq_len, estimate_config, evaluate
+from planner.engine.estimate import default_seq_len, estimate_config, evaluate
 from planner.engine.search import search
 from planner.engine.space import build_space
+from planner.schema.estimate import EstimateResult
+from planner.schema.target import Target
 from strategies import BY_FIELD, TECHNIQUES, TrainingConfig
 from strategies.request_fields import TechniqueChoices
 

@@ -148,9 +148,9 @@ def estimate(
     seq_len: options.SeqLen = None,
     as_json: options.Json = False,
 ) -> None:
-    from planner.engine.estimate import EstimateRequest
     from planner.engine.estimate import estimate as run
     from planner.render.report import render_estimate
+    from planner.schema.estimate import EstimateRequest
 
     workload = {"micro_batch_size": micro_batch_size, "grad_accum": grad_accum, "seq_len": seq_len}
     asked = _asked(target, _words(techniques) + _words(workload, {"micro_batch_size": 1, "grad_accum": 1}))
@@ -369,8 +369,8 @@ def tune(
     as_json: options.Json = False,
 ) -> None:
     from planner.cli import flows
-    from planner.engine.tune import TuneRequest
     from planner.render.tune import render_tune
+    from planner.schema.tune import TuneRequest
 
     serve(lambda: flows.tune(TuneRequest(
         **target, **techniques,
@@ -393,8 +393,9 @@ def calibrate(
     as_json: options.Json = False,
 ) -> None:
     from planner.catalog.calibration import store_path
-    from planner.engine.calibrate import EXIT_FITTED, EXIT_NOTHING_TO_FIT, CalibrateRequest
+    from planner.engine.calibrate import EXIT_FITTED, EXIT_NOTHING_TO_FIT
     from planner.engine.calibrate import calibrate as run
+    from planner.schema.calibrate import CalibrateRequest
 
     serve(lambda: run(CalibrateRequest(store=options.calibration_store(store), gpu=gpu, dry_run=dry_run,
                                        default_store=store_path())),

@@ -14,9 +14,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
-from planner.engine.suggest import SuggestRequest, SuggestResult
 from planner.engine.suggest import suggest as search_plans
-from planner.engine.tune import TuneRequest, TuneResult
+from planner.schema.suggest import SuggestRequest, SuggestResult
+from planner.schema.tune import TuneRequest, TuneResult
 
 Say = Callable[[str], None]
 

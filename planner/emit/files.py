@@ -31,8 +31,9 @@ from planner.emit import writer
 from planner.emit.plan_doc import render_plan_doc
 from planner.emit.writer import Written
 from planner.engine.alternatives import memory_savers
-from planner.engine.estimate import EstimateResult, estimate_config
-from planner.engine.suggest import SuggestResult
+from planner.engine.estimate import estimate_config
+from planner.schema.estimate import EstimateResult
+from planner.schema.suggest import SuggestResult
 from strategies import REGISTRY, Engine, PlanContext, numerics_of, summary
 
 FILE_NAMES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.json", RUNTIME_FILE, "launch.sh",

@@ -6,11 +6,9 @@ from planner.core.emitted import EmitDraft
 from planner.core.formatting import count, gib, share
 from planner.core.launch_contract import RUNTIME_FILE, RuntimeArgs
 from planner.core.ledger import Location, resident
-from planner.engine.alternatives import Alternative
-from planner.engine.estimate import EstimateResult
 from planner.engine.ranking import TIE_BAND
-from planner.engine.suggest import words
-from strategies import summary
+from planner.schema.estimate import Alternative, EstimateResult
+from strategies import approximation_words, summary
 
 
 def _gib(n: float) -> str:
@@ -49,8 +47,8 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
             nxt = search.plans[rank]
             out.append(f"- Next: {summary(nxt.config)}, micro-batch {nxt.config.micro_batch_size}: "
                        f"{nxt.time.tokens_per_second:,.0f} tokens/s at {_gib(nxt.memory['peak'])} GiB.")
-    out.append("- Numerics: " + ("exact (the same math as fp32-master AdamW under mixed precision)." if not words(c)
-                                  else "approximation: " + "; ".join(words(c))
+    out.append("- Numerics: " + ("exact (the same math as fp32-master AdamW under mixed precision)." if not approximation_words(c)
+                                  else "approximation: " + "; ".join(approximation_words(c))
                                   + ("" if search.exact_fits else " (no exact plan fits).")))
     for trade in search.trade_offs if rank == 1 else []:
         out.append(f"- Approximations would give {trade.gain:+.0%} ({trade.plan.time.tokens_per_second:,.0f} tokens/s): "

@@ -6,17 +6,11 @@ global batch (halving the micro-batch doubles accumulation), and is ranked by wh
 in throughput; only changes that lower the peak and stay feasible are kept.
 """
 
-from dataclasses import dataclass
 
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.engine.estimate import EstimateResult, estimate_config
+from planner.engine.estimate import estimate_config
+from planner.schema.estimate import Alternative, EstimateResult
 from strategies import TECHNIQUES, TrainingConfig
-
-
-@dataclass(frozen=True)
-class Alternative:
-    change: str  # "checkpointing none -> full"
-    result: EstimateResult
 
 
 def _variants(c: TrainingConfig, hardware: HardwareSpec) -> list[tuple[str, dict]]:

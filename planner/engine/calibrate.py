@@ -44,6 +44,7 @@ from planner.core.specs import GpuSpec, HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, step_seconds
 from planner.cost import overheads
 from planner.engine.estimate import FRAGMENTATION_LABEL, evaluate, runtime_reserves
+from planner.schema.calibrate import CalibrateRequest, CalibrateResult
 from strategies import TrainingConfig, reserve_extra
 from strategies.precision import LAYER_MATMUL_DTYPE
 
@@ -349,34 +350,6 @@ EXIT_FITTED = 0
 EXIT_NOTHING_TO_FIT = 1
 NO_MEASUREMENTS_HINT = ("Run `planner probe --fidelity measured` on a GPU first: it records its measurements in the "
                         f"calibration store (${ENV}, or pass --store PATH).")
-
-
-class CalibrateRequest(BaseModel):
-    """What ``planner calibrate`` is asked: which store, which device GPU, whether to save."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    store: Path | None  # the store (None: no store: an error that says so)
-    gpu: str | None = None  # only measurements taken on this GPU (catalog id or alias)
-    dry_run: bool = False
-    default_store: Path | None = None  # the store estimate / suggest / check use by default (for the result's in_use)
-
-
-class CalibrateResult(BaseModel):
-    """What ``planner calibrate --json`` prints."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    store: str
-    measurements: int  # rows read (of --gpu only, when given)
-    ok_measurements: int  # of them, with status ok on a GPU: what the fit uses
-    corrections: list[Corrections]
-    saved: bool
-    in_use: bool  # the store is the one planner estimate / suggest / check read by default
-
-    @property
-    def fitted(self) -> bool:
-        return bool(self.corrections)
 
 
 def calibrate(request: CalibrateRequest) -> CalibrateResult:

@@ -6,17 +6,12 @@
 """
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.core.formatting import gib
 from planner.core.ledger import (
     Ledger,
     LedgerDraft,
-    LedgerRow,
     Location,
     PagedInfo,
     Phase,
@@ -26,117 +21,14 @@ from planner.core.ledger import (
     terms_at,
 )
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.core.timing import StepTime, TimeDraft, assemble, step_seconds
-from planner.core.vocabulary import DEFAULT_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN, WORKLOAD
+from planner.core.timing import TimeDraft, assemble, step_seconds
+from planner.core.vocabulary import DEFAULT_SEQ_LEN, WORKLOAD
 from planner.cost import adapters, overheads, params
 from planner.engine.assumptions import assumptions
+from planner.schema.estimate import EstimateRequest, EstimateResult, HardwareInfo, ModelInfo
 from strategies import REGISTRY, SETTINGS, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig, reserve_extra
 from strategies.rates import peak_dtype, peak_flops
-from strategies.request_fields import TechniqueChoices
 from strategies.sharding import Sharding
-
-
-class Target(BaseModel):
-    """What every command plans for: a model on some GPUs, and how much memory to keep free
-    (``model`` None: a job's recipe names it, planner check)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str | None = None
-    gpus: str
-    host_memory_gb: float | None = None  # per node, decimal GB
-    inter_node_gbps: float | None = None  # per node, Gbit/s
-    margin: float = Field(overheads.DEFAULT_MARGIN, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
-    calibration: Path | None = None  # the calibration store whose corrections apply (None: assumptions only)
-
-    def hardware(self, gpus: str | None = None) -> HardwareSpec:
-        """The target's GPUs (or ``gpus``, another --gpus spec) with its host, network and calibration."""
-        return parse_gpus(gpus or self.gpus, self.host_memory_gb, self.inter_node_gbps, self.calibration)
-
-
-class PlanTarget(Target):
-    """A target whose model is named."""
-
-    model: str
-
-
-class EstimateRequest(PlanTarget, TechniqueChoices):
-    """What a user asks ``planner estimate``: one value per technique (None: its default, which
-    may depend on the GPUs: sharding none on one GPU, ddp on several) and the workload."""
-
-    micro_batch_size: int = Field(1, ge=1, le=MAX_BATCH)
-    grad_accum: int = Field(1, ge=1, le=MAX_BATCH)
-    seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN)  # default: min(2048, the model's positions)
-
-
-class ModelInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    id: str
-    family: str
-    source: str
-    num_parameters: int
-    num_trainable_parameters: int  # what the plan trains: every parameter, or an adapter's
-    num_active_parameters: int
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
-
-
-class HardwareInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    gpu: str
-    gpu_name: str
-    num_gpus: int
-    nodes: int
-    gpus_per_node: int
-    gpu_memory_bytes: int
-    host_memory_bytes_per_node: int
-    inter_node_bytes_per_s: float
-    calibration: str | None = None  # the measured corrections in use (planner calibrate); None: assumptions
-    gpu_file: str | None = None  # a user GPU file's path (GpuSpec.file); None: a catalog GPU
-    gpu_definition: dict | None = None  # that file's content as planned (GpuSpec.definition)
-
-    @property
-    def spec(self) -> str:
-        """The --gpus spelling of this hardware: 8xH100-SXM-80, 2x8xH100-SXM-80, 4x/path/to/gpu.yaml."""
-        return (f"{self.nodes}x" if self.nodes > 1 else "") + f"{self.gpus_per_node}x{self.gpu_file or self.gpu}"
-
-    def parse(self, gpus: str | None = None, calibration: Path | None = None) -> HardwareSpec:
-        """This hardware again (a user GPU from the definition the plan holds, not from its file),
-        or ``gpus`` instead of its GPUs, with its host RAM and network."""
-        return parse_gpus(gpus or self.spec, self.host_memory_bytes_per_node / 1e9, self.inter_node_bytes_per_s * 8 / 1e9,
-                          calibration, definition=None if gpus else self.gpu_definition)
-
-
-class EstimateResult(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: ModelInfo
-    hardware: HardwareInfo
-    config: TrainingConfig
-    memory: dict[str, int]  # bytes per GPU at the peak phase, each term, plus "peak"
-    peak_phase: Phase
-    phase_peaks: dict[Phase, int]
-    usable_bytes: int  # GPU memory less the safety margin
-    headroom_bytes: int  # usable - peak (negative: short by that much)
-    host_memory: dict[str, int]  # bytes per node
-    paged: PagedInfo | None
-    ledger: list[LedgerRow]
-    time: StepTime
-    feasible: bool
-    fits: bool
-    reasons: list[str]
-    warnings: list[str]
-    assumptions: list[str] = []  # what planner estimate assumed (planner/engine/assumptions.py)
-
-    @property
-    def peak_without_paged(self) -> int | None:
-        """Bytes per GPU at the peak without the paged optimizer state, when that state spills to
-        host RAM (it then fills whatever GPU memory the other terms leave, so the peak is simply the
-        usable memory and this is the figure that says more); None when nothing spills."""
-        if self.paged is None or not self.paged.spilled_bytes:
-            return None
-        return self.memory["peak"] - self.paged.resident_bytes
 
 
 @dataclass

@@ -25,18 +25,18 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict
-
 from planner.catalog import gpus as gpu_catalog
 from planner.core.errors import PlannerInputError
 from planner.core.formatting import gib
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.units import GB
-from planner.engine.estimate import EstimateResult, evaluate, result_of
+from planner.engine.estimate import evaluate, result_of
 from planner.engine.ranking import rank, searched
 from planner.engine.search import SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, default_global_batch, settings_of
+from planner.schema.estimate import EstimateResult
+from planner.schema.suggest import HardwareSuggestion
 from strategies import BY_FIELD, FIELDS, PlanContext, summary
 from strategies.base import Check
 
@@ -50,16 +50,6 @@ MEMORY_SAVING: dict[str, tuple[str, ...]] = {"checkpointing": ("full", "selectiv
                                              "attention": ("sdpa", "eager")}
 #: Host RAM per node as servers are built (GB): a host-RAM fix names the first that suffices.
 HOST_SIZES_GB = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
-
-
-class HardwareSuggestion(BaseModel):
-    """A change of hardware with which a plan fits, and the fastest plan there."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    change: str  # "more host RAM" | "more GPUs" | "larger GPU"
-    gpus: str  # a --gpus spec
-    plan: EstimateResult  # the fastest plan there
-    host_memory_gb: float | None = None  # --host-memory-gb (per node) the fix needs; None: as asked or default
 
 
 @dataclass(frozen=True)

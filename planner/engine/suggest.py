@@ -4,99 +4,26 @@ buy and what was assumed; or, when nothing fits, what the job needs and the smal
 (planner/engine/nothing_fits.py: more host RAM, more GPUs, a larger GPU).
 """
 
-from pydantic import BaseModel, ConfigDict, Field
 
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.core.vocabulary import MAX_SEQ_LEN
 from planner.engine.assumptions import assumptions
-from planner.engine.estimate import EstimateResult, PlanTarget, default_seq_len, evaluate, result_of
-from planner.engine.nothing_fits import HardwareSuggestion, Verdict, explain
+from planner.engine.estimate import default_seq_len, evaluate, result_of
+from planner.engine.nothing_fits import Verdict, explain
 from planner.engine.ranking import Ranking, distinct, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, settings_of
-from strategies import FIELDS, REGISTRY, approximations, summary
+from planner.schema.estimate import EstimateResult
+from planner.schema.suggest import AdapterOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
+from strategies import FIELDS, REGISTRY, approximation_words, summary
 from strategies.adapter import ALLOWS, Adapter
-from strategies.request_fields import TechniqueLists
-
-
-class SuggestRequest(PlanTarget, TechniqueLists):
-    """What a user asks ``planner suggest``. An empty list leaves that technique to the search."""
-
-    seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN)  # default: min(2048, the model's positions)
-    global_batch_size: int | None = Field(None, ge=1, le=MAX_SEQ_LEN)
-    micro_batch_size: list[int] = []
-    exact_optimizer: bool = False
-    launcher: Launcher = Launcher.PLANNER  # trainer: only plans the standard files express alone
-    numerics: NumericsPolicy = NumericsPolicy.LADDER  # planner/core/numerics.py
-    tokens: float | None = Field(None, gt=0, le=1e16)  # tokens to train on: the winner's time (and cost)
-    price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6)  # currency units per GPU-hour, for the cost
-    top: int = Field(5, ge=1, le=1000)
-    engine: str = "auto"
-    trials: int = Field(400, ge=1, le=1_000_000)
-    seed: int = 0
-
-
-class TradeOff(BaseModel):
-    """A faster plan that changes numerics, beside the winner."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    approximations: list[str]  # "precision fp8-mixed: fp8 matmuls", least risk first
-    gain: float  # tokens/s over the winner's, minus 1
-    plan: EstimateResult
-
-
-class AdapterOption(BaseModel):
-    """``suggest`` without --adapter: what LoRA or QLoRA would give when full fine-tuning does not
-    fit or is far slower (a different training method, so never the answer itself)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    adapter: str  # lora or qlora
-    tokens_per_second: float
-    peak_bytes: int
-    gain: float | None  # tokens/s over the winner's, minus 1 (None: nothing full fits)
-    summary: str  # the adapter plan's techniques, one line
-
 
 #: Full fine-tuning counts as "far slower" than an adapter when the adapter plan is this much faster
 #: (on 1xRTX4090-24, Llama-3.1-8B in full needs CPU offload: QLoRA is about 37 % faster).
 ADAPTER_HINT_GAIN = 0.25
-
-
-class TrainingTime(BaseModel):
-    """``--tokens``: how long the winner takes to train on them, and what it costs."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    tokens: float
-    hours: float  # wall clock
-    gpu_hours: float
-    cost: float | None  # gpu_hours x --price-per-gpu-hour
-
-
-class SuggestResult(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    plans: list[EstimateResult]  # best first
-    considered: int
-    rejected: dict[str, int]
-    evaluated: int
-    engine: str
-    global_batch_size: int
-    seq_len: int
-    fits: bool
-    nearest: list[EstimateResult]  # when nothing fits: the closest misses
-    hardware_suggestions: list[HardwareSuggestion]
-    reasons: list[str]
-    numerics: NumericsPolicy = NumericsPolicy.LADDER
-    exact_fits: bool = False  # an exact plan fits (planner/core/numerics.py)
-    trade_offs: list[TradeOff] = []  # what approximations would buy beside the winner
-    assumptions: list[str] = []  # what the answer assumed, and from where (planner/engine/assumptions.py)
-    training: TrainingTime | None = None  # --tokens
-    needs_bytes: int | None = None  # nothing fits: the least GPU memory a candidate needs here (planner/engine/nothing_fits.py)
-    adapter_option: AdapterOption | None = None  # full fine-tuning only was searched: what an adapter would give
 
 
 def suggest(request: SuggestRequest) -> SuggestResult:
@@ -188,26 +115,21 @@ def _rank(request: SuggestRequest, outcome: SearchOutcome) -> Ranking:
     return rank(searched(outcome), request.numerics, request.top)
 
 
-def words(config) -> list[str]:
-    """The approximations of ``config`` as a user reads them, least risk first."""
-    return [f"{field} {value} ({rung.words})" for field, value, rung in approximations(config)]
-
-
 def _trade_off(plan: EstimateResult, winner: EstimateResult | None) -> TradeOff:
     """``plan`` beside the winner; with no winner (nothing exact fits) its gain is 0."""
     gain = plan.time.tokens_per_second / winner.time.tokens_per_second - 1 if winner else 0.0
-    return TradeOff(approximations=words(plan.config), plan=plan, gain=gain)
+    return TradeOff(approximations=approximation_words(plan.config), plan=plan, gain=gain)
 
 
 def _numerics_note(request: SuggestRequest, ranking: Ranking, plans: list[EstimateResult]) -> list[str]:
     """What the numerics policy decided, when it is not simply "the fastest exact plan"."""
     if not plans and ranking.least:
-        return [f"no exact plan fits; the least approximation that fits: {', '.join(words(ranking.least.config))}"
+        return [f"no exact plan fits; the least approximation that fits: {', '.join(approximation_words(ranking.least.config))}"
                 " (--numerics ladder)"]
     if not plans or request.numerics == NumericsPolicy.ANY:
         return []
     if not ranking.exact_fits:
-        return [f"no exact plan fits: the least approximation that fits is {', '.join(words(plans[0].config))}"]
+        return [f"no exact plan fits: the least approximation that fits is {', '.join(approximation_words(plans[0].config))}"]
     return []
 
 

@@ -11,8 +11,8 @@ from rich.text import Text
 from planner.core.formatting import count, gib, share
 from planner.core.ledger import Location, resident
 from planner.core.units import GIB
-from planner.engine.estimate import EstimateResult
 from planner.render.layout import fits, heading, line, paragraph, table
+from planner.schema.estimate import EstimateResult
 from strategies import summary
 
 PHASE_WORDS = {

@@ -8,12 +8,12 @@ from dataclasses import replace
 from rich.console import Console
 
 from planner.core.formatting import gib
-from planner.engine.estimate import EstimateResult
 from planner.render.breakdown import config_line, fit_words, reasons, render_breakdown, target_line
 from planner.render.catalogs import render_gpus, render_models
 from planner.render.layout import console_for_stdout, heading, line, paragraph, table, verdict
 from planner.render.next_steps import Asked, check_next, estimate_next
 from planner.render.plans import render_suggest
+from planner.schema.estimate import EstimateResult
 
 __all__ = ["Asked", "console_for_stdout", "render_breakdown", "render_calibrate", "render_check", "render_estimate",
            "render_gpus", "render_models", "render_suggest"]

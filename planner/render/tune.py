@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from planner.core.units import GIB
-from planner.engine.tune import TrialRow, TuneResult
 from planner.render.layout import table as plain_table
+from planner.schema.tune import TrialRow, TuneResult
 from strategies import summary
 
 

@@ -1,0 +1,33 @@
+"""What every command plans for: a model on some GPUs, with the memory to keep free."""
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.catalog.gpus import parse_gpus
+from planner.core.specs import HardwareSpec
+from planner.cost import overheads
+
+
+class Target(BaseModel):
+    """What every command plans for: a model on some GPUs, and how much memory to keep free
+    (``model`` None: a job's recipe names it, planner check)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = None
+    gpus: str
+    host_memory_gb: float | None = None  # per node, decimal GB
+    inter_node_gbps: float | None = None  # per node, Gbit/s
+    margin: float = Field(overheads.DEFAULT_MARGIN, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
+    calibration: Path | None = None  # the calibration store whose corrections apply (None: assumptions only)
+
+    def hardware(self, gpus: str | None = None) -> HardwareSpec:
+        """The target's GPUs (or ``gpus``, another --gpus spec) with its host, network and calibration."""
+        return parse_gpus(gpus or self.gpus, self.host_memory_gb, self.inter_node_gbps, self.calibration)
+
+
+class PlanTarget(Target):
+    """A target whose model is named."""
+
+    model: str
