@@ -2,13 +2,14 @@
 per technique.
 
 An explicit list, no import-time registration. ``REGISTRY`` is the order in which the strategies
-write the memory and time ledgers: the adapter decides what is trained (its layout first) and
-writes the frozen base's weights, precision writes the model-state rows, optimizer the states,
-sharding divides and adds buffers, offload moves rows to the host, checkpointing / attention / loss
-write activation rows. ``TECHNIQUES`` is the same strategies in vocabulary order (``order``): the
-order of TrainingConfig's fields, of flags and of every summary. Every command, request, search
-space, renderer, reader (``planner check``), alternative, emitted file and runtime hook iterates
-them, so adding a technique is one module, one line here, and its tests.
+resolve the plan layout (the adapter decides what is trained, precision the dtypes, sharding each
+model-state term's divisor, offload its location) and then write the memory and time ledgers:
+every row final as written (a model state placed by the layout), so the rows and the peak do not
+depend on the order in which they are written (tests/test_strategies_contract.py).
+``TECHNIQUES`` is the same strategies in vocabulary order (``order``): the order of
+TrainingConfig's fields, of flags and of every summary. Every command, request, search space,
+renderer, reader (``planner check``), alternative, emitted file and runtime hook iterates them, so
+adding a technique is one module, one line here, and its tests.
 """
 
 from typing import TYPE_CHECKING

@@ -175,27 +175,30 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     if spec is None:
         return
     wdt = {4: "fp32", 2: "16-bit"}[lay.frozen_bytes]
+    place = lay.placement("weights")
     if spec.nf4 and ctx.engine == Engine.FSDP:  # FSDP2 shards the codes; the state is every rank's
         c = lay.dtypes.compute
         quantized = adapters.layer_quantized(m)
         codes = sum(adapters.nf4_storage_elements(t.numel, c) for t in quantized) * m.num_layers
         state = sum(adapters.nf4_state_bytes(t.numel) for t in quantized) * m.num_layers
         _, rest = adapters.qlora_weight_parts(m, True)
-        ledger.add("weights", "frozen decoder linears: NF4 codes (16-bit quant storage)", codes, c, tag=FROZEN_BASE,
+        ledger.add("weights", "frozen decoder linears: NF4 codes (16-bit quant storage)", codes, c, tag=FROZEN_BASE, place=place,
                    note="4 bits per weight, viewed as the 16-bit storage dtype FSDP shards")
         ledger.add("weights", "frozen decoder linears: NF4 quantization state", state, 1, tag=FROZEN_EVERY_RANK,
+                   place=place.replicated,
                    note="8-bit absmax per 64 + fp32 per 256 blocks: module attributes, not sharded")
-        ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes, tag=FROZEN_BASE,
+        ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes, tag=FROZEN_BASE, place=place,
                    note=f"{rest:,} params x {lay.frozen_bytes} B")
     elif spec.nf4 or spec.int8:
         packed, rest = adapters.quantized_weight_parts(m, spec)
         what, note = (("int8, fp32 scale per row", "1 B per weight + 4 B per output row") if spec.int8 else
                       ("NF4, double quantization", "4 bits + 8-bit absmax per 64 + fp32 per 256 blocks"))
-        ledger.add("weights", f"frozen decoder linears ({what})", packed, 1, tag=FROZEN_BASE, note=note)
-        ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes, tag=FROZEN_BASE,
+        ledger.add("weights", f"frozen decoder linears ({what})", packed, 1, tag=FROZEN_BASE, place=place, note=note)
+        ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes, tag=FROZEN_BASE, place=place,
                    note=f"{rest:,} params x {lay.frozen_bytes} B")
     else:
         ledger.add("weights", f"frozen base weights ({wdt})", lay.frozen_parameters, lay.frozen_bytes, tag=FROZEN_BASE,
+                   place=place,
                    note=f"{lay.frozen_parameters:,} params x {lay.frozen_bytes} B")
     c = lay.dtypes.compute
     if lay.weight_bytes != c:  # fp32 adapters under autocast: their 16-bit casts, cached and saved

@@ -8,20 +8,21 @@ have, the one-step changes that lower memory, and where the runtime applies it.
 
 Strategies read what other techniques decided from ``PlanContext.layout`` (resolved once, from every
 strategy's ``parallelism`` and ``storage`` hooks), never by re-deriving another strategy's rule.
-They write the memory ledger in registry order (``strategies.REGISTRY``); later ones may adjust
-rows earlier ones wrote (sharding divides model states, offload moves rows to the host).
+They write the memory ledger in registry order (``strategies.REGISTRY``), each row final as written:
+a model-state row takes its divisor and location from ``PlanLayout.placement`` (sharding and offload
+decide them with the layout), so no strategy rewrites another's rows.
 """
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import LedgerDraft, PagedInfo
+from planner.core.ledger import ON_GPU, LedgerDraft, Location, PagedInfo, Placement
 from planner.core.numerics import Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
@@ -29,6 +30,8 @@ from planner.core.vocabulary import Setting
 from planner.cost import params
 from planner.cost.activations import DTypes
 from planner.cost.adapters import AdapterSpec
+
+T = TypeVar("T")
 
 
 class Engine(StrEnum):
@@ -75,6 +78,17 @@ class PlanLayout:
     tensor_parallel: int = 1
     context_parallel: int = 1
     pipeline_parallel: int = 1
+    #: per model-state term (weights, master_weights, gradients, optimizer_states) the sharding mode
+    #: divides, how its rows split across the ranks (absent: every rank holds them whole)
+    shards: dict[str, Placement] = field(default_factory=dict)
+    host_terms: frozenset[str] = frozenset()  # the model-state terms offload keeps in pinned host memory
+    #: DeepSpeed ZeRO-Offload copies gradients straight into its fp32 host partition: no gradient rows
+    gradients_in_host_partition: bool = False
+
+    def placement(self, term: str) -> Placement:
+        """How rows of ``term`` are placed: split by ``shards``, on the host when offloaded."""
+        place = self.shards.get(term, ON_GPU)
+        return replace(place, location=Location.HOST) if term in self.host_terms else place
 
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(PlanLayout))
@@ -85,6 +99,14 @@ class PlanContext:
     model: ModelSpec
     hardware: HardwareSpec
     config: Any  # strategies.TrainingConfig (built from the registry)
+    _once: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def once(self, decide: Callable[["PlanContext"], T]) -> T:
+        """``decide(self)``, computed once per plan: a decision several strategies read (the backward
+        phase's peak instant: strategies/checkpointing.py ``backward_peak``)."""
+        if decide not in self._once:
+            self._once[decide] = decide(self)
+        return self._once[decide]
 
     @property
     def world_size(self) -> int:

@@ -17,19 +17,22 @@ from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import LedgerDraft, Location, PagedInfo, Phase
+from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import activations, adapters, overheads, params
 from strategies import rates
 from strategies.base import Engine, PlanContext, Strategy
+from strategies.fsdp_schedule import (
+    Instant,
+    forward_instants,
+    gathered_bytes,
+    layers_saved,
+    reduce_scatter_input_elements,
+)
 from strategies.moments import (
-    AFTER_TOP_LAYER,
-    GRADIENTS_BEFORE_FIRST_LAYER,
     LAST_LAYER_FORWARD,
-    LAST_LAYER_GATHER,
     LOSS_MOMENT,
-    ROOT_REGATHER,
 )
 
 
@@ -131,11 +134,11 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     tokens = cfg.tokens_per_micro_batch
     per_layer = per_layer_forward_bytes(ctx)
     note = f"{per_layer:,.0f} B/token/layer x {tokens:,} tokens"
-    if ctx.engine == Engine.FSDP:  # the layers' saved tensors at each moment of FSDP's forward phase
-        moments = ((LAST_LAYER_GATHER, m.num_layers - 1), (LAST_LAYER_FORWARD, m.num_layers), (LOSS_MOMENT, m.num_layers))
-        for moment, layers in moments + (((ROOT_REGATHER, m.num_layers),) if ctx.layout.resharding else ()):
+    if instants := forward_instants(ctx):  # FSDP: the layers' saved tensors at each instant of its forward
+        for instant in instants:
+            layers = layers_saved(ctx, instant)
             ledger.add("activations", f"saved activations, {layers} layers ({cfg.checkpointing})", per_layer * layers,
-                       tokens, phases=frozenset({Phase.FORWARD}), moment=moment, note=note)
+                       tokens, phases=frozenset({Phase.FORWARD}), moment=str(instant), note=note)
     else:
         ledger.add("activations", f"saved activations, {m.num_layers} layers ({cfg.checkpointing})",
                    per_layer * m.num_layers, tokens, phases=frozenset({Phase.FORWARD}), note=note)
@@ -152,8 +155,8 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         ledger.add("activations", "attention masks (checkpoint inputs)", masks, tokens,
                    phases=frozenset({Phase.FORWARD, Phase.BACKWARD}),
                    note="(b, 1, s, s) per mask kind, kept by every checkpointed layer until its backward")
-    if instant := top_layer_forward(ctx):
-        label, extra = instant
+    if top := top_layer_forward(ctx):
+        label, extra = top
         ledger.add("activations", f"the top layer's forward: {label}", max(0.0, extra - per_layer), tokens,
                    phases=frozenset({Phase.FORWARD}), moment=LAST_LAYER_FORWARD,
                    note="instead of the layer's (checkpointed) saved set")
@@ -164,23 +167,51 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         if cached := cache_only_casts(ctx):
             ledger.add("autocast_weight_copies", "autocast casts of the layers' matmul weights (cached)", cached, 1,
                        phases=frozenset({Phase.FORWARD}), moment=LAST_LAYER_FORWARD)
-    # the backward phase's peak: the top layer's, the next one's (FSDP: with the top layer's
-    # reduce-scatter input in flight) or the first layer's; the layers between lie on the line
-    # from the second to the first (each frees one layer's saved tensors, adds its gradients)
-    gradients, in_flight = ledger.tagged(GRADIENTS_BEFORE_FIRST_LAYER), ledger.tagged(AFTER_TOP_LAYER)
-    gpu = lambda rows: sum(r.bytes for r in rows if r.location == Location.GPU)  # noqa: E731
-    first_label, first = first_layer_backward(ctx)
-    candidates = [("first layer's backward", first_label, first, gpu(gradients) + gpu(in_flight), []),
-                  ("top layer's backward", *top_layer_backward(ctx), 0, gradients + in_flight)]
-    if in_flight and m.num_layers > 2:
-        candidates.append(("second layer's backward", *second_layer_backward(ctx), gpu(in_flight), gradients))
-    who, label, held, _, gone = max(candidates, key=lambda c: sum(c[2].values()) + c[3])
-    ledger.remove(gone)
+    peak = backward_peak(ctx)
     for term, what in (("gradients", "gradients so far"), ("autocast_weight_copies", "weight casts"),
                        ("gathered_parameters", "FSDP's unsharded layers"),
                        ("activations", "activations and gradient temporaries")):
-        ledger.add(term, f"{who}, {label}: {what}", held[term], 1, phases=frozenset({Phase.BACKWARD}),
+        ledger.add(term, f"{peak.who}, {peak.label}: {what}", peak.held[term], 1, phases=frozenset({Phase.BACKWARD}),
                    note="the largest of the top, the second (FSDP) and the first layer's backward")
+
+
+@dataclass(frozen=True)
+class BackwardPeak:
+    """The backward phase's peak instant and what it holds beyond the rows every instant shares:
+    bytes per term (``held``, this module's rows), and whether the gradients made before the first
+    layer's backward (strategies/precision.py's row) and the layer above's reduce-scatter input
+    (strategies/fsdp_memory.py's row) are resident, so each writer writes its row only then."""
+
+    who: str
+    label: str
+    held: dict[str, float]
+    gradients_before: bool
+    reduce_scatter_in_flight: bool
+
+
+def backward_peak(ctx: PlanContext) -> BackwardPeak:
+    """The backward phase's peak, decided once per plan (``PlanContext.once``)."""
+    return ctx.once(_backward_peak)
+
+
+def _backward_peak(ctx: PlanContext) -> BackwardPeak:
+    """The largest of the top layer's backward, the next one's (FSDP: with the top layer's
+    reduce-scatter input in flight) and the first layer's (with every gradient made before it and
+    the second layer's reduce-scatter input); the layers between lie on the line from the second to
+    the first (each frees one layer's saved tensors, adds its gradients). Ties go to the first."""
+    from strategies.precision import gradients_before_first_layer  # (precision imports this module)
+
+    lay = ctx.layout
+    before = gradients_before_first_layer(ctx)
+    gradients = lay.placement("gradients").gpu_bytes(*before) if before else 0
+    in_flight = reduce_scatter_input_elements(ctx) * lay.reduce_bytes
+    first_label, first = first_layer_backward(ctx)
+    candidates = [BackwardPeak("first layer's backward", first_label, first, True, True),
+                  BackwardPeak("top layer's backward", *top_layer_backward(ctx), False, False)]
+    if in_flight and ctx.model.num_layers > 2:
+        candidates.append(BackwardPeak("second layer's backward", *second_layer_backward(ctx), False, True))
+    return max(candidates, key=lambda c: sum(c.held.values())
+               + (gradients * c.gradients_before + in_flight * c.reduce_scatter_in_flight))
 
 
 def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
@@ -254,8 +285,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     fp8_casts = _fp8_gradient_casts(ctx)
     common = {
         # FSDP: the top layer and the next one, prefetched (fsdp-grad-op: every layer, kept from forward)
-        "gathered_parameters": (m.num_layers if not ctx.layout.resharding else min(2, m.num_layers))
-        * lay.layer_gathered * lay.gathered_bytes if fsdp else 0,
+        "gathered_parameters": gathered_bytes(ctx, Instant.TOP_LAYER_BACKWARD),
         "gradients": (params.root_parameters(m) - params.late_gradient_parameters(m)) * g,
     }
     moments = {
@@ -303,9 +333,8 @@ def second_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     below = per_layer_forward_bytes(ctx) * (m.num_layers - 2) * cfg.tokens_per_micro_batch
     done = lay.layer_trained * lay.grad_bytes / lay.shard_degree
     # fsdp-grad-op: the layers below still unsharded from forward (each reshards after its backward)
-    kept = 0 if lay.resharding else (m.num_layers - 2) * lay.layer_gathered * lay.gathered_bytes
     return label, moment | {"activations": moment["activations"] + below, "gradients": moment["gradients"] + done,
-                            "gathered_parameters": moment["gathered_parameters"] + kept}
+                            "gathered_parameters": gathered_bytes(ctx, Instant.SECOND_LAYER_BACKWARD)}
 
 
 def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
@@ -341,9 +370,8 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     else:  # (an adapter's gradients are the precision strategy's row over the whole backward)
         g = 0 if ctx.layout.gradients_sharded or cfg.grad_accum > 1 or lay.adapter else lay.grad_bytes
     cast = c if lay.autocast else 0
-    # the layer computing, unsharded; resharding, also an all-gather output FSDP2 holds until the next
-    # all-gather copies out (the prefetched layer's), so two layers (traced: Mixtral 8x7B, FSDP2, 2 ranks)
-    gathered = (2 if lay.resharding and m.num_layers > 1 else 1) * lay.layer_gathered * lay.gathered_bytes if fsdp else 0
+    # the layer computing, unsharded; resharding, also the prefetched layer's all-gather output held
+    gathered = gathered_bytes(ctx, Instant.LAYER_BACKWARD)
     attention = activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
     mlp_grads, big = _trained(ctx, params.layer_block_parameters(m, "mlp")), params.largest_mlp_matrix(m)
     attention_casts = params.layer_block_parameters(m, "self_attn", matmul_only=True) * cast

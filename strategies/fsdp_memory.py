@@ -3,13 +3,9 @@ root unit, phase by phase and moment by moment (planner.core.ledger.resident).
 
 Behaviour modelled (torch ``fully_shard``, as planner emits it: every decoder layer and then the
 root wrapped, reshard_after_forward=True for each unit, the root included, except fsdp-grad-op):
-- a unit's all-gather output is held (``all_gather_state``) until the next unit's all-gather has
-  been copied out, so a layer's gather briefly holds the previous output, its own output and its
-  unsharded parameters (fsdp-grad-op too, beside every layer it keeps unsharded);
+- how many layers are unsharded at each instant: the gather schedule (strategies/fsdp_schedule.py);
 - a layer's reduce-scatter input (reduce dtype) is held (``reduce_scatter_state``) until the next
   reduce-scatter; the unsharded gradients are copied in and freed before the sharded output;
-- the last all-gather output is freed when the root's forward returns (``_post_forward``), so the
-  loss's forward inside it holds it and its backward does not (strategies/loss.py);
 - the root unit is resharded after forward and gathered again when backward starts; its gradients
   (the head's from the loss on, the embeddings' last) are reduce-scattered when its backward ends.
 Every figure is checked against FSDP2 traced under a fake process group (tests/test_traced.py,
@@ -19,19 +15,28 @@ benchmarks/traced_matrix.py).
 from planner.core.ledger import LedgerDraft, Phase
 from planner.cost import params
 from strategies.base import PlanContext
+from strategies.checkpointing import backward_peak
+from strategies.fsdp_schedule import Instant, forward_instants, gathered_layers, reduce_scatter_input_elements
 from strategies.loss import Loss
-from strategies.moments import (
-    AFTER_TOP_LAYER,
-    FIRST_LAYER_GATHER,
-    LAST_LAYER_FORWARD,
-    LAST_LAYER_GATHER,
-)
 
 FWD, BWD = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD})
 
 
+#: The forward instants' gather rows: (resharding, instant) -> (what, note).
+_GATHER_WORDS = {
+    (True, Instant.FIRST_LAYER_GATHER): ("the root's all-gather output and 2 layers",
+                                         "held until the first layer's output is copied out; no saved tensors yet"),
+    (True, Instant.LAST_LAYER_GATHER): ("3 layers", "its all-gather output and unsharded parameters, the previous "
+                                        "output held"),
+    (True, Instant.LAST_LAYER_FORWARD): ("2 layers", "its unsharded parameters and all-gather output"),
+    (False, Instant.LAST_LAYER_GATHER): ("2 all-gather output(s)", "its own and the previous one, held"),
+    (False, Instant.LAST_LAYER_FORWARD): ("1 all-gather output(s)", "its own, held until the next all-gather"),
+}
+
+
 def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
-    """The FSDP2 rows of every phase (the model-state rows are divided by strategies/sharding.py)."""
+    """The FSDP2 rows of every phase, the layers' gathers by the schedule (strategies/fsdp_schedule.py;
+    the sharded model states are their writers' rows, placed by the layout)."""
     m, lay = ctx.model, ctx.layout
     root, layer, total = params.root_parameters(m), lay.layer_gathered, gathered_model_elements(ctx)
     g = lay.gathered_bytes
@@ -40,38 +45,29 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
             "gathered_parameters", "unsharded parameters kept from forward to backward", total, g, phases=FWD,
             note="reshard_after_forward=False",
         )
-        # the all-gather outputs FSDP2 holds beside them (traced: Mixtral 8x7B, fsdp-grad-op, 8 ranks;
-        # the loss's forward: strategies/loss.py)
-        for moment, layers, note in ((LAST_LAYER_GATHER, 2, "its own and the previous one, held"),
-                                     (LAST_LAYER_FORWARD, 1, "its own, held until the next all-gather")):
-            ledger.add("gathered_parameters", f"FSDP at {moment}: {layers} all-gather output(s)", layers * layer, g,
-                       phases=FWD, moment=moment, note=note)
     else:
-        # reshard_after_forward=True for every unit, the root included (the emitted accelerate
-        # config): the root is unsharded from its pre-forward to its post-forward and gathered
-        # again when backward starts (strategies/loss.py writes that moment); FSDP2 holds the last
-        # all-gather's output until the next one is copied out.
+        # the root is unsharded from its pre-forward to its post-forward and gathered again when
+        # backward starts (strategies/loss.py writes that moment)
         ledger.add(
             "gathered_parameters", "FSDP root unit (embeddings, norm, head)", root, g, phases=FWD,
             note="unsharded from the root's pre-forward to its post-forward, and again for backward",
         )
-        for moment, elements, what, note in (
-                (FIRST_LAYER_GATHER, root + 2 * layer, "the root's all-gather output and 2 layers",
-                 "held until the first layer's output is copied out; no saved tensors yet"),
-                (LAST_LAYER_GATHER, 3 * layer, "3 layers", "its all-gather output and unsharded parameters, the "
-                 "previous output held"),
-                (LAST_LAYER_FORWARD, 2 * layer, "2 layers", "its unsharded parameters and all-gather output")):
-            ledger.add("gathered_parameters", f"FSDP at {moment}: {what}", elements, g, phases=FWD, moment=moment,
-                       note=note)
+    for instant in forward_instants(ctx):
+        if (lay.resharding, instant) not in _GATHER_WORDS:  # the loss's instants: strategies/loss.py
+            continue
+        what, note = _GATHER_WORDS[(lay.resharding, instant)]
+        elements = gathered_layers(ctx, instant) * layer + (root if instant == Instant.FIRST_LAYER_GATHER else 0)
+        ledger.add("gathered_parameters", f"FSDP at {instant}: {what}", elements, g, phases=FWD, moment=str(instant),
+                   note=note)
     ledger.add(
         "gathered_parameters", "FSDP root unit (backward)", root, g, phases=BWD,
         note="gathered again when backward starts; the layers' gathers are in the layer moments",
     )
-    ledger.add(
-        "communication_buffers", "a layer's reduce-scatter input", lay.layer_trained, lay.reduce_bytes, phases=BWD,
-        note="FSDP2 copies the unsharded gradients in and frees them before making the sharded output",
-        tag=AFTER_TOP_LAYER,
-    )
+    if backward_peak(ctx).reduce_scatter_in_flight:
+        ledger.add(
+            "communication_buffers", "a layer's reduce-scatter input", reduce_scatter_input_elements(ctx), lay.reduce_bytes,
+            phases=BWD, note="FSDP2 copies the unsharded gradients in and frees them before making the sharded output",
+        )
     waiting = root_waiting_gradient(ctx)
     ledger.add(
         "communication_buffers", "FSDP root unit: the head's unsharded gradient (until the root's reduce-scatter)",

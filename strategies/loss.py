@@ -10,6 +10,7 @@ from planner.core.timing import TimeDraft, Window
 from planner.cost import activations, params
 from strategies import rates
 from strategies.base import Engine, PlanContext, Strategy
+from strategies.fsdp_schedule import Instant, gathered_bytes
 from strategies.moments import LOSS_MOMENT, ROOT_REGATHER
 from strategies.precision import cache_only_casts
 
@@ -76,29 +77,29 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     w = head_gradient_bytes_per_element(ctx)
     norm = vh * w + (activations.final_norm_backward_bytes(m, lay.dtypes) - activations.final_norm_bytes(m, lay.dtypes)) * tokens
     norm_label = "final norm backward: the head's gradient and the norm's fp32 temporaries"
-    held = lay.layer_gathered * lay.gathered_bytes if ctx.engine == Engine.FSDP else 0
+    held = {True: gathered_bytes(ctx, Instant.LOSS_FORWARD), False: gathered_bytes(ctx, Instant.LOSS_BACKWARD)}
     forward = ("chunked loss: one chunk, the head weight gradient made in forward, weight casts",
                "loss forward inside autocast")
     if cfg.loss == Loss.CHUNKED:
         moments = {
-            forward[0]: cached + 2 * hc + vh * w + activations.chunked_loss_bytes(m, lay.dtypes, tokens) + held,
+            forward[0]: cached + 2 * hc + vh * w + activations.chunked_loss_bytes(m, lay.dtypes, tokens),
             norm_label: norm,
         }
     else:
         v_t = m.vocab_size * tokens
         softcap = c * v_t if m.final_logit_softcapping else 0
         moments = {
-            forward[1]: cached + hc + (c + 8) * v_t + softcap + held,
+            forward[1]: cached + hc + (c + 8) * v_t + softcap,
             "start of backward: fp32 log-softmax output, its gradient and input gradient":
                 hc + activations.logits_bytes(m, lay.dtypes) * tokens,
             "head backward: logits gradient and head weight gradient":
                 max(hc + c * v_t + (vh * c if lay.adapter is None else 0), head_gradient_moment_bytes(ctx)),
             norm_label: norm,
         }
-    if held and ctx.layout.resharding:  # the backward moments: the top layer's prefetched all-gather output
-        moments = {k: v + (0 if k in forward else held) for k, v in moments.items()}
+    # FSDP: the forward's held all-gather output; the backward's, the top layer's prefetched one
+    moments = {k: v + held[k in forward] for k, v in moments.items()}
     label = max(moments, key=lambda k: moments[k])
-    return int(moments[label]), label, held if label in forward or ctx.layout.resharding else 0, label in forward
+    return int(moments[label]), label, held[label in forward], label in forward
 
 
 def embedding_backward_bytes(ctx: PlanContext) -> tuple[int, str]:

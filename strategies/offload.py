@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import ALL_PHASES, LedgerDraft, Location, PagedInfo
+from planner.core.ledger import LedgerDraft, Location, PagedInfo
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import comms, overheads, params
@@ -57,27 +57,22 @@ def _check(ctx: PlanContext, out: Check) -> None:
     # (bitsandbytes optimizers under FSDP are rejected by the optimizer strategy)
 
 
-def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
+#: The model-state terms each mode keeps in pinned host memory.
+ON_HOST: dict[Offload, frozenset[str]] = {
+    Offload.NONE: frozenset(),
+    Offload.PARAMS: frozenset({"weights"}),  # the 16-bit partition only; the optimizer's rows stay on the GPU
+    Offload.OPTIMIZER: frozenset({"master_weights", "optimizer_states", "gradients"}),
+    Offload.OPTIMIZER_PARAMS: frozenset({"master_weights", "optimizer_states", "gradients", "weights"}),
+}
+
+
+def _storage(ctx: PlanContext, decided: dict) -> dict:
+    """The model-state terms in host memory (their divisor stays the sharding strategy's). DeepSpeed
+    copies gradients straight into a persistent fp32 host partition, which replaces the GPU's 16-bit
+    gradient partition and the step's fp32 upcast (strategies/sharding.py writes it)."""
     off = ctx.config.offload
-    if off == Offload.NONE:
-        return
-    if off == Offload.PARAMS:  # the 16-bit partition only; the optimizer's rows stay on the GPU
-        for row in ledger.of("weights"):
-            row.location = Location.HOST
-        return
-    moved = ledger.of("master_weights", "optimizer_states", "gradients")
-    if off == Offload.OPTIMIZER_PARAMS:
-        moved += ledger.of("weights")
-    if ctx.engine == Engine.DEEPSPEED:
-        # DeepSpeed copies gradients straight into a persistent fp32 host partition, which
-        # replaces the GPU's 16-bit gradient partition and the step's fp32 upcast.
-        ledger.remove(ledger.of("gradients"))
-        moved = [r for r in moved if r.term != "gradients"] + ledger.tagged("fp32_grad_partition")
-        partition = -(-params.total_parameters(ctx.model) // ctx.layout.shard_degree)
-        for row in ledger.tagged("fp32_grad_partition"):  # whole partition, not one sub-group's upcast
-            row.phases, row.label, row.elements = ALL_PHASES, "fp32 gradient partition", partition
-    for row in moved:
-        row.location = Location.HOST
+    return {"host_terms": ON_HOST[off],
+            "gradients_in_host_partition": decided["engine"] == Engine.DEEPSPEED and off not in (Offload.NONE, Offload.PARAMS)}
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
@@ -201,7 +196,7 @@ STRATEGY = Strategy(
     "offload", Offload, Offload.NONE, order=4, short="offload",
     help="model states in host RAM: none, optimizer (DeepSpeed ZeRO-Offload), optimizer+params (ZeRO-3 or FSDP2), "
          "params (ZeRO-3 offload_param alone)",
-    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
+    check=_check, storage=_storage, time=_time, emit=_emit, read=_read, savers=_savers,
     # host RAM, PCIe and the CPU optimizer step become part of the job
     complexity={Offload.OPTIMIZER: 2, Offload.OPTIMIZER_PARAMS: 3, Offload.PARAMS: 2},
     searched=(Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS),

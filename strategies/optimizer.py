@@ -264,19 +264,20 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     opt = ctx.config.optimizer
     choice = CHOICES[opt]
     dense, paged = state_bytes_split(ctx)
-    ledger.add("optimizer_states", f"optimizer states ({opt})", dense, 1, note=choice.note)
+    place = ctx.layout.placement("optimizer_states")
+    ledger.add("optimizer_states", f"optimizer states ({opt})", dense, 1, place=place, note=choice.note)
     if paged:
         ledger.add(
-            "optimizer_states", f"paged optimizer states ({opt}, unified memory)", paged, 1,
+            "optimizer_states", f"paged optimizer states ({opt}, unified memory)", paged, 1, place=place,
             location=Location.UNIFIED, note="CUDA managed memory: resident while the GPU has room, else host",
         )
     if opt == Optimizer.ADAMW:
         # torch AdamW keeps an fp32 `step` scalar per parameter tensor (torch/optim/adamw.py
         # _init_group; on the device when fused). DeepSpeed hands it flat partitions: one per group.
-        # Every rank holds all of them, so sharding does not divide this row.
+        # Every rank holds all of them: sharding does not divide this row.
         count = 1 if ctx.engine == Engine.DEEPSPEED else sum(params.multiplicity(ctx.model, t) for t in _trained(ctx))
         ledger.add("optimizer_states", "optimizer step counters (fp32 scalar per tensor)", count, 4,
-                   tag="step_counters", note=f"{count:,} tensors")
+                   place=place.replicated, note=f"{count:,} tensors")
     if choice.step_temporaries:
         largest = max(t.numel // t.experts for t in _trained(ctx))
         ledger.add(

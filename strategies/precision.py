@@ -30,8 +30,7 @@ from planner.cost import params
 from planner.cost.activations import DTypes
 from strategies import rates
 from strategies.base import Check, Engine, PlanContext, Strategy
-from strategies.checkpointing import Checkpointing
-from strategies.moments import GRADIENTS_BEFORE_FIRST_LAYER
+from strategies.checkpointing import Checkpointing, backward_peak
 
 
 class Precision(StrEnum):
@@ -156,6 +155,18 @@ def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
     return frozenset({Phase.BACKWARD_END, Phase.STEP})
 
 
+def gradients_before_first_layer(ctx: PlanContext) -> tuple[int, int] | None:
+    """(elements, bytes per element) of the gradients made before the first decoder layer's backward
+    (the head's and the layers' above the first), a row of the backward phase at the first layer's
+    backward; None where the gradients row covers the backward whole (accumulating, ZeRO-3, an
+    adapter) or DeepSpeed keeps them in its host partition."""
+    lay = ctx.layout
+    if lay.gradients_in_host_partition or lay.adapter or Phase.BACKWARD in grads_in_forward(ctx):
+        return None
+    elements = lay.trainable_parameters - late_gradient_parameters(ctx) - params.layer_parameters(ctx.model)
+    return elements, lay.grad_bytes
+
+
 def late_gradient_parameters(ctx: PlanContext) -> int:
     """Elements whose gradients appear only after every decoder layer's backward: the input
     embeddings' (planner.cost.params.late_gradient_parameters); under FSDP the whole root unit's
@@ -220,27 +231,13 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     trainable = lay.trainable_parameters
     wdt = {4: "fp32", 2: "16-bit"}[lay.weight_bytes]
     what = "adapter weights" if lay.adapter else "weights"  # (the adapter strategy writes the frozen base's)
-    ledger.add("weights", f"{what} ({wdt})", trainable, lay.weight_bytes, note=f"{trainable:,} params x {lay.weight_bytes} B")
+    ledger.add("weights", f"{what} ({wdt})", trainable, lay.weight_bytes, place=lay.placement("weights"),
+               note=f"{trainable:,} params x {lay.weight_bytes} B")
     if lay.master_bytes:
         ledger.add("master_weights", "master weights (fp32)", trainable, lay.master_bytes,
-                   note=f"{trainable:,} params x 4 B")
-    gdt = {4: "fp32", 2: "16-bit"}[lay.grad_bytes]
-    phases = grads_in_forward(ctx)
-    if lay.adapter:  # the adapters' gradients, all counted from the top layer's backward on (a small upper bound)
-        phases = phases | {Phase.BACKWARD}
-    elif Phase.BACKWARD not in phases:  # (accumulating: every gradient exists from the first micro-batch on)
-        late = late_gradient_parameters(ctx)
-        ledger.add(
-            "gradients", f"gradients ({gdt}) made before the first layer's backward",
-            trainable - late - params.layer_parameters(m), lay.grad_bytes, phases=frozenset({Phase.BACKWARD}),
-            note="the head's and the layers' above the first", tag=GRADIENTS_BEFORE_FIRST_LAYER,
-        )
-        if ctx.engine == Engine.FSDP:  # the root unit's sharded gradients come from its reduce-scatter, last
-            ledger.add("gradients", f"gradients ({gdt}) of the decoder layers", trainable - late, lay.grad_bytes,
-                       phases=frozenset({Phase.BACKWARD_END}), note="before the root unit's reduce-scatter")
-            phases = phases - {Phase.BACKWARD_END}
-    ledger.add("gradients", f"{'adapter ' if lay.adapter else ''}gradients ({gdt})", trainable, lay.grad_bytes, phases=phases,
-               note=f"{trainable:,} params x {lay.grad_bytes} B")
+                   place=lay.placement("master_weights"), note=f"{trainable:,} params x 4 B")
+    if not lay.gradients_in_host_partition:
+        _gradient_rows(ctx, ledger)
     if lay.autocast:
         # torch.amp caches the 16-bit cast of every matmul weight until the autocast region (the
         # model forward and the loss) exits; the matmuls save them for backward, so without
@@ -258,6 +255,30 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
             "autocast_weight_copies", "fp8 casts of one layer's weights", params.layer_matmul_parameters(m), 1,
             phases=frozenset({Phase.FORWARD, Phase.BACKWARD}), note="Float8Linear casts weights per matmul",
         )
+
+
+def _gradient_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    """The trained parameters' gradients, phase by phase: all of them from the first micro-batch on
+    when accumulating; else those made before the first layer's backward, the decoder layers'
+    before the root unit's reduce-scatter (FSDP), and every one for the step."""
+    lay = ctx.layout
+    trainable, place = lay.trainable_parameters, lay.placement("gradients")
+    gdt = {4: "fp32", 2: "16-bit"}[lay.grad_bytes]
+    phases = grads_in_forward(ctx)
+    if lay.adapter:  # the adapters' gradients, all counted from the top layer's backward on (a small upper bound)
+        phases = phases | {Phase.BACKWARD}
+    elif Phase.BACKWARD not in phases:  # (accumulating: every gradient exists from the first micro-batch on)
+        late = late_gradient_parameters(ctx)
+        before = gradients_before_first_layer(ctx)
+        if before and backward_peak(ctx).gradients_before:
+            ledger.add("gradients", f"gradients ({gdt}) made before the first layer's backward", *before,
+                       phases=frozenset({Phase.BACKWARD}), place=place, note="the head's and the layers' above the first")
+        if ctx.engine == Engine.FSDP:  # the root unit's sharded gradients come from its reduce-scatter, last
+            ledger.add("gradients", f"gradients ({gdt}) of the decoder layers", trainable - late, lay.grad_bytes,
+                       phases=frozenset({Phase.BACKWARD_END}), place=place, note="before the root unit's reduce-scatter")
+            phases = phases - {Phase.BACKWARD_END}
+    ledger.add("gradients", f"{'adapter ' if lay.adapter else ''}gradients ({gdt})", trainable, lay.grad_bytes, phases=phases,
+               place=place, note=f"{trainable:,} params x {lay.grad_bytes} B")
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:

@@ -28,17 +28,17 @@ DeepSpeed runtime/zero/config.py for the defaults).
 """
 
 from enum import StrEnum
+from functools import cache
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import FsdpSettings, JobFiles, Reading
-from planner.core.ledger import LedgerDraft, PagedInfo, Phase
-from planner.core.specs import HardwareSpec
+from planner.core.ledger import LedgerDraft, Location, PagedInfo, Phase, Placement
+from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
 from planner.cost import adapters, comms, overheads, params
 from strategies.base import Check, Engine, PlanContext, Strategy
 from strategies.fsdp_memory import fsdp_rows, gathered_model_elements
-from strategies.moments import FROZEN_EVERY_RANK
 
 
 class Sharding(StrEnum):
@@ -115,31 +115,46 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.warnings.append(f"{s} on one GPU divides nothing; it only helps together with offload")
 
 
+_UNSHARDED: dict[str, Placement] = {}
+
+
+def _storage(ctx: PlanContext, decided: dict) -> dict:
+    """How each model-state term's rows split across the ``shard_degree`` ranks: the terms the mode
+    divides (``SHARDED_TERMS``). FSDP2 gives rank 0 its padded dim-0 chunks of the whole-model rows
+    of uniform bytes per element (the frozen base's, the trained tensors'); any other row, and
+    FSDP1's flat shards, an even 1/N (planner.core.ledger.Placement)."""
+    s, m, n = ctx.config.sharding, ctx.model, decided["shard_degree"]
+    if s in (Sharding.NONE, Sharding.DDP):
+        return {"shards": _UNSHARDED}
+    fsdp2 = engine_of(s) == Engine.FSDP and ctx.config.fsdp_version == 2
+    chunks = _fsdp2_chunks(m, n, decided["adapter"], decided["trainable_parameters"]) if fsdp2 else ()
+    return {"shards": _shards(s, n, chunks)}
+
+
+@cache
+def _shards(s: Sharding, n: int, chunks: tuple[tuple[int, int], ...]) -> dict[str, Placement]:
+    """The placement of each term the mode divides (one shared, read-only dict per mode and degree)."""
+    return {term: Placement(shard=n, chunks=chunks) for term in SHARDED_TERMS.get(s, ALL_MODEL_STATES)}
+
+
+@cache
+def _fsdp2_chunks(m: ModelSpec, n: int, adapter: adapters.AdapterSpec | None, trained: int) -> tuple[tuple[int, int], ...]:
+    """FSDP2's whole tensor sets and rank 0's padded chunks of each: the frozen base (with an
+    adapter) and the trained tensors."""
+    base = ((params.total_parameters(m), params.fsdp_rank0_elements(m, n)),) if adapter is not None else ()
+    return base + ((trained, params.fsdp_rank0_elements(m, n, adapters.trainable_tensors(m, adapter))),)
+
+
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     s, m, lay = ctx.config.sharding, ctx.model, ctx.layout
     n = lay.shard_degree
-    total, h = params.total_parameters(m), m.hidden_size
+    h = m.hidden_size
     if s == Sharding.DDP:
         ledger.add(
             "communication_buffers", "DDP gradient buckets", lay.trainable_parameters, lay.grad_bytes,
             note="reducer's flat buckets cover every gradient (gradient_as_bucket_view=False)",
         )
         return
-    # whole-model rows of uniform bytes per element (the frozen base's, the trained tensors'): FSDP2
-    # gives rank 0 its padded dim-0 chunks; any other row (and FSDP1's flat shards) is divided evenly
-    wholes = []
-    if ctx.fsdp2:
-        if lay.adapter is not None:
-            wholes.append((total, params.fsdp_rank0_elements(m, n)))
-        wholes.append((lay.trainable_parameters, params.fsdp_rank0_elements(m, n, adapters.trainable_tensors(m, lay.adapter))))
-    for row in ledger.of(*SHARDED_TERMS.get(s, ALL_MODEL_STATES)):
-        if row.tag in ("step_counters", FROZEN_EVERY_RANK):  # per-tensor scalars, QLoRA's state: on every rank
-            continue
-        whole = next(((count, rank0) for count, rank0 in wholes if row.elements * row.bytes_per_element % count == 0), None)
-        if whole is not None:
-            row.elements, row.bytes_per_element = whole[1], row.elements * row.bytes_per_element // whole[0]
-        else:
-            row.shard = n
     if ctx.engine == Engine.DEEPSPEED:
         _deepspeed_rows(ctx, ledger, n, h)
     elif ctx.engine == Engine.FSDP:
@@ -185,11 +200,13 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, h: int) -> No
         note="reduce_bucket_size = h*h",
     )
     trained = lay.trainable_parameters
-    fp32_partition = min(-(-trained // n), ZERO_SUB_GROUP_SIZE) if s == Sharding.ZERO3 else -(-trained // n)
-    ledger.add(
-        "optimizer_step_temporaries", "fp32 gradient partition for the step", fp32_partition, 4,
-        phases=STEP, tag="fp32_grad_partition", note="16-bit gradient partition upcast for the optimizer",
-    )
+    if lay.gradients_in_host_partition:  # ZeRO-Offload: the whole partition, in pinned host memory
+        ledger.add("optimizer_step_temporaries", "fp32 gradient partition", -(-params.total_parameters(m) // n), 4,
+                   location=Location.HOST, note="16-bit gradient partition upcast for the optimizer")
+    else:  # one sub-group's upcast, for the step
+        fp32_partition = min(-(-trained // n), ZERO_SUB_GROUP_SIZE) if s == Sharding.ZERO3 else -(-trained // n)
+        ledger.add("optimizer_step_temporaries", "fp32 gradient partition for the step", fp32_partition, 4,
+                   phases=STEP, note="16-bit gradient partition upcast for the optimizer")
     if s != Sharding.ZERO3:
         return
     threshold = b["stage3_param_persistence_threshold"]
@@ -197,6 +214,7 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, h: int) -> No
     persistent = sum(t.numel * params.multiplicity(m, t) for t in tensors if t.numel <= threshold)
     ledger.add(
         "weights", "ZeRO-3 persistent small parameters (unpartitioned)", persistent * (n - 1) / n, lay.weight_bytes,
+        place=lay.placement("weights").replicated,
         note=f"tensors <= stage3_param_persistence_threshold ({threshold:,} elements)",
     )
     head = m.vocab_size * h
@@ -439,7 +457,7 @@ STRATEGY = Strategy(
     "sharding", Sharding, Sharding.NONE, order=3, short="sharding",
     help="data parallelism and sharding: none, ddp, zero1-3 (DeepSpeed), fsdp, fsdp-grad-op, fsdp-hybrid (FSDP2; "
          "--fsdp-version 1 for FSDP1)",
-    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, parallelism=_parallelism,
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, parallelism=_parallelism, storage=_storage,
     default_for=_default, runtime="planner.runtime.sharding", settings=SETTINGS, describe=describe,
     settings_used=lambda value: str(value) in FSDP,
     # replicas are the plain data parallelism; a sharding engine (DeepSpeed, FSDP) weighs as two

@@ -244,3 +244,44 @@ def test_what_type_checkers_see_is_the_registrys_model(name):
         other = written.model_fields[field]
         assert other.annotation == info.annotation, field
         assert other.get_default(call_default_factory=True) == info.get_default(call_default_factory=True), field
+
+
+#: Plans whose rows other strategies once rewrote: sharded, offloaded (DeepSpeed's host gradient
+#: partition, FSDP2's CPU offload), FSDP2's padded chunks of an adapter's base, QLoRA's unsharded
+#: state, fsdp-grad-op, and the backward peak at each of its instants.
+REWRITTEN = [
+    {"sharding": "zero2", "offload": "optimizer"},
+    {"sharding": "zero3", "offload": "optimizer+params", "grad_accum": 2},
+    {"sharding": "zero3", "offload": "params"},
+    {"sharding": "fsdp", "offload": "optimizer+params", "precision": "bf16-pure"},
+    {"sharding": "fsdp", "adapter": "qlora", "checkpointing": "full"},
+    {"sharding": "fsdp", "adapter": "lora"},
+    {"sharding": "fsdp-grad-op", "checkpointing": "selective"},
+    {"sharding": "fsdp", "fsdp_version": 1, "optimizer": "adamw-8bit"},
+    {"sharding": "fsdp", "attention": "eager", "micro_batch_size": 4, "seq_len": 4096},
+    {"sharding": "ddp", "optimizer": "paged-adamw-8bit"},
+]
+
+
+def _rows(ev) -> list[tuple]:
+    return sorted((r.term, r.label, r.bytes, r.location, sorted(r.phases), r.moment) for r in ev.draft.rows)
+
+
+@pytest.mark.parametrize("update", REWRITTEN, ids=lambda u: "-".join(map(str, u.values())))
+def test_rows_are_final_whatever_order_the_strategies_write_them(update, monkeypatch):
+    """No strategy edits another's rows: a model state is placed by the layout as it is written
+    (sharding's divisor, offload's location), the backward phase's peak is decided once and each
+    writer writes its row only where that instant holds it. So writing the ledger in the reverse
+    of the registry's order gives the same rows, the same peak and the same host memory."""
+    from planner.engine import estimate
+
+    hardware = parse_gpus("8xH100-80")
+    for m in (resolve_model("meta-llama/Llama-3.1-8B"), resolve_model("mistralai/Mixtral-8x7B-v0.1")):
+        config = TrainingConfig(**update)
+        ahead = evaluate(m, hardware, config)
+        monkeypatch.setattr(estimate, "REGISTRY", tuple(reversed(REGISTRY)))
+        reverse = evaluate(m, hardware, config)
+        monkeypatch.undo()
+        assert _rows(reverse) == _rows(ahead) and len(ahead.draft.rows) > 10
+        assert (reverse.peak, reverse.host) == (ahead.peak, ahead.host)
+        assert reverse.step_seconds == pytest.approx(ahead.step_seconds, rel=1e-12)

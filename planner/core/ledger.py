@@ -17,7 +17,7 @@ Phases of one optimizer step (activations and gradients are never all resident a
 - ``step``: the optimizer step: gradients, states and the step's own temporaries.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from math import ceil
 
@@ -91,9 +91,52 @@ def terms_at(rows, phase: Phase, location: Location = Location.GPU) -> dict[str,
 _TERM_SET = frozenset(TERMS)
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one tensor class lives and how many ranks share it, resolved once per plan (the sharding
+    strategy decides the divisor, offload the location: strategies.PlanLayout.placement) and applied
+    by whoever writes a row of the class, so no row is rewritten after it is written.
+
+    ``shard``: ranks sharing one copy; a row holds 1/shard of its bytes, rounded up.
+    ``chunks``: FSDP2's padded dim-0 chunks, ((elements of a whole tensor set, rank 0's elements of
+    that set), ...): a row whose bytes are a whole multiple of a set's elements holds rank 0's
+    chunks of it (``fully_shard`` gives rank 0 ceil(dim0 / N) rows of every tensor), any other
+    row an even 1/shard.
+    ``location``: GPU, or HOST where offload keeps the class in pinned host memory (a row written
+    for unified memory stays there unless the class is offloaded)."""
+
+    shard: int = 1
+    location: Location = Location.GPU
+    chunks: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def replicated(self) -> "Placement":
+        """The class's location with every rank holding the whole row (per-tensor scalars, QLoRA's
+        quantization state: module attributes, not parameters)."""
+        return replace(self, shard=1, chunks=())
+
+    def split(self, elements: float, bytes_per_element: float) -> tuple[float, float, int]:
+        """(elements, bytes per element, shard divisor) of a row of this class on one rank."""
+        total = elements * bytes_per_element
+        whole = next(((count, rank0) for count, rank0 in self.chunks if total % count == 0), None)
+        if whole is not None:
+            return whole[1], total // whole[0], 1
+        return elements, bytes_per_element, self.shard
+
+    def gpu_bytes(self, elements: float, bytes_per_element: float) -> int:
+        """Bytes on this rank's GPU of a row of this class (0 when the class lives elsewhere)."""
+        if self.location != Location.GPU:
+            return 0
+        elements, bytes_per_element, shard = self.split(elements, bytes_per_element)
+        return ceil(elements * bytes_per_element / shard)
+
+
+ON_GPU = Placement()
+
+
 @dataclass(slots=True)
 class RowDraft:
-    """A row while strategies still adjust it (sharding sets ``shard``, offload ``location``)."""
+    """A row as a strategy writes it (its ``shard`` and ``location`` from its class's Placement)."""
 
     term: str
     label: str
@@ -103,7 +146,7 @@ class RowDraft:
     location: Location = Location.GPU
     shard: int = 1
     note: str = ""
-    tag: str = ""  # an internal handle for strategies that adjust rows written by others
+    tag: str = ""  # what the row holds, for readers beyond its term (an adapter's frozen base)
     moment: str = ""  # one of alternative instants within its phases (see ``resident``)
 
     @property
@@ -115,9 +158,15 @@ class RowDraft:
 class LedgerDraft:
     rows: list[RowDraft] = field(default_factory=list)
 
-    def add(self, term: str, label: str, elements: float, bytes_per_element: float, **kw) -> RowDraft:
+    def add(self, term: str, label: str, elements: float, bytes_per_element: float, place: Placement | None = None,
+            **kw) -> RowDraft:
+        """A row, final as written; ``place``: its tensor class's placement (sharded, offloaded)."""
         if term not in _TERM_SET:
             raise ValueError(f"unknown ledger term {term!r}")
+        if place is not None:
+            elements, bytes_per_element, kw["shard"] = place.split(elements, bytes_per_element)
+            if place.location != Location.GPU:
+                kw["location"] = place.location
         row = RowDraft(term, label, elements, bytes_per_element, **kw)
         if row.bytes > 0:
             self.rows.append(row)
@@ -125,9 +174,6 @@ class LedgerDraft:
 
     def of(self, *terms: str) -> list[RowDraft]:
         return [r for r in self.rows if r.term in terms]
-
-    def tagged(self, tag: str) -> list[RowDraft]:
-        return [r for r in self.rows if r.tag == tag]
 
     def peak_bytes(self, location: Location = Location.GPU) -> int:
         return max(phase_sum(self.rows, p, location) for p in Phase)
