@@ -37,6 +37,7 @@ An adapter is a different training method (numerics: DESIGN.md), so the search u
 the user names it (``--adapter lora``, or ``--adapter any``).
 """
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
@@ -46,7 +47,7 @@ from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
 from planner.cost import adapters, compute, params
 from strategies import rates
-from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from strategies.moments import FROZEN_BASE, FROZEN_EVERY_RANK, LAST_LAYER_FORWARD
 from strategies.precision import load_dtype
 from strategies.sharding import engine_of
@@ -58,6 +59,35 @@ class Adapter(StrEnum):
     QLORA = "qlora"
     DORA = "dora"
     LORA_INT8 = "lora-int8"
+
+
+@dataclass(frozen=True)
+class AdapterChoice(Choice):
+    """One adapter value: the LoRA adapters it trains over a frozen base (``trains``), the base's
+    quantization (``nf4``: QLoRA's NF4 with double quantization; ``int8``: LLM.int8()) and DoRA's
+    magnitudes (``dora``)."""
+
+    trains: bool
+    nf4: bool = False
+    int8: bool = False
+    dora: bool = False
+
+
+#: Every adapter value. A different training method from full fine-tuning, so searched only when
+#: asked (--adapter any). The adapters are peft's, built by the runtime (runtime.json ``lora``).
+#: Many small adapter tensors beside the frozen base: reserved - allocated peak was 8.3 % (LoRA)
+#: and 9.1 % (QLoRA) of the allocated peak on an H100 (Llama-3.2-1B, 2 x 2048, no checkpointing;
+#: benchmarks/results/H100-SXM-80/2026-11-26); DoRA and LoRA over int8 take LoRA's (not measured).
+CHOICES: dict[Adapter, AdapterChoice] = {
+    Adapter.NONE: AdapterChoice("full fine-tuning: every parameter trains", False),
+    Adapter.LORA: AdapterChoice("LoRA over the 16-bit base", True, reserve=0.04, runtime_only=True, searched=False),
+    Adapter.QLORA: AdapterChoice("LoRA over an NF4 base (bitsandbytes)", True, nf4=True, complexity=1, reserve=0.04,
+                                 runtime_only=True, searched=False),
+    Adapter.DORA: AdapterChoice("LoRA with learned magnitudes (peft DoRA)", True, dora=True, complexity=1,
+                                reserve=0.04, runtime_only=True, searched=False),
+    Adapter.LORA_INT8: AdapterChoice("LoRA over an LLM.int8() base (bitsandbytes)", True, int8=True, complexity=1,
+                                     reserve=0.04, runtime_only=True, searched=False),
+}
 
 
 class LoraTargets(StrEnum):
@@ -99,11 +129,11 @@ ALLOWS: dict[str, tuple[tuple[str, ...], str, str]] = {
 
 def spec_of(config) -> adapters.AdapterSpec | None:
     """The adapter ``config`` trains (None: full fine-tuning)."""
-    if config.adapter == Adapter.NONE:
+    choice = CHOICES[config.adapter]
+    if not choice.trains:
         return None
     return adapters.AdapterSpec(targets=str(config.lora_targets), rank=config.lora_rank, dropout=config.lora_dropout,
-                          dora=config.adapter == Adapter.DORA, nf4=config.adapter == Adapter.QLORA,
-                          int8=config.adapter == Adapter.LORA_INT8)
+                                dora=choice.dora, nf4=choice.nf4, int8=choice.int8)
 
 
 def _storage(ctx: PlanContext, decided: dict) -> dict:
@@ -440,12 +470,5 @@ STRATEGY = Strategy(
     help="what trains: none (full fine-tuning), lora, qlora (LoRA over an NF4 base), dora (LoRA with magnitudes), "
          "lora-int8 (LoRA over an LLM.int8() base)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage,
-    searched=(Adapter.NONE,), settings=SETTINGS, describe=describe, any_choice=True,
-    runtime="planner.runtime.adapter", runtime_only=(Adapter.LORA, Adapter.QLORA, Adapter.DORA,
-                                                        Adapter.LORA_INT8),
-    complexity={Adapter.QLORA: 1, Adapter.DORA: 1, Adapter.LORA_INT8: 1},
-    # many small adapter tensors beside the frozen base: reserved - allocated peak was 8.3 % (LoRA)
-    # and 9.1 % (QLoRA) of the allocated peak on an H100 (Llama-3.2-1B, 2 x 2048, no checkpointing;
-    # benchmarks/results/H100-SXM-80/2026-11-26); DoRA and LoRA over int8 take LoRA's (not measured)
-    reserve={a: 0.04 for a in Adapter if a != Adapter.NONE},
+    settings=SETTINGS, describe=describe, any_choice=True, runtime="planner.runtime.adapter", records=CHOICES,
 )

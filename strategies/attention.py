@@ -5,6 +5,7 @@ eager saves fp32 softmax probabilities, a*s per token), read through the plan la
 ``fused_attention``. Here: when a choice is unwise, its time, its model keyword (runtime.json).
 """
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
@@ -12,12 +13,31 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo
 from planner.core.timing import TimeDraft, Window
 from strategies import rates
-from strategies.base import Check, PlanContext, Strategy
+from strategies.base import Check, Choice, PlanContext, Strategy
 
 
 class Attention(StrEnum):
     SDPA = "sdpa"
     EAGER = "eager"
+
+
+@dataclass(frozen=True)
+class AttentionChoice(Choice):
+    """One attention value: ``fused`` kernels save no s^2 tensor (planner.cost.activations reads the
+    layout's ``fused_attention``); ``reads``: the transformers attn_implementation names read as it
+    (flash-attn kernels are fused like SDPA's)."""
+
+    fused: bool
+    reads: tuple[str, ...]
+
+
+#: Every attention value; eager is not transformers' default kernel: the runtime sets it.
+CHOICES: dict[Attention, AttentionChoice] = {
+    Attention.SDPA: AttentionChoice("fused flash / memory-efficient kernels (torch SDPA)", True,
+                                    ("sdpa", "flash_attention_2", "flash_attention_3")),
+    Attention.EAGER: AttentionChoice("materialises the s^2 scores per head", False, ("eager",), complexity=1,
+                                     runtime_only=True),
+}
 
 
 #: Families whose transformers class has no SDPA path (Gemma2ForCausalLM raises ValueError on
@@ -44,7 +64,7 @@ def _check(ctx: PlanContext, out: Check) -> None:
 
 def _storage(ctx: PlanContext, decided: dict) -> dict:
     """Fused attention saves no s^2 tensor (planner.cost.activations reads this)."""
-    return {"fused_attention": ctx.config.attention == Attention.SDPA}
+    return {"fused_attention": CHOICES[ctx.config.attention].fused}
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
@@ -59,9 +79,8 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     files.runtime["attn_implementation"] = str(ctx.config.attention)
 
 
-#: transformers attn_implementation names -> vocabulary (flash-attn kernels are fused like SDPA's).
-READS = {"sdpa": Attention.SDPA, "eager": Attention.EAGER, "flash_attention_2": Attention.SDPA,
-         "flash_attention_3": Attention.SDPA}
+#: transformers attn_implementation names -> vocabulary (the records' ``reads``).
+READS = {name: a for a, c in CHOICES.items() for name in c.reads}
 
 
 def _read(job: JobFiles, r: Reading) -> None:
@@ -82,6 +101,5 @@ STRATEGY = Strategy(
     "attention", Attention, Attention.SDPA, order=6, short="attn",
     help="attention kernels: sdpa (fused flash / memory-efficient) or eager (materialises s^2 scores)",
     check=_check, time=_time, emit=_emit, read=_read, storage=_storage, runtime="planner.runtime.attention",
-    runtime_only=(Attention.EAGER,),
-    complexity={Attention.EAGER: 1},  # not the default kernel of transformers
+    records=CHOICES,
 )

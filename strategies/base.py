@@ -14,7 +14,7 @@ decide them with the layout), so no strategy rewrites another's rows.
 """
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from functools import cached_property
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import ON_GPU, LedgerDraft, Location, PagedInfo, Placement
-from planner.core.numerics import Rung
+from planner.core.numerics import EXACT, Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
 from planner.core.vocabulary import Setting
@@ -187,6 +187,31 @@ Savers = Callable[[Any, HardwareSpec], list[tuple[str, dict]]]
 
 
 @dataclass(frozen=True)
+class Choice:
+    """One value of a technique: what every layer reads of it beyond the strategy's hooks. A
+    strategy holds one record per value (``Strategy.records``; the optimizer's, precision's and
+    offload's extend this with what their hooks, the runtime and the probes need), so a new value
+    is one record, its cost formula and its tests.
+
+    ``help``: what the value is, one line. ``rung``: its place on the numerics ladder
+    (planner/core/numerics.py; EXACT: the same training math). ``complexity``: what it adds to a
+    plan's complexity, the tie-break between plans of equal speed (planner/engine/ranking.py).
+    ``reserve``: the caching allocator's reserve it adds beyond planner/cost/overheads.py's
+    FRAGMENTATION_FRACTION, a fraction of the allocated peak (measured: reserved less allocated
+    peak on a real GPU; a plan takes the largest of its values', ``strategies.reserve_extra``).
+    ``runtime_only``: no standard file (accelerate, DeepSpeed, Trainer) can say it: only the
+    planner launch realises it, through runtime.json (not ranked for ``--launcher trainer``).
+    ``searched``: the search tries it unless the user narrows the technique."""
+
+    help: str
+    rung: Rung = field(default=EXACT, kw_only=True)
+    complexity: int = field(default=0, kw_only=True)
+    reserve: float = field(default=0.0, kw_only=True)
+    runtime_only: bool = field(default=False, kw_only=True)
+    searched: bool = field(default=True, kw_only=True)
+
+
+@dataclass(frozen=True)
 class Strategy:
     """One technique. The registry (strategies/__init__.py) lists them; everything per technique
     (flags, request fields, the search space, summaries, check's readers, alternatives, emitted
@@ -206,24 +231,13 @@ class Strategy:
     savers: Savers = no_savers  # one-step changes of this technique that lower the peak (planner/engine/alternatives.py)
     parallelism: Callable[[PlanContext], dict] | None = None  # PlanLayout fields it decides (first)
     storage: Callable[[PlanContext, dict], dict] | None = None  # PlanLayout fields it decides (second)
-    searched: tuple[StrEnum, ...] | None = None  # what the search tries unless narrowed (None: every choice)
     bare: bool = False  # the value alone reads clearly in a summary ("adamw", not "optimizer adamw")
     #: what a partial reading of the files means given plan.json's value: (value, note)
     settle: Callable[[str, str | None], tuple[str, str]] | None = None
     default_for: Callable[[HardwareSpec], StrEnum] | None = None  # a default that depends on the GPUs
     runtime: str = ""  # the module that applies it in a training process (planner/runtime/), if any
-    #: choices no standard file (accelerate, DeepSpeed, Trainer) can say: only the planner launch
-    #: realises them, through runtime.json (not ranked for ``--launcher trainer``)
-    runtime_only: tuple[StrEnum, ...] = ()
-    #: the choices that are not exact, each on its rung of the ladder (planner/core/numerics.py)
-    numerics: dict[StrEnum, Rung] = dataclasses.field(default_factory=dict)
-    #: what each choice adds to a plan's complexity, for breaking ties between plans of equal
-    #: speed (planner/engine/ranking.py): 0 (unlisted) is the plain choice
-    complexity: dict[StrEnum, int] = dataclasses.field(default_factory=dict)
-    #: the caching allocator's reserve a choice adds beyond planner/cost/overheads.py's
-    #: FRAGMENTATION_FRACTION, as a fraction of the allocated peak (measured: reserved less
-    #: allocated peak on a real GPU; the plan takes the largest of its choices', ``reserve_extra``)
-    reserve: dict[StrEnum, float] = dataclasses.field(default_factory=dict)
+    #: one record per value (every member of ``enum``): its help, rung, complexity, reserve, ...
+    records: Mapping[Any, Choice] = dataclasses.field(default_factory=dict)
     #: the technique's parameters beside its choice (LoRA's rank, ...): TrainingConfig fields,
     #: flags and request fields of every planning command; the search never varies them
     settings: tuple[Setting, ...] = ()
@@ -238,6 +252,32 @@ class Strategy:
     @property
     def choices(self) -> tuple[StrEnum, ...]:
         return tuple(self.enum)
+
+    @cached_property
+    def searched(self) -> tuple[StrEnum, ...] | None:
+        """What the search tries unless narrowed (None: every choice)."""
+        out = tuple(v for v in self.enum if self.records[v].searched)
+        return None if out == self.choices else out
+
+    @cached_property
+    def runtime_only(self) -> tuple[StrEnum, ...]:
+        """The choices only the planner launch realises (runtime.json; not ranked for --launcher trainer)."""
+        return tuple(v for v in self.enum if self.records[v].runtime_only)
+
+    @cached_property
+    def numerics(self) -> dict[StrEnum, Rung]:
+        """The choices that are not exact, each on its rung of the ladder (planner/core/numerics.py)."""
+        return {v: r.rung for v, r in self.records.items() if r.rung != EXACT}
+
+    @cached_property
+    def complexity(self) -> dict[StrEnum, int]:
+        """What each choice adds to a plan's complexity (0, unlisted: the plain choice)."""
+        return {v: r.complexity for v, r in self.records.items() if r.complexity}
+
+    @cached_property
+    def reserve(self) -> dict[StrEnum, float]:
+        """The allocator reserve each choice adds (``Choice.reserve``; unlisted: none)."""
+        return {v: r.reserve for v, r in self.records.items() if r.reserve}
 
     @property
     def flag(self) -> str:

@@ -22,7 +22,7 @@ from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import activations, adapters, overheads, params
 from strategies import rates
-from strategies.base import Engine, PlanContext, Strategy
+from strategies.base import Choice, Engine, PlanContext, Strategy
 from strategies.fsdp_schedule import (
     Instant,
     forward_instants,
@@ -40,6 +40,20 @@ class Checkpointing(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+
+
+#: Every checkpointing value. Recompute in backward adds complexity, and it interleaves short-lived
+#: activations with the gradients: reserved - allocated peak was 12.4 % (full) and 10.0 %
+#: (selective) of the allocated peak on an H100, against 3.5-5.4 % without (Llama-3.2-1B, 2 x
+#: 2048, expandable segments; benchmarks/results/H100-SXM-80/2026-11-26). Selective is the
+#: runtime's (its per-op policy is no file's key).
+CHOICES: dict[Checkpointing, Choice] = {
+    Checkpointing.NONE: Choice("every layer keeps its saved activations"),
+    Checkpointing.SELECTIVE: Choice("torchtitan's per-op policy: saves attention and every other matmul output",
+                                    complexity=1, reserve=0.05, runtime_only=True),
+    Checkpointing.FULL: Choice("each layer keeps its input and recomputes the rest in backward", complexity=1,
+                               reserve=0.07),
+}
 
 
 @dataclass(frozen=True)
@@ -488,10 +502,5 @@ STRATEGY = Strategy(
     help="activation checkpointing: none, selective (torchtitan per-op policy: saves attention and every other "
          "matmul output), full (each layer's input)",
     apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.checkpointing",
-    runtime_only=(Checkpointing.SELECTIVE,),
-    complexity={Checkpointing.SELECTIVE: 1, Checkpointing.FULL: 1},  # recompute in backward
-    # recompute interleaves short-lived activations with the gradients: reserved - allocated peak
-    # was 12.4 % (full) and 10.0 % (selective) of the allocated peak on an H100, against 3.5-5.4 %
-    # without (Llama-3.2-1B, 2 x 2048, expandable segments; benchmarks/results/H100-SXM-80/2026-11-26)
-    reserve={Checkpointing.FULL: 0.07, Checkpointing.SELECTIVE: 0.05},
+    records=CHOICES,
 )

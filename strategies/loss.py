@@ -9,7 +9,7 @@ from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import activations, params
 from strategies import rates
-from strategies.base import Engine, PlanContext, Strategy
+from strategies.base import Choice, Engine, PlanContext, Strategy
 from strategies.fsdp_schedule import Instant, gathered_bytes
 from strategies.moments import LOSS_MOMENT, ROOT_REGATHER
 from strategies.precision import cache_only_casts
@@ -18,6 +18,13 @@ from strategies.precision import cache_only_casts
 class Loss(StrEnum):
     STANDARD = "standard"
     CHUNKED = "chunked"  # fused/chunked cross-entropy that never holds full fp32 logits
+
+
+#: Every loss value; the chunked one is a kernel library (Liger) beyond torch.
+CHOICES: dict[Loss, Choice] = {
+    Loss.STANDARD: Choice("cross-entropy over the full fp32 logits"),
+    Loss.CHUNKED: Choice("Liger's fused linear cross-entropy, chunk by chunk: no full logits", complexity=1),
+}
 
 
 def head_gradient_moment_bytes(ctx: PlanContext) -> int:
@@ -210,5 +217,5 @@ STRATEGY = Strategy(
     "loss", Loss, Loss.STANDARD, order=5, short="loss",
     help="the loss: standard cross-entropy over fp32 logits, or chunked (Liger's fused linear cross-entropy)",
     apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.loss",
-    complexity={Loss.CHUNKED: 1},  # a kernel library (Liger) beyond torch
+    records=CHOICES,
 )

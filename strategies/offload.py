@@ -16,6 +16,7 @@ DeepSpeed's CPU optimizers exist for Adam(W) and Lion; FSDP offload runs any tor
 on the CPU (not bitsandbytes, which needs CUDA tensors).
 """
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
@@ -24,7 +25,7 @@ from planner.core.ledger import LedgerDraft, Location, PagedInfo
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import comms, overheads, params
-from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from strategies.optimizer import DEEPSPEED_CPU
 from strategies.sharding import ZERO, Sharding
 
@@ -57,12 +58,24 @@ def _check(ctx: PlanContext, out: Check) -> None:
     # (bitsandbytes optimizers under FSDP are rejected by the optimizer strategy)
 
 
-#: The model-state terms each mode keeps in pinned host memory.
-ON_HOST: dict[Offload, frozenset[str]] = {
-    Offload.NONE: frozenset(),
-    Offload.PARAMS: frozenset({"weights"}),  # the 16-bit partition only; the optimizer's rows stay on the GPU
-    Offload.OPTIMIZER: frozenset({"master_weights", "optimizer_states", "gradients"}),
-    Offload.OPTIMIZER_PARAMS: frozenset({"master_weights", "optimizer_states", "gradients", "weights"}),
+@dataclass(frozen=True)
+class OffloadChoice(Choice):
+    """One offload value: ``on_host``, the model-state terms it keeps in pinned host memory."""
+
+    on_host: frozenset[str]
+
+
+#: Every offload value. Host RAM, PCIe and the CPU optimizer step become part of the job
+#: (complexity); parameter-only offload is read from job files and planned when asked, not searched.
+CHOICES: dict[Offload, OffloadChoice] = {
+    Offload.NONE: OffloadChoice("every model state on the GPU", frozenset()),
+    Offload.OPTIMIZER: OffloadChoice("DeepSpeed ZeRO-Offload: master weights, states and gradients in host RAM",
+                                     frozenset({"master_weights", "optimizer_states", "gradients"}), complexity=2),
+    Offload.OPTIMIZER_PARAMS: OffloadChoice(
+        "the parameters too (ZeRO-3 offload_param, or FSDP2's CPUOffloadPolicy)",
+        frozenset({"master_weights", "optimizer_states", "gradients", "weights"}), complexity=3),
+    Offload.PARAMS: OffloadChoice("ZeRO-3's 16-bit parameter partition alone (the optimizer steps on the GPU)",
+                                  frozenset({"weights"}), complexity=2, searched=False),
 }
 
 
@@ -71,7 +84,7 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     copies gradients straight into a persistent fp32 host partition, which replaces the GPU's 16-bit
     gradient partition and the step's fp32 upcast (strategies/sharding.py writes it)."""
     off = ctx.config.offload
-    return {"host_terms": ON_HOST[off],
+    return {"host_terms": CHOICES[off].on_host,
             "gradients_in_host_partition": decided["engine"] == Engine.DEEPSPEED and off not in (Offload.NONE, Offload.PARAMS)}
 
 
@@ -197,7 +210,5 @@ STRATEGY = Strategy(
     help="model states in host RAM: none, optimizer (DeepSpeed ZeRO-Offload), optimizer+params (ZeRO-3 or FSDP2), "
          "params (ZeRO-3 offload_param alone)",
     check=_check, storage=_storage, time=_time, emit=_emit, read=_read, savers=_savers,
-    # host RAM, PCIe and the CPU optimizer step become part of the job
-    complexity={Offload.OPTIMIZER: 2, Offload.OPTIMIZER_PARAMS: 3, Offload.PARAMS: 2},
-    searched=(Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS),
+    records=CHOICES,
 )

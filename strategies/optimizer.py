@@ -9,19 +9,19 @@ planner/launch/live.py and session.py, and the probes.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, Location, PagedInfo, Phase
-from planner.core.numerics import EXACT, Rung
+from planner.core.numerics import Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
 from planner.cost import adapters, comms, optimizer_states, overheads, params
 from strategies import rates
-from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from strategies.moments import FROZEN
 
 
@@ -87,8 +87,9 @@ class Impl:
 
 
 @dataclass(frozen=True)
-class OptimizerChoice:
-    """Everything every layer needs of one optimizer value (DESIGN.md "Strategies").
+class OptimizerChoice(Choice):
+    """Everything every layer needs of one optimizer value (DESIGN.md "Strategies"): a ``Choice``
+    (help, rung, complexity, searched, runtime_only: Adam-mini, which no Trainer name builds) and
 
     ``states(numel, shape, state_bytes)``: state bytes of one parameter tensor of ``numel``
     elements (one expert's), with ``state_bytes`` the layout's full-precision state element
@@ -99,13 +100,11 @@ class OptimizerChoice:
     ``deepspeed_cpu``: DeepSpeed has a CPU optimizer for it (ZeRO-Offload); ``live``: other
     (module, class) pairs the live check reads as this value."""
 
-    help: str
     states: Callable[[int, tuple[int, ...], int], int]
     note: str
     impl: Impl
-    rung: Rung = EXACT
-    complexity: int = 1
-    searched: bool = False
+    complexity: int = field(default=1, kw_only=True)  # a library beyond torch
+    searched: bool = field(default=False, kw_only=True)
     paged: bool = False
     state_bits: int = 32  # the bits of a quantized state element (32: not quantized)
     step_temporaries: bool = False
@@ -185,7 +184,7 @@ CHOICES: dict[Optimizer, OptimizerChoice] = {
     Optimizer.ADAM_MINI: OptimizerChoice(
         "Adam-mini: one second moment per block", lambda numel, shape, sb: optimizer_states.adam_mini_states(shape, sb),
         "full m, one v per block", Impl("adam_mini", "Adam_mini", None, "adam-mini", call="named"),
-        rung=ADAM_MINI_MOMENTS, searched=True, step_temporaries=True),
+        rung=ADAM_MINI_MOMENTS, searched=True, step_temporaries=True, runtime_only=True),
     Optimizer.ADAFACTOR: OptimizerChoice(
         "Adafactor (transformers, beta1=None): factored second moment",
         lambda numel, shape, sb: optimizer_states.adafactor_states(shape, sb), "factored second moment (row + column)",
@@ -212,8 +211,8 @@ QUANTIZED = tuple(o for o, c in CHOICES.items() if c.quantized)
 #: and SGD are different learning algorithms whose hyperparameters do not carry over from
 #: AdamW, so the planner never swaps them in on its own.
 SEARCHED = tuple(o for o, c in CHOICES.items() if c.searched)
-#: The optimizers the runtime builds (runtime.json ``optimizer``): those with no Trainer optim name.
-RUNTIME_BUILT = tuple(o for o, c in CHOICES.items() if c.impl.trainer_optim is None)
+#: The optimizers the runtime builds (runtime.json ``optimizer``): those no Trainer optim name builds.
+RUNTIME_BUILT = tuple(o for o, c in CHOICES.items() if c.runtime_only)
 #: Optimizers DeepSpeed runs as ZeRO-Offload's CPU optimizer.
 DEEPSPEED_CPU = tuple(o for o, c in CHOICES.items() if c.deepspeed_cpu)
 
@@ -390,11 +389,8 @@ def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
 
 
 STRATEGY = Strategy(
-    "optimizer", Optimizer, Optimizer.ADAMW, order=0, short="optimizer", bare=True, searched=SEARCHED,
+    "optimizer", Optimizer, Optimizer.ADAMW, order=0, short="optimizer", bare=True,
     help="the optimizer and its state precision and paging",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
-    runtime="planner.runtime.optimizer", runtime_only=RUNTIME_BUILT,
-    numerics={o: c.rung for o, c in CHOICES.items() if c.rung != EXACT},
-    # a library beyond torch, paging through unified memory on top
-    complexity={o: c.complexity for o, c in CHOICES.items() if c.complexity},
+    runtime="planner.runtime.optimizer", records=CHOICES,
 )

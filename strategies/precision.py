@@ -18,6 +18,7 @@ fp8-mixed is bf16-mixed whose matmuls run in fp8 (torchao Float8Linear / Transfo
 memory as bf16-mixed plus one layer's fp8 weight casts; it is a speed knob (DESIGN.md).
 """
 
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 
@@ -29,7 +30,7 @@ from planner.core.timing import TimeDraft, Window
 from planner.cost import params
 from planner.cost.activations import DTypes
 from strategies import rates
-from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from strategies.checkpointing import Checkpointing, backward_peak
 
 
@@ -41,19 +42,52 @@ class Precision(StrEnum):
     FP8_MIXED = "fp8-mixed"  # bf16-mixed with fp8 matmuls
 
 
-MIXED = (Precision.FP16_MIXED, Precision.BF16_MIXED, Precision.FP8_MIXED)
-SIXTEEN_BIT_MIXED = (Precision.BF16_MIXED, Precision.FP16_MIXED)  # the same states, speed and memory
-#: The dtype of non-fp8 matmuls and of MFU's peak (torch keeps fp32 matmuls in fp32: TF32 is off
-#: by default since torch 1.12). fp8-mixed runs the decoder layers' linears in fp8 (torchao
-#: converts them, not the output head).
-COMPUTE_DTYPE = {
-    Precision.FP32: "fp32",
-    Precision.FP16_MIXED: "fp16",
-    Precision.BF16_MIXED: "bf16",
-    Precision.BF16_PURE: "bf16",
-    Precision.FP8_MIXED: "bf16",
+#: The rungs of the numerics ladder precision's choices sit on (planner/core/numerics.py).
+FP8 = Rung("fp8", 2.0, "fp8 matmuls", source=(
+    "torchao Float8Linear, tensor-wise dynamic scaling: loss curves matching bf16 on Llama-3 8B/70B "
+    "pre-training in torchtitan's published runs (PyTorch blog, \"Supercharging training using float8 and "
+    "FSDP2\", 2024), but the least precision of any exact-looking choice: outliers in activations can "
+    "diverge (Fishman et al. 2024, \"Scaling FP8 training to trillion-token LLMs\")"))
+BF16_WEIGHTS = Rung("bf16-weights", 4.0, "bf16 weights without an fp32 master copy", source=(
+    "updates below bf16's resolution (8 bits of mantissa) are rounded away; Zamirai et al. 2020, "
+    "\"Revisiting BFloat16 Training\", measure a quality gap without stochastic rounding or Kahan summation"))
+
+
+@dataclass(frozen=True)
+class PrecisionChoice(Choice):
+    """One precision value (a ``Choice``) and the dtypes every layer reads of it: ``compute``, the
+    dtype of the matmuls outside fp8 layers and of MFU's peak (torch keeps fp32 matmuls in fp32:
+    TF32 is off by default since torch 1.12); ``layer_matmul``, the decoder layers' linears (fp8
+    under fp8-mixed: torchao converts them, not the output head); ``accelerate``, accelerate's
+    ``mixed_precision``; ``load``, the parameters' dtype as loaded (runtime.json ``dtype``; with an
+    adapter the frozen base loads in the compute dtype instead); ``mixed``: autocast over fp32
+    parameters."""
+
+    compute: str
+    layer_matmul: str
+    accelerate: str
+    load: str
+    mixed: bool
+
+
+#: Every precision value, in vocabulary order. fp16 needs dynamic loss scaling (overflows skip
+#: steps), bf16 has fp32's range: fp16-mixed adds complexity; bf16-pure is the runtime's (it loads
+#: the weights in bf16: runtime.json, no standard key).
+CHOICES: dict[Precision, PrecisionChoice] = {
+    Precision.FP32: PrecisionChoice("fp32 weights, gradients and matmuls", "fp32", "fp32", "no", "float32", False),
+    Precision.FP16_MIXED: PrecisionChoice("fp16 autocast over fp32 weights, dynamic loss scaling", "fp16", "fp16",
+                                          "fp16", "float32", True, complexity=1),
+    Precision.BF16_MIXED: PrecisionChoice("bf16 autocast over fp32 weights and optimizer states", "bf16", "bf16",
+                                          "bf16", "float32", True),
+    Precision.BF16_PURE: PrecisionChoice("bf16 weights, gradients and states, no fp32 master", "bf16", "bf16",
+                                         "no", "bfloat16", False, rung=BF16_WEIGHTS, complexity=1, runtime_only=True),
+    Precision.FP8_MIXED: PrecisionChoice("bf16-mixed with the decoder layers' matmuls in fp8 (torchao)", "bf16", "fp8",
+                                         "fp8", "float32", True, rung=FP8, complexity=1),
 }
-LAYER_MATMUL_DTYPE = {p: "fp8" if p == Precision.FP8_MIXED else d for p, d in COMPUTE_DTYPE.items()}
+MIXED = tuple(p for p, c in CHOICES.items() if c.mixed)
+SIXTEEN_BIT_MIXED = (Precision.BF16_MIXED, Precision.FP16_MIXED)  # the same states, speed and memory
+COMPUTE_DTYPE = {p: c.compute for p, c in CHOICES.items()}
+LAYER_MATMUL_DTYPE = {p: c.layer_matmul for p, c in CHOICES.items()}
 
 
 def _storage(ctx: PlanContext, decided: dict) -> dict:
@@ -291,15 +325,6 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         draft.compute("matmul", f"backward matmuls ({dtype})", 2 * fwd, Window.BACKWARD, note="input and weight gradients")
 
 
-ACCELERATE_MIXED_PRECISION = {
-    Precision.FP32: "no",
-    Precision.FP16_MIXED: "fp16",
-    Precision.BF16_MIXED: "bf16",
-    Precision.BF16_PURE: "no",  # the parameters themselves are bf16: nothing to autocast
-    Precision.FP8_MIXED: "fp8",
-}
-
-
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     """accelerate mixed_precision (fp8 through torchao; none next to a DeepSpeed file, whose
     bf16/fp16 sections decide), DeepSpeed's bf16/fp16 sections (fp16 with dynamic loss scaling),
@@ -313,7 +338,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     compiles (the Trainer's torch_compile)."""
     p = ctx.config.precision
     if files.deepspeed is None:  # with a DeepSpeed file, its bf16 / fp16 sections decide (accelerate rule)
-        files.accelerate["mixed_precision"] = ACCELERATE_MIXED_PRECISION[p]
+        files.accelerate["mixed_precision"] = CHOICES[p].accelerate
     if p == Precision.FP8_MIXED:
         files.accelerate["fp8_config"] = {"backend": "AO"}
         files.training_args["torch_compile"] = True
@@ -329,15 +354,14 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     files.runtime["dtype"] = load_dtype(p, ctx.layout.adapter is not None)
 
 
-#: The parameters' dtype as loaded (runtime.json ``dtype``): bf16-pure has no fp32 master copy.
-LOAD_DTYPE = {p: "bfloat16" if p == Precision.BF16_PURE else "float32" for p in Precision}
-#: With an adapter the frozen base loads in the compute dtype (``_adapter_dtypes``).
-ADAPTER_LOAD_DTYPE = {p: {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[COMPUTE_DTYPE[p]] for p in Precision}
+#: torch's names of the compute dtypes.
+TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def load_dtype(p: Precision, adapter: bool) -> str:
-    """The dtype the model's parameters load in (a torch dtype's name)."""
-    return (ADAPTER_LOAD_DTYPE if adapter else LOAD_DTYPE)[p]
+    """The dtype the model's parameters load in (a torch dtype's name): the record's; with an
+    adapter the frozen base loads in the compute dtype (``_adapter_dtypes``)."""
+    return TORCH_DTYPE[CHOICES[p].compute] if adapter else CHOICES[p].load
 
 
 #: "Not mixed": accelerate's mixed_precision "no", or the Trainer with bf16 and fp16 off: fp32
@@ -350,8 +374,7 @@ NOT_MIXED = "not mixed"
 #: override the environment accelerate launch exports: TrainingArguments.__post_init__).
 REFINES = {NOT_MIXED: {Precision.FP32, Precision.BF16_PURE, Precision.BF16_MIXED, Precision.FP16_MIXED},
            Precision.BF16_MIXED: {Precision.FP8_MIXED}}
-ACCELERATE_READS = {"no": NOT_MIXED, "fp16": Precision.FP16_MIXED, "bf16": Precision.BF16_MIXED,
-                    "fp8": Precision.FP8_MIXED}
+ACCELERATE_READS = {"no": NOT_MIXED} | {c.accelerate: p for p, c in CHOICES.items() if c.accelerate != "no"}
 
 
 def _read(job: JobFiles, r: Reading) -> None:
@@ -460,24 +483,10 @@ def _settle(value: str, planned: str | None) -> tuple[str, str]:
     return Precision.FP32, " (fp32 weights)"
 
 
-#: The rungs of the numerics ladder precision's choices sit on (planner/core/numerics.py).
-FP8 = Rung("fp8", 2.0, "fp8 matmuls", source=(
-    "torchao Float8Linear, tensor-wise dynamic scaling: loss curves matching bf16 on Llama-3 8B/70B "
-    "pre-training in torchtitan's published runs (PyTorch blog, \"Supercharging training using float8 and "
-    "FSDP2\", 2024), but the least precision of any exact-looking choice: outliers in activations can "
-    "diverge (Fishman et al. 2024, \"Scaling FP8 training to trillion-token LLMs\")"))
-BF16_WEIGHTS = Rung("bf16-weights", 4.0, "bf16 weights without an fp32 master copy", source=(
-    "updates below bf16's resolution (8 bits of mantissa) are rounded away; Zamirai et al. 2020, "
-    "\"Revisiting BFloat16 Training\", measure a quality gap without stochastic rounding or Kahan summation"))
-
-
 STRATEGY = Strategy(
     "precision", Precision, Precision.BF16_MIXED, order=1, short="precision", bare=True,
     help="weights, gradients and compute dtypes: fp32, fp16-mixed, bf16-mixed, bf16-pure (no fp32 master), "
          "fp8-mixed (fp8 matmuls)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage, settle=_settle,
-    runtime="planner.runtime.precision", runtime_only=(Precision.BF16_PURE,),
-    numerics={Precision.FP8_MIXED: FP8, Precision.BF16_PURE: BF16_WEIGHTS},
-    # fp16 needs dynamic loss scaling (overflows skip steps); bf16 has fp32's range
-    complexity={Precision.FP16_MIXED: 1, Precision.FP8_MIXED: 1, Precision.BF16_PURE: 1},
+    runtime="planner.runtime.precision", records=CHOICES,
 )

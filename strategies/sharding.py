@@ -27,6 +27,7 @@ sub_group_size = 1e9, overlap_comm = true (source: transformers integrations/dee
 DeepSpeed runtime/zero/config.py for the defaults).
 """
 
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 
@@ -37,7 +38,7 @@ from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
 from planner.cost import adapters, comms, overheads, params
-from strategies.base import Check, Engine, PlanContext, Strategy
+from strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from strategies.fsdp_memory import fsdp_rows, gathered_model_elements
 
 
@@ -52,16 +53,43 @@ class Sharding(StrEnum):
     FSDP_HYBRID = "fsdp-hybrid"
 
 
-ZERO = (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
-FSDP = (Sharding.FSDP, Sharding.FSDP_GRAD_OP, Sharding.FSDP_HYBRID)
+ALL_MODEL_STATES = ("weights", "master_weights", "optimizer_states", "gradients")
+
+
+@dataclass(frozen=True)
+class ShardingChoice(Choice):
+    """One sharding value: the ``engine`` that owns the step, and the model-state terms it
+    ``divides`` by the sharding degree (ZeRO paper, Sec. 5; FSDP divides all four)."""
+
+    engine: Engine
+    divides: tuple[str, ...]
+
+
+#: Every sharding value. Replicas are the plain data parallelism; a sharding engine (DeepSpeed,
+#: FSDP) weighs as two techniques (its own collectives, checkpoint format and wrapping), two-level
+#: sharding as three.
+CHOICES: dict[Sharding, ShardingChoice] = {
+    Sharding.NONE: ShardingChoice("one process, one GPU", Engine.TORCH, ()),
+    Sharding.DDP: ShardingChoice("DDP replicas: every rank holds every state", Engine.TORCH, ()),
+    Sharding.ZERO1: ShardingChoice("DeepSpeed ZeRO-1: master weights and optimizer states sharded", Engine.DEEPSPEED,
+                                   ("master_weights", "optimizer_states"), complexity=2),
+    Sharding.ZERO2: ShardingChoice("DeepSpeed ZeRO-2: and gradients", Engine.DEEPSPEED,
+                                   ("master_weights", "optimizer_states", "gradients"), complexity=2),
+    Sharding.ZERO3: ShardingChoice("DeepSpeed ZeRO-3: and weights, gathered per module", Engine.DEEPSPEED,
+                                   ALL_MODEL_STATES, complexity=2),
+    Sharding.FSDP: ShardingChoice("FSDP full shard, gathered per decoder layer", Engine.FSDP, ALL_MODEL_STATES,
+                                  complexity=2),
+    Sharding.FSDP_GRAD_OP: ShardingChoice("FSDP keeping each layer unsharded from forward to backward", Engine.FSDP,
+                                          ALL_MODEL_STATES, complexity=2),
+    Sharding.FSDP_HYBRID: ShardingChoice("FSDP sharded within a node, replicated across nodes", Engine.FSDP,
+                                         ALL_MODEL_STATES, complexity=3),
+}
+ZERO = tuple(s for s, c in CHOICES.items() if c.engine == Engine.DEEPSPEED)
+FSDP = tuple(s for s, c in CHOICES.items() if c.engine == Engine.FSDP)
 
 
 def engine_of(sharding: Sharding) -> Engine:
-    if sharding in ZERO:
-        return Engine.DEEPSPEED
-    if sharding in FSDP:
-        return Engine.FSDP
-    return Engine.TORCH
+    return CHOICES[sharding].engine
 
 
 def _parallelism(ctx: PlanContext) -> dict:
@@ -80,13 +108,6 @@ ZERO3_MAX_LIVE_PARAMETERS = 10**9
 #: DDP's bucket_cap_mb default (25 MiB): one all-reduce call per bucket.
 DDP_BUCKET_BYTES = 25 * 2**20
 ZERO_SUB_GROUP_SIZE = 10**9
-ALL_MODEL_STATES = ("weights", "master_weights", "optimizer_states", "gradients")
-#: What each mode divides by the sharding degree; ZeRO-3 and every FSDP mode divide all four.
-SHARDED_TERMS: dict[Sharding, tuple[str, ...]] = {
-    Sharding.NONE: (),
-    Sharding.ZERO1: ("master_weights", "optimizer_states"),
-    Sharding.ZERO2: ("master_weights", "optimizer_states", "gradients"),
-}
 FWD, BWD, STEP = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD}), frozenset({Phase.STEP})
 
 def deepspeed_buckets(h: int) -> dict[str, int]:
@@ -120,7 +141,7 @@ _UNSHARDED: dict[str, Placement] = {}
 
 def _storage(ctx: PlanContext, decided: dict) -> dict:
     """How each model-state term's rows split across the ``shard_degree`` ranks: the terms the mode
-    divides (``SHARDED_TERMS``). FSDP2 gives rank 0 its padded dim-0 chunks of the whole-model rows
+    divides (``ShardingChoice.divides``). FSDP2 gives rank 0 its padded dim-0 chunks of the whole-model rows
     of uniform bytes per element (the frozen base's, the trained tensors'); any other row, and
     FSDP1's flat shards, an even 1/N (planner.core.ledger.Placement)."""
     s, m, n = ctx.config.sharding, ctx.model, decided["shard_degree"]
@@ -134,7 +155,7 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
 @cache
 def _shards(s: Sharding, n: int, chunks: tuple[tuple[int, int], ...]) -> dict[str, Placement]:
     """The placement of each term the mode divides (one shared, read-only dict per mode and degree)."""
-    return {term: Placement(shard=n, chunks=chunks) for term in SHARDED_TERMS.get(s, ALL_MODEL_STATES)}
+    return {term: Placement(shard=n, chunks=chunks) for term in CHOICES[s].divides}
 
 
 @cache
@@ -460,7 +481,5 @@ STRATEGY = Strategy(
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, parallelism=_parallelism, storage=_storage,
     default_for=_default, runtime="planner.runtime.sharding", settings=SETTINGS, describe=describe,
     settings_used=lambda value: str(value) in FSDP,
-    # replicas are the plain data parallelism; a sharding engine (DeepSpeed, FSDP) weighs as two
-    # techniques (its own collectives, checkpoint format and wrapping), two-level sharding as three
-    complexity={s: 3 if s == Sharding.FSDP_HYBRID else 2 for s in Sharding if s not in (Sharding.NONE, Sharding.DDP)},
+    records=CHOICES,
 )

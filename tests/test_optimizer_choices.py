@@ -46,6 +46,7 @@ def test_every_optimizer_value_is_whole(value, tmp_path):
     choice = CHOICES[value]
     assert choice.rung == EXACT or choice.rung in LADDER, value
     assert {engine for engine, _ in choice.refused_on} <= ENGINES and all(why for _, why in choice.refused_on)
+    assert choice.runtime_only == (choice.impl.trainer_optim is None), value  # no Trainer name: runtime.json
     model = _model()
     impls = [i for i in (choice.impl, choice.fsdp2) if i is not None]
     assert all(i.call in CALLS for i in impls), value  # the runtime knows how to call each class

@@ -30,8 +30,9 @@ from planner.schema.suggest import SuggestRequest
 from planner.schema.tune import TrialRow, TuneRequest, TuneResult
 from planner.render import report
 from planner.render.tune import render_tune
-from strategies import BY_FIELD, REGISTRY, SETTINGS, TECHNIQUES, Check, PlanContext, TrainingConfig
-from strategies.base import LAYOUT_FIELDS, resolve_layout
+from planner.core.numerics import EXACT
+from strategies import BY_FIELD, LADDER, REGISTRY, SETTINGS, TECHNIQUES, Check, PlanContext, TrainingConfig
+from strategies.base import LAYOUT_FIELDS, Choice, resolve_layout
 
 from helpers import round_trip, round_trip_errors
 
@@ -76,6 +77,21 @@ def test_strategy_contract(strategy):
         for change, update in strategy.savers(ctx.config, ctx.hardware):
             assert change and set(update) <= set(TrainingConfig.model_fields)
             ctx.config.model_copy(update=update).model_validate(ctx.config.model_copy(update=update).model_dump())
+
+
+@pytest.mark.parametrize("strategy", REGISTRY, ids=lambda s: s.field)
+def test_every_value_is_one_record(strategy):
+    """Each value of every technique is one typed record (strategies/base.py ``Choice``, or the
+    technique's subclass of it), in vocabulary order, which the strategy's views (numerics,
+    complexity, reserve, runtime_only, searched) derive from: a value missing its record, or a
+    record on no rung of the ladder, fails here by name."""
+    assert list(strategy.records) == list(strategy.enum)
+    for value, record in strategy.records.items():
+        assert isinstance(record, Choice), value
+        assert record.help and len(record.help) <= 100 and record.help == record.help.strip(), value
+        assert record.rung == EXACT or record.rung in LADDER, value
+        assert record.complexity >= 0 and 0 <= record.reserve < 0.2, value
+    assert strategy.records[strategy.default].searched and not strategy.records[strategy.default].runtime_only
 
 
 def test_every_layout_field_is_decided_once():

@@ -12,7 +12,7 @@ memory).
 import contextlib
 
 from planner.runtime import Site
-from strategies.precision import MIXED, Precision, load_dtype
+from strategies.precision import CHOICES, MIXED, TORCH_DTYPE, Precision, load_dtype
 from strategies.sharding import FSDP
 
 
@@ -39,8 +39,14 @@ def autocast(config, device_type: str):
 
     if not autocast_on(config):
         return contextlib.nullcontext()
-    dtype = torch.float16 if config.precision == Precision.FP16_MIXED else torch.bfloat16
-    return torch.autocast(device_type, dtype=dtype)
+    return torch.autocast(device_type, dtype=compute_dtype(config))
+
+
+def compute_dtype(config):
+    """The torch dtype of the matmuls outside fp8 layers (the precision record's ``compute``)."""
+    import torch
+
+    return getattr(torch, TORCH_DTYPE[CHOICES[config.precision].compute])
 
 
 def fsdp_policy(config):
