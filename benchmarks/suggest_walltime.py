@@ -1,37 +1,75 @@
-"""Wall time of `planner suggest` for Llama-3.1-8B on 1, 8 and 512 GPUs, and candidates per second.
+"""Whole-process time of planner's commands, against one DeepSpeed estimator call.
 
-Target: under one second of work beyond interpreter start on the 2-core development machine.
-Prints medians of several runs of each:
-- `python -c pass` (the interpreter alone),
-- `planner suggest --model meta-llama/Llama-3.1-8B --gpus G --json` end to end (fresh process),
-- the search alone, in process (candidates evaluated per second).
+The budget (docs/architecture.md): every planning command <= 0.5 s wall on the 2-core
+development machine and <= 0.25x one DeepSpeed estimator call measured in the same run. Prints,
+per case, the median over ``--runs`` of
+- wall seconds of the whole process (`python -m planner ...` with HF_HUB_OFFLINE=1),
+- CPU seconds of it and every process it started (user + system, from getrusage of children),
+- the ratio of the wall median to the DeepSpeed call's wall median,
+and the search alone, in process, for the first cases (candidates evaluated per second).
 
-    .venv/bin/python benchmarks/suggest_walltime.py [--runs 5]
+The DeepSpeed call is `estimate_zero2_model_states_mem_needs_all_cold` for Llama-3.1-8B on one
+node of 8 GPUs in a fresh process: the single published estimator call a user would otherwise make.
+
+    .venv/bin/python benchmarks/suggest_walltime.py [--runs 5] [--only NAME]
 """
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from planner.catalog.gpus import parse_gpus
-from planner.catalog.models import resolve_model
-from planner.engine.estimate import evaluate
-from planner.engine.search import search
-from planner.engine.space import build_space
-
+PLANNER = [sys.executable, "-m", "planner"]
 MODEL = "meta-llama/Llama-3.1-8B"
-GPUS = ("1xA100-40", "8xH100-80", "64x8xH100-80")
+DEEPSPEED = [sys.executable, "-c",
+             "from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold as f; "
+             "f(total_params=8_030_261_248, num_gpus_per_node=8, num_nodes=1)"]
 
 
-def timed(cmd: list[str]) -> float:
+def cases(job_dir: Path) -> dict[str, list[str]]:
+    return {
+        "suggest 8B 1xA100-40": PLANNER + ["suggest", "--model", MODEL, "--gpus", "1xA100-40"],
+        "suggest 8B 8xH100-80": PLANNER + ["suggest", "--model", MODEL, "--gpus", "8xH100-80"],
+        "suggest 70B 8xH100-80": PLANNER + ["suggest", "--model", "meta-llama/Llama-3.1-70B", "--gpus", "8xH100-80"],
+        "suggest 405B 1xRTX4090 (none fits)": PLANNER + ["suggest", "--model", "meta-llama/Llama-3.1-405B",
+                                                         "--gpus", "1xRTX4090-24"],
+        "suggest 8B 1xRTX4090 --adapter any": PLANNER + ["suggest", "--model", MODEL, "--gpus", "1xRTX4090-24",
+                                                         "--adapter", "any"],
+        "suggest 8B 512x8xH100-80": PLANNER + ["suggest", "--model", MODEL, "--gpus", "512x8xH100-80"],
+        "check --job-dir": PLANNER + ["check", "--job-dir", str(job_dir), "--model", MODEL, "--gpus", "1xA100-40"],
+        "estimate 8B 1xA100-40": PLANNER + ["estimate", "--model", MODEL, "--gpus", "1xA100-40"],
+        "planner --version": PLANNER + ["--version"],
+    }
+
+
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process and its children)."""
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    return time.perf_counter() - start
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=env)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def medians(cmd: list[str], runs: int) -> tuple[float, float]:
+    samples = [timed(cmd) for _ in range(runs)]
+    return statistics.median(w for w, _ in samples), statistics.median(c for _, c in samples)
 
 
 def in_process(gpus: str) -> tuple[float, int, int]:
+    from planner.catalog.gpus import parse_gpus
+    from planner.catalog.models import resolve_model
+    from planner.engine.estimate import evaluate
+    from planner.engine.search import search
+    from planner.engine.space import build_space
+
     model, hw = resolve_model(MODEL), parse_gpus(gpus)
     space = build_space(hw.num_gpus, 2048)
     start = time.perf_counter()
@@ -42,22 +80,32 @@ def in_process(gpus: str) -> tuple[float, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
-    runs = parser.parse_args().runs
-    bare = statistics.median(timed([sys.executable, "-c", "pass"]) for _ in range(runs))
-    print(f"runs per figure: {runs} (medians); python -c pass: {bare * 1000:.0f} ms")
-    print(f"{'GPUs':14s} {'suggest (process)':>18s} {'beyond start':>13s} {'search':>9s} {'evaluated':>10s} "
-          f"{'space':>7s} {'candidates/s':>13s} {'evaluations/s':>14s}")
-    for gpus in GPUS:
-        cmd = [sys.executable, "-c", "from planner.cli import main; main()", "suggest", "--model", MODEL,
-               "--gpus", gpus, "--json"]
-        wall = statistics.median(timed(cmd) for _ in range(runs))
-        searches = [in_process(gpus) for _ in range(runs)]
-        seconds = statistics.median(s for s, _, _ in searches)
-        evaluated, size = searches[0][1], searches[0][2]
-        print(f"{gpus:14s} {wall * 1000:15.0f} ms {(wall - bare) * 1000:10.0f} ms {seconds * 1000:6.0f} ms "
-              f"{evaluated:10,d} {size:7,d} {size / seconds:13,.0f} {evaluated / seconds:14,.0f}")
-    print("candidates/s counts the whole space: the pruned (monotone) micro-batch sizes and infeasible")
-    print("combinations are decided without a full evaluation; 'evaluated' is how many ran the model.")
+    parser.add_argument("--only", default="", help="run the cases whose name contains this")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job"
+        subprocess.run(PLANNER + ["suggest", "--model", MODEL, "--gpus", "1xA100-40", "--out", str(job)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+                       env=os.environ | {"HF_HUB_OFFLINE": "1"})
+        bare, _ = medians([sys.executable, "-c", "pass"], args.runs)
+        ds_wall, ds_cpu = medians(DEEPSPEED, args.runs)
+        print(f"runs per figure: {args.runs} (medians); python -c pass: {bare:.3f} s; "
+              f"one DeepSpeed estimator call: {ds_wall:.2f} s wall, {ds_cpu:.2f} s CPU")
+        print(f"{'case':38s} {'wall s':>7s} {'CPU s':>7s} {'x DeepSpeed':>12s}")
+        for name, cmd in cases(job).items():
+            if args.only not in name:
+                continue
+            wall, cpu = medians(cmd, args.runs)
+            print(f"{name:38s} {wall:7.2f} {cpu:7.2f} {wall / ds_wall:12.2f}")
+    if args.only:
+        return
+    print(f"\n{'search alone':16s} {'seconds':>8s} {'evaluated':>10s} {'space':>8s} {'candidates/s':>13s}")
+    for gpus in ("1xA100-40", "8xH100-80"):
+        runs = [in_process(gpus) for _ in range(args.runs)]
+        seconds = statistics.median(s for s, _, _ in runs)
+        print(f"{gpus:16s} {seconds:8.3f} {runs[0][1]:10,d} {runs[0][2]:8,d} {runs[0][2] / seconds:13,.0f}")
+    print("candidates/s counts the whole space: infeasible combinations and the micro-batch sizes above")
+    print("the first that does not fit are decided without a full evaluation.")
 
 
 if __name__ == "__main__":

@@ -359,6 +359,29 @@ def test_full_fine_tuning_answers_say_what_an_adapter_would_give():
     assert r.exit_code == 0 and f"--adapter {option.adapter} would give" in r.output
 
 
+@pytest.mark.parametrize("model, gpus", [
+    (LLAMA, "2xA100-80"),  # the winner needs paged AdamW (exact) to fit under DDP
+    (LLAMA, "1xRTX4090-24"),  # QLoRA where full fine-tuning needs offload
+    ("google/gemma-2-9b", "1xA100-40"),  # eager attention (no SDPA for gemma2), ZeRO-1
+    ("meta-llama/Llama-3.1-70B", "1xA100-40"),  # no adapter plan fits: the full space is searched too
+])
+def test_the_adapter_line_from_the_exact_optimizers_is_the_full_searchs(model, gpus):
+    """The one-line adapter option searches the exact optimizers first (a third of the space) and
+    the rest only when no exact plan fits; its plan is the one the full space ranks first."""
+    from planner.engine import suggest as engine
+
+    spec = resolve_model(model)
+    request = SuggestRequest(model=model, gpus=gpus, seq_len=engine.default_seq_len(spec))
+    hardware = request.hardware()
+    outcome = engine._search(request, spec, hardware, engine._space(request, hardware.num_gpus, None))
+    ranked = engine._rank(request, outcome).plans
+    winner = engine._result(request, spec, hardware, outcome, ranked[0].item) if ranked else None
+    bounded = engine._adapter_option(request, spec, hardware, winner)
+    full = engine._adapter_option(request, spec, hardware, winner, bounded=False)
+    assert bounded == full
+    assert (bounded is None) == (model == "meta-llama/Llama-3.1-70B")
+
+
 @pytest.mark.parametrize("model_type", ["llama", "gpt2"])
 @pytest.mark.parametrize("adapter", ["qlora", "lora-int8"])
 def test_a_model_built_from_its_config_is_quantized_as_the_plan_counts(tmp_path, model_type, adapter):

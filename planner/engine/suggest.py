@@ -20,6 +20,7 @@ from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import AdapterOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
 from strategies import FIELDS, REGISTRY, approximation_words, summary
 from strategies.adapter import ALLOWS, Adapter
+from strategies.optimizer import STRATEGY as OPTIMIZER
 
 #: Full fine-tuning counts as "far slower" than an adapter when the adapter plan is this much faster
 #: (on 1xRTX4090-24, Llama-3.1-8B in full needs CPU offload: QLoRA is about 37 % faster).
@@ -74,10 +75,16 @@ def suggest(request: SuggestRequest) -> SuggestResult:
 
 
 def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec,
-                    winner: EstimateResult | None) -> AdapterOption | None:
+                    winner: EstimateResult | None, bounded: bool = True) -> AdapterOption | None:
     """When the request left adapters out (full fine-tuning only) and nothing fits or the winner is
     far slower than one: the fastest LoRA / QLoRA plan of the same request (its settings, its other
-    choices), as one line. None when an adapter was named, or would not help."""
+    choices), as one line. None when an adapter was named, or would not help.
+
+    ``bounded``: the adapter plans are searched with the exact optimizers first (AdamW, paged
+    AdamW: a third of the space), and with the approximate ones only when no exact plan fits. Under
+    the numerics ladder (and ``--numerics exact``) an exact plan that fits outranks every
+    approximation, and every exact plan of the full space is in the bounded one, so an exact
+    winner there is the full search's winner. tests/test_adapter_plans.py compares the two."""
     if any(a != Adapter.NONE for a in request.adapter) or request.launcher == Launcher.TRAINER:
         return None
     narrowed = {}
@@ -86,14 +93,19 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
         narrowed[field] = [v for v in given if v in allowed]
         if not narrowed[field]:
             return None
-    asked = request.model_copy(update={"adapter": [Adapter.LORA, Adapter.QLORA]} | narrowed)
-    space = _space(asked, hardware.num_gpus, request.global_batch_size)
-    try:
-        outcome = _search(asked.model_copy(update={"engine": "auto"}), model, hardware, space)
-    except PlannerInputError:
-        return None
-    best = _rank(asked, outcome).plans
-    if not best:
+    asked = request.model_copy(update={"adapter": [Adapter.LORA, Adapter.QLORA], "engine": "auto"} | narrowed)
+    exact = [o for o in request.optimizer or OPTIMIZER.searched or () if o not in OPTIMIZER.numerics]
+    bounded = bounded and bool(exact) and request.numerics != NumericsPolicy.ANY
+    tries = [asked.model_copy(update={"optimizer": exact})] if bounded else []
+    for attempt in tries + [asked]:
+        try:
+            outcome = _search(attempt, model, hardware, _space(attempt, hardware.num_gpus, request.global_batch_size))
+        except PlannerInputError:
+            return None
+        best = _rank(attempt, outcome).plans
+        if best and (attempt is asked or not best[0].numerics):  # an exact winner: the full search's
+            break
+    else:
         return None
     plan = _result(asked, model, hardware, outcome, best[0].item)
     gain = plan.time.tokens_per_second / winner.time.tokens_per_second - 1 if winner else None
