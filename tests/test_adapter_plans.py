@@ -380,6 +380,9 @@ def test_the_adapter_line_from_the_exact_optimizers_is_the_full_searchs(model, g
     full = engine._adapter_option(request, spec, hardware, winner, bounded=False)
     assert bounded == full
     assert (bounded is None) == (model == "meta-llama/Llama-3.1-70B")
+    # the skip when no exact plan fits assumes AdamW runs wherever another optimizer does
+    from strategies.optimizer import CHOICES, Optimizer
+    assert not CHOICES[Optimizer.ADAMW].refused_on and CHOICES[Optimizer.ADAMW].deepspeed_cpu
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2"])

@@ -189,6 +189,24 @@ def test_default_width_is_100_when_stdout_is_a_pipe():
     assert text == screen(tuple(CASES["suggest-1xA100"]), 100)
 
 
+def test_version_imports_no_command():
+    """``planner --version`` answers before the commands are imported (no typer, rich, pydantic or
+    strategies), so it costs an interpreter start; typer's eager option says the same."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.argv = ['planner', '--version']; from planner.cli import main; main(); "
+            "print(sorted(m for m in ('typer', 'rich', 'pydantic', 'strategies', 'planner.cli.commands') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[0].startswith("planner ") and out.splitlines()[1] == "[]"
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    assert CliRunner().invoke(app, ["--version"]).stdout == out.splitlines()[0] + "\n"
+
+
 def test_version_and_catalog_json():
     from importlib.metadata import version
 

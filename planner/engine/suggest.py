@@ -18,7 +18,7 @@ from planner.engine.search import ENGINES, SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, settings_of
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import AdapterOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
-from strategies import FIELDS, REGISTRY, approximation_words, summary
+from strategies import FIELDS, REGISTRY, PlanContext, approximation_words, summary
 from strategies.adapter import ALLOWS, Adapter
 from strategies.optimizer import STRATEGY as OPTIMIZER
 
@@ -105,6 +105,8 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
         best = _rank(attempt, outcome).plans
         if best and (attempt is asked or not best[0].numerics):  # an exact winner: the full search's
             break
+        if attempt is not asked and not outcome.fitting and _no_optimizer_fits(model, hardware, outcome):
+            return None
     else:
         return None
     plan = _result(asked, model, hardware, outcome, best[0].item)
@@ -113,6 +115,24 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
         return None
     return AdapterOption(adapter=str(plan.config.adapter), tokens_per_second=plan.time.tokens_per_second,
                          peak_bytes=plan.memory["peak"], gain=gain, summary=summary(plan.config))
+
+
+#: Bytes per trained parameter that another optimizer could save over AdamW's states: its two fp32
+#: moments (8 B) and more than its step counter (4 B per tensor, counted here per parameter).
+ADAMW_STATE_BOUND = 12
+
+
+def _no_optimizer_fits(model: ModelSpec, hardware: HardwareSpec, outcome: SearchOutcome) -> bool:
+    """Whether no plan of the full adapter space can fit, given that none of the exact optimizers'
+    does: every full-space plan is an exact one with its optimizer swapped (AdamW runs on every
+    engine and offload, so the swap never makes an infeasible plan feasible), and a swap saves at
+    most AdamW's states, ``ADAMW_STATE_BOUND`` bytes per trained parameter, of GPU or host memory.
+    So when the smallest shortfall exceeds that (or no plan was feasible), none fits."""
+    if not outcome.nearest:
+        return True
+    miss = outcome.nearest[0]
+    trained = PlanContext(model, hardware, outcome.config(miss)).layout.trainable_parameters
+    return miss.shortfall > ADAMW_STATE_BOUND * trained
 
 
 def _training(request: SuggestRequest, plan: EstimateResult, tokens: float) -> TrainingTime:

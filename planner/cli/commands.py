@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from planner.cli import options
 from planner.cli.options import with_space, with_target, with_techniques
+from planner.cli.version import version
 from planner.core.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerError, PlannerInputError
 from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
@@ -45,20 +46,9 @@ def _say(text: str) -> None:
     err.print(text, highlight=False)
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("planner")
-    except PackageNotFoundError:
-        import planner
-
-        return getattr(planner, "__version__", "unknown")
-
-
 def _print_version(value: bool) -> None:
     if value:
-        sys.stdout.write(f"planner {_version()}\n")
+        sys.stdout.write(f"planner {version()}\n")
         raise typer.Exit(0)
 
 

@@ -1,0 +1,13 @@
+"""planner's version, as the installed distribution states it (``planner --version``)."""
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("planner")
+    except PackageNotFoundError:
+        import planner
+
+        return getattr(planner, "__version__", "unknown")
