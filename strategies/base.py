@@ -189,9 +189,10 @@ Savers = Callable[[Any, HardwareSpec], list[tuple[str, dict]]]
 @dataclass(frozen=True)
 class Choice:
     """One value of a technique: what every layer reads of it beyond the strategy's hooks. A
-    strategy holds one record per value (``Strategy.records``; the optimizer's, precision's and
-    offload's extend this with what their hooks, the runtime and the probes need), so a new value
-    is one record, its cost formula and its tests.
+    strategy holds one record per value (``Strategy.records``; a technique's subclass adds what its
+    hooks, the runtime and the probes need: OptimizerChoice, PrecisionChoice, ShardingChoice,
+    OffloadChoice, AttentionChoice, AdapterChoice), so a new value is one record, its cost formula
+    and its tests.
 
     ``help``: what the value is, one line. ``rung``: its place on the numerics ladder
     (planner/core/numerics.py; EXACT: the same training math). ``complexity``: what it adds to a
