@@ -96,5 +96,8 @@ class EstimateResult(BaseModel):
 
 @dataclass(frozen=True)
 class Alternative:
+    """A one-step change to a configuration that lowers its peak, re-estimated
+    (planner/engine/alternatives.py ``memory_savers``)."""
+
     change: str  # "checkpointing none -> full"
     result: EstimateResult
