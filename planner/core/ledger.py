@@ -230,6 +230,31 @@ class PagedInfo(BaseModel):
 NOT_ALLOCATED = ("cuda_context", "allocator_reserve")
 
 
+def gpu_peaks(rows) -> tuple[int, int]:
+    """(the GPU peak, torch's allocated peak before paged state) in one pass over the rows: per
+    phase the rows of no moment plus those of its largest moment (``resident``); the allocated
+    peak without the ``NOT_ALLOCATED`` terms. Equal to ``(LedgerDraft.peak_bytes(),
+    allocated_peak(rows))``, on the hot path of every evaluation."""
+    base, base_allocated = dict.fromkeys(Phase, 0), dict.fromkeys(Phase, 0)
+    moments: dict[Phase, dict[str, int]] = {p: {} for p in Phase}
+    moments_allocated: dict[Phase, dict[str, int]] = {p: {} for p in Phase}
+    for r in rows:
+        if r.location != Location.GPU:
+            continue
+        n, allocated = r.bytes, r.term not in NOT_ALLOCATED
+        for p in r.phases:
+            if r.moment:
+                moments[p][r.moment] = moments[p].get(r.moment, 0) + n
+                if allocated:
+                    moments_allocated[p][r.moment] = moments_allocated[p].get(r.moment, 0) + n
+            else:
+                base[p] += n
+                if allocated:
+                    base_allocated[p] += n
+    return (max(base[p] + max(moments[p].values(), default=0) for p in Phase),
+            max(base_allocated[p] + max(moments_allocated[p].values(), default=0) for p in Phase))
+
+
 def allocated_peak(rows, paged: PagedInfo | None = None) -> int:
     """torch's allocated peak (``torch.cuda.max_memory_allocated``), bytes: the largest phase of the
     GPU rows less the ``NOT_ALLOCATED`` terms, each phase with only the rows it holds (a stream pool

@@ -15,7 +15,7 @@ from planner.core.ledger import (
     Location,
     PagedInfo,
     Phase,
-    allocated_peak,
+    gpu_peaks,
     peak_phase,
     phase_sum,
     terms_at,
@@ -152,8 +152,7 @@ def evaluate(
               note="measured (planner calibrate)" if measured["context"] else "")
     if hardware.num_gpus > 1:
         draft.add("cuda_context", "NCCL buffers and communicators", overheads.NCCL_BYTES, 1)
-    peak = draft.peak_bytes()  # context, NCCL and the engines' stream pools are resident in every phase
-    allocated = allocated_peak(draft.rows)
+    peak, allocated = gpu_peaks(draft.rows)  # context, NCCL and stream pools: resident in every phase
     reserve = draft.add(
         "allocator_reserve", FRAGMENTATION_LABEL, allocated, fragmentation,
         note=f"{fragmentation:.1%} of the allocated peak" + (", measured" if measured["fragmentation"] else "")
