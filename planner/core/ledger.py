@@ -233,8 +233,8 @@ NOT_ALLOCATED = ("cuda_context", "allocator_reserve")
 def gpu_peaks(rows) -> tuple[int, int]:
     """(the GPU peak, torch's allocated peak before paged state) in one pass over the rows: per
     phase the rows of no moment plus those of its largest moment (``resident``); the allocated
-    peak without the ``NOT_ALLOCATED`` terms. Equal to ``(LedgerDraft.peak_bytes(),
-    allocated_peak(rows))``, on the hot path of every evaluation."""
+    peak without the ``NOT_ALLOCATED`` terms (``allocated_peak``). The GPU peak equals
+    ``LedgerDraft.peak_bytes()``, in one walk: the hot path of every evaluation."""
     base, base_allocated = dict.fromkeys(Phase, 0), dict.fromkeys(Phase, 0)
     moments: dict[Phase, dict[str, int]] = {p: {} for p in Phase}
     moments_allocated: dict[Phase, dict[str, int]] = {p: {} for p in Phase}
@@ -260,5 +260,4 @@ def allocated_peak(rows, paged: PagedInfo | None = None) -> int:
     GPU rows less the ``NOT_ALLOCATED`` terms, each phase with only the rows it holds (a stream pool
     lives in its own phases), less paged state placed on the GPU (CUDA managed memory, outside the
     allocator; resident in every phase)."""
-    tensors = [r for r in rows if r.term not in NOT_ALLOCATED]
-    return max(phase_sum(tensors, p, Location.GPU) for p in Phase) - (paged.resident_bytes if paged else 0)
+    return gpu_peaks(rows)[1] - (paged.resident_bytes if paged else 0)

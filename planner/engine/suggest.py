@@ -94,7 +94,7 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
         if not narrowed[field]:
             return None
     asked = request.model_copy(update={"adapter": [Adapter.LORA, Adapter.QLORA], "engine": "auto"} | narrowed)
-    exact = [o for o in request.optimizer or OPTIMIZER.searched or () if o not in OPTIMIZER.numerics]
+    exact = [o for o in request.optimizer or OPTIMIZER.searched or OPTIMIZER.choices if o not in OPTIMIZER.numerics]
     bounded = bounded and bool(exact) and request.numerics != NumericsPolicy.ANY
     tries = [asked.model_copy(update={"optimizer": exact})] if bounded else []
     for attempt in tries + [asked]:
