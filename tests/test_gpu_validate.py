@@ -125,3 +125,24 @@ def test_a_launch_that_could_not_start_fails_the_run_and_one_skipped_for_time_do
     assert gpu_validate._launch_failed({"rc": "timeout"})
     assert not gpu_validate._launch_failed({"rc": 0})
     assert not gpu_validate._launch_failed({"rc": None, "error": "skipped: 12 s left in phase C"})
+
+
+def test_a_launch_its_phase_cannot_hold_is_skipped_not_started(tmp_path):
+    import gpu_validate
+
+    class Launches:  # the folder is built; no plan may be written for a launch that cannot finish
+        def build_folder(self, work, device):
+            return work, "ref", 0.0
+
+        def write_plan(self, *args):
+            raise AssertionError("a launch was started with too little time left")
+
+    now = time.monotonic()
+    # 100 s budget, phase C ends at 74.5 s: 40 s left, less than either launch needs on a GPU
+    clock = gpu_validate.Clock(start=now - 34.5, deadline=now + 65.5)
+    results: list = []
+    gpu_validate._launch_both(Launches(), "cuda", "H100-SXM-80", clock, tmp_path, results,
+                              tmp_path / "launch.json", gpu_validate.Only(""))
+    assert [r["name"] for r in results] == ["suggested", "suggested-qlora"]
+    assert all(r["error"].startswith("skipped: needs ~") for r in results)
+    assert not any(gpu_validate._launch_failed(r) for r in results)
