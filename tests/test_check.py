@@ -19,6 +19,7 @@ from planner.emit import emit
 from planner.engine.estimate import estimate_config
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
+from strategies import TECHNIQUES
 
 from helpers import examples
 
@@ -156,6 +157,14 @@ def test_fitting_job_lists_faster_plans(tmp_path):
     r = check(CheckRequest(model=LLAMA, gpus="8xH100-80", training_args=targs, sharding="zero3"))
     assert r.fits and r.faster
     assert all(f.fits and f.tokens_per_second > r.estimate.time.tokens_per_second for f in r.faster)
+    # a bounded search: one technique and / or the micro-batch away, the global batch kept, fastest first
+    job = r.estimate.config
+    for f in r.faster:
+        techniques = [s.field for s in TECHNIQUES if getattr(f.config, s.field) != getattr(job, s.field)]
+        assert len(techniques) <= 1 and f.config.adapter == job.adapter, f.change
+        assert f.config.micro_batch_size * f.config.grad_accum == job.micro_batch_size * job.grad_accum
+    speeds = [f.tokens_per_second for f in r.faster]
+    assert speeds == sorted(speeds, reverse=True)
 
 
 @pytest.mark.parametrize("files, flags, needle", [

@@ -23,7 +23,7 @@ from planner.core.errors import PlannerInputError
 from planner.core.formatting import gib
 from planner.core.job import Reading
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
-from planner.engine.alternatives import memory_savers
+from planner.engine.alternatives import faster_changes, memory_savers
 from planner.engine.estimate import default_seq_len, estimate_config, evaluate
 from planner.engine.search import search
 from planner.engine.space import build_space
@@ -233,14 +233,16 @@ def _changes_that_fit(model, hardware, config, margin, result, limit) -> list[Ch
         if r.fits:
             pairs.append(_change(config, r, f"{a.change}; {b.change}"))
     pairs.sort(key=lambda c: -c.tokens_per_second)
-    return pairs[:limit] or _plans(model, hardware, config, margin, limit, faster_than=0.0)
+    return pairs[:limit] or _plans(model, hardware, config, margin, limit)
 
 
 def _faster_plans(model, hardware, config, margin, result, limit) -> list[Change]:
-    return _plans(model, hardware, config, margin, limit, faster_than=result.time.tokens_per_second)
+    """Faster plans one technique and / or the micro-batch away from the job (a bounded search,
+    planner/engine/alternatives.py ``faster_changes``; `planner suggest` searches the whole space)."""
+    return [_change(config, r) for r in faster_changes(model, hardware, config, margin, result, limit)]
 
 
-def _plans(model, hardware, config, margin, limit, faster_than: float) -> list[Change]:
+def _plans(model, hardware, config, margin, limit) -> list[Change]:
     """The fastest fitting plans with this job's sequence length and global batch."""
     global_batch = config.micro_batch_size * config.grad_accum * hardware.num_gpus
     try:
@@ -248,12 +250,7 @@ def _plans(model, hardware, config, margin, limit, faster_than: float) -> list[C
     except PlannerInputError:
         return []
     outcome = search(space, lambda c: evaluate(model, hardware, c, margin, skip_infeasible=True))
-    out: list = []
-    for record in outcome.fitting:
-        if record.tokens_per_second <= faster_than or len(out) >= limit:
-            break
-        out.append(_change(config, estimate_config(model, hardware, outcome.config(record), margin)))
-    return out
+    return [_change(config, estimate_config(model, hardware, outcome.config(r), margin)) for r in outcome.fitting[:limit]]
 
 
 def _reasons(result: EstimateResult, changes: list[Change], faster: list[Change]) -> list[str]:
