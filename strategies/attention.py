@@ -97,8 +97,17 @@ def _read(job: JobFiles, r: Reading) -> None:
             r.problems.append(f"{where}: attn_implementation {name!r} is not one of {', '.join(READS)}")
 
 
+def _twin(combo) -> Attention | None:
+    """Eager's twin is SDPA: the s^2 scores it saves make it no smaller and its unfused kernels no
+    faster. Not under selective checkpointing, whose policy (torchtitan's) saves SDPA's outputs
+    and recomputes eager's attention: there eager holds less."""
+    if combo["attention"] == Attention.EAGER and combo["checkpointing"] != "selective":
+        return Attention.SDPA
+    return None
+
+
 STRATEGY = Strategy(
-    "attention", Attention, Attention.SDPA, order=6, short="attn",
+    "attention", Attention, Attention.SDPA, order=6, short="attn", twin=_twin,
     help="attention kernels: sdpa (fused flash / memory-efficient) or eager (materialises s^2 scores)",
     check=_check, time=_time, emit=_emit, read=_read, storage=_storage, runtime="planner.runtime.attention",
     records=CHOICES,

@@ -249,6 +249,12 @@ class Strategy:
     #: the flag of a searching command also takes "any": let the search try every choice
     #: (the strategy's ``searched`` is what it tries when the flag is not given)
     any_choice: bool = False
+    #: Given a combination of every technique's value (field -> value), another value of this
+    #: technique whose plan dominates it: at every micro-batch no larger on the GPU or the host, at
+    #: least as fast, of lower complexity, with the same numerics and ranking family; None when
+    #: none does. The search skips a combination whose twin fits (planner/engine/search.py);
+    #: tests/test_search_dominance.py holds the cost model to the claim.
+    twin: Callable[[Mapping[str, Any]], StrEnum | None] | None = None
 
     @property
     def choices(self) -> tuple[StrEnum, ...]:

@@ -483,10 +483,17 @@ def _settle(value: str, planned: str | None) -> tuple[str, str]:
     return Precision.FP32, " (fp32 weights)"
 
 
+def _twin(combo) -> Precision | None:
+    """fp16-mixed's twin is bf16-mixed: the same states, memory and speed (SIXTEEN_BIT_MIXED), one
+    ranking family, and simpler (no loss scaling). A GPU without bf16 refuses the twin, so there
+    fp16-mixed is searched as itself."""
+    return Precision.BF16_MIXED if combo["precision"] == Precision.FP16_MIXED else None
+
+
 STRATEGY = Strategy(
     "precision", Precision, Precision.BF16_MIXED, order=1, short="precision", bare=True,
     help="weights, gradients and compute dtypes: fp32, fp16-mixed, bf16-mixed, bf16-pure (no fp32 master), "
          "fp8-mixed (fp8 matmuls)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage, settle=_settle,
-    runtime="planner.runtime.precision", records=CHOICES,
+    runtime="planner.runtime.precision", records=CHOICES, twin=_twin,
 )

@@ -48,9 +48,9 @@ def _neighbours(c: TrainingConfig) -> list[dict]:
     change with each micro-batch. About (values x micro-batches) configurations: ~250 for a
     64-sequence batch, against the ~35,000 of the whole space."""
     per_gpu = c.micro_batch_size * c.grad_accum
-    batches = [{}] + [{"micro_batch_size": b, "grad_accum": per_gpu // b}
+    batches: list[dict] = [{}] + [{"micro_batch_size": b, "grad_accum": per_gpu // b}
                       for b in range(1, per_gpu + 1) if per_gpu % b == 0 and b != c.micro_batch_size]
-    techniques = [{}] + [{s.field: v} for s in TECHNIQUES if not s.any_choice
+    techniques: list[dict] = [{}] + [{s.field: v} for s in TECHNIQUES if not s.any_choice
                          for v in (s.searched or tuple(s.enum)) if v != getattr(c, s.field)]
     return [t | b for t, b in product(techniques, batches) if t or b]
 

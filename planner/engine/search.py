@@ -5,7 +5,11 @@
   Infeasible technique combinations are rejected once for all their micro-batch sizes; for a
   feasible one, micro-batch sizes run in ascending order and stop at the first that does not
   fit, because memory never decreases as the micro-batch grows (a property test holds the model
-  to it): the larger ones are counted as not fitting without being evaluated.
+  to it): the larger ones are counted as not fitting without being evaluated. A combination
+  whose simpler twin (each strategy's ``twin`` hook: eager attention's is SDPA, fp16-mixed's is
+  bf16-mixed) fits is skipped, for no plan of it could be offered: ``_scan``
+  (tests/test_search_dominance.py; benchmarks/search_corpus.py: the answers of 60 situations are
+  the plain search's).
 - ``optuna``: a TPE (or NSGA-II) study over the same categorical space with memory as a
   constraint (``trial.set_constraint``), seeded with the analytic
   best of a greedy coordinate search; for spaces too large to enumerate.
@@ -13,7 +17,6 @@ Both return a SearchOutcome: compact records ranked by tokens/s, ties broken by 
 memory (then enumeration order, so results are deterministic).
 """
 
-import itertools
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -59,6 +62,7 @@ class SearchOutcome:
     rejected: Counter = field(default_factory=Counter)
     nearest: list[Record] = field(default_factory=list)  # feasible misses, smallest shortfall first
     engine: str = "exhaustive"
+    dominated: int = 0  # candidates not evaluated: their twin fits (``_scan``)
 
     def config(self, record: Record) -> TrainingConfig:
         return self.space.config(self.space.combo(record.combo), record.micro_batch_size)
@@ -81,32 +85,79 @@ def record_of(combo: int, ev: Evaluation) -> Record:
     return Record(combo, cfg.micro_batch_size, ev.tokens_per_second if ev.fits else 0.0, ev.peak, shortfall(ev), reason)
 
 
-def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1) -> tuple[list[Record], Counter, int]:
-    """Records of fitting candidates and of the first miss of each feasible combination, for
-    the combinations share, share + workers, share + 2 * workers, ..."""
-    records: list[Record] = []
-    rejected: Counter[str] = Counter()
-    evaluated = 0
-    sizes = space.micro_batch_sizes
-    mine = itertools.islice(space.technique_combos(), share, None, workers)
-    for index, techniques in zip(range(share, space.combos, workers), mine, strict=False):
-        for i, mbs in enumerate(sizes):
-            rec = record_of(index, evaluate(space.config(techniques, mbs)))
-            evaluated += 1
-            if rec.reason is None:
-                records.append(rec)
-                continue
-            rejected[rec.reason] += len(sizes) - i  # the larger ones reject the same way
-            if i == 0 and rec.reason in (NOT_FIT_GPU, NOT_FIT_HOST):
-                records.append(rec)
-            break
-    return records, rejected, evaluated
+def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Evaluate, records: list[Record],
+                rejected: Counter) -> tuple[bool, bool, int]:
+    """One combination's micro-batch sizes, ascending, to the first that does not fit: (whether
+    one fits, whether the combination is feasible, evaluations). Its fitting records are kept,
+    and its first miss when it is the first size (the nearest misses)."""
+    sizes, fits = space.micro_batch_sizes, False
+    for i, mbs in enumerate(sizes):
+        rec = record_of(index, evaluate(space.config(techniques, mbs)))
+        if rec.reason is None:
+            records.append(rec)
+            fits = True
+            continue
+        rejected[rec.reason] += len(sizes) - i  # the larger ones reject the same way
+        feasible = rec.reason in (NOT_FIT_GPU, NOT_FIT_HOST)
+        if i == 0 and feasible:
+            records.append(rec)
+        return fits, feasible, i + 1
+    return fits, True, len(sizes)
+
+
+@dataclass
+class _Share:
+    """What one worker's scan found; ``pending``: combinations not evaluated because their
+    feasible twin fits at no size (so neither do they): searched only when nothing fits at all,
+    for the nearest misses."""
+
+    records: list[Record] = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)
+    evaluated: int = 0
+    dominated: int = 0
+    pending: list[tuple[int, dict]] = field(default_factory=list)
+
+
+def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1) -> _Share:
+    """This worker's share: the combinations whose twin (``SearchSpace.twin``, or themselves) has
+    an index equal to ``share`` modulo ``workers``. First the combinations that are their own
+    twin; then each other one, skipped (every micro-batch size) when its twin fits at some size:
+    each of its candidates that fits has a twin candidate, the same size, that fits, no larger,
+    at least as fast, simpler, of the same numerics and ranking family (the ``twin`` hooks'
+    claim), which every ranking of planner/engine/ranking.py prefers. A twin that is feasible
+    and fits nowhere leaves it pending (``_Share``); an infeasible twin, searched as itself."""
+    out = _Share()
+    covered: set[int] = set()
+    missed: set[int] = set()
+    deferred: list[tuple[int, dict, int]] = []
+    for index, techniques in enumerate(space.technique_combos()):
+        twin = space.twin(techniques)
+        if (index if twin is None else twin) % workers != share:
+            continue
+        if twin is not None:
+            deferred.append((index, techniques, twin))
+            continue
+        fits, feasible, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected)
+        out.evaluated += n
+        if fits:
+            covered.add(index)
+        elif feasible:
+            missed.add(index)
+    for index, techniques, twin in deferred:
+        if twin in covered or twin in missed:
+            out.dominated += len(space.micro_batch_sizes)
+            if twin in missed:
+                out.pending.append((index, techniques))
+            continue
+        _, _, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected)
+        out.evaluated += n
+    return out
 
 
 _JOB: tuple | None = None  # (space, evaluate) inherited by forked workers
 
 
-def _scan_share(share: int, workers: int) -> tuple[list[Record], Counter, int]:
+def _scan_share(share: int, workers: int) -> _Share:
     assert _JOB is not None, "set by the parent before forking"
     space, evaluate = _JOB
     return _scan(space, evaluate, share, workers)
@@ -125,9 +176,16 @@ def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = Non
             _JOB = None
     else:
         parts = [_scan(space, evaluate)]
-    records = [r for recs, _, _ in parts for r in recs]
-    rejected = sum((c for _, c, _ in parts), Counter())
-    return _outcome(space, records, rejected, space.size, sum(n for _, _, n in parts), "exhaustive")
+    if not any(r.reason is None for part in parts for r in part.records):  # the nearest misses
+        for part in parts:
+            for index, techniques in part.pending:
+                part.dominated -= len(space.micro_batch_sizes)
+                part.evaluated += _scan_combo(index, techniques, space, evaluate, part.records, part.rejected)[2]
+    records = [r for part in parts for r in part.records]
+    rejected = sum((part.rejected for part in parts), Counter())
+    outcome = _outcome(space, records, rejected, space.size, sum(part.evaluated for part in parts), "exhaustive")
+    outcome.dominated = sum(part.dominated for part in parts)
+    return outcome
 
 
 def _outcome(space: SearchSpace, records: list[Record], rejected: Counter, considered: int, evaluated: int,

@@ -24,6 +24,7 @@ from strategies.optimizer import QUANTIZED
 
 DEFAULT_GLOBAL_BATCH_TOKENS = 131_072  # 2^17 = 64 x 2048
 _ENUMS = {s.field: s.enum for s in REGISTRY}
+_TWINS = tuple((s.field, twin) for s in REGISTRY if (twin := s.twin) is not None)  # (field, hook)
 
 
 class SearchSpace(BaseModel):
@@ -56,6 +57,17 @@ class SearchSpace(BaseModel):
             index, i = divmod(index, len(values))
             out[f] = _ENUMS[f](values[i])
         return {f: out[f] for f in self.choices}
+
+    def twin(self, techniques: dict) -> int | None:
+        """The index of the combination that dominates ``techniques``: every strategy's ``twin``
+        value put in at once, where the space holds it (None: none does). A twin has no twin of
+        its own (tests/test_search_dominance.py), so no chain needs following."""
+        update = {}
+        for field, hook in _TWINS:
+            value = hook(techniques) if field in self.choices else None
+            if value is not None and str(value) in self.choices[field]:
+                update[field] = value
+        return self.combo_index(techniques | update) if update else None
 
     def combo_index(self, techniques: dict) -> int:
         index = 0

@@ -53,6 +53,7 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         considered=outcome.considered,
         rejected=dict(outcome.rejected.most_common()),
         evaluated=outcome.evaluated,
+        dominated=outcome.dominated,
         engine=outcome.engine,
         global_batch_size=space.global_batch_size,
         seq_len=space.seq_len,
@@ -196,5 +197,6 @@ def _result(request, model, hardware, outcome: SearchOutcome, record) -> Estimat
 def _reasons(outcome: SearchOutcome, verdict: Verdict | None, hardware: HardwareSpec) -> list[str]:
     """How many fit; when none does, the memory story and the fixes (planner/engine/nothing_fits.py).
     Then what the --gpus spec was taken as."""
-    head = verdict.reasons if verdict else [f"{len(outcome.fitting):,} of {outcome.considered:,} candidates fit"]
+    skipped = f"; {outcome.dominated:,} skipped for a simpler twin as fast" if outcome.dominated else ""
+    head = verdict.reasons if verdict else [f"{len(outcome.fitting):,} of {outcome.considered:,} candidates fit{skipped}"]
     return head + hardware.notes

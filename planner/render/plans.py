@@ -52,7 +52,8 @@ def suggestion(result, console: Console, asked: Asked | None = None) -> None:
         config_line(result.plans[0], console)
         render_breakdown(result.plans[0], console)
     console.print()
-    line(console, f"considered {result.considered:,}, evaluated {result.evaluated:,}; rejected: "
+    skipped = f", skipped {result.dominated:,} (a simpler twin decides them)" if result.dominated else ""
+    line(console, f"considered {result.considered:,}, evaluated {result.evaluated:,}{skipped}; rejected: "
                   + (", ".join(f"{k} {v:,}" for k, v in result.rejected.items()) or "none"))
 
 

@@ -78,6 +78,7 @@ class SuggestResult(BaseModel):
     evaluated: int
     engine: str
     global_batch_size: int
+    dominated: int = 0  # candidates skipped: a simpler twin, no larger and as fast, decides them (engine/search.py)
     seq_len: int
     fits: bool
     nearest: list[EstimateResult]  # when nothing fits: the closest misses

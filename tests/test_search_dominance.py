@@ -1,0 +1,94 @@
+"""The search skips a combination when a simpler twin fits (planner/engine/search.py ``_scan``;
+the ``twin`` hooks of strategies/attention.py and strategies/precision.py). Two facts make that
+exact, and both are checked here against the cost model:
+
+1. every twin dominates: at the same micro-batch, no larger on the GPU or the host, at least as
+   fast, of lower complexity, the same numerics and ranking family; and twins are their own twins;
+2. so suggest's answer is the plain exhaustive search's, in everything a user sees
+   (benchmarks/search_corpus.py runs the whole 60-situation corpus; here a covering subset).
+"""
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.catalog.gpus import parse_gpus
+from planner.catalog.models import resolve_model
+from planner.engine.estimate import evaluate
+from planner.engine.ranking import Candidate
+from planner.engine.space import build_space
+from strategies import REGISTRY, TrainingConfig, complexity, numerics_of
+
+from helpers import examples
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import search_corpus  # noqa: E402
+
+TWINNED = [s for s in REGISTRY if s.twin is not None]
+MODELS = ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B", "google/gemma-2-2b",
+          "mistralai/Mixtral-8x7B-v0.1", "openai-community/gpt2")
+GPUS = ("1xA100-40", "1xRTX4090-24", "8xH100-80", "2x8xH100-80", "1xV100-32", "4xA100-40", "1xL4-24")
+
+
+def _twin_update(config: TrainingConfig) -> dict:
+    values = {s.field: getattr(config, s.field) for s in REGISTRY}
+    return {s.field: v for s in TWINNED if (v := s.twin(values)) is not None}
+
+
+@settings(max_examples=examples(4000, ci=400), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), model=st.sampled_from(MODELS), gpus=st.sampled_from(GPUS),
+       micro_batch_size=st.sampled_from([1, 2, 4, 8]), grad_accum=st.sampled_from([1, 2, 4]),
+       seq_len=st.sampled_from([512, 2048, 8192]))
+def test_every_twin_dominates_its_combination(seed, model, gpus, micro_batch_size, grad_accum, seq_len):
+    rng = random.Random(seed)
+    kw = {s.field: rng.choice(list(s.choices)) for s in REGISTRY}
+    kw["attention"] = rng.choice(["eager", "eager", kw["attention"]])  # most draws have a twin
+    kw["precision"] = rng.choice(["fp16-mixed", kw["precision"]])
+    x = TrainingConfig(**kw, micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len)
+    update = _twin_update(x)
+    if not update:
+        return
+    twin = x.model_copy(update=update)
+    assert not _twin_update(twin), "a twin is its own twin: no chain to follow"
+    assert complexity(twin) < complexity(x)
+    assert numerics_of(twin) == numerics_of(x)
+    assert Candidate(None, twin, 0, 0).family == Candidate(None, x, 0, 0).family
+    m, hw = resolve_model(model), parse_gpus(gpus)
+    ex, et = evaluate(m, hw, x), evaluate(m, hw, twin)
+    if not (ex.feasible and et.feasible):
+        return
+    assert et.peak <= ex.peak, (x, update)
+    assert et.host_memory["peak"] <= ex.host_memory["peak"], (x, update)
+    assert et.tokens_per_second >= ex.tokens_per_second, (x, update)
+
+
+def test_a_space_without_the_twin_value_searches_the_combination_itself():
+    """--attention eager alone: the twin (sdpa) is not in the space, so nothing is skipped."""
+    alone = build_space(1, 2048, {"attention": ["eager"]})
+    both = build_space(1, 2048)
+    eager = next(c for c in alone.technique_combos() if c["checkpointing"] == "none")
+    assert alone.twin(eager) is None
+    twin = both.twin(next(c for c in both.technique_combos() if c == eager | {"attention": "eager"}))
+    assert both.combo(twin)["attention"] == "sdpa"
+
+
+#: A covering subset of the corpus (the default request runs the adapter option's search too):
+#: one GPU without bf16 (V100: fp16-mixed searched as itself), nothing fits (GPT-2 at 8k tokens),
+#: a consumer GPU under --numerics exact with host RAM given, and numerics any with a margin.
+SUBSET = [c for c in search_corpus.CORPUS
+          if (c[0], c[1], tuple(c[2])) in {("meta-llama/Llama-3.2-1B", "1xV100-32", ()),
+                                           ("openai-community/gpt2", "1xT4-16", ("seq_len",)),
+                                           ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", ("numerics", "host_memory_gb")),
+                                           ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", ("numerics", "margin"))}]
+
+
+@pytest.mark.parametrize("model, gpus, extra", SUBSET, ids=lambda v: str(v) if not isinstance(v, dict) else
+                         ",".join(f"{k}={v[k] if k != 'adapter' else 'any'}" for k in v) or "default")
+def test_suggest_with_twins_is_the_plain_exhaustive_search(model, gpus, extra):
+    assert len(SUBSET) == 4
+    differ, figures = search_corpus.compare(model, gpus, extra)
+    assert not differ, figures
