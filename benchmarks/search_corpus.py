@@ -1,9 +1,10 @@
 """The search's shortcuts against the plain exhaustive search, on a fixed corpus of situations.
 
 For each situation (model x GPUs x request: adapters, sequence length, margin, numerics), runs
-`planner suggest` twice in process: with the search's twin skipping (planner/engine/search.py
-``_scan``: a combination is skipped when a simpler twin, no larger and at least as fast, fits) and
-without it (every combination searched). Everything the user sees must be equal: the plans (the
+`planner suggest` twice in process: with the search's shortcuts (planner/engine/search.py
+``_scan``: a combination is skipped when a simpler twin, no larger and at least as fast, fits;
+planner/engine/refusals.py: a rule refusal seen along the same reads is not evaluated again) and
+without them (every combination evaluated). Everything the user sees must be equal: the plans (the
 winner and the top 5, each in full), the trade-offs, the adapter option, the nearest misses and
 the hardware suggestions when nothing fits, the assumptions. Only the counts of what was
 evaluated may differ. Prints per situation the evaluations and seconds of both, and exits 1 on
@@ -21,6 +22,7 @@ import sys
 import time
 
 from planner.engine import search, space
+from planner.engine import suggest as suggest_module
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
 
@@ -54,14 +56,14 @@ def _visible(request: SuggestRequest) -> tuple[dict, int, int]:
 
 
 @contextlib.contextmanager
-def without_twins():
-    """The plain exhaustive search: no combination is anyone's twin."""
-    saved = space._TWINS
-    space._TWINS = ()
+def plain_search():
+    """The plain exhaustive search: no combination is anyone's twin, no refusal remembered."""
+    saved = space._TWINS, suggest_module.RefusalMemo
+    space._TWINS, suggest_module.RefusalMemo = (), lambda model, hardware: None
     try:
         yield
     finally:
-        space._TWINS = saved
+        space._TWINS, suggest_module.RefusalMemo = saved
 
 
 def compare(model: str, gpus: str, extra: dict) -> tuple[list[str], dict]:
@@ -70,7 +72,7 @@ def compare(model: str, gpus: str, extra: dict) -> tuple[list[str], dict]:
     t0 = time.perf_counter()
     fast, evaluated, skipped = _visible(request)
     t1 = time.perf_counter()
-    with without_twins():
+    with plain_search():
         plain, plain_evaluated, _ = _visible(request)
     t2 = time.perf_counter()
     differ = sorted(k for k in plain if fast.get(k) != plain[k])
@@ -99,7 +101,7 @@ def main() -> int:
         print(f"{name[:58]:58s} {'yes' if f['fits'] else 'no':4s} {f['evaluated']:6d} {f['plain_evaluated']:6d} "
               f"{f['seconds']:5.2f} {f['plain_seconds']:7.2f}  {'DIFFER: ' + ', '.join(differ) if differ else 'same'}",
               flush=True)
-    print(f"total {total:.1f} s against {plain_total:.1f} s without twins; {failures} situations differ")
+    print(f"total {total:.1f} s against {plain_total:.1f} s for the plain search; {failures} situations differ")
     return 1 if failures else 0
 
 

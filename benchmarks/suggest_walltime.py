@@ -44,6 +44,8 @@ def cases(job_dir: Path) -> dict[str, list[str]]:
         "check --job-dir": PLANNER + ["check", "--job-dir", str(job_dir), "--model", MODEL, "--gpus", "1xA100-40"],
         "estimate 8B 1xA100-40": PLANNER + ["estimate", "--model", MODEL, "--gpus", "1xA100-40"],
         "planner --version": PLANNER + ["--version"],
+        "imports of the suggest path": [sys.executable, "-c", "import planner.cli.commands, planner.cli.flows, "
+                                        "planner.engine.suggest, planner.render.report"],
     }
 
 
@@ -67,13 +69,14 @@ def in_process(gpus: str) -> tuple[float, int, int]:
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
     from planner.engine.estimate import evaluate
+    from planner.engine.refusals import RefusalMemo
     from planner.engine.search import search
     from planner.engine.space import build_space
 
     model, hw = resolve_model(MODEL), parse_gpus(gpus)
     space = build_space(hw.num_gpus, 2048)
     start = time.perf_counter()
-    out = search(space, lambda c: evaluate(model, hw, c, skip_infeasible=True))
+    out = search(space, lambda c: evaluate(model, hw, c, skip_infeasible=True), refusals=RefusalMemo(model, hw))
     return time.perf_counter() - start, out.evaluated, space.size
 
 
@@ -104,8 +107,8 @@ def main() -> None:
         runs = [in_process(gpus) for _ in range(args.runs)]
         seconds = statistics.median(s for s, _, _ in runs)
         print(f"{gpus:16s} {seconds:8.3f} {runs[0][1]:10,d} {runs[0][2]:8,d} {runs[0][2] / seconds:13,.0f}")
-    print("candidates/s counts the whole space: infeasible combinations and the micro-batch sizes above")
-    print("the first that does not fit are decided without a full evaluation.")
+    print("candidates/s counts the whole space: refused combinations, those a simpler twin decides, and")
+    print("the micro-batch sizes above the first that does not fit are decided without a full evaluation.")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""The search skips a combination when a simpler twin fits (planner/engine/search.py ``_scan``;
-the ``twin`` hooks of strategies/attention.py and strategies/precision.py). Two facts make that
-exact, and both are checked here against the cost model:
+"""The search's shortcuts: it skips a combination when a simpler twin fits (planner/engine/
+search.py ``_scan``; the ``twin`` hooks of strategies/attention.py and strategies/precision.py),
+and a rule refusal seen along the same reads is not evaluated again (planner/engine/refusals.py).
+Checked here against the cost model:
 
 1. every twin dominates: at the same micro-batch, no larger on the GPU or the host, at least as
-   fast, of lower complexity, the same numerics and ranking family; and twins are their own twins;
-2. so suggest's answer is the plain exhaustive search's, in everything a user sees
+   fast, of lower complexity, the same numerics and ranking family; and a twin has no twin;
+2. the refusal memo answers as ``check_config`` does, whenever it answers;
+3. so suggest's answer is the plain exhaustive search's, in everything a user sees
    (benchmarks/search_corpus.py runs the whole 60-situation corpus; here a covering subset).
 """
 
@@ -18,10 +20,11 @@ from hypothesis import strategies as st
 
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
-from planner.engine.estimate import evaluate
+from planner.engine.estimate import check_config, evaluate
 from planner.engine.ranking import Candidate
+from planner.engine.refusals import RefusalMemo
 from planner.engine.space import build_space
-from strategies import REGISTRY, TrainingConfig, complexity, numerics_of
+from strategies import REGISTRY, PlanContext, TrainingConfig, complexity, numerics_of
 
 from helpers import examples
 
@@ -64,6 +67,27 @@ def test_every_twin_dominates_its_combination(seed, model, gpus, micro_batch_siz
     assert et.peak <= ex.peak, (x, update)
     assert et.host_memory["peak"] <= ex.host_memory["peak"], (x, update)
     assert et.tokens_per_second >= ex.tokens_per_second, (x, update)
+
+
+@pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.1-8B", "8xH100-80"), ("Qwen/Qwen2.5-0.5B", "1xV100-32")])
+def test_the_refusal_memo_answers_as_the_rules_do(model, gpus):
+    """Learn from a random half of the combinations (every adapter), then ask about all of them:
+    every answer the memo gives is ``check_config``'s first code; it answers most refusals."""
+    m, hw = resolve_model(model), parse_gpus(gpus)
+    space = build_space(hw.num_gpus, 2048, {"adapter": ["none", "lora", "qlora", "dora", "lora-int8"]})
+    memo, rng = RefusalMemo(m, hw), random.Random(0)
+    configs = [space.config(t, 1) for t in space.technique_combos()]
+    truth = [check_config(PlanContext(m, hw, c)).codes[:1] for c in configs]
+    for config, codes in zip(configs, truth, strict=True):
+        if codes and rng.random() < 0.5:
+            memo.learn(config)
+    answered = 0
+    for config, codes in zip(configs, truth, strict=True):
+        said = memo.refusal(config)
+        if said is not None:
+            answered += 1
+            assert [said] == codes, config
+    assert memo.on and answered > 0.5 * sum(map(bool, truth))
 
 
 def test_a_space_without_the_twin_value_searches_the_combination_itself():

@@ -185,13 +185,16 @@ def suggest(
                       + (f", then probing the top {probe}" if probe else "") + " ..."):
             return flows.suggest(job, _say)
 
-    from planner.render.probe import render_probed
-    from planner.render.report import render_suggest
+    render: Callable[..., None]
+    if probe:
+        from planner.render.probe import render_probed as render
+    else:
+        from planner.render.report import render_suggest as render
 
     asked = _asked(target, _words(techniques) + _words(space, SPACE_DEFAULTS)
                    + _words({"engine": engine, "trials": trials, "seed": seed, "probe": probe},
                             {"engine": "auto", "trials": 400, "seed": 0, "probe": 0}), out=out)
-    serve(run, partial(render_probed if probe else render_suggest, asked=asked), as_json)
+    serve(run, partial(render, asked=asked), as_json)
 
 
 @app.command(help="Write a plan's launch files: accelerate_config.yaml, deepspeed_config.json (ZeRO), "

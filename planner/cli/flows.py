@@ -9,14 +9,16 @@ only in the commands that need them); everything else is the engine's, emit's an
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
 from planner.engine.suggest import suggest as search_plans
 from planner.schema.suggest import SuggestRequest, SuggestResult
-from planner.schema.tune import TuneRequest, TuneResult
+
+if TYPE_CHECKING:  # the tune flow's models, imported when it runs (planner suggest does not need them)
+    from planner.schema.tune import TuneRequest, TuneResult
 
 Say = Callable[[str], None]
 
@@ -110,7 +112,7 @@ def probe(fields: dict, plan: Path | None, rank: int):
     return run_probe(request)
 
 
-def tune(request: TuneRequest, force: bool, console) -> TuneResult:
+def tune(request: "TuneRequest", force: bool, console) -> "TuneResult":
     """``planner tune``: refuse an --out that has plan files (before any probe is spent), choose the
     probe for the fidelity, run the study with a live progress line, write the best plan's files and
     the plot."""

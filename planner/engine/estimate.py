@@ -123,10 +123,13 @@ def default_seq_len(model: ModelSpec) -> int:
     return DEFAULT_SEQ_LEN
 
 
-def check_config(ctx: PlanContext) -> Check:
+def check_config(ctx: PlanContext, first_only: bool = False) -> Check:
+    """Every strategy's rules, then the workload's; ``first_only``: stop at the first refusal."""
     check = Check()
     for strategy in REGISTRY:
         strategy.check(ctx, check)
+        if first_only and check.codes:
+            return check
     _check_workload(ctx, check)
     return check
 

@@ -26,6 +26,7 @@ from math import prod
 from multiprocessing import get_context
 
 from planner.engine.estimate import Evaluation
+from planner.engine.refusals import RefusalMemo
 from planner.engine.space import SearchSpace
 from strategies import REGISTRY, TrainingConfig
 
@@ -86,13 +87,21 @@ def record_of(combo: int, ev: Evaluation) -> Record:
 
 
 def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Evaluate, records: list[Record],
-                rejected: Counter) -> tuple[bool, bool, int]:
+                rejected: Counter, refusals: RefusalMemo | None = None) -> tuple[bool, bool, int]:
     """One combination's micro-batch sizes, ascending, to the first that does not fit: (whether
     one fits, whether the combination is feasible, evaluations). Its fitting records are kept,
-    and its first miss when it is the first size (the nearest misses)."""
+    and its first miss when it is the first size (the nearest misses). A rule refusal the memo
+    knows costs no evaluation (rules do not read the micro-batch: its refusal is every size's)."""
     sizes, fits = space.micro_batch_sizes, False
     for i, mbs in enumerate(sizes):
-        rec = record_of(index, evaluate(space.config(techniques, mbs)))
+        config = space.config(techniques, mbs)
+        code = refusals.refusal(config) if refusals is not None and i == 0 else None
+        if code is not None:
+            rejected[code] += len(sizes)
+            return False, False, 0
+        rec = record_of(index, evaluate(config))
+        if refusals is not None and i == 0 and rec.reason not in (None, NOT_FIT_GPU, NOT_FIT_HOST):
+            refusals.learn(config)
         if rec.reason is None:
             records.append(rec)
             fits = True
@@ -118,7 +127,8 @@ class _Share:
     pending: list[tuple[int, dict]] = field(default_factory=list)
 
 
-def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1) -> _Share:
+def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1,
+          refusals: RefusalMemo | None = None) -> _Share:
     """This worker's share: the combinations whose twin (``SearchSpace.twin``, or themselves) has
     an index equal to ``share`` modulo ``workers``. First the combinations that are their own
     twin; then each other one, skipped (every micro-batch size) when its twin fits at some size:
@@ -137,7 +147,7 @@ def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int =
         if twin is not None:
             deferred.append((index, techniques, twin))
             continue
-        fits, feasible, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected)
+        fits, feasible, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected, refusals)
         out.evaluated += n
         if fits:
             covered.add(index)
@@ -149,33 +159,36 @@ def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int =
             if twin in missed:
                 out.pending.append((index, techniques))
             continue
-        _, _, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected)
+        _, _, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected, refusals)
         out.evaluated += n
     return out
 
 
-_JOB: tuple | None = None  # (space, evaluate) inherited by forked workers
+_JOB: tuple | None = None  # (space, evaluate, refusals) inherited by forked workers
 
 
 def _scan_share(share: int, workers: int) -> _Share:
     assert _JOB is not None, "set by the parent before forking"
-    space, evaluate = _JOB
-    return _scan(space, evaluate, share, workers)
+    space, evaluate, refusals = _JOB
+    return _scan(space, evaluate, share, workers, refusals)
 
 
-def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = None) -> SearchOutcome:
+def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = None,
+               refusals: RefusalMemo | None = None) -> SearchOutcome:
+    """The whole space; ``refusals``: the rule refusals of the evaluator's model and hardware,
+    remembered (planner/engine/refusals.py; each worker learns its own)."""
     global _JOB
     if workers is None:
         workers = min(2, os.cpu_count() or 1) if space.size >= PARALLEL_MIN_CANDIDATES else 1
     if workers > 1:
-        _JOB = (space, evaluate)
+        _JOB = (space, evaluate, refusals)
         try:
             with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
                 parts = list(pool.map(_scan_share, range(workers), [workers] * workers))
         finally:
             _JOB = None
     else:
-        parts = [_scan(space, evaluate)]
+        parts = [_scan(space, evaluate, refusals=refusals)]
     if not any(r.reason is None for part in parts for r in part.records):  # the nearest misses
         for part in parts:
             for index, techniques in part.pending:
@@ -257,11 +270,12 @@ def _methods(space: SearchSpace) -> int:
     return prod(len(space.choices.get(s.field, ())) or 1 for s in REGISTRY if s.any_choice)
 
 
-def search(space: SearchSpace, evaluate: Evaluate, engine: str = "auto", trials: int = 400, seed: int = 0) -> SearchOutcome:
+def search(space: SearchSpace, evaluate: Evaluate, engine: str = "auto", trials: int = 400, seed: int = 0,
+           refusals: RefusalMemo | None = None) -> SearchOutcome:
     if engine == "auto":
         engine = "exhaustive" if space.size <= EXHAUSTIVE_LIMIT * _methods(space) else "tpe"
     if engine == "exhaustive":
-        return exhaustive(space, evaluate)
+        return exhaustive(space, evaluate, refusals=refusals)
     if engine in ("tpe", "nsga2"):
         return optuna_search(space, evaluate, trials, seed, engine)
     raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")

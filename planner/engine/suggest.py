@@ -14,6 +14,7 @@ from planner.engine.assumptions import assumptions
 from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.nothing_fits import Verdict, explain
 from planner.engine.ranking import Ranking, distinct, rank, searched
+from planner.engine.refusals import RefusalMemo
 from planner.engine.search import ENGINES, SearchOutcome, search
 from planner.engine.space import SearchSpace, build_space, settings_of
 from planner.schema.estimate import EstimateResult
@@ -187,7 +188,7 @@ def _search(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, s
     def run(config):
         return evaluate(model, hardware, config, request.margin, skip_infeasible=True)
 
-    return search(space, run, request.engine, request.trials, request.seed)
+    return search(space, run, request.engine, request.trials, request.seed, RefusalMemo(model, hardware))
 
 
 def _result(request, model, hardware, outcome: SearchOutcome, record) -> EstimateResult:
