@@ -252,7 +252,7 @@ class Strategy:
     #: Given a combination of every technique's value (field -> value), another value of this
     #: technique whose plan dominates it: at every micro-batch no larger on the GPU or the host, at
     #: least as fast, of lower complexity, with the same numerics and ranking family; None when
-    #: none does. The search skips a combination whose twin fits (planner/engine/search.py);
+    #: none does. The search skips a combination whose twin is feasible (planner/engine/search.py);
     #: tests/test_search_dominance.py holds the cost model to the claim.
     twin: Callable[[Mapping[str, Any]], StrEnum | None] | None = None
 

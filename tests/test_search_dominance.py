@@ -76,18 +76,21 @@ def test_the_refusal_memo_answers_as_the_rules_do(model, gpus):
     m, hw = resolve_model(model), parse_gpus(gpus)
     space = build_space(hw.num_gpus, 2048, {"adapter": ["none", "lora", "qlora", "dora", "lora-int8"]})
     memo, rng = RefusalMemo(m, hw), random.Random(0)
-    configs = [space.config(t, 1) for t in space.technique_combos()]
+    combos = list(space.technique_combos())
+    configs = [space.config(t, 1) for t in combos]
     truth = [check_config(PlanContext(m, hw, c)).codes[:1] for c in configs]
     for config, codes in zip(configs, truth, strict=True):
         if codes and rng.random() < 0.5:
             memo.learn(config)
     answered = 0
-    for config, codes in zip(configs, truth, strict=True):
-        said = memo.refusal(config)
+    for techniques, config, codes in zip(combos, configs, truth, strict=True):
+        said = memo.refusal(space.values(techniques, 1), lambda c=config: c)
         if said is not None:
             answered += 1
             assert [said] == codes, config
     assert memo.on and answered > 0.5 * sum(map(bool, truth))
+    for techniques, config in zip(combos[:50], configs, strict=False):  # what the memo reads without a config
+        assert all(getattr(config, k) == v for k, v in space.values(techniques, 1).items())
 
 
 def test_a_space_without_the_twin_value_searches_the_combination_itself():

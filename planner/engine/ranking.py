@@ -44,11 +44,14 @@ class Candidate:
 
     @property
     def family(self) -> tuple:
-        """Plans a user would call the same: bf16- and fp16-mixed are one family (the same
-        states and speed; the tie-break prefers bf16 where it exists)."""
-        c = self.config
-        precision = "16-bit mixed" if c.precision in SIXTEEN_BIT_MIXED else c.precision
-        return (c.optimizer, precision, c.checkpointing, engine_of(c.sharding), c.offload)
+        return family(self.config)
+
+
+def family(c) -> tuple:
+    """Plans a user would call the same: bf16- and fp16-mixed are one family (the same states and
+    speed; the tie-break prefers bf16 where it exists)."""
+    precision = "16-bit mixed" if c.precision in SIXTEEN_BIT_MIXED else c.precision
+    return (c.optimizer, precision, c.checkpointing, engine_of(c.sharding), c.offload)
 
 
 def pick(cands: list[Candidate], band: float = TIE_BAND) -> Candidate:

@@ -14,6 +14,7 @@ reads depend on something else) turns the memo off. tests/test_search_dominance.
 answers with ``check_config`` on random combinations.
 """
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from planner.core.specs import HardwareSpec, ModelSpec
@@ -61,12 +62,18 @@ class RefusalMemo:
         self.root: _Node | str | None = None
         self.on = True
 
-    def refusal(self, config: TrainingConfig) -> str | None:
-        """The code of the rule that refuses ``config``, when the trie knows it; else None (it may
-        be feasible, or refused along a path not seen yet)."""
-        node = self.root
+    def refusal(self, values: Mapping[str, Any], config: Callable[[], TrainingConfig]) -> str | None:
+        """The code of the rule that refuses the configuration, when the trie knows it; else None
+        (it may be feasible, or refused along a path not seen yet). ``values``: its fields;
+        ``config``: builds it, for a property the trie reads."""
+        node, built = self.root, None
         while type(node) is _Node:
-            node = node.branches.get(getattr(config, node.name))
+            if node.name in values:
+                value = values[node.name]
+            else:
+                built = built or config()
+                value = getattr(built, node.name)
+            node = node.branches.get(value)
         return node if self.on and isinstance(node, str) else None
 
     def learn(self, config: TrainingConfig) -> None:

@@ -7,9 +7,10 @@
   fit, because memory never decreases as the micro-batch grows (a property test holds the model
   to it): the larger ones are counted as not fitting without being evaluated. A combination
   whose simpler twin (each strategy's ``twin`` hook: eager attention's is SDPA, fp16-mixed's is
-  bf16-mixed) fits is skipped, for no plan of it could be offered: ``_scan``
-  (tests/test_search_dominance.py; benchmarks/search_corpus.py: the answers of 60 situations are
-  the plain search's).
+  bf16-mixed) is feasible is skipped, for no plan of it could be offered nor be a nearer miss
+  (``_scan``); a rule refusal seen along the same reads is not evaluated again
+  (planner/engine/refusals.py). tests/test_search_dominance.py; benchmarks/search_corpus.py: the
+  answers of 60 situations are the plain search's.
 - ``optuna``: a TPE (or NSGA-II) study over the same categorical space with memory as a
   constraint (``trial.set_constraint``), seeded with the analytic
   best of a greedy coordinate search; for spaces too large to enumerate.
@@ -22,13 +23,15 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from math import prod
 from multiprocessing import get_context
 
 from planner.engine.estimate import Evaluation
+from planner.engine.ranking import family
 from planner.engine.refusals import RefusalMemo
 from planner.engine.space import SearchSpace
-from strategies import REGISTRY, TrainingConfig
+from strategies import REGISTRY, TrainingConfig, complexity
 
 EXHAUSTIVE_LIMIT = 200_000  # candidates; above this `auto` uses Optuna
 PARALLEL_MIN_CANDIDATES = 4_000  # below this, forking costs more than it saves
@@ -61,7 +64,7 @@ class SearchOutcome:
     considered: int
     evaluated: int
     rejected: Counter = field(default_factory=Counter)
-    nearest: list[Record] = field(default_factory=list)  # feasible misses, smallest shortfall first
+    nearest: list[Record] = field(default_factory=list)  # feasible misses of distinct families, nearest first
     engine: str = "exhaustive"
     dominated: int = 0  # candidates not evaluated: their twin fits (``_scan``)
 
@@ -93,12 +96,13 @@ def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Eval
     and its first miss when it is the first size (the nearest misses). A rule refusal the memo
     knows costs no evaluation (rules do not read the micro-batch: its refusal is every size's)."""
     sizes, fits = space.micro_batch_sizes, False
-    for i, mbs in enumerate(sizes):
-        config = space.config(techniques, mbs)
-        code = refusals.refusal(config) if refusals is not None and i == 0 else None
+    if refusals is not None:
+        code = refusals.refusal(space.values(techniques, sizes[0]), partial(space.config, techniques, sizes[0]))
         if code is not None:
             rejected[code] += len(sizes)
             return False, False, 0
+    for i, mbs in enumerate(sizes):
+        config = space.config(techniques, mbs)
         rec = record_of(index, evaluate(config))
         if refusals is not None and i == 0 and rec.reason not in (None, NOT_FIT_GPU, NOT_FIT_HOST):
             refusals.learn(config)
@@ -116,29 +120,26 @@ def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Eval
 
 @dataclass
 class _Share:
-    """What one worker's scan found; ``pending``: combinations not evaluated because their
-    feasible twin fits at no size (so neither do they): searched only when nothing fits at all,
-    for the nearest misses."""
+    """What one worker's scan found."""
 
     records: list[Record] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)
     evaluated: int = 0
     dominated: int = 0
-    pending: list[tuple[int, dict]] = field(default_factory=list)
 
 
 def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1,
           refusals: RefusalMemo | None = None) -> _Share:
     """This worker's share: the combinations whose twin (``SearchSpace.twin``, or themselves) has
     an index equal to ``share`` modulo ``workers``. First the combinations that are their own
-    twin; then each other one, skipped (every micro-batch size) when its twin fits at some size:
-    each of its candidates that fits has a twin candidate, the same size, that fits, no larger,
-    at least as fast, simpler, of the same numerics and ranking family (the ``twin`` hooks'
-    claim), which every ranking of planner/engine/ranking.py prefers. A twin that is feasible
-    and fits nowhere leaves it pending (``_Share``); an infeasible twin, searched as itself."""
+    twin; then each other one, skipped (every micro-batch size) when its twin is feasible: each
+    of its candidates that fits has a twin candidate, the same size, that fits, no larger, at
+    least as fast, simpler, of the same numerics and ranking family (the ``twin`` hooks' claim),
+    which every ranking of planner/engine/ranking.py prefers; and a miss of it is no nearer than
+    its twin's, in the same family (``_outcome``'s nearest misses). An infeasible twin: the
+    combination is searched as itself."""
     out = _Share()
-    covered: set[int] = set()
-    missed: set[int] = set()
+    feasible_twins: set[int] = set()
     deferred: list[tuple[int, dict, int]] = []
     for index, techniques in enumerate(space.technique_combos()):
         twin = space.twin(techniques)
@@ -147,17 +148,13 @@ def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int =
         if twin is not None:
             deferred.append((index, techniques, twin))
             continue
-        fits, feasible, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected, refusals)
+        _, feasible, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected, refusals)
         out.evaluated += n
-        if fits:
-            covered.add(index)
-        elif feasible:
-            missed.add(index)
+        if feasible:
+            feasible_twins.add(index)
     for index, techniques, twin in deferred:
-        if twin in covered or twin in missed:
+        if twin in feasible_twins:
             out.dominated += len(space.micro_batch_sizes)
-            if twin in missed:
-                out.pending.append((index, techniques))
             continue
         _, _, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected, refusals)
         out.evaluated += n
@@ -189,11 +186,6 @@ def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = Non
             _JOB = None
     else:
         parts = [_scan(space, evaluate, refusals=refusals)]
-    if not any(r.reason is None for part in parts for r in part.records):  # the nearest misses
-        for part in parts:
-            for index, techniques in part.pending:
-                part.dominated -= len(space.micro_batch_sizes)
-                part.evaluated += _scan_combo(index, techniques, space, evaluate, part.records, part.rejected)[2]
     records = [r for part in parts for r in part.records]
     rejected = sum((part.rejected for part in parts), Counter())
     outcome = _outcome(space, records, rejected, space.size, sum(part.evaluated for part in parts), "exhaustive")
@@ -204,9 +196,21 @@ def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = Non
 def _outcome(space: SearchSpace, records: list[Record], rejected: Counter, considered: int, evaluated: int,
              engine: str) -> SearchOutcome:
     fitting = sorted((r for r in records if r.reason is None), key=Record.rank_key)
-    misses = sorted((r for r in records if r.reason in (NOT_FIT_GPU, NOT_FIT_HOST)),
-                    key=lambda r: (r.shortfall, r.combo, r.micro_batch_size))
-    return SearchOutcome(space, fitting, considered, evaluated, rejected, misses[:NEAREST], engine)
+    return SearchOutcome(space, fitting, considered, evaluated, rejected, _nearest(space, records), engine)
+
+
+def _nearest(space: SearchSpace, records: list[Record]) -> list[Record]:
+    """The ``NEAREST`` feasible misses of distinct ranking families, each family's nearest: the
+    smallest shortfall, then the simpler plan (``strategies.complexity``), then enumeration order."""
+    misses = [(r, space.config(space.combo(r.combo), r.micro_batch_size)) for r in records
+              if r.reason in (NOT_FIT_GPU, NOT_FIT_HOST)]
+    misses.sort(key=lambda m: (m[0].shortfall, complexity(m[1]), m[0].combo, m[0].micro_batch_size))
+    out: dict[tuple, Record] = {}
+    for record, config in misses:
+        out.setdefault(family(config), record)
+        if len(out) == NEAREST:
+            break
+    return list(out.values())
 
 
 def greedy_seeds(space: SearchSpace, evaluate: Evaluate, rounds: int = 2) -> list[dict]:

@@ -75,6 +75,12 @@ class SearchSpace(BaseModel):
             index = index * len(values) + values.index(str(techniques[f]))
         return index
 
+    def values(self, techniques: dict, micro_batch_size: int) -> dict[str, Any]:
+        """The fields of ``config(techniques, micro_batch_size)``, without building it."""
+        accum = self.global_batch_size // (micro_batch_size * self.data_parallel)
+        return techniques | self.settings | {"micro_batch_size": micro_batch_size, "grad_accum": accum,
+                                             "seq_len": self.seq_len}
+
     def config(self, techniques: dict, micro_batch_size: int) -> TrainingConfig:
         """A candidate from ``combo()`` / ``technique_combos()`` values (enums, already validated:
         no re-validation on the search's hot path)."""
