@@ -16,7 +16,9 @@
   two same-shape, same-dtype, dense tensors made during backward with grad mode off (outside
   activation recomputation, which runs with grad mode on). tests/test_traced.py checks this
   against a real-tensor run of the same model, which takes the in-place path;
-- an explanation of the peak: the live tensors with the op and module that made them.
+- an explanation of the peak: the live tensors with the op and module that made them;
+- the per-op module peaks over the active modules only (probes/active_peaks.py: torch walks every
+  module it has seen after every op, O(depth²) per trace; the figures are the same).
 """
 
 import re
@@ -25,6 +27,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
+
+from probes.active_peaks import ActivePeaks
 
 _ADD = torch.ops.aten.add.Tensor
 _EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default  # the embeddings' backward: made last
@@ -152,18 +156,20 @@ class _StepTracking(_Tracker):
         return [f"{n:>15,}  {' | '.join(map(str, k))}" for k, n in groups.most_common(top)]
 
 
-class StepTracker(_StepTracking, MemTracker):
+class StepTracker(_StepTracking, ActivePeaks, MemTracker):
     def __init__(self, explain: bool = False) -> None:
         super().__init__()
+        self._init_active_peaks()
         self._init_step_tracking(explain)
 
 
 def fsdp_step_tracker(model, optimizer, explain: bool = False):
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    class FsdpStepTracker(_StepTracking, FSDPMemTracker):
+    class FsdpStepTracker(_StepTracking, ActivePeaks, FSDPMemTracker):
         pass
 
     tracker = FsdpStepTracker(model, optimizer)
+    tracker._init_active_peaks()
     tracker._init_step_tracking(explain)
     return tracker
