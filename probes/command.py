@@ -8,6 +8,8 @@ partition rules (the output's notes say so). The probe needs the ``[probes]`` ex
 (torch, transformers); without it the command says how to install it.
 """
 
+from collections.abc import Callable
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
@@ -43,9 +45,11 @@ class ProbeResult(BaseModel):
         return self.comparison.agrees
 
 
-def run_probe(req: ProbeRequest) -> ProbeResult:
+def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
     """Resolve the plan as ``planner estimate`` does, trace it, compare. Raises PlannerInputError for
-    bad input and ProbeFailedError when the probe itself fails (crash, timeout)."""
+    bad input and ProbeFailedError when the probe itself fails (crash, timeout). ``tracer`` runs the
+    trace (``probes.traced.trace``'s contract; None: ``trace``, a fresh child process):
+    ``planner tune`` passes a persistent worker's (probes/trace_worker.py)."""
     if req.fidelity not in FIDELITIES:
         raise PlannerInputError(f"--fidelity {req.fidelity!r} is not available",
                                 hint=f"Choose one of: {', '.join(FIDELITIES)}.")
@@ -91,7 +95,7 @@ def run_probe(req: ProbeRequest) -> ProbeResult:
         traced_config = TrainingConfig(**(config.model_dump() | {"sharding": "none"}
                                           | ({"precision": "bf16-pure"} if sixteen else {})))
         world = 1
-    traced = trace(TraceRequest(config_json=model_config(req.model), config=traced_config, world_size=world,
+    traced = (tracer or trace)(TraceRequest(config_json=model_config(req.model), config=traced_config, world_size=world,
                                 layers=req.layers, explain=req.explain), timeout=req.timeout)
     compare = compare_zero_result if zero else compare_result
     gpu = hardware.gpu.file or hardware.gpu.id  # (a user GPU file by its path: its id is not the catalog's)

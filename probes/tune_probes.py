@@ -7,6 +7,7 @@
   model for the time: the traced peak replaces the ledger's traced part, the context, NCCL and
   allocator reserve stay analytic. Plans the trace refuses (fsdp-hybrid, offload) are evaluated
   analytically and say so; gradient accumulation is traced as one micro-batch (the peak is the same);
+  the trials share one trace child (probes/trace_worker.py: imports paid once, not per trial);
 - analytic: the cost model itself (for tests and dry runs: its best is ``suggest``'s best).
 """
 
@@ -23,12 +24,19 @@ def analytic_probe(plan: EstimateResult) -> ProbeOutcome:
 
 
 def traced_probe(timeout: float):
+    import atexit
+
     from probes.command import ProbeRequest, run_probe
+    from probes.trace_worker import TraceWorker
+
+    worker = TraceWorker()
+    atexit.register(worker.close)
 
     def probe(plan: EstimateResult) -> ProbeOutcome:
         fields = plan.config.model_dump() | {"grad_accum": 1}
         try:
-            result = run_probe(ProbeRequest(model=plan.model.id, gpus=plan.hardware.spec, timeout=timeout, **fields))
+            result = run_probe(ProbeRequest(model=plan.model.id, gpus=plan.hardware.spec, timeout=timeout, **fields),
+                               tracer=worker.trace)
         except PlannerInputError as e:  # not traceable: the analytic figures, marked as such
             return analytic_probe(plan).model_copy(update={"message": f"not traced ({e.problems[0]}): analytic"})
         except ProbeFailedError as e:
