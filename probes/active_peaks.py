@@ -1,4 +1,4 @@
-"""Module peaks of torch's MemTracker, updated for the active modules only (issue 34).
+"""Module peaks of torch's MemTracker, updated for the active modules only.
 
 After every op torch's MemTracker (and FSDPMemTracker) calls ``_update_peak_stats``, which walks
 *every* module it has seen (``memory_tracking``, a WeakIdKeyDictionary over modules) and keeps the
@@ -28,7 +28,7 @@ The index is exact because it follows every way torch changes what the walk woul
 - a module that dies leaves ``memory_tracking`` (a weak key) but not the index: its stats may still
   be updated, and nothing can read them (only the dead entry held them), so no figure changes.
 
-tests/test_traced.py checks the rule against torch's own walk (``ActivePeaks.walk_all``): every
+tests/test_tracker_peaks.py checks the rule against torch's own walk (``ActivePeaks.walk_all``): every
 module's peaks and snapshots, the tracker's peak and the probe's phase peaks, op for op equal.
 """
 
