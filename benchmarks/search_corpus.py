@@ -3,8 +3,9 @@
 For each situation (model x GPUs x request: adapters, sequence length, margin, numerics), runs
 `planner suggest` twice in process: with the search's shortcuts (planner/engine/search.py
 ``_scan``: a combination is skipped when a simpler twin, no larger and at least as fast, fits;
-planner/engine/refusals.py: a rule refusal seen along the same reads is not evaluated again) and
-without them (every combination evaluated). Everything the user sees must be equal: the plans (the
+planner/engine/refusals.py: a rule refusal seen along the same reads is not evaluated again; a
+candidate whose model states alone exceed the GPU is cut there) and without them (every
+combination evaluated in full). Everything the user sees must be equal: the plans (the
 winner and the top 5, each in full), the trade-offs, the adapter option, the nearest misses and
 the hardware suggestions when nothing fits, the assumptions. Only the counts of what was
 evaluated may differ. Prints per situation the evaluations and seconds of both, and exits 1 on
@@ -57,13 +58,18 @@ def _visible(request: SuggestRequest) -> tuple[dict, int, int]:
 
 @contextlib.contextmanager
 def plain_search():
-    """The plain exhaustive search: no combination is anyone's twin, no refusal remembered."""
-    saved = space._TWINS, suggest_module.RefusalMemo
-    space._TWINS, suggest_module.RefusalMemo = (), lambda model, hardware: None
+    """The plain exhaustive search: no combination is anyone's twin, no refusal remembered, no
+    evaluation cut at its GPU peak floor."""
+    saved = space._TWINS, suggest_module.RefusalMemo, search.exhaustive
+
+    def uncut(*args, cut=None, **kwargs):
+        return saved[2](*args, **kwargs)
+
+    space._TWINS, suggest_module.RefusalMemo, search.exhaustive = (), lambda model, hardware: None, uncut
     try:
         yield
     finally:
-        space._TWINS, suggest_module.RefusalMemo = saved
+        space._TWINS, suggest_module.RefusalMemo, search.exhaustive = saved
 
 
 def compare(model: str, gpus: str, extra: dict) -> tuple[list[str], dict]:

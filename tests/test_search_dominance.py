@@ -93,6 +93,28 @@ def test_the_refusal_memo_answers_as_the_rules_do(model, gpus):
         assert all(getattr(config, k) == v for k, v in space.values(techniques, 1).items())
 
 
+@settings(max_examples=examples(3000, ci=300), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), model=st.sampled_from(MODELS), gpus=st.sampled_from(GPUS),
+       micro_batch_size=st.sampled_from([1, 2, 4, 8]), seq_len=st.sampled_from([512, 2048, 8192]),
+       margin=st.sampled_from([0.0, 0.1]))
+def test_a_cut_evaluation_is_a_floor_and_an_uncut_one_the_evaluation(seed, model, gpus, micro_batch_size,
+                                                                      seq_len, margin):
+    """``evaluate(cut_misses=True)``: cut only when the plan does not fit the GPU, at a peak no
+    higher than the real one; otherwise every figure the search reads is the plain evaluation's
+    (the rows are written in another order, and rows do not depend on it)."""
+    rng = random.Random(seed)
+    kw = {s.field: rng.choice(list(s.choices)) for s in REGISTRY}
+    config = TrainingConfig(**kw, micro_batch_size=micro_batch_size, grad_accum=2, seq_len=seq_len)
+    m, hw = resolve_model(model), parse_gpus(gpus)
+    plain = evaluate(m, hw, config, margin, skip_infeasible=True)
+    cut = evaluate(m, hw, config, margin, skip_infeasible=True, cut_misses=True)
+    assert cut.feasible == plain.feasible
+    if cut.cut:
+        assert not plain.gpu_fits and cut.peak <= plain.peak
+    elif plain.feasible:
+        assert (cut.peak, cut.host, cut.step_seconds) == (plain.peak, plain.host, plain.step_seconds)
+
+
 def test_a_space_without_the_twin_value_searches_the_combination_itself():
     """--attention eager alone: the twin (sdpa) is not in the space, so nothing is skipped."""
     alone = build_space(1, 2048, {"attention": ["eager"]})

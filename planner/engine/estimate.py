@@ -44,6 +44,7 @@ class Evaluation:
     host: dict[str, int] | None = None
     time_draft: TimeDraft | None = None
     step_seconds: float = 0.0
+    cut: bool = False  # stopped at its GPU peak floor, which does not fit (``evaluate``'s cut_misses)
 
     @property
     def feasible(self) -> bool:
@@ -139,17 +140,38 @@ def check_config(ctx: PlanContext, first_only: bool = False) -> Check:
 FRAGMENTATION_LABEL = "caching-allocator fragmentation reserve"
 
 
+#: The strategies whose rows are the model states (weights, master weights, gradients, optimizer
+#: states): cheap to write, and most of a plan's memory when it does not fit.
+FLOOR_WRITERS = tuple(s for s in REGISTRY if s.field in ("adapter", "precision", "optimizer"))
+_OTHER_WRITERS = tuple(s for s in REGISTRY if s not in FLOOR_WRITERS)
+
+
 def evaluate(
-    model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0, *, skip_infeasible: bool = False
+    model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0, *,
+    skip_infeasible: bool = False, cut_misses: bool = False,
 ) -> Evaluation:
+    """``skip_infeasible``: a candidate a rule refuses is returned unevaluated. ``cut_misses``: one
+    whose GPU peak floor (``FLOOR_WRITERS``' rows and the CUDA context: every other row only adds,
+    rows being final as written) exceeds the usable memory is returned with that floor as its
+    peak (``Evaluation.cut``: it does not fit the GPU; its shortfall is at least the one given)."""
     ctx = PlanContext(model, hardware, config)
     ev = Evaluation(ctx, check_config(ctx), int(hardware.gpu.memory_bytes * (1 - margin)))
     if skip_infeasible and not ev.feasible:
         return ev
     draft = LedgerDraft()
-    for strategy in REGISTRY:
-        strategy.apply(ctx, draft)
     context, base, measured = runtime_reserves(hardware)
+    if cut_misses:
+        for strategy in FLOOR_WRITERS:
+            strategy.apply(ctx, draft)
+        floor = gpu_peaks(draft.rows)[0] + context
+        if floor > ev.usable:
+            ev.peak, ev.cut = floor, True
+            return ev
+        for strategy in _OTHER_WRITERS:
+            strategy.apply(ctx, draft)
+    else:
+        for strategy in REGISTRY:
+            strategy.apply(ctx, draft)
     fragmentation = base + reserve_extra(config)
     draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", context, 1,
               note="measured (planner calibrate)" if measured["context"] else "")

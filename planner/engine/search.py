@@ -89,47 +89,56 @@ def record_of(combo: int, ev: Evaluation) -> Record:
     return Record(combo, cfg.micro_batch_size, ev.tokens_per_second if ev.fits else 0.0, ev.peak, shortfall(ev), reason)
 
 
-def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Evaluate, records: list[Record],
-                rejected: Counter, refusals: RefusalMemo | None = None) -> tuple[bool, bool, int]:
+def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Evaluate, out: "_Share",
+                refusals: RefusalMemo | None = None, cut: Evaluate | None = None) -> tuple[bool, bool]:
     """One combination's micro-batch sizes, ascending, to the first that does not fit: (whether
-    one fits, whether the combination is feasible, evaluations). Its fitting records are kept,
-    and its first miss when it is the first size (the nearest misses). A rule refusal the memo
-    knows costs no evaluation (rules do not read the micro-batch: its refusal is every size's)."""
+    one fits, whether the combination is feasible). Its fitting records are kept, and its first
+    miss when it is the first size (the nearest misses). A rule refusal the memo knows costs no
+    evaluation (rules do not read the micro-batch: its refusal is every size's). ``cut``: the
+    evaluator that stops at a GPU peak floor that does not fit (``estimate.evaluate``'s
+    cut_misses): such a first miss is left pending (``_Share``), its exact shortfall unknown."""
     sizes, fits = space.micro_batch_sizes, False
     if refusals is not None:
         code = refusals.refusal(space.values(techniques, sizes[0]), partial(space.config, techniques, sizes[0]))
         if code is not None:
-            rejected[code] += len(sizes)
-            return False, False, 0
+            out.rejected[code] += len(sizes)
+            return False, False
     for i, mbs in enumerate(sizes):
         config = space.config(techniques, mbs)
-        rec = record_of(index, evaluate(config))
+        ev = (cut or evaluate)(config)
+        out.evaluated += 1
+        rec = record_of(index, ev)
         if refusals is not None and i == 0 and rec.reason not in (None, NOT_FIT_GPU, NOT_FIT_HOST):
             refusals.learn(config)
         if rec.reason is None:
-            records.append(rec)
+            out.records.append(rec)
             fits = True
             continue
-        rejected[rec.reason] += len(sizes) - i  # the larger ones reject the same way
+        out.rejected[rec.reason] += len(sizes) - i  # the larger ones reject the same way
         feasible = rec.reason in (NOT_FIT_GPU, NOT_FIT_HOST)
-        if i == 0 and feasible:
-            records.append(rec)
-        return fits, feasible, i + 1
-    return fits, True, len(sizes)
+        if i == 0 and feasible and ev.cut:
+            out.pending.append((index, techniques))
+        elif i == 0 and feasible:
+            out.records.append(rec)
+        return fits, feasible
+    return fits, True
 
 
 @dataclass
 class _Share:
-    """What one worker's scan found."""
+    """What one worker's scan found; ``pending``: combinations whose first size was cut at its GPU
+    peak floor (it does not fit; how far it misses is known only when it is evaluated in full,
+    which the nearest misses need only when nothing fits)."""
 
     records: list[Record] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)
     evaluated: int = 0
     dominated: int = 0
+    pending: list[tuple[int, dict]] = field(default_factory=list)
 
 
 def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1,
-          refusals: RefusalMemo | None = None) -> _Share:
+          refusals: RefusalMemo | None = None, cut: Evaluate | None = None) -> _Share:
     """This worker's share: the combinations whose twin (``SearchSpace.twin``, or themselves) has
     an index equal to ``share`` modulo ``workers``. First the combinations that are their own
     twin; then each other one, skipped (every micro-batch size) when its twin is feasible: each
@@ -148,44 +157,48 @@ def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int =
         if twin is not None:
             deferred.append((index, techniques, twin))
             continue
-        _, feasible, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected, refusals)
-        out.evaluated += n
+        _, feasible = _scan_combo(index, techniques, space, evaluate, out, refusals, cut)
         if feasible:
             feasible_twins.add(index)
     for index, techniques, twin in deferred:
         if twin in feasible_twins:
             out.dominated += len(space.micro_batch_sizes)
             continue
-        _, _, n = _scan_combo(index, techniques, space, evaluate, out.records, out.rejected, refusals)
-        out.evaluated += n
+        _scan_combo(index, techniques, space, evaluate, out, refusals, cut)
     return out
 
 
-_JOB: tuple | None = None  # (space, evaluate, refusals) inherited by forked workers
+_JOB: tuple | None = None  # (space, evaluate, refusals, cut) inherited by forked workers
 
 
 def _scan_share(share: int, workers: int) -> _Share:
     assert _JOB is not None, "set by the parent before forking"
-    space, evaluate, refusals = _JOB
-    return _scan(space, evaluate, share, workers, refusals)
+    space, evaluate, refusals, cut = _JOB
+    return _scan(space, evaluate, share, workers, refusals, cut)
 
 
 def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = None,
-               refusals: RefusalMemo | None = None) -> SearchOutcome:
+               refusals: RefusalMemo | None = None, cut: Evaluate | None = None) -> SearchOutcome:
     """The whole space; ``refusals``: the rule refusals of the evaluator's model and hardware,
-    remembered (planner/engine/refusals.py; each worker learns its own)."""
+    remembered (planner/engine/refusals.py; each worker learns its own); ``cut``: the same
+    evaluator, stopping at a GPU peak floor that does not fit (``_scan_combo``)."""
     global _JOB
     if workers is None:
         workers = min(2, os.cpu_count() or 1) if space.size >= PARALLEL_MIN_CANDIDATES else 1
     if workers > 1:
-        _JOB = (space, evaluate, refusals)
+        _JOB = (space, evaluate, refusals, cut)
         try:
             with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
                 parts = list(pool.map(_scan_share, range(workers), [workers] * workers))
         finally:
             _JOB = None
     else:
-        parts = [_scan(space, evaluate, refusals=refusals)]
+        parts = [_scan(space, evaluate, refusals=refusals, cut=cut)]
+    if not any(r.reason is None for part in parts for r in part.records):  # the nearest misses, exact
+        for part in parts:
+            for index, techniques in part.pending:
+                part.records.append(record_of(index, evaluate(space.config(techniques, space.micro_batch_sizes[0]))))
+                part.evaluated += 1
     records = [r for part in parts for r in part.records]
     rejected = sum((part.rejected for part in parts), Counter())
     outcome = _outcome(space, records, rejected, space.size, sum(part.evaluated for part in parts), "exhaustive")
@@ -275,11 +288,11 @@ def _methods(space: SearchSpace) -> int:
 
 
 def search(space: SearchSpace, evaluate: Evaluate, engine: str = "auto", trials: int = 400, seed: int = 0,
-           refusals: RefusalMemo | None = None) -> SearchOutcome:
+           refusals: RefusalMemo | None = None, cut: Evaluate | None = None) -> SearchOutcome:
     if engine == "auto":
         engine = "exhaustive" if space.size <= EXHAUSTIVE_LIMIT * _methods(space) else "tpe"
     if engine == "exhaustive":
-        return exhaustive(space, evaluate, refusals=refusals)
+        return exhaustive(space, evaluate, refusals=refusals, cut=cut)
     if engine in ("tpe", "nsga2"):
         return optuna_search(space, evaluate, trials, seed, engine)
     raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")

@@ -188,7 +188,10 @@ def _search(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, s
     def run(config):
         return evaluate(model, hardware, config, request.margin, skip_infeasible=True)
 
-    return search(space, run, request.engine, request.trials, request.seed, RefusalMemo(model, hardware))
+    def cut(config):
+        return evaluate(model, hardware, config, request.margin, skip_infeasible=True, cut_misses=True)
+
+    return search(space, run, request.engine, request.trials, request.seed, RefusalMemo(model, hardware), cut)
 
 
 def _result(request, model, hardware, outcome: SearchOutcome, record) -> EstimateResult:
