@@ -1,4 +1,4 @@
-"""Wall time of the traced probe as a user meets it (issue 34): ``planner probe`` of Qwen2.5-0.5B at
+"""Wall time of the traced probe as a user meets it: ``planner probe`` of Qwen2.5-0.5B at
 full depth, and a 4-trial ``planner tune --fidelity traced`` of SmolLM2-135M, on this machine's CPU.
 
     python benchmarks/probe_speed.py [--runs 3] [--skip-probe] [--skip-tune]
