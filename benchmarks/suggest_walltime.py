@@ -76,7 +76,8 @@ def in_process(gpus: str) -> tuple[float, int, int]:
     model, hw = resolve_model(MODEL), parse_gpus(gpus)
     space = build_space(hw.num_gpus, 2048)
     start = time.perf_counter()
-    out = search(space, lambda c: evaluate(model, hw, c, skip_infeasible=True), refusals=RefusalMemo(model, hw))
+    out = search(space, lambda c: evaluate(model, hw, c, skip_infeasible=True), refusals=RefusalMemo(model, hw),
+                 cut=lambda c: evaluate(model, hw, c, skip_infeasible=True, cut_misses=True))
     return time.perf_counter() - start, out.evaluated, space.size
 
 
