@@ -115,6 +115,29 @@ def test_a_cut_evaluation_is_a_floor_and_an_uncut_one_the_evaluation(seed, model
         assert (cut.peak, cut.host, cut.step_seconds) == (plain.peak, plain.host, plain.step_seconds)
 
 
+@pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.1-405B", "1xRTX4090-24"),
+                                         ("meta-llama/Llama-3.1-70B", "2xA100-40"),
+                                         ("mistralai/Mixtral-8x7B-v0.1", "1xA100-80")])
+def test_nothing_fits_probes_answer_as_uncut_ones(model, gpus, monkeypatch):
+    """The nothing-fits probes leave out a probe cut above the least peak so far and the GPU:
+    the least peak, the host RAM needed and the probes that fit are those of uncut probes."""
+    from planner.engine import nothing_fits
+    from planner.schema.suggest import SuggestRequest
+
+    request = SuggestRequest(model=model, gpus=gpus, seq_len=2048)
+
+    def scan():
+        s = nothing_fits.Prober(request, resolve_model(model)).scan(gpus)
+        return (s.min_peak, s.host_needed, sorted(str(p.techniques) for p in s.probes if p.gpu_fits)), len(s.probes)
+
+    cut, kept = scan()
+    plain = nothing_fits.evaluate
+    monkeypatch.setattr(nothing_fits, "evaluate", lambda *a, cut_misses=False, cut_above=0, **k: plain(*a, **k))
+    uncut, every = scan()
+    assert cut == uncut and cut[0] is not None
+    assert kept < every  # the cut left probes out
+
+
 def test_a_space_without_the_twin_value_searches_the_combination_itself():
     """--attention eager alone: the twin (sdpa) is not in the space, so nothing is skipped."""
     alone = build_space(1, 2048, {"attention": ["eager"]})

@@ -148,12 +148,13 @@ _OTHER_WRITERS = tuple(s for s in REGISTRY if s not in FLOOR_WRITERS)
 
 def evaluate(
     model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0, *,
-    skip_infeasible: bool = False, cut_misses: bool = False,
+    skip_infeasible: bool = False, cut_misses: bool = False, cut_above: float = 0,
 ) -> Evaluation:
     """``skip_infeasible``: a candidate a rule refuses is returned unevaluated. ``cut_misses``: one
     whose GPU peak floor (``FLOOR_WRITERS``' rows and the CUDA context: every other row only adds,
-    rows being final as written) exceeds the usable memory is returned with that floor as its
-    peak (``Evaluation.cut``: it does not fit the GPU; its shortfall is at least the one given)."""
+    rows being final as written) exceeds the usable memory, and ``cut_above`` bytes, is returned
+    with that floor as its peak (``Evaluation.cut``: it does not fit the GPU, its peak and
+    shortfall are at least the ones given)."""
     ctx = PlanContext(model, hardware, config)
     ev = Evaluation(ctx, check_config(ctx), int(hardware.gpu.memory_bytes * (1 - margin)))
     if skip_infeasible and not ev.feasible:
@@ -164,7 +165,7 @@ def evaluate(
         for strategy in FLOOR_WRITERS:
             strategy.apply(ctx, draft)
         floor = gpu_peaks(draft.rows)[0] + context
-        if floor > ev.usable:
+        if floor > max(ev.usable, cut_above):
             ev.peak, ev.cut = floor, True
             return ev
         for strategy in _OTHER_WRITERS:

@@ -69,7 +69,9 @@ class Probe:
 
 @dataclass
 class Scan:
-    """The feasible probes of one hardware."""
+    """The feasible probes of one hardware that can answer: each that fits the GPU, and each
+    whose peak was the least when it was probed (a probe whose model states alone exceed both is
+    left out: ``Prober._scan``)."""
 
     spec: str
     hardware: HardwareSpec
@@ -128,13 +130,17 @@ class Prober:
         heavy = [f for f in space.choices if f not in light]
         lights = [dict(zip(light, values, strict=True)) for values in itertools.product(
             *(sorted(space.choices[f], key=_saving_rank(f)) for f in light))]
-        probes = []
+        probes: list[Probe] = []
+        least = math.inf  # the least peak so far: a probe cut above it and the GPU is neither least nor fits
         for values in itertools.product(*(space.choices[f] for f in heavy)):
             for extra in lights:
                 techniques = {f: BY_FIELD[f].enum(v) for f, v in (dict(zip(heavy, values, strict=True)) | extra).items()}
-                ev = evaluate(self.model, hw, space.config(techniques, mbs), margin, skip_infeasible=True)
+                ev = evaluate(self.model, hw, space.config(techniques, mbs), margin, skip_infeasible=True,
+                              cut_misses=True, cut_above=least)
                 if ev.feasible:
-                    probes.append(Probe(techniques, ev.peak, ev.usable, ev.host_memory["peak"]))
+                    if not ev.cut:
+                        probes.append(Probe(techniques, ev.peak, ev.usable, ev.host_memory["peak"]))
+                        least = min(least, ev.peak)
                     break
                 if not _light_rejects(ev.ctx, light):
                     break  # another choice of the memory-saving techniques cannot make it feasible
