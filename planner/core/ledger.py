@@ -32,6 +32,7 @@ class Phase(StrEnum):
 
 
 ALL_PHASES = frozenset(Phase)
+PHASES = tuple(Phase)  # in order, for the hot loops (iterating the enum class is slower)
 
 
 class Location(StrEnum):
@@ -148,10 +149,12 @@ class RowDraft:
     note: str = ""
     tag: str = ""  # what the row holds, for readers beyond its term (an adapter's frozen base)
     moment: str = ""  # one of alternative instants within its phases (see ``resident``)
+    #: bytes on one rank: ceil(elements x bytes per element / shard), computed once (rows are final
+    #: as written; the peaks read it tens of times per candidate)
+    bytes: int = field(init=False)
 
-    @property
-    def bytes(self) -> int:
-        return ceil(self.elements * self.bytes_per_element / self.shard)
+    def __post_init__(self) -> None:
+        self.bytes = ceil(self.elements * self.bytes_per_element / self.shard)
 
 
 @dataclass
@@ -235,9 +238,9 @@ def gpu_peaks(rows) -> tuple[int, int]:
     phase the rows of no moment plus those of its largest moment (``resident``); the allocated
     peak without the ``NOT_ALLOCATED`` terms (``allocated_peak``). The GPU peak equals
     ``LedgerDraft.peak_bytes()``, in one walk: the hot path of every evaluation."""
-    base, base_allocated = dict.fromkeys(Phase, 0), dict.fromkeys(Phase, 0)
-    moments: dict[Phase, dict[str, int]] = {p: {} for p in Phase}
-    moments_allocated: dict[Phase, dict[str, int]] = {p: {} for p in Phase}
+    base, base_allocated = dict.fromkeys(PHASES, 0), dict.fromkeys(PHASES, 0)
+    moments: dict[Phase, dict[str, int]] = {p: {} for p in PHASES}
+    moments_allocated: dict[Phase, dict[str, int]] = {p: {} for p in PHASES}
     for r in rows:
         if r.location != Location.GPU:
             continue
@@ -251,8 +254,8 @@ def gpu_peaks(rows) -> tuple[int, int]:
                 base[p] += n
                 if allocated:
                     base_allocated[p] += n
-    return (max(base[p] + max(moments[p].values(), default=0) for p in Phase),
-            max(base_allocated[p] + max(moments_allocated[p].values(), default=0) for p in Phase))
+    return (max(base[p] + max(moments[p].values(), default=0) for p in PHASES),
+            max(base_allocated[p] + max(moments_allocated[p].values(), default=0) for p in PHASES))
 
 
 def allocated_peak(rows, paged: PagedInfo | None = None) -> int:
