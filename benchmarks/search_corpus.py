@@ -23,7 +23,6 @@ import sys
 import time
 
 from planner.engine import search, space
-from planner.engine import suggest as suggest_module
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
 
@@ -60,16 +59,16 @@ def _visible(request: SuggestRequest) -> tuple[dict, int, int]:
 def plain_search():
     """The plain exhaustive search: no combination is anyone's twin, no refusal remembered, no
     evaluation cut at its GPU peak floor."""
-    saved = space._TWINS, suggest_module.RefusalMemo, search.exhaustive
+    saved = space._TWINS, search.RefusalMemo, search.exhaustive
 
     def uncut(*args, cut=None, **kwargs):
         return saved[2](*args, **kwargs)
 
-    space._TWINS, suggest_module.RefusalMemo, search.exhaustive = (), lambda model, hardware: None, uncut
+    space._TWINS, search.RefusalMemo, search.exhaustive = (), lambda model, hardware: None, uncut
     try:
         yield
     finally:
-        space._TWINS, suggest_module.RefusalMemo, search.exhaustive = saved
+        space._TWINS, search.RefusalMemo, search.exhaustive = saved
 
 
 def compare(model: str, gpus: str, extra: dict) -> tuple[list[str], dict]:

@@ -68,16 +68,13 @@ def medians(cmd: list[str], runs: int) -> tuple[float, float]:
 def in_process(gpus: str) -> tuple[float, int, int]:
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
-    from planner.engine.estimate import evaluate
-    from planner.engine.refusals import RefusalMemo
-    from planner.engine.search import search
+    from planner.engine.search import search_plans
     from planner.engine.space import build_space
 
     model, hw = resolve_model(MODEL), parse_gpus(gpus)
     space = build_space(hw.num_gpus, 2048)
     start = time.perf_counter()
-    out = search(space, lambda c: evaluate(model, hw, c, skip_infeasible=True), refusals=RefusalMemo(model, hw),
-                 cut=lambda c: evaluate(model, hw, c, skip_infeasible=True, cut_misses=True))
+    out = search_plans(space, model, hw)
     return time.perf_counter() - start, out.evaluated, space.size
 
 

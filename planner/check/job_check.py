@@ -24,9 +24,8 @@ from planner.core.formatting import gib
 from planner.core.job import Reading
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
 from planner.engine.alternatives import faster_changes, memory_savers
-from planner.engine.estimate import default_seq_len, estimate_config, evaluate
-from planner.engine.refusals import RefusalMemo
-from planner.engine.search import search
+from planner.engine.estimate import default_seq_len, estimate_config
+from planner.engine.search import search_plans
 from planner.engine.space import build_space
 from planner.schema.estimate import EstimateResult
 from planner.schema.target import Target
@@ -250,8 +249,7 @@ def _plans(model, hardware, config, margin, limit) -> list[Change]:
         space = build_space(hardware.num_gpus, config.seq_len, global_batch_size=global_batch)
     except PlannerInputError:
         return []
-    outcome = search(space, lambda c: evaluate(model, hardware, c, margin, skip_infeasible=True),
-                     refusals=RefusalMemo(model, hardware))
+    outcome = search_plans(space, model, hardware, margin)
     return [_change(config, estimate_config(model, hardware, outcome.config(r), margin)) for r in outcome.fitting[:limit]]
 
 

@@ -33,8 +33,7 @@ from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.units import GB
 from planner.engine.estimate import evaluate, result_of
 from planner.engine.ranking import rank, searched
-from planner.engine.refusals import RefusalMemo
-from planner.engine.search import SearchOutcome, search
+from planner.engine.search import SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, default_global_batch, settings_of
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import HardwareSuggestion
@@ -172,8 +171,7 @@ class Prober:
         request = self.request.model_copy(update=narrowed | ({"host_memory_gb": host_gb} if host_gb else {}))
         hw = request.hardware(scan.spec)
         space = space_for(request, hw.num_gpus)
-        outcome = search(space, lambda c: evaluate(self.model, hw, c, request.margin, skip_infeasible=True),
-                         refusals=RefusalMemo(self.model, hw))
+        outcome = search_plans(space, self.model, hw, request.margin)
         cands = searched(outcome)
         ranked = rank(cands, request.numerics, 1).plans
         best = ranked[0] if ranked else rank(cands, NumericsPolicy.LADDER, 1).least

@@ -27,7 +27,8 @@ from functools import partial
 from math import prod
 from multiprocessing import get_context
 
-from planner.engine.estimate import Evaluation
+from planner.core.specs import HardwareSpec, ModelSpec
+from planner.engine.estimate import Evaluation, evaluate
 from planner.engine.ranking import family
 from planner.engine.refusals import RefusalMemo
 from planner.engine.space import SearchSpace
@@ -296,3 +297,18 @@ def search(space: SearchSpace, evaluate: Evaluate, engine: str = "auto", trials:
     if engine in ("tpe", "nsga2"):
         return optuna_search(space, evaluate, trials, seed, engine)
     raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+
+
+def search_plans(space: SearchSpace, model: ModelSpec, hardware: HardwareSpec, margin: float = 0.0,
+                 engine: str = "auto", trials: int = 400, seed: int = 0) -> SearchOutcome:
+    """``search`` with the planner's evaluator for ``model`` on ``hardware`` (candidates a rule
+    refuses left unevaluated), its rule refusals remembered and, for the exhaustive engine,
+    candidates cut at a GPU peak floor that misses."""
+
+    def run(config: TrainingConfig) -> Evaluation:
+        return evaluate(model, hardware, config, margin, skip_infeasible=True)
+
+    def cut(config: TrainingConfig) -> Evaluation:
+        return evaluate(model, hardware, config, margin, skip_infeasible=True, cut_misses=True)
+
+    return search(space, run, engine, trials, seed, RefusalMemo(model, hardware), cut)

@@ -14,8 +14,7 @@ from planner.engine.assumptions import assumptions
 from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.nothing_fits import Verdict, explain
 from planner.engine.ranking import Ranking, distinct, rank, searched
-from planner.engine.refusals import RefusalMemo
-from planner.engine.search import ENGINES, SearchOutcome, search
+from planner.engine.search import ENGINES, SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, settings_of
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import AdapterOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
@@ -185,13 +184,7 @@ def _space(request: SuggestRequest, num_gpus: int, global_batch_size: int | None
 
 
 def _search(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace) -> SearchOutcome:
-    def run(config):
-        return evaluate(model, hardware, config, request.margin, skip_infeasible=True)
-
-    def cut(config):
-        return evaluate(model, hardware, config, request.margin, skip_infeasible=True, cut_misses=True)
-
-    return search(space, run, request.engine, request.trials, request.seed, RefusalMemo(model, hardware), cut)
+    return search_plans(space, model, hardware, request.margin, request.engine, request.trials, request.seed)
 
 
 def _result(request, model, hardware, outcome: SearchOutcome, record) -> EstimateResult:
