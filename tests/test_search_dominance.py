@@ -101,7 +101,8 @@ def test_a_cut_evaluation_is_a_floor_and_an_uncut_one_the_evaluation(seed, model
                                                                       seq_len, margin):
     """``evaluate(cut_misses=True)``: cut only when the plan does not fit the GPU, at a peak no
     higher than the real one; otherwise every figure the search reads is the plain evaluation's
-    (the rows are written in another order, and rows do not depend on it)."""
+    (the rows are written in another order, and rows do not depend on it), the step time of a
+    plan that fits included."""
     rng = random.Random(seed)
     kw = {s.field: rng.choice(list(s.choices)) for s in REGISTRY}
     config = TrainingConfig(**kw, micro_batch_size=micro_batch_size, grad_accum=2, seq_len=seq_len)
@@ -112,7 +113,8 @@ def test_a_cut_evaluation_is_a_floor_and_an_uncut_one_the_evaluation(seed, model
     if cut.cut:
         assert not plain.gpu_fits and cut.peak <= plain.peak
     elif plain.feasible:
-        assert (cut.peak, cut.host, cut.step_seconds) == (plain.peak, plain.host, plain.step_seconds)
+        assert (cut.peak, cut.host) == (plain.peak, plain.host)
+        assert cut.step_seconds == (plain.step_seconds if plain.fits else 0.0)  # a miss is not timed
 
 
 @pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.1-405B", "1xRTX4090-24"),

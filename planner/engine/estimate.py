@@ -154,7 +154,8 @@ def evaluate(
     whose GPU peak floor (``FLOOR_WRITERS``' rows and the CUDA context: every other row only adds,
     rows being final as written) exceeds the usable memory, and ``cut_above`` bytes, is returned
     with that floor as its peak (``Evaluation.cut``: it does not fit the GPU, its peak and
-    shortfall are at least the ones given)."""
+    shortfall are at least the ones given); one that does not fit once its memory is written is
+    returned without its step time (its memory exact, not ``cut``)."""
     ctx = PlanContext(model, hardware, config)
     ev = Evaluation(ctx, check_config(ctx), int(hardware.gpu.memory_bytes * (1 - margin)))
     if skip_infeasible and not ev.feasible:
@@ -188,6 +189,8 @@ def evaluate(
     ev.draft, ev.paged = draft, _place_paged_state(draft, ev.usable, peak)
     ev.peak = peak + (ev.paged.resident_bytes if ev.paged else 0)
     ev.host = _host_memory(ctx, draft, ev.paged)
+    if cut_misses and not (ev.gpu_fits and ev.host_fits):
+        return ev  # a miss: its memory is what the search reads
     timing = TimeDraft(cpu_dispatch_seconds=model.num_layers * (
         overheads.OPS_PER_LAYER_FORWARD * overheads.DISPATCH_SECONDS_PER_OP_FORWARD
         + overheads.OPS_PER_LAYER_BACKWARD * overheads.DISPATCH_SECONDS_PER_OP_BACKWARD))
