@@ -365,9 +365,10 @@ def test_full_fine_tuning_answers_say_what_an_adapter_would_give():
     ("google/gemma-2-9b", "1xA100-40"),  # eager attention (no SDPA for gemma2), ZeRO-1
     ("meta-llama/Llama-3.1-70B", "1xA100-40"),  # no adapter plan fits: the full space is searched too
 ])
-def test_the_adapter_line_from_the_exact_optimizers_is_the_full_searchs(model, gpus):
-    """The one-line adapter option searches the exact optimizers first (a third of the space) and
-    the rest only when no exact plan fits; its plan is the one the full space ranks first."""
+def test_the_adapter_line_from_the_exact_choices_is_the_full_searchs(model, gpus):
+    """The one-line adapter option searches every technique's exact values first, then the exact
+    optimizers, and the rest only when no exact plan fits; its plan is the one the full space
+    ranks first."""
     from planner.engine import suggest as engine
 
     spec = resolve_model(model)

@@ -18,7 +18,7 @@ from planner.engine.search import ENGINES, SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, settings_of
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import AdapterOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
-from strategies import FIELDS, REGISTRY, PlanContext, approximation_words, summary
+from strategies import FIELDS, REGISTRY, TECHNIQUES, PlanContext, approximation_words, summary
 from strategies.adapter import ALLOWS, Adapter
 from strategies.optimizer import STRATEGY as OPTIMIZER
 
@@ -81,11 +81,12 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
     far slower than one: the fastest LoRA / QLoRA plan of the same request (its settings, its other
     choices), as one line. None when an adapter was named, or would not help.
 
-    ``bounded``: the adapter plans are searched with the exact optimizers first (AdamW, paged
-    AdamW: a third of the space), and with the approximate ones only when no exact plan fits. Under
-    the numerics ladder (and ``--numerics exact``) an exact plan that fits outranks every
-    approximation, and every exact plan of the full space is in the bounded one, so an exact
-    winner there is the full search's winner. tests/test_adapter_plans.py compares the two."""
+    ``bounded``: the adapter plans are searched with every technique's exact values first (AdamW
+    and paged AdamW, no bf16-pure: about a fifth of the space), then with the exact optimizers
+    (a third), and with every value only when no exact plan fits. Under the numerics ladder (and
+    ``--numerics exact``) an exact plan that fits outranks every approximation, and every exact
+    plan of the full space is in each bounded one, so an exact winner there is the full search's
+    winner. tests/test_adapter_plans.py compares the two."""
     if any(a != Adapter.NONE for a in request.adapter) or request.launcher == Launcher.TRAINER:
         return None
     narrowed = {}
@@ -97,7 +98,8 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
     asked = request.model_copy(update={"adapter": [Adapter.LORA, Adapter.QLORA], "engine": "auto"} | narrowed)
     exact = [o for o in request.optimizer or OPTIMIZER.searched or OPTIMIZER.choices if o not in OPTIMIZER.numerics]
     bounded = bounded and bool(exact) and request.numerics != NumericsPolicy.ANY
-    tries = [asked.model_copy(update={"optimizer": exact})] if bounded else []
+    exact_optimizers = asked.model_copy(update={"optimizer": exact})
+    tries = [t for t in (_exact_only(asked), exact_optimizers) if t is not None] if bounded else []
     for attempt in tries + [asked]:
         try:
             outcome = _search(attempt, model, hardware, _space(attempt, hardware.num_gpus, request.global_batch_size))
@@ -106,7 +108,7 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
         best = _rank(attempt, outcome).plans
         if best and (attempt is asked or not best[0].numerics):  # an exact winner: the full search's
             break
-        if attempt is not asked and not outcome.fitting and _no_optimizer_fits(model, hardware, outcome):
+        if attempt is exact_optimizers and not outcome.fitting and _no_optimizer_fits(model, hardware, outcome):
             return None
     else:
         return None
@@ -116,6 +118,18 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
         return None
     return AdapterOption(adapter=str(plan.config.adapter), tokens_per_second=plan.time.tokens_per_second,
                          peak_bytes=plan.memory["peak"], gain=gain, summary=summary(plan.config))
+
+
+def _exact_only(request: SuggestRequest) -> SuggestRequest | None:
+    """``request`` with every technique narrowed to its exact values (None: one has none left)."""
+    update = {}
+    for s in TECHNIQUES:
+        if s.numerics:
+            given = getattr(request, s.field) or s.searched or s.choices
+            update[s.field] = [v for v in given if v not in s.numerics]
+            if not update[s.field]:
+                return None
+    return request.model_copy(update=update)
 
 
 #: Bytes per trained parameter that another optimizer could save over AdamW's states: its two fp32
