@@ -9,8 +9,9 @@
   whose simpler twin (each strategy's ``twin`` hook: eager attention's is SDPA, fp16-mixed's is
   bf16-mixed) is feasible is skipped, for no plan of it could be offered nor be a nearer miss
   (``_scan``); a rule refusal seen along the same reads is not evaluated again
-  (planner/engine/refusals.py). tests/test_search_dominance.py; benchmarks/search_corpus.py: the
-  answers of 60 situations are the plain search's.
+  (planner/engine/refusals.py); a candidate whose model states alone exceed the GPU is cut there
+  and a miss is not timed (``search_plans``'s evaluator). tests/test_search_dominance.py;
+  benchmarks/search_corpus.py: the answers of 60 situations are the plain search's.
 - ``optuna``: a TPE (or NSGA-II) study over the same categorical space with memory as a
   constraint (``trial.set_constraint``), seeded with the analytic
   best of a greedy coordinate search; for spaces too large to enumerate.
@@ -67,7 +68,7 @@ class SearchOutcome:
     rejected: Counter = field(default_factory=Counter)
     nearest: list[Record] = field(default_factory=list)  # feasible misses of distinct families, nearest first
     engine: str = "exhaustive"
-    dominated: int = 0  # candidates not evaluated: their twin fits (``_scan``)
+    dominated: int = 0  # candidates not evaluated: their simpler twin is feasible (``_scan``)
 
     def config(self, record: Record) -> TrainingConfig:
         return self.space.config(self.space.combo(record.combo), record.micro_batch_size)
