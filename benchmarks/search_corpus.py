@@ -27,12 +27,13 @@ from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
 
 LLAMA8, LLAMA1, LLAMA70 = "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-70B"
+LLAMA405 = "meta-llama/Llama-3.1-405B"
 QWEN05, QWEN7 = "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B"
 GEMMA, MIXTRAL, GPT2 = "google/gemma-2-2b", "mistralai/Mixtral-8x7B-v0.1", "openai-community/gpt2"
 
-#: (model, --gpus, other request fields). 60 situations: the README's cases, one GPU of every memory
+#: (model, --gpus, other request fields). 64 situations: the README's cases, one GPU of every memory
 #: class (and one without bf16: V100), several nodes, every adapter (--adapter any), long and short
-#: sequences, margins, --numerics exact and any, host RAM given, and nothing-fits cases.
+#: sequences, margins, --numerics exact and any, host RAM given, and six where nothing fits.
 CORPUS: list[tuple[str, str, dict]] = [
     (model, gpus, extra)
     for model, gpus in [
@@ -42,7 +43,8 @@ CORPUS: list[tuple[str, str, dict]] = [
     ]
     for extra in ({}, {"adapter": ["none", "lora", "qlora", "dora", "lora-int8"]}, {"seq_len": 8192},
                   {"numerics": "any", "margin": 0.1}, {"numerics": "exact", "host_memory_gb": 256})
-]
+] + [(model, gpus, {}) for model, gpus in [(LLAMA405, "1xRTX4090-24"), (LLAMA70, "1xA100-40"),
+                                           (MIXTRAL, "1xRTX4090-24"), (LLAMA8, "1xT4-16")]]
 
 
 def _visible(request: SuggestRequest) -> tuple[dict, int, int]:

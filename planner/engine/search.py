@@ -11,7 +11,7 @@
   (``_scan``); a rule refusal seen along the same reads is not evaluated again
   (planner/engine/refusals.py); a candidate whose model states alone exceed the GPU is cut there
   and a miss is not timed (``search_plans``'s evaluator). tests/test_search_dominance.py;
-  benchmarks/search_corpus.py: the answers of 60 situations are the plain search's.
+  benchmarks/search_corpus.py: the answers of 64 situations are the plain search's.
 - ``optuna``: a TPE (or NSGA-II) study over the same categorical space with memory as a
   constraint (``trial.set_constraint``), seeded with the analytic
   best of a greedy coordinate search; for spaces too large to enumerate.
@@ -19,6 +19,7 @@ Both return a SearchOutcome: compact records ranked by tokens/s, ties broken by 
 memory (then enumeration order, so results are deterministic).
 """
 
+import heapq
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -119,7 +120,7 @@ def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Eval
         out.rejected[rec.reason] += len(sizes) - i  # the larger ones reject the same way
         feasible = rec.reason in (NOT_FIT_GPU, NOT_FIT_HOST)
         if i == 0 and feasible and ev.cut:
-            out.pending.append((index, techniques))
+            out.pending.append((rec.shortfall, index, techniques))  # at least this short
         elif i == 0 and feasible:
             out.records.append(rec)
         return fits, feasible
@@ -129,14 +130,15 @@ def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Eval
 @dataclass
 class _Share:
     """What one worker's scan found; ``pending``: combinations whose first size was cut at its GPU
-    peak floor (it does not fit; how far it misses is known only when it is evaluated in full,
-    which the nearest misses need only when nothing fits)."""
+    peak floor, with the shortfall of that floor (it does not fit, and misses by at least that;
+    how far exactly is known only when it is evaluated in full, which the nearest misses need
+    only when nothing fits: ``_nearest_pending``)."""
 
     records: list[Record] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)
     evaluated: int = 0
     dominated: int = 0
-    pending: list[tuple[int, dict]] = field(default_factory=list)
+    pending: list[tuple[int, int, dict]] = field(default_factory=list)
 
 
 def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1,
@@ -196,12 +198,11 @@ def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = Non
             _JOB = None
     else:
         parts = [_scan(space, evaluate, refusals=refusals, cut=cut)]
-    if not any(r.reason is None for part in parts for r in part.records):  # the nearest misses, exact
-        for part in parts:
-            for index, techniques in part.pending:
-                part.records.append(record_of(index, evaluate(space.config(techniques, space.micro_batch_sizes[0]))))
-                part.evaluated += 1
     records = [r for part in parts for r in part.records]
+    if not any(r.reason is None for r in records):  # nothing fits: the nearest misses, exact
+        found = _nearest_pending(space, evaluate, records, [p for part in parts for p in part.pending])
+        records += found
+        parts[0].evaluated += len(found)
     rejected = sum((part.rejected for part in parts), Counter())
     outcome = _outcome(space, records, rejected, space.size, sum(part.evaluated for part in parts), "exhaustive")
     outcome.dominated = sum(part.dominated for part in parts)
@@ -214,15 +215,44 @@ def _outcome(space: SearchSpace, records: list[Record], rejected: Counter, consi
     return SearchOutcome(space, fitting, considered, evaluated, rejected, _nearest(space, records), engine)
 
 
+def _nearest_key(space: SearchSpace, record: Record) -> tuple[tuple, tuple]:
+    """(ranking family, order among the nearest misses: shortfall, then the simpler plan, then
+    enumeration order) of a miss."""
+    config = space.config(space.combo(record.combo), record.micro_batch_size)
+    return family(config), (record.shortfall, complexity(config), record.combo, record.micro_batch_size)
+
+
+def _nearest_pending(space: SearchSpace, evaluate: Evaluate, records: list[Record],
+                     pending: list[tuple[int, int, dict]]) -> list[Record]:
+    """The first-size misses of the pending combinations that can be among the nearest misses,
+    evaluated in full: in order of their floor's shortfall, until that exceeds the shortfall of
+    the ``NEAREST``-th family's nearest miss so far (a pending miss is at least as short as its
+    floor, so no later one can enter; nor improve a family already nearer)."""
+    best: dict[tuple, tuple] = {}
+    for r in records:
+        if r.reason in (NOT_FIT_GPU, NOT_FIT_HOST):
+            fam, key = _nearest_key(space, r)
+            best[fam] = min(best.get(fam, key), key)
+    found = []
+    for floor, index, techniques in sorted(pending, key=lambda p: (p[0], p[1])):
+        fifth = heapq.nsmallest(NEAREST, best.values())
+        if len(fifth) == NEAREST and floor > fifth[-1][0]:
+            break
+        rec = record_of(index, evaluate(space.config(techniques, space.micro_batch_sizes[0])))
+        found.append(rec)
+        fam, key = _nearest_key(space, rec)
+        best[fam] = min(best.get(fam, key), key)
+    return found
+
+
 def _nearest(space: SearchSpace, records: list[Record]) -> list[Record]:
     """The ``NEAREST`` feasible misses of distinct ranking families, each family's nearest: the
     smallest shortfall, then the simpler plan (``strategies.complexity``), then enumeration order."""
-    misses = [(r, space.config(space.combo(r.combo), r.micro_batch_size)) for r in records
-              if r.reason in (NOT_FIT_GPU, NOT_FIT_HOST)]
-    misses.sort(key=lambda m: (m[0].shortfall, complexity(m[1]), m[0].combo, m[0].micro_batch_size))
+    misses = sorted(((*_nearest_key(space, r), r) for r in records if r.reason in (NOT_FIT_GPU, NOT_FIT_HOST)),
+                    key=lambda m: m[1])
     out: dict[tuple, Record] = {}
-    for record, config in misses:
-        out.setdefault(family(config), record)
+    for fam, _, record in misses:
+        out.setdefault(fam, record)
         if len(out) == NEAREST:
             break
     return list(out.values())

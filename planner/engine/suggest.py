@@ -82,8 +82,8 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
     choices), as one line. None when an adapter was named, or would not help.
 
     ``bounded``: the adapter plans are searched with every technique's exact values first (AdamW
-    and paged AdamW, no bf16-pure: about a fifth of the space), then with the exact optimizers
-    (a third), and with every value only when no exact plan fits. Under the numerics ladder (and
+    and paged AdamW, no bf16-pure: about a fifth of the space; not when no full plan fits), then
+    with the exact optimizers (a third), and with every value only when no exact plan fits. Under the numerics ladder (and
     ``--numerics exact``) an exact plan that fits outranks every approximation, and every exact
     plan of the full space is in each bounded one, so an exact winner there is the full search's
     winner. tests/test_adapter_plans.py compares the two."""
@@ -99,7 +99,10 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
     exact = [o for o in request.optimizer or OPTIMIZER.searched or OPTIMIZER.choices if o not in OPTIMIZER.numerics]
     bounded = bounded and bool(exact) and request.numerics != NumericsPolicy.ANY
     exact_optimizers = asked.model_copy(update={"optimizer": exact})
-    tries = [t for t in (_exact_only(asked), exact_optimizers) if t is not None] if bounded else []
+    # (when no full plan fits, memory is tight: the exact optimizers' space, whose bound can end
+    # the search, comes first; either order finds the same plan)
+    exact_only = _exact_only(asked) if winner is not None else None
+    tries = [t for t in (exact_only, exact_optimizers) if t is not None] if bounded else []
     for attempt in tries + [asked]:
         try:
             outcome = _search(attempt, model, hardware, _space(attempt, hardware.num_gpus, request.global_batch_size))
