@@ -83,10 +83,10 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
 
     ``bounded``: the adapter plans are searched with every technique's exact values first (AdamW
     and paged AdamW, no bf16-pure: about a fifth of the space; not when no full plan fits), then
-    with the exact optimizers (a third), and with every value only when no exact plan fits. Under the numerics ladder (and
-    ``--numerics exact``) an exact plan that fits outranks every approximation, and every exact
-    plan of the full space is in each bounded one, so an exact winner there is the full search's
-    winner. tests/test_adapter_plans.py compares the two."""
+    with the exact optimizers (a third), and with every value only when no exact plan fits.
+    Under the numerics ladder (and ``--numerics exact``) an exact plan that fits outranks every
+    approximation, and every exact plan of the full space is in each bounded one, so an exact
+    winner there is the full search's winner. tests/test_adapter_plans.py compares the two."""
     if any(a != Adapter.NONE for a in request.adapter) or request.launcher == Launcher.TRAINER:
         return None
     narrowed = {}
