@@ -162,17 +162,14 @@ def evaluate(
         return ev
     draft = LedgerDraft()
     context, base, measured = runtime_reserves(hardware)
+    for strategy in FLOOR_WRITERS if cut_misses else REGISTRY:  # (the registry's order: the ledger's rows)
+        strategy.apply(ctx, draft)
     if cut_misses:
-        for strategy in FLOOR_WRITERS:
-            strategy.apply(ctx, draft)
         floor = gpu_peaks(draft.rows)[0] + context
         if floor > max(ev.usable, cut_above):
             ev.peak, ev.cut = floor, True
             return ev
         for strategy in _OTHER_WRITERS:
-            strategy.apply(ctx, draft)
-    else:
-        for strategy in REGISTRY:
             strategy.apply(ctx, draft)
     fragmentation = base + reserve_extra(config)
     draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", context, 1,
