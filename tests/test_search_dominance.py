@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
-from planner.engine.estimate import check_config, evaluate
+from planner.engine.estimate import SIZE_FIELDS, check_config, evaluate
 from planner.engine.ranking import Candidate
-from planner.engine.refusals import RefusalMemo
+from planner.engine.refusals import Recording, RefusalMemo
 from planner.engine.space import build_space
 from strategies import REGISTRY, PlanContext, TrainingConfig, complexity, numerics_of
 
@@ -140,6 +140,25 @@ def test_nothing_fits_probes_answer_as_uncut_ones(model, gpus, monkeypatch):
     assert kept < every  # the cut left probes out
 
 
+def test_whether_a_plan_fits_more_gpus_is_the_full_scans_answer():
+    """``Prober.fits`` stops at the first probe that fits: on every count of the ladder, and for
+    host RAM below, at and above what the full scan needs, it answers as the full scan does."""
+    from planner.engine import nothing_fits
+    from planner.schema.suggest import SuggestRequest
+
+    request = SuggestRequest(model="meta-llama/Llama-3.1-405B", gpus="1xRTX4090-24", seq_len=2048)
+    model, early = resolve_model(request.model), 0
+    for spec in nothing_fits.hardware_ladder(parse_gpus(request.gpus)):
+        full = nothing_fits.Prober(request, model).scan(spec)
+        needed = full.host_needed if full is not None else None
+        hosts = [None] + ([needed - 1, needed, needed + 1] if needed is not None else [])
+        for host in hosts:
+            prober = nothing_fits.Prober(request, model)
+            assert prober.fits(spec, host) == (full is not None and full.fits(host)), (spec, host)
+            early += spec not in prober._scans  # a scan that stopped early is not kept
+    assert early > 0
+
+
 def test_a_space_without_the_twin_value_searches_the_combination_itself():
     """--attention eager alone: the twin (sdpa) is not in the space, so nothing is skipped."""
     alone = build_space(1, 2048, {"attention": ["eager"]})
@@ -168,3 +187,42 @@ def test_suggest_with_twins_is_the_plain_exhaustive_search(model, gpus, extra):
     assert len(SUBSET) == 5
     differ, figures = search_corpus.compare(model, gpus, extra)
     assert not differ, figures
+
+
+def test_a_trusted_configuration_is_the_one_model_construct_builds():
+    """The space builds its candidates with ``TrainingConfig.trusted``: the same fields, in the same
+    order, the same fields set, equal, and hashed alike."""
+    space = build_space(8, 2048, settings={"lora_rank": 64})
+    for index in (0, space.combos // 3, space.combos - 1):
+        values = space.values(space.combo(index), 2)
+        fast, slow = TrainingConfig.trusted(values), TrainingConfig.model_construct(**values)
+        assert list(fast.__dict__.items()) == list(slow.__dict__.items())
+        assert fast.model_fields_set == slow.model_fields_set == set(values)
+        assert fast == slow and hash(fast) == hash(slow) and fast.lora_rank == 64
+
+
+@settings(max_examples=examples(3000, ci=300), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), model=st.sampled_from(MODELS), gpus=st.sampled_from(GPUS),
+       micro_batch_size=st.sampled_from([1, 2, 4]), grad_accum=st.sampled_from([1, 2]),
+       seq_len=st.sampled_from([512, 2048, 8192]))
+def test_no_rule_and_no_layout_reads_the_micro_batch(seed, model, gpus, micro_batch_size, grad_accum, seq_len):
+    """The search checks and lays out each combination once for all its micro-batch sizes
+    (``evaluate``'s ``shared``): every check hook and layout hook reads configuration fields and
+    properties only, none of ``SIZE_FIELDS``; and an evaluation that reuses another size's check
+    and layout is the plain evaluation."""
+    rng = random.Random(seed)
+    kw = {s.field: rng.choice(list(s.choices)) for s in REGISTRY}
+    config = TrainingConfig(**kw, micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len)
+    m, hw = resolve_model(model), parse_gpus(gpus)
+    view = Recording(config)
+    ctx = PlanContext(m, hw, view)
+    check_config(ctx)
+    _ = ctx.layout
+    assert view.safe and not view.seen & SIZE_FIELDS, view.reads
+    shared: dict = {}
+    other = config.model_copy(update={"micro_batch_size": micro_batch_size * 2})
+    evaluate(m, hw, other, shared=shared)
+    reused, plain = evaluate(m, hw, config, shared=shared), evaluate(m, hw, config)
+    assert reused.ctx.__dict__.get("layout") is shared[next(iter(shared))][1].__dict__.get("layout")
+    assert (reused.check, reused.peak, reused.host, reused.step_seconds) == (
+        plain.check, plain.peak, plain.host, plain.step_seconds)

@@ -146,18 +146,44 @@ FLOOR_WRITERS = tuple(s for s in REGISTRY if s.field in ("adapter", "precision",
 _OTHER_WRITERS = tuple(s for s in REGISTRY if s not in FLOOR_WRITERS)
 
 
+#: The configuration fields a micro-batch size changes. No rule (``check_config``) and no layout
+#: hook reads them (tests/test_search_dominance.py holds the hooks to it), so one check and one
+#: layout serve every micro-batch size of a combination (``evaluate``'s ``shared``).
+SIZE_FIELDS = frozenset({"micro_batch_size", "grad_accum", "tokens_per_micro_batch"})
+
+
+def _size_free_key(config: TrainingConfig) -> tuple:
+    """``config``'s fields but the micro-batch size's (``SIZE_FIELDS``), in field order."""
+    return tuple(v for k, v in config.__dict__.items() if k not in SIZE_FIELDS)
+
+
 def evaluate(
     model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0, *,
     skip_infeasible: bool = False, cut_misses: bool = False, cut_above: float = 0,
+    shared: dict | None = None,
 ) -> Evaluation:
     """``skip_infeasible``: a candidate a rule refuses is returned unevaluated. ``cut_misses``: one
     whose GPU peak floor (``FLOOR_WRITERS``' rows and the CUDA context: every other row only adds,
     rows being final as written) exceeds the usable memory, and ``cut_above`` bytes, is returned
     with that floor as its peak (``Evaluation.cut``: it does not fit the GPU, its peak and
     shortfall are at least the ones given); one that does not fit once its memory is written is
-    returned without its step time (its memory exact, not ``cut``)."""
+    returned without its step time (its memory exact, not ``cut``). ``shared``: the check and
+    layout of the configurations evaluated so far for this model and hardware, by their fields
+    but the micro-batch size's (``SIZE_FIELDS``): reused, and added to."""
     ctx = PlanContext(model, hardware, config)
-    ev = Evaluation(ctx, check_config(ctx), int(hardware.gpu.memory_bytes * (1 - margin)))
+    if shared is None:
+        check = check_config(ctx)
+    else:
+        key = _size_free_key(config)
+        known = shared.get(key)
+        if known is None:
+            check = check_config(ctx)
+            shared[key] = (check, ctx)
+        else:
+            check, first = known
+            if "layout" in first.__dict__:  # (a cached_property's value lives in the instance's __dict__)
+                ctx.__dict__["layout"] = first.__dict__["layout"]
+    ev = Evaluation(ctx, check, int(hardware.gpu.memory_bytes * (1 - margin)))
     if skip_infeasible and not ev.feasible:
         return ev
     draft = LedgerDraft()

@@ -76,6 +76,7 @@ class Scan:
     hardware: HardwareSpec
     space: SearchSpace
     probes: list[Probe]
+    complete: bool = True  # every combination probed (``Prober.fits`` stops at the first that fits)
 
     @property
     def min_peak(self) -> int | None:
@@ -110,6 +111,25 @@ class Prober:
     def __init__(self, request, model: ModelSpec):
         self.request, self.model = request, model
         self._scans: dict[str, Scan | None] = {}
+        self._fitting: dict[str, int] = {}  # spec -> host RAM of a probe found fitting its GPU by ``fits``
+
+    def fits(self, spec: str, host_bytes: int | None = None) -> bool:
+        """Whether a plan fits on ``spec`` with ``host_bytes`` of host RAM per node (None: its
+        own): the full scan's answer when there is one; else a scan that stops at the first probe
+        that fits (only kept when it ran to the end)."""
+        if spec in self._scans:
+            scan = self._scans[spec]
+            return scan is not None and scan.fits(host_bytes)
+        hw = self.request.hardware(spec)
+        cap = hw.host_memory_bytes_per_node if host_bytes is None else host_bytes
+        if self._fitting.get(spec, math.inf) <= cap:
+            return True
+        scan = self._scan(spec, hw, until=cap)
+        if scan is None or scan.complete:
+            self._scans[spec] = scan
+            return scan is not None and scan.fits(host_bytes)
+        self._fitting[spec] = min(p.host for p in scan.probes if p.gpu_fits)
+        return True
 
     def scan(self, spec: str) -> Scan | None:
         """The probes of ``spec`` (None: no search space there, e.g. a fixed micro-batch that does
@@ -118,7 +138,9 @@ class Prober:
             self._scans[spec] = self._scan(spec)
         return self._scans[spec]
 
-    def _scan(self, spec: str, hw: HardwareSpec | None = None) -> Scan | None:
+    def _scan(self, spec: str, hw: HardwareSpec | None = None, until: float | None = None) -> Scan | None:
+        """``until``: stop at the first probe that fits the GPU with at most that host RAM per
+        node (the scan is then not ``complete``)."""
         hw = hw or self.request.hardware(spec)
         try:
             space = space_for(self.request, hw.num_gpus)
@@ -138,8 +160,11 @@ class Prober:
                               cut_misses=True, cut_above=least)
                 if ev.feasible:
                     if not ev.cut:
-                        probes.append(Probe(techniques, ev.peak, ev.usable, ev.host_memory["peak"]))
+                        probe = Probe(techniques, ev.peak, ev.usable, ev.host_memory["peak"])
+                        probes.append(probe)
                         least = min(least, ev.peak)
+                        if until is not None and probe.gpu_fits and probe.host <= until:
+                            return Scan(spec, hw, space, probes, complete=False)
                     break
                 if not _light_rejects(ev.ctx, light):
                     break  # another choice of the memory-saving techniques cannot make it feasible
@@ -270,8 +295,7 @@ class _Lazy:
         return self.prober.scan(self.specs[i])
 
     def fits(self, i: int, host_bytes: int | None = None) -> bool:
-        scan = self[i]
-        return scan is not None and scan.fits(host_bytes)
+        return self.prober.fits(self.specs[i], host_bytes)
 
     def at(self, i: int) -> Scan:
         """The scan at ``i``, one ``fits`` found a plan on."""

@@ -26,7 +26,7 @@ READABLE = frozenset(TrainingConfig.model_fields) | frozenset(
     name for cls in TrainingConfig.__mro__ for name, value in vars(cls).items() if isinstance(value, property))
 
 
-class _Recording:
+class Recording:
     """A configuration that records the first read of each field or property, in order."""
 
     __slots__ = ("_config", "reads", "seen", "safe")
@@ -79,7 +79,7 @@ class RefusalMemo:
     def learn(self, config: TrainingConfig) -> None:
         """Record the path of a configuration a rule refused (``check_config`` up to its first
         refusal, over a recording view)."""
-        view = _Recording(config)
+        view = Recording(config)
         codes = check_config(PlanContext(self.model, self.hardware, view), first_only=True).codes
         if not (self.on and view.safe and codes):
             return

@@ -333,13 +333,16 @@ def search(space: SearchSpace, evaluate: Evaluate, engine: str = "auto", trials:
 def search_plans(space: SearchSpace, model: ModelSpec, hardware: HardwareSpec, margin: float = 0.0,
                  engine: str = "auto", trials: int = 400, seed: int = 0) -> SearchOutcome:
     """``search`` with the planner's evaluator for ``model`` on ``hardware`` (candidates a rule
-    refuses left unevaluated), its rule refusals remembered and, for the exhaustive engine,
-    candidates cut at a GPU peak floor that misses."""
+    refuses left unevaluated; one check and layout per combination, whatever its micro-batch),
+    its rule refusals remembered and, for the exhaustive engine, candidates cut at a GPU peak
+    floor that misses."""
+
+    shared: dict = {}  # the check and layout of each combination, for all its micro-batch sizes
 
     def run(config: TrainingConfig) -> Evaluation:
-        return evaluate(model, hardware, config, margin, skip_infeasible=True)
+        return evaluate(model, hardware, config, margin, skip_infeasible=True, shared=shared)
 
     def cut(config: TrainingConfig) -> Evaluation:
-        return evaluate(model, hardware, config, margin, skip_infeasible=True, cut_misses=True)
+        return evaluate(model, hardware, config, margin, skip_infeasible=True, cut_misses=True, shared=shared)
 
     return search(space, run, engine, trials, seed, RefusalMemo(model, hardware), cut)

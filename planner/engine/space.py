@@ -84,10 +84,7 @@ class SearchSpace(BaseModel):
     def config(self, techniques: dict, micro_batch_size: int) -> TrainingConfig:
         """A candidate from ``combo()`` / ``technique_combos()`` values (enums, already validated:
         no re-validation on the search's hot path)."""
-        accum = self.global_batch_size // (micro_batch_size * self.data_parallel)
-        return TrainingConfig.model_construct(
-            **techniques, **self.settings, micro_batch_size=micro_batch_size, grad_accum=accum, seq_len=self.seq_len
-        )
+        return TrainingConfig.trusted(self.values(techniques, micro_batch_size))
 
 
 def default_global_batch(data_parallel: int, seq_len: int) -> int:
