@@ -4,8 +4,9 @@ For each situation (model x GPUs x request: adapters, sequence length, margin, n
 `planner suggest` twice in process: with the search's shortcuts (planner/engine/search.py
 ``_scan``: a combination is skipped when a simpler twin, no larger and at least as fast, fits;
 planner/engine/refusals.py: a rule refusal seen along the same reads is not evaluated again; a
-candidate whose model states alone exceed the GPU is cut there) and without them (every
-combination evaluated in full). Everything the user sees must be equal: the plans (the
+candidate whose model states alone exceed the GPU is cut there; only a combination's fastest
+micro-batch size is timed, ``_scan_sized``) and without them (every candidate evaluated in
+full). Everything the user sees must be equal: the plans (the
 winner and the top 5, each in full), the trade-offs, the adapter option, the nearest misses and
 the hardware suggestions when nothing fits, the assumptions. Only the counts of what was
 evaluated may differ. Prints per situation the evaluations and seconds of both, and exits 1 on
@@ -60,10 +61,10 @@ def _visible(request: SuggestRequest) -> tuple[dict, int, int]:
 @contextlib.contextmanager
 def plain_search():
     """The plain exhaustive search: no combination is anyone's twin, no refusal remembered, no
-    evaluation cut at its GPU peak floor."""
+    evaluation cut at its GPU peak floor, every micro-batch size evaluated in full."""
     saved = space._TWINS, search.RefusalMemo, search.exhaustive
 
-    def uncut(*args, cut=None, **kwargs):
+    def uncut(*args, cut=None, sizing=None, **kwargs):
         return saved[2](*args, **kwargs)
 
     space._TWINS, search.RefusalMemo, search.exhaustive = (), lambda model, hardware: None, uncut

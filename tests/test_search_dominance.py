@@ -226,3 +226,55 @@ def test_no_rule_and_no_layout_reads_the_micro_batch(seed, model, gpus, micro_ba
     assert reused.ctx.__dict__.get("layout") is shared[next(iter(shared))][1].__dict__.get("layout")
     assert (reused.check, reused.peak, reused.host, reused.step_seconds) == (
         plain.check, plain.peak, plain.host, plain.step_seconds)
+
+
+@settings(max_examples=examples(3000, ci=300), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), model=st.sampled_from(MODELS), gpus=st.sampled_from(GPUS),
+       micro_batch_size=st.sampled_from([1, 2, 4, 8]), seq_len=st.sampled_from([512, 2048, 8192]))
+def test_tokens_per_second_rise_with_the_micro_batch_unless_paged_state_spills(seed, model, gpus,
+                                                                                micro_batch_size, seq_len):
+    """``search._scan_sized`` times only a combination's largest fitting micro-batch: at twice the
+    micro-batch (half the accumulation) a plan is strictly faster, unless its paged optimizer
+    state spills to host RAM there (the spill grows with the activations)."""
+    rng = random.Random(seed)
+    kw = {s.field: rng.choice(list(s.choices)) for s in REGISTRY}
+    m, hw = resolve_model(model), parse_gpus(gpus)
+    small, large = (evaluate(m, hw, TrainingConfig(**kw, micro_batch_size=b, grad_accum=16 // b, seq_len=seq_len))
+                    for b in (micro_batch_size, 2 * micro_batch_size))
+    if not small.feasible or (large.paged is not None and large.paged.spilled_bytes):
+        return
+    assert large.tokens_per_second > small.tokens_per_second, kw
+
+
+@pytest.mark.parametrize("model, gpus, seq_len", [("meta-llama/Llama-3.1-8B", "8xH100-80", 2048),
+                                                  ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", 2048),
+                                                  ("meta-llama/Llama-3.1-8B", "1xA100-40", 4096)])
+def test_timing_each_combinations_largest_size_keeps_every_answer(model, gpus, seq_len, monkeypatch):
+    """With every combination searched as itself (no twins, no refusal memo), the sized search
+    counts the same candidates fitting and rejected for the same reasons as the plain one, records
+    each combination's largest fitting size as the plain search does (every size where paged
+    state spills), and every ranking of both agrees."""
+    from planner.core.numerics import NumericsPolicy
+    from planner.engine import search
+    from planner.engine.ranking import rank, searched
+
+    monkeypatch.setattr("planner.engine.space._TWINS", ())
+    monkeypatch.setattr(search, "RefusalMemo", lambda model, hardware: None)
+    m, hw = resolve_model(model), parse_gpus(gpus)
+    space = build_space(hw.num_gpus, seq_len, {"adapter": ["none", "lora", "qlora"]})
+    monkeypatch.setattr(search, "PARALLEL_MIN_CANDIDATES", 10**12)
+    sized = search.search_plans(space, m, hw)
+    with monkeypatch.context() as plain_mode:
+        plain_mode.setattr(search, "Sizing", lambda memory, time: None)
+        plain = search.search_plans(space, m, hw)
+    assert sized.fit_count == plain.fit_count == len(plain.fitting) > len(sized.fitting)
+    assert sized.rejected == plain.rejected
+    largest: dict[int, search.Record] = {}
+    for r in plain.fitting:
+        if r.micro_batch_size > largest.get(r.combo, r).micro_batch_size or r.combo not in largest:
+            largest[r.combo] = r
+    assert set(sized.fitting) <= set(plain.fitting) and set(largest.values()) <= set(sized.fitting)
+    for policy in NumericsPolicy:
+        a, b = rank(searched(sized), policy, 5), rank(searched(plain), policy, 5)
+        assert [c.item for c in a.plans] == [c.item for c in b.plans]
+        assert [c.item for c in a.trade_offs] == [c.item for c in b.trade_offs] and a.least.item == b.least.item

@@ -45,6 +45,7 @@ class Evaluation:
     time_draft: TimeDraft | None = None
     step_seconds: float = 0.0
     cut: bool = False  # stopped at its GPU peak floor, which does not fit (``evaluate``'s cut_misses)
+    floor: int = 0  # that floor, bytes (cut_misses only): the GPU peak of its model states and CUDA context
 
     @property
     def feasible(self) -> bool:
@@ -160,7 +161,7 @@ def _size_free_key(config: TrainingConfig) -> tuple:
 def evaluate(
     model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0, *,
     skip_infeasible: bool = False, cut_misses: bool = False, cut_above: float = 0,
-    shared: dict | None = None,
+    shared: dict | None = None, timed: bool = True,
 ) -> Evaluation:
     """``skip_infeasible``: a candidate a rule refuses is returned unevaluated. ``cut_misses``: one
     whose GPU peak floor (``FLOOR_WRITERS``' rows and the CUDA context: every other row only adds,
@@ -169,7 +170,8 @@ def evaluate(
     shortfall are at least the ones given); one that does not fit once its memory is written is
     returned without its step time (its memory exact, not ``cut``). ``shared``: the check and
     layout of the configurations evaluated so far for this model and hardware, by their fields
-    but the micro-batch size's (``SIZE_FIELDS``): reused, and added to."""
+    but the micro-batch size's (``SIZE_FIELDS``): reused, and added to. ``timed=False``: returned
+    once its memory is written, without its step time (``time_evaluation`` adds it)."""
     ctx = PlanContext(model, hardware, config)
     if shared is None:
         check = check_config(ctx)
@@ -191,9 +193,9 @@ def evaluate(
     for strategy in FLOOR_WRITERS if cut_misses else REGISTRY:  # (the registry's order: the ledger's rows)
         strategy.apply(ctx, draft)
     if cut_misses:
-        floor = gpu_peaks(draft.rows)[0] + context
-        if floor > max(ev.usable, cut_above):
-            ev.peak, ev.cut = floor, True
+        ev.floor = gpu_peaks(draft.rows)[0] + context
+        if ev.floor > max(ev.usable, cut_above):
+            ev.peak, ev.cut = ev.floor, True
             return ev
         for strategy in _OTHER_WRITERS:
             strategy.apply(ctx, draft)
@@ -212,14 +214,21 @@ def evaluate(
     ev.draft, ev.paged = draft, _place_paged_state(draft, ev.usable, peak)
     ev.peak = peak + (ev.paged.resident_bytes if ev.paged else 0)
     ev.host = _host_memory(ctx, draft, ev.paged)
-    if cut_misses and not (ev.gpu_fits and ev.host_fits):
-        return ev  # a miss: its memory is what the search reads
-    timing = TimeDraft(cpu_dispatch_seconds=model.num_layers * (
+    if (cut_misses and not (ev.gpu_fits and ev.host_fits)) or not timed:
+        return ev  # a miss (or untimed): its memory is what the search reads
+    return time_evaluation(ev)
+
+
+def time_evaluation(ev: Evaluation) -> Evaluation:
+    """``ev`` with its step time: every strategy's ``time`` hook over its memory ledger (an
+    evaluation whose memory is written: ``evaluate``'s ``timed=False`` leaves a plan here)."""
+    ctx, draft = ev.ctx, ev.ledger
+    timing = TimeDraft(cpu_dispatch_seconds=ctx.model.num_layers * (
         overheads.OPS_PER_LAYER_FORWARD * overheads.DISPATCH_SECONDS_PER_OP_FORWARD
         + overheads.OPS_PER_LAYER_BACKWARD * overheads.DISPATCH_SECONDS_PER_OP_BACKWARD))
     for strategy in REGISTRY:
         strategy.time(ctx, draft, ev.paged, timing)
-    ev.time_draft, ev.step_seconds = timing, step_seconds(timing, config.grad_accum)
+    ev.time_draft, ev.step_seconds = timing, step_seconds(timing, ctx.config.grad_accum)
     return ev
 
 

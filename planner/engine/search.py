@@ -30,7 +30,7 @@ from math import prod
 from multiprocessing import get_context
 
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.engine.estimate import Evaluation, evaluate
+from planner.engine.estimate import Evaluation, evaluate, time_evaluation
 from planner.engine.ranking import family
 from planner.engine.refusals import RefusalMemo
 from planner.engine.space import SearchSpace
@@ -62,17 +62,32 @@ class Record:
 
 @dataclass
 class SearchOutcome:
+    """``fitting``: the fitting records, ranked best first; under a ``Sizing``, each combination's
+    fastest size only (every size where paged optimizer state spills): the others are counted
+    (``fit_count``) but not timed, for no ranking can prefer them (``_scan_sized``)."""
+
     space: SearchSpace
-    fitting: list[Record]  # ranked best first
+    fitting: list[Record]
     considered: int
     evaluated: int
     rejected: Counter = field(default_factory=Counter)
     nearest: list[Record] = field(default_factory=list)  # feasible misses of distinct families, nearest first
     engine: str = "exhaustive"
     dominated: int = 0  # candidates not evaluated: their simpler twin is feasible (``_scan``)
+    fit_count: int = 0  # candidates that fit, each micro-batch size counted
 
     def config(self, record: Record) -> TrainingConfig:
         return self.space.config(self.space.combo(record.combo), record.micro_batch_size)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """How the exhaustive search decides a combination's micro-batch sizes with fewer evaluations
+    (``_scan_sized``): ``memory`` writes a candidate's memory only (cut at its GPU peak floor when
+    that misses; no step time), ``time`` adds the step time to one that fits."""
+
+    memory: Evaluate
+    time: Callable[[Evaluation], Evaluation]
 
 
 def shortfall(ev: Evaluation) -> int:
@@ -93,7 +108,8 @@ def record_of(combo: int, ev: Evaluation) -> Record:
 
 
 def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Evaluate, out: "_Share",
-                refusals: RefusalMemo | None = None, cut: Evaluate | None = None) -> tuple[bool, bool]:
+                refusals: RefusalMemo | None = None, cut: Evaluate | None = None,
+                sizing: Sizing | None = None) -> tuple[bool, bool]:
     """One combination's micro-batch sizes, ascending, to the first that does not fit: (whether
     one fits, whether the combination is feasible). Its fitting records are kept, and its first
     miss when it is the first size (the nearest misses). A rule refusal the memo knows costs no
@@ -106,15 +122,21 @@ def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Eval
         if code is not None:
             out.rejected[code] += len(sizes)
             return False, False
+    first: Evaluation | None = None
+    if sizing is not None:
+        first = sizing.memory(space.config(techniques, sizes[0]))
+        if first.fits:
+            return _scan_sized(index, techniques, space, sizing, out, first)
     for i, mbs in enumerate(sizes):
         config = space.config(techniques, mbs)
-        ev = (cut or evaluate)(config)
+        ev = first if i == 0 and first is not None else (cut or evaluate)(config)
         out.evaluated += 1
         rec = record_of(index, ev)
         if refusals is not None and i == 0 and rec.reason not in (None, NOT_FIT_GPU, NOT_FIT_HOST):
             refusals.learn(config)
         if rec.reason is None:
             out.records.append(rec)
+            out.fit_count += 1
             fits = True
             continue
         out.rejected[rec.reason] += len(sizes) - i  # the larger ones reject the same way
@@ -125,6 +147,61 @@ def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Eval
             out.records.append(rec)
         return fits, feasible
     return fits, True
+
+
+def _scan_sized(index: int, techniques: dict, space: SearchSpace, sizing: Sizing, out: "_Share",
+                first: Evaluation) -> tuple[bool, bool]:
+    """A combination whose first size fits. Its sizes that fit are those up to the first that
+    does not (memory never falls as the micro-batch grows): found with memory
+    evaluations only, first the size a guess says is the largest that fits (``_guess``) and its
+    neighbour, then by bisection; the guess only orders the evaluations, each answer is an
+    evaluation's. Only the largest size that fits is timed and recorded: its tokens/s is the
+    combination's highest (fewer micro-batches per step, each with its fixed costs; unless a
+    paged optimizer state spills to host RAM, more as the activations grow: then every size is
+    timed; tests/test_search_dominance.py holds the model to it), and its numerics, family and
+    complexity are the others', so every ranking of planner/engine/ranking.py prefers it to the
+    combination's smaller sizes: they are counted as fitting, never offered."""
+    sizes = space.micro_batch_sizes
+    lo, hi, best, miss = 0, len(sizes), first, None  # sizes[:lo + 1] fit, sizes[hi:] do not
+    out.evaluated += 1  # (the first size)
+
+    def probe(i: int) -> bool:
+        nonlocal lo, hi, best, miss
+        ev = sizing.memory(space.config(techniques, sizes[i]))
+        out.evaluated += 1
+        if ev.fits:
+            lo, best = i, ev
+        else:
+            hi, miss = i, ev
+        return ev.fits
+
+    if lo + 1 < hi:
+        if probe(max(_guess(sizes, first), 1)):
+            if lo + 1 < hi:
+                probe(lo + 1)
+        elif lo + 1 < hi:
+            probe(hi - 1)
+    while lo + 1 < hi:
+        probe((lo + hi) // 2)
+    if best.paged is not None and best.paged.spilled_bytes:  # tokens/s may fall as more spills: time each
+        out.records += [record_of(index, sizing.time(best if i == lo else sizing.memory(
+            space.config(techniques, sizes[i])))) for i in range(lo + 1)]
+        out.evaluated += lo
+    else:
+        out.records.append(record_of(index, sizing.time(best)))
+    out.fit_count += lo + 1
+    if miss is not None:  # the larger ones reject as the first that does not fit
+        out.rejected[record_of(index, miss).reason] += len(sizes) - hi
+    return True, True
+
+
+def _guess(sizes: tuple[int, ...], first: Evaluation) -> int:
+    """The index of the largest size that fits if the GPU peak above the model states' floor grew
+    in proportion to the micro-batch (from the first size's)."""
+    per_size = (first.peak - first.floor) / sizes[0]
+    if per_size <= 0:
+        return len(sizes) - 1
+    return max(i for i, size in enumerate(sizes) if first.floor + per_size * size <= first.usable or i == 0)
 
 
 @dataclass
@@ -139,10 +216,11 @@ class _Share:
     evaluated: int = 0
     dominated: int = 0
     pending: list[tuple[int, int, dict]] = field(default_factory=list)
+    fit_count: int = 0
 
 
 def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1,
-          refusals: RefusalMemo | None = None, cut: Evaluate | None = None) -> _Share:
+          refusals: RefusalMemo | None = None, cut: Evaluate | None = None, sizing: Sizing | None = None) -> _Share:
     """This worker's share: the combinations whose twin (``SearchSpace.twin``, or themselves) has
     an index equal to ``share`` modulo ``workers``. First the combinations that are their own
     twin; then each other one, skipped (every micro-batch size) when its twin is feasible: each
@@ -161,43 +239,45 @@ def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int =
         if twin is not None:
             deferred.append((index, techniques, twin))
             continue
-        _, feasible = _scan_combo(index, techniques, space, evaluate, out, refusals, cut)
+        _, feasible = _scan_combo(index, techniques, space, evaluate, out, refusals, cut, sizing)
         if feasible:
             feasible_twins.add(index)
     for index, techniques, twin in deferred:
         if twin in feasible_twins:
             out.dominated += len(space.micro_batch_sizes)
             continue
-        _scan_combo(index, techniques, space, evaluate, out, refusals, cut)
+        _scan_combo(index, techniques, space, evaluate, out, refusals, cut, sizing)
     return out
 
 
-_JOB: tuple | None = None  # (space, evaluate, refusals, cut) inherited by forked workers
+_JOB: tuple | None = None  # (space, evaluate, refusals, cut, sizing) inherited by forked workers
 
 
 def _scan_share(share: int, workers: int) -> _Share:
     assert _JOB is not None, "set by the parent before forking"
-    space, evaluate, refusals, cut = _JOB
-    return _scan(space, evaluate, share, workers, refusals, cut)
+    space, evaluate, refusals, cut, sizing = _JOB
+    return _scan(space, evaluate, share, workers, refusals, cut, sizing)
 
 
 def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = None,
-               refusals: RefusalMemo | None = None, cut: Evaluate | None = None) -> SearchOutcome:
+               refusals: RefusalMemo | None = None, cut: Evaluate | None = None,
+               sizing: Sizing | None = None) -> SearchOutcome:
     """The whole space; ``refusals``: the rule refusals of the evaluator's model and hardware,
     remembered (planner/engine/refusals.py; each worker learns its own); ``cut``: the same
-    evaluator, stopping at a GPU peak floor that does not fit (``_scan_combo``)."""
+    evaluator, stopping at a GPU peak floor that does not fit (``_scan_combo``); ``sizing``: each
+    combination's fastest size only is timed and recorded (``_scan_sized``)."""
     global _JOB
     if workers is None:
         workers = min(2, os.cpu_count() or 1) if space.size >= PARALLEL_MIN_CANDIDATES else 1
     if workers > 1:
-        _JOB = (space, evaluate, refusals, cut)
+        _JOB = (space, evaluate, refusals, cut, sizing)
         try:
             with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
                 parts = list(pool.map(_scan_share, range(workers), [workers] * workers))
         finally:
             _JOB = None
     else:
-        parts = [_scan(space, evaluate, refusals=refusals, cut=cut)]
+        parts = [_scan(space, evaluate, refusals=refusals, cut=cut, sizing=sizing)]
     records = [r for part in parts for r in part.records]
     if not any(r.reason is None for r in records):  # nothing fits: the nearest misses, exact
         found = _nearest_pending(space, evaluate, records, [p for part in parts for p in part.pending])
@@ -206,13 +286,15 @@ def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = Non
     rejected = sum((part.rejected for part in parts), Counter())
     outcome = _outcome(space, records, rejected, space.size, sum(part.evaluated for part in parts), "exhaustive")
     outcome.dominated = sum(part.dominated for part in parts)
+    outcome.fit_count = sum(part.fit_count for part in parts)
     return outcome
 
 
 def _outcome(space: SearchSpace, records: list[Record], rejected: Counter, considered: int, evaluated: int,
              engine: str) -> SearchOutcome:
     fitting = sorted((r for r in records if r.reason is None), key=Record.rank_key)
-    return SearchOutcome(space, fitting, considered, evaluated, rejected, _nearest(space, records), engine)
+    return SearchOutcome(space, fitting, considered, evaluated, rejected, _nearest(space, records), engine,
+                         fit_count=len(fitting))
 
 
 def _nearest_key(space: SearchSpace, record: Record) -> tuple[tuple, tuple]:
@@ -320,11 +402,12 @@ def _methods(space: SearchSpace) -> int:
 
 
 def search(space: SearchSpace, evaluate: Evaluate, engine: str = "auto", trials: int = 400, seed: int = 0,
-           refusals: RefusalMemo | None = None, cut: Evaluate | None = None) -> SearchOutcome:
+           refusals: RefusalMemo | None = None, cut: Evaluate | None = None,
+           sizing: Sizing | None = None) -> SearchOutcome:
     if engine == "auto":
         engine = "exhaustive" if space.size <= EXHAUSTIVE_LIMIT * _methods(space) else "tpe"
     if engine == "exhaustive":
-        return exhaustive(space, evaluate, refusals=refusals, cut=cut)
+        return exhaustive(space, evaluate, refusals=refusals, cut=cut, sizing=sizing)
     if engine in ("tpe", "nsga2"):
         return optuna_search(space, evaluate, trials, seed, engine)
     raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
@@ -345,4 +428,8 @@ def search_plans(space: SearchSpace, model: ModelSpec, hardware: HardwareSpec, m
     def cut(config: TrainingConfig) -> Evaluation:
         return evaluate(model, hardware, config, margin, skip_infeasible=True, cut_misses=True, shared=shared)
 
-    return search(space, run, engine, trials, seed, RefusalMemo(model, hardware), cut)
+    def memory(config: TrainingConfig) -> Evaluation:
+        return evaluate(model, hardware, config, margin, skip_infeasible=True, cut_misses=True, shared=shared,
+                        timed=False)
+
+    return search(space, run, engine, trials, seed, RefusalMemo(model, hardware), cut, Sizing(memory, time_evaluation))

@@ -212,5 +212,5 @@ def _reasons(outcome: SearchOutcome, verdict: Verdict | None, hardware: Hardware
     """How many fit; when none does, the memory story and the fixes (planner/engine/nothing_fits.py).
     Then what the --gpus spec was taken as."""
     skipped = f"; {outcome.dominated:,} skipped for a simpler twin as fast" if outcome.dominated else ""
-    head = verdict.reasons if verdict else [f"{len(outcome.fitting):,} of {outcome.considered:,} candidates fit{skipped}"]
+    head = verdict.reasons if verdict else [f"{outcome.fit_count:,} of {outcome.considered:,} candidates fit{skipped}"]
     return head + hardware.notes
