@@ -145,13 +145,10 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     if spec is None:
         return {"frozen_parameters": 0, "adapter": None, "layer_trained": layer, "layer_gathered": layer,
                 "root_trained": params.root_parameters(m)}
-    tensors = adapters.trainable_tensors(m, spec)
-    per_layer = sum(t.numel for t in tensors)  # (adapters live in the decoder layers only)
-    trained = sum(t.numel * params.multiplicity(m, t) for t in tensors)
+    per_layer, trained = adapters.trained_elements(m, spec)  # (adapters live in the decoder layers only)
     gathered = layer + per_layer
     if spec.nf4:  # FSDP-QLoRA gathers the packed NF4 codes in their 16-bit storage dtype
-        storage = DTYPE_BYTES[compute_dtype(ctx.config)]
-        gathered -= sum(t.numel - adapters.nf4_storage_elements(t.numel, storage) for t in adapters.layer_quantized(m))
+        gathered -= adapters.nf4_packing_saving(m, DTYPE_BYTES[compute_dtype(ctx.config)])
     return {"trainable_parameters": trained, "frozen_parameters": params.total_parameters(m), "adapter": spec,
             "layer_trained": per_layer, "layer_gathered": gathered, "root_trained": 0}
 

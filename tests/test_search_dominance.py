@@ -191,10 +191,13 @@ def test_suggest_with_twins_is_the_plain_exhaustive_search(model, gpus, extra):
 
 def test_a_trusted_configuration_is_the_one_model_construct_builds():
     """The space builds its candidates with ``TrainingConfig.trusted``: the same fields, in the same
-    order, the same fields set, equal, and hashed alike."""
+    order, the same fields set, equal, and hashed alike; ``SearchSpace.values`` names every field
+    (the refusal memo reads them without building the configuration)."""
     space = build_space(8, 2048, settings={"lora_rank": 64})
+    assert TrainingConfig.defaults() is not None
     for index in (0, space.combos // 3, space.combos - 1):
         values = space.values(space.combo(index), 2)
+        assert set(values) == set(TrainingConfig.model_fields)
         fast, slow = TrainingConfig.trusted(values), TrainingConfig.model_construct(**values)
         assert list(fast.__dict__.items()) == list(slow.__dict__.items())
         assert fast.model_fields_set == slow.model_fields_set == set(values)

@@ -179,7 +179,18 @@ class LedgerDraft:
         return [r for r in self.rows if r.term in terms]
 
     def peak_bytes(self, location: Location = Location.GPU) -> int:
-        return max(phase_sum(self.rows, p, location) for p in Phase)
+        """The largest ``phase_sum`` at ``location``, in one walk over the rows."""
+        base = dict.fromkeys(PHASES, 0)
+        moments: dict[Phase, dict[str, int]] = {p: {} for p in PHASES}
+        for r in self.rows:
+            if r.location != location:
+                continue
+            for p in r.phases:
+                if r.moment:
+                    moments[p][r.moment] = moments[p].get(r.moment, 0) + r.bytes
+                else:
+                    base[p] += r.bytes
+        return max(base[p] + max(moments[p].values(), default=0) for p in PHASES)
 
     def remove(self, rows: list[RowDraft]) -> None:
         self.rows = [r for r in self.rows if all(r is not x for x in rows)]

@@ -65,15 +65,21 @@ class ConfigBase(BaseModel):
         return self.micro_batch_size * self.seq_len
 
     @classmethod
+    def defaults(cls) -> dict[str, Any] | None:
+        """Every field's default, in field order (None: a field has a default factory, whose value
+        must be fresh, or no default). Shared: do not change it."""
+        if cls not in _DEFAULTS:
+            known = cls.model_fields
+            plain = not any(f.default_factory or f.is_required() for f in known.values())
+            _DEFAULTS[cls] = {n: f.default for n, f in known.items()} if plain else None
+        return _DEFAULTS[cls]
+
+    @classmethod
     def trusted(cls, values: dict[str, Any]) -> Self:
         """``model_construct(**values)`` for values already validated (the search space's, on its
         hot path: 4x cheaper): the same ``__dict__`` (every field, in field order, the defaults
         filled in) and fields set. tests/test_search_dominance.py compares the two."""
-        if cls not in _DEFAULTS:  # (a default factory's value must be fresh: model_construct makes it)
-            known = cls.model_fields
-            plain = not any(f.default_factory or f.is_required() for f in known.values())
-            _DEFAULTS[cls] = {n: f.default for n, f in known.items()} if plain else None
-        defaults = _DEFAULTS[cls]
+        defaults = cls.defaults()
         if defaults is None:
             return cast(Self, cls.model_construct(**values))
         config = cls.__new__(cls)

@@ -109,6 +109,21 @@ def trainable_tensors(m: ModelSpec, spec: AdapterSpec | None) -> tuple[params.Pa
                  for t in adapter_tensors(m, spec.targets, spec.rank, dora))
 
 
+@cache
+def trained_elements(m: ModelSpec, spec: AdapterSpec) -> tuple[int, int]:
+    """(elements of one decoder layer's adapters, elements of every adapter in the model): the
+    adapter's ``trainable_tensors``, all of them in the decoder layers."""
+    tensors = trainable_tensors(m, spec)
+    return sum(t.numel for t in tensors), sum(t.numel * params.multiplicity(m, t) for t in tensors)
+
+
+@cache
+def nf4_packing_saving(m: ModelSpec, storage_bytes: int) -> int:
+    """Elements one decoder layer's quantized weights save when stored as packed NF4 codes in a
+    dtype of ``storage_bytes`` (``nf4_storage_elements``) instead of one element each."""
+    return sum(t.numel - nf4_storage_elements(t.numel, storage_bytes) for t in layer_quantized(m))
+
+
 def adapter_parameters(m: ModelSpec, targets: str, rank: int, dora: bool = False) -> int:
     """Trainable parameters of the adapter over the whole model, elements (Llama-3.1-8B, rank 16,
     all-linear: 41,943,040)."""

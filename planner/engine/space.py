@@ -12,6 +12,7 @@ of the per-GPU share.
 
 import itertools
 from collections.abc import Iterator
+from functools import cached_property
 from math import prod
 from typing import Any
 
@@ -25,6 +26,7 @@ from strategies.optimizer import QUANTIZED
 DEFAULT_GLOBAL_BATCH_TOKENS = 131_072  # 2^17 = 64 x 2048
 _ENUMS = {s.field: s.enum for s in REGISTRY}
 _TWINS = tuple((s.field, twin) for s in REGISTRY if (twin := s.twin) is not None)  # (field, hook)
+_FIELD_DEFAULTS = TrainingConfig.defaults() or {}  # (every field has a plain default: tests/test_search_dominance.py)
 
 
 class SearchSpace(BaseModel):
@@ -70,16 +72,23 @@ class SearchSpace(BaseModel):
         return self.combo_index(techniques | update) if update else None
 
     def combo_index(self, techniques: dict) -> int:
-        index = 0
-        for f, values in self.choices.items():
-            index = index * len(values) + values.index(str(techniques[f]))
-        return index
+        return sum(self._places[f][techniques[f]] for f in self.choices)
+
+    @cached_property
+    def _places(self) -> dict[str, dict[str, int]]:
+        """Per field, each value's share of a combination's index (its position x the field's
+        stride); StrEnum values hash and compare as their strings."""
+        out, stride = {}, 1
+        for f, values in reversed(self.choices.items()):
+            out[f] = {v: i * stride for i, v in enumerate(values)}
+            stride *= len(values)
+        return out
 
     def values(self, techniques: dict, micro_batch_size: int) -> dict[str, Any]:
-        """The fields of ``config(techniques, micro_batch_size)``, without building it."""
+        """Every field of ``config(techniques, micro_batch_size)``, without building it."""
         accum = self.global_batch_size // (micro_batch_size * self.data_parallel)
-        return techniques | self.settings | {"micro_batch_size": micro_batch_size, "grad_accum": accum,
-                                             "seq_len": self.seq_len}
+        return (_FIELD_DEFAULTS | techniques | self.settings
+                | {"micro_batch_size": micro_batch_size, "grad_accum": accum, "seq_len": self.seq_len})
 
     def config(self, techniques: dict, micro_batch_size: int) -> TrainingConfig:
         """A candidate from ``combo()`` / ``technique_combos()`` values (enums, already validated:
