@@ -380,6 +380,8 @@ def test_the_adapter_line_from_the_exact_choices_is_the_full_searchs(model, gpus
     bounded = engine._adapter_option(request, spec, hardware, winner)
     full = engine._adapter_option(request, spec, hardware, winner, bounded=False)
     assert bounded == full
+    # suggest searches the exact values first whether or not a full plan fits (beside its main search)
+    assert engine._option(engine._adapter_plan(request, spec, hardware, True), winner) == full
     assert (bounded is None) == (model == "meta-llama/Llama-3.1-70B")
     # the skip when no exact plan fits assumes AdamW runs wherever another optimizer does
     from strategies.optimizer import CHOICES, Optimizer

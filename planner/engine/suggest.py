@@ -4,14 +4,17 @@ buy and what was assumed; or, when nothing fits, what the job needs and the smal
 (planner/engine/nothing_fits.py: more host RAM, more GPUs, a larger GPU).
 """
 
+import sys
 
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
+from planner.engine import search as search_module
 from planner.engine.assumptions import assumptions
 from planner.engine.estimate import default_seq_len, evaluate, result_of
+from planner.engine.forked import Forked
 from planner.engine.nothing_fits import Verdict, explain
 from planner.engine.ranking import Ranking, distinct, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search_plans
@@ -36,6 +39,17 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     if request.seq_len is None:
         request = request.model_copy(update={"seq_len": default_seq_len(model)})
     space = _space(request, hardware.num_gpus, request.global_batch_size)
+    # the adapter line's plans, searched on another core while the main search runs
+    adapter = Forked(_adapter_plan, request, model, hardware, True, in_child=_one_worker) if _hint_asked(request) else None
+    try:
+        return _suggest(request, model, hardware, space, seq_given, adapter)
+    finally:
+        if adapter is not None:
+            adapter.close()
+
+
+def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,
+             seq_given: bool, adapter: Forked | None) -> SuggestResult:
     outcome = _search(request, model, hardware, space)
     ranking = _rank(request, outcome)
     plans = [_result(request, model, hardware, outcome, c.item) for c in ranking.plans]
@@ -71,24 +85,58 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         + ([f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
         training=_training(request, plans[0], request.tokens) if plans and request.tokens else None,
         needs_bytes=verdict.needs_bytes if verdict else None,
-        adapter_option=_adapter_option(request, model, hardware, plans[0] if plans else None),
+        adapter_option=_option(adapter.result() if adapter else None, plans[0] if plans else None),
     )
+
+
+def _one_worker() -> None:
+    """In the adapter line's child: its searches stay in that one process (the parent's search
+    has the machine's workers)."""
+    search_module.PARALLEL_MIN_CANDIDATES = sys.maxsize
+
+
+def _hint_asked(request: SuggestRequest) -> bool:
+    """Whether suggest offers the adapter line: the request left adapters out (full fine-tuning
+    only), for a launch that can run one."""
+    return all(a == Adapter.NONE for a in request.adapter) and request.launcher != Launcher.TRAINER
 
 
 def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec,
                     winner: EstimateResult | None, bounded: bool = True) -> AdapterOption | None:
     """When the request left adapters out (full fine-tuning only) and nothing fits or the winner is
     far slower than one: the fastest LoRA / QLoRA plan of the same request (its settings, its other
-    choices), as one line. None when an adapter was named, or would not help.
+    choices), as one line. None when an adapter was named, or would not help. (``suggest`` runs
+    ``_adapter_plan`` beside its main search, then ``_option``.)"""
+    if not _hint_asked(request):
+        return None
+    return _option(_adapter_plan(request, model, hardware, winner is not None, bounded), winner)
+
+
+def _option(plan: EstimateResult | None, winner: EstimateResult | None) -> AdapterOption | None:
+    """The adapter line for ``plan`` beside ``winner``: none when the plan is not
+    ``ADAPTER_HINT_GAIN`` faster (a line is shown when nothing fits)."""
+    if plan is None:
+        return None
+    gain = plan.time.tokens_per_second / winner.time.tokens_per_second - 1 if winner else None
+    if gain is not None and gain < ADAPTER_HINT_GAIN:
+        return None
+    return AdapterOption(adapter=str(plan.config.adapter), tokens_per_second=plan.time.tokens_per_second,
+                         peak_bytes=plan.memory["peak"], gain=gain, summary=summary(plan.config))
+
+
+def _adapter_plan(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, exact_first: bool,
+                  bounded: bool = True) -> EstimateResult | None:
+    """The fastest LoRA / QLoRA plan of the request (None: none fits, or the request narrows away
+    every choice an adapter plan may take).
 
     ``bounded``: the adapter plans are searched with every technique's exact values first (AdamW
-    and paged AdamW, no bf16-pure: about a fifth of the space; not when no full plan fits), then
-    with the exact optimizers (a third), and with every value only when no exact plan fits.
-    Under the numerics ladder (and ``--numerics exact``) an exact plan that fits outranks every
-    approximation, and every exact plan of the full space is in each bounded one, so an exact
-    winner there is the full search's winner. tests/test_adapter_plans.py compares the two."""
-    if any(a != Adapter.NONE for a in request.adapter) or request.launcher == Launcher.TRAINER:
-        return None
+    and paged AdamW, no bf16-pure: about a fifth of the space; with ``exact_first``, as when a
+    full plan fits: when none does, memory is tight and the exact optimizers' space, whose bound
+    can end the search, comes first; either order finds the same plan), then with the exact
+    optimizers (a third), and with every value only when no exact plan fits. Under the numerics
+    ladder (and ``--numerics exact``) an exact plan that fits outranks every approximation, and
+    every exact plan of the full space is in each bounded one, so an exact winner there is the
+    full search's winner. tests/test_adapter_plans.py compares the two."""
     narrowed = {}
     for field, (allowed, _, _) in ALLOWS.items():  # only what an adapter plan may take
         given = [str(v) for v in getattr(request, field)] or list(allowed)
@@ -99,9 +147,7 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
     exact = [o for o in request.optimizer or OPTIMIZER.searched or OPTIMIZER.choices if o not in OPTIMIZER.numerics]
     bounded = bounded and bool(exact) and request.numerics != NumericsPolicy.ANY
     exact_optimizers = asked.model_copy(update={"optimizer": exact})
-    # (when no full plan fits, memory is tight: the exact optimizers' space, whose bound can end
-    # the search, comes first; either order finds the same plan)
-    exact_only = _exact_only(asked) if winner is not None else None
+    exact_only = _exact_only(asked) if exact_first else None
     tries = [t for t in (exact_only, exact_optimizers) if t is not None] if bounded else []
     for attempt in tries + [asked]:
         try:
@@ -115,12 +161,7 @@ def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: Hardwar
             return None
     else:
         return None
-    plan = _result(asked, model, hardware, outcome, best[0].item)
-    gain = plan.time.tokens_per_second / winner.time.tokens_per_second - 1 if winner else None
-    if gain is not None and gain < ADAPTER_HINT_GAIN:
-        return None
-    return AdapterOption(adapter=str(plan.config.adapter), tokens_per_second=plan.time.tokens_per_second,
-                         peak_bytes=plan.memory["peak"], gain=gain, summary=summary(plan.config))
+    return _result(asked, model, hardware, outcome, best[0].item)
 
 
 def _exact_only(request: SuggestRequest) -> SuggestRequest | None:
