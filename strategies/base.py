@@ -115,9 +115,7 @@ class PlanContext:
 
     @cached_property
     def layout(self) -> PlanLayout:
-        from strategies import REGISTRY
-
-        return resolve_layout(self, REGISTRY)
+        return resolve_layout(self, _registry())
 
     @property
     def engine(self) -> Engine:
@@ -127,6 +125,25 @@ class PlanContext:
     def fsdp2(self) -> bool:
         """FSDP2 (``fully_shard``: per-parameter DTensor shards), not FSDP1's flat parameters."""
         return self.engine == Engine.FSDP and getattr(self.config, "fsdp_version", 2) == 2
+
+
+def _registry() -> tuple:
+    """strategies.REGISTRY (the package imports this module first)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        from strategies import REGISTRY
+
+        _REGISTRY = REGISTRY
+    return _REGISTRY
+
+
+_REGISTRY: tuple | None = None
+
+#: The configuration fields the ``parallelism`` and ``storage`` hooks read: a plan's layout is a
+#: function of these, the model and the hardware (tests/test_search_dominance.py holds the hooks
+#: to it), so a search lays out each distinct tuple of them once.
+LAYOUT_INPUTS = ("adapter", "attention", "fsdp_version", "lora_dropout", "lora_rank", "lora_targets", "offload",
+                 "precision", "sharding")
 
 
 def resolve_layout(ctx: PlanContext, registry) -> PlanLayout:

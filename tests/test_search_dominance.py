@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
-from planner.engine.estimate import SIZE_FIELDS, check_config, evaluate
+from planner.engine.estimate import SIZE_FIELDS, Shared, check_config, evaluate
 from planner.engine.ranking import Candidate
 from planner.engine.refusals import Recording, RefusalMemo
 from planner.engine.space import build_space
 from strategies import REGISTRY, PlanContext, TrainingConfig, complexity, numerics_of
+from strategies.base import LAYOUT_INPUTS
 
 from helpers import examples
 
@@ -209,24 +210,28 @@ def test_a_trusted_configuration_is_the_one_model_construct_builds():
        micro_batch_size=st.sampled_from([1, 2, 4]), grad_accum=st.sampled_from([1, 2]),
        seq_len=st.sampled_from([512, 2048, 8192]))
 def test_no_rule_and_no_layout_reads_the_micro_batch(seed, model, gpus, micro_batch_size, grad_accum, seq_len):
-    """The search checks and lays out each combination once for all its micro-batch sizes
-    (``evaluate``'s ``shared``): every check hook and layout hook reads configuration fields and
-    properties only, none of ``SIZE_FIELDS``; and an evaluation that reuses another size's check
-    and layout is the plain evaluation."""
+    """The search checks each combination once for all its micro-batch sizes and lays out each
+    distinct tuple of ``LAYOUT_INPUTS`` once (``evaluate``'s ``shared``): the layout hooks read
+    only those fields; every check hook and layout hook reads configuration fields and properties
+    only, none of ``SIZE_FIELDS``; and an evaluation that reuses another size's check and layout
+    is the plain evaluation."""
     rng = random.Random(seed)
     kw = {s.field: rng.choice(list(s.choices)) for s in REGISTRY}
     config = TrainingConfig(**kw, micro_batch_size=micro_batch_size, grad_accum=grad_accum, seq_len=seq_len)
     m, hw = resolve_model(model), parse_gpus(gpus)
+    layout_view = Recording(config)
+    _ = PlanContext(m, hw, layout_view).layout
+    assert layout_view.safe and layout_view.seen <= set(LAYOUT_INPUTS), layout_view.reads
     view = Recording(config)
     ctx = PlanContext(m, hw, view)
     check_config(ctx)
     _ = ctx.layout
     assert view.safe and not view.seen & SIZE_FIELDS, view.reads
-    shared: dict = {}
+    shared = Shared()
     other = config.model_copy(update={"micro_batch_size": micro_batch_size * 2})
     evaluate(m, hw, other, shared=shared)
     reused, plain = evaluate(m, hw, config, shared=shared), evaluate(m, hw, config)
-    assert reused.ctx.__dict__.get("layout") is shared[next(iter(shared))][1].__dict__.get("layout")
+    assert reused.ctx.layout is next(iter(shared.layouts.values())) == plain.ctx.layout
     assert (reused.check, reused.peak, reused.host, reused.step_seconds) == (
         plain.check, plain.peak, plain.host, plain.step_seconds)
 
@@ -262,7 +267,7 @@ def test_timing_each_combinations_largest_size_keeps_every_answer(model, gpus, s
     from planner.engine.ranking import rank, searched
 
     monkeypatch.setattr("planner.engine.space._TWINS", ())
-    monkeypatch.setattr(search, "RefusalMemo", lambda model, hardware: None)
+    monkeypatch.setattr(search, "RefusalMemo", lambda model, hardware, shared=None: None)
     m, hw = resolve_model(model), parse_gpus(gpus)
     space = build_space(hw.num_gpus, seq_len, {"adapter": ["none", "lora", "qlora"]})
     monkeypatch.setattr(search, "PARALLEL_MIN_CANDIDATES", 10**12)

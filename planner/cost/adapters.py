@@ -192,6 +192,7 @@ def _weight_parts(m: ModelSpec, size) -> tuple[int, int]:
     return packed, rest
 
 
+@cache
 def qlora_weight_parts(m: ModelSpec, double_quant: bool) -> tuple[int, int]:
     """The frozen base model loaded in 4 bits: bytes of its NF4 weights (``nf4_bytes``) and
     elements of every other parameter (``_weight_parts``)."""
@@ -217,6 +218,7 @@ def int8_bytes(shape: tuple[int, ...]) -> int:
     return prod(shape) + INT8_SCALE_BYTES * shape[0]
 
 
+@cache
 def quantized_weight_parts(m: ModelSpec, spec: "AdapterSpec") -> tuple[int, int]:
     """The frozen base model loaded quantized, in two parts: bytes of its quantized weights
     (``bnb_quantized``: NF4 with double quantization, ``nf4_bytes``, or int8, ``int8_bytes``) and

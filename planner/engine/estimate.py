@@ -5,7 +5,7 @@
 ``planner estimate`` runs.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.catalog.models import resolve_model
 from planner.core.formatting import gib
@@ -26,7 +26,18 @@ from planner.core.vocabulary import DEFAULT_SEQ_LEN, WORKLOAD
 from planner.cost import adapters, overheads, params
 from planner.engine.assumptions import assumptions
 from planner.schema.estimate import EstimateRequest, EstimateResult, HardwareInfo, ModelInfo
-from strategies import REGISTRY, SETTINGS, TECHNIQUES, Check, Engine, PlanContext, TrainingConfig, reserve_extra
+from strategies import (
+    REGISTRY,
+    SETTINGS,
+    TECHNIQUES,
+    Check,
+    Engine,
+    PlanContext,
+    PlanLayout,
+    TrainingConfig,
+    reserve_extra,
+)
+from strategies.base import LAYOUT_INPUTS
 from strategies.rates import peak_dtype, peak_flops
 from strategies.sharding import Sharding
 
@@ -153,7 +164,17 @@ _OTHER_WRITERS = tuple(s for s in REGISTRY if s not in FLOOR_WRITERS)
 SIZE_FIELDS = frozenset({"micro_batch_size", "grad_accum", "tokens_per_micro_batch"})
 
 
-def _size_free_key(config: TrainingConfig) -> tuple:
+@dataclass
+class Shared:
+    """What the evaluations of one model on one hardware share (a search's, a probe scan's): each
+    combination's check and context, by its fields but the micro-batch size's (``SIZE_FIELDS``),
+    and each layout, by the fields the layout hooks read (strategies.base ``LAYOUT_INPUTS``)."""
+
+    checks: dict[tuple, tuple[Check, PlanContext]] = field(default_factory=dict)
+    layouts: dict[tuple, PlanLayout] = field(default_factory=dict)
+
+
+def size_free_key(config: TrainingConfig) -> tuple:
     """``config``'s fields but the micro-batch size's (``SIZE_FIELDS``), in field order."""
     return tuple(v for k, v in config.__dict__.items() if k not in SIZE_FIELDS)
 
@@ -161,30 +182,36 @@ def _size_free_key(config: TrainingConfig) -> tuple:
 def evaluate(
     model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0, *,
     skip_infeasible: bool = False, cut_misses: bool = False, cut_above: float = 0,
-    shared: dict | None = None, timed: bool = True,
+    shared: Shared | None = None, timed: bool = True,
 ) -> Evaluation:
-    """``skip_infeasible``: a candidate a rule refuses is returned unevaluated. ``cut_misses``: one
+    """``skip_infeasible``: checked up to the first refusal (its code is what a search reads), and
+    a candidate a rule refuses is returned unevaluated. ``cut_misses``: one
     whose GPU peak floor (``FLOOR_WRITERS``' rows and the CUDA context: every other row only adds,
     rows being final as written) exceeds the usable memory, and ``cut_above`` bytes, is returned
     with that floor as its peak (``Evaluation.cut``: it does not fit the GPU, its peak and
     shortfall are at least the ones given); one that does not fit once its memory is written is
-    returned without its step time (its memory exact, not ``cut``). ``shared``: the check and
-    layout of the configurations evaluated so far for this model and hardware, by their fields
-    but the micro-batch size's (``SIZE_FIELDS``): reused, and added to. ``timed=False``: returned
+    returned without its step time (its memory exact, not ``cut``). ``shared``: the checks and
+    layouts of the configurations evaluated so far for this model and hardware (``Shared``):
+    reused, and added to. ``timed=False``: returned
     once its memory is written, without its step time (``time_evaluation`` adds it)."""
     ctx = PlanContext(model, hardware, config)
     if shared is None:
-        check = check_config(ctx)
+        check = check_config(ctx, first_only=skip_infeasible)
     else:
-        key = _size_free_key(config)
-        known = shared.get(key)
+        key = size_free_key(config)
+        known = shared.checks.get(key)
         if known is None:
-            check = check_config(ctx)
-            shared[key] = (check, ctx)
+            fields = config.__dict__
+            layout_key = tuple(fields[f] for f in LAYOUT_INPUTS)
+            if layout_key in shared.layouts:  # (a cached_property's value lives in the instance's __dict__)
+                ctx.__dict__["layout"] = shared.layouts[layout_key]
+            else:
+                shared.layouts[layout_key] = ctx.layout
+            check = check_config(ctx, first_only=skip_infeasible)
+            shared.checks[key] = (check, ctx)
         else:
             check, first = known
-            if "layout" in first.__dict__:  # (a cached_property's value lives in the instance's __dict__)
-                ctx.__dict__["layout"] = first.__dict__["layout"]
+            ctx.__dict__["layout"] = first.layout
     ev = Evaluation(ctx, check, int(hardware.gpu.memory_bytes * (1 - margin)))
     if skip_infeasible and not ev.feasible:
         return ev

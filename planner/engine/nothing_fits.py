@@ -31,7 +31,7 @@ from planner.core.formatting import gib
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.units import GB
-from planner.engine.estimate import evaluate, result_of
+from planner.engine.estimate import Shared, evaluate, result_of
 from planner.engine.ranking import rank, searched
 from planner.engine.search import SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, default_global_batch, settings_of
@@ -152,12 +152,13 @@ class Prober:
         lights = [dict(zip(light, values, strict=True)) for values in itertools.product(
             *(sorted(space.choices[f], key=_saving_rank(f)) for f in light))]
         probes: list[Probe] = []
+        shared = Shared()  # one layout per distinct tuple of the fields the layout reads
         least = math.inf  # the least peak so far: a probe cut above it and the GPU is neither least nor fits
         for values in itertools.product(*(space.choices[f] for f in heavy)):
             for extra in lights:
                 techniques = {f: BY_FIELD[f].enum(v) for f, v in (dict(zip(heavy, values, strict=True)) | extra).items()}
                 ev = evaluate(self.model, hw, space.config(techniques, mbs), margin, skip_infeasible=True,
-                              cut_misses=True, cut_above=least)
+                              cut_misses=True, cut_above=least, shared=shared)
                 if ev.feasible:
                     if not ev.cut:
                         probe = Probe(techniques, ev.peak, ev.usable, ev.host_memory["peak"])

@@ -15,11 +15,14 @@ answers with ``check_config`` on random combinations.
 """
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.engine.estimate import check_config
-from strategies import PlanContext, TrainingConfig
+from planner.engine.estimate import Shared, check_config, size_free_key
+from strategies import PlanContext, PlanLayout, TrainingConfig
+from strategies.base import LAYOUT_INPUTS
 
 #: What a check may read and be remembered by: the fields, and the properties computed from them.
 READABLE = frozenset(TrainingConfig.model_fields) | frozenset(
@@ -27,22 +30,29 @@ READABLE = frozenset(TrainingConfig.model_fields) | frozenset(
 
 
 class Recording:
-    """A configuration that records the first read of each field or property, in order."""
-
-    __slots__ = ("_config", "reads", "seen", "safe")
+    """A configuration that records the first read of each field or property, in order (a value
+    read is then kept on the view, so a later read of it costs what a plain attribute does)."""
 
     def __init__(self, config: TrainingConfig) -> None:
         self._config, self.safe = config, True
         self.reads: list[tuple[str, Any]] = []
-        self.seen: set[str] = set()
 
-    def __getattr__(self, name: str) -> Any:
+    @property
+    def unwrapped(self) -> TrainingConfig:
+        """The configuration itself (reads of it are not recorded)."""
+        return self._config
+
+    @property
+    def seen(self) -> set[str]:
+        return {name for name, _ in self.reads}
+
+    def __getattr__(self, name: str) -> Any:  # (only for names not yet read: see above)
         value = getattr(self._config, name)
         if name not in READABLE:
             self.safe = False
-        elif name not in self.seen:
-            self.seen.add(name)
+        else:
             self.reads.append((name, value))
+            self.__dict__[name] = value
         return value
 
 
@@ -54,11 +64,29 @@ class _Node:
         self.branches: dict[Any, _Node | str] = {}
 
 
-class RefusalMemo:
-    """The rule refusals seen so far for one model on one hardware (one search's space)."""
+@dataclass(frozen=True)
+class _SharedLayoutContext(PlanContext):
+    """A context over a recording view whose layout is the shared one for its ``LAYOUT_INPUTS``
+    (computed once per distinct tuple of them): those fields, which decide the layout, are read
+    through the view when the layout is first asked for, so a path records them."""
 
-    def __init__(self, model: ModelSpec, hardware: HardwareSpec) -> None:
-        self.model, self.hardware = model, hardware
+    layouts: dict = field(default_factory=dict, compare=False)
+
+    @cached_property
+    def layout(self) -> PlanLayout:
+        key = tuple(getattr(self.config, f) for f in LAYOUT_INPUTS)
+        if key not in self.layouts:
+            self.layouts[key] = PlanContext(self.model, self.hardware, self.config.unwrapped).layout
+        return self.layouts[key]
+
+
+class RefusalMemo:
+    """The rule refusals seen so far for one model on one hardware (one search's space).
+    ``shared``: the search's evaluations' ``Shared``, where ``check`` leaves each check it makes
+    (and its context) for the evaluation that follows, so no combination is checked twice."""
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, shared: Shared | None = None) -> None:
+        self.model, self.hardware, self.shared = model, hardware, shared
         self.root: _Node | str | None = None
         self.on = True
 
@@ -77,19 +105,32 @@ class RefusalMemo:
         return node if self.on and isinstance(node, str) else None
 
     def learn(self, config: TrainingConfig) -> None:
-        """Record the path of a configuration a rule refused (``check_config`` up to its first
-        refusal, over a recording view)."""
+        """Record the path of a configuration a rule refused."""
+        self.check(config)
+
+    def check(self, config: TrainingConfig) -> str | None:
+        """The code of the first rule that refuses ``config`` (None: feasible), from
+        ``check_config`` up to its first refusal over a recording view: a refusal's path is
+        recorded; with ``shared``, the check and its context are left there."""
         view = Recording(config)
-        codes = check_config(PlanContext(self.model, self.hardware, view), first_only=True).codes
-        if not (self.on and view.safe and codes):
-            return
-        if not view.reads:  # refused whatever the configuration: the leaf is the root
-            self.root = codes[0]
+        ctx = (PlanContext(self.model, self.hardware, view) if self.shared is None
+               else _SharedLayoutContext(self.model, self.hardware, view, self.shared.layouts))
+        check = check_config(ctx, first_only=True)
+        if self.shared is not None:
+            self.shared.checks[size_free_key(config)] = (check, ctx)
+        if check.codes and self.on and view.safe:
+            self._record(view.reads, check.codes[0])
+        return check.codes[0] if check.codes else None
+
+    def _record(self, reads: list[tuple[str, Any]], code: str) -> None:
+        """A refusal's path: the values its checks read, in order."""
+        if not reads:  # refused whatever the configuration: the leaf is the root
+            self.root = code
             return
         parent: _Node | None = None
         key: Any = None
         node = self.root
-        for name, value in view.reads:
+        for name, value in reads:
             if node is None:
                 node = _Node(name)
                 self._attach(parent, key, node)
@@ -98,9 +139,9 @@ class RefusalMemo:
                 return
             parent, key, node = node, value, node.branches.get(value)
         if node is not None:  # the same values once refused with another code, or read on
-            self.on = node == codes[0] and self.on
+            self.on = node == code and self.on
             return
-        self._attach(parent, key, codes[0])
+        self._attach(parent, key, code)
 
     def _attach(self, parent: _Node | None, key: Any, child: "_Node | str") -> None:
         if parent is None:

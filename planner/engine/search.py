@@ -30,7 +30,7 @@ from math import prod
 from multiprocessing import get_context
 
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.engine.estimate import Evaluation, evaluate, time_evaluation
+from planner.engine.estimate import Evaluation, Shared, evaluate, time_evaluation
 from planner.engine.ranking import family
 from planner.engine.refusals import RefusalMemo
 from planner.engine.space import SearchSpace
@@ -119,6 +119,8 @@ def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Eval
     sizes, fits = space.micro_batch_sizes, False
     if refusals is not None:
         code = refusals.refusal(space.values(techniques, sizes[0]), partial(space.config, techniques, sizes[0]))
+        if code is None and refusals.on:  # not known: checked now, its refusal's path recorded
+            code = refusals.check(space.config(techniques, sizes[0]))
         if code is not None:
             out.rejected[code] += len(sizes)
             return False, False
@@ -133,7 +135,7 @@ def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Eval
         out.evaluated += 1
         rec = record_of(index, ev)
         if refusals is not None and i == 0 and rec.reason not in (None, NOT_FIT_GPU, NOT_FIT_HOST):
-            refusals.learn(config)
+            refusals.learn(config)  # (a memo turned off: its refusals are not checked before)
         if rec.reason is None:
             out.records.append(rec)
             out.fit_count += 1
@@ -420,7 +422,7 @@ def search_plans(space: SearchSpace, model: ModelSpec, hardware: HardwareSpec, m
     its rule refusals remembered and, for the exhaustive engine, candidates cut at a GPU peak
     floor that misses."""
 
-    shared: dict = {}  # the check and layout of each combination, for all its micro-batch sizes
+    shared = Shared()  # each combination's check and context, each distinct layout
 
     def run(config: TrainingConfig) -> Evaluation:
         return evaluate(model, hardware, config, margin, skip_infeasible=True, shared=shared)
@@ -432,4 +434,5 @@ def search_plans(space: SearchSpace, model: ModelSpec, hardware: HardwareSpec, m
         return evaluate(model, hardware, config, margin, skip_infeasible=True, cut_misses=True, shared=shared,
                         timed=False)
 
-    return search(space, run, engine, trials, seed, RefusalMemo(model, hardware), cut, Sizing(memory, time_evaluation))
+    return search(space, run, engine, trials, seed, RefusalMemo(model, hardware, shared), cut,
+                  Sizing(memory, time_evaluation))
