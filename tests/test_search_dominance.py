@@ -254,10 +254,12 @@ def test_tokens_per_second_rise_with_the_micro_batch_unless_paged_state_spills(s
     assert large.tokens_per_second > small.tokens_per_second, kw
 
 
-@pytest.mark.parametrize("model, gpus, seq_len", [("meta-llama/Llama-3.1-8B", "8xH100-80", 2048),
-                                                  ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", 2048),
-                                                  ("meta-llama/Llama-3.1-8B", "1xA100-40", 4096)])
-def test_timing_each_combinations_largest_size_keeps_every_answer(model, gpus, seq_len, monkeypatch):
+@pytest.mark.parametrize("model, gpus, seq_len, adapters", [
+    ("meta-llama/Llama-3.1-8B", "8xH100-80", 2048, ["none"]),  # most combinations fit at every size
+    ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", 2048, ["none", "qlora"]),  # a consumer GPU, an adapter
+    ("meta-llama/Llama-3.1-8B", "1xA100-40", 4096, ["none", "lora"]),  # boundaries inside the sizes
+])
+def test_timing_each_combinations_largest_size_keeps_every_answer(model, gpus, seq_len, adapters, monkeypatch):
     """With every combination searched as itself (no twins, no refusal memo), the sized search
     counts the same candidates fitting and rejected for the same reasons as the plain one, records
     each combination's largest fitting size as the plain search does (every size where paged
@@ -269,7 +271,7 @@ def test_timing_each_combinations_largest_size_keeps_every_answer(model, gpus, s
     monkeypatch.setattr("planner.engine.space._TWINS", ())
     monkeypatch.setattr(search, "RefusalMemo", lambda model, hardware, shared=None: None)
     m, hw = resolve_model(model), parse_gpus(gpus)
-    space = build_space(hw.num_gpus, seq_len, {"adapter": ["none", "lora", "qlora"]})
+    space = build_space(hw.num_gpus, seq_len, {"adapter": adapters})
     monkeypatch.setattr(search, "PARALLEL_MIN_CANDIDATES", 10**12)
     sized = search.search_plans(space, m, hw)
     with monkeypatch.context() as plain_mode:
@@ -277,6 +279,10 @@ def test_timing_each_combinations_largest_size_keeps_every_answer(model, gpus, s
         plain = search.search_plans(space, m, hw)
     assert sized.fit_count == plain.fit_count == len(plain.fitting) > len(sized.fitting)
     assert sized.rejected == plain.rejected
+    spilled = {r.combo for r in sized.fitting if (ev := evaluate(m, hw, sized.config(r))).paged and ev.paged.spilled_bytes}
+    assert spilled  # paged AdamW spills at some largest size: each of that combination's sizes is timed
+    for combo in spilled:
+        assert {r for r in sized.fitting if r.combo == combo} == {r for r in plain.fitting if r.combo == combo}
     largest: dict[int, search.Record] = {}
     for r in plain.fitting:
         if r.micro_batch_size > largest.get(r.combo, r).micro_batch_size or r.combo not in largest:

@@ -3,12 +3,14 @@
 A search refuses most combinations by a rule (strategies' ``check`` hooks: "bitsandbytes optimizer
 under FSDP2", "adapter with offload"), each at the cost of a candidate's context, layout and every
 check (~20 us). A check is a pure function of the model, the hardware and the configuration values
-it reads, in the order it reads them. So when a combination is refused, the checks are run once
-more over a recording view of its configuration, up to the first refusal, and the values read
-become one path of a decision trie whose leaf is the refusal's code. A later combination that
-reads the same values along the path is refused with the same code without building anything;
-one that leaves the trie is evaluated as usual. Exact by construction: the trie never answers for
-values its checks did not read. A check that reads anything but the configuration's fields and
+it reads, in the order it reads them. So a combination the memo does not know is checked over a
+recording view of its configuration, up to the first refusal (once: that check serves its
+evaluation, ``Shared``); when refused, the values read become one path of a decision trie whose
+leaf is the refusal's code. A later combination that reads the same values along the path is
+refused with the same code without building anything; one that leaves the trie is checked and
+evaluated as usual. The layout a check reads is the search's shared one, with the fields that
+decide it (``LAYOUT_INPUTS``) read through the view. Exact by construction: the trie never
+answers for values its checks did not read. A check that reads anything but the configuration's fields and
 properties (a method, a dump) is not remembered; a path that disagrees with the trie (a check whose
 reads depend on something else) turns the memo off. tests/test_search_dominance.py compares its
 answers with ``check_config`` on random combinations.

@@ -3,9 +3,11 @@
 - ``exhaustive``: evaluates the whole space (today's spaces: ~10^4-10^5 candidates), split
   across the machine's cores (forked workers, each a share of the technique combinations).
   Infeasible technique combinations are rejected once for all their micro-batch sizes; for a
-  feasible one, micro-batch sizes run in ascending order and stop at the first that does not
-  fit, because memory never decreases as the micro-batch grows (a property test holds the model
-  to it): the larger ones are counted as not fitting without being evaluated. A combination
+  feasible one, the sizes that fit are those below the first that does not, because memory
+  never decreases as the micro-batch grows (a property test holds the model to it): the larger
+  ones are counted as not fitting without being evaluated. Under ``search_plans``'s ``Sizing``
+  the boundary is found with memory-only evaluations and only the largest size that fits is
+  timed and ranked (``_scan_sized``); without it, sizes run in ascending order. A combination
   whose simpler twin (each strategy's ``twin`` hook: eager attention's is SDPA, fp16-mixed's is
   bf16-mixed) is feasible is skipped, for no plan of it could be offered nor be a nearer miss
   (``_scan``); a rule refusal seen along the same reads is not evaluated again
@@ -110,10 +112,12 @@ def record_of(combo: int, ev: Evaluation) -> Record:
 def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Evaluate, out: "_Share",
                 refusals: RefusalMemo | None = None, cut: Evaluate | None = None,
                 sizing: Sizing | None = None) -> tuple[bool, bool]:
-    """One combination's micro-batch sizes, ascending, to the first that does not fit: (whether
-    one fits, whether the combination is feasible). Its fitting records are kept, and its first
-    miss when it is the first size (the nearest misses). A rule refusal the memo knows costs no
-    evaluation (rules do not read the micro-batch: its refusal is every size's). ``cut``: the
+    """One combination's micro-batch sizes, ascending, to the first that does not fit (with
+    ``sizing``, once its first size fits: ``_scan_sized``): (whether one fits, whether the
+    combination is feasible). Its fitting records are kept, and its first miss when it is the
+    first size (the nearest misses). A combination the refusal memo does not know is checked by
+    the memo, which learns a refusal's path; one it knows costs no evaluation (rules do not read
+    the micro-batch: its refusal is every size's). ``cut``: the
     evaluator that stops at a GPU peak floor that does not fit (``estimate.evaluate``'s
     cut_misses): such a first miss is left pending (``_Share``), its exact shortfall unknown."""
     sizes, fits = space.micro_batch_sizes, False
