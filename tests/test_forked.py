@@ -54,3 +54,14 @@ def test_close_stops_a_child_whose_result_is_not_wanted():
     assert time.perf_counter() - start < 5
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped
+
+
+def _die() -> int:
+    if os.environ.get("PLANNER_TEST_FORKED_PARENT") != str(os.getppid()):
+        return 7  # (in the parent: the function's own answer)
+    os._exit(9)  # in the child: dies without an answer
+
+
+def test_a_child_that_dies_has_its_work_done_in_the_parent(monkeypatch):
+    monkeypatch.setenv("PLANNER_TEST_FORKED_PARENT", str(os.getpid()))
+    assert Forked(_die).result() == 7

@@ -5,7 +5,8 @@ The child is a plain ``os.fork`` (no thread, no executor: the parent may fork it
 workers afterwards) that sends its pickled result (or exception) back through a pipe and leaves
 with ``os._exit`` (no atexit handler, no flush of the parent's buffers). Where fork is not
 available or there is one core, the function runs in the parent when its result is asked for.
-Either way the result is the function's own: the child only moves the work to another core.
+Either way the result is the function's own: the child only moves the work to another core (a
+child that dies or sends nothing readable has its work done again in the parent).
 """
 
 import os
@@ -60,9 +61,11 @@ class Forked:
         self._read = None
         os.waitpid(self._pid, 0)
         self._pid = None
-        if not payload:
-            raise RuntimeError("the forked search ended without a result")
-        ok, value = pickle.loads(payload)
+        try:
+            ok, value = pickle.loads(payload)
+        except Exception:  # the child died (killed, out of memory) or its answer cannot be read:
+            fn, args = self._call  # the work was only moved, so do it here
+            return fn(*args)
         if not ok:
             raise value
         return value
