@@ -65,3 +65,8 @@ def _die() -> int:
 def test_a_child_that_dies_has_its_work_done_in_the_parent(monkeypatch):
     monkeypatch.setenv("PLANNER_TEST_FORKED_PARENT", str(os.getpid()))
     assert Forked(_die).result() == 7
+
+
+def test_the_result_is_kept():
+    job = Forked(_pid_and_sum, 2, 3)
+    assert job.result() == job.result() and job.result()[1] == 5

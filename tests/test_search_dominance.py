@@ -141,6 +141,24 @@ def test_nothing_fits_probes_answer_as_uncut_ones(model, gpus, monkeypatch):
     assert kept < every  # the cut left probes out
 
 
+def test_the_fixes_found_beside_the_search_are_explains_own():
+    """suggest looks for the hardware fixes beside its main search (``hardware_fixes``): none where
+    a candidate fits; where none does, the verdict built from them is the one ``explain`` builds."""
+    from planner.engine import nothing_fits
+    from planner.engine.suggest import _search, _space
+    from planner.schema.suggest import SuggestRequest
+
+    fits = SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="1xA100-40", seq_len=2048)
+    assert nothing_fits.hardware_fixes(fits, resolve_model(fits.model), fits.hardware()) is None
+    request = SuggestRequest(model="meta-llama/Llama-3.1-405B", gpus="1xRTX4090-24", seq_len=2048)
+    model, hardware = resolve_model(request.model), request.hardware()
+    found = nothing_fits.hardware_fixes(request, model, hardware)
+    outcome = _search(request, model, hardware, _space(request, hardware.num_gpus, None))
+    assert found is not None and not outcome.fitting
+    assert nothing_fits.explain(request, model, hardware, outcome, [], found) == nothing_fits.explain(
+        request, model, hardware, outcome, [])
+
+
 def test_whether_a_plan_fits_more_gpus_is_the_full_scans_answer():
     """``Prober.fits`` stops at the first probe that fits: on every count of the ladder, and for
     host RAM below, at and above what the full scan needs, it answers as the full scan does."""

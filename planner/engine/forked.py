@@ -18,13 +18,14 @@ from typing import Any
 
 
 class Forked:
-    """``fn(*args)``, started now in a child process; ``result()`` waits for it (once).
+    """``fn(*args)``, started now in a child process; ``result()`` waits for it (and keeps it).
     ``in_child``: run first in the child only (e.g. to keep its searches to one process)."""
 
     def __init__(self, fn: Callable[..., Any], *args: Any, in_child: Callable[[], None] | None = None) -> None:
         self._call, self._in_child = (fn, args), in_child
         self._pid: int | None = None
         self._read: int | None = None
+        self._value: tuple[Any] | None = None  # (the result,) once known
         if (os.cpu_count() or 1) > 1 and hasattr(os, "fork"):
             self._start()
 
@@ -52,6 +53,11 @@ class Forked:
         self._pid, self._read = pid, read
 
     def result(self) -> Any:
+        if self._value is None:
+            self._value = (self._wait(),)
+        return self._value[0]
+
+    def _wait(self) -> Any:
         if self._pid is None:
             fn, args = self._call
             return fn(*args)

@@ -229,10 +229,28 @@ def _light_rejects(ctx: PlanContext, light: list[str]) -> bool:
     return bool(check.codes)
 
 
+Fixes = tuple["Scan | None", list[HardwareSuggestion]]  # the asked hardware's probes, the fixes
+
+
 def explain(request, model: ModelSpec, hardware: HardwareSpec, outcome: SearchOutcome,
-            nearest: list[EstimateResult]) -> Verdict:
-    """Why nothing fits on the asked hardware, and the smallest fixes."""
+            nearest: list[EstimateResult], found: Fixes | None = None) -> Verdict:
+    """Why nothing fits on the asked hardware, and the smallest fixes (``found``: already found,
+    by ``hardware_fixes``)."""
+    here, fixes = found if found is not None else _fixes(Prober(request, model), request, hardware)
+    needs = here.min_peak if here else None
+    return Verdict(needs, fixes, _reasons(request, outcome, here, nearest, fixes))
+
+
+def hardware_fixes(request, model: ModelSpec, hardware: HardwareSpec) -> Fixes | None:
+    """``explain``'s probes and fixes, when no candidate fits on the asked hardware (None: one
+    does, found by a probe scan that stops at the first that fits). ``suggest`` runs it beside
+    its search, whose verdict decides whether it is used."""
     prober = Prober(request, model)
+    return None if prober.fits(request.gpus) else _fixes(prober, request, hardware)
+
+
+def _fixes(prober: Prober, request, hardware: HardwareSpec) -> Fixes:
+    """The asked hardware's probes, and the smallest fixes: more host RAM, more GPUs, a larger GPU."""
     here = prober.scan(request.gpus)
     fixes = []
     if here is not None and here.host_needed is not None:
@@ -240,8 +258,7 @@ def explain(request, model: ModelSpec, hardware: HardwareSpec, outcome: SearchOu
         fixes.append(HardwareSuggestion(change="more host RAM", gpus=request.gpus, host_memory_gb=gb,
                                         plan=prober.plan(here, gb)))
     fixes += [f for f in (_more_gpus(prober, hardware, here), _larger_gpu(prober, hardware, here)) if f]
-    needs = here.min_peak if here else None
-    return Verdict(needs, fixes, _reasons(request, outcome, here, nearest, fixes))
+    return here, fixes
 
 
 def _fix(prober: Prober, scan: Scan, change: str) -> HardwareSuggestion:

@@ -15,7 +15,7 @@ from planner.engine import search as search_module
 from planner.engine.assumptions import assumptions
 from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.forked import Forked
-from planner.engine.nothing_fits import Verdict, explain
+from planner.engine.nothing_fits import Fixes, Verdict, explain, hardware_fixes
 from planner.engine.ranking import Ranking, distinct, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, settings_of
@@ -39,17 +39,26 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     if request.seq_len is None:
         request = request.model_copy(update={"seq_len": default_seq_len(model)})
     space = _space(request, hardware.num_gpus, request.global_batch_size)
-    # the adapter line's plans, searched on another core while the main search runs
-    adapter = Forked(_adapter_plan, request, model, hardware, True, in_child=_one_worker) if _hint_asked(request) else None
+    # on the other core while the main search runs: the adapter line's plan, and what to change
+    # when nothing fits
+    beside = Forked(_beside, request, model, hardware, in_child=_one_worker)
     try:
-        return _suggest(request, model, hardware, space, seq_given, adapter)
+        return _suggest(request, model, hardware, space, seq_given, beside)
     finally:
-        if adapter is not None:
-            adapter.close()
+        beside.close()
+
+
+def _beside(request: SuggestRequest, model: ModelSpec,
+            hardware: HardwareSpec) -> tuple[Fixes | None, EstimateResult | None]:
+    """What suggest needs beside its main search: the hardware fixes when no candidate fits (None
+    when a probe scan finds one that does, which stops there: milliseconds), and the adapter
+    line's plan (``_adapter_plan``, exact values first; None when the line is not asked for)."""
+    found = hardware_fixes(request, model, hardware)
+    return found, _adapter_plan(request, model, hardware, True) if _hint_asked(request) else None
 
 
 def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,
-             seq_given: bool, adapter: Forked | None) -> SuggestResult:
+             seq_given: bool, beside: Forked) -> SuggestResult:
     outcome = _search(request, model, hardware, space)
     ranking = _rank(request, outcome)
     plans = [_result(request, model, hardware, outcome, c.item) for c in ranking.plans]
@@ -60,7 +69,7 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
     elif not plans:
         misses = distinct(searched(outcome, outcome.nearest))
         nearest = [_result(request, model, hardware, outcome, c.item) for c in misses]
-        verdict = explain(request, model, hardware, outcome, nearest)
+        verdict = explain(request, model, hardware, outcome, nearest, beside.result()[0])
         hw_suggestions = verdict.suggestions
     return SuggestResult(
         plans=plans,
@@ -85,13 +94,13 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
         + ([f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
         training=_training(request, plans[0], request.tokens) if plans and request.tokens else None,
         needs_bytes=verdict.needs_bytes if verdict else None,
-        adapter_option=_option(adapter.result() if adapter else None, plans[0] if plans else None),
+        adapter_option=_option(beside.result()[1], plans[0] if plans else None) if _hint_asked(request) else None,
     )
 
 
 def _one_worker() -> None:
-    """In the adapter line's child: its searches stay in that one process (the parent's search
-    has the machine's workers)."""
+    """In the child beside the main search: its searches stay in that one process (the
+    parent's search has the machine's workers)."""
     search_module.PARALLEL_MIN_CANDIDATES = sys.maxsize
 
 
