@@ -377,8 +377,8 @@ def test_the_adapter_line_from_the_exact_choices_is_the_full_searchs(model, gpus
     outcome = engine._search(request, spec, hardware, engine._space(request, hardware.num_gpus, None))
     ranked = engine._rank(request, outcome).plans
     winner = engine._result(request, spec, hardware, outcome, ranked[0].item) if ranked else None
-    bounded = engine._adapter_option(request, spec, hardware, winner)
-    full = engine._adapter_option(request, spec, hardware, winner, bounded=False)
+    bounded = engine._option(engine._adapter_plan(request, spec, hardware, winner is not None), winner)
+    full = engine._option(engine._adapter_plan(request, spec, hardware, winner is not None, bounded=False), winner)
     assert bounded == full
     # suggest searches the exact values first whether or not a full plan fits (beside its main search)
     assert engine._option(engine._adapter_plan(request, spec, hardware, True), winner) == full

@@ -82,7 +82,7 @@ def test_the_refusal_memo_answers_as_the_rules_do(model, gpus):
     truth = [check_config(PlanContext(m, hw, c)).codes[:1] for c in configs]
     for config, codes in zip(configs, truth, strict=True):
         if codes and rng.random() < 0.5:
-            memo.learn(config)
+            memo.check(config)
     answered = 0
     for techniques, config, codes in zip(combos, configs, truth, strict=True):
         said = memo.refusal(space.values(techniques, 1), lambda c=config: c)

@@ -106,10 +106,6 @@ class RefusalMemo:
             node = node.branches.get(value)
         return node if self.on and isinstance(node, str) else None
 
-    def learn(self, config: TrainingConfig) -> None:
-        """Record the path of a configuration a rule refused."""
-        self.check(config)
-
     def check(self, config: TrainingConfig) -> str | None:
         """The code of the first rule that refuses ``config`` (None: feasible), from
         ``check_config`` up to its first refusal over a recording view: a refusal's path is

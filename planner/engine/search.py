@@ -138,8 +138,6 @@ def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Eval
         ev = first if i == 0 and first is not None else (cut or evaluate)(config)
         out.evaluated += 1
         rec = record_of(index, ev)
-        if refusals is not None and i == 0 and rec.reason not in (None, NOT_FIT_GPU, NOT_FIT_HOST):
-            refusals.learn(config)  # (a memo turned off: its refusals are not checked before)
         if rec.reason is None:
             out.records.append(rec)
             out.fit_count += 1

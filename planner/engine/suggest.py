@@ -110,17 +110,6 @@ def _hint_asked(request: SuggestRequest) -> bool:
     return all(a == Adapter.NONE for a in request.adapter) and request.launcher != Launcher.TRAINER
 
 
-def _adapter_option(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec,
-                    winner: EstimateResult | None, bounded: bool = True) -> AdapterOption | None:
-    """When the request left adapters out (full fine-tuning only) and nothing fits or the winner is
-    far slower than one: the fastest LoRA / QLoRA plan of the same request (its settings, its other
-    choices), as one line. None when an adapter was named, or would not help. (``suggest`` runs
-    ``_adapter_plan`` beside its main search, then ``_option``.)"""
-    if not _hint_asked(request):
-        return None
-    return _option(_adapter_plan(request, model, hardware, winner is not None, bounded), winner)
-
-
 def _option(plan: EstimateResult | None, winner: EstimateResult | None) -> AdapterOption | None:
     """The adapter line for ``plan`` beside ``winner``: none when the plan is not
     ``ADAPTER_HINT_GAIN`` faster (a line is shown when nothing fits)."""
