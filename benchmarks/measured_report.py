@@ -128,13 +128,14 @@ def launches(results: list[dict]) -> list[str]:
     for x in results:
         c = x.get("config") or {}
         plan = (f"{c.get('optimizer')}, {c.get('precision')}, ckpt {c.get('checkpointing')}, loss {c.get('loss')}, "
-                f"adapter {c.get('adapter')}, {c.get('micro_batch_size')} x {c.get('grad_accum')} x {c.get('seq_len')}")
+                f"adapter {c.get('adapter')}, {c.get('micro_batch_size')} x {c.get('grad_accum')} x {c.get('seq_len')}"
+                if c.get("optimizer") else "-")  # a skipped launch never planned
         live = (x.get("live_verdict") or x.get("error", "")).replace("planner.launch: rank 0/1: ", "")
         peak = x.get("polled_peak_gib")
         out.append(f"| {x['name']} | {plan} | {x.get('rc')} | {peak:.1f} | {x.get('predicted_peak_gib', 0):.1f} / "
                    f"{_launch_peak_now(x) / 2**30:.1f} | "
                    f"{x.get('steps_per_second')} | {live} |" if peak is not None else
-                   f"| {x['name']} | {plan} | {x.get('rc')} | | | | {live} |")
+                   f"| {x['name']} | {plan} | {'-' if x.get('rc') is None else x['rc']} | | | | {live} |")
     return out + [""]
 
 
