@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.catalog.models import catalog  # noqa: E402
-from probes.compare import compare_result  # noqa: E402
-from probes.matrix import PEAK_FLOOR  # noqa: E402
-from probes.traced import TraceRequest, trace_many  # noqa: E402
-from strategies import TrainingConfig  # noqa: E402
+from planner.probes.compare import compare_result  # noqa: E402
+from planner.probes.matrix import PEAK_FLOOR  # noqa: E402
+from planner.probes.traced import TraceRequest, trace_many  # noqa: E402
+from planner.strategies import TrainingConfig  # noqa: E402
 
 MODELS = ("meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B", "microsoft/Phi-3-mini-4k-instruct", "openai-community/gpt2")
 ADAPTERS = (("lora", {}), ("qlora", {}), ("dora", {"lora_targets": "attention"}),

@@ -17,7 +17,7 @@ import time
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.engine.estimate import estimate_config
-from strategies import TrainingConfig
+from planner.strategies import TrainingConfig
 
 ARGS = ["--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40", "--json"]
 

@@ -127,8 +127,9 @@ def main() -> int:
         print(f"  ceilings: {env['ceilings']}", flush=True)
     _write(args.out / "env.json", env)
 
-    from probes.device import catalog_gpu
     from validation.report import Records, figure, summary
+
+    from planner.probes.device import catalog_gpu
 
     device_gpu = catalog_gpu(info.name, info.total_bytes) if device == "cuda" else "cpu"
     store = args.out / f"calibration-{device_gpu}.sqlite"
@@ -176,9 +177,10 @@ def _launch_failed(result: dict) -> bool:
 
 def dry_run(gpu: str) -> int:
     """The case list as the GPU run would meet it: each plan's verdict and peak, expected seconds."""
+    from validation.cases import CASES
+
     from planner.engine.estimate import estimate
     from planner.schema.estimate import EstimateRequest
-    from validation.cases import CASES
 
     total = 0.0
     print(f"{'tier':4s} {'case':34s} {'gpus':16s} {'fits':5s} {'peak GiB':>8s} {'step s':>7s} {'exp. s':>6s}")
@@ -211,14 +213,14 @@ def _import_once(device: str) -> float:
     t0 = time.perf_counter()
     import torch
 
-    import probes.measured  # noqa: F401
-    import probes.measured_command  # noqa: F401
+    import planner.probes.measured  # noqa: F401
+    import planner.probes.measured_command  # noqa: F401
     from planner.engine.estimate import estimate  # noqa: F401
 
     if device == "cpu":
         import transformers.models.llama.modeling_llama  # noqa: F401
 
-        import probes.measured_setup  # noqa: F401
+        import planner.probes.measured_setup  # noqa: F401
 
     if torch.cuda.is_initialized():
         raise RuntimeError("an import started CUDA in the parent: forked probes could not use the GPU")
@@ -226,8 +228,8 @@ def _import_once(device: str) -> float:
 
 
 def _device(device: str):
-    from probes.device import DeviceInfo, probe_device
-    from probes.forked import run_forked
+    from planner.probes.device import DeviceInfo, probe_device
+    from planner.probes.forked import run_forked
 
     if device == "cpu":
         return DeviceInfo(available=True, name="cpu")
@@ -246,15 +248,16 @@ class CaseRunner:
         self.store, self.clock, self.records = store, clock, records
 
     def run(self, case, phase: str) -> None:
-        from planner.catalog.models import model_config
-        from planner.core.errors import PlannerInputError
-        from planner.engine.estimate import estimate
-        from planner.schema.estimate import EstimateRequest
-        from probes.measured import measure_forked
-        from probes.measured_command import measure_plan
         from validation.cases import CPU_SHAPE
         from validation.launches import TINY_CONFIG
         from validation.report import csv_row, untimed
+
+        from planner.catalog.models import model_config
+        from planner.core.errors import PlannerInputError
+        from planner.engine.estimate import estimate
+        from planner.probes.measured import measure_forked
+        from planner.probes.measured_command import measure_plan
+        from planner.schema.estimate import EstimateRequest
 
         cpu = self.device == "cpu"
         expected = CPU_EXPECTED_SECONDS if cpu else case.expected_seconds
@@ -377,8 +380,8 @@ def _launch_both(launches, device: str, device_gpu: str, clock: Clock, work: Pat
 def calibrate(store: Path, path: Path) -> dict:
     """``planner calibrate`` on the run's store: the corrections and the errors before and after."""
     from planner.core.errors import PlannerInputError
-    from planner.schema.calibrate import CalibrateRequest
     from planner.engine.calibrate import calibrate as fit
+    from planner.schema.calibrate import CalibrateRequest
 
     try:
         result = fit(CalibrateRequest(store=store))

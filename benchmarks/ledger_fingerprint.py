@@ -22,7 +22,7 @@ import random
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.engine.estimate import evaluate
-from strategies import REGISTRY, TrainingConfig
+from planner.strategies import REGISTRY, TrainingConfig
 
 MODELS = ("meta-llama/Llama-3.2-1B", "mistralai/Mixtral-8x7B-v0.1", "google/gemma-2-2b", "openai-community/gpt2",
           "Qwen/Qwen2.5-0.5B")

@@ -33,10 +33,10 @@ TIMED = ("timed", "communication modelled")
 def now_comparison(record: dict):
     """The case's comparison with today's model: the recorded measurement, a fresh estimate."""
     from planner.engine.estimate import estimate
+    from planner.probes.device import DeviceInfo
+    from planner.probes.measured import MeasureResult
+    from planner.probes.measured_command import compare
     from planner.schema.estimate import EstimateRequest
-    from probes.device import DeviceInfo
-    from probes.measured import MeasureResult
-    from probes.measured_command import compare
 
     then = record["comparison"]
     m = MeasureResult.model_validate(then["measurement"])
@@ -141,10 +141,10 @@ def launches(results: list[dict]) -> list[str]:
 
 def _launch_peak_now(launch: dict) -> int:
     """The launched plan's peak with today's model (Llama-3.2-1B on the GPU it ran on)."""
+    from validation.launches import GPU_MODEL
+
     from planner.engine.estimate import estimate
     from planner.schema.estimate import EstimateRequest
-
-    from validation.launches import GPU_MODEL
 
     c = dict(launch["config"])
     gpus = launch["plan"]["command"].split("--gpus ")[1].split()[0]

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.catalog.models import resolve_model  # noqa: E402
 from planner.cost.params import total_parameters  # noqa: E402
-from probes import matrix as M  # noqa: E402
-from probes.compare import compare_result, per_layer_comparison, same_moment  # noqa: E402
-from probes.extrapolate import extrapolate_trace  # noqa: E402
-from probes.traced import TraceRequest, trace_many  # noqa: E402
-from strategies import TrainingConfig  # noqa: E402
+from planner.probes import matrix as M  # noqa: E402
+from planner.probes.compare import compare_result, per_layer_comparison, same_moment  # noqa: E402
+from planner.probes.extrapolate import extrapolate_trace  # noqa: E402
+from planner.probes.traced import TraceRequest, trace_many  # noqa: E402
+from planner.strategies import TrainingConfig  # noqa: E402
 
 TERMS = ("activations", "forward_phase", "backward_phase", "backward_end_phase", "step_phase", "step_peak")
 SHORT = {"activations": "act", "forward_phase": "fwd", "backward_phase": "bwd", "backward_end_phase": "bwd_end",
@@ -139,7 +139,7 @@ def _traces(requests: list[TraceRequest], workers: int, cache: Path | None) -> t
     and how many came from the cache."""
     import json
 
-    from probes.traced import TraceResult
+    from planner.probes.traced import TraceResult
 
     stored = json.loads(cache.read_text()) if cache and cache.exists() else {}
     keys = [r.model_dump_json() for r in requests]

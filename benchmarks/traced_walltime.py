@@ -15,9 +15,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.catalog.models import catalog  # noqa: E402
-from probes.compare import compare_result  # noqa: E402
-from probes.traced import TraceRequest, trace  # noqa: E402
-from strategies import TrainingConfig  # noqa: E402
+from planner.probes.compare import compare_result  # noqa: E402
+from planner.probes.traced import TraceRequest, trace  # noqa: E402
+from planner.strategies import TrainingConfig  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B"
 

@@ -12,7 +12,7 @@ import time
 
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
-from strategies import summary
+from planner.strategies import summary
 
 SITUATIONS = [
     ("meta-llama/Llama-3.1-8B", "1xA100-40"),

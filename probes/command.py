@@ -13,11 +13,12 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.core.distribution import install_line
 from planner.core.errors import PlannerInputError
+from planner.probes.compare import ZERO_STAGES, Comparison, uniform_state_bytes
 from planner.schema.estimate import EstimateRequest
-from probes.compare import ZERO_STAGES, Comparison, uniform_state_bytes
-from strategies import TrainingConfig
-from strategies.optimizer import Optimizer
+from planner.strategies import TrainingConfig
+from planner.strategies.optimizer import Optimizer
 
 FIDELITIES = ("traced", "measured")
 EXIT_AGREE, EXIT_DISAGREE = 0, 1
@@ -60,12 +61,12 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
     # installed, not imported: the trace runs in a child that imports them (1.2 s here saved per probe)
     if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
         raise PlannerInputError("the traced probe needs torch and transformers",
-                                hint="Install the probe extra: pip install -e '.[probes]' (torch first, CPU build).")
+                                hint=f"Install the probe extra: {install_line(['probes'])} (torch first, CPU build).")
     from planner.catalog.models import model_config, resolve_model
     from planner.engine.estimate import resolve_config
+    from planner.probes.compare import compare_result, compare_zero_result
+    from planner.probes.traced import TraceRequest, trace
     from planner.runtime.sharding import refuse_fsdp1
-    from probes.compare import compare_result, compare_zero_result
-    from probes.traced import TraceRequest, trace
 
     spec = resolve_model(req.model)
     hardware = req.hardware()

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict
 from planner.core.ledger import Location, Phase
 from planner.core.ledger import phase_sum as ledger_phase_sum
 from planner.core.ledger import resident as ledger_resident
-from strategies import TrainingConfig
-from strategies.adapter import NF4_DEQUANTIZED
+from planner.strategies import TrainingConfig
+from planner.strategies.adapter import NF4_DEQUANTIZED
 
 UNTRACED = frozenset({"cuda_context", "allocator_reserve"})  # and DDP / ZeRO buckets (not traced)
 UNTRACED_ROWS = frozenset({NF4_DEQUANTIZED})  # QLoRA's dequantized weight: bitsandbytes does not run on fake tensors
@@ -143,7 +143,7 @@ def uniform_state_bytes(optimizer: str) -> int | None:
     """Optimizer state bytes per parameter where every tensor has the same (fp32 states: the
     optimizer's own state rule, strategies/optimizer.py, gives k bytes per element for a vector
     and a matrix alike), else None (8-bit blocks, factored or per-block moments)."""
-    from strategies.optimizer import CHOICES, Optimizer
+    from planner.strategies.optimizer import CHOICES, Optimizer
 
     rule = CHOICES[Optimizer(optimizer)].states
     vector, matrix = rule(4096, (4096,), 4), rule(1 << 20, (1024, 1024), 4)

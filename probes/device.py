@@ -4,7 +4,7 @@ probe runs)."""
 
 from pydantic import BaseModel, ConfigDict
 
-from probes.child import answer, run_child
+from planner.probes.child import answer, run_child
 
 #: What the CLI says when there is no GPU to measure on.
 NO_GPU_HINT = ("The measured probe needs a CUDA GPU on this machine. Without one, use --fidelity traced "
@@ -25,7 +25,7 @@ class DeviceInfo(BaseModel):
 
 
 def local_device(timeout: float = 180.0) -> DeviceInfo:
-    outcome = run_child("probes.device", "{}", timeout)
+    outcome = run_child("planner.probes.device", "{}", timeout)
     if outcome.status != "ok" or not isinstance(outcome.value, dict):
         return DeviceInfo(available=False, message=f"could not query the GPU: {outcome.describe()}")
     return DeviceInfo.model_validate(outcome.value)
@@ -55,7 +55,7 @@ def probe_device() -> DeviceInfo:
     try:
         import torch
 
-        from probes.measured import software_versions
+        from planner.probes.measured import software_versions
 
         versions = software_versions()
         if not torch.cuda.is_available():

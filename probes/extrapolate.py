@@ -22,7 +22,7 @@ A third, shallower depth checks it: the line through the two deepest must pass w
 import statistics
 from typing import Any
 
-from probes.measured import MeasureResult
+from planner.probes.measured import MeasureResult
 
 #: Largest relative miss of the third depth by the line through the two deepest, per phase,
 #: before the result warns that memory is not affine in depth over the measured range.

@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from probes.child import KILL_GRACE_SECONDS, ChildOutcome
+from planner.probes.child import KILL_GRACE_SECONDS, ChildOutcome
 
 
 def run_forked(fn: Callable[[str], object], payload: str, timeout: float) -> ChildOutcome:

@@ -62,7 +62,7 @@ def _refused(model: str, sharding: str, ranks: int, precision: str, attention: s
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
     from planner.engine.estimate import check_config
-    from strategies import PlanContext, TrainingConfig
+    from planner.strategies import PlanContext, TrainingConfig
 
     config = TrainingConfig(precision=precision, attention=attention, seq_len=seq_len, sharding=sharding)
     return tuple(check_config(PlanContext(resolve_model(model), parse_gpus(f"{ranks}x{CHECK_GPU}"), config)).infeasible)
@@ -142,8 +142,8 @@ def trace_request(row: dict, depth: int | None):
     """The traced probe's request for a row at ``depth`` layers (None: full depth). DDP is traced
     as one rank without sharding (DDP does not run under the trace)."""
     from planner.catalog.models import catalog
-    from probes.traced import TraceRequest
-    from strategies import TrainingConfig
+    from planner.probes.traced import TraceRequest
+    from planner.strategies import TrainingConfig
 
     fields = plan_fields(row)
     if fields["sharding"] == "ddp":

@@ -34,8 +34,8 @@ from importlib import metadata
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.core.launch_contract import LAUNCH_ENV
-from probes.gpu_readings import device_used_bytes, process_device_bytes, snapshot
-from strategies import TrainingConfig
+from planner.probes.gpu_readings import device_used_bytes, process_device_bytes, snapshot
+from planner.strategies import TrainingConfig
 
 #: Device memory a probe leaves free for everyone else on a shared GPU (and the driver).
 SHARED_RESERVE_BYTES = 1 << 30
@@ -176,7 +176,7 @@ def run_measure(req: MeasureRequest) -> MeasureResult:
             if budget.refused:
                 return MeasureResult(status="refused", message=budget.refused, readings=readings, **fields)
         where = "build"
-        from probes.measured_setup import build_run
+        from planner.probes.measured_setup import build_run
 
         run = build_run(req, device)
         fields["notes"] += run.notes
@@ -295,11 +295,11 @@ def _cap_address_space(extra: int) -> None:
 
 def measure(req: MeasureRequest, timeout: float) -> MeasureResult:
     """``run_measure`` in a fresh child process that ends within ``timeout`` seconds."""
-    from probes.child import run_child
+    from planner.probes.child import run_child
 
     if req.device == "cuda" and req.device_used_before_bytes is None:
         req = req.model_copy(update={"device_used_before_bytes": device_used_bytes()})
-    outcome = run_child("probes.measured", req.model_dump_json(), timeout, env=LAUNCH_ENV)
+    outcome = run_child("planner.probes.measured", req.model_dump_json(), timeout, env=LAUNCH_ENV)
     return _result(outcome)
 
 
@@ -308,7 +308,7 @@ def measure_forked(req: MeasureRequest, timeout: float) -> MeasureResult:
     process imported are not imported again, so a probe starts in a fraction of a second. This
     process must not have started CUDA (the child starts its own context); the allocator setting
     the launch uses is put in the environment first, as ``measure`` gives it to its child."""
-    from probes.forked import run_forked
+    from planner.probes.forked import run_forked
 
     if req.device == "cuda" and req.device_used_before_bytes is None:
         req = req.model_copy(update={"device_used_before_bytes": device_used_bytes()})
@@ -330,7 +330,7 @@ def _result(outcome) -> MeasureResult:
 
 
 def main() -> None:
-    from probes.child import answer
+    from planner.probes.child import answer
 
     req = MeasureRequest.model_validate_json(sys.stdin.read())
     answer(run_measure(req).model_dump())

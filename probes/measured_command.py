@@ -17,13 +17,13 @@ from pydantic import BaseModel, ConfigDict
 from planner.catalog.calibration import CalibrationStore, Measurement
 from planner.core.errors import PlannerInputError
 from planner.core.ledger import allocated_peak
+from planner.probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
+from planner.probes.gpu_readings import unified_resident_bytes
+from planner.probes.measured import MeasureRequest, MeasureResult, measure
 from planner.runtime.sharding import refuse_fsdp1
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import SuggestResult
-from probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
-from probes.gpu_readings import unified_resident_bytes
-from probes.measured import MeasureRequest, MeasureResult, measure
-from strategies import TrainingConfig
+from planner.strategies import TrainingConfig
 
 #: Agreement bands: the issue's targets for one plan (peak memory within 10 % worst case, step
 #: time within 15 %).
@@ -84,7 +84,7 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
     from planner.catalog.models import resolve_model
     from planner.cost import compute
     from planner.engine.estimate import estimate_config
-    from probes.extrapolate import extrapolate_runs
+    from planner.probes.extrapolate import extrapolate_runs
 
     c = plan.config
     spec = resolve_model(model_ref)
@@ -212,7 +212,7 @@ def _mfu(step_flops: float, precision: str, device_gpu: str, step: float | None)
     """Model FLOPs of this rank's step / (step seconds x the measuring GPU's dense peak in the
     plan's compute dtype), as StepTime.mfu defines it (recomputation is not model FLOPs)."""
     from planner.catalog.gpus import catalog
-    from strategies.precision import COMPUTE_DTYPE, Precision
+    from planner.strategies.precision import COMPUTE_DTYPE, Precision
 
     gpu = catalog().get(device_gpu)
     if gpu is None or not step:

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 import torch
 
 from planner import runtime
+from planner.probes import model_setup
 from planner.runtime.model import build_config, build_model
 from planner.runtime.optimizer import LEARNING_RATE
 from planner.runtime.optimizer import build as build_optimizer
 from planner.runtime.precision import autocast
 from planner.runtime.sharding import apply_fsdp
-from probes import model_setup
-from strategies import TrainingConfig
+from planner.strategies import TrainingConfig
 
 
 @dataclass
@@ -67,7 +67,7 @@ def build_run(req, device: torch.device) -> Run:
     with torch.device("meta" if fsdp else "cpu" if zero else device):
         model = build_model(cfg, c)
     model.train()
-    from probes.chunked_loss import chunked_causal_lm_forward
+    from planner.probes.chunked_loss import chunked_causal_lm_forward
 
     notes += runtime.prepare(model, c, runtime.Site.MEASURED, chunked_fallback=chunked_causal_lm_forward)
     model, wrapped = runtime.wrap(model, c, runtime.Site.MEASURED)

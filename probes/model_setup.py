@@ -23,7 +23,7 @@ def computed_state_bytes(model, c) -> tuple[int, int]:
     mode cannot run. Paged state is only that of tensors bitsandbytes pages (at least
     ``BNB_PAGED_MIN_NUMEL`` elements); the rest stays on the GPU."""
     from planner.cost.optimizer_states import BNB_PAGED_MIN_NUMEL
-    from strategies.optimizer import CHOICES
+    from planner.strategies.optimizer import CHOICES
 
     choice = CHOICES[c.optimizer]
     dense = paged = 0
@@ -43,7 +43,7 @@ def computed_step_temporaries(model, c) -> int:
     time (``OptimizerChoice.step_temporaries``: Adam-mini), from the same rule as the analytic
     ledger (planner/cost/optimizer_states.py ``per_tensor_step_temporary``); 0 for the others."""
     from planner.cost.optimizer_states import per_tensor_step_temporary
-    from strategies.optimizer import CHOICES
+    from planner.strategies.optimizer import CHOICES
 
     if not CHOICES[c.optimizer].step_temporaries:
         return 0

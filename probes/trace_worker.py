@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import IO
 
 from planner.core.errors import ProbeFailedError
-from probes.child import RESULT_PREFIX, _kill_group
-from probes.traced import TraceRequest, TraceResult
+from planner.probes.child import RESULT_PREFIX, _kill_group
+from planner.probes.traced import TraceRequest, TraceResult
 
 _EOF = None  # the reader's mark: the child's stdout closed
 
@@ -101,7 +101,7 @@ class TraceWorker:
         # as probes/child.py run_child: the planner's own tree first on the path, its own session
         path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")) if p)
         self._stderr = tempfile.TemporaryFile(mode="w+b")
-        self._proc = subprocess.Popen([sys.executable, "-P", "-m", "probes.trace_worker"], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-P", "-m", "planner.probes.trace_worker"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._stderr, text=True, start_new_session=True,
                                       env={**os.environ, "PYTHONPATH": path})
         self._lines = queue.Queue()
@@ -153,8 +153,8 @@ def _read(stream, lines: queue.Queue) -> None:
 
 def main() -> None:
     """In the child: one request per stdin line, one answer line each (a result, or the error's text)."""
-    from probes.child import answer
-    from probes.traced import run_trace
+    from planner.probes.child import answer
+    from planner.probes.traced import run_trace
 
     for raw in sys.stdin:
         if not raw.strip():

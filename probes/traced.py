@@ -34,7 +34,7 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from planner.core.errors import ProbeFailedError
-from strategies import TrainingConfig
+from planner.strategies import TrainingConfig
 
 
 class TraceRequest(BaseModel):
@@ -73,13 +73,13 @@ def run_trace(req: TraceRequest) -> TraceResult:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from planner import runtime
+    from planner.probes import model_setup
+    from planner.probes.chunked_loss import chunked_causal_lm_forward
+    from planner.probes.tracker import StepTracker, fsdp_step_tracker
     from planner.runtime.model import build_config, build_model
     from planner.runtime.optimizer import build as build_optimizer
     from planner.runtime.precision import autocast_on
     from planner.runtime.sharding import apply_fsdp
-    from probes import model_setup
-    from probes.chunked_loss import chunked_causal_lm_forward
-    from probes.tracker import StepTracker, fsdp_step_tracker
 
     start = time.perf_counter()
     c = req.config
@@ -208,9 +208,9 @@ def trace_many(requests: list[TraceRequest], timeout: float = 600, workers: int 
 
 def _run_child(batch: list[TraceRequest], timeout: float) -> list:
     """One child process over ``batch`` (same world size): the raw JSON items it returns."""
-    from probes.child import run_child
+    from planner.probes.child import run_child
 
-    outcome = run_child("probes.traced", "[" + ",".join(r.model_dump_json() for r in batch) + "]", timeout)
+    outcome = run_child("planner.probes.traced", "[" + ",".join(r.model_dump_json() for r in batch) + "]", timeout)
     if outcome.status == "timeout":
         raise ProbeFailedError(f"traced probe timed out after {timeout:g} s")
     if outcome.status != "ok" or outcome.returncode != 0:
@@ -229,7 +229,7 @@ def trace(req: TraceRequest, timeout: float = 600) -> TraceResult:
 
 
 def main() -> None:
-    from probes.child import answer
+    from planner.probes.child import answer
 
     results: list = []
     for raw in json.loads(sys.stdin.read()):

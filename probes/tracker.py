@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from probes.active_peaks import ActivePeaks
+from planner.probes.active_peaks import ActivePeaks
 
 _ADD = torch.ops.aten.add.Tensor
 _EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default  # the embeddings' backward: made last

@@ -13,6 +13,7 @@
 
 import importlib.util
 
+from planner.core.distribution import install_line
 from planner.core.errors import PlannerInputError, ProbeFailedError
 from planner.schema.estimate import EstimateResult
 from planner.schema.tune import ProbeOutcome
@@ -26,8 +27,8 @@ def analytic_probe(plan: EstimateResult) -> ProbeOutcome:
 def traced_probe(timeout: float):
     import atexit
 
-    from probes.command import ProbeRequest, run_probe
-    from probes.trace_worker import TraceWorker
+    from planner.probes.command import ProbeRequest, run_probe
+    from planner.probes.trace_worker import TraceWorker
 
     worker = TraceWorker()
     atexit.register(worker.close)
@@ -53,7 +54,7 @@ def traced_probe(timeout: float):
 
 def measured_probe(device, timeout: float, store=None):
     from planner.catalog.models import model_config
-    from probes.measured_command import measure_plan
+    from planner.probes.measured_command import measure_plan
 
     def probe(plan: EstimateResult) -> ProbeOutcome:
         r = measure_plan(plan, plan.model.id, model_config(plan.model.id), device, timeout=timeout, store=store)
@@ -68,8 +69,8 @@ def measured_probe(device, timeout: float, store=None):
 def choose(fidelity: str, timeout: float, store=None):
     """(fidelity, probe, notes) for ``--fidelity``: auto is measured with a GPU, else traced.
     Measured probes are kept in the calibration ``store`` (None: nowhere)."""
-    from probes.device import local_device
-    from probes.measured_command import require_gpu
+    from planner.probes.device import local_device
+    from planner.probes.measured_command import require_gpu
 
     if fidelity == "analytic":
         return "analytic", analytic_probe, ["analytic fidelity: the cost model's own figures, nothing probed"]
@@ -82,9 +83,9 @@ def choose(fidelity: str, timeout: float, store=None):
     if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
         if fidelity == "traced":
             raise PlannerInputError("the traced fidelity needs torch and transformers",
-                                    hint="Install the probe extra: pip install -e '.[probes]' (torch first, CPU build).")
+                                    hint=f"Install the probe extra: {install_line(['probes'])} (torch first, CPU build).")
         return "analytic", analytic_probe, ["no GPU and no torch here: the analytic model's figures, nothing probed "
-                                            "(pip install -e '.[probes]' for the traced fidelity)"]
+                                            f"({install_line(['probes'])} for the traced fidelity)"]
     return "traced", traced_probe(timeout), [
         "no GPU on this machine: memory from the traced fidelity (fake tensors), time from the analytic model"
         if fidelity == "auto" else "traced fidelity: memory traced, time analytic"]

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from planner.core.numerics import EXACT, Rung, numerics_key
 from planner.core.vocabulary import config_model
-from strategies import adapter, attention, checkpointing, loss, offload, optimizer, precision, sharding
-from strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
+from planner.strategies import adapter, attention, checkpointing, loss, offload, optimizer, precision, sharding
+from planner.strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
 
 REGISTRY: tuple[Strategy, ...] = (
     adapter.STRATEGY,
@@ -37,7 +37,7 @@ FIELDS: tuple[str, ...] = tuple(BY_FIELD)
 #: workload (micro_batch_size, grad_accum, seq_len). A frozen pydantic model.
 SETTINGS = tuple(x for s in TECHNIQUES for x in s.settings)
 if TYPE_CHECKING:  # the same model, written out (strategies/static_types.py)
-    from strategies.static_types import TrainingConfig
+    from planner.strategies.static_types import TrainingConfig
 else:
     TrainingConfig = config_model([(s.field, s.enum, s.default) for s in TECHNIQUES], SETTINGS)
 

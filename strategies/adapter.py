@@ -46,11 +46,11 @@ from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
 from planner.cost import adapters, compute, params
-from strategies import rates
-from strategies.base import Check, Choice, Engine, PlanContext, Strategy
-from strategies.moments import FROZEN_BASE, FROZEN_EVERY_RANK, LAST_LAYER_FORWARD
-from strategies.precision import load_dtype
-from strategies.sharding import engine_of
+from planner.strategies import rates
+from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
+from planner.strategies.moments import FROZEN_BASE, FROZEN_EVERY_RANK, LAST_LAYER_FORWARD
+from planner.strategies.precision import load_dtype
+from planner.strategies.sharding import engine_of
 
 
 class Adapter(StrEnum):

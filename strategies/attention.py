@@ -12,8 +12,8 @@ from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo
 from planner.core.timing import TimeDraft, Window
-from strategies import rates
-from strategies.base import Check, Choice, PlanContext, Strategy
+from planner.strategies import rates
+from planner.strategies.base import Check, Choice, PlanContext, Strategy
 
 
 class Attention(StrEnum):

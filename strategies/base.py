@@ -131,7 +131,7 @@ def _registry() -> tuple:
     """strategies.REGISTRY (the package imports this module first)."""
     global _REGISTRY
     if _REGISTRY is None:
-        from strategies import REGISTRY
+        from planner.strategies import REGISTRY
 
         _REGISTRY = REGISTRY
     return _REGISTRY

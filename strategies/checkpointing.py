@@ -21,16 +21,16 @@ from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import activations, adapters, overheads, params
-from strategies import rates
-from strategies.base import Choice, Engine, PlanContext, Strategy
-from strategies.fsdp_schedule import (
+from planner.strategies import rates
+from planner.strategies.base import Choice, Engine, PlanContext, Strategy
+from planner.strategies.fsdp_schedule import (
     Instant,
     forward_instants,
     gathered_bytes,
     layers_saved,
     reduce_scatter_input_elements,
 )
-from strategies.moments import (
+from planner.strategies.moments import (
     LAST_LAYER_FORWARD,
     LOSS_MOMENT,
 )
@@ -175,7 +175,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                    phases=frozenset({Phase.FORWARD}), moment=LAST_LAYER_FORWARD,
                    note="instead of the layer's (checkpointed) saved set")
     if not ctx.layout.fused_attention:
-        from strategies.precision import cache_only_casts  # (precision imports this module)
+        from planner.strategies.precision import cache_only_casts  # (precision imports this module)
 
         # the autocast cache holds every layer's casts at the top layer's forward
         if cached := cache_only_casts(ctx):
@@ -213,7 +213,7 @@ def _backward_peak(ctx: PlanContext) -> BackwardPeak:
     reduce-scatter input in flight) and the first layer's (with every gradient made before it and
     the second layer's reduce-scatter input); the layers between lie on the line from the second to
     the first (each frees one layer's saved tensors, adds its gradients). Ties go to the first."""
-    from strategies.precision import gradients_before_first_layer  # (precision imports this module)
+    from planner.strategies.precision import gradients_before_first_layer  # (precision imports this module)
 
     lay = ctx.layout
     before = gradients_before_first_layer(ctx)

@@ -14,10 +14,10 @@ benchmarks/traced_matrix.py).
 
 from planner.core.ledger import LedgerDraft, Phase
 from planner.cost import params
-from strategies.base import PlanContext
-from strategies.checkpointing import backward_peak
-from strategies.fsdp_schedule import Instant, forward_instants, gathered_layers, reduce_scatter_input_elements
-from strategies.loss import Loss
+from planner.strategies.base import PlanContext
+from planner.strategies.checkpointing import backward_peak
+from planner.strategies.fsdp_schedule import Instant, forward_instants, gathered_layers, reduce_scatter_input_elements
+from planner.strategies.loss import Loss
 
 FWD, BWD = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD})
 

@@ -19,8 +19,8 @@ benchmarks/traced_matrix.py: Mixtral 8x7B, Phi-3-mini).
 
 from enum import StrEnum
 
-from strategies.base import Engine, PlanContext
-from strategies.moments import (
+from planner.strategies.base import Engine, PlanContext
+from planner.strategies.moments import (
     FIRST_LAYER_GATHER,
     LAST_LAYER_FORWARD,
     LAST_LAYER_GATHER,

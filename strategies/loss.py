@@ -8,11 +8,11 @@ from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import activations, params
-from strategies import rates
-from strategies.base import Choice, Engine, PlanContext, Strategy
-from strategies.fsdp_schedule import Instant, gathered_bytes
-from strategies.moments import LOSS_MOMENT, ROOT_REGATHER
-from strategies.precision import cache_only_casts
+from planner.strategies import rates
+from planner.strategies.base import Choice, Engine, PlanContext, Strategy
+from planner.strategies.fsdp_schedule import Instant, gathered_bytes
+from planner.strategies.moments import LOSS_MOMENT, ROOT_REGATHER
+from planner.strategies.precision import cache_only_casts
 
 
 class Loss(StrEnum):

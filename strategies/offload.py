@@ -25,9 +25,9 @@ from planner.core.ledger import LedgerDraft, Location, PagedInfo
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import comms, overheads, params
-from strategies.base import Check, Choice, Engine, PlanContext, Strategy
-from strategies.optimizer import DEEPSPEED_CPU
-from strategies.sharding import ZERO, Sharding
+from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
+from planner.strategies.optimizer import DEEPSPEED_CPU
+from planner.strategies.sharding import ZERO, Sharding
 
 
 class Offload(StrEnum):

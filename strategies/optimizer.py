@@ -20,9 +20,9 @@ from planner.core.numerics import Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
 from planner.cost import adapters, comms, optimizer_states, overheads, params
-from strategies import rates
-from strategies.base import Check, Choice, Engine, PlanContext, Strategy
-from strategies.moments import FROZEN
+from planner.strategies import rates
+from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
+from planner.strategies.moments import FROZEN
 
 
 class Optimizer(StrEnum):

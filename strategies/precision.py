@@ -29,9 +29,9 @@ from planner.core.numerics import Rung
 from planner.core.timing import TimeDraft, Window
 from planner.cost import params
 from planner.cost.activations import DTypes
-from strategies import rates
-from strategies.base import Check, Choice, Engine, PlanContext, Strategy
-from strategies.checkpointing import Checkpointing, backward_peak
+from planner.strategies import rates
+from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
+from planner.strategies.checkpointing import Checkpointing, backward_peak
 
 
 class Precision(StrEnum):

@@ -8,7 +8,7 @@ reading the weights). Unit: seconds per micro-batch.
 
 from planner.core.units import DTYPE_BYTES
 from planner.cost import compute, params
-from strategies.base import PlanContext
+from planner.strategies.base import PlanContext
 
 
 def dense_peak(gpu, dtype: str) -> float:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from planner.core.vocabulary import choice_model
-from strategies import SETTINGS, TECHNIQUES
+from planner.strategies import SETTINGS, TECHNIQUES
 
 
 class _Request(BaseModel):
@@ -16,7 +16,7 @@ class _Request(BaseModel):
 
 
 if TYPE_CHECKING:  # the same models, written out (strategies/static_types.py)
-    from strategies.static_types import TechniqueChoices, TechniqueLists
+    from planner.strategies.static_types import TechniqueChoices, TechniqueLists
 else:
     TechniqueChoices = choice_model("TechniqueChoices", [(s.field, s.enum) for s in TECHNIQUES], many=False,
                                     base=_Request, settings=SETTINGS)

@@ -38,8 +38,8 @@ from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
 from planner.cost import adapters, comms, overheads, params
-from strategies.base import Check, Choice, Engine, PlanContext, Strategy
-from strategies.fsdp_memory import fsdp_rows, gathered_model_elements
+from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
+from planner.strategies.fsdp_memory import fsdp_rows, gathered_model_elements
 
 
 class Sharding(StrEnum):

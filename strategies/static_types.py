@@ -8,14 +8,14 @@ existing technique needs nothing here)."""
 from pydantic import BaseModel, Field
 
 from planner.core.vocabulary import ConfigBase
-from strategies.adapter import Adapter, LoraTargets
-from strategies.attention import Attention
-from strategies.checkpointing import Checkpointing
-from strategies.loss import Loss
-from strategies.offload import Offload
-from strategies.optimizer import Optimizer
-from strategies.precision import Precision
-from strategies.sharding import Sharding
+from planner.strategies.adapter import Adapter, LoraTargets
+from planner.strategies.attention import Attention
+from planner.strategies.checkpointing import Checkpointing
+from planner.strategies.loss import Loss
+from planner.strategies.offload import Offload
+from planner.strategies.optimizer import Optimizer
+from planner.strategies.precision import Precision
+from planner.strategies.sharding import Sharding
 
 
 class TrainingConfig(ConfigBase):

@@ -5,7 +5,7 @@ import os
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.engine.estimate import estimate_config
-from strategies import TrainingConfig
+from planner.strategies import TrainingConfig
 
 #: Hypothesis: the ``ci`` profile (default) runs each property test with an eighth of its examples
 #: (at least 50); PLANNER_HYPOTHESIS=thorough runs them all. A test states its thorough count

@@ -10,13 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.catalog.models import resolve_model
-from planner.cost import adapters
-from planner.cost import params
+from planner.cost import adapters, params
 from planner.emit import build_files, single_plan_result
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
-from strategies import TrainingConfig
-from strategies import adapter as strategies_adapter
+from planner.strategies import TrainingConfig
+from planner.strategies import adapter as strategies_adapter
 
 from helpers import examples, round_trip, round_trip_errors, run
 
@@ -310,8 +309,8 @@ def test_adapter_plans_against_the_traced_peft_model():
     benchmarks/adapter_traced_matrix.py runs 112 cells."""
     pytest.importorskip("peft")
     from planner.catalog.models import catalog
-    from probes.compare import compare_result
-    from probes.traced import TraceRequest, trace_many
+    from planner.probes.compare import compare_result
+    from planner.probes.traced import TraceRequest, trace_many
 
     configs = [(m, TrainingConfig(micro_batch_size=2, seq_len=1024, **c), w) for m, c, w in TRACED]
     traces = trace_many([TraceRequest(config_json=catalog()[m].config, config=c, layers=2, world_size=w)
@@ -325,7 +324,7 @@ def test_adapter_plans_against_the_traced_peft_model():
 
 
 def test_the_extras_a_plan_names_are_the_packages_extras():
-    """PLAN.md's ``pip install 'planner[...]'`` names only extras pyproject.toml defines (an
+    """PLAN.md's ``pip install 'llm-train-planner[...]'`` names only extras pyproject.toml defines (an
     adapter plan: peft, and for QLoRA bitsandbytes)."""
     import re
     import tomllib
@@ -334,7 +333,7 @@ def test_the_extras_a_plan_names_are_the_packages_extras():
     extras = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
     defined = extras["project"]["optional-dependencies"]
     doc = build_files(single_plan_result(run(LLAMA, "1xA100-40", adapter="qlora")))["PLAN.md"]
-    named = [x for group in re.findall(r"planner\[([^\]]*)\]", doc) for x in group.split(",")]
+    named = [x for group in re.findall(r"llm-train-planner\[([^\]]*)\]", doc) for x in group.split(",")]
     assert {"adapters", "qlora"} <= set(named) <= set(defined)
     assert any(d.startswith("peft") for d in defined["adapters"]) and any(d.startswith("bitsandbytes") for d in defined["qlora"])
 
@@ -384,7 +383,7 @@ def test_the_adapter_line_from_the_exact_choices_is_the_full_searchs(model, gpus
     assert engine._option(engine._adapter_plan(request, spec, hardware, True), winner) == full
     assert (bounded is None) == (model == "meta-llama/Llama-3.1-70B")
     # the skip when no exact plan fits assumes AdamW runs wherever another optimizer does
-    from strategies.optimizer import CHOICES, Optimizer
+    from planner.strategies.optimizer import CHOICES, Optimizer
     assert not CHOICES[Optimizer.ADAMW].refused_on and CHOICES[Optimizer.ADAMW].deepspeed_cpu
 
 

@@ -5,9 +5,8 @@ real tensors."""
 import pytest
 
 from planner.catalog.models import catalog, resolve_model
-from planner.cost import adapters
-from planner.cost import params
-from strategies.adapter import target_modules
+from planner.cost import adapters, params
+from planner.strategies.adapter import target_modules
 
 peft = pytest.importorskip("peft")
 torch = pytest.importorskip("torch")
@@ -27,7 +26,7 @@ def lora(model, family: str, targets: str, rank: int, dora: bool = False):
 
 
 def peft_model(model_id: str, targets: str, rank: int, dora: bool):
-    from probes.meta_model import build_on_meta
+    from planner.probes.meta_model import build_on_meta
 
     return lora(build_on_meta(catalog()[model_id].config), resolve_model(model_id).family, targets, rank, dora)
 

@@ -4,8 +4,8 @@ CPU only: the "measured" figures are synthesised from the analytic model with a 
 (context, fragmentation, FLOP/s factors), so the fit must give that truth back.
 """
 
-import math
 import json
+import math
 import sqlite3
 
 import pytest
@@ -25,7 +25,7 @@ from planner.cost import overheads
 from planner.engine.calibrate import fit, predict, scaled, uncalibrated_gpu
 from planner.engine.estimate import estimate
 from planner.schema.estimate import EstimateRequest
-from strategies import TrainingConfig, reserve_extra
+from planner.strategies import TrainingConfig, reserve_extra
 
 GPU = "H100-SXM-80"
 CONTEXT = int(1.4 * GIB)

@@ -19,7 +19,7 @@ from planner.emit import emit
 from planner.engine.estimate import estimate_config
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
-from strategies import TECHNIQUES
+from planner.strategies import TECHNIQUES
 
 from helpers import examples
 
@@ -142,7 +142,7 @@ def test_not_fitting_job_gets_changes_that_fit(tmp_path):
     assert "checkpointing none -> " in out["changes"][0]["change"]
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
-    from strategies import TrainingConfig
+    from planner.strategies import TrainingConfig
 
     for change in out["changes"]:
         again = estimate_config(resolve_model(LLAMA), parse_gpus("4xA100-80"), TrainingConfig(**change["config"]))

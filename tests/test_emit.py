@@ -101,7 +101,7 @@ def test_accelerate_loads_validates_and_prepares(emitted, name, monkeypatch):
 def test_fsdp_wraps_the_family_decoder_layer():
     """The class named for every family is the block transformers builds (what FSDP wraps)."""
     from planner.catalog.models import catalog
-    from probes.meta_model import build_on_meta, decoder_layers
+    from planner.probes.meta_model import build_on_meta, decoder_layers
 
     seen = {}
     for model_id in catalog():

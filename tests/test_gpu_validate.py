@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from probes.forked import run_forked  # noqa: E402
+from planner.probes.forked import run_forked  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -76,7 +76,7 @@ def test_a_case_that_cannot_finish_in_its_phase_is_skipped_with_the_reason(tmp_p
     import gpu_validate
     from validation.report import Records
 
-    from probes.device import DeviceInfo
+    from planner.probes.device import DeviceInfo
 
     now = time.monotonic()
     clock = gpu_validate.Clock(start=now - 100, deadline=now + 10)  # phase B ended long ago

@@ -48,7 +48,7 @@ def test_launcher_trainer_ranks_only_what_the_standard_files_say():
     plan needs runtime.json, the output names what was left out, and asking for such a choice is
     bad input."""
     from planner.core.errors import PlannerInputError
-    from strategies import REGISTRY
+    from planner.strategies import REGISTRY
 
     result = suggest(SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", top=50, launcher="trainer"))
     assert result.plans

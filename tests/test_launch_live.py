@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from planner.emit import build_files, single_plan_result, write_files
-from strategies.precision import Precision
-from strategies.sharding import Engine, engine_of
+from planner.strategies.precision import Precision
+from planner.strategies.sharding import Engine, engine_of
 
 from helpers import run
 

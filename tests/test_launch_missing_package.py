@@ -45,5 +45,5 @@ def test_a_missing_package_exits_3_naming_it_and_its_extra(tmp_path, config, mod
                           env=os.environ | {"OMP_NUM_THREADS": "1"})
     assert done.returncode == 3, done.stderr[-3000:]
     assert (f"planner.launch: the plan needs the Python package {module}, which is not installed. Install it with "
-            f"pip install 'planner[{extra}]'") in done.stderr, done.stderr[-3000:]
+            f"pip install 'llm-train-planner[{extra}]'") in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -25,20 +25,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = {"torch", "transformers", "accelerate", "deepspeed", "optuna", "bitsandbytes", "torchao", "peft", "trl"}
-ORDER = ("planner.core", "planner.catalog", "planner.cost", "strategies", "planner.schema", "planner.engine",
+ORDER = ("planner.core", "planner.catalog", "planner.cost", "planner.strategies", "planner.schema", "planner.engine",
          "planner.emit", "planner.check", "planner.render")
 ALLOWED: dict[str, set[str]] = {layer: set(ORDER[: i + 1]) for i, layer in enumerate(ORDER)}
-ALLOWED["strategies"] = {"planner.core", "planner.cost", "strategies"}
-ALLOWED["planner.render"] = {"planner.core", "planner.catalog", "planner.cost", "strategies", "planner.schema",
+ALLOWED["planner.strategies"] = {"planner.core", "planner.cost", "planner.strategies"}
+ALLOWED["planner.render"] = {"planner.core", "planner.catalog", "planner.cost", "planner.strategies", "planner.schema",
                              "planner.render"}
-ALLOWED["planner.runtime"] = {"planner.core", "planner.catalog", "strategies", "planner.runtime"}
+ALLOWED["planner.runtime"] = {"planner.core", "planner.catalog", "planner.strategies", "planner.runtime"}
 ALLOWED["planner.launch"] = set(ORDER) - {"planner.render"} | {"planner.runtime", "planner.launch"}
-ALLOWED["probes"] = set(ORDER) - {"planner.check", "planner.render"} | {"planner.runtime", "probes"}
-ALLOWED["planner.cli"] = set(ORDER) | {"planner.runtime", "planner.cli", "probes"}
+ALLOWED["planner.probes"] = set(ORDER) - {"planner.check", "planner.render"} | {"planner.runtime", "planner.probes"}
+ALLOWED["planner.cli"] = set(ORDER) | {"planner.runtime", "planner.cli", "planner.probes"}
 #: Layers that may import heavy packages at module level.
-HEAVY_AT_TOP = {"probes"}
+HEAVY_AT_TOP = {"planner.probes"}
 #: Layers that import nothing heavy, not even inside a function.
-NEVER_HEAVY = {"planner.core", "planner.catalog", "planner.cost", "strategies", "planner.schema"}
+NEVER_HEAVY = {"planner.core", "planner.catalog", "planner.cost", "planner.strategies", "planner.schema"}
 
 
 def imports(path: Path, top_level_only: bool) -> set[str]:
@@ -58,6 +58,8 @@ def imports(path: Path, top_level_only: bool) -> set[str]:
 def module_name(path: Path) -> str:
     rel = path.relative_to(ROOT).with_suffix("")
     parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    if parts[0] in ("strategies", "probes"):  # the repository's folders install as planner.strategies, planner.probes
+        parts = ("planner", *parts)
     return ".".join(parts)
 
 
@@ -66,7 +68,7 @@ def layer_of(name: str) -> str | None:
         return "planner.core"
     if name == "planner.__main__":  # python -m planner: the command line
         return "planner.cli"
-    for layer in (*ORDER, "planner.runtime", "planner.launch", "planner.cli", "probes"):
+    for layer in (*ORDER, "planner.runtime", "planner.launch", "planner.cli", "planner.probes"):
         if name == layer or name.startswith(layer + "."):
             return layer
     return None
@@ -90,7 +92,7 @@ def test_layers():
         ours = {n for n in everywhere if layer_of(n) is not None}
         bad = {n for n in ours if layer_of(n) not in ALLOWED[layer]}
         if layer == "planner.cli":  # probes only inside the commands that need them
-            bad |= {n for n in top if layer_of(n) == "probes"}
+            bad |= {n for n in top if layer_of(n) == "planner.probes"}
         heavy = everywhere if layer in NEVER_HEAVY else top if layer not in HEAVY_AT_TOP else set()
         bad |= {n for n in heavy if n.split(".")[0] in HEAVY}
         if bad:
@@ -105,8 +107,8 @@ def test_the_rules_catch_a_violation(tmp_path):
     bad.write_text("import torch\nfrom planner.engine.estimate import evaluate\n")
     found = imports(bad, False)
     assert {n for n in found if n.split(".")[0] in HEAVY} == {"torch"}
-    assert {layer_of(n) for n in found if layer_of(n)} - ALLOWED["strategies"] == {"planner.engine"}
-    assert "probes" not in ALLOWED["planner.runtime"] and "planner.engine" not in ALLOWED["planner.runtime"]
+    assert {layer_of(n) for n in found if layer_of(n)} - ALLOWED["planner.strategies"] == {"planner.engine"}
+    assert "planner.probes" not in ALLOWED["planner.runtime"] and "planner.engine" not in ALLOWED["planner.runtime"]
 
 
 def _table(text: str, layer_col: int, imports_col: int) -> dict[str, set[str]]:

@@ -17,11 +17,11 @@ pytest.importorskip("transformers")
 from planner.catalog.calibration import CalibrationStore  # noqa: E402
 from planner.catalog.models import model_config  # noqa: E402
 from planner.engine.estimate import estimate
+from planner.probes.child import KILL_GRACE_SECONDS, run_child  # noqa: E402
+from planner.probes.device import DeviceInfo, catalog_gpu  # noqa: E402
+from planner.probes.measured import SHARED_RESERVE_BYTES, MeasureRequest, classify_failure, measure, memory_budget  # noqa: E402
 from planner.schema.estimate import EstimateRequest
-from probes.child import KILL_GRACE_SECONDS, run_child  # noqa: E402
-from probes.device import DeviceInfo, catalog_gpu  # noqa: E402
-from probes.measured import SHARED_RESERVE_BYTES, MeasureRequest, classify_failure, measure, memory_budget  # noqa: E402
-from strategies import TrainingConfig  # noqa: E402
+from planner.strategies import TrainingConfig  # noqa: E402
 
 TINY = str(Path(__file__).parent / "data" / "tiny-llama" / "config.json")
 GIB = 2**30
@@ -119,13 +119,13 @@ def test_timeout_ends_the_probe():
 
 
 def test_a_dying_child_is_recorded():
-    outcome = run_child("probes.measured", "this is not a request", timeout=120)
+    outcome = run_child("planner.probes.measured", "this is not a request", timeout=120)
     assert outcome.status == "crashed" and outcome.returncode == 1 and "ValidationError" in outcome.stderr_tail
     assert "died" in outcome.describe()
 
 
 def test_measure_plan_compares_and_stores(tmp_path):
-    from probes.measured_command import measure_plan
+    from planner.probes.measured_command import measure_plan
 
     plan = estimate(EstimateRequest(model=TINY, gpus="4xH100-80", sharding="fsdp", seq_len=64))
     r = measure_plan(plan, TINY, model_config(TINY), CPU, device_kind="cpu", warmup_steps=1, steps=2, timeout=300,
@@ -143,9 +143,9 @@ def test_measure_plan_compares_and_stores(tmp_path):
 def test_extrapolation_from_two_depths_matches_full_depth():
     """The two-depth method on exact figures: traced phase peaks of Llama-3.2-1B at 2 and 4 layers,
     extrapolated to 8, against the trace at 8 layers (to 0.5 %)."""
-    from probes.extrapolate import extrapolate
-    from probes.measured import MeasureResult
-    from probes.traced import TraceRequest, trace_many
+    from planner.probes.extrapolate import extrapolate
+    from planner.probes.measured import MeasureResult
+    from planner.probes.traced import TraceRequest, trace_many
 
     config = TrainingConfig(seq_len=256, checkpointing="none")
     cfg = model_config("meta-llama/Llama-3.2-1B")
@@ -162,8 +162,8 @@ def test_a_third_depth_checks_linearity():
     """Figures affine in depth pass the check; a phase that bends below the two deepest depths is
     named (the Llama-3.2-1B forward phase with full checkpointing, from traced figures in MiB:
     5911.3 / 7307.4 / 10339.7 at 2 / 4 / 8 layers)."""
-    from probes.extrapolate import extrapolate_runs
-    from probes.measured import MeasureResult
+    from planner.probes.extrapolate import extrapolate_runs
+    from planner.probes.measured import MeasureResult
 
     def run(forward: float, step: float) -> MeasureResult:
         return MeasureResult(status="ok", phase_peaks={"forward": round(forward * 2**20), "step": round(step * 2**20)},
@@ -202,8 +202,8 @@ def test_without_a_gpu_the_measured_probe_says_so(args):
 
 def test_suggest_probe_picks_the_fastest_measured_plan():
     from planner.engine.suggest import suggest
+    from planner.probes.measured_command import probe_suggestion
     from planner.schema.suggest import SuggestRequest
-    from probes.measured_command import probe_suggestion
 
     result = suggest(SuggestRequest(model=TINY, gpus="1xH100-80", seq_len=64, global_batch_size=16, top=3,
                                     optimizer=["adamw"], sharding=["none"], offload=["none"], loss=["standard"],
@@ -218,7 +218,7 @@ def test_suggest_probe_picks_the_fastest_measured_plan():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_measured_probe_on_this_gpu(tmp_path):
     """Qwen2.5-0.5B, full depth, AdamW bf16-mixed: the analytic peak within 10 % of the driver's."""
-    from probes.measured_command import measure_plan, require_gpu
+    from planner.probes.measured_command import measure_plan, require_gpu
 
     device = require_gpu()
     plan = estimate(EstimateRequest(model="Qwen/Qwen2.5-0.5B", gpus=f"1x{catalog_gpu(device.name, device.total_bytes)}",

@@ -55,7 +55,7 @@ def test_paged_state_is_on_the_device_but_not_in_the_driver_process_figure():
     """The run settled paged accounting: NVML's per-process bytes leave CUDA managed memory out,
     cudaMemGetInfo's device-wide used bytes count the pages resident on the GPU, so the second
     grew by the paged state's size more than the first (within 5 %)."""
-    from probes.gpu_readings import unified_resident_bytes
+    from planner.probes.gpu_readings import unified_resident_bytes
 
     paged = [r for r in records() if r["comparison"] and r["case"]["config"].get("optimizer", "").startswith("paged")]
     assert len(paged) >= 2

@@ -6,10 +6,9 @@ import pytest
 
 from planner.catalog.models import resolve_model
 from planner.core.ledger import Location, Phase
-from planner.cost import activations
-from planner.cost import params
+from planner.cost import activations, params
 from planner.cost.zero import zero_model_state_bytes
-from strategies.sharding import ZERO_SUB_GROUP_SIZE, deepspeed_buckets
+from planner.strategies.sharding import ZERO_SUB_GROUP_SIZE, deepspeed_buckets
 
 from helpers import run
 

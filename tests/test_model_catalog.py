@@ -7,6 +7,7 @@ import pytest
 from planner.catalog.models import catalog, resolve_model
 from planner.core.errors import PlannerInputError
 from planner.cost import params
+
 REQUIRED = [
     "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.2-1B",
     "meta-llama/Llama-3.2-3B", "meta-llama/Llama-2-7b-hf", "mistralai/Mistral-7B-v0.1", "mistralai/Mixtral-8x7B-v0.1",
@@ -97,7 +98,7 @@ def test_bad_config_files_are_clear_errors(tmp_path, content, needle):
 @pytest.mark.parametrize("model_id", sorted(catalog()))
 def test_count_equals_transformers_on_meta_device(model_id):
     """Build the real architecture with transformers on the meta device and count exactly."""
-    meta = pytest.importorskip("probes.meta_model")
+    meta = pytest.importorskip("planner.probes.meta_model")
     model = meta.build_on_meta(catalog()[model_id].config)
     spec = resolve_model(model_id)
     assert params.total_parameters(spec) == meta.count_parameters(model)

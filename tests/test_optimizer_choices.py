@@ -13,8 +13,8 @@ import pytest
 
 from planner.core.numerics import EXACT
 from planner.cost.optimizer_states import torchao_4bit_states
-from strategies import LADDER
-from strategies.optimizer import CHOICES, DEEPSPEED_READS, TRAINER_READS, Optimizer
+from planner.strategies import LADDER
+from planner.strategies.optimizer import CHOICES, DEEPSPEED_READS, TRAINER_READS, Optimizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -40,8 +40,8 @@ def _importable(impl) -> bool:
 @pytest.mark.parametrize("value", list(CHOICES), ids=str)
 def test_every_optimizer_value_is_whole(value, tmp_path):
     from planner.launch.live import optimizer_name
+    from planner.probes.model_setup import computed_state_bytes
     from planner.runtime.optimizer import CALLS, build
-    from probes.model_setup import computed_state_bytes
 
     choice = CHOICES[value]
     assert choice.rung == EXACT or choice.rung in LADDER, value
@@ -113,6 +113,6 @@ def test_the_ladder_takes_4bit_states_only_when_8bit_does_not_fit():
     long = suggest(SuggestRequest(**ask, seq_len=20480))
     assert long.plans[0].config.optimizer == "adamw-4bit"
     assert not any(p.config.optimizer == "adamw-8bit" for p in long.plans)
-    from strategies import approximation_words
+    from planner.strategies import approximation_words
 
     assert approximation_words(long.plans[0].config) == ["optimizer adamw-4bit (4-bit optimizer states)"]

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from planner.catalog.models import catalog
 from planner.core.ledger import Phase
-from strategies import TECHNIQUES
-from strategies.checkpointing import Checkpointing
+from planner.strategies import TECHNIQUES
+from planner.strategies.checkpointing import Checkpointing
 
 from helpers import examples, run
 
@@ -111,7 +111,7 @@ def test_the_one_pass_peaks_equal_the_phase_by_phase_ones(model, gpus, cfg):
     from planner.catalog.models import resolve_model
     from planner.core.ledger import NOT_ALLOCATED, Location, gpu_peaks, phase_sum
     from planner.engine.estimate import evaluate
-    from strategies import TrainingConfig
+    from planner.strategies import TrainingConfig
 
     rows = evaluate(resolve_model(model), parse_gpus(gpus), TrainingConfig(**cfg)).ledger.rows
     tensors = [r for r in rows if r.term not in NOT_ALLOCATED]

@@ -10,9 +10,9 @@ from planner.core.numerics import NumericsPolicy
 from planner.engine.ranking import TIE_BAND, Candidate, order, pick
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
-from strategies import LADDER, REGISTRY, complexity, numerics_of
-from strategies.optimizer import ADAM_MINI_MOMENTS, METHOD, STATES_8BIT
-from strategies.precision import BF16_WEIGHTS, FP8
+from planner.strategies import LADDER, REGISTRY, complexity, numerics_of
+from planner.strategies.optimizer import ADAM_MINI_MOMENTS, METHOD, STATES_8BIT
+from planner.strategies.precision import BF16_WEIGHTS, FP8
 
 LLAMA8 = "meta-llama/Llama-3.1-8B"
 

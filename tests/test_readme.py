@@ -95,7 +95,7 @@ def test_the_numerics_ladder_is_the_registrys(path):
     """The ladder the docs state is the one the strategies declare (strategies.LADDER), and every
     optimizer value is in the reference's vocabulary table."""
     from planner.core.numerics import ladder_phrase
-    from strategies import BY_FIELD, LADDER
+    from planner.strategies import BY_FIELD, LADDER
 
     text = " ".join((README.parent / path).read_text().split())
     assert ladder_phrase(LADDER) in text

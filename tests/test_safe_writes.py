@@ -33,7 +33,7 @@ from planner.core.errors import PlannerInputError
 from planner.emit import build_files, launch_script, single_plan_result, write_files, writer
 from planner.emit import files as emit_files
 from planner.emit.writer import MANIFEST
-from strategies import PlanContext
+from planner.strategies import PlanContext
 
 from helpers import examples, run
 

@@ -161,9 +161,9 @@ def test_check_screen_reads_at_width(width, tmp_path_factory):
 
 def test_nothing_fits_reads_at_every_width():
     """The slow search once (--json); its screen at each width from the command's renderer."""
-    from planner.schema.suggest import SuggestResult
     from planner.render.next_steps import Asked
     from planner.render.report import render_suggest
+    from planner.schema.suggest import SuggestResult
 
     out = result(tuple(NOTHING_FITS))
     assert out["fits"] is False

@@ -24,8 +24,8 @@ from planner.engine.estimate import SIZE_FIELDS, Shared, check_config, evaluate
 from planner.engine.ranking import Candidate
 from planner.engine.refusals import Recording, RefusalMemo
 from planner.engine.space import build_space
-from strategies import REGISTRY, PlanContext, TrainingConfig, complexity, numerics_of
-from strategies.base import LAYOUT_INPUTS
+from planner.strategies import REGISTRY, PlanContext, TrainingConfig, complexity, numerics_of
+from planner.strategies.base import LAYOUT_INPUTS
 
 from helpers import examples
 

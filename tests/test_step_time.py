@@ -3,8 +3,7 @@
 import pytest
 
 from planner.core.timing import OVERLAP_EFFICIENCY
-from planner.cost import comms
-from planner.cost import overheads
+from planner.cost import comms, overheads
 
 from helpers import run
 

@@ -10,6 +10,7 @@ tokens per second (the efficiency table was fitted to these rows; the test keeps
 import pytest
 
 from planner.cost import compute
+
 from helpers import run
 
 ROWS = [

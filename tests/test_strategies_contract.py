@@ -18,21 +18,21 @@ from rich.console import Console
 
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
-from planner.check import CheckRequest, check
+from planner.check import CheckRequest
 from planner.cli import app
 from planner.cli.flows import SuggestJob
 from planner.core.ledger import TERMS, LedgerDraft
+from planner.core.numerics import EXACT
 from planner.core.vocabulary import WORKLOAD
 from planner.emit import build_files, single_plan_result
 from planner.engine.estimate import estimate_config, evaluate
+from planner.render import report
+from planner.render.tune import render_tune
 from planner.schema.estimate import EstimateRequest
 from planner.schema.suggest import SuggestRequest
 from planner.schema.tune import TrialRow, TuneRequest, TuneResult
-from planner.render import report
-from planner.render.tune import render_tune
-from planner.core.numerics import EXACT
-from strategies import BY_FIELD, LADDER, REGISTRY, SETTINGS, TECHNIQUES, Check, PlanContext, TrainingConfig
-from strategies.base import LAYOUT_FIELDS, Choice, resolve_layout
+from planner.strategies import BY_FIELD, LADDER, REGISTRY, TECHNIQUES, Check, PlanContext, TrainingConfig
+from planner.strategies.base import LAYOUT_FIELDS, Choice, resolve_layout
 
 from helpers import round_trip, round_trip_errors
 
@@ -127,7 +127,7 @@ def test_every_technique_is_a_flag_of_every_planning_command():
 
 
 def test_every_technique_is_a_field_of_every_request():
-    probes = pytest.importorskip("probes.command")
+    probes = pytest.importorskip("planner.probes.command")
     for request in (EstimateRequest, SuggestRequest, SuggestJob, TuneRequest, CheckRequest, probes.ProbeRequest):
         missing = [s.field for s in TECHNIQUES if s.field not in request.model_fields]
         assert not missing, f"{request.__name__} lacks {missing}"
@@ -249,11 +249,10 @@ def test_what_type_checkers_see_is_the_registrys_model(name):
     """strategies/static_types.py writes out the models the registry builds: the same fields in the
     same order, with the same types and defaults (pydantic checks the bounds at run time, on the
     registry's model)."""
-    import strategies
-    import strategies.request_fields
-    from strategies import static_types
+    from planner import strategies
+    from planner.strategies import request_fields, static_types
 
-    built = getattr(strategies, name, None) or getattr(strategies.request_fields, name)
+    built = getattr(strategies, name, None) or getattr(request_fields, name)
     written = getattr(static_types, name)
     assert list(written.model_fields) == list(built.model_fields)
     for field, info in built.model_fields.items():

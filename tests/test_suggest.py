@@ -11,11 +11,11 @@ from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.cli import app
 from planner.engine.estimate import estimate, estimate_config, evaluate
-from planner.schema.estimate import EstimateRequest
 from planner.engine.nothing_fits import Prober, host_gb, larger_kinds
 from planner.engine.search import exhaustive, greedy_seeds, optuna_search
 from planner.engine.space import build_space, default_global_batch
 from planner.engine.suggest import suggest
+from planner.schema.estimate import EstimateRequest
 from planner.schema.suggest import SuggestRequest
 
 from helpers import examples

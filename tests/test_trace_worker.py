@@ -16,12 +16,12 @@ import pytest
 
 from planner.catalog.models import catalog
 from planner.core.errors import ProbeFailedError
-from strategies import TrainingConfig
+from planner.strategies import TrainingConfig
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from probes.trace_worker import TraceWorker  # noqa: E402
-from probes.traced import TraceRequest, trace_many  # noqa: E402
+from planner.probes.trace_worker import TraceWorker  # noqa: E402
+from planner.probes.traced import TraceRequest, trace_many  # noqa: E402
 
 QWEN = "Qwen/Qwen2.5-0.5B"
 SMOL = "HuggingFaceTB/SmolLM2-135M"

@@ -19,15 +19,18 @@ import pytest
 
 from planner.catalog.models import catalog
 from planner.core.errors import ProbeFailedError
-from strategies import TrainingConfig
+from planner.strategies import TrainingConfig
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from probes.compare import compare_result, per_layer_comparison  # noqa: E402
-from probes import matrix as M  # noqa: E402
-from probes.compare import STATES  # noqa: E402
-from probes.matrix import ARCHS, FACTORS, covering_subset, full_matrix  # noqa: E402
-from probes.traced import TraceRequest, trace, trace_many  # noqa: E402
+from planner.probes import matrix as M  # noqa: E402
+from planner.probes.compare import (  # noqa: E402
+    STATES,  # noqa: E402
+    compare_result,
+    per_layer_comparison,
+)
+from planner.probes.matrix import ARCHS, FACTORS, covering_subset, full_matrix  # noqa: E402
+from planner.probes.traced import TraceRequest, trace, trace_many  # noqa: E402
 
 QWEN = "Qwen/Qwen2.5-0.5B"  # biases, GQA, tied embeddings
 LAYERS = 2
@@ -53,7 +56,7 @@ def test_fake_trace_equals_the_real_allocator(precision):
     """Tied embeddings: autocast's fp32 upcast is accumulated in place (bf16-mixed), the matmul's
     view is not (bf16-pure). The fake trace with the tracker's in-place rule must reproduce the
     real CPU allocator's phase peaks (above the iteration's start) in both."""
-    from probes.real_cpu import real_phase_increments
+    from planner.probes.real_cpu import real_phase_increments
 
     req = request(QWEN, precision=precision, micro_batch_size=1, seq_len=64)
     fake = trace(req, timeout=300)
@@ -103,7 +106,7 @@ def test_matrix_subset_meets_the_safety_target():
     parameters, gradients and optimizer states to the byte; one layer's activations (the difference
     of two depths) within 2 %; the step peak never more than 1 % under the trace; the median |error| of the
     activations, one layer, every phase and the step peak at most 2 %."""
-    from probes.compare import per_layer_comparison, same_moment
+    from planner.probes.compare import per_layer_comparison, same_moment
 
     missed, errors = [], {}
     rows = matrix_traces()
@@ -134,7 +137,7 @@ def test_zero_plan_states_computed_and_activations_traced(sharding):
     """ZeRO plans: the rank's model states from the ZeRO partition rules on the traced parameter
     count agree with the ledger; the activations of the 16-bit module traced with sharding none agree
     within 5 %; the result says which is which."""
-    from probes.compare import compare_zero_result
+    from planner.probes.compare import compare_zero_result
 
     plan = dict(precision="bf16-mixed", sharding=sharding, micro_batch_size=2, seq_len=256)
     traced = trace(request(QWEN, **(plan | {"sharding": "none", "precision": "bf16-pure"})), timeout=900)
@@ -294,7 +297,7 @@ def test_every_optimizer_kind_agrees_with_its_trace():
     (bitsandbytes, torchao, Adam-mini) are computed from its own state rule and held through
     every phase, as a real run holds them; paged state stays out of the GPU's peak. Each plan's
     model states agree to the byte and every phase within the traced tolerance."""
-    from strategies.optimizer import CHOICES
+    from planner.strategies.optimizer import CHOICES
 
     names = [str(o) for o in CHOICES]
     requests = [request(QWEN, optimizer=name, micro_batch_size=1, seq_len=64) for name in names]

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from planner.catalog.models import catalog
-from strategies import TrainingConfig
+from planner.strategies import TrainingConfig
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from probes.traced import TraceRequest  # noqa: E402
+from planner.probes.traced import TraceRequest  # noqa: E402
 
 TOOL = Path(__file__).parent / "tools" / "peak_walks.py"
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ import pytest
 optuna = pytest.importorskip("optuna")
 
 from planner.engine.suggest import suggest
-from planner.schema.suggest import SuggestRequest
 from planner.engine.tune import tune
+from planner.schema.suggest import SuggestRequest
 from planner.schema.tune import ProbeOutcome, TuneRequest
 
 TINY = str(Path(__file__).parent / "data" / "tiny-llama" / "config.json")
@@ -51,7 +51,7 @@ def test_tune_launcher_trainer_never_tries_what_only_the_planner_launch_runs(tmp
     """tune --launcher trainer searches the same space as suggest --launcher trainer: no trial (and
     so no best plan) uses a choice that needs runtime.json (Strategy.runtime_only), while the default
     launcher's top plans here do use such choices."""
-    from strategies import REGISTRY
+    from planner.strategies import REGISTRY
 
     req = dict(model="meta-llama/Llama-3.2-1B", gpus="1xH100-80", seq_len=2048, sharding=["none"], offload=["none"])
     runtime_only = {(s.field, v) for s in REGISTRY for v in s.runtime_only}

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from probes.forked import run_forked
+from planner.probes.forked import run_forked
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_CONFIG = ROOT / "tests" / "data" / "tiny-llama" / "config.json"

@@ -16,7 +16,7 @@ import json
 import statistics
 from pathlib import Path
 
-from probes.gpu_readings import READINGS
+from planner.probes.gpu_readings import READINGS
 
 MEMORY_BAND, TIME_BAND = 0.10, 0.15
 TIMED = ("timed", "communication modelled")

@@ -12,7 +12,7 @@ import subprocess
 import time
 from importlib import metadata
 
-from probes.forked import collect, run_forked, start_forked
+from planner.probes.forked import collect, run_forked, start_forked
 
 #: Libraries whose versions the results depend on.
 PACKAGES = ("torch", "transformers", "accelerate", "peft", "deepspeed", "bitsandbytes", "torchao", "liger-kernel",
@@ -60,7 +60,7 @@ def _bnb_paged(device: str) -> str:
     import bitsandbytes as bnb
     import torch
 
-    from probes.gpu_readings import paged_bytes
+    from planner.probes.gpu_readings import paged_bytes
 
     p = torch.nn.Parameter(torch.randn(1024, 1024, device=device))
     opt = bnb.optim.PagedAdamW8bit([p])
@@ -128,7 +128,7 @@ def _peft(device: str) -> str:
 def _nvml(device: str) -> str:
     import torch
 
-    from probes.gpu_readings import nvml_process_bytes
+    from planner.probes.gpu_readings import nvml_process_bytes
 
     torch.ones(1, device=device)
     reading = nvml_process_bytes()

@@ -29,8 +29,8 @@ from planner.engine.search import search_plans
 from planner.engine.space import build_space
 from planner.schema.estimate import EstimateResult
 from planner.schema.target import Target
-from strategies import BY_FIELD, TECHNIQUES, TrainingConfig
-from strategies.request_fields import TechniqueChoices
+from planner.strategies import BY_FIELD, TECHNIQUES, TrainingConfig
+from planner.strategies.request_fields import TechniqueChoices
 
 CONFIG_FIELDS = tuple(TrainingConfig.model_fields)  # every technique and the workload
 

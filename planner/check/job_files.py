@@ -29,7 +29,7 @@ from planner.check.recipe_keys import read_recipe_keys, suggestion
 from planner.core.errors import PlannerInputError
 from planner.core.job import FsdpSettings, JobFiles, Reading
 from planner.core.launch_contract import RUNTIME_FILE, RuntimeArgs
-from strategies import TECHNIQUES
+from planner.strategies import TECHNIQUES
 
 #: TRL's SFTConfig sequence-length keys (a TrainingArguments subclass that most SFT jobs use).
 SEQ_LEN_KEYS = ("max_seq_length", "max_length")

@@ -312,8 +312,8 @@ def probe(
     as_json: options.Json = False,
 ) -> None:
     from planner.cli import flows
+    from planner.probes.command import EXIT_AGREE, EXIT_DISAGREE
     from planner.render.probe import render_measured, render_probe
-    from probes.command import EXIT_AGREE, EXIT_DISAGREE
 
     def run():
         fields = dict(model=model, gpus=gpus, **techniques, micro_batch_size=micro_batch_size, grad_accum=grad_accum,

@@ -37,14 +37,14 @@ def suggest(job: SuggestJob, say: Say):
     ``out``, write the winner's files. Returns the SuggestResult (or, probed, the ProbedSuggestion)."""
     device = None
     if job.probe:
-        from probes.measured_command import require_gpu
+        from planner.probes.measured_command import require_gpu
 
         device = require_gpu()  # before the search: no GPU, no wait
     result = search_plans(job)
     served: Any = result  # the suggestion, or its probed form
     winner = 1
     if device is not None and result.fits:
-        from probes.measured_command import probe_suggestion
+        from planner.probes.measured_command import probe_suggestion
 
         probed = probe_suggestion(result, job.probe, device, job.probe_timeout, store=job.calibration)
         served, winner = probed, probed.best_rank or 1
@@ -96,17 +96,17 @@ def report(written, say: Say) -> None:
 def probe(fields: dict, plan: Path | None, rank: int):
     """``planner probe``: the plan from its flags (``fields``) or from a plan file, traced on this
     CPU or measured on this GPU (``fields["fidelity"]``)."""
-    from probes.command import ProbeRequest, run_probe
+    from planner.probes.command import ProbeRequest, run_probe
 
     if plan is not None:
-        from probes.measured_command import plan_fields
+        from planner.probes.measured_command import plan_fields
 
         fields = fields | plan_fields(plan, rank)
     elif fields.get("model") is None or fields.get("gpus") is None:
         raise PlannerInputError("give the plan: --model and --gpus (and config flags), or --plan FILE")
     request = ProbeRequest(**fields)
     if request.fidelity == "measured":
-        from probes.measured_command import run_measured_probe
+        from planner.probes.measured_command import run_measured_probe
 
         return run_measured_probe(request)
     return run_probe(request)
@@ -118,8 +118,8 @@ def tune(request: "TuneRequest", force: bool, console) -> "TuneResult":
     the plot."""
     from planner.emit.files import existing_plan_files
     from planner.engine.tune import tune as run_study
+    from planner.probes.tune_probes import choose
     from planner.render.tune import Progress, plot
-    from probes.tune_probes import choose
 
     if request.out is not None and not force:
         existing = existing_plan_files(request.out)

@@ -15,7 +15,7 @@ from planner.catalog.calibration import ENV as CALIBRATION_ENV
 from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy, ladder_phrase
 from planner.cost.overheads import DEFAULT_MARGIN
-from strategies import BY_FIELD, LADDER, SETTINGS, TECHNIQUES
+from planner.strategies import BY_FIELD, LADDER, SETTINGS, TECHNIQUES
 
 Model = Annotated[str, typer.Option("--model", help="HF id from the catalog or local HF cache, or a config.json / model folder")]
 Gpus = Annotated[str, typer.Option("--gpus", help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, 2x./gpu.yaml")]

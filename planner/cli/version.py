@@ -5,8 +5,10 @@ def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
 
+    from planner.core.distribution import DIST
+
     try:
-        return installed("planner")
+        return installed(DIST)
     except PackageNotFoundError:
         import planner
 

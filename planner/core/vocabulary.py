@@ -103,7 +103,7 @@ def config_model(techniques: Sequence[tuple[str, type[StrEnum], StrEnum]],
     fields: dict[str, Any] = {name: (enum, default) for name, enum, default in techniques}
     fields |= {s.name: s.field() for s in settings}
     fields |= WORKLOAD_FIELDS
-    return create_model("TrainingConfig", __base__=ConfigBase, __module__="strategies", **fields)
+    return create_model("TrainingConfig", __base__=ConfigBase, __module__="planner.strategies", **fields)
 
 
 def choice_model(name: str, techniques: Sequence[tuple[str, type[StrEnum]]], many: bool,
@@ -116,4 +116,4 @@ def choice_model(name: str, techniques: Sequence[tuple[str, type[StrEnum]]], man
         for n, enum in techniques
     }
     fields |= {s.name: s.field(optional=True) for s in settings}
-    return create_model(name, __base__=base, __module__="strategies", **fields)
+    return create_model(name, __base__=base, __module__="planner.strategies", **fields)

@@ -34,7 +34,7 @@ from planner.engine.alternatives import memory_savers
 from planner.engine.estimate import estimate_config
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import SuggestResult
-from strategies import REGISTRY, Engine, PlanContext, numerics_of, summary
+from planner.strategies import REGISTRY, Engine, PlanContext, numerics_of, summary
 
 FILE_NAMES = ("accelerate_config.yaml", "deepspeed_config.json", "training_args.json", RUNTIME_FILE, "launch.sh",
               "plan.json", "PLAN.md")

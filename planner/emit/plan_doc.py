@@ -2,13 +2,14 @@
 first if it runs out of memory, and how to run it."""
 
 from planner.core import shell
+from planner.core.distribution import install_line
 from planner.core.emitted import EmitDraft
 from planner.core.formatting import count, gib, share
 from planner.core.launch_contract import RUNTIME_FILE, RuntimeArgs
 from planner.core.ledger import Location, resident
 from planner.engine.ranking import TIE_BAND
 from planner.schema.estimate import Alternative, EstimateResult
-from strategies import approximation_words, summary
+from planner.strategies import approximation_words, summary
 
 
 def _gib(n: float) -> str:
@@ -107,10 +108,9 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
 
 
 def how_to_run(draft: EmitDraft, files: list[str], seq_len: int) -> list[str]:
-    """Commands that work from the plan folder after ``pip install planner[...]``: the extras this
+    """Commands that work from the plan folder after ``pip install llm-train-planner[...]``: the extras this
     plan needs, the real launch on the user's model and data, a smoke test named as one, and what a
     user's own script must apply (runtime.json beyond the libraries' defaults)."""
-    extras = ",".join(sorted(draft.extras, key=lambda e: (e != "train", e)))
     applied = {k: v for k, v in draft.runtime.items() if k in RuntimeArgs.neutral() and v != RuntimeArgs.neutral()[k]}
     out = [
         "## How to run",
@@ -122,7 +122,7 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int) -> list[str]:
         "for your CUDA):",
         "",
         "```bash",
-        f"pip install 'planner[{extras}]'",
+        install_line(draft.extras),
         "MODEL=/path/to/your/model DATA=/path/to/train.jsonl ./launch.sh --max-steps 1000",
         "```",
         "",

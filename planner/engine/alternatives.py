@@ -13,7 +13,7 @@ from itertools import product
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.engine.estimate import estimate_config, evaluate
 from planner.schema.estimate import Alternative, EstimateResult
-from strategies import TECHNIQUES, TrainingConfig
+from planner.strategies import TECHNIQUES, TrainingConfig
 
 
 def _variants(c: TrainingConfig, hardware: HardwareSpec) -> list[tuple[str, dict]]:

@@ -45,8 +45,8 @@ from planner.core.timing import TimeDraft, step_seconds
 from planner.cost import overheads
 from planner.engine.estimate import FRAGMENTATION_LABEL, evaluate, runtime_reserves
 from planner.schema.calibrate import CalibrateRequest, CalibrateResult
-from strategies import TrainingConfig, reserve_extra
-from strategies.precision import LAYER_MATMUL_DTYPE
+from planner.strategies import TrainingConfig, reserve_extra
+from planner.strategies.precision import LAYER_MATMUL_DTYPE
 
 #: The efficiency-table entry a plan's step time is fitted to: its decoder layers' matmul dtype
 #: (strategies/precision.py; fp8-mixed runs them in fp8 and the rest in bf16, so it fits the "fp8"

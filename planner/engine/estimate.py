@@ -26,7 +26,7 @@ from planner.core.vocabulary import DEFAULT_SEQ_LEN, WORKLOAD
 from planner.cost import adapters, overheads, params
 from planner.engine.assumptions import assumptions
 from planner.schema.estimate import EstimateRequest, EstimateResult, HardwareInfo, ModelInfo
-from strategies import (
+from planner.strategies import (
     REGISTRY,
     SETTINGS,
     TECHNIQUES,
@@ -37,9 +37,9 @@ from strategies import (
     TrainingConfig,
     reserve_extra,
 )
-from strategies.base import LAYOUT_INPUTS
-from strategies.rates import peak_dtype, peak_flops
-from strategies.sharding import Sharding
+from planner.strategies.base import LAYOUT_INPUTS
+from planner.strategies.rates import peak_dtype, peak_flops
+from planner.strategies.sharding import Sharding
 
 
 @dataclass

@@ -37,8 +37,8 @@ from planner.engine.search import SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, default_global_batch, settings_of
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import HardwareSuggestion
-from strategies import BY_FIELD, FIELDS, PlanContext, summary
-from strategies.base import Check
+from planner.strategies import BY_FIELD, FIELDS, PlanContext, summary
+from planner.strategies.base import Check
 
 MAX_NODES = 128
 #: Per technique, its choices from the least GPU memory to the most, for the techniques whose

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.core.numerics import NumericsPolicy
-from strategies import complexity, numerics_of
-from strategies.precision import SIXTEEN_BIT_MIXED
-from strategies.sharding import engine_of
+from planner.strategies import complexity, numerics_of
+from planner.strategies.precision import SIXTEEN_BIT_MIXED
+from planner.strategies.sharding import engine_of
 
 TIE_BAND = 0.05
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.engine.estimate import Shared, check_config, size_free_key
-from strategies import PlanContext, PlanLayout, TrainingConfig
-from strategies.base import LAYOUT_INPUTS
+from planner.strategies import PlanContext, PlanLayout, TrainingConfig
+from planner.strategies.base import LAYOUT_INPUTS
 
 #: What a check may read and be remembered by: the fields, and the properties computed from them.
 READABLE = frozenset(TrainingConfig.model_fields) | frozenset(

@@ -36,7 +36,7 @@ from planner.engine.estimate import Evaluation, Shared, evaluate, time_evaluatio
 from planner.engine.ranking import family
 from planner.engine.refusals import RefusalMemo
 from planner.engine.space import SearchSpace
-from strategies import REGISTRY, TrainingConfig, complexity
+from planner.strategies import REGISTRY, TrainingConfig, complexity
 
 EXHAUSTIVE_LIMIT = 200_000  # candidates; above this `auto` uses Optuna
 PARALLEL_MIN_CANDIDATES = 4_000  # below this, forking costs more than it saves

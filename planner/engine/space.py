@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.core.errors import PlannerInputError
 from planner.core.launch_contract import Launcher
-from strategies import REGISTRY, SETTINGS, TrainingConfig
-from strategies.optimizer import QUANTIZED
+from planner.strategies import REGISTRY, SETTINGS, TrainingConfig
+from planner.strategies.optimizer import QUANTIZED
 
 DEFAULT_GLOBAL_BATCH_TOKENS = 131_072  # 2^17 = 64 x 2048
 _ENUMS = {s.field: s.enum for s in REGISTRY}

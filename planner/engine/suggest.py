@@ -21,9 +21,9 @@ from planner.engine.search import ENGINES, SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, settings_of
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import AdapterOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
-from strategies import FIELDS, REGISTRY, TECHNIQUES, PlanContext, approximation_words, summary
-from strategies.adapter import ALLOWS, Adapter
-from strategies.optimizer import STRATEGY as OPTIMIZER
+from planner.strategies import FIELDS, REGISTRY, TECHNIQUES, PlanContext, approximation_words, summary
+from planner.strategies.adapter import ALLOWS, Adapter
+from planner.strategies.optimizer import STRATEGY as OPTIMIZER
 
 #: Full fine-tuning counts as "far slower" than an adapter when the adapter plan is this much faster
 #: (on 1xRTX4090-24, Llama-3.1-8B in full needs CPU offload: QLoRA is about 37 % faster).

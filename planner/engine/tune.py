@@ -42,7 +42,7 @@ from planner.engine.ranking import TIE_BAND, Candidate, allowed_levels, order, p
 from planner.engine.search import search
 from planner.engine.suggest import _space
 from planner.schema.tune import Probe, ProbeOutcome, TrialRow, TuneRequest, TuneResult
-from strategies import numerics_of
+from planner.strategies import numerics_of
 
 FIDELITIES = ("auto", "analytic", "traced", "measured")
 #: Far outside any memory: the constraint of a candidate that cannot run at all.

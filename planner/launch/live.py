@@ -8,9 +8,9 @@ implementation, and the shape of the batches the model saw.
 """
 
 from planner.runtime.model import decoder_layers
-from strategies import FIELDS
-from strategies.optimizer import CHOICES
-from strategies.sharding import FSDP1_STRATEGIES
+from planner.strategies import FIELDS
+from planner.strategies.optimizer import CHOICES
+from planner.strategies.sharding import FSDP1_STRATEGIES
 
 
 def _inner_optimizer(opt):

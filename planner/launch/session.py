@@ -10,11 +10,11 @@ from planner.check.job_files import beside
 from planner.core.errors import PlannerInputError
 from planner.launch import cpu
 from planner.launch.data import SAMPLE, packed_blocks, read_texts
-from strategies import TrainingConfig
-from strategies.adapter import Adapter, quantization_config
-from strategies.optimizer import CHOICES, RUNTIME_BUILT, TRAINER_READS
-from strategies.precision import Precision
-from strategies.sharding import FSDP
+from planner.strategies import TrainingConfig
+from planner.strategies.adapter import Adapter, quantization_config
+from planner.strategies.optimizer import CHOICES, RUNTIME_BUILT, TRAINER_READS
+from planner.strategies.precision import Precision
+from planner.strategies.sharding import FSDP
 
 
 class Session:

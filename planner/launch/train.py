@@ -10,8 +10,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from planner.check.job_files import JOB_FILES, read_job
+from planner.core.distribution import DIST, install_line
 from planner.core.errors import PlannerInputError
-from strategies import BY_FIELD, TrainingConfig
+from planner.strategies import BY_FIELD, TrainingConfig
 
 TRAINING_ARGS = JOB_FILES["training_args"]
 
@@ -72,8 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
-#: planner's own top-level packages (pyproject.toml's packages.find): an import of them failing is a bug.
-OWN_PACKAGES = ("planner", "strategies", "probes")
+#: planner's own top-level package (pyproject.toml's packages): an import of it failing is a bug.
+OWN_PACKAGES = ("planner",)
 
 
 def _missing_module(e: BaseException | None) -> str | None:
@@ -95,8 +96,8 @@ def _missing_module_message(module: str, error: ImportError) -> str:
     extra = _smallest_extra_installing(dist)
     missing = isinstance(error, ModuleNotFoundError)
     pip = "pip install" if missing else "pip install -U"
-    install = (f"{pip} 'planner[{extra}]' (planner's {extra} extra; PLAN.md's \"How to run\" names every extra "
-               "this plan needs)") if extra else f"{pip} {dist}"
+    install = (f"{install_line([extra], upgrade=not missing)} (planner's {extra} extra; PLAN.md's \"How to run\" "
+               "names every extra this plan needs)") if extra else f"{pip} {dist}"
     state = "is not installed" if missing else f"does not import ({error})"
     return (f"planner.launch: the plan needs the Python package {module}, which {state}. "
             f"Install it with {install}, then launch again.")
@@ -111,7 +112,7 @@ def _smallest_extra_installing(dist: str) -> str | None:
     from packaging.utils import canonicalize_name
 
     try:
-        meta = metadata("planner")
+        meta = metadata(DIST)
     except PackageNotFoundError:
         return None
     requirements = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]

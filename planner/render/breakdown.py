@@ -13,7 +13,7 @@ from planner.core.ledger import Location, resident
 from planner.core.units import GIB
 from planner.render.layout import fits, heading, line, paragraph, table
 from planner.schema.estimate import EstimateResult
-from strategies import summary
+from planner.strategies import summary
 
 PHASE_WORDS = {
     "forward": "end of forward / start of backward",

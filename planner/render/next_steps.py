@@ -97,7 +97,7 @@ def estimate_next(result, asked: Asked | None, console: Console) -> None:
 def method_words(config) -> list[str]:
     """The flags that keep a plan's training method in a new search (its adapter and the settings
     it changed: a search without them plans full fine-tuning)."""
-    from strategies import TECHNIQUES, TrainingConfig
+    from planner.strategies import TECHNIQUES, TrainingConfig
 
     words = []
     for s in TECHNIQUES:

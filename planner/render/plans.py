@@ -21,7 +21,7 @@ from planner.render.breakdown import (
 )
 from planner.render.layout import fits, heading, line, paragraph, table, verdict
 from planner.render.next_steps import Asked, suggest_next
-from strategies import TECHNIQUES
+from planner.strategies import TECHNIQUES
 
 MFU_NOTE = "MFU: model FLOPs over the GPU's dense peak in the plan's compute dtype (bf16 for fp8 plans)"
 

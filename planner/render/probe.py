@@ -8,7 +8,7 @@ from planner.render.layout import heading
 from planner.render.layout import table as plain_table
 from planner.render.next_steps import suggest_next
 from planner.render.plans import suggestion
-from strategies import summary
+from planner.strategies import summary
 
 
 def render_probe(r, console) -> None:

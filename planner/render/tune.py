@@ -8,7 +8,7 @@ from rich.markup import escape
 from planner.core.units import GIB
 from planner.render.layout import table as plain_table
 from planner.schema.tune import TrialRow, TuneResult
-from strategies import summary
+from planner.strategies import summary
 
 
 class Progress:

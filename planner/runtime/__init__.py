@@ -15,7 +15,7 @@ accelerate are imported only when a function runs (DESIGN.md, the runtime layer)
 from enum import StrEnum
 from importlib import import_module
 
-from strategies import REGISTRY
+from planner.strategies import REGISTRY
 
 
 class Site(StrEnum):

@@ -11,9 +11,9 @@ the plan's ``LoraConfig`` (``lora_config``), adapters in fp32 under the mixed pr
 """
 
 from planner.runtime import Site
-from strategies.adapter import Adapter, lora_config, quantization_config
-from strategies.precision import fp32_adapters
-from strategies.sharding import engine_of
+from planner.strategies.adapter import Adapter, lora_config, quantization_config
+from planner.strategies.precision import fp32_adapters
+from planner.strategies.sharding import engine_of
 
 
 def model_kwargs(config) -> dict:

@@ -14,8 +14,8 @@ from typing import Any
 
 from planner.runtime import Site
 from planner.runtime.model import decoder_layers
-from strategies.checkpointing import SELECTIVE_POLICY, Checkpointing
-from strategies.sharding import FSDP
+from planner.strategies.checkpointing import SELECTIVE_POLICY, Checkpointing
+from planner.strategies.sharding import FSDP
 
 
 def _op(name: str):

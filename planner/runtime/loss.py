@@ -3,7 +3,7 @@ emitted ``use_liger_kernel`` makes the Trainer apply at the launch), or, where i
 / Triton, fake tensors), the probes' stand-in."""
 
 from planner.runtime import Site
-from strategies.loss import Loss
+from planner.strategies.loss import Loss
 
 
 def prepare(model, config, site: Site, chunked_fallback=None, **_) -> str | None:

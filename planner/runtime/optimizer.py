@@ -5,7 +5,7 @@ or what the runtime builds from runtime.json where the Trainer has no name for i
 import importlib
 from collections.abc import Callable
 
-from strategies.optimizer import CHOICES, Optimizer
+from planner.strategies.optimizer import CHOICES, Optimizer
 
 LEARNING_RATE = 1e-4
 

@@ -12,8 +12,8 @@ memory).
 import contextlib
 
 from planner.runtime import Site
-from strategies.precision import CHOICES, MIXED, TORCH_DTYPE, Precision, load_dtype
-from strategies.sharding import FSDP
+from planner.strategies.precision import CHOICES, MIXED, TORCH_DTYPE, Precision, load_dtype
+from planner.strategies.sharding import FSDP
 
 
 def param_dtype(config):

@@ -3,8 +3,8 @@ then the root (embeddings, final norm, head), as the emitted accelerate config w
 
 from planner.runtime.model import decoder_layers
 from planner.runtime.precision import fsdp_policy
-from strategies.offload import Offload
-from strategies.sharding import FSDP, Sharding
+from planner.strategies.offload import Offload
+from planner.strategies.sharding import FSDP, Sharding
 
 
 def refuse_fsdp1(config) -> None:

@@ -11,8 +11,8 @@ from planner.core.specs import HardwareSpec
 from planner.core.timing import StepTime
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
 from planner.schema.target import PlanTarget
-from strategies import TrainingConfig
-from strategies.request_fields import TechniqueChoices
+from planner.strategies import TrainingConfig
+from planner.strategies.request_fields import TechniqueChoices
 
 
 class EstimateRequest(PlanTarget, TechniqueChoices):

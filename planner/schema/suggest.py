@@ -8,7 +8,7 @@ from planner.core.numerics import NumericsPolicy
 from planner.core.vocabulary import MAX_SEQ_LEN
 from planner.schema.estimate import EstimateResult
 from planner.schema.target import PlanTarget
-from strategies.request_fields import TechniqueLists
+from planner.strategies.request_fields import TechniqueLists
 
 
 class SuggestRequest(PlanTarget, TechniqueLists):

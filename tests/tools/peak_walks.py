@@ -20,8 +20,8 @@ they leave ``memory_tracking`` when the trace drops the model).
 import json
 import sys
 
-from probes import active_peaks, tracker
-from probes.traced import TraceRequest, run_trace
+from planner.probes import active_peaks, tracker
+from planner.probes.traced import TraceRequest, run_trace
 
 _walk = active_peaks.ActivePeaks._update_peak_stats
 
