@@ -210,8 +210,10 @@ def test_version_imports_no_command():
 def test_version_and_catalog_json():
     from importlib.metadata import version
 
+    from planner.core.distribution import DIST
+
     r = planner(["--version"])
-    assert r.returncode == 0 and r.stdout.strip() == f"planner {version('planner')}"
+    assert r.returncode == 0 and r.stdout.strip() == f"planner {version(DIST)}"
     models = result(("models",))
     assert {"id": LLAMA, "family": "llama", "parameters": 8_030_261_248} in models
     gpus = {g["id"]: g for g in result(("gpus",))}

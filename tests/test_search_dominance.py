@@ -124,6 +124,7 @@ def test_a_cut_evaluation_is_a_floor_and_an_uncut_one_the_evaluation(seed, model
 def test_nothing_fits_probes_answer_as_uncut_ones(model, gpus, monkeypatch):
     """The nothing-fits probes leave out a probe cut above the least peak so far and the GPU:
     the least peak, the host RAM needed and the probes that fit are those of uncut probes."""
+    from planner.cost.overheads import host_capacity_for
     from planner.engine import nothing_fits
     from planner.schema.suggest import SuggestRequest
 
@@ -162,6 +163,7 @@ def test_the_fixes_found_beside_the_search_are_explains_own():
 def test_whether_a_plan_fits_more_gpus_is_the_full_scans_answer():
     """``Prober.fits`` stops at the first probe that fits: on every count of the ladder, and for
     host RAM below, at and above what the full scan needs, it answers as the full scan does."""
+    from planner.cost.overheads import host_capacity_for
     from planner.engine import nothing_fits
     from planner.schema.suggest import SuggestRequest
 
@@ -170,7 +172,8 @@ def test_whether_a_plan_fits_more_gpus_is_the_full_scans_answer():
     for spec in nothing_fits.hardware_ladder(parse_gpus(request.gpus)):
         full = nothing_fits.Prober(request, model).scan(spec)
         needed = full.host_needed if full is not None else None
-        hosts = [None] + ([needed - 1, needed, needed + 1] if needed is not None else [])
+        cap = host_capacity_for(needed) if needed is not None else None  # host RAM whose usable share holds it
+        hosts = [None] + ([cap - 1, cap, cap + 1] if cap is not None else [])
         for host in hosts:
             prober = nothing_fits.Prober(request, model)
             assert prober.fits(spec, host) == (full is not None and full.fits(host)), (spec, host)

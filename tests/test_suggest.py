@@ -237,5 +237,12 @@ def test_kind_floor_bounds_every_larger_gpu():
 
 
 def test_host_sizes():
-    assert host_gb(1) == 64 and host_gb(64 * 10**9) == 64 and host_gb(64 * 10**9 + 1) == 96
-    assert host_gb(20_000 * 10**9) == 20_480
+    """The first common size whose usable 90 % holds the need: 64 GB holds 57.6 GB; 20,000 GB needs
+    22,223 GB of RAM, rounded up to 1,024 GB: 22,528."""
+    from planner.cost.overheads import host_capacity_for, usable_host_bytes
+
+    assert host_gb(1) == 64 and host_gb(57_600_000_000) == 64 and host_gb(57_600_000_001) == 96
+    assert host_gb(20_000 * 10**9) == 22_528
+    for need in (1, 9, 10, 57_600_000_001, 123_456_789_123, 10**15 + 7):
+        cap = host_capacity_for(need)
+        assert usable_host_bytes(cap) >= need > usable_host_bytes(cap - 1)

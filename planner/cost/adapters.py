@@ -228,6 +228,42 @@ def quantized_weight_parts(m: ModelSpec, spec: "AdapterSpec") -> tuple[int, int]
     return qlora_weight_parts(m, True)
 
 
+#: The largest safetensors shard of a checkpoint (bytes), the most a quantizing load holds on the
+#: host at once. Published 70B checkpoints: Llama-3.1-70B 30 shards, model-00001-of-00030 4.6 GiB
+#: (index total_size 141,107,412,992); Llama-2-70b-hf 15 shards, ~9.2 GB each (total_size
+#: 137,953,316,864). Assumption: 10 GB, above both (the checkpoint's own index is not read).
+CHECKPOINT_SHARD_BYTES = 10 * 10**9
+
+
+def quantized_load_host_bytes(m: ModelSpec, spec: "AdapterSpec", ranks_per_node: int, fsdp: bool) -> tuple[int, int]:
+    """Host RAM per node while a quantized base (QLoRA's NF4, LLM.int8()) loads, in bytes: (the
+    load's peak, the part of it still held when training's host state is allocated).
+
+    transformers reads a checkpoint shard by shard (``load_shard_file`` per shard; its docs: "each
+    shard is loaded sequentially after the previous shard is loaded") and the bitsandbytes
+    quantizer turns each weight into ``Params4bit`` / ``Int8Params`` as it moves to the GPU
+    (``create_quantized_param``), so a loading process holds at most one shard of the 16-bit
+    checkpoint, never the whole model: min(16-bit model, ``CHECKPOINT_SHARD_BYTES``) per process,
+    and every process of a node loads (a quantized model is read by every rank, FSDP included).
+    Under FSDP with ``cpu_ram_efficient_loading`` (planner's FSDP files), local rank 0 then keeps
+    the quantized model on the CPU (``param_to = "cpu"``) to broadcast it (``sync_module_states``):
+    its quantized weights plus the other parameters in 16 bit, until FSDP has wrapped the model,
+    beside the flat parameters FSDP's CPU offload allocates while wrapping (the second figure).
+    Against PEFT's guide (Llama-2-70b-hf, 2x24 GB, FSDP + CPU offload, r 8, 2 x 2048: "CPU RAM
+    usage is around 107 GB"), planner reads ~80 GB: the rest is not modelled. Sources: transformers
+    modeling_utils.py and quantizers/quantizer_bnb_4bit.py (4.5x), accelerate docs "FSDP"
+    (``fsdp_cpu_ram_efficient_loading``: "only the first process loads the pretrained model
+    checkpoint"). Parallel shard loading (``HF_ENABLE_PARALLEL_LOADING``, off by default) would
+    hold several shards: not modelled."""
+    model_16bit = params.total_parameters(m) * 2
+    per_process = min(model_16bit, CHECKPOINT_SHARD_BYTES)
+    kept = 0
+    if fsdp:
+        packed, rest = quantized_weight_parts(m, spec)
+        kept = packed + rest * 2
+    return ranks_per_node * per_process + kept, kept
+
+
 def int8_forward_temporaries(m: ModelSpec) -> int:
     """Bytes per token an LLM.int8() matmul of the frozen base allocates while it runs forward, the
     largest over the layer's quantized matmuls (bitsandbytes ``MatMul8bitLt.forward``): the input

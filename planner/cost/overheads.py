@@ -30,6 +30,24 @@ FRAGMENTATION_FRACTION = 0.05
 #: Host RAM per training process: Python, torch, CUDA host libraries, pinned staging and the
 #: data loader. Assumption (~3 GiB, typical RSS of a torch training process before model load).
 HOST_PROCESS_BYTES = 3 * GIB
+#: The fraction of a node's host RAM no plan may use: the operating system and its services, the
+#: page cache that reading the checkpoint and the data fills, and the data loader's worker
+#: processes beyond ``HOST_PROCESS_BYTES``, none of which the ledger counts. Assumption (a plan at
+#: 78 of 80 GB leaves the kernel nothing to reclaim; Linux's OOM killer ends the largest process,
+#: the trainer); ``--host-memory-gb`` gives the RAM per node, this share of it stays free.
+HOST_RESERVE_PERCENT = 10
+HOST_RESERVE_FRACTION = HOST_RESERVE_PERCENT / 100
+
+
+def usable_host_bytes(capacity: int) -> int:
+    """Host RAM per node a plan may use (bytes): ``capacity`` less ``HOST_RESERVE_PERCENT`` %,
+    rounded down (integer arithmetic, so ``host_capacity_for`` is its exact inverse)."""
+    return int(capacity) * (100 - HOST_RESERVE_PERCENT) // 100
+
+
+def host_capacity_for(need: int) -> int:
+    """The least host RAM per node (bytes) whose usable share holds ``need`` bytes."""
+    return -(-int(need) * 100 // (100 - HOST_RESERVE_PERCENT))
 #: The fraction of GPU memory planning keeps free by default (``--margin``), from the memory
 #: model's measured error, not a guess. A plan predicted at (1 - m) of the GPU stays inside it at
 #: an under-prediction e when (1 - m)(1 + e) <= 1, i.e. m >= 1 - 1/(1 + e). Issue 17's traced matrix

@@ -60,7 +60,8 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
         f"MFU {t.mfu:.1%} (model FLOPs over the {t.mfu_basis}), {t.step_seconds:,.3f} s per optimizer step.",
         f"- Peak {peak_words(plan)} of {_gib(plan.usable_bytes)} GiB usable per GPU at the "
         f"{plan.peak_phase} phase ({_gib(plan.headroom_bytes)} GiB to spare); host RAM "
-        f"{_gib(plan.host_memory['peak'])} of {_gib(plan.host_memory['capacity'])} GiB per node.",
+        f"{_gib(plan.host_memory['peak'])} of {_gib(plan.host_usable_bytes)} GiB usable per node "
+        f"({_gib(plan.host_memory['capacity'])} GiB there).",
         *[f"- {r}" for r in plan.reasons],
         *([f"- Assumed: {'; '.join(search.assumptions)}."] if search.assumptions else []),
         "",

@@ -3,6 +3,7 @@
 
 from planner.core.specs import HardwareSpec
 from planner.core.units import GB
+from planner.cost.overheads import HOST_RESERVE_FRACTION
 
 
 def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int, *,
@@ -16,8 +17,8 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
     out.append(f"{batch} ({'flags' if batch_given else default})")
     out.append("packed sequences (no padding)")
     host = hardware.host_memory_bytes_per_node / GB
-    out.append(f"host RAM {host:,.0f} GB/node " + ("(--host-memory-gb)" if target.host_memory_gb is not None
-                                                    else "(assumed: 2x GPU memory; --host-memory-gb)"))
+    out.append(f"host RAM {host:,.0f} GB/node, {HOST_RESERVE_FRACTION:.0%} kept free "
+               + ("(--host-memory-gb)" if target.host_memory_gb is not None else "(assumed: 2x GPU memory; --host-memory-gb)"))
     if hardware.nodes > 1:
         gbps = hardware.inter_node_bytes_per_s * 8 / 1e9
         out.append(f"network {gbps:,.0f} Gbit/s/node " + ("(--inter-node-gbps)" if target.inter_node_gbps is not None

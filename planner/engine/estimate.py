@@ -78,7 +78,8 @@ class Evaluation:
 
     @property
     def host_memory(self) -> dict[str, int]:
-        """Host RAM per node: peak and capacity (a candidate skipped as infeasible has none)."""
+        """Host RAM per node: peak, capacity and the usable share of it (a candidate skipped as
+        infeasible has none)."""
         if self.host is None:
             raise ValueError("an infeasible candidate skipped before its host memory was written")
         return self.host
@@ -89,7 +90,7 @@ class Evaluation:
 
     @property
     def host_fits(self) -> bool:
-        return self.host is not None and self.host["peak"] <= self.host["capacity"]
+        return self.host is not None and self.host["peak"] <= self.host["usable"]
 
     @property
     def fits(self) -> bool:
@@ -345,14 +346,19 @@ def _place_paged_state(draft: LedgerDraft, usable: int, gpu_peak: int) -> PagedI
 
 def _host_memory(ctx: PlanContext, draft: LedgerDraft, paged: PagedInfo | None) -> dict[str, int]:
     """Host RAM per node: per-rank host rows times ranks per node, the processes' own memory,
-    and the model load (each process loads the checkpoint in its parameter dtype, an adapter's
-    frozen base in its own (QLoRA: 16 bit, quantized as it moves to the GPU), except under
-    ZeRO-3 / FSDP where one process per node loads and the others start empty)."""
+    and the model load: each process loads the checkpoint in its parameter dtype (an adapter's
+    frozen base in its own), except under ZeRO-3 / FSDP where one process per node loads and the
+    others start empty; a quantized base (QLoRA, LLM.int8()) is read a shard at a time and
+    quantized as it moves to the GPU (planner/cost/adapters.py ``quantized_load_host_bytes``)."""
     gpn = ctx.hardware.gpus_per_node
     per_rank = draft.peak_bytes(Location.HOST)
     spilled = paged.spilled_bytes if paged else 0
-    loaders = 1 if ctx.engine == Engine.FSDP or ctx.config.sharding == Sharding.ZERO3 else gpn
-    loading = loaders * params.total_parameters(ctx.model) * (ctx.layout.frozen_bytes or ctx.layout.weight_bytes)
+    spec, kept = ctx.layout.adapter, 0
+    if spec is not None and (spec.nf4 or spec.int8):
+        loading, kept = adapters.quantized_load_host_bytes(ctx.model, spec, gpn, fsdp=ctx.engine == Engine.FSDP)
+    else:
+        loaders = 1 if ctx.engine == Engine.FSDP or ctx.config.sharding == Sharding.ZERO3 else gpn
+        loading = loaders * params.total_parameters(ctx.model) * (ctx.layout.frozen_bytes or ctx.layout.weight_bytes)
     offloaded = (per_rank - spilled) * gpn
     runtime = overheads.HOST_PROCESS_BYTES * gpn
     return {
@@ -360,8 +366,9 @@ def _host_memory(ctx: PlanContext, draft: LedgerDraft, paged: PagedInfo | None) 
         "paged_spill": spilled * gpn,
         "process_runtime": runtime,
         "model_loading": loading,
-        "peak": runtime + max(loading, offloaded + spilled * gpn),
+        "peak": runtime + max(loading, kept + offloaded + spilled * gpn),
         "capacity": ctx.hardware.host_memory_bytes_per_node,
+        "usable": overheads.usable_host_bytes(ctx.hardware.host_memory_bytes_per_node),
     }
 
 
@@ -392,13 +399,14 @@ def _reasons(
         )
     else:
         reasons.append(f"GPU memory fits: {gib(peak)} of {gib(usable)} per GPU{kept}, {gib(usable - peak)} to spare")
-    if host["peak"] > host["capacity"]:
+    kept_host = f" ({overheads.HOST_RESERVE_FRACTION:.0%} of {gib(host['capacity'])} kept free)"
+    if host["peak"] > host["usable"]:
         reasons.append(
-            f"host RAM does not fit: needs {gib(host['peak'])} per node, {gib(host['capacity'])} available: "
-            f"{gib(host['peak'] - host['capacity'])} short (pass --host-memory-gb if the machine has more)"
+            f"host RAM does not fit: needs {gib(host['peak'])} per node, {gib(host['usable'])} usable{kept_host}: "
+            f"{gib(host['peak'] - host['usable'])} short (pass --host-memory-gb if the machine has more)"
         )
     else:
-        reasons.append(f"host RAM fits: {gib(host['peak'])} of {gib(host['capacity'])} per node")
+        reasons.append(f"host RAM fits: {gib(host['peak'])} of {gib(host['usable'])} usable per node{kept_host}")
     return reasons
 
 

@@ -31,6 +31,7 @@ from planner.core.formatting import gib
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.units import GB
+from planner.cost.overheads import host_capacity_for, usable_host_bytes
 from planner.engine.estimate import Shared, evaluate, result_of
 from planner.engine.ranking import rank, searched
 from planner.engine.search import SearchOutcome, search_plans
@@ -90,7 +91,7 @@ class Scan:
     def fits(self, host_bytes: int | None = None) -> bool:
         """A plan fits, with ``host_bytes`` of host RAM per node (None: the hardware's)."""
         cap = self.hardware.host_memory_bytes_per_node if host_bytes is None else host_bytes
-        return self.host_needed is not None and self.host_needed <= cap
+        return self.host_needed is not None and self.host_needed <= usable_host_bytes(cap)
 
 
 @dataclass
@@ -101,8 +102,9 @@ class Verdict:
 
 
 def host_gb(need_bytes: int) -> int:
-    """The first common host RAM size (GB per node) that holds ``need_bytes``."""
-    return next((s for s in HOST_SIZES_GB if s * GB >= need_bytes), 1024 * math.ceil(need_bytes / (1024 * GB)))
+    """The first common host RAM size (GB per node) whose usable share holds ``need_bytes``."""
+    capacity = host_capacity_for(need_bytes)
+    return next((s for s in HOST_SIZES_GB if s * GB >= capacity), 1024 * math.ceil(capacity / (1024 * GB)))
 
 
 class Prober:
@@ -122,9 +124,9 @@ class Prober:
             return scan is not None and scan.fits(host_bytes)
         hw = self.request.hardware(spec)
         cap = hw.host_memory_bytes_per_node if host_bytes is None else host_bytes
-        if self._fitting.get(spec, math.inf) <= cap:
+        if self._fitting.get(spec, math.inf) <= usable_host_bytes(cap):
             return True
-        scan = self._scan(spec, hw, until=cap)
+        scan = self._scan(spec, hw, until=usable_host_bytes(cap))
         if scan is None or scan.complete:
             self._scans[spec] = scan
             return scan is not None and scan.fits(host_bytes)
@@ -190,8 +192,8 @@ class Prober:
         (with ``host_gb`` GB of host RAM per node; None: its own): a full search over the
         technique choices of the probes that fit there, which holds every plan that fits (a
         probe's choices are the memory-saving ones)."""
-        host = scan.hardware.host_memory_bytes_per_node if host_gb is None else host_gb * GB
-        fitting = [p for p in scan.probes if p.gpu_fits and p.host <= host]
+        host = scan.hardware.host_memory_bytes_per_node if host_gb is None else int(host_gb * GB)
+        fitting = [p for p in scan.probes if p.gpu_fits and p.host <= usable_host_bytes(host)]
         narrowed = {f: list(dict.fromkeys(p.techniques[f] for p in fitting)) for f in fitting[0].techniques
                     if f not in MEMORY_SAVING}
         request = self.request.model_copy(update=narrowed | ({"host_memory_gb": host_gb} if host_gb else {}))
@@ -387,14 +389,14 @@ def _needs(request, here: Scan) -> str:
     # host RAM in GB, as --host-memory-gb and the assumptions say it
     capacity = f"{here.hardware.host_memory_bytes_per_node / GB:,.0f} GB " + (
         "given" if request.host_memory_gb is not None else "assumed; --host-memory-gb sets it")
-    return (f"needs ≈ {gib(least)} per GPU ({gib(usable)} usable) and ≥ {here.host_needed / GB:,.0f} GB of "
+    return (f"needs ≈ {gib(least)} per GPU ({gib(usable)} usable) and ≥ {host_capacity_for(here.host_needed) / GB:,.0f} GB of "
             f"host RAM per node ({capacity})")
 
 
 def nearest_words(r: EstimateResult) -> str:
     """A near miss: its techniques, and how much GPU memory and host RAM it lacks."""
     short = max(0, -r.headroom_bytes)
-    host_short = max(0, r.host_memory["peak"] - r.host_memory["capacity"])
+    host_short = r.host_short_bytes
     what = " and ".join(w for w in (f"GPU {gib(short)}" if short else "",
                                     f"host RAM {host_short / GB:,.0f} GB" if host_short else "") if w)
     return f"nearest: {_plan_words(r)}: {what or 'nothing'} short"

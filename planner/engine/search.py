@@ -94,7 +94,7 @@ class Sizing:
 
 def shortfall(ev: Evaluation) -> int:
     gpu = max(0, ev.peak - ev.usable)
-    host = max(0, ev.host["peak"] - ev.host["capacity"]) if ev.host else 0
+    host = max(0, ev.host["peak"] - ev.host["usable"]) if ev.host else 0
     return gpu + host
 
 

@@ -14,14 +14,15 @@ from planner.core.specs import HardwareSpec, ModelSpec
 from planner.engine import search as search_module
 from planner.engine.assumptions import assumptions
 from planner.engine.estimate import default_seq_len, evaluate, result_of
+from planner.engine.exact_host import exact_host_option, exact_only
 from planner.engine.forked import Forked
 from planner.engine.nothing_fits import Fixes, Verdict, explain, hardware_fixes
 from planner.engine.ranking import Ranking, distinct, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, settings_of
 from planner.schema.estimate import EstimateResult
-from planner.schema.suggest import AdapterOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
-from planner.strategies import FIELDS, REGISTRY, TECHNIQUES, PlanContext, approximation_words, summary
+from planner.schema.suggest import AdapterOption, HostOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
+from planner.strategies import FIELDS, REGISTRY, PlanContext, approximation_words, summary
 from planner.strategies.adapter import ALLOWS, Adapter
 from planner.strategies.optimizer import STRATEGY as OPTIMIZER
 
@@ -49,12 +50,16 @@ def suggest(request: SuggestRequest) -> SuggestResult:
 
 
 def _beside(request: SuggestRequest, model: ModelSpec,
-            hardware: HardwareSpec) -> tuple[Fixes | None, EstimateResult | None]:
+            hardware: HardwareSpec) -> tuple[Fixes | None, EstimateResult | None, HostOption | None]:
     """What suggest needs beside its main search: the hardware fixes when no candidate fits (None
-    when a probe scan finds one that does, which stops there: milliseconds), and the adapter
-    line's plan (``_adapter_plan``, exact values first; None when the line is not asked for)."""
+    when a probe scan finds one that does, which stops there: milliseconds), the adapter line's
+    plan (``_adapter_plan``, exact values first; None when the line is not asked for), and the
+    host RAM at which an exact plan fits when none does with the host RAM asked (None when one
+    does, found by a probe scan that stops at the first: milliseconds)."""
     found = hardware_fixes(request, model, hardware)
-    return found, _adapter_plan(request, model, hardware, True) if _hint_asked(request) else None
+    adapter = _adapter_plan(request, model, hardware, True) if _hint_asked(request) else None
+    exact_host = exact_host_option(request, model) if request.numerics != NumericsPolicy.ANY else None
+    return found, adapter, exact_host
 
 
 def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,
@@ -95,6 +100,7 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
         training=_training(request, plans[0], request.tokens) if plans and request.tokens else None,
         needs_bytes=verdict.needs_bytes if verdict else None,
         adapter_option=_option(beside.result()[1], plans[0] if plans else None) if _hint_asked(request) else None,
+        exact_host=beside.result()[2] if (plans and not ranking.exact_fits) or (not plans and ranking.least) else None,
     )
 
 
@@ -145,8 +151,8 @@ def _adapter_plan(request: SuggestRequest, model: ModelSpec, hardware: HardwareS
     exact = [o for o in request.optimizer or OPTIMIZER.searched or OPTIMIZER.choices if o not in OPTIMIZER.numerics]
     bounded = bounded and bool(exact) and request.numerics != NumericsPolicy.ANY
     exact_optimizers = asked.model_copy(update={"optimizer": exact})
-    exact_only = _exact_only(asked) if exact_first else None
-    tries = [t for t in (exact_only, exact_optimizers) if t is not None] if bounded else []
+    exact_values = exact_only(asked) if exact_first else None
+    tries = [t for t in (exact_values, exact_optimizers) if t is not None] if bounded else []
     for attempt in tries + [asked]:
         try:
             outcome = _search(attempt, model, hardware, _space(attempt, hardware.num_gpus, request.global_batch_size))
@@ -160,18 +166,6 @@ def _adapter_plan(request: SuggestRequest, model: ModelSpec, hardware: HardwareS
     else:
         return None
     return _result(asked, model, hardware, outcome, best[0].item)
-
-
-def _exact_only(request: SuggestRequest) -> SuggestRequest | None:
-    """``request`` with every technique narrowed to its exact values (None: one has none left)."""
-    update = {}
-    for s in TECHNIQUES:
-        if s.numerics:
-            given = getattr(request, s.field) or s.searched or s.choices
-            update[s.field] = [v for v in given if v not in s.numerics]
-            if not update[s.field]:
-                return None
-    return request.model_copy(update=update)
 
 
 #: Bytes per trained parameter that another optimizer could save over AdamW's states: its two fp32

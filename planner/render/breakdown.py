@@ -58,8 +58,7 @@ def fit_words(r: EstimateResult) -> str:
     if r.headroom_bytes < 0:
         return (f"needs {gib(r.memory['peak'])} per GPU, {gib(r.usable_bytes)} usable: "
                 f"{gib(-r.headroom_bytes)} short")
-    h = r.host_memory
-    return f"host RAM needs {gib(h['peak'])} per node, {gib(h['capacity'])} there"
+    return f"host RAM needs {gib(r.host_memory['peak'])} per node, {gib(r.host_usable_bytes)} usable"
 
 
 def target_line(r: EstimateResult, console: Console) -> None:
@@ -84,7 +83,7 @@ def render_breakdown(r: EstimateResult, console: Console) -> None:
     """The memory ledger at the peak, phase totals, host RAM, the time ledger, warnings."""
     _memory_table(r, console)
     h = r.host_memory
-    line(console, f"host RAM per node: {gib(h['peak'])} of {gib(h['capacity'])} "
+    line(console, f"host RAM per node: {gib(h['peak'])} of {gib(r.host_usable_bytes)} usable ({gib(h['capacity'])} there) "
                   f"(offloaded {gib(h['offloaded'])}, paged spill {gib(h['paged_spill'])}, "
                   f"processes {gib(h['process_runtime'])}, model load {gib(h['model_loading'])})")
     for row in r.ledger:

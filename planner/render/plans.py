@@ -45,6 +45,7 @@ def suggestion(result, console: Console, asked: Asked | None = None) -> None:
         _trade_offs(result, console)
         _training(result, console)
     _adapter_option(result, console)
+    _exact_host(result, console)
     reasons(result.reasons, console)
     if result.fits:
         _top(result, console)
@@ -71,7 +72,7 @@ def _nothing_words(result, asked: Asked | None) -> str:
     if result.nearest:
         near = result.nearest[0]
         short = -near.headroom_bytes
-        host_short = near.host_memory["peak"] - near.host_memory["capacity"]
+        host_short = near.host_short_bytes
         if short > 0:
             words += f"; the nearest is {gib(short)} short per GPU"
         elif host_short > 0:
@@ -105,6 +106,20 @@ def _adapter_option(result, console: Console) -> None:
     than = "full fine-tuning does not fit" if a.gain is None else f"{100 * a.gain:+.0f} % over full fine-tuning"
     line(console, f"--adapter {a.adapter} would give {a.tokens_per_second:,.0f} tokens/s at {gib(a.peak_bytes)} "
                   f"({than}; a different method: it trains adapters on the frozen model)")
+
+
+def _exact_host(result, console: Console) -> None:
+    """One line when host RAM decides the numerics: with how much an exact plan fits, and how fast."""
+    h = getattr(result, "exact_host", None)
+    if h is None:
+        return
+    than = f" ({100 * (h.tokens_per_second / result.plans[0].time.tokens_per_second - 1):+.0f} %)" if result.fits else ""
+    least = (f" (any exact plan needs >= {h.least_host_memory_gb:,} GB)"
+             if h.least_host_memory_gb < h.host_memory_gb else "")
+    line(console, f"host RAM decides the numerics: the fastest exact plan fits with >= {h.host_memory_gb:,} GB "
+                  f"per node{least} (--host-memory-gb {h.host_memory_gb}): {h.summary}, "
+                  f"{h.tokens_per_second:,.0f} tokens/s{than}, {gib(h.peak_bytes)} per GPU, "
+                  f"host RAM {gib(h.host_peak_bytes)}")
 
 
 def _training(result, console: Console) -> None:

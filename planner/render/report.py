@@ -56,7 +56,8 @@ def render_check(result, console: Console, asked: Asked | None = None) -> None:
     h = r.host_memory
     line(console, f"peak per GPU {gib(r.memory['peak'])} of {gib(r.usable_bytes)} usable "
                   f"({gib(r.hardware.gpu_memory_bytes)} on the GPU), at the {r.peak_phase} phase; "
-                  f"host RAM per node {gib(h['peak'])} of {gib(h['capacity'])}; {r.time.tokens_per_second:,.0f} tokens/s")
+                  f"host RAM per node {gib(h['peak'])} of {gib(r.host_usable_bytes)} usable; "
+                  f"{r.time.tokens_per_second:,.0f} tokens/s")
     for w in result.warnings:
         line(console, f"warning: {w}")
     if result.changes:

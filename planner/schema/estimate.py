@@ -10,6 +10,7 @@ from planner.core.ledger import LedgerRow, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import StepTime
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
+from planner.cost.overheads import usable_host_bytes
 from planner.schema.target import PlanTarget
 from planner.strategies import TrainingConfig
 from planner.strategies.request_fields import TechniqueChoices
@@ -74,7 +75,7 @@ class EstimateResult(BaseModel):
     phase_peaks: dict[Phase, int]
     usable_bytes: int  # GPU memory less the safety margin
     headroom_bytes: int  # usable - peak (negative: short by that much)
-    host_memory: dict[str, int]  # bytes per node
+    host_memory: dict[str, int]  # bytes per node: peak, capacity, usable, and the terms
     paged: PagedInfo | None
     ledger: list[LedgerRow]
     time: StepTime
@@ -83,6 +84,18 @@ class EstimateResult(BaseModel):
     reasons: list[str]
     warnings: list[str]
     assumptions: list[str] = []  # what planner estimate assumed (planner/engine/assumptions.py)
+
+    @property
+    def host_usable_bytes(self) -> int:
+        """Host RAM per node a plan may use (a plan file written before "usable" was recorded: its
+        capacity's usable share, planner/cost/overheads.py)."""
+        h = self.host_memory
+        return h["usable"] if "usable" in h else usable_host_bytes(h["capacity"])
+
+    @property
+    def host_short_bytes(self) -> int:
+        """Host RAM per node the plan lacks (0: it fits)."""
+        return max(0, self.host_memory["peak"] - self.host_usable_bytes)
 
     @property
     def peak_without_paged(self) -> int | None:

@@ -49,6 +49,19 @@ class AdapterOption(BaseModel):
     summary: str  # the adapter plan's techniques, one line
 
 
+class HostOption(BaseModel):
+    """``suggest`` when no exact plan fits with the host RAM asked (or assumed): the host RAM per
+    node at which one does, and the plan that would win there (planner/engine/exact_host.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    host_memory_gb: int  # --host-memory-gb with which the fastest exact plan fits (per node, decimal GB)
+    least_host_memory_gb: int  # the least with which any exact plan fits
+    tokens_per_second: float
+    peak_bytes: int  # per GPU
+    host_peak_bytes: int  # per node
+    summary: str  # the exact plan's techniques, one line
+
+
 class TrainingTime(BaseModel):
     """``--tokens``: how long the winner takes to train on them, and what it costs."""
 
@@ -91,3 +104,4 @@ class SuggestResult(BaseModel):
     training: TrainingTime | None = None  # --tokens
     needs_bytes: int | None = None  # nothing fits: the least GPU memory a candidate needs here (planner/engine/nothing_fits.py)
     adapter_option: AdapterOption | None = None  # full fine-tuning only was searched: what an adapter would give
+    exact_host: HostOption | None = None  # no exact plan fits: the host RAM at which one would
