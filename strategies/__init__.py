@@ -85,6 +85,22 @@ def numerics_of(config) -> tuple[float, ...]:
     return numerics_key([s.numerics.get(getattr(config, s.field), EXACT) for s in TECHNIQUES])
 
 
+def ladder_key(config, job) -> tuple:
+    """One order for every list of alternatives to a job (check's fixes and faster plans,
+    PLAN.md's changes), the numerics ladder's as suggest ranks: a change that adds no
+    approximation to ``job``'s numerics first, then the least approximation; the caller breaks
+    what is left by speed."""
+    n = numerics_of(config)
+    return (n > numerics_of(job), n)
+
+
+def approximation_note(config, job) -> str:
+    """" (an approximation: ...)" naming what ``config`` approximates beyond ``job`` ("": nothing)."""
+    before = {(f, v) for f, v, _ in approximations(job)}
+    added = [rung.words for f, v, rung in approximations(config) if (f, v) not in before]
+    return f" (an approximation: {'; '.join(added)})" if added and numerics_of(config) > numerics_of(job) else ""
+
+
 def complexity(config) -> int:
     """How much a plan adds to plain training (every strategy's ``complexity`` of its choice): the
     tie-break between plans of equal speed, simpler first."""

@@ -25,6 +25,7 @@ from planner.core.ledger import LedgerDraft, Location, PagedInfo
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.cost import comms, overheads, params
+from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.optimizer import DEEPSPEED_CPU
 from planner.strategies.sharding import ZERO, Sharding
@@ -125,7 +126,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         draft.overlapped("offload", "parameter shard to GPU (backward) + gradients to host",
                          host(shard + grads), Window.BACKWARD, True)
     stepped = ctx.layout.trainable_parameters / ctx.layout.shard_degree
-    cpu = stepped * hw.gpus_per_node / overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE
+    cpu = stepped * hw.gpus_per_node / rates.cpu_optimizer_rate(hw)
     draft.serial("cpu_optimizer_step", "optimizer step on the CPU", cpu,
                  note=f"{hw.gpus_per_node} ranks share the node's CPUs")
 

@@ -19,7 +19,7 @@ from planner.core.ledger import LedgerDraft, Location, PagedInfo, Phase
 from planner.core.numerics import Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
-from planner.cost import adapters, comms, optimizer_states, overheads, params
+from planner.cost import adapters, comms, optimizer_states, params
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.moments import FROZEN
@@ -308,8 +308,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         draft.serial("optimizer_step", f"{ctx.config.optimizer} step on the GPU", traffic / rates.bandwidth(ctx),
                      note=f"{traffic / 2**30:.1f} GiB moved")
     if paged and paged.spilled_bytes:
-        link = ctx.hardware.gpu.host_link_bytes_per_s
-        seconds = comms.transfer_seconds(2 * paged.spilled_bytes, link, overheads.HOST_LINK_EFFICIENCY)
+        seconds = comms.transfer_seconds(2 * paged.spilled_bytes, rates.page_migration_rate(ctx.hardware), 1.0)
         draft.serial("paged_migration", "paged state in and out of host RAM", seconds,
                      note=f"{paged.spilled_bytes / 2**30:.1f} GiB spilled")
 

@@ -258,6 +258,13 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("MoE experts under autocast", moe_autocast_reason(p))
     if p == Precision.FP16_MIXED and gpu.supports("bf16"):
         out.warnings.append("fp16-mixed needs loss scaling and can overflow; bf16-mixed is safer on this GPU")
+    if p == Precision.BF16_PURE:
+        # bf16 keeps 8 significant bits: a weight's rounding step is 2^-8 of it, and an update below
+        # half of that is rounded away (Zamirai et al. 2020, "Revisiting BFloat16 Training": pure
+        # bf16 loses accuracy without stochastic rounding or Kahan summation)
+        out.warnings.append("bf16-pure keeps weights, gradients and optimizer states in bf16 with no fp32 master "
+                            "copy: an update under ~0.2 % of its weight is rounded away, so small learning rates "
+                            "stall; an approximation of mixed precision, the riskiest rung of the numerics ladder")
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:

@@ -7,8 +7,25 @@ reading the weights). Unit: seconds per micro-batch.
 """
 
 from planner.core.units import DTYPE_BYTES
-from planner.cost import compute, params
+from planner.cost import compute, overheads, params
 from planner.strategies.base import PlanContext
+
+
+def page_migration_rate(hw) -> float:
+    """Bytes a second paged optimizer state migrates between host RAM and the GPU:
+    ``--page-migration-gb-s``, else the assumption (``overheads.PAGE_MIGRATION_LINK_FRACTION`` of
+    the host link)."""
+    if hw.page_migration_bytes_per_s is not None:
+        return hw.page_migration_bytes_per_s
+    return hw.gpu.host_link_bytes_per_s * overheads.PAGE_MIGRATION_LINK_FRACTION
+
+
+def cpu_optimizer_rate(hw) -> float:
+    """Parameters a second a node's CPUs update (DeepSpeed CPU-Adam, FSDP's CPU step):
+    ``--cpu-optimizer-gparams-s``, else ``overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE``."""
+    if hw.cpu_optimizer_params_per_s is not None:
+        return hw.cpu_optimizer_params_per_s
+    return overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE
 
 
 def dense_peak(gpu, dtype: str) -> float:
@@ -19,14 +36,21 @@ def dense_peak(gpu, dtype: str) -> float:
     return peak
 
 
-def peak_flops(ctx: PlanContext) -> float:
-    """The dense peak in the plan's compute dtype (the layout's; MFU's denominator), FLOP/s."""
-    return dense_peak(ctx.hardware.gpu, ctx.layout.compute_dtype)
+#: MFU's one basis, whatever a plan computes in: the GPU's first 16-bit dense peak it has, so an
+#: fp32 plan's MFU is not quoted against its own (far lower) peak above a bf16 plan's, and an fp8
+#: plan's against the 16-bit peak, as MFU is published.
+MFU_DTYPES = ("bf16", "fp16", "fp32")
 
 
 def peak_dtype(ctx: PlanContext) -> str:
-    """The dtype of peak_flops (fp8-mixed plans: bf16, as MFU is quoted against the 16-bit peak)."""
-    return ctx.layout.compute_dtype if ctx.layout.compute_dtype in ctx.hardware.gpu.dense_flops_per_s else "fp32"
+    """The dtype of MFU's denominator: the first of ``MFU_DTYPES`` the GPU has a peak for."""
+    have = ctx.hardware.gpu.dense_flops_per_s
+    return next(d for d in MFU_DTYPES if have.get(d))
+
+
+def peak_flops(ctx: PlanContext) -> float:
+    """MFU's denominator: the GPU's dense peak in ``peak_dtype``, FLOP/s (one basis for every plan)."""
+    return dense_peak(ctx.hardware.gpu, peak_dtype(ctx))
 
 
 def saturation(ctx: PlanContext) -> float:

@@ -22,9 +22,11 @@ def examples(thorough: int, ci: int | None = None) -> int:
 
 
 def run(model: str, gpus: str, host_memory_gb: float | None = None, margin: float = 0.0,
-        inter_node_gbps: float | None = None, **config):
+        inter_node_gbps: float | None = None, page_migration_gb_s: float | None = None,
+        cpu_optimizer_gparams_s: float | None = None, **config):
     """Estimate one configuration from strings, the way the CLI resolves them."""
-    hardware = parse_gpus(gpus, host_memory_gb, inter_node_gbps)
+    hardware = parse_gpus(gpus, host_memory_gb, inter_node_gbps, page_migration_gb_s=page_migration_gb_s,
+                          cpu_optimizer_gparams_s=cpu_optimizer_gparams_s)
     return estimate_config(resolve_model(model), hardware, TrainingConfig(**config), margin)
 
 

@@ -257,7 +257,8 @@ def test_published_memory_figures_and_the_disagreements_stated():
       vocabulary's fp32 logits: 12.6 GB): it will not fit 24 GB, and fits once the loss is
       chunked.
     - qlora-fsdp-70b ("dual GPU @ 21GB"): fits, at a lower peak than the published figure (see
-      the PEFT case below)."""
+      the PEFT case below), and in the default host RAM (2 x 48 GB): the 4-bit load holds one
+      16-bit shard per rank and rank 0's 4-bit copy, not the 16-bit model."""
     from planner.check import CheckRequest, check
 
     fft = dict(model="meta-llama/Llama-3.1-8B", alternatives=0, training_args=ROOT / AX / "llama-3/fft-8b.yaml")
@@ -271,8 +272,8 @@ def test_published_memory_figures_and_the_disagreements_stated():
     fsdp = check(CheckRequest(model="meta-llama/Llama-3.1-70B", gpus="2xRTX4090-24", alternatives=0,
                               training_args=ROOT / AX / "llama-3/qlora-fsdp-70b.yaml"))
     assert (fsdp.estimate.config.offload, fsdp.estimate.config.fsdp_version) == ("optimizer+params", 1)
-    assert fsdp.estimate.memory["peak"] < 21e9 and not fsdp.fits  # GPU fits; host RAM at the 2x default does not
-    assert any("host RAM" in r and "--host-memory-gb" in r for r in fsdp.reasons)
+    assert fsdp.estimate.memory["peak"] < 21e9 and fsdp.fits  # GPU and the default host RAM
+    assert any(r.startswith("host RAM fits") for r in fsdp.reasons)
     first = check(CheckRequest(model="meta-llama/Llama-2-7b-hf", gpus="1xRTX4090-24", alternatives=0,
                                training_args=ROOT / AX_FIRST / "llama-3/lora-8b.yml")).estimate
     rows = {r.label: r.bytes for r in first.ledger}
@@ -295,8 +296,10 @@ def test_fsdp_qlora_70b_against_peft_published_figures():
     Without offload planner agrees within 10 %. With offload it is lower than the published
     figure (14 GB vs 19.6: the guide's caveat says offload's GPU saving is untested, and what
     FSDP1's CPU offload keeps on the GPU beyond the gathered units is not modelled): stated, and
-    the 2 x 24 GB verdict the guide draws from it holds. Host RAM: planner's load figure (rank 0
-    holds the 16-bit checkpoint, 138 GB) is an upper bound above the 107 GB the guide saw."""
+    the 2 x 24 GB verdict the guide draws from it holds. Host RAM (planner/cost/adapters.py
+    ``quantized_load_host_bytes``: a 16-bit shard per rank, rank 0's 4-bit copy beside FSDP's
+    offloaded flat parameters): ~80 GB against the guide's ~107 GB, within -30 % .. +10 % (the
+    rest is not modelled: issue 36); it read 144 GB (+35 %) with the 16-bit model in host RAM."""
     from planner.engine.estimate import estimate
     from planner.schema.estimate import EstimateRequest
 
@@ -307,6 +310,6 @@ def test_fsdp_qlora_70b_against_peft_published_figures():
     assert plain.memory["peak"] / 1e9 == pytest.approx(35.6, rel=0.1)
     offload = estimate(EstimateRequest(gpus="2xRTX4090-24", offload="optimizer+params", host_memory_gb=256, **job))
     assert offload.fits and offload.memory["peak"] / 1e9 < 19.6
-    assert offload.host_memory["model_loading"] / 1e9 > 107  # the stated upper bound
+    assert -0.30 <= offload.host_memory["peak"] / 107e9 - 1 <= 0.10, offload.host_memory["peak"] / 1e9
     # the CPU steps the adapters only (104M parameters), not the 69B frozen base
     assert offload.time.terms["cpu_optimizer_step"] < 1.0

@@ -75,14 +75,20 @@ def test_paged_state_costs_nothing_until_it_spills():
     fits = run("Qwen/Qwen2.5-0.5B", "1xH100-80", optimizer="paged-adamw")
     assert fits.paged.spilled_bytes == 0 and terms(fits)["paged_migration"] == 0
     spills = run(LLAMA, "1xA100-40", optimizer="paged-adamw", precision="bf16-pure", checkpointing="full", seq_len=512)
-    host = 32e9 * overheads.HOST_LINK_EFFICIENCY  # A100 SXM: PCIe 4 x16, per direction
+    host = 32e9 * overheads.PAGE_MIGRATION_LINK_FRACTION  # A100 SXM: PCIe 4 x16, per direction; on-demand migration
     assert terms(spills)["paged_migration"] == pytest.approx(2 * spills.paged.spilled_bytes / host, rel=1e-6)
+    given = run(LLAMA, "1xA100-40", optimizer="paged-adamw", precision="bf16-pure", checkpointing="full", seq_len=512,
+                page_migration_gb_s=20)
+    assert terms(given)["paged_migration"] == pytest.approx(2 * given.paged.spilled_bytes / 20e9, rel=1e-6)
 
 
 def test_offload_pays_host_traffic_and_the_cpu_step():
     r = run(LLAMA, "4xH100-80", sharding="zero2", offload="optimizer", host_memory_gb=1000)
     partition = r.model.num_parameters / 4
     assert terms(r)["cpu_optimizer_step"] == pytest.approx(partition * 4 / overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE)
+    faster_cpu = run(LLAMA, "4xH100-80", sharding="zero2", offload="optimizer", host_memory_gb=1000,
+                     cpu_optimizer_gparams_s=4)
+    assert terms(faster_cpu)["cpu_optimizer_step"] == pytest.approx(partition * 4 / 4e9)
     assert terms(r)["offload"] > 0
     assert terms(r)["optimizer_step"] == 0  # states are on the host: no GPU step
     plain = run(LLAMA, "4xH100-80", sharding="zero2", optimizer="adamw-8bit")

@@ -235,11 +235,14 @@ def default_host_memory_bytes(gpu: GpuSpec, gpus_per_node: int) -> int:
 
 
 def parse_gpus(spec: str, host_memory_gb: float | None = None, inter_node_gbps: float | None = None,
-               calibration_store: Path | None = None, definition: dict | None = None) -> HardwareSpec:
+               calibration_store: Path | None = None, definition: dict | None = None,
+               page_migration_gb_s: float | None = None, cpu_optimizer_gparams_s: float | None = None) -> HardwareSpec:
     """Parse ``--gpus`` (and ``--host-memory-gb``, decimal GB per node; ``--inter-node-gbps``,
     Gbit/s per node) into a HardwareSpec; ``calibration_store`` (``--calibration``) supplies the
     GPU's measured corrections. ``definition``: the content of the user GPU file ``spec`` names, as
-    a plan file holds it (GpuSpec.definition): used instead of reading the file."""
+    a plan file holds it (GpuSpec.definition): used instead of reading the file.
+    ``page_migration_gb_s`` (GB/s) and ``cpu_optimizer_gparams_s`` (billion parameters a second
+    per node): the rates planner otherwise assumes (planner/cost/overheads.py)."""
     match = _SPEC.match(spec or "")
     if not match:
         raise PlannerInputError(f"malformed --gpus {spec!r}", hint=f"Grammar: {GRAMMAR}")
@@ -261,6 +264,11 @@ def parse_gpus(spec: str, host_memory_gb: float | None = None, inter_node_gbps: 
         problems.append(f"--host-memory-gb {host_memory_gb}: give the host RAM per node in GB (e.g. 512)")
     if inter_node_gbps is not None and not (0 < inter_node_gbps < 1e6):
         problems.append(f"--inter-node-gbps {inter_node_gbps}: give the network bandwidth per node in Gbit/s (e.g. 3200)")
+    if page_migration_gb_s is not None and not (0 < page_migration_gb_s < 1e5):
+        problems.append(f"--page-migration-gb-s {page_migration_gb_s}: give paged state's migration rate in GB/s (e.g. 20)")
+    if cpu_optimizer_gparams_s is not None and not (0 < cpu_optimizer_gparams_s < 1e5):
+        problems.append(f"--cpu-optimizer-gparams-s {cpu_optimizer_gparams_s}: give billions of parameters a CPU "
+                        "optimizer updates per second per node (e.g. 1)")
     if problems:
         raise PlannerInputError(problems, hint=f"Grammar: {GRAMMAR}")
     host = int(host_memory_gb * GB) if host_memory_gb is not None else default_host_memory_bytes(gpu, per_node)
@@ -268,4 +276,6 @@ def parse_gpus(spec: str, host_memory_gb: float | None = None, inter_node_gbps: 
     return HardwareSpec(
         gpu=gpu, nodes=nodes, gpus_per_node=per_node, host_memory_bytes_per_node=host,
         inter_node_bytes_per_s=gbps * 1e9 / 8, notes=notes,
+        page_migration_bytes_per_s=page_migration_gb_s * 1e9 if page_migration_gb_s is not None else None,
+        cpu_optimizer_params_per_s=cpu_optimizer_gparams_s * 1e9 if cpu_optimizer_gparams_s is not None else None,
     )

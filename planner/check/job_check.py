@@ -29,7 +29,7 @@ from planner.engine.search import search_plans
 from planner.engine.space import build_space
 from planner.schema.estimate import EstimateResult
 from planner.schema.target import Target
-from planner.strategies import BY_FIELD, TECHNIQUES, TrainingConfig
+from planner.strategies import BY_FIELD, TECHNIQUES, TrainingConfig, approximation_note, ladder_key
 from planner.strategies.request_fields import TechniqueChoices
 
 CONFIG_FIELDS = tuple(TrainingConfig.model_fields)  # every technique and the workload
@@ -197,14 +197,17 @@ def describe(old: TrainingConfig, new: TrainingConfig) -> str:
 
 
 def _change(old: TrainingConfig, r: EstimateResult, label: str | None = None) -> Change:
-    return Change(change=label or describe(old, r.config), peak_bytes=r.memory["peak"], fits=r.fits,
+    """``label`` (already noting what it approximates), or the change described and noted."""
+    label = label or describe(old, r.config) + approximation_note(r.config, old)
+    return Change(change=label, peak_bytes=r.memory["peak"], fits=r.fits,
                   tokens_per_second=r.time.tokens_per_second, config=r.config)
 
 
 def _one_field_fixes(model, hardware, config, margin) -> list[Change]:
     """Every single-field change (one technique to another value the search would try) that makes
-    the job feasible and fit, fastest first: an infeasible job's fix is often one field
-    (an optimizer the engine cannot run, an offload without its ZeRO stage)."""
+    the job feasible and fit, in the ladder's order (``ladder_key``: exact first), fastest first:
+    an infeasible job's fix is often one field (an optimizer the engine cannot run, an offload
+    without its ZeRO stage)."""
     out = []
     for s in TECHNIQUES:
         old = getattr(config, s.field)
@@ -213,8 +216,8 @@ def _one_field_fixes(model, hardware, config, margin) -> list[Change]:
                 continue
             r = estimate_config(model, hardware, config.model_copy(update={s.field: value}), margin)
             if r.feasible and r.fits:
-                out.append(_change(config, r, f"{s.field} {old} -> {value}"))
-    return sorted(out, key=lambda c: -c.tokens_per_second)
+                out.append(_change(config, r, f"{s.field} {old} -> {value}" + approximation_note(r.config, config)))
+    return sorted(out, key=lambda c: (ladder_key(c.config, config), -c.tokens_per_second))
 
 
 def _changes_that_fit(model, hardware, config, margin, result, limit) -> list[Change]:
@@ -232,7 +235,7 @@ def _changes_that_fit(model, hardware, config, margin, result, limit) -> list[Ch
         r = estimate_config(model, hardware, merged, margin)
         if r.fits:
             pairs.append(_change(config, r, f"{a.change}; {b.change}"))
-    pairs.sort(key=lambda c: -c.tokens_per_second)
+    pairs.sort(key=lambda c: (ladder_key(c.config, config), -c.tokens_per_second))
     return pairs[:limit] or _plans(model, hardware, config, margin, limit)
 
 

@@ -30,6 +30,12 @@ HostMemory = Annotated[float | None, typer.Option("--host-memory-gb", help="host
                                                                            "(default: 2x the node's GPU memory, >= 64)")]
 InterNode = Annotated[float | None, typer.Option("--inter-node-gbps", help="network bandwidth per node, Gbit/s "
                                                                            "(default: 200 per GPU)")]
+PageMigration = Annotated[float | None, typer.Option(
+    "--page-migration-gb-s", help="paged optimizer state's migration rate over the host link, GB/s "
+                                  "(default: assumed, shown where a plan's speed rests on it)")]
+CpuOptimizer = Annotated[float | None, typer.Option(
+    "--cpu-optimizer-gparams-s", help="parameters a CPU optimizer (offload) updates per second per node, "
+                                      "billions (default: assumed 1, shown where a plan's speed rests on it)")]
 Calibration = Annotated[str | None, typer.Option(
     "--calibration", envvar=CALIBRATION_ENV, show_envvar=True,
     help="the calibration store whose measured corrections apply (planner calibrate), or 'off' "
@@ -90,14 +96,15 @@ ModelFromFiles = Annotated[str | None, typer.Option("--model", help="HF id from 
 
 def with_target(command, model_from_files: bool = False):
     """Give a planning command the options of what it plans for: --model, --gpus, --margin,
-    --host-memory-gb, --inter-node-gbps, --calibration; it is called with ``target={...}``, the
+    --host-memory-gb, --inter-node-gbps, --page-migration-gb-s, --cpu-optimizer-gparams-s,
+    --calibration; it is called with ``target={...}``, the
     fields of a PlanTarget (the calibration store resolved). ``model_from_files``: --model may be
     left out (check: the recipe names it)."""
     model = _option("model", ModelFromFiles, None) if model_from_files else _option("model", Model, inspect.Parameter.empty)
     added = [model, _option("gpus", Gpus, inspect.Parameter.empty),
              _option("margin", Margin, DEFAULT_MARGIN), _option("host_memory_gb", HostMemory),
-             _option("inter_node_gbps", InterNode),
-             _option("calibration", Calibration)]
+             _option("inter_node_gbps", InterNode), _option("page_migration_gb_s", PageMigration),
+             _option("cpu_optimizer_gparams_s", CpuOptimizer), _option("calibration", Calibration)]
     return _extend(command, "target", added, lambda v: v | {"calibration": calibration_store(v["calibration"])})
 
 

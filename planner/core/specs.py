@@ -138,6 +138,10 @@ class HardwareSpec(BaseModel):
     gpus_per_node: int = Field(ge=1)
     host_memory_bytes_per_node: int = Field(gt=0)
     inter_node_bytes_per_s: float = Field(gt=0)  # network per node, per direction
+    # rates no catalog measures (None: planner's assumption, planner/cost/overheads.py): paged
+    # optimizer state migrating over the host link, and a CPU optimizer step, per node
+    page_migration_bytes_per_s: float | None = Field(None, gt=0)
+    cpu_optimizer_params_per_s: float | None = Field(None, gt=0)
     notes: list[str] = []  # how the --gpus spec was read, where a user should know (an ambiguous name)
 
     @property

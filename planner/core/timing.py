@@ -36,6 +36,19 @@ TIME_TERMS: tuple[str, ...] = (
 )
 
 
+#: Terms whose rate no catalog measures, so a plan's speed that rests on them rests on an
+#: assumption (planner/cost/overheads.py; --page-migration-gb-s, --cpu-optimizer-gparams-s): paged
+#: optimizer state migrating over the host link, and the optimizer step on the CPU.
+ASSUMED_RATE_TERMS = ("paged_migration", "cpu_optimizer_step")
+
+
+def assumed_share(draft: "TimeDraft", step: float) -> float:
+    """The fraction of a ``step`` seconds long spent in ``ASSUMED_RATE_TERMS`` rows (serial rows,
+    once per step: exposed whole)."""
+    spent = sum(r.seconds * (1 if not r.per_micro_batch else 0) for r in draft.rows if r.term in ASSUMED_RATE_TERMS)
+    return spent / step if step else 0.0
+
+
 class Window(StrEnum):
     NONE = "none"  # not hidden: runs alone
     FORWARD = "forward"

@@ -92,6 +92,18 @@ COLLECTIVE_LATENCY_INTRA_S = 20e-6
 COLLECTIVE_LATENCY_INTER_S = 50e-6
 #: Host-to-device copies from pinned memory reach ~80% of the PCIe link (CUDA bandwidthTest).
 HOST_LINK_EFFICIENCY = 0.8
+#: Paged optimizer state (bitsandbytes, CUDA managed memory) that spilled to host RAM migrates
+#: in and back out each step at this fraction of the GPU's host link, not at a pinned copy's
+#: ``HOST_LINK_EFFICIENCY``: with the GPU full, pages come in by cudaMemPrefetchAsync per parameter
+#: (bitsandbytes optim/optimizer.py ``prefetch_state``, then a full synchronize) and others are
+#: evicted on demand, page by page. NVIDIA's "Maximizing Unified Memory Performance in CUDA" (2017):
+#: on-demand migration "almost 2x slower (5.4GB/s) than prefetching (10.9GB/s) or explicit memory
+#: copy (11.4GB/s) for PCIe", i.e. 5.4 of PCIe 3 x16's 15.75 GB/s = 0.34. T. Dettmers
+#: (bitsandbytes issue #962): paged optimizers "are not very efficient for large amounts of data
+#: transferred. In this case offloading would be faster". An assumption, not measured on the
+#: GPUs of the catalog: ``--page-migration-gb-s`` sets the rate, and a plan whose speed rests on
+#: it says so.
+PAGE_MIGRATION_LINK_FRACTION = 0.34
 #: CPU optimizer (DeepSpeed CPU-Adam / torch on CPU) parameters updated per second per node.
 #: Assumption of order from ZeRO-Offload (Ren et al. 2021, Sec. 5: CPU-Adam updates ~1B
 #: parameters in under a second on a dual-socket server); not fitted separately.

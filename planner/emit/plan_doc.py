@@ -94,7 +94,8 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
                 f"peak {peak_words(p)}, {p.time.tokens_per_second:,.0f} tokens/s "
                 f"(`planner emit --plan plan.json --rank {i} --out DIR`).", ""]
     if savers:
-        out.append("Change first (fastest first; each keeps the global batch):")
+        out.append("Change first (exact changes first, then approximations; each fastest first and keeping the "
+                   "global batch):")
         out.append("")
         for i, alt in enumerate(savers[:6], 1):
             r = alt.result

@@ -12,8 +12,9 @@ from itertools import product
 
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.engine.estimate import estimate_config, evaluate
+from planner.engine.ranking import TIE_BAND
 from planner.schema.estimate import Alternative, EstimateResult
-from planner.strategies import TECHNIQUES, TrainingConfig
+from planner.strategies import TECHNIQUES, TrainingConfig, approximation_note, ladder_key
 
 
 def _variants(c: TrainingConfig, hardware: HardwareSpec) -> list[tuple[str, dict]]:
@@ -30,14 +31,15 @@ def _variants(c: TrainingConfig, hardware: HardwareSpec) -> list[tuple[str, dict
 
 def memory_savers(model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0,
                   baseline: EstimateResult | None = None) -> list[Alternative]:
-    """Feasible one-step changes that lower the peak, fastest first."""
+    """Feasible one-step changes that lower the peak: those that add no approximation to the job's
+    numerics first, then the least approximation (labelled), each fastest first (``ladder_key``)."""
     base = baseline or estimate_config(model, hardware, config, margin)
     out = []
     for change, update in _variants(config, hardware):
         result = estimate_config(model, hardware, config.model_copy(update=update), margin)
         if result.feasible and result.memory["peak"] < base.memory["peak"]:
-            out.append(Alternative(change, result))
-    out.sort(key=lambda a: (-a.result.time.tokens_per_second, a.result.memory["peak"]))
+            out.append(Alternative(change + approximation_note(result.config, config), result))
+    out.sort(key=lambda a: (ladder_key(a.result.config, config), -a.result.time.tokens_per_second, a.result.memory["peak"]))
     return out
 
 
@@ -58,11 +60,13 @@ def _neighbours(c: TrainingConfig) -> list[dict]:
 def faster_changes(model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float,
                    baseline: EstimateResult, limit: int) -> list[EstimateResult]:
     """Configurations one technique and / or the micro-batch away from ``config`` that fit and are
-    faster than ``baseline``, fastest first (ties: lower peak), at most ``limit``, each estimated
-    in full. A bounded search: ``_neighbours``, evaluated without result objects."""
+    faster than ``baseline`` beyond the ranking's tie band (a smaller gain is within the model's
+    error, planner/engine/ranking.py ``TIE_BAND``): those that add no approximation to its numerics first, then the least
+    approximation (``ladder_key``), each fastest first (ties: lower peak), at most ``limit``, each
+    estimated in full. A bounded search: ``_neighbours``, evaluated without result objects."""
     found = []
     for i, update in enumerate(_neighbours(config)):
         ev = evaluate(model, hardware, config.model_copy(update=update), margin, skip_infeasible=True)
-        if ev.fits and ev.tokens_per_second > baseline.time.tokens_per_second:
-            found.append((-ev.tokens_per_second, ev.peak, i, ev.ctx.config))
+        if ev.fits and ev.tokens_per_second > baseline.time.tokens_per_second * (1 + TIE_BAND):
+            found.append((ladder_key(ev.ctx.config, config), -ev.tokens_per_second, ev.peak, i, ev.ctx.config))
     return [estimate_config(model, hardware, c, margin) for *_, c in sorted(found)[:limit]]

@@ -3,7 +3,8 @@
 
 from planner.core.specs import HardwareSpec
 from planner.core.units import GB
-from planner.cost.overheads import HOST_RESERVE_FRACTION
+from planner.cost.overheads import HOST_RESERVE_FRACTION, PAGE_MIGRATION_LINK_FRACTION
+from planner.strategies.rates import cpu_optimizer_rate, page_migration_rate
 
 
 def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int, *,
@@ -25,3 +26,36 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
                                                             else "(assumed; --inter-node-gbps)"))
     out.append(f"margin {target.margin:.0%} of GPU memory kept free")
     return out
+
+
+#: Per assumed-rate time term (planner/core/timing.py ``ASSUMED_RATE_TERMS``): its words, its flag.
+RATE_WORDS = {"paged_migration": ("paged state's migration", "--page-migration-gb-s"),
+              "cpu_optimizer_step": ("the CPU optimizer step", "--cpu-optimizer-gparams-s")}
+
+
+def rate_assumptions(hardware: HardwareSpec, terms: dict[str, float]) -> list[str]:
+    """The assumed rates a plan's step time uses (``terms``: its time terms, seconds), each with
+    where it came from."""
+    out = []
+    if terms.get("paged_migration"):
+        given = hardware.page_migration_bytes_per_s is not None
+        out.append(f"page migration {page_migration_rate(hardware) / GB:,.1f} GB/s "
+                   + ("(--page-migration-gb-s)" if given else
+                      f"(assumed: {PAGE_MIGRATION_LINK_FRACTION:.0%} of the host link; --page-migration-gb-s)"))
+    if terms.get("cpu_optimizer_step"):
+        given = hardware.cpu_optimizer_params_per_s is not None
+        out.append(f"CPU optimizer {cpu_optimizer_rate(hardware) / 1e9:,.2g}B params/s/node "
+                   + ("(--cpu-optimizer-gparams-s)" if given else "(assumed; --cpu-optimizer-gparams-s)"))
+    return out
+
+
+def rate_warning(terms: dict[str, float], step_seconds: float, band: float) -> str | None:
+    """When more than ``band`` of a plan's step runs at assumed rates: which, and how to set them."""
+    spent = {t: terms.get(t, 0.0) for t in RATE_WORDS if terms.get(t)}
+    share = sum(spent.values()) / step_seconds if step_seconds else 0.0
+    if share <= band:
+        return None
+    words = " and ".join(RATE_WORDS[t][0] for t in spent)
+    flags = ", ".join(RATE_WORDS[t][1] for t in spent)
+    return (f"speed rests on an assumed rate: {words} is {share:.0%} of the step at a rate planner assumes, "
+            f"not one measured on this hardware ({flags} sets it)")

@@ -21,10 +21,11 @@ from planner.core.ledger import (
     terms_at,
 )
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.core.timing import TimeDraft, assemble, step_seconds
+from planner.core.timing import TimeDraft, assemble, assumed_share, step_seconds
 from planner.core.vocabulary import DEFAULT_SEQ_LEN, WORKLOAD
 from planner.cost import adapters, overheads, params
-from planner.engine.assumptions import assumptions
+from planner.engine.assumptions import assumptions, rate_assumptions, rate_warning
+from planner.engine.ranking import TIE_BAND
 from planner.schema.estimate import EstimateRequest, EstimateResult, HardwareInfo, ModelInfo
 from planner.strategies import (
     REGISTRY,
@@ -105,6 +106,12 @@ class Evaluation:
     def tokens_per_second(self) -> float:
         return self.tokens_per_step / self.step_seconds if self.step_seconds else 0.0
 
+    @property
+    def assumed_share(self) -> float:
+        """The fraction of the step spent at rates planner assumes (planner/core/timing.py
+        ``ASSUMED_RATE_TERMS``)."""
+        return assumed_share(self.time_draft, self.step_seconds) if self.time_draft is not None else 0.0
+
 
 def estimate(request: EstimateRequest) -> EstimateResult:
     model = resolve_model(request.model)
@@ -116,6 +123,7 @@ def estimate(request: EstimateRequest) -> EstimateResult:
                        seq_given=request.seq_len is not None, batch_given="micro_batch_size" in request.model_fields_set,
                        batch_words=f"micro-batch {config.micro_batch_size} x accum {config.grad_accum} x {dp} GPUs = "
                                    f"{config.tokens_per_micro_batch * config.grad_accum * dp:,} tokens/step")
+    said += rate_assumptions(hardware, result.time.terms)
     return result.model_copy(update={"assumptions": said + [f"MFU of the {result.time.mfu_basis}"]})
 
 
@@ -297,6 +305,8 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
             gpus_per_node=hardware.gpus_per_node, gpu_memory_bytes=hardware.gpu.memory_bytes,
             host_memory_bytes_per_node=hardware.host_memory_bytes_per_node,
             inter_node_bytes_per_s=hardware.inter_node_bytes_per_s,
+            page_migration_bytes_per_s=hardware.page_migration_bytes_per_s,
+            cpu_optimizer_params_per_s=hardware.cpu_optimizer_params_per_s,
             calibration=hardware.gpu.calibration.note if hardware.gpu.calibration else None,
             gpu_file=hardware.gpu.file, gpu_definition=hardware.gpu.definition,
         ),
@@ -313,7 +323,9 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
         feasible=ev.feasible,
         fits=ev.fits,
         reasons=_reasons(ev.check, ev.peak, peak, ev.usable, margin, ev.host_memory, ev.paged),
-        warnings=ev.check.warnings + hardware.notes,  # how --gpus was read, where that needs saying
+        # how --gpus was read, where that needs saying; a speed that rests on an assumed rate
+        warnings=ev.check.warnings + hardware.notes + [w for w in [rate_warning(time.terms, time.step_seconds, TIE_BAND)]
+                                                       if w and ev.fits],
     )
 
 

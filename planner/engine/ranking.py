@@ -4,9 +4,11 @@
    plans offered are the exact ones when one fits, otherwise those of the least approximation
    that fits (``allowed_levels``); ``exact`` offers exact plans only; ``any`` every plan, by speed.
    Faster plans that change numerics are shown beside the winner (``_trade_offs``), never instead.
-2. **Ties.** Plans within ``TIE_BAND`` of the fastest are ties, broken toward the simpler plan
-   (``strategies.complexity``: bf16 over fp16, no offload, no sharding where replicas fit, fewer
-   techniques), then by speed, then by lower peak.
+2. **Ties.** Plans within ``TIE_BAND`` of the fastest are ties, broken toward the plan whose
+   speed does not rest on an assumed rate beyond the band (``Candidate.rests``: paged state's
+   migration, a CPU optimizer step; planner/core/timing.py ``ASSUMED_RATE_TERMS``), then the
+   simpler plan (``strategies.complexity``: bf16 over fp16, no offload, no sharding where replicas
+   fit, fewer techniques), then by speed, then by lower peak.
 3. **Distinct alternatives.** Each family (optimizer, precision with bf16/fp16-mixed as one,
    checkpointing, sharding engine, offload) is represented by its best plan; near-copies (another loss, micro-batch, or FSDP
    reshard setting of the same family) are not listed twice.
@@ -37,6 +39,7 @@ class Candidate:
     config: Any  # a TrainingConfig (or any object with its technique fields)
     tokens_per_second: float
     peak: int
+    rests: float = 0.0  # the fraction of its step at rates planner assumes
 
     @property
     def numerics(self) -> tuple[float, ...]:
@@ -59,7 +62,7 @@ def pick(cands: list[Candidate], band: float = TIE_BAND) -> Candidate:
     simplest, then the fastest, then the lowest peak."""
     fastest = max(c.tokens_per_second for c in cands)
     ties = [c for c in cands if c.tokens_per_second >= fastest * (1 - band)]
-    return min(ties, key=lambda c: (complexity(c.config), -c.tokens_per_second, c.peak))
+    return min(ties, key=lambda c: (c.rests > band, complexity(c.config), -c.tokens_per_second, c.peak))
 
 
 def order(cands: list[Candidate], band: float = TIE_BAND, limit: int | None = None) -> list[Candidate]:
@@ -134,7 +137,7 @@ def _trade_offs(winner: Candidate | None, by_level: dict, band: float) -> list[C
 def searched(outcome, records: Iterable | None = None) -> list[Candidate]:
     """Candidates of a search's records (planner/engine/search.py ``Record``): its fitting ones
     unless ``records`` says which."""
-    return [Candidate(r, outcome.config(r), r.tokens_per_second, r.peak)
+    return [Candidate(r, outcome.config(r), r.tokens_per_second, r.peak, r.rests)
             for r in (outcome.fitting if records is None else records)]
 
 

@@ -57,6 +57,7 @@ class Record:
     peak: int
     shortfall: int  # bytes short (GPU + host), 0 when it fits
     reason: str | None  # None: fits
+    rests: float = 0.0  # the fraction of its step at rates planner assumes (Evaluation.assumed_share)
 
     def rank_key(self) -> tuple:
         return (-self.tokens_per_second, self.peak, self.combo, self.micro_batch_size)
@@ -106,7 +107,8 @@ def record_of(combo: int, ev: Evaluation) -> Record:
         reason = ev.check.codes[0]
     else:
         reason = NOT_FIT_GPU if not ev.gpu_fits else NOT_FIT_HOST
-    return Record(combo, cfg.micro_batch_size, ev.tokens_per_second if ev.fits else 0.0, ev.peak, shortfall(ev), reason)
+    return Record(combo, cfg.micro_batch_size, ev.tokens_per_second if ev.fits else 0.0, ev.peak, shortfall(ev), reason,
+                  ev.assumed_share if ev.fits else 0.0)
 
 
 def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Evaluate, out: "_Share",

@@ -12,7 +12,7 @@ from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.engine import search as search_module
-from planner.engine.assumptions import assumptions
+from planner.engine.assumptions import assumptions, rate_assumptions
 from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.exact_host import exact_host_option, exact_only
 from planner.engine.forked import Forked
@@ -96,7 +96,7 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
         trade_offs=trade_offs,
         assumptions=assumptions(request, hardware, space.seq_len, space.global_batch_size, seq_given=seq_given,
                                 batch_given=request.global_batch_size is not None)
-        + ([f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
+        + (rate_assumptions(hardware, plans[0].time.terms) + [f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
         training=_training(request, plans[0], request.tokens) if plans and request.tokens else None,
         needs_bytes=verdict.needs_bytes if verdict else None,
         adapter_option=_option(beside.result()[1], plans[0] if plans else None) if _hint_asked(request) else None,

@@ -23,7 +23,7 @@ from planner.render.layout import fits, heading, line, paragraph, table, verdict
 from planner.render.next_steps import Asked, suggest_next
 from planner.strategies import TECHNIQUES
 
-MFU_NOTE = "MFU: model FLOPs over the GPU's dense peak in the plan's compute dtype (bf16 for fp8 plans)"
+MFU_NOTE = "MFU: model FLOPs over the GPU's 16-bit dense peak (bf16; fp16 where it has none), for every plan"
 
 
 def render_suggest(result, console: Console, asked: Asked | None = None) -> None:

@@ -61,12 +61,12 @@ def render_check(result, console: Console, asked: Asked | None = None) -> None:
     for w in result.warnings:
         line(console, f"warning: {w}")
     if result.changes:
-        heading(console, "Changes that make it fit (fastest first)")
+        heading(console, "Changes that make it fit (exact first, then fastest)")
         for c in result.changes:
             line(console, f"{c.change}: {gib(r.memory['peak'])} -> {gib(c.peak_bytes)}, "
                           f"{c.tokens_per_second:,.0f} tokens/s", indent=4, first="  ")
     if result.faster:
-        heading(console, f"Faster plans that also fit (now {r.time.tokens_per_second:,.0f} tokens/s)")
+        heading(console, f"Faster plans that also fit (exact first; now {r.time.tokens_per_second:,.0f} tokens/s)")
         for c in result.faster:
             line(console, f"{c.change}: {c.tokens_per_second:,.0f} tokens/s, peak {gib(c.peak_bytes)}", indent=4, first="  ")
     check_next(result, asked, console)

@@ -48,6 +48,8 @@ class HardwareInfo(BaseModel):
     gpu_memory_bytes: int
     host_memory_bytes_per_node: int
     inter_node_bytes_per_s: float
+    page_migration_bytes_per_s: float | None = None  # --page-migration-gb-s (None: assumed)
+    cpu_optimizer_params_per_s: float | None = None  # --cpu-optimizer-gparams-s (None: assumed)
     calibration: str | None = None  # the measured corrections in use (planner calibrate); None: assumptions
     gpu_file: str | None = None  # a user GPU file's path (GpuSpec.file); None: a catalog GPU
     gpu_definition: dict | None = None  # that file's content as planned (GpuSpec.definition)
@@ -61,7 +63,10 @@ class HardwareInfo(BaseModel):
         """This hardware again (a user GPU from the definition the plan holds, not from its file),
         or ``gpus`` instead of its GPUs, with its host RAM and network."""
         return parse_gpus(gpus or self.spec, self.host_memory_bytes_per_node / 1e9, self.inter_node_bytes_per_s * 8 / 1e9,
-                          calibration, definition=None if gpus else self.gpu_definition)
+                          calibration, definition=None if gpus else self.gpu_definition,
+                          page_migration_gb_s=self.page_migration_bytes_per_s / 1e9 if self.page_migration_bytes_per_s else None,
+                          cpu_optimizer_gparams_s=self.cpu_optimizer_params_per_s / 1e9 if self.cpu_optimizer_params_per_s
+                          else None)
 
 
 class EstimateResult(BaseModel):

@@ -19,12 +19,15 @@ class Target(BaseModel):
     gpus: str
     host_memory_gb: float | None = None  # per node, decimal GB
     inter_node_gbps: float | None = None  # per node, Gbit/s
+    page_migration_gb_s: float | None = None  # paged optimizer state over the host link, GB/s (None: assumed)
+    cpu_optimizer_gparams_s: float | None = None  # CPU optimizer, billion parameters a second per node (None: assumed)
     margin: float = Field(overheads.DEFAULT_MARGIN, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
     calibration: Path | None = None  # the calibration store whose corrections apply (None: assumptions only)
 
     def hardware(self, gpus: str | None = None) -> HardwareSpec:
         """The target's GPUs (or ``gpus``, another --gpus spec) with its host, network and calibration."""
-        return parse_gpus(gpus or self.gpus, self.host_memory_gb, self.inter_node_gbps, self.calibration)
+        return parse_gpus(gpus or self.gpus, self.host_memory_gb, self.inter_node_gbps, self.calibration,
+                          page_migration_gb_s=self.page_migration_gb_s, cpu_optimizer_gparams_s=self.cpu_optimizer_gparams_s)
 
 
 class PlanTarget(Target):
