@@ -229,6 +229,23 @@ def test_cli_emit_and_suggest_out(tmp_path):
         assert r.exit_code == 2 and "Traceback" not in r.output, r.output
 
 
+def test_emit_rank_says_and_runs_its_way_out(tmp_path):
+    """--rank N on the plan.json that --out writes (one plan) exits 2 naming what holds the whole
+    ranking; that way out, suggest --json then emit --rank, writes rank N."""
+    runner = CliRunner()
+    out = tmp_path / "plan"
+    assert runner.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "8xH100-80", "--out", str(out)]).exit_code == 0
+    r = runner.invoke(app, ["emit", "--plan", str(out / "plan.json"), "--rank", "2", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--json > ranked.json" in " ".join(r.output.split()), r.output
+    ranked = runner.invoke(app, ["suggest", "--model", LLAMA, "--gpus", "8xH100-80", "--json"])
+    assert ranked.exit_code == 0
+    (tmp_path / "ranked.json").write_text(ranked.stdout)
+    r = runner.invoke(app, ["emit", "--plan", str(tmp_path / "ranked.json"), "--rank", "2", "--out", str(tmp_path / "two")])
+    assert r.exit_code == 0, r.output
+    second = json.loads(ranked.stdout)["plans"][1]["config"]
+    assert json.loads((tmp_path / "two" / "plan.json").read_text())["plans"][0]["config"] == second
+
+
 GOLDEN = ROOT / "tests" / "golden"
 GOLDEN_CASES = ["single-pure-paged", "zero3-offload", "fsdp-fp8", "fsdp-hybrid-pure", "ddp-fp16"]
 

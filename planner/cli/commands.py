@@ -22,6 +22,7 @@ from rich.markup import escape
 from planner.cli import options
 from planner.cli.options import with_space, with_target, with_techniques
 from planner.cli.version import version
+from planner.core.distribution import install_line
 from planner.core.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED, PlannerError, PlannerInputError
 from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
@@ -283,7 +284,8 @@ PROBE_EXIT_CODES = ("Exit codes: 0 the probe agrees with the analytic model, 1 i
 @app.command(help="Probe a plan and compare it with the cost model. --fidelity traced: the real model on fake "
                   "tensors (CPU, no GPU), every memory term. --fidelity measured: a short real run on this "
                   "machine's GPU in a child process (peaks, OOM, step time), kept in the calibration store. "
-                  f"Give the plan as flags or as --plan FILE. Needs the [probes] extra. {PROBE_EXIT_CODES}")
+                  f"Give the plan as flags or as --plan FILE. Needs the probes extra "
+                  f"({escape(install_line(['probes']))}). {PROBE_EXIT_CODES}")
 @with_techniques("one")
 def probe(
     techniques: dict,
@@ -350,7 +352,8 @@ def tune(
                                                "| measured | traced | analytic")] = "auto",
     band: Annotated[float, typer.Option(help="the model's relative error on throughput: stop when no unprobed candidate can beat "
                                              "the best probed one by more")] = 0.15,
-    storage: Annotated[str | None, typer.Option(help="an Optuna storage URL shared by workers (default: sqlite:///OUT/study.db, "
+    storage: Annotated[str | None, typer.Option(help="an Optuna database URL shared by workers, sqlite:/// or "
+                                                     "postgresql:// (default: sqlite:///OUT/study.db, "
                                                      "or ./planner-tune.db)")] = None,
     study_name: Annotated[str | None, typer.Option(help="default: from the model, GPUs, fidelity and search space")] = None,
     out: Annotated[Path | None, typer.Option(help="write the best plan's launch files, tune.png and the study file here")] = None,

@@ -90,7 +90,13 @@ def build_files(search: SuggestResult, rank: int = 1, gpus: str | None = None,
     """File name -> content for the plan at ``rank`` (1 = best) of a suggest result, re-estimated
     with this planner (on ``gpus`` when given, with the corrections of the ``calibration`` store)."""
     if not 1 <= rank <= len(search.plans):
-        raise PlannerInputError(f"--rank {rank}: the plan file holds {len(search.plans)} plan(s)")
+        one = len(search.plans) == 1
+        raise PlannerInputError(
+            f"--rank {rank}: the plan file holds {len(search.plans)} plan(s)"
+            + (" (a plan.json written by `planner suggest --out` holds the plan it wrote)" if one else ""),
+            hint=("Save the whole ranking with `planner suggest ... --json > ranked.json`, then run "
+                  f"`planner emit --plan ranked.json --rank {rank} --out DIR`." if one else
+                  f"Choose --rank from 1 to {len(search.plans)}."))
     old = search.plans[rank - 1]
     model = resolve_model(old.model.id)
     hardware = old.hardware.parse(gpus, calibration)

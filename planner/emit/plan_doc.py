@@ -92,7 +92,8 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
         i, p = lower[0]
         out += [f"The next plan down: rank {i}, {summary(p.config)}, micro-batch {p.config.micro_batch_size}: "
                 f"peak {peak_words(p)}, {p.time.tokens_per_second:,.0f} tokens/s "
-                f"(`planner emit --plan plan.json --rank {i} --out DIR`).", ""]
+                f"(`planner suggest` with this plan's flags and `--json > ranked.json`, then "
+                f"`planner emit --plan ranked.json --rank {i} --out DIR`: plan.json holds this plan only).", ""]
     if savers:
         out.append("Change first (exact changes first, then approximations; each fastest first and keeping the "
                    "global batch):")

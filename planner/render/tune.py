@@ -6,9 +6,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from planner.core.units import GIB
-from planner.render.layout import table as plain_table
+from planner.render.layout import line
 from planner.schema.tune import TrialRow, TuneResult
-from planner.strategies import summary
+from planner.strategies import TECHNIQUES, summary
 
 
 class Progress:
@@ -45,18 +45,27 @@ def render_tune(r: TuneResult, console: Console) -> None:
     console.print(f"fidelity: {r.fidelity}; {r.probes} probes; stopped: {r.stopped}", highlight=False)
     for note in r.notes:
         console.print(f"note: {escape(note)}", highlight=False)
-    table = plain_table(("trial", "right"), ("config", "left"), ("fidelity", "left"), ("status", "left"),
-                        ("peak GiB\npredicted", "right"), ("\nprobed", "right"), ("tokens/s\npredicted", "right"),
-                        ("\nprobed", "right"), wrap=("config", "status"))
-    for t in r.trials:
-        if not t.probed:
-            continue
-        label = f"{summary(t.config, 'compact', ' ')} mbs {t.config.get('micro_batch_size')}"
+    probed = [t for t in r.trials if t.probed]
+    # one line per trial: what every probed trial shares goes above the table, as suggest's top plans
+    varying = [x for x in TECHNIQUES if len({t.config.get(x.field) for t in probed}) > 1]
+    if probed:
+        first = probed[0].config
+        line(console, "all probed trials: " + ", ".join(f"{x.short} {first.get(x.field)}" for x in TECHNIQUES
+                                                        if x not in varying))
+    fidelities = len({t.fidelity for t in probed}) > 1  # (one fidelity: the header says it)
+    what = " ".join(x.short for x in varying) + " mbs" + (" fidelity" if fidelities else "")
+    # a trial a line: its figures in fixed columns, then the values that differ between trials
+    # (wrapped under themselves if they are long)
+    console.print(f"{'':5} {'peak GiB':>11} {'k tokens/s':>13}", highlight=False)
+    line(console, what, indent=33, first=f"{'trial':>5} {'pred/probed':>11} {'pred/probed':>13}  ")
+    for t in probed:
         best = r.best is not None and t.number == r.best.number
-        table.add_row(("* " if best else "") + str(t.number), label, t.fidelity, t.status + ("" if t.feasible else " (over)"),
-                      _gib(t.predicted_peak_bytes), _gib(t.peak_bytes), _rate(t.predicted_tokens_per_second),
-                      _rate(t.tokens_per_second))
-    console.print(table)
+        status = "" if t.status == "ok" and t.feasible else f" {t.status}" + ("" if t.feasible else " (over)")
+        values = " ".join(str(t.config.get(x.field)) for x in varying) + f" {t.config.get('micro_batch_size')}"
+        peak = f"{_gib(t.predicted_peak_bytes)}/{_gib(t.peak_bytes)}"
+        rate = f"{_krate(t.predicted_tokens_per_second)}/{_krate(t.tokens_per_second)}"
+        line(console, values + (f" {t.fidelity}" if fidelities else "") + status, indent=33,
+             first=f"{('* ' if best else '') + str(t.number):>5} {peak:>11} {rate:>13}  ")
     pruned = sum(1 for t in r.trials if not t.probed)
     console.print(f"{pruned} trials decided by the analytic model without a probe (predicted not to fit or infeasible)")
     if r.best_plan is not None and r.best is not None:
@@ -109,8 +118,9 @@ def plot(r: TuneResult) -> bytes | None:
 
 
 def _gib(x: int | None) -> str:
-    return "-" if x is None else f"{x / GIB:.2f}"
+    return "-" if x is None else f"{x / GIB:.1f}"
 
 
-def _rate(x: float | None) -> str:
-    return "-" if not x else f"{x:,.0f}"
+def _krate(x: float | None) -> str:
+    """Thousands of tokens/s, one decimal (the table's width)."""
+    return "-" if not x else f"{x / 1000:,.1f}"

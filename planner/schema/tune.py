@@ -31,7 +31,7 @@ class TuneRequest(SuggestRequest):
     probes: int = Field(20, ge=0, le=100_000)  # probe budget over the whole study (--trials; 0: report the study)
     timeout: float | None = Field(None, gt=0)  # seconds for this invocation
     probe_timeout: float = Field(900.0, gt=0)
-    storage: str | None = None  # any Optuna storage URL; default: a SQLite file next to the output
+    storage: str | None = None  # an Optuna RDB storage (database) URL; default: a SQLite file next to the output
     study_name: str | None = None
     out: Path | None = None
     enqueue: int = Field(5, ge=0, le=1000)  # analytic top candidates probed first
