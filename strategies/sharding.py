@@ -375,7 +375,6 @@ def _emit_fsdp(ctx: PlanContext, files: EmitDraft) -> None:
     if ctx.fsdp2:
         reshard = s != Sharding.FSDP_GRAD_OP
         own = {"version": 2, "reshard_after_forward": reshard}
-        option = "full_shard" if reshard else "shard_grad_op"
         if s == Sharding.FSDP_HYBRID:
             files.accelerate["parallelism_config"] = {
                 "parallelism_config_dp_replicate_size": hw.nodes,
@@ -383,15 +382,20 @@ def _emit_fsdp(ctx: PlanContext, files: EmitDraft) -> None:
             }
             files.notes.append("fsdp-hybrid: accelerate's parallelism_config replicates across nodes and shards within each")
     else:
-        strategy = FSDP1_STRATEGIES[s]
-        own = {"version": 1, "sharding_strategy": strategy, "backward_prefetch": "BACKWARD_PRE",
-               "forward_prefetch": False, "use_orig_params": True, "sync_module_states": True}
-        option = f"{strategy.lower()} auto_wrap"
+        own = {"version": 1, "backward_prefetch": "BACKWARD_PRE", "forward_prefetch": False,
+               "use_orig_params": True, "sync_module_states": True}
     accelerate = both | own | {"auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap":
                                m.decoder_layer_class, "offload_params": False, "activation_checkpointing": False}
-    files.fsdp().update({f"fsdp_{k}": v for k, v in accelerate.items()})
-    files.training_args["fsdp"] = option
-    files.trainer_fsdp().update(both | own | {"transformer_layer_cls_to_wrap": [m.decoder_layer_class]})
+    # FSDP1's strategy: accelerate's launcher exports fsdp_sharding_strategy (FSDP_SHARDING_STRATEGY,
+    # default FULL_SHARD), which its plugin prefers to reshard_after_forward; transformers 5 reads
+    # only reshard_after_forward from fsdp_config. Each file in its reader's key.
+    strategy1 = {} if ctx.fsdp2 else {"sharding_strategy": FSDP1_STRATEGIES[s]}
+    trainer1 = {} if ctx.fsdp2 else {"reshard_after_forward": FSDP1_STRATEGIES[s]}
+    files.fsdp().update({f"fsdp_{k}": v for k, v in (accelerate | strategy1).items()})
+    # fsdp=True with everything in fsdp_config: transformers 5 deprecates the option string
+    # ("full_shard auto_wrap") for removal
+    files.training_args["fsdp"] = True
+    files.trainer_fsdp().update(both | own | trainer1 | {"transformer_layer_cls_to_wrap": [m.decoder_layer_class]})
 
 
 #: accelerate's distributed_type -> vocabulary (NO is none on one process, else ddp).
@@ -436,8 +440,9 @@ def _stage(stage, where: str, r: Reading) -> None:
 def _fsdp_sharding(f: FsdpSettings) -> Sharding:
     """FSDP1's sharding_strategy (name or number) or FSDP2's reshard_after_forward, and the
     Trainer's options."""
-    strategy = str(f.get("sharding_strategy", "")).upper()
     reshard = f.get("reshard_after_forward", True)
+    # FSDP1's strategy: sharding_strategy (name or number), or reshard_after_forward's name
+    strategy = str(f.get("sharding_strategy", "") or (reshard if isinstance(reshard, str) else "")).upper()
     if "SHARD_GRAD_OP" in strategy or strategy == "2" or "shard_grad_op" in f.options or reshard in (False, "false"):
         return Sharding.FSDP_GRAD_OP
     if "HYBRID" in strategy or "hybrid_shard" in f.options or strategy in ("4", "5"):

@@ -365,3 +365,24 @@ def test_an_infeasible_job_gets_its_one_field_fixes_first(tmp_path):
     assert {c.change.split()[0] for c in r.changes} <= {"optimizer", "sharding", "offload", "precision",
                                                         "checkpointing", "loss", "attention"}
     assert any(c.change == "optimizer paged-adamw-8bit -> adamw" for c in r.changes)
+
+
+def test_a_job_folder_may_hold_its_training_arguments_as_yaml(tmp_path):
+    """--job-dir reads training_args.yaml (or .yml) as it reads training_args.json: the same
+    verdict; a folder with both is refused (exit 2) naming them, since either could be the job's."""
+    planned = tmp_path / "plan"
+    emit(suggest(SuggestRequest(model=LLAMA, gpus="8xH100-80", sharding=["zero2"], top=1)), planned)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("accelerate_config.yaml", "deepspeed_config.json", "runtime.json"):
+        (mine / name).write_text((planned / name).read_text())
+    args = json.loads((planned / "training_args.json").read_text())
+    (mine / "training_args.yaml").write_text(yaml.safe_dump(args))
+    target = dict(model=LLAMA, gpus="8xH100-80", alternatives=0)
+    as_yaml = check(CheckRequest(job_dir=mine, **target))
+    as_json = check(CheckRequest(job_dir=planned, **target))
+    assert as_yaml.estimate.config == as_json.estimate.config
+    assert as_yaml.fits == as_json.fits
+    (mine / "training_args.json").write_text(json.dumps(args))
+    r = CliRunner().invoke(app, ["check", "--job-dir", str(mine), "--model", LLAMA, "--gpus", "8xH100-80"])
+    assert r.exit_code == 2 and "training_args.json and training_args.yaml" in " ".join(r.output.split()), r.output

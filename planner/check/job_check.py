@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.catalog.models import resolve_model
-from planner.check.job_files import JOB_FILES, read_job
+from planner.check.job_files import JOB_DIR_ALSO, JOB_FILES, read_job
 from planner.core.errors import PlannerInputError
 from planner.core.formatting import gib
 from planner.core.job import Reading
@@ -119,8 +119,13 @@ def _read_files(request: CheckRequest) -> tuple[Reading, dict | None]:
         if not request.job_dir.is_dir():
             raise PlannerInputError(f"--job-dir {request.job_dir} is not a directory")
         for key, name in JOB_FILES.items():
-            if paths[key] is None and (request.job_dir / name).is_file():
-                paths[key] = request.job_dir / name
+            found = [request.job_dir / n for n in (name, *JOB_DIR_ALSO.get(key, ())) if (request.job_dir / n).is_file()]
+            if paths[key] is None and len(found) > 1:
+                raise PlannerInputError(f"--job-dir {request.job_dir}: {' and '.join(f.name for f in found)} "
+                                        "both hold one file's settings",
+                                        hint=f"Pass the one the job uses with --{key.replace('_', '-')}.")
+            if paths[key] is None and found:
+                paths[key] = found[0]
         if paths["runtime_args"] is None:
             plan_config = _plan_config(request.job_dir / "plan.json")
     if not any(paths.values()) and request.job_dir is None:

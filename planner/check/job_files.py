@@ -36,6 +36,10 @@ SEQ_LEN_KEYS = ("max_seq_length", "max_length")
 #: The files a job directory may hold (``planner suggest --out`` writes them under these names).
 JOB_FILES = {"accelerate_config": "accelerate_config.yaml", "deepspeed_config": "deepspeed_config.json",
              "training_args": "training_args.json", "runtime_args": RUNTIME_FILE}
+#: Other names ``check --job-dir`` finds them under in a user's own job folder (TRL and the
+#: Trainer read their arguments from YAML as often as JSON; accelerate writes .yaml or .yml).
+JOB_DIR_ALSO = {"training_args": ("training_args.yaml", "training_args.yml"),
+                "accelerate_config": ("accelerate_config.yml",)}
 
 
 @cache

@@ -63,16 +63,22 @@ def render_tune(r: TuneResult, console: Console) -> None:
         status = "" if t.status == "ok" and t.feasible else f" {t.status}" + ("" if t.feasible else " (over)")
         values = " ".join(str(t.config.get(x.field)) for x in varying) + f" {t.config.get('micro_batch_size')}"
         peak = f"{_gib(t.predicted_peak_bytes)}/{_gib(t.peak_bytes)}"
-        rate = f"{_krate(t.predicted_tokens_per_second)}/{_krate(t.tokens_per_second)}"
+        # only a measured run times a step: a traced or analytic trial's speed is the model's own
+        timed = t.fidelity == "measured"
+        rate = f"{_krate(t.predicted_tokens_per_second)}/{_krate(t.tokens_per_second) if timed else '-'}"
         line(console, values + (f" {t.fidelity}" if fidelities else "") + status, indent=33,
              first=f"{('* ' if best else '') + str(t.number):>5} {peak:>11} {rate:>13}  ")
+    if any(t.fidelity != "measured" for t in probed):
+        line(console, "probed tokens/s: measured trials only; a traced trial measures memory (fake tensors), "
+                      "its speed is the model's prediction")
     pruned = sum(1 for t in r.trials if not t.probed)
     console.print(f"{pruned} trials decided by the analytic model without a probe (predicted not to fit or infeasible)")
     if r.best_plan is not None and r.best is not None:
         c = r.best_plan.config
+        speed = "measured" if r.best.fidelity == "measured" else "predicted"
         console.print(f"[bold green]best probed plan:[/] trial {r.best.number}: {r.best.tokens_per_second:,.0f} tokens/s "
-                      f"({r.best.fidelity}); {summary(c)}, micro-batch {c.micro_batch_size} x {c.grad_accum}",
-                      highlight=False)
+                      f"({speed}; {r.best.fidelity} fidelity); {summary(c)}, micro-batch {c.micro_batch_size} x "
+                      f"{c.grad_accum}", highlight=False)
     else:
         console.print("[bold red]no probed plan ran within the GPU's memory[/]")
     console.print(f"open the study: optuna-dashboard {r.storage}", highlight=False)
