@@ -426,6 +426,8 @@ def _read(job: JobFiles, r: Reading) -> None:
         elif ("bf16" in d or "fp16" in d) and not job.accelerate:
             # with both off the Trainer takes accelerate launch's mixed precision, when there is one
             r.set("precision", NOT_MIXED, f"{where}: bf16 and fp16 off", REFINES)
+        if said := _unsaid_load_dtype(job):
+            r.warnings.append(said)
         if job.accelerate and r.values.get("precision", (None,))[0] == Precision.FP8_MIXED and not d.get("torch_compile"):
             r.time_as["precision"] = Precision.BF16_MIXED
             r.warnings.append(f"{where}: fp8 without torch_compile runs torchao's casts eagerly, slower than bf16 "
@@ -436,6 +438,30 @@ def _read(job: JobFiles, r: Reading) -> None:
 
 #: A recipe's load dtype (TRL ModelConfig ``torch_dtype``, renamed ``dtype`` in TRL 0.22).
 LOAD_DTYPE_KEYS = ("torch_dtype", "dtype")
+
+
+def _no_master_engine(job: JobFiles) -> bool:
+    """Whether nothing in the job keeps fp32 master weights of its own: no DeepSpeed (its bf16 keeps
+    fp32 partitions), no FSDP (accelerate upcasts trainable parameters under mixed precision), no
+    adapter (peft keeps the adapters fp32); axolotl's own FSDP2 preparation does not upcast."""
+    d = job.training_args
+    fsdp = bool(job.fsdp) or job.distributed_type == "FSDP"
+    if job.framework == "axolotl" and fsdp and all(f.version == 2 for f in job.fsdp):
+        fsdp = False  # axolotl's own fsdp2_prepare_model keeps the bf16 parameters
+    return not (job.deepspeed_where or fsdp or job.distributed_type == "DEEPSPEED" or d.get("use_peft"))
+
+
+def _unsaid_load_dtype(job: JobFiles) -> str | None:
+    """The assumption a recipe without a load dtype leaves to planner, said (None: it names one,
+    or planner's own runtime.json does, or an engine keeps fp32 masters whatever the load)."""
+    d = job.training_args
+    if job.runtime_where or any(k in d for k in LOAD_DTYPE_KEYS) or not _no_master_engine(job):
+        return None
+    return (f"{job.training_args_where}: no torch_dtype / dtype: planned with fp32 weights, as "
+            "transformers 4 loads them; transformers >= 5 loads a checkpoint in its stored "
+            "dtype by default (dtype='auto', bfloat16 for most), and then this job trains bf16 weights and "
+            "states with no fp32 master (bf16-pure, less memory, an approximation): set the dtype in the "
+            "recipe, or check the other case with --precision bf16-pure")
 
 
 def _bf16_weights_trained(job: JobFiles, r: Reading) -> str:
@@ -449,12 +475,7 @@ def _bf16_weights_trained(job: JobFiles, r: Reading) -> str:
     (planner/check/frameworks.py)."""
     d = job.training_args
     key = next((k for k in LOAD_DTYPE_KEYS if k in d), None)
-    if key is None or d[key] not in ("bfloat16", "bf16"):
-        return ""
-    fsdp = bool(job.fsdp) or job.distributed_type == "FSDP"
-    if job.framework == "axolotl" and fsdp and all(f.version == 2 for f in job.fsdp):
-        fsdp = False  # axolotl's own fsdp2_prepare_model keeps the bf16 parameters
-    if job.deepspeed_where or fsdp or job.distributed_type == "DEEPSPEED" or d.get("use_peft"):
+    if key is None or d[key] not in ("bfloat16", "bf16") or not _no_master_engine(job):
         return ""
     return f"{key} {d[key]} (bf16 weights and states: no engine keeps fp32 masters)"
 

@@ -386,3 +386,22 @@ def test_a_job_folder_may_hold_its_training_arguments_as_yaml(tmp_path):
     (mine / "training_args.json").write_text(json.dumps(args))
     r = CliRunner().invoke(app, ["check", "--job-dir", str(mine), "--model", LLAMA, "--gpus", "8xH100-80"])
     assert r.exit_code == 2 and "training_args.json and training_args.yaml" in " ".join(r.output.split()), r.output
+
+
+@pytest.mark.parametrize("extra, said", [({}, True), ({"torch_dtype": "bfloat16"}, False),
+                                         ({"deepspeed": {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}},
+                                          False)])
+def test_a_recipe_without_a_load_dtype_says_what_was_assumed(tmp_path, extra, said):
+    """A Trainer recipe that names no load dtype is planned with fp32 weights (transformers 4's
+    load); transformers 5 loads the checkpoint's stored dtype, so a job with no engine keeping fp32
+    masters would train bf16 weights: check says so. Not when the recipe names the dtype, nor
+    under DeepSpeed (its bf16 keeps fp32 partitions whatever the load)."""
+    args = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "bf16": True,
+            "max_seq_length": 2048} | extra
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps(args))
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
+    warned = any("no torch_dtype / dtype" in w and "transformers >= 5" in w for w in r.warnings)
+    assert warned is said, r.warnings
+    if extra.get("torch_dtype"):
+        assert r.estimate.config.precision == "bf16-pure"
