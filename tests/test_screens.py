@@ -220,3 +220,13 @@ def test_version_and_catalog_json():
     h100 = gpus["H100-SXM-80"]
     assert set(h100) == {"id", "memory_gib", "bf16_dense_tflops", "fp8_dense_tflops", "link", "aliases"}
     assert h100["bf16_dense_tflops"] > 900 and h100["fp8_dense_tflops"] > 1900 and "h100" in h100["aliases"]
+
+
+@pytest.mark.parametrize("command", ["suggest", "check", "estimate", "probe", "tune", "emit", "calibrate"])
+def test_help_cuts_nothing_at_80_columns(command):
+    """Every option's name, metavar, help and default shows whole at 80 columns: short metavars
+    (VALUE, SECONDS) leave the help its width, and no unbreakable token is cut to '…'."""
+    r = planner([command, "--help"], width=80)
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout, [line for line in r.stdout.splitlines() if "…" in line]
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80

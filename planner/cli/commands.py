@@ -34,6 +34,14 @@ EXIT_CODES = "Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input."
 #: The longest a timeout flag may ask for (a week): an infinite or huge one would overflow the
 #: child-process wait.
 MAX_SECONDS = 7 * 86400
+
+
+def _seconds(value: float | None) -> float | None:
+    """A timeout flag's check (a callback, so --help shows SECONDS, not a range)."""
+    if value is not None and not 0 < value <= MAX_SECONDS:
+        raise typer.BadParameter(f"{value:g}: give seconds above 0, at most {MAX_SECONDS:,} (a week)")
+    return value
+
 app = typer.Typer(
     help=f"planner: the fastest LLM training configuration that fits your GPUs. {EXIT_CODES}",
     no_args_is_help=True,
@@ -166,10 +174,10 @@ def suggest(
     force: options.Force = False,
     trials: Annotated[int, typer.Option(help="Optuna trials (tpe / nsga2 engines)")] = 400,
     seed: options.Seed = 0,
-    probe: Annotated[int, typer.Option(help="measure the top K plans on this machine's GPU (a real short run each, in a child "
-                                            "process; kept in the calibration store); the fastest measured plan is the winner "
-                                            "--out writes. Exit 2 without a GPU.")] = 0,
-    probe_timeout: Annotated[float, typer.Option(help="seconds per measured probe", min=0.01, max=MAX_SECONDS)] = 900.0,
+    probe: Annotated[int, typer.Option(metavar="K", help="measure the top K plans on this GPU (short real runs); the "
+                                                         "fastest measured is what --out writes")] = 0,
+    probe_timeout: Annotated[float, typer.Option(help="seconds per measured probe", callback=_seconds,
+                                                 metavar="SECONDS")] = 900.0,
     tokens: Annotated[float | None, typer.Option(help="tokens to train on (e.g. 2e9): the winner's training time")] = None,
     price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour, "
                                                                   "for the training cost (with --tokens)")] = None,
@@ -308,7 +316,7 @@ def probe(
     steps: Annotated[int, typer.Option(help="measured: timed optimizer steps")] = 5,
     warmup_steps: Annotated[int, typer.Option(help="measured: untimed steps first")] = 2,
     timeout: Annotated[float, typer.Option(help="seconds before a probe's child process is stopped",
-                                           min=0.01, max=MAX_SECONDS)] = 1800.0,
+                                           callback=_seconds, metavar="SECONDS")] = 1800.0,
     explain: Annotated[bool, typer.Option("--explain", help="traced: list the tensors alive at the traced peak")] = False,
     calibration: options.Calibration = None,
     as_json: options.Json = False,
@@ -347,7 +355,7 @@ def tune(
     trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count; 0 "
                                              "reports an existing study's best and writes its files, probing nothing)")] = 20,
     timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)",
-                                                  min=0.01, max=MAX_SECONDS)] = None,
+                                                  callback=_seconds, metavar="SECONDS")] = None,
     fidelity: Annotated[str, typer.Option(help="auto (measured with a GPU, else traced) "
                                                "| measured | traced | analytic")] = "auto",
     band: Annotated[float, typer.Option(help="the model's relative error on throughput: stop when no unprobed candidate can beat "
@@ -359,7 +367,7 @@ def tune(
     out: Annotated[Path | None, typer.Option(help="write the best plan's launch files, tune.png and the study file here")] = None,
     force: options.Force = False,
     enqueue: Annotated[int, typer.Option(help="the analytic model's top candidates probed first")] = 5,
-    probe_timeout: Annotated[float, typer.Option(help="seconds per probe", min=0.01, max=MAX_SECONDS)] = 900.0,
+    probe_timeout: Annotated[float, typer.Option(help="seconds per probe", callback=_seconds, metavar="SECONDS")] = 900.0,
     heartbeat_seconds: Annotated[int, typer.Option(help="a dead worker's trial is retried after twice this")] = 30,
     seed: options.Seed = 0,
     as_json: options.Json = False,

@@ -19,13 +19,12 @@ from planner.strategies import BY_FIELD, LADDER, SETTINGS, TECHNIQUES
 
 Model = Annotated[str, typer.Option("--model", help="HF id from the catalog or local HF cache, or a config.json / model folder")]
 Gpus = Annotated[str, typer.Option("--gpus", help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, 2x./gpu.yaml")]
-Margin = Annotated[float, typer.Option("--margin", help="fraction of GPU memory to keep free for the memory model's "
-                                                       "error (default 0.03: its worst under-prediction of the "
-                                                       "traced peak is 0.62 %, the rest is for what a trace "
-                                                       "cannot see; 0 turns it off)")]
+Margin = Annotated[float, typer.Option("--margin", metavar="FRACTION",
+                                       help="GPU memory kept free for the model's error (0: none)")]
 Numerics = Annotated[NumericsPolicy, typer.Option(
-    "--numerics", help=f"ladder: the fastest exact plan, or the least approximation ({ladder_phrase(LADDER, short=True)})"
-                       " when none fits; exact: exact plans only; any: the fastest plan, whatever it changes")]
+    "--numerics", metavar="POLICY", show_choices=False,
+    help=f"ladder: exact plans, else the least approximation ({ladder_phrase(LADDER, short=True)}); exact: exact only; "
+         "any: the fastest")]
 HostMemory = Annotated[float | None, typer.Option("--host-memory-gb", help="host RAM per node, GB "
                                                                            "(default: 2x the node's GPU memory, >= 64)")]
 InterNode = Annotated[float | None, typer.Option("--inter-node-gbps", help="network bandwidth per node, Gbit/s "
@@ -39,7 +38,7 @@ CpuOptimizer = Annotated[float | None, typer.Option(
 Calibration = Annotated[str | None, typer.Option(
     "--calibration", envvar=CALIBRATION_ENV, show_envvar=True,
     help="the calibration store whose measured corrections apply (planner calibrate), or 'off' "
-         "(default: ~/.cache/planner/calibration.sqlite)")]
+         "(default: calibration.sqlite in ~/.cache/planner)")]
 SeqLen = Annotated[int | None, typer.Option("--seq-len", help="tokens per sequence "
                                                               "(default: 2048, or the model's position limit if shorter)")]
 MicroBatch = Annotated[int, typer.Option("--micro-batch-size", "--mbs", help="sequences per GPU per micro-batch")]
@@ -51,8 +50,9 @@ GlobalBatch = Annotated[int | None, typer.Option(
     "--global-batch-size", help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k holding "
                                 ">= 131,072 tokens: 64 x 2048)")]
 LauncherOption = Annotated[Launcher, typer.Option(
-    "--launcher", help="who runs the files: planner (python -m planner.launch: every plan) or trainer (your own "
-                       "Trainer script with the standard files only: plans needing runtime.json are not ranked)")]
+    "--launcher", metavar="WHO", show_choices=False,
+    help="planner (python -m planner.launch: every plan) or trainer (your own Trainer script: plans the "
+         "standard files say alone)")]
 ExactOptimizer = Annotated[bool, typer.Option("--exact-optimizer", help="exclude quantized (8-bit) optimizer states")]
 Json = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 Out = Annotated[Path | None, typer.Option("--out", help="write the plan's launch files here "
@@ -144,14 +144,17 @@ def with_techniques(kind: str):
             enum = _with_any(s.enum) if s.any_choice else s.enum
             anyword = "; any: every choice" if s.any_choice else ""
             return Annotated[list[enum] | None,
-                             typer.Option(s.flag, help=f"{s.help}; allow only these (repeatable){searched}{anyword}")]
+                             typer.Option(s.flag, metavar="VALUE", show_choices=False,
+                                          help=f"{s.help}; allow only these (repeatable){searched}{anyword}")]
         fallback = "from the files" if kind == "optional" else (
             f"default: {s.default}" if s.default_for is None else f"default: {(s.default_for.__doc__ or '').strip(' .')}")
-        return Annotated[s.enum | None, typer.Option(s.flag, help=f"{s.help} ({fallback})")]
+        return Annotated[s.enum | None, typer.Option(s.flag, metavar="VALUE", show_choices=False,
+                                                     help=f"{s.help} ({fallback})")]
 
     def setting(x):
         fallback = "from the files" if kind == "optional" else f"default: {x.default}"
-        return Annotated[x.type | None, typer.Option(x.flag, help=f"{x.help} ({fallback})")]
+        return Annotated[x.type | None, typer.Option(x.flag, metavar="VALUE", show_choices=False,
+                                                     help=f"{x.help} ({fallback})")]
 
     def collect(values: dict) -> dict:
         if kind != "many":
