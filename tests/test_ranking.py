@@ -58,6 +58,17 @@ def test_ties_inside_the_band_go_to_the_simpler_plan_and_outside_it_to_the_faste
     assert pick([fp16, _cand(99.0)]).config.precision == "bf16-mixed"
 
 
+def test_inside_the_band_a_plan_resting_on_no_assumed_rate_wins_even_if_less_simple():
+    """Near-equal plans: the one whose step uses no assumed rate (paged migration, a CPU optimizer
+    step) wins, before simplicity; outside the band the faster wins whatever it rests on."""
+    rests = Candidate(None, _cand(100.0).config, 100.0, 0, rests=0.3)  # the simplest plan, 30 % at an assumed rate
+    measured = _cand(100.0 * (1 - TIE_BAND) + 1, sharding="fsdp")  # inside the band, more complex
+    assert complexity(measured.config) > complexity(rests.config)
+    assert pick([rests, measured]) is measured
+    slower = _cand(100.0 * (1 - TIE_BAND) - 1, sharding="fsdp")  # outside the band
+    assert pick([rests, slower]) is rests
+
+
 def test_near_copies_are_one_family():
     a = _cand(100.0, sharding="fsdp", loss="chunked")
     b = _cand(101.0, sharding="fsdp-grad-op")

@@ -5,8 +5,9 @@
    that fits (``allowed_levels``); ``exact`` offers exact plans only; ``any`` every plan, by speed.
    Faster plans that change numerics are shown beside the winner (``_trade_offs``), never instead.
 2. **Ties.** Plans within ``TIE_BAND`` of the fastest are ties, broken toward the plan whose
-   speed does not rest on an assumed rate beyond the band (``Candidate.rests``: paged state's
-   migration, a CPU optimizer step; planner/core/timing.py ``ASSUMED_RATE_TERMS``), then the
+   speed rests on no assumed rate (``Candidate.rests``: paged state's migration, a CPU optimizer
+   step; planner/core/timing.py ``ASSUMED_RATE_TERMS``; whether, not how much, so every
+   micro-batch of a combination says the same and the sized search stays exact), then the
    simpler plan (``strategies.complexity``: bf16 over fp16, no offload, no sharding where replicas
    fit, fewer techniques), then by speed, then by lower peak.
 3. **Distinct alternatives.** Each family (optimizer, precision with bf16/fp16-mixed as one,
@@ -62,7 +63,7 @@ def pick(cands: list[Candidate], band: float = TIE_BAND) -> Candidate:
     simplest, then the fastest, then the lowest peak."""
     fastest = max(c.tokens_per_second for c in cands)
     ties = [c for c in cands if c.tokens_per_second >= fastest * (1 - band)]
-    return min(ties, key=lambda c: (c.rests > band, complexity(c.config), -c.tokens_per_second, c.peak))
+    return min(ties, key=lambda c: (c.rests > 0, complexity(c.config), -c.tokens_per_second, c.peak))
 
 
 def order(cands: list[Candidate], band: float = TIE_BAND, limit: int | None = None) -> list[Candidate]:
