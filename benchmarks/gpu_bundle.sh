@@ -71,6 +71,10 @@ if [ "$MODE" != "--check-only" ]; then
   # precompiled; they JIT on first use on the box.
   echo "== 1. building $DEEPSPEED (pure python, DS_BUILD_OPS=0)"
   DS_BUILD_OPS=0 $PY -m pip wheel -qq --no-deps --no-cache-dir "$DEEPSPEED" -w "$OUT"
+  # this project, as users install it: gpu_validate.sh imports planner from the installed wheel
+  # (planner.strategies and planner.probes inside it), not from the carried source tree
+  echo "== 1. building this project's wheel (llm-train-planner)"
+  $PY -m pip wheel -qq --no-deps --no-cache-dir . -w "$OUT"
 
   # 2. Slim bitsandbytes: keep only the cpu and CUDA 13.x kernels (the box has torch cu130);
   # the other CUDA versions' libraries are most of the wheel's size.
