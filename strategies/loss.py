@@ -201,12 +201,59 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         files.extras.add("liger")
 
 
+#: TRL's SFTConfig ``loss_type`` values as the loss they hold: "chunked_nll" projects the head in
+#: chunks of 256 non-ignored tokens and never holds the full logits (trl/trainer/sft_trainer.py
+#: ``_chunked_cross_entropy_loss``), modelled as the chunked loss; "nll" and "dft" go through the
+#: model's full logits, as do the DPO and GRPO losses the key also names in their configs.
+TRL_LOSS_TYPES = {"nll": Loss.STANDARD, "dft": Loss.STANDARD, "chunked_nll": Loss.CHUNKED}
+#: The first TRL whose SFTConfig defaults ``loss_type`` to "chunked_nll" (unless use_liger_kernel):
+#: TRL 1.6 says "The default value of `loss_type` will change from "nll" to "chunked_nll" in TRL
+#: 1.7"; 1.7's sft_config.py sets it (option since 1.4, PR #5575).
+TRL_CHUNKED_DEFAULT = (1, 7)
+#: Keys only TRL's SFTConfig has among the recipes planner reads: such a recipe runs TRL's SFT
+#: trainer, whose loss default then depends on the TRL version.
+SFT_KEYS = ("dataset_text_field", "packing", "completion_only_loss", "assistant_only_loss", "max_seq_length",
+            "padding_free", "loss_type")
+
+
+def _installed_trl() -> tuple[int, ...] | None:
+    """The installed TRL's (major, minor), read from its metadata (no import); None: not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return tuple(int(x) for x in version("trl").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return None
+
+
 def _read(job: JobFiles, r: Reading) -> None:
-    """The Trainer's (and TRL's) use_liger_kernel: Liger's fused linear cross-entropy."""
-    if job.training_args_where:
-        d, where = job.training_args, job.training_args_where
-        if r.typed(d, "use_liger_kernel", (bool,), where) is not None:
-            r.set("loss", Loss.CHUNKED if d["use_liger_kernel"] is True else Loss.STANDARD, f"{where}: use_liger_kernel")
+    """The Trainer's (and TRL's) use_liger_kernel: Liger's fused linear cross-entropy; TRL SFT's
+    loss_type, and its default per TRL version where the recipe leaves it out."""
+    if not job.training_args_where:
+        return
+    d, where = job.training_args, job.training_args_where
+    liger = r.typed(d, "use_liger_kernel", (bool,), where)
+    if liger is not None:
+        r.set("loss", Loss.CHUNKED if liger else Loss.STANDARD, f"{where}: use_liger_kernel")
+    if "loss_type" in d:
+        # (DPO's and GRPO's configs use the key for their own losses, "sigmoid", "dr_grpo", ...: over
+        # the full logits, the standard loss, as these recipes are planned today)
+        kind = TRL_LOSS_TYPES.get(str(d["loss_type"]), Loss.STANDARD)
+        if kind == Loss.CHUNKED and liger:
+            r.problems.append(f"contradiction: {where} sets loss_type chunked_nll with use_liger_kernel "
+                              "(TRL refuses the two together)")
+        else:
+            r.set("loss", kind, f"{where}: loss_type {d['loss_type']}")
+        return
+    if liger is not None or not any(k in d for k in SFT_KEYS):
+        return
+    trl = _installed_trl()
+    if trl is not None and trl >= TRL_CHUNKED_DEFAULT:
+        r.set("loss", Loss.CHUNKED, f"{where}: TRL {'.'.join(map(str, trl))}'s SFT default loss_type chunked_nll")
+    elif trl is None:
+        r.warnings.append(f"{where}: no loss_type: TRL >= 1.7's SFT trainer computes the loss in chunks by default "
+                          "(chunked_nll), older ones over the full logits; TRL is not installed here, so the "
+                          "standard loss is planned (the larger); set loss_type in the recipe to plan the other")
 
 
 def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:

@@ -405,3 +405,40 @@ def test_a_recipe_without_a_load_dtype_says_what_was_assumed(tmp_path, extra, sa
     assert warned is said, r.warnings
     if extra.get("torch_dtype"):
         assert r.estimate.config.precision == "bf16-pure"
+
+
+@pytest.mark.parametrize("args, trl, loss, said", [
+    ({"loss_type": "chunked_nll"}, None, "chunked", False),
+    ({"loss_type": "nll"}, None, "standard", False),
+    ({"packing": True}, (1, 7), "chunked", False),  # TRL 1.7's SFT default
+    ({"packing": True}, (1, 6), "standard", False),
+    ({"packing": True}, None, "standard", True),  # TRL not installed: the larger loss, said
+    ({"packing": True, "use_liger_kernel": False}, (1, 9), "standard", False),
+])
+def test_trl_sft_loss_type_and_its_default_per_version(tmp_path, monkeypatch, args, trl, loss, said):
+    """TRL's SFTConfig loss_type (trl/trainer/sft_config.py): chunked_nll never holds the full
+    logits; from TRL 1.7 it is the default unless use_liger_kernel is set (1.6: "The default value
+    of `loss_type` will change from "nll" to "chunked_nll" in TRL 1.7")."""
+    from planner.strategies import loss as loss_strategy
+
+    monkeypatch.setattr(loss_strategy, "_installed_trl", lambda: trl)
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True,
+                                "max_length": 2048, "gradient_checkpointing": True} | args))
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
+    assert r.estimate.config.loss == loss
+    assert any("no loss_type" in w for w in r.warnings) is said, r.warnings
+
+
+def test_trl_loss_type_refusals(tmp_path):
+    """chunked_nll beside use_liger_kernel is refused as TRL refuses it; a GRPO or DPO loss_type
+    (dr_grpo, sigmoid) is not SFT's and reads as the standard loss."""
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "loss_type": "chunked_nll",
+                                "use_liger_kernel": True}))
+    r = CliRunner().invoke(app, ["check", "--training-args", str(path), "--model", LLAMA, "--gpus", "1xH100-80"])
+    assert r.exit_code == 2 and "contradiction" in " ".join(r.output.split()), r.output
+    for other in ("dr_grpo", "sigmoid"):
+        path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "loss_type": other}))
+        assert check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0)).estimate.config.loss \
+            == "standard"
