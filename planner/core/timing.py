@@ -45,7 +45,7 @@ ASSUMED_RATE_TERMS = ("paged_migration", "cpu_optimizer_step")
 def assumed_share(draft: "TimeDraft", step: float) -> float:
     """The fraction of a ``step`` seconds long spent in ``ASSUMED_RATE_TERMS`` rows (serial rows,
     once per step: exposed whole)."""
-    spent = sum(r.seconds * (1 if not r.per_micro_batch else 0) for r in draft.rows if r.term in ASSUMED_RATE_TERMS)
+    spent = sum(r.seconds for r in draft.rows if r.term in ASSUMED_RATE_TERMS and not r.per_micro_batch)
     return spent / step if step else 0.0
 
 

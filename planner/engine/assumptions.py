@@ -2,6 +2,7 @@
 (a flag, or planner's default and why), so no default decides a plan unseen."""
 
 from planner.core.specs import HardwareSpec
+from planner.core.timing import ASSUMED_RATE_TERMS
 from planner.core.units import GB
 from planner.cost.overheads import HOST_RESERVE_FRACTION, PAGE_MIGRATION_LINK_FRACTION
 from planner.strategies.rates import cpu_optimizer_rate, page_migration_rate
@@ -28,9 +29,9 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
     return out
 
 
-#: Per assumed-rate time term (planner/core/timing.py ``ASSUMED_RATE_TERMS``): its words, its flag.
-RATE_WORDS = {"paged_migration": ("paged state's migration", "--page-migration-gb-s"),
-              "cpu_optimizer_step": ("the CPU optimizer step", "--cpu-optimizer-gparams-s")}
+#: Per assumed-rate time term, in ``ASSUMED_RATE_TERMS``' order: its words, its flag.
+RATE_WORDS = dict(zip(ASSUMED_RATE_TERMS, (("paged state's migration", "--page-migration-gb-s"),
+                                           ("the CPU optimizer step", "--cpu-optimizer-gparams-s")), strict=True))
 
 
 def rate_assumptions(hardware: HardwareSpec, terms: dict[str, float]) -> list[str]:
@@ -51,7 +52,7 @@ def rate_assumptions(hardware: HardwareSpec, terms: dict[str, float]) -> list[st
 
 def rate_warning(terms: dict[str, float], step_seconds: float, band: float) -> str | None:
     """When more than ``band`` of a plan's step runs at assumed rates: which, and how to set them."""
-    spent = {t: terms.get(t, 0.0) for t in RATE_WORDS if terms.get(t)}
+    spent = {t: terms[t] for t in ASSUMED_RATE_TERMS if terms.get(t)}
     share = sum(spent.values()) / step_seconds if step_seconds else 0.0
     if share <= band:
         return None

@@ -298,6 +298,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
         ev.timing, config.grad_accum, ev.tokens_per_step, ctx.world_size,
         adapters.training_flops_per_token(model, config.seq_len, ctx.layout.adapter), peak_flops(ctx), peak_dtype(ctx),
     )
+    rated = rate_warning(time.terms, time.step_seconds, TIE_BAND)
     return EstimateResult(
         model=_model_info(model, ctx.layout.trainable_parameters),
         hardware=HardwareInfo(
@@ -323,9 +324,8 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
         feasible=ev.feasible,
         fits=ev.fits,
         reasons=_reasons(ev.check, ev.peak, peak, ev.usable, margin, ev.host_memory, ev.paged),
-        # how --gpus was read, where that needs saying; a speed that rests on an assumed rate
-        warnings=ev.check.warnings + hardware.notes + [w for w in [rate_warning(time.terms, time.step_seconds, TIE_BAND)]
-                                                       if w and ev.fits],
+        # how --gpus was read, where that needs saying; a fitting plan's speed that rests on an assumed rate
+        warnings=ev.check.warnings + hardware.notes + ([rated] if ev.fits and rated else []),
     )
 
 
