@@ -38,6 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PHASE_ENDS = {"A": 0.15, "B": 0.53, "C": 0.745, "D": 0.94, "E": 1.0}
 #: Seconds kept free at the end for phase E when a running case is cut short.
 E_RESERVE = 0.05
+#: Seconds the host-rates measurement may run past phase A's end (DeepSpeed's CPU-Adam compiles
+#: on first use: ~40 s on 2 cores); the cases after it are scheduled by the time left.
+HOST_RATES_GRACE = 60.0
 #: Case timeouts: this many times the expected seconds (at least MIN_TIMEOUT).
 TIMEOUT_FACTOR, MIN_TIMEOUT = 4.0, 60.0
 CPU_EXPECTED_SECONDS = 4.0
@@ -125,6 +128,7 @@ def main() -> int:
         env["smoke"] = setup.smoke_tests(device, clock.end("A"))
         env["ceilings"] = setup.ceilings(device)
         print(f"  ceilings: {env['ceilings']}", flush=True)
+        env["host_rates"] = setup.host_rates(device, clock.end("A") + HOST_RATES_GRACE)
     _write(args.out / "env.json", env)
 
     from validation.report import Records, figure, summary
@@ -134,6 +138,7 @@ def main() -> int:
     device_gpu = catalog_gpu(info.name, info.total_bytes) if device == "cuda" else "cpu"
     store = args.out / f"calibration-{device_gpu}.sqlite"
     records = Records(args.out)
+    setup.store_host_rates(store, device_gpu, info, env)
     before = measured_before(device_gpu)
     # within each tier, what no earlier window measured on this GPU goes first
     only = Only(args.only)

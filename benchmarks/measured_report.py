@@ -115,7 +115,8 @@ def summary(rows: list) -> list[str]:
             under = min(values)
             out.append(f"- {label}: median |error| {statistics.median(abs(x) for x in values):.1%}, worst "
                        f"{worst:+.1%}, most under-predicted {under:+.1%}, over {len(values)} runs")
-    surprises = [case["key"] for now, _, _, case, _ in rows if now.status == "oom" and now.predicted_fits]
+    surprises = [case["key"] for now, _, _, case, _ in rows
+                 if now.status == "oom" and now.predicted_fits and "inconclusive" not in now.verdict]
     out.append(f"- predicted to fit but ran out of memory: {len(surprises)}" + (f" ({', '.join(surprises)})" if surprises else ""))
     return out
 

@@ -159,6 +159,10 @@ def compare(plan: EstimateResult, model_ref: str, device: DeviceInfo, device_gpu
     elif m.status == "oom":
         agrees = not plan.fits
         verdict = "OOM, as predicted" if agrees else "OOM, but the plan was predicted to fit"
+        needed = allocated_peak(rows, plan.paged)
+        if plan.fits and m.allocator_limit_bytes and m.allocator_limit_bytes < needed:
+            verdict = (f"OOM, inconclusive: a busy device capped the allocator at {m.allocator_limit_bytes / 2**30:.1f}"
+                       f" GiB, below the plan's {needed / 2**30:.1f} GiB")
     else:
         agrees, verdict = False, f"PROBE {m.status.upper()}"
     return MeasuredComparison(

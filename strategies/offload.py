@@ -126,7 +126,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         draft.overlapped("offload", "parameter shard to GPU (backward) + gradients to host",
                          host(shard + grads), Window.BACKWARD, True)
     stepped = ctx.layout.trainable_parameters / ctx.layout.shard_degree
-    cpu = stepped * hw.gpus_per_node / rates.cpu_optimizer_rate(hw)
+    cpu = stepped * hw.gpus_per_node / rates.cpu_optimizer_rate(hw, ctx.engine)
     draft.serial("cpu_optimizer_step", "optimizer step on the CPU", cpu,
                  note=f"{hw.gpus_per_node} ranks share the node's CPUs")
 

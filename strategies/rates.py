@@ -6,26 +6,57 @@ FLOPs / matmul rate and weight bytes read / memory bandwidth (small micro-batche
 reading the weights). Unit: seconds per micro-batch.
 """
 
+from planner.core.timing import ASSUMED_RATE_TERMS
 from planner.core.units import DTYPE_BYTES
 from planner.cost import compute, overheads, params
 from planner.strategies.base import PlanContext
 
 
 def page_migration_rate(hw) -> float:
-    """Bytes a second paged optimizer state migrates between host RAM and the GPU:
-    ``--page-migration-gb-s``, else the assumption (``overheads.PAGE_MIGRATION_LINK_FRACTION`` of
-    the host link)."""
-    if hw.page_migration_bytes_per_s is not None:
-        return hw.page_migration_bytes_per_s
-    return hw.gpu.host_link_bytes_per_s * overheads.PAGE_MIGRATION_LINK_FRACTION
+    """Bytes a second paged optimizer state migrates between host RAM and the GPU (its round
+    trip's rate): ``--page-migration-gb-s``, else measured beside this GPU (GpuSpec.host_rates:
+    the catalog's or a calibration's), else the assumption (``overheads.PAGE_MIGRATION_LINK_FRACTION``
+    of the host link)."""
+    return _rate(hw, "paged_migration", None)[0]
 
 
-def cpu_optimizer_rate(hw) -> float:
-    """Parameters a second a node's CPUs update (DeepSpeed CPU-Adam, FSDP's CPU step):
-    ``--cpu-optimizer-gparams-s``, else ``overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE``."""
+def cpu_optimizer_rate(hw, engine: str) -> float:
+    """Parameters a second a node's CPUs update in ``engine``'s optimizer step on the host
+    (DeepSpeed CPU-Adam, FSDP2's torch AdamW on the host shard): ``--cpu-optimizer-gparams-s``,
+    else measured in that engine beside this GPU (GpuSpec.host_rates), else
+    ``overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE``."""
+    return _rate(hw, "cpu_optimizer_step", engine)[0]
+
+
+#: Where a rate comes from: the user's flag, a measurement beside the GPU, or planner's assumption.
+FLAG, MEASURED, ASSUMED = "flag", "measured", "assumed"
+
+
+def rate_origin(hw, term: str, engine: str | None) -> tuple[str, str]:
+    """(FLAG | MEASURED | ASSUMED, where it was measured) for one of ``ASSUMED_RATE_TERMS``'s rates."""
+    return _rate(hw, term, engine)[1:]
+
+
+def assumed_terms(hw, engine: str | None) -> tuple[str, ...]:
+    """The terms of ``ASSUMED_RATE_TERMS`` whose rate, for this hardware and engine, no flag sets
+    and nothing measured: a plan's speed that rests on them rests on an assumption."""
+    return tuple(t for t in ASSUMED_RATE_TERMS if _rate(hw, t, engine)[1] == ASSUMED)
+
+
+def _rate(hw, term: str, engine: str | None) -> tuple[float, str, str]:
+    measured = hw.gpu.host_rates
+    if term == "paged_migration":
+        if hw.page_migration_bytes_per_s is not None:
+            return hw.page_migration_bytes_per_s, FLAG, ""
+        if measured is not None and measured.page_migration_bytes_per_s is not None:
+            return measured.page_migration_bytes_per_s, MEASURED, measured.sources.get("page_migration", "")
+        return hw.gpu.host_link_bytes_per_s * overheads.PAGE_MIGRATION_LINK_FRACTION, ASSUMED, ""
     if hw.cpu_optimizer_params_per_s is not None:
-        return hw.cpu_optimizer_params_per_s
-    return overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE
+        return hw.cpu_optimizer_params_per_s, FLAG, ""
+    if measured is not None and engine in measured.cpu_optimizer_params_per_s:
+        return (measured.cpu_optimizer_params_per_s[engine], MEASURED,
+                measured.sources.get(f"cpu_optimizer:{engine}", ""))
+    return overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE, ASSUMED, ""
 
 
 def dense_peak(gpu, dtype: str) -> float:

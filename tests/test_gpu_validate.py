@@ -65,6 +65,13 @@ def test_the_cpu_mode_runs_every_case_and_the_launch(cpu_run):
     env = json.loads((out / "env.json").read_text())
     assert set(env["phases"]) == set("ABCDE") and all(p["ended_before_deadline"] for p in env["phases"].values())
     assert env["smoke"]["deepspeed"]["ok"] and env["smoke"]["peft"]["ok"] and env["smoke"]["bnb_8bit"]["ok"]
+    # the host rates: torch's CPU AdamW measured (the GPU ones need CUDA), stored for calibrate
+    assert env["host_rates"]["torch_cpu_adamw"]["params_per_s"] > 0
+    from planner.catalog.calibration import CalibrationStore
+
+    stored = CalibrationStore(out / "calibration-cpu.sqlite").host_rates("cpu")
+    assert stored is not None and stored.cpu_optimizer_params_per_s["torch"] > 0
+    assert stored.page_migration_bytes_per_s is None  # not measured: never guessed
     # the summary is what is printed last: the table, the errors, the surprises, the launches
     tail = proc.stdout.strip().splitlines()[-6:]
     assert tail[-1].startswith("gpu_validate: exit 0")
@@ -146,3 +153,18 @@ def test_a_launch_its_phase_cannot_hold_is_skipped_not_started(tmp_path):
     assert [r["name"] for r in results] == ["suggested", "suggested-qlora"]
     assert all(r["error"].startswith("skipped: needs ~") for r in results)
     assert not any(gpu_validate._launch_failed(r) for r in results)
+
+
+def test_a_launch_killed_for_time_leaves_no_worker_holding_the_gpu():
+    """accelerate's workers are the launch script's grandchildren: the whole process group goes."""
+    from validation.launches import _kill_group
+
+    proc = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    worker = int(proc.stdout.readline())
+    started = time.monotonic()
+    _kill_group(proc)
+    assert time.monotonic() - started < 10
+    proc.wait(timeout=5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)

@@ -80,6 +80,10 @@ TIER1 = [
     _1b("1b-fsdp2-w1", "FSDP2, a world of one", expected=14.0, precision="bf16-mixed", sharding="fsdp"),
     _1b("1b-zero2-w1", "DeepSpeed ZeRO-2, a world of one", ("deepspeed",), expected=38.0, precision="bf16-mixed",
         sharding="zero2"),
+    _1b("1b-zero1-offload-w1", "ZeRO-Offload: DeepSpeed CPU-Adam steps on the host (the 8B 1xH100 winner's kind)",
+        ("deepspeed",), expected=60.0, cpu=False, precision="bf16-mixed", sharding="zero1", offload="optimizer"),
+    _1b("1b-fsdp2-offload-w1", "FSDP2 CPU offload: torch AdamW steps the host shard", expected=50.0, cpu=False,
+        precision="bf16-mixed", sharding="fsdp", offload="optimizer+params"),
 ]
 
 TIER2 = [

@@ -11,6 +11,7 @@ peak beside the plan's, and the live report's differences from the plan.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -67,6 +68,24 @@ def write_plan(ref: str, gpus: str, out: Path, device: str, adapter: str | None)
             "stderr": r.stderr[-600:]}
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the launch's process group, SIGKILL after 10 s, then wait (up to 30 s) for the
+    group's processes to leave, so that the GPU memory they held is free for the next case."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        end = time.monotonic() + grace
+        while time.monotonic() < end:
+            proc.poll()  # the leader reaped, so that only live processes keep the group
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
 def run_launch(job: Path, folder: Path, device: str, timeout: float) -> dict:
     """``launch.sh --max-steps 3 --no-save`` on the folder with the sample text; nvidia-smi polled."""
     from planner.emit import load_plan_file
@@ -78,12 +97,17 @@ def run_launch(job: Path, folder: Path, device: str, timeout: float) -> dict:
         env |= {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     poll = Poller() if device == "cuda" else None
     start = time.monotonic()
+    # its own session: on timeout the whole group goes (accelerate's workers hold the GPU, and a
+    # worker left behind makes the next case run out of memory)
+    proc = subprocess.Popen([str(job / "launch.sh"), "--max-steps", str(STEPS), "--no-save"], cwd=job, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        r = subprocess.run([str(job / "launch.sh"), "--max-steps", str(STEPS), "--no-save"], cwd=job, env=env,
-                           capture_output=True, text=True, timeout=timeout)
-        rc, log = r.returncode, r.stdout + r.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, log = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        log, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        log, _ = proc.communicate()
+        rc = "timeout"
     wall = time.monotonic() - start
     peak = poll.stop() if poll else None
     reports = sorted((job / "outputs").glob("planner-live-rank*.json"))

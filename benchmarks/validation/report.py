@@ -129,7 +129,8 @@ def summary(rows: list[dict], launches: list[dict]) -> list[str]:
         lines.append(f"{r['key'][:34]:34s} {r['status'][:8]:8s} {mem_err:>8s} "
                      f"{_pct(r.get('allocated_error')):>7s} {time_err:>8s}  {r.get('verdict') or r.get('message', '')[:40]}")
     lines += errors_summary(rows)
-    surprises = [r["key"] for r in rows if r["status"] == "oom" and r.get("predicted_fits") == "True"]
+    surprises = [r["key"] for r in rows if r["status"] == "oom" and r.get("predicted_fits") == "True"
+                 and "inconclusive" not in (r.get("verdict") or "")]
     lines.append(f"predicted to fit but OOM: {len(surprises)}" + (f" {surprises}" if surprises else ""))
     for launch in launches:
         lines.append(f"launch {launch.get('name', '?')}: rc {launch.get('rc')}, {launch.get('wall_seconds')} s, "

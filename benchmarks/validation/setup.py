@@ -1,5 +1,6 @@
-"""Phase A of the GPU validation: the machine's facts, a smoke test per library a case needs, and
-the device's ceilings (a bf16 and an fp8 matmul, a device-to-device copy).
+"""Phase A of the GPU validation: the machine's facts, a smoke test per library a case needs, the
+device's ceilings (a bf16 and an fp8 matmul, a device-to-device copy) and the host-side rates
+planner otherwise assumes (planner/probes/host_rates.py; ``--cpu``: torch's CPU AdamW only, small).
 
 Every test runs in a forked child (probes/forked.py) with a timeout: a library that crashes or
 hangs disables the cases that need it, and the run goes on. In ``--cpu`` mode the tests that need
@@ -204,6 +205,48 @@ def _ceilings_child(payload: str) -> dict:
     out["copy_gbps"] = 2 * src.nbytes / timed(lambda: dst.copy_(src), repeats=5) / 1e9
     out["device"] = torch.cuda.get_device_name()
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def _host_rate_child(payload: str) -> dict:
+    from planner.probes.host_rates import measure
+
+    name, device = json.loads(payload)
+    if device == "cuda":
+        return measure((name,))[name]
+    return measure((name,), cuda=False, params=1 << 22)[name]
+
+
+def host_rates(device: str, deadline: float) -> dict:
+    """planner/probes/host_rates.py, each rate in its own forked child (it owns the GPU; a crash
+    in one library loses only its rate), until ``deadline`` (monotonic seconds): each rate's
+    figures or why it was not measured. ``--cpu``: torch's CPU AdamW only, small."""
+    from planner.probes.host_rates import MEASUREMENTS
+
+    out: dict[str, dict] = {}
+    for name in MEASUREMENTS if device == "cuda" else ("torch_cpu_adamw",):
+        left = deadline - time.monotonic()
+        if left < 5:
+            out[name] = {"error": "skipped: no time left in phase A"}
+        else:
+            outcome = run_forked(_host_rate_child, json.dumps([name, device]), left)
+            out[name] = outcome.value if outcome.status == "ok" else {"error": outcome.describe()[-600:]}
+        shown = {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in out[name].items()}
+        print(f"  host rate {name}: {shown}", flush=True)
+    return out
+
+
+def store_host_rates(store, device_gpu: str, info, env: dict) -> None:
+    """The measured host rates into the run's calibration store (``planner calibrate`` carries
+    them into the GPU's corrections)."""
+    from datetime import datetime, timezone
+
+    from planner.catalog.calibration import CalibrationStore, HostRates
+
+    figures = env.get("host_rates") or {}
+    rates = HostRates.from_measured(device_gpu, info.name, env["facts"].get("cpus"), figures,
+                                    datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    CalibrationStore(store).save_host_rates(rates)
+    env["host_rates_stored"] = rates.model_dump()
 
 
 def ceilings(device: str) -> dict:

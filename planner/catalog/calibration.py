@@ -5,6 +5,8 @@ One SQLite file (stdlib ``sqlite3``; no torch needed to read it):
   config.json and the measured depth), plan (the training configuration and world size), GPU
   (the device it ran on) and software (torch, CUDA and the libraries that change memory and
   speed). Probing the same key again replaces the row: the store keeps the latest measurement.
+- ``host_rates``: per GPU, the host-side rates measured beside it (planner/probes/host_rates.py:
+  the CPU optimizer step per engine, paged state's migration, the pinned link); the latest kept.
 - ``corrections``: per GPU, what ``planner calibrate`` fitted (planner/engine/calibrate.py): the CUDA
   context, the caching allocator's reserve, and achieved FLOP/s per compute dtype as a factor on
   the catalog's efficiency. ``apply`` puts them into a GpuSpec; the analytic model then uses them
@@ -25,7 +27,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
-from planner.core.specs import Calibration, GpuSpec
+from planner.core.specs import Calibration, GpuSpec, HostRateSpec
 
 ENV = "PLANNER_CALIBRATION"
 OFF = ("off", "none", "0", "")
@@ -77,6 +79,35 @@ class Measurement(BaseModel):
         return " ".join(f"{k}={self.versions.get(k)}" for k in SOFTWARE)
 
 
+class HostRates(BaseModel):
+    """Host-side rates measured on the machine of one GPU (planner/probes/host_rates.py). None or
+    absent: not measured there (the assumption in planner/cost/overheads.py stays)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu: str  # catalog id of the GPU beside it
+    device_name: str = ""
+    cpus: int | None = None  # os.cpu_count() of the host
+    cpu_optimizer_params_per_s: dict[str, float] = {}  # engine (deepspeed, torch) -> parameters a second
+    page_migration_bytes_per_s: float | None = Field(None, gt=0)  # paged state's round trip, bytes a second
+    pinned_link_bytes_per_s: float | None = Field(None, gt=0)  # pinned copy, the slower direction
+    created: str = ""
+
+    @classmethod
+    def from_measured(cls, gpu: str, device_name: str, cpus: int | None, figures: dict, created: str) -> "HostRates":
+        """From ``host_rates.measure``'s figures: each rate that was measured, none guessed."""
+        def rate(name: str, key: str) -> float | None:
+            value = figures.get(name, {}).get(key)
+            return float(value) if isinstance(value, int | float) and value > 0 else None
+
+        cpu = {engine: r for engine, name in (("deepspeed", "deepspeed_cpu_adam"), ("torch", "torch_cpu_adamw"))
+               if (r := rate(name, "params_per_s")) is not None}
+        links = [r for k in ("to_gpu_bytes_per_s", "to_host_bytes_per_s") if (r := rate("pinned_link", k)) is not None]
+        return cls(gpu=gpu, device_name=device_name, cpus=cpus, cpu_optimizer_params_per_s=cpu,
+                   page_migration_bytes_per_s=rate("paged_migration", "bytes_per_s"),
+                   pinned_link_bytes_per_s=min(links) if len(links) == 2 else None, created=created)
+
+
 class Corrections(BaseModel):
     """What ``planner calibrate`` fitted for one GPU. None: not enough measurements for that term
     (the assumption in planner/cost/overheads.py or the catalog's efficiency stays)."""
@@ -89,8 +120,10 @@ class Corrections(BaseModel):
     context_bytes: int | None = None  # driver-seen process memory beyond the allocator's reserved peak
     fragmentation_fraction: float | None = Field(None, ge=0, le=1)  # (reserved - allocated) / allocated at the peak
     flops_scale: dict[str, float] = {}  # compute dtype -> factor on the catalog's achieved FLOP/s
+    cpu_optimizer_params_per_s: dict[str, float] = {}  # engine -> the CPU step's rate fitted inside it
+    host_rates: HostRates | None = None  # measured beside this GPU (the latest in the store)
     fitted_at: str
-    report: dict[str, float | int | None] = {}  # errors before / after, for people
+    report: dict[str, float | int | dict[str, int] | None] = {}  # errors before / after, for people
 
 
 def architecture_key(config_json: dict, layers: int | None) -> str:
@@ -128,7 +161,8 @@ class CalibrationStore:
                 con.executescript(
                     "CREATE TABLE IF NOT EXISTS measurements (architecture TEXT, plan TEXT, gpu TEXT, software TEXT,"
                     " status TEXT, created TEXT, body TEXT, PRIMARY KEY (architecture, plan, gpu, software));"
-                    "CREATE TABLE IF NOT EXISTS corrections (gpu TEXT PRIMARY KEY, body TEXT);")
+                    "CREATE TABLE IF NOT EXISTS corrections (gpu TEXT PRIMARY KEY, body TEXT);"
+                    "CREATE TABLE IF NOT EXISTS host_rates (gpu TEXT PRIMARY KEY, body TEXT);")
                 return con
             return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
         except (sqlite3.Error, OSError) as e:
@@ -169,6 +203,13 @@ class CalibrationStore:
                           (gpu,) if gpu else ())
         return [Measurement.model_validate_json(body) for (body,) in rows]
 
+    def save_host_rates(self, r: HostRates) -> None:
+        self._write("INSERT OR REPLACE INTO host_rates VALUES (?, ?)", (r.gpu, r.model_dump_json()))
+
+    def host_rates(self, gpu: str) -> HostRates | None:
+        rows = self._read("SELECT body FROM host_rates WHERE gpu = ?", (gpu,))
+        return HostRates.model_validate_json(rows[0][0]) if rows else None
+
     def save_corrections(self, c: Corrections) -> None:
         self._write("INSERT OR REPLACE INTO corrections VALUES (?, ?)", (c.gpu, c.model_dump_json()))
 
@@ -187,7 +228,8 @@ def corrections_in(path: Path | None, gpu_id: str) -> Corrections | None:
 
 def apply(spec: GpuSpec, c: Corrections | None) -> GpuSpec:
     """The GPU with its fitted corrections: achieved FLOP/s scaled per compute dtype (attention
-    follows the 16-bit factor; fractions stay at most 1) and the context and allocator reserve."""
+    follows the 16-bit factor; fractions stay at most 1), the context and allocator reserve, and
+    the host rates measured beside it (each replacing the catalog's)."""
     if c is None:
         return spec
     eff = spec.efficiency
@@ -196,6 +238,23 @@ def apply(spec: GpuSpec, c: Corrections | None) -> GpuSpec:
     note = (f"calibrated on {c.measurements} measured probes ({c.software}; fitted {c.fitted_at})")
     efficiency = eff.model_copy(update={"gemm": gemm, "attention": min(1.0, eff.attention * sixteen),
                                         "source": f"{note}; before: {eff.source}"})
-    return spec.model_copy(update={"efficiency": efficiency, "calibration": Calibration(
+    return spec.model_copy(update={"efficiency": efficiency, "host_rates": _host_rates(spec.host_rates, c),
+                                   "calibration": Calibration(
         context_bytes=c.context_bytes, fragmentation_fraction=c.fragmentation_fraction,
         flops_scale=c.flops_scale, note=note)})
+
+
+def _host_rates(catalog: HostRateSpec | None, c: Corrections) -> HostRateSpec | None:
+    """The catalog's measured host rates with the calibration's in their place where it has them:
+    the CPU step's rate fitted inside each engine, the paged state's round trip measured beside."""
+    where = f"calibration store, fitted {c.fitted_at}"
+    cpu = dict(catalog.cpu_optimizer_params_per_s) if catalog else {}
+    sources = dict(catalog.sources) if catalog else {}
+    page = catalog.page_migration_bytes_per_s if catalog else None
+    for engine, rate in c.cpu_optimizer_params_per_s.items():
+        cpu[engine], sources[f"cpu_optimizer:{engine}"] = rate, where
+    if c.host_rates is not None and c.host_rates.page_migration_bytes_per_s is not None:
+        page, sources["page_migration"] = c.host_rates.page_migration_bytes_per_s, where
+    if not cpu and page is None:
+        return None
+    return HostRateSpec(cpu_optimizer_params_per_s=cpu, page_migration_bytes_per_s=page, sources=sources)

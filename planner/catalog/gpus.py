@@ -13,6 +13,7 @@ import difflib
 import re
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -21,7 +22,7 @@ from planner.catalog.efficiency import efficiency
 from planner.catalog.files import read_mapping
 from planner.core import shell
 from planner.core.errors import PlannerInputError
-from planner.core.specs import GpuSpec, HardwareSpec
+from planner.core.specs import GpuSpec, HardwareSpec, HostRateSpec
 from planner.core.units import GB, MIB, TERA
 
 GPU_DIR = DATA_DIR / "gpus"
@@ -46,6 +47,23 @@ class _Link(BaseModel):
     gb_per_s: float = Field(gt=0)
 
 
+class _MeasuredHost(BaseModel):
+    """Host-side rates measured beside this GPU (its ``sources.measured_host`` says where):
+    parameters a second (billions) the CPU optimizer step updates inside each engine, and the
+    paged state's round trip in GB/s."""
+
+    model_config = ConfigDict(extra="forbid")
+    cpu_optimizer_gparams_s: dict[Literal["deepspeed", "fsdp"], float] = {}
+    page_migration_gb_s: float | None = Field(None, gt=0)
+
+    @field_validator("cpu_optimizer_gparams_s")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(not rate > 0 for rate in v.values()):
+            raise ValueError("rates must be positive")
+        return v
+
+
 class GpuFile(BaseModel):
     """The schema of one GPU YAML file (catalog or user)."""
 
@@ -63,6 +81,7 @@ class GpuFile(BaseModel):
     gpu_link: _Link
     host_link: _Link
     max_gpus_per_node: int = Field(8, ge=1)
+    measured_host: _MeasuredHost | None = None
     sources: dict[str, str] = {}
 
     @field_validator("dense_tflops")
@@ -104,8 +123,22 @@ class GpuFile(BaseModel):
             max_gpus_per_node=self.max_gpus_per_node,
             sources=self.sources,
             efficiency=efficiency(self.id, self.architecture),
+            host_rates=self._host_rates(),
         )
         return calibration.apply(spec, calibration.corrections_in(calibration_store, self.id))
+
+
+    def _host_rates(self) -> HostRateSpec | None:
+        host = self.measured_host
+        if host is None:
+            return None
+        where = self.sources.get("measured_host", f"the GPU file of {self.id}")
+        cpu = {engine: rate * 1e9 for engine, rate in host.cpu_optimizer_gparams_s.items()}
+        sources = {f"cpu_optimizer:{engine}": where for engine in cpu}
+        if host.page_migration_gb_s is not None:
+            sources["page_migration"] = where
+        return HostRateSpec(cpu_optimizer_params_per_s=cpu, sources=sources,
+                            page_migration_bytes_per_s=host.page_migration_gb_s * GB if host.page_migration_gb_s else None)
 
 
 def normalize(name: str) -> str:

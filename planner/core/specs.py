@@ -100,6 +100,19 @@ class Calibration(BaseModel):
     note: str  # what it was fitted on, for the output
 
 
+class HostRateSpec(BaseModel):
+    """Host-side rates measured beside this GPU, which planner otherwise assumes
+    (planner/cost/overheads.py): the CPU optimizer step inside each engine, and paged optimizer
+    state's round trip. From the catalog file's ``measured_host`` (measured by the project) or a
+    calibration store's corrections (``planner calibrate``), which replace the catalog's per rate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpu_optimizer_params_per_s: dict[str, float] = {}  # engine (deepspeed, fsdp) -> parameters a second per node
+    page_migration_bytes_per_s: float | None = Field(None, gt=0)  # bytes a second, the round trip's rate
+    sources: dict[str, str] = {}  # "cpu_optimizer:<engine>" or "page_migration" -> where it was measured
+
+
 class GpuSpec(BaseModel):
     """One GPU model, from the catalog or a user YAML file. Base units only."""
 
@@ -121,6 +134,7 @@ class GpuSpec(BaseModel):
     sources: dict[str, str]
     efficiency: Efficiency
     calibration: Calibration | None = None  # measured corrections in use (None: assumptions only)
+    host_rates: HostRateSpec | None = None  # host-side rates measured beside it (None: assumed)
     file: str | None = None  # the user GPU YAML it was read from (absolute path); None: the catalog
     definition: dict | None = None  # that file's content, so that a plan file carries its GPU
 

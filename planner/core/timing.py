@@ -36,16 +36,18 @@ TIME_TERMS: tuple[str, ...] = (
 )
 
 
-#: Terms whose rate no catalog measures, so a plan's speed that rests on them rests on an
-#: assumption (planner/cost/overheads.py; --page-migration-gb-s, --cpu-optimizer-gparams-s): paged
+#: Terms whose rate is a property of the host, not of the GPU's datasheet: assumed
+#: (planner/cost/overheads.py) unless a flag sets it (--page-migration-gb-s,
+#: --cpu-optimizer-gparams-s) or it was measured beside the GPU (GpuSpec.host_rates): paged
 #: optimizer state migrating over the host link, and the optimizer step on the CPU.
 ASSUMED_RATE_TERMS = ("paged_migration", "cpu_optimizer_step")
 
 
-def assumed_share(draft: "TimeDraft", step: float) -> float:
-    """The fraction of a ``step`` seconds long spent in ``ASSUMED_RATE_TERMS`` rows (serial rows,
-    once per step: exposed whole)."""
-    spent = sum(r.seconds for r in draft.rows if r.term in ASSUMED_RATE_TERMS and not r.per_micro_batch)
+def assumed_share(draft: "TimeDraft", step: float, terms: tuple[str, ...] = ASSUMED_RATE_TERMS) -> float:
+    """The fraction of a ``step`` seconds long spent in rows of ``terms`` (those of
+    ``ASSUMED_RATE_TERMS`` whose rate is assumed for this plan; serial rows, once per step:
+    exposed whole)."""
+    spent = sum(r.seconds for r in draft.rows if r.term in terms and not r.per_micro_batch)
     return spent / step if step else 0.0
 
 

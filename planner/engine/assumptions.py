@@ -5,7 +5,7 @@ from planner.core.specs import HardwareSpec
 from planner.core.timing import ASSUMED_RATE_TERMS
 from planner.core.units import GB
 from planner.cost.overheads import HOST_RESERVE_FRACTION, PAGE_MIGRATION_LINK_FRACTION
-from planner.strategies.rates import cpu_optimizer_rate, page_migration_rate
+from planner.strategies.rates import ASSUMED, FLAG, MEASURED, cpu_optimizer_rate, page_migration_rate, rate_origin
 
 
 def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int, *,
@@ -34,25 +34,34 @@ RATE_WORDS = dict(zip(ASSUMED_RATE_TERMS, (("paged state's migration", "--page-m
                                            ("the CPU optimizer step", "--cpu-optimizer-gparams-s")), strict=True))
 
 
-def rate_assumptions(hardware: HardwareSpec, terms: dict[str, float]) -> list[str]:
-    """The assumed rates a plan's step time uses (``terms``: its time terms, seconds), each with
-    where it came from."""
+def rate_assumptions(hardware: HardwareSpec, terms: dict[str, float], engine: str) -> list[str]:
+    """The host rates a plan's step time uses (``terms``: its time terms, seconds), each with
+    where it came from: the flag, a measurement beside the GPU, or planner's assumption."""
     out = []
     if terms.get("paged_migration"):
-        given = hardware.page_migration_bytes_per_s is not None
-        out.append(f"page migration {page_migration_rate(hardware) / GB:,.1f} GB/s "
-                   + ("(--page-migration-gb-s)" if given else
-                      f"(assumed: {PAGE_MIGRATION_LINK_FRACTION:.0%} of the host link; --page-migration-gb-s)"))
+        origin = rate_origin(hardware, "paged_migration", engine)[0]
+        out.append(f"page migration {page_migration_rate(hardware) / GB:,.1f} GB/s " + {
+            FLAG: "(--page-migration-gb-s)",
+            MEASURED: f"(measured beside this GPU{_where(hardware)}; --page-migration-gb-s)",
+            ASSUMED: f"(assumed: {PAGE_MIGRATION_LINK_FRACTION:.0%} of the host link; --page-migration-gb-s)"}[origin])
     if terms.get("cpu_optimizer_step"):
-        given = hardware.cpu_optimizer_params_per_s is not None
-        out.append(f"CPU optimizer {cpu_optimizer_rate(hardware) / 1e9:,.2g}B params/s/node "
-                   + ("(--cpu-optimizer-gparams-s)" if given else "(assumed; --cpu-optimizer-gparams-s)"))
+        origin = rate_origin(hardware, "cpu_optimizer_step", engine)[0]
+        out.append(f"CPU optimizer {cpu_optimizer_rate(hardware, engine) / 1e9:,.2g}B params/s/node " + {
+            FLAG: "(--cpu-optimizer-gparams-s)",
+            MEASURED: f"(measured in {engine} beside this GPU{_where(hardware)}; --cpu-optimizer-gparams-s)",
+            ASSUMED: "(assumed; --cpu-optimizer-gparams-s)"}[origin])
     return out
 
 
-def rate_warning(terms: dict[str, float], step_seconds: float, band: float) -> str | None:
-    """When more than ``band`` of a plan's step runs at assumed rates: which, and how to set them."""
-    spent = {t: terms[t] for t in ASSUMED_RATE_TERMS if terms.get(t)}
+def _where(hardware: HardwareSpec) -> str:
+    """Which measurement: a calibration store's, or the catalog's (its GPU file names the run)."""
+    return ", calibrated" if hardware.gpu.calibration is not None else ", docs/measured.md"
+
+
+def rate_warning(terms: dict[str, float], step_seconds: float, band: float, assumed: tuple[str, ...]) -> str | None:
+    """When more than ``band`` of a plan's step runs at rates planner assumes (``assumed``: the
+    terms whose rate no flag set and nothing measured): which, and how to set them."""
+    spent = {t: terms[t] for t in assumed if terms.get(t)}
     share = sum(spent.values()) / step_seconds if step_seconds else 0.0
     if share <= band:
         return None

@@ -5,7 +5,9 @@ real GPU (planner/catalog/calibration.py). Per device GPU this module fits
 - the memory a process holds beyond the caching allocator (CUDA context and the like),
 - the allocator's reserve as a fraction of its allocated peak,
 - a factor per compute dtype on the catalog's achieved FLOP/s (data/efficiency.yaml),
-and reports the analytic model's error on those measurements before and after, in sample and
+- the host's optimizer-step rate inside each engine, from plans that offload the optimizer,
+and carries the host rates measured beside the GPU (paged state's migration) from the store; it
+reports the analytic model's error on those measurements before and after, in sample and
 leave-one-out. ``calibrate(request)`` is the command; ``fit`` and ``predict`` its parts.
 
 Every prediction here is made with the GPU's *uncalibrated* catalog spec (the store's earlier
@@ -47,6 +49,7 @@ from planner.engine.estimate import FRAGMENTATION_LABEL, evaluate, runtime_reser
 from planner.schema.calibrate import CalibrateRequest, CalibrateResult
 from planner.strategies import TrainingConfig, reserve_extra
 from planner.strategies.precision import LAYER_MATMUL_DTYPE
+from planner.strategies.rates import cpu_optimizer_rate
 
 #: The efficiency-table entry a plan's step time is fitted to: its decoder layers' matmul dtype
 #: (strategies/precision.py; fp8-mixed runs them in fp8 and the rest in bf16, so it fits the "fp8"
@@ -79,6 +82,9 @@ class Prediction(BaseModel):
     step_seconds: float
     step_seconds_without_communication: float
     communication: str  # the measurement's: none | modelled | ...
+    engine: str = ""  # who owns the step (strategies Engine): the CPU step's rate is per engine
+    cpu_optimizer_seconds: float = 0.0  # the step's optimizer step on the host (offload plans)
+    cpu_optimizer_rate: float = 0.0  # the rate that time was predicted at, parameters a second per node
 
     @property
     def comparable_peak_bytes(self) -> int:
@@ -160,7 +166,9 @@ def predict(m: Measurement, gpu: GpuSpec | None = None) -> Prediction:
         gpu=gpu.id, nodes=hardware.nodes, gpus_per_node=hardware.gpus_per_node,
         allocated_bytes=allocated_peak(ev.ledger.rows, ev.paged), pool_bytes=pools, peak_bytes=ev.peak, nccl_bytes=nccl,
         step_seconds=ev.step_seconds, step_seconds_without_communication=step_seconds(quiet, config.grad_accum),
-        communication=m.communication,
+        communication=m.communication, engine=str(ev.ctx.engine),
+        cpu_optimizer_seconds=sum(r.seconds for r in ev.timing.rows if r.term == "cpu_optimizer_step"),
+        cpu_optimizer_rate=cpu_optimizer_rate(hardware, ev.ctx.engine),
     )
 
 
@@ -232,6 +240,25 @@ def solve_flops_scale(m: Measurement, gpu: GpuSpec, fixed: dict[str, float], dty
     return exp((lo + hi) / 2), False
 
 
+def solve_cpu_optimizer_rate(m: Measurement, p: Prediction) -> float | None:
+    """The host's optimizer-step rate inside the measurement's engine at which the predicted step
+    equals the measured median step: parameters a second per node, or None when the plan has no
+    step on the host, or the measured step is not longer than everything else predicted.
+
+    Unit: parameters a second per node (planner/cost/overheads.py
+    CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE). Method: closed form. The CPU step is one serial row
+    (strategies/offload.py: trained parameters x ranks per node / rate), exposed whole, so the
+    measured CPU seconds are the measured step less the rest of the prediction, and the rate
+    scales inversely with them. It holds what the engine does on the host around the update
+    (DeepSpeed's fp32 gradient copy and the 16-bit parameters written back), which a bare
+    optimizer benchmark does not."""
+    t = m.median_step_seconds
+    if not t or p.cpu_optimizer_seconds <= 0:
+        return None
+    on_host = t - (p.comparable_step_seconds - p.cpu_optimizer_seconds)
+    return p.cpu_optimizer_rate * p.cpu_optimizer_seconds / on_host if on_host > 0 else None
+
+
 def scaled(gpu: GpuSpec, flops_scale: dict[str, float]) -> GpuSpec:
     """``gpu`` with FLOP/s factors only (the memory assumptions stay), as ``apply`` puts them."""
     return apply(gpu, Corrections(gpu=gpu.id, software="", measurements=1, flops_scale=flops_scale, fitted_at=""))
@@ -248,7 +275,9 @@ class _Group:
         self._solved: dict[tuple, tuple[float, bool]] = {}
 
     def timed(self, i: int) -> bool:
-        return bool(self.rows[i].median_step_seconds)
+        """A timed row whose step is the GPU's: plans with an optimizer step on the host fit that
+        rate instead (their step is mostly the CPU's)."""
+        return bool(self.rows[i].median_step_seconds) and not self.before[i].cpu_optimizer_seconds
 
     def fit(self, subset: Sequence[int]) -> tuple[Corrections, int]:
         """Corrections fitted on the rows in ``subset`` (no report), and how many rows were clamped."""
@@ -264,7 +293,22 @@ class _Group:
             clamped += sum(c for _, c in solved)
         return Corrections(gpu=self.gpu.id, software="", measurements=max(1, len(rows)),
                            context_bytes=fit_context(rows), fragmentation_fraction=fit_fragmentation(rows),
-                           flops_scale=scales, fitted_at=""), clamped
+                           flops_scale=scales, cpu_optimizer_params_per_s=self._cpu_rates(subset, scales),
+                           fitted_at=""), clamped
+
+    def _cpu_rates(self, subset: Sequence[int], scales: dict[str, float]) -> dict[str, float]:
+        """Per engine, the median over its offload rows of the CPU step's rate
+        (``solve_cpu_optimizer_rate``), each predicted with the FLOP/s factors just fitted; one
+        row suffices (its step is already the median of the measured steps)."""
+        gpu = scaled(self.gpu, scales)
+        by_engine: dict[str, list[float]] = {}
+        for i in subset:
+            if self.before[i].cpu_optimizer_seconds and self.rows[i].median_step_seconds:
+                p = predict(self.rows[i], gpu)
+                rate = solve_cpu_optimizer_rate(self.rows[i], p)
+                if rate is not None:
+                    by_engine.setdefault(p.engine, []).append(rate)
+        return {engine: median(r) for engine, r in sorted(by_engine.items())}
 
     def _solve(self, i: int, fixed: dict[str, float]) -> tuple[float, bool]:
         key = (i, tuple(sorted(fixed.items())))
@@ -310,7 +354,7 @@ def fit_gpu(gpu_id: str, rows: Sequence[Measurement]) -> Corrections:
     everything = range(len(rows))
     fitted, clamped = group.fit(everything)
     after = apply(group.gpu, fitted)
-    report: dict[str, float | int | None] = {
+    report: dict[str, float | int | dict[str, int] | None] = {
         "rows": len(rows),
         "memory_rows": sum(measured_peak_bytes(m, 0) is not None for m in rows),
         "time_rows": sum(group.timed(i) for i in everything),
@@ -318,6 +362,8 @@ def fit_gpu(gpu_id: str, rows: Sequence[Measurement]) -> Corrections:
     }
     for dtype in DTYPE_ORDER:
         report[f"time_rows_{dtype}"] = sum(group.dtypes[i] == dtype and group.timed(i) for i in everything)
+    report["cpu_rows"] = dict(Counter(group.before[i].engine for i in everything
+                                      if group.before[i].cpu_optimizer_seconds and rows[i].median_step_seconds))
     runs = {"before": [relative_errors(m, p, None) for m, p in zip(rows, group.before, strict=False)],
             "after": [relative_errors(m, predict(m, after), fitted.context_bytes) for m in rows],
             "loo": []}
@@ -369,7 +415,7 @@ def calibrate(request: CalibrateRequest) -> CalibrateResult:
         elsewhere = f" (it holds measurements of {', '.join(others)})" if others else ""
         raise PlannerInputError(f"no measurements{f' of {gpu}' if gpu else ''} in {path}{elsewhere}",
                                 hint=NO_MEASUREMENTS_HINT)
-    corrections = fit(measurements)
+    corrections = [c.model_copy(update={"host_rates": store.host_rates(c.gpu)}) for c in fit(measurements)]
     if not request.dry_run:
         for c in corrections:
             store.save_corrections(c)

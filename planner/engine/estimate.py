@@ -39,8 +39,8 @@ from planner.strategies import (
     reserve_extra,
 )
 from planner.strategies.base import LAYOUT_INPUTS
-from planner.strategies.rates import peak_dtype, peak_flops
-from planner.strategies.sharding import Sharding
+from planner.strategies.rates import assumed_terms, peak_dtype, peak_flops
+from planner.strategies.sharding import Sharding, engine_of
 
 
 @dataclass
@@ -110,7 +110,9 @@ class Evaluation:
     def assumed_share(self) -> float:
         """The fraction of the step spent at rates planner assumes (planner/core/timing.py
         ``ASSUMED_RATE_TERMS``)."""
-        return assumed_share(self.time_draft, self.step_seconds) if self.time_draft is not None else 0.0
+        if self.time_draft is None:
+            return 0.0
+        return assumed_share(self.time_draft, self.step_seconds, assumed_terms(self.ctx.hardware, self.ctx.engine))
 
 
 def estimate(request: EstimateRequest) -> EstimateResult:
@@ -123,7 +125,7 @@ def estimate(request: EstimateRequest) -> EstimateResult:
                        seq_given=request.seq_len is not None, batch_given="micro_batch_size" in request.model_fields_set,
                        batch_words=f"micro-batch {config.micro_batch_size} x accum {config.grad_accum} x {dp} GPUs = "
                                    f"{config.tokens_per_micro_batch * config.grad_accum * dp:,} tokens/step")
-    said += rate_assumptions(hardware, result.time.terms)
+    said += rate_assumptions(hardware, result.time.terms, engine_of(config.sharding))
     return result.model_copy(update={"assumptions": said + [f"MFU of the {result.time.mfu_basis}"]})
 
 
@@ -298,7 +300,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
         ev.timing, config.grad_accum, ev.tokens_per_step, ctx.world_size,
         adapters.training_flops_per_token(model, config.seq_len, ctx.layout.adapter), peak_flops(ctx), peak_dtype(ctx),
     )
-    rated = rate_warning(time.terms, time.step_seconds, TIE_BAND)
+    rated = rate_warning(time.terms, time.step_seconds, TIE_BAND, assumed_terms(hardware, ctx.engine))
     return EstimateResult(
         model=_model_info(model, ctx.layout.trainable_parameters),
         hardware=HardwareInfo(

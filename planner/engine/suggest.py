@@ -25,6 +25,7 @@ from planner.schema.suggest import AdapterOption, HostOption, SuggestRequest, Su
 from planner.strategies import FIELDS, REGISTRY, PlanContext, approximation_words, summary
 from planner.strategies.adapter import ALLOWS, Adapter
 from planner.strategies.optimizer import STRATEGY as OPTIMIZER
+from planner.strategies.sharding import engine_of
 
 #: Full fine-tuning counts as "far slower" than an adapter when the adapter plan is this much faster
 #: (on 1xRTX4090-24, Llama-3.1-8B in full needs CPU offload: QLoRA is about 37 % faster).
@@ -96,7 +97,8 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
         trade_offs=trade_offs,
         assumptions=assumptions(request, hardware, space.seq_len, space.global_batch_size, seq_given=seq_given,
                                 batch_given=request.global_batch_size is not None)
-        + (rate_assumptions(hardware, plans[0].time.terms) + [f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
+        + (rate_assumptions(hardware, plans[0].time.terms, engine_of(plans[0].config.sharding))
+           + [f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
         training=_training(request, plans[0], request.tokens) if plans and request.tokens else None,
         needs_bytes=verdict.needs_bytes if verdict else None,
         adapter_option=_option(beside.result()[1], plans[0] if plans else None) if _hint_asked(request) else None,

@@ -95,12 +95,23 @@ def render_calibrate(result, console: Console) -> None:
                 scale = c.flops_scale.get(dtype)
                 fitted.add_row(f"achieved FLOP/s, {dtype}", "-" if scale is None else f"x {scale:.3f}",
                                "x 1 (efficiency.yaml)", f"{rows} timed rows")
+        for engine, rows in sorted((rep.get("cpu_rows") or {}).items()):
+            rate = c.cpu_optimizer_params_per_s.get(engine)
+            fitted.add_row(f"CPU optimizer, {engine}", "-" if rate is None else f"{rate / 1e9:.2f}B params/s",
+                           f"{overheads.CPU_OPTIMIZER_PARAMS_PER_SECOND_PER_NODE / 1e9:.2f}B params/s",
+                           f"{rows} offload rows")
+        page = c.host_rates.page_migration_bytes_per_s if c.host_rates else None
+        if page is not None:
+            fitted.add_row("paged state's migration", f"{page / 1e9:.1f} GB/s",
+                           f"{overheads.PAGE_MIGRATION_LINK_FRACTION:.0%} of the host link",
+                           "measured beside the GPU")
         console.print(fitted)
         heading(console, f"{c.gpu}: analytic error |predicted - measured| / measured, median / worst")
         errors = table(("quantity", "left"), ("rows", "right"), ("before", "right"), ("after (in sample)", "right"),
                        ("leave-one-out", "right"), wrap=("quantity",))
         for quantity, key, rows in (("peak memory per GPU", "memory", rep.get("memory_rows")),
-                                    ("step time", "time", rep.get("time_rows"))):
+                                    ("step time", "time", (rep.get("time_rows") or 0)
+                                     + sum((rep.get("cpu_rows") or {}).values()))):
             errors.add_row(quantity, str(rows or 0), *(
                 f"{pct(rep.get(f'{key}_median_error_{w}'))} / {pct(rep.get(f'{key}_worst_error_{w}'))}"
                 for w in ("before", "after", "loo")))

@@ -48,8 +48,8 @@ class HardwareInfo(BaseModel):
     gpu_memory_bytes: int
     host_memory_bytes_per_node: int
     inter_node_bytes_per_s: float
-    page_migration_bytes_per_s: float | None = None  # --page-migration-gb-s (None: assumed)
-    cpu_optimizer_params_per_s: float | None = None  # --cpu-optimizer-gparams-s (None: assumed)
+    page_migration_bytes_per_s: float | None = None  # --page-migration-gb-s (None: measured beside the GPU, else assumed)
+    cpu_optimizer_params_per_s: float | None = None  # --cpu-optimizer-gparams-s (None: measured beside the GPU, else assumed)
     calibration: str | None = None  # the measured corrections in use (planner calibrate); None: assumptions
     gpu_file: str | None = None  # a user GPU file's path (GpuSpec.file); None: a catalog GPU
     gpu_definition: dict | None = None  # that file's content as planned (GpuSpec.definition)
