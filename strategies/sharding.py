@@ -198,8 +198,11 @@ def _reduction_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> Non
     GiB for the same plans without an engine; the fp32 gradient shard is 4.60 GiB, ZeRO-2's is
     counted at fp32 too (its 16-bit partition, 2.30 GiB, alone falls short of what was measured).
     ZeRO-3 (its partition is built with the engine, on the default stream) reserved no more than
-    plain plans. Not written when the optimizer is offloaded (the partition is in host memory)."""
+    plain plans. With the optimizer offloaded the pools hold other tensors: ``_offload_stream_pool``."""
     lay, s, c = ctx.layout, ctx.config.sharding, ctx.config
+    if c.offload != "none" and lay.trainable_parameters:
+        _offload_stream_pool(ctx, ledger, n)
+        return
     if c.offload != "none" or s == Sharding.ZERO3 or c.grad_accum > 1 or not lay.trainable_parameters:
         return
     shard = -(-lay.trainable_parameters // n)
@@ -209,6 +212,34 @@ def _reduction_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> Non
     elif ctx.engine == Engine.DEEPSPEED:
         ledger.add("allocator_reserve", "reduction stream's pool: the gradient partition", shard, 4,
                    phases=FWD, note="freed blocks stay in that stream's pool (caching allocator)")
+
+
+def _offload_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> None:
+    """The side streams' pools of a plan whose optimizer steps on the host: blocks its engine
+    allocates on a copy or reduction stream and frees stay reserved in that stream's pool (the
+    caching allocator keeps a pool per stream), beyond the base fraction, in forward and backward,
+    with or without accumulation (each micro-batch's gradients leave for the host).
+
+    Measured on an H100 (Llama-3.2-1B, 2 x 2048, one rank; benchmarks/results/H100-SXM-80/
+    2026-11-26-run7 and -run8, identical twice): reserved less allocated peak 3.03 GiB under
+    DeepSpeed ZeRO-1 with offload_optimizer, 2.26 GiB beyond the base 5 %, which is the 16-bit
+    gradient partition (2.30 GiB; DeepSpeed reduces on its reduction stream and copies each
+    gradient there to the host's fp32 partition); under FSDP2's CPUOffloadPolicy 2.14 GiB, 1.48
+    beyond the base, modelled as the host shards FSDP copies in and the gradients it copies out
+    on its side streams: the root unit's and two layers' elements in the host weights' dtype
+    (1.43 GiB). One plan each: the mechanism is inferred from the sizes. ZeRO-3 with offload was
+    not measured and gets no row: its gradients leave for the host bucket by bucket, and a GPU
+    that never holds the whole 16-bit parameters cannot pool their whole gradient partition."""
+    lay = ctx.layout
+    if ctx.engine == Engine.DEEPSPEED and ctx.config.sharding != Sharding.ZERO3:
+        shard = -(-lay.trainable_parameters // n)
+        ledger.add("allocator_reserve", "reduction stream's pool: the 16-bit gradient partition (offload)", shard,
+                   lay.grad_bytes, phases=FWD | BWD, note="measured under ZeRO-1 offload (H100)")
+    elif ctx.engine == Engine.FSDP:
+        units = params.root_parameters(ctx.model) + 2 * lay.layer_gathered
+        ledger.add("allocator_reserve", "FSDP side streams' pools: the root's and two layers' host shards (offload)",
+                   -(-units // n), lay.frozen_bytes if lay.adapter else lay.weight_bytes, phases=FWD | BWD,
+                   note="measured under FSDP2 CPU offload (H100)")
 
 
 def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, h: int) -> None:

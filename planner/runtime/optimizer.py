@@ -10,12 +10,14 @@ from planner.strategies.optimizer import CHOICES, Optimizer
 LEARNING_RATE = 1e-4
 
 
-def build(name: str, model, cfg=None, *, lr: float = LEARNING_RATE, fsdp2: bool = False, fused: bool | None = None,
+def build(name: str, model, cfg=None, *, lr: float = LEARNING_RATE, fsdp2: bool = False, fused: bool = True,
           fake: bool = False):
     """The optimizer for ``model``'s trainable parameters; ``cfg`` is the transformers config
     (Adam-mini's head counts); ``fsdp2``: the parameters are FSDP2's DTensor shards (the value's
     FSDP2 implementation, where it has one). ``fake``: under fake tensors, None for the
-    implementations that cannot run there (their states are then computed). Raises ImportError
+    implementations that cannot run there (their states are then computed). ``fused``: torch
+    AdamW's fused kernel on every device, as the Trainer's ``adamw_torch_fused`` passes
+    ``fused=True`` (host shards under FSDP2's CPU offload too; torch has a CPU kernel). Raises ImportError
     with what to install when a package is missing."""
     impl = CHOICES[Optimizer(name)].impl_for(fsdp2)
     if fake and not impl.fake:
@@ -26,8 +28,6 @@ def build(name: str, model, cfg=None, *, lr: float = LEARNING_RATE, fsdp2: bool 
         raise ImportError(f"{name} needs {impl.library or impl.module} (pip install {impl.library or impl.module}"
                           f"{'; CUDA' if impl.library == 'bitsandbytes' else ''})") from None
     params = [p for p in model.parameters() if p.requires_grad]
-    if fused is None:
-        fused = next(model.parameters()).device.type == "cuda"
     return CALLS[impl.call](cls, model, params, cfg, lr, fused)
 
 
