@@ -75,13 +75,22 @@ DISPATCH_SECONDS_PER_OP_BACKWARD = 4e-6
 OPS_PER_LAYER_FORWARD = 35
 OPS_PER_LAYER_BACKWARD = 70
 
-#: Host-side cost of the sharding engines' per-module hooks (gather, reshard, reduce) per decoder
-#: layer per micro-batch, forward and backward. FSDP2's hooks are light; DeepSpeed ZeRO-3
-#: fetches and releases parameters from Python per submodule. Assumptions (DeepSpeed ZeRO-3 is
-#: widely reported as CPU-bound on small models, e.g. DeepSpeed issue #5060 and its "ZeRO-3
-#: overheads" notes); not fitted separately.
+#: Host-side cost of FSDP2's per-module hooks (gather, reshard, reduce) per decoder layer per
+#: micro-batch, forward and backward: light, and launched ahead of the GPU (a dispatch floor).
+#: Assumption; FSDP2 one rank of Llama-3.2-1B on an H100 stepped within 0-12 % of the same plan
+#: without it (benchmarks/results/H100-SXM-80, runs 2, 4, 6).
 FSDP_HOOK_SECONDS_PER_LAYER = 100e-6
-ZERO3_HOOK_SECONDS_PER_LAYER = 400e-6
+#: DeepSpeed's per-module hooks on the host, seconds per decoder layer per micro-batch (forward
+#: and backward), during which the GPU waits: ZeRO-3 fetches and releases each submodule's
+#: parameters from Python; ZeRO-1/2 copy each gradient into its buckets and partition. Measured
+#: on an H100 with a 16-CPU host (Llama-3.2-1B, 16 layers, 2 x 2048, one rank, accumulation 1;
+#: benchmarks/results/H100-SXM-80): ZeRO-3 stepped 0.409 and 0.435 s against 0.123 and 0.128 s
+#: for the plan without it (runs 4, 5): 17.9 and 19.2 ms a layer, median 18.5; ZeRO-2 0.168 and
+#: 0.213 s against 0.122 and 0.128 (runs 2, 6): 2.9 and 5.3 ms, median 4.1. ZeRO-1 shares ZeRO-2's
+#: code (DeepSpeed runtime/zero/stage_1_and_2.py) and is given its figure, unmeasured. A host with
+#: slower cores takes longer (DeepSpeed issue #5060: ZeRO-3 is CPU-bound on small models).
+ZERO3_HOOK_SECONDS_PER_LAYER = 18.5e-3
+ZERO12_HOOK_SECONDS_PER_LAYER = 4.1e-3
 
 #: Achieved fraction of a link's per-direction bandwidth by NCCL collectives (nccl-tests bus
 #: bandwidth: ~360-370 GB/s of NVLink4's 450, ~80% of PCIe and InfiniBand line rate).

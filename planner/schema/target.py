@@ -19,8 +19,8 @@ class Target(BaseModel):
     gpus: str
     host_memory_gb: float | None = None  # per node, decimal GB
     inter_node_gbps: float | None = None  # per node, Gbit/s
-    page_migration_gb_s: float | None = None  # paged optimizer state over the host link, GB/s (None: measured beside the GPU, else assumed)
-    cpu_optimizer_gparams_s: float | None = None  # CPU optimizer, billion parameters a second per node (None: measured in the engine beside the GPU, else assumed)
+    page_migration_gb_s: float | None = None  # paged state, GB/s (None: measured beside the GPU, else assumed)
+    cpu_optimizer_gparams_s: float | None = None  # CPU optimizer, 1e9 params/s/node (None: measured, else assumed)
     margin: float = Field(overheads.DEFAULT_MARGIN, ge=0.0, lt=1.0)  # fraction of GPU memory to keep free
     calibration: Path | None = None  # the calibration store whose corrections apply (None: assumptions only)
 
