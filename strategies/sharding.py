@@ -198,7 +198,11 @@ def _reduction_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> Non
     GiB for the same plans without an engine; the fp32 gradient shard is 4.60 GiB, ZeRO-2's is
     counted at fp32 too (its 16-bit partition, 2.30 GiB, alone falls short of what was measured).
     ZeRO-3 (its partition is built with the engine, on the default stream) reserved no more than
-    plain plans. With the optimizer offloaded the pools hold other tensors: ``_offload_stream_pool``."""
+    plain plans. As one rank of 8 (FSDP2, a fake process group; runs 2, 6 and 7) reserved less
+    allocated was 2.27 GiB: the shards (0.58 GiB), the base 5 % (0.75) and 0.95 more, the largest
+    unit's reduce-scatter input in the reduce dtype (the root: tied embeddings, 0.98 GiB in fp32),
+    which a rank of one does not copy out (its 5.74 GiB hold no such block). With the optimizer
+    offloaded the pools hold other tensors: ``_offload_stream_pool``."""
     lay, s, c = ctx.layout, ctx.config.sharding, ctx.config
     if c.offload != "none" and lay.trainable_parameters:
         _offload_stream_pool(ctx, ledger, n)
@@ -209,6 +213,9 @@ def _reduction_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> Non
     if ctx.engine == Engine.FSDP:
         ledger.add("allocator_reserve", "reduce-scatter stream's pool: the gradient shards it wrote", shard,
                    lay.grad_bytes, phases=FWD, note="freed blocks stay in that stream's pool (caching allocator)")
+        if n > 1:  # one rank of several: the unit's input is copied into its own buffer first
+            ledger.add("allocator_reserve", "reduce-scatter stream's pool: the largest unit's input", max(
+                lay.root_trained, lay.layer_trained), lay.reduce_bytes, phases=FWD, note="measured as one rank of 8")
     elif ctx.engine == Engine.DEEPSPEED:
         ledger.add("allocator_reserve", "reduction stream's pool: the gradient partition", shard, 4,
                    phases=FWD, note="freed blocks stay in that stream's pool (caching allocator)")

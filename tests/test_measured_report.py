@@ -117,3 +117,15 @@ def test_the_offload_runs_peaks_fit_what_planner_predicts_with_its_margin(run):
         _, c = now_comparison(record)
         assert c.measured_peak_bytes <= c.predicted_peak_bytes / (1 - DEFAULT_MARGIN), (
             record["case"]["key"], c.memory_error)
+
+
+@pytest.mark.parametrize("run", ["2026-11-26-run2", "2026-11-26-run6", "2026-11-26-run7"])
+def test_one_rank_of_eight_holds_its_reduce_scatter_pool(run):
+    """FSDP2 as one rank of 8 reserved 2.27 GiB beyond its allocated peak: the shards, the base
+    reserve and the largest unit's reduce-scatter input (-5.6 % before planner modelled it)."""
+    pytest.importorskip("torch")
+    from measured_report import now_comparison
+
+    [record] = [r for r in records(H100.parent / run) if r["case"]["key"] == "1b-fsdp2-rank-of-8"]
+    _, c = now_comparison(record)
+    assert c.status == "ok" and abs(c.memory_error) < 0.01, c.memory_error
