@@ -82,8 +82,8 @@ TIER1 = [
         sharding="zero2"),
     _1b("1b-zero1-offload-w1", "ZeRO-Offload: DeepSpeed CPU-Adam steps on the host (the 8B 1xH100 winner's kind)",
         ("deepspeed",), expected=60.0, cpu=False, precision="bf16-mixed", sharding="zero1", offload="optimizer"),
-    _1b("1b-fsdp2-offload-w1", "FSDP2 CPU offload: torch AdamW steps the host shard", expected=50.0, cpu=False,
-        precision="bf16-mixed", sharding="fsdp", offload="optimizer+params"),
+    _1b("1b-fsdp2-offload-fused-w1", "FSDP2 CPU offload: torch's fused AdamW steps the host shard (the Trainer's)",
+        expected=30.0, cpu=False, precision="bf16-mixed", sharding="fsdp", offload="optimizer+params"),
 ]
 
 TIER2 = [
@@ -103,6 +103,14 @@ TIER2 = [
          what="FSDP2 as one rank of 8"),
     _1b("1b-ckpt-selective", "selective checkpointing", expected=12.0, tier=2, precision="bf16-mixed",
         checkpointing="selective"),
+    _1b("1b-zero3-offload-w1", "ZeRO-3 + offload optimizer: no stream pool modelled, hooks at ZeRO-3's rate",
+        ("deepspeed",), expected=60.0, cpu=False, tier=2, precision="bf16-mixed", sharding="zero3",
+        offload="optimizer"),
+    _1b("1b-zero1-w1", "DeepSpeed ZeRO-1, a world of one: its hooks, given ZeRO-2's figure", ("deepspeed",),
+        expected=38.0, cpu=False, tier=2, precision="bf16-mixed", sharding="zero1"),
+    Case("1b-fsdp2-rank-of-8-accum2", 2, L1B, {"micro_batch_size": 2, "seq_len": 2048, "grad_accum": 2,
+                                               "precision": "bf16-mixed", "sharding": "fsdp"}, gpus="8x{gpu}",
+         expected_seconds=16.0, cpu=False, what="FSDP2 as one rank of 8 with accumulation: its stream pools"),
     *(Case(f"qwen-0.5b-{ckpt}-{mbs}x{seq}", 2, Q05B, {"micro_batch_size": mbs, "seq_len": seq,
                                                       "precision": "bf16-mixed", "checkpointing": ckpt},
            expected_seconds=11.0, what="second family: tied embeddings, long sequences")
