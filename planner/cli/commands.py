@@ -166,20 +166,21 @@ def suggest(
     target: dict,
     techniques: dict,
     space: dict,
-    top: Annotated[int, typer.Option(help="how many plans to show")] = 5,
-    engine: Annotated[str, typer.Option(help="auto | exhaustive | tpe | nsga2 "
+    top: Annotated[int, typer.Option(metavar="N", help="how many plans to show")] = 5,
+    engine: Annotated[str, typer.Option(metavar="NAME", help="auto | exhaustive | tpe | nsga2 "
                                              "(auto: exhaustive up to 200,000 candidates)")] = "auto",
     out: Annotated[Path | None, typer.Option(help="write the winner's launch files here "
                                                   "(accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")] = None,
     force: options.Force = False,
-    trials: Annotated[int, typer.Option(help="Optuna trials (tpe / nsga2 engines)")] = 400,
+    trials: Annotated[int, typer.Option(metavar="N", help="Optuna trials (tpe / nsga2 engines)")] = 400,
     seed: options.Seed = 0,
     probe: Annotated[int, typer.Option(metavar="K", help="measure the top K plans on this GPU (short real runs); the "
                                                          "fastest measured is what --out writes")] = 0,
     probe_timeout: Annotated[float, typer.Option(help="seconds per measured probe", callback=_seconds,
                                                  metavar="SECONDS")] = 900.0,
-    tokens: Annotated[float | None, typer.Option(help="tokens to train on (e.g. 2e9): the winner's training time")] = None,
-    price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour, "
+    tokens: Annotated[float | None, typer.Option(
+        metavar="N", help="tokens to train on (e.g. 2e9): the winner's training time")] = None,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(metavar="USD", help="price of one GPU-hour, "
                                                                   "for the training cost (with --tokens)")] = None,
     as_json: options.Json = False,
 ) -> None:
@@ -352,8 +353,9 @@ def tune(
     target: dict,
     techniques: dict,
     space: dict,
-    trials: Annotated[int, typer.Option(help="probes to spend, over the whole study (a resumed tune continues the count; 0 "
-                                             "reports an existing study's best and writes its files, probing nothing)")] = 20,
+    trials: Annotated[int, typer.Option(
+        metavar="N", help="probes to spend, over the whole study (a resumed tune continues the count; 0 "
+                          "reports an existing study's best and writes its files, probing nothing)")] = 20,
     timeout: Annotated[float | None, typer.Option(help="seconds for this run (the study resumes later)",
                                                   callback=_seconds, metavar="SECONDS")] = None,
     fidelity: Annotated[str, typer.Option(help="auto (measured with a GPU, else traced) "

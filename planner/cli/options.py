@@ -17,48 +17,51 @@ from planner.core.numerics import NumericsPolicy, ladder_phrase
 from planner.cost.overheads import DEFAULT_MARGIN
 from planner.strategies import BY_FIELD, LADDER, SETTINGS, TECHNIQUES
 
-Model = Annotated[str, typer.Option("--model", help="HF id from the catalog or local HF cache, or a config.json / model folder")]
-Gpus = Annotated[str, typer.Option("--gpus", help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, 2x./gpu.yaml")]
-Margin = Annotated[float, typer.Option("--margin", metavar="FRACTION",
+Model = Annotated[str, typer.Option("--model", metavar="ID",
+                                    help="HF id from the catalog or local HF cache, or a config.json / model folder")]
+Gpus = Annotated[str, typer.Option("--gpus", metavar="SPEC",
+                                   help="[NODES x] [GPUS x] GPU, e.g. 1xA100-40, 8xH100-80, 4x8xH100-80, 2x./gpu.yaml")]
+Margin = Annotated[float, typer.Option("--margin", metavar="FRAC",
                                        help="GPU memory kept free for the model's error (0: none)")]
 Numerics = Annotated[NumericsPolicy, typer.Option(
     "--numerics", metavar="POLICY", show_choices=False,
     help=f"ladder: exact plans, else the least approximation ({ladder_phrase(LADDER, short=True)}); exact: exact only; "
          "any: the fastest")]
-HostMemory = Annotated[float | None, typer.Option("--host-memory-gb", help="host RAM per node, GB "
+HostMemory = Annotated[float | None, typer.Option("--host-memory-gb", metavar="GB", help="host RAM per node, GB "
                                                                            "(default: 2x the node's GPU memory, >= 64)")]
-InterNode = Annotated[float | None, typer.Option("--inter-node-gbps", help="network bandwidth per node, Gbit/s "
+InterNode = Annotated[float | None, typer.Option("--inter-node-gbps", metavar="GBPS", help="network bandwidth per node, Gbit/s "
                                                                            "(default: 200 per GPU)")]
 PageMigration = Annotated[float | None, typer.Option(
-    "--page-migration-gb-s", help="paged optimizer state's migration rate over the host link, GB/s "
-                                  "(default: assumed, shown where a plan's speed rests on it)")]
+    "--page-migration-gb-s", metavar="GB/S", help="paged optimizer state's migration rate, GB/s "
+                                  "(default: measured beside the GPU, else assumed)")]
 CpuOptimizer = Annotated[float | None, typer.Option(
-    "--cpu-optimizer-gparams-s", help="parameters a CPU optimizer (offload) updates per second per node, "
-                                      "billions (default: assumed 1, shown where a plan's speed rests on it)")]
+    "--cpu-optimizer-gparams-s", metavar="RATE", help="CPU optimizer (offload) speed, billion parameters a second per node "
+                                      "(default: measured beside the GPU, else 1)")]
 Calibration = Annotated[str | None, typer.Option(
-    "--calibration", envvar=CALIBRATION_ENV, show_envvar=True,
+    "--calibration", metavar="PATH", envvar=CALIBRATION_ENV, show_envvar=True,
     help="the calibration store whose measured corrections apply (planner calibrate), or 'off' "
          "(default: calibration.sqlite in ~/.cache/planner)")]
-SeqLen = Annotated[int | None, typer.Option("--seq-len", help="tokens per sequence "
+SeqLen = Annotated[int | None, typer.Option("--seq-len", metavar="N", help="tokens per sequence "
                                                               "(default: 2048, or the model's position limit if shorter)")]
-MicroBatch = Annotated[int, typer.Option("--micro-batch-size", "--mbs", help="sequences per GPU per micro-batch")]
+MicroBatch = Annotated[int, typer.Option("--micro-batch-size", "--mbs", metavar="N", help="sequences per GPU per micro-batch")]
 MicroBatches = Annotated[list[int] | None, typer.Option(
-    "--micro-batch-size", "--mbs",
+    "--micro-batch-size", "--mbs", metavar="N",
     help="allow only these (repeatable); default: every divisor of the per-GPU share of the global batch")]
-GradAccum = Annotated[int, typer.Option("--grad-accum", help="gradient accumulation steps")]
+GradAccum = Annotated[int, typer.Option("--grad-accum", metavar="N", help="gradient accumulation steps")]
 GlobalBatch = Annotated[int | None, typer.Option(
-    "--global-batch-size", help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k holding "
-                                ">= 131,072 tokens: 64 x 2048)")]
+    "--global-batch-size", metavar="N",
+    help="sequences per optimizer step over all GPUs (default: the smallest GPUs x 2^k holding >= 131,072 tokens: "
+         "64 x 2048)")]
 LauncherOption = Annotated[Launcher, typer.Option(
     "--launcher", metavar="WHO", show_choices=False,
     help="planner (python -m planner.launch: every plan) or trainer (your own Trainer script: plans the "
          "standard files say alone)")]
 ExactOptimizer = Annotated[bool, typer.Option("--exact-optimizer", help="exclude quantized (8-bit) optimizer states")]
 Json = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
-Out = Annotated[Path | None, typer.Option("--out", help="write the plan's launch files here "
+Out = Annotated[Path | None, typer.Option("--out", metavar="DIR", help="write the plan's launch files here "
                                                         "(accelerate, DeepSpeed, Trainer, launch.sh, PLAN.md)")]
 Force = Annotated[bool, typer.Option("--force", help="overwrite files already in --out")]
-Seed = Annotated[int, typer.Option("--seed", help="Optuna sampler seed")]
+Seed = Annotated[int, typer.Option("--seed", metavar="N", help="Optuna sampler seed")]
 
 
 def calibration_store(value: str | None) -> Path | None:
@@ -90,8 +93,9 @@ def _option(name: str, annotation, default=None) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-ModelFromFiles = Annotated[str | None, typer.Option("--model", help="HF id from the catalog or local HF cache, or a "
-                                                      "config.json / model folder (default: the model the recipe names)")]
+ModelFromFiles = Annotated[str | None, typer.Option(
+    "--model", metavar="ID",
+    help="HF id from the catalog or local HF cache, or a config.json / model folder (default: the model the recipe names)")]
 
 
 def with_target(command, model_from_files: bool = False):
@@ -139,13 +143,16 @@ def with_techniques(kind: str):
     kind (None: the default, or for check what the files say)."""
 
     def option(s):
-        if kind == "many":
-            searched = f"; searched unless given: {', '.join(map(str, s.searched))}" if s.searched else ""
+        if kind == "many":  # short: the values; what each means is in docs/reference.md and estimate --help
+            values = [str(v) for v in s.enum]
+            searched = [str(v) for v in s.searched] if s.searched else values
+            unless = f"; searched unless given: {', '.join(searched)}" if searched != values else ""
             enum = _with_any(s.enum) if s.any_choice else s.enum
-            anyword = "; any: every choice" if s.any_choice else ""
+            anyword = ", any" if s.any_choice else ""
             return Annotated[list[enum] | None,
                              typer.Option(s.flag, metavar="VALUE", show_choices=False,
-                                          help=f"{s.help}; allow only these (repeatable){searched}{anyword}")]
+                                          help=f"{s.help.split(':')[0]}, only these (repeatable): "
+                                               f"{', '.join(values)}{anyword}{unless}")]
         fallback = "from the files" if kind == "optional" else (
             f"default: {s.default}" if s.default_for is None else f"default: {(s.default_for.__doc__ or '').strip(' .')}")
         return Annotated[s.enum | None, typer.Option(s.flag, metavar="VALUE", show_choices=False,
