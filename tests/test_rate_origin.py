@@ -133,3 +133,22 @@ def test_offload_rows_fit_the_cpu_rate_and_leave_the_flops_fit_alone():
     assert c.report["time_rows_bf16"] == 3 and c.report["cpu_rows"] == {"deepspeed": 1, "fsdp": 1}
     for engine, rate in truth.items():
         assert c.cpu_optimizer_params_per_s[engine] == pytest.approx(rate, rel=0.03)
+
+
+def test_the_assumptions_name_the_measurement_each_rate_came_from(run8_store, tmp_path):
+    """With run 8's corrections the DeepSpeed rate is the calibration's; with a store fitted on no
+    offload plan (the first H100 run) it stays the catalog's, and the line says which."""
+    from planner.engine.calibrate import calibrate
+    from planner.schema.calibrate import CalibrateRequest
+
+    offload = {"model": "meta-llama/Llama-3.2-1B", "gpus": "1xH100-80", "micro_batch_size": 2, "seq_len": 2048,
+               "sharding": "zero1", "offload": "optimizer"}
+    calibrate(CalibrateRequest(store=run8_store))
+    line = next(a for a in plan_for(calibration=run8_store, **offload).assumptions if a.startswith("CPU optimizer"))
+    assert line.startswith("CPU optimizer 2.5B params/s/node (measured in deepspeed beside this GPU, calibrated;"), line
+    first = tmp_path / "first.sqlite"
+    shutil.copy(RUNS / "2026-11-26" / "calibration-H100-SXM-80.sqlite", first)
+    first.chmod(0o644)
+    calibrate(CalibrateRequest(store=first))
+    line = next(a for a in plan_for(calibration=first, **offload).assumptions if a.startswith("CPU optimizer"))
+    assert "beside this GPU, docs/measured.md;" in line, line

@@ -30,6 +30,8 @@ from planner.core.errors import PlannerInputError
 from planner.core.specs import Calibration, GpuSpec, HostRateSpec
 
 ENV = "PLANNER_CALIBRATION"
+#: How a rate's source starts when a calibration store's corrections supplied it.
+CALIBRATED = "calibration store"
 OFF = ("off", "none", "0", "")
 #: Software whose version changes memory or speed: part of every measurement's key.
 SOFTWARE = ("torch", "cuda", "transformers", "accelerate", "deepspeed", "bitsandbytes", "torchao")
@@ -247,7 +249,7 @@ def apply(spec: GpuSpec, c: Corrections | None) -> GpuSpec:
 def _host_rates(catalog: HostRateSpec | None, c: Corrections) -> HostRateSpec | None:
     """The catalog's measured host rates with the calibration's in their place where it has them:
     the CPU step's rate fitted inside each engine, the paged state's round trip measured beside."""
-    where = f"calibration store, fitted {c.fitted_at}"
+    where = f"{CALIBRATED}, fitted {c.fitted_at}"
     cpu = dict(catalog.cpu_optimizer_params_per_s) if catalog else {}
     sources = dict(catalog.sources) if catalog else {}
     page = catalog.page_migration_bytes_per_s if catalog else None

@@ -1,6 +1,7 @@
 """What an answer assumed, in one list of short phrases: each says where its value came from
 (a flag, or planner's default and why), so no default decides a plan unseen."""
 
+from planner.catalog.calibration import CALIBRATED
 from planner.core.specs import HardwareSpec
 from planner.core.timing import ASSUMED_RATE_TERMS
 from planner.core.units import GB
@@ -42,20 +43,21 @@ def rate_assumptions(hardware: HardwareSpec, terms: dict[str, float], engine: st
         origin = rate_origin(hardware, "paged_migration", engine)[0]
         out.append(f"page migration {page_migration_rate(hardware) / GB:,.1f} GB/s " + {
             FLAG: "(--page-migration-gb-s)",
-            MEASURED: f"(measured beside this GPU{_where(hardware)}; --page-migration-gb-s)",
+            MEASURED: f"(measured beside this GPU{_where(hardware, 'paged_migration', engine)}; --page-migration-gb-s)",
             ASSUMED: f"(assumed: {PAGE_MIGRATION_LINK_FRACTION:.0%} of the host link; --page-migration-gb-s)"}[origin])
     if terms.get("cpu_optimizer_step"):
         origin = rate_origin(hardware, "cpu_optimizer_step", engine)[0]
         out.append(f"CPU optimizer {cpu_optimizer_rate(hardware, engine) / 1e9:,.2g}B params/s/node " + {
             FLAG: "(--cpu-optimizer-gparams-s)",
-            MEASURED: f"(measured in {engine} beside this GPU{_where(hardware)}; --cpu-optimizer-gparams-s)",
+            MEASURED: f"(measured in {engine} beside this GPU{_where(hardware, 'cpu_optimizer_step', engine)}; "
+                      "--cpu-optimizer-gparams-s)",
             ASSUMED: "(assumed; --cpu-optimizer-gparams-s)"}[origin])
     return out
 
 
-def _where(hardware: HardwareSpec) -> str:
+def _where(hardware: HardwareSpec, term: str, engine: str) -> str:
     """Which measurement: a calibration store's, or the catalog's (its GPU file names the run)."""
-    return ", calibrated" if hardware.gpu.calibration is not None else ", docs/measured.md"
+    return ", calibrated" if rate_origin(hardware, term, engine)[1].startswith(CALIBRATED) else ", docs/measured.md"
 
 
 def rate_warning(terms: dict[str, float], step_seconds: float, band: float, assumed: tuple[str, ...]) -> str | None:
