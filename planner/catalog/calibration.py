@@ -90,7 +90,8 @@ class HostRates(BaseModel):
     gpu: str  # catalog id of the GPU beside it
     device_name: str = ""
     cpus: int | None = None  # os.cpu_count() of the host
-    cpu_optimizer_params_per_s: dict[str, float] = {}  # engine (deepspeed, torch) -> parameters a second
+    cpu_optimizer_params_per_s: dict[str, float] = {}  # the bare optimizer (deepspeed, torch) -> parameters a
+    # second, for reference: the rate a plan uses is fitted inside its engine (Corrections)
     page_migration_bytes_per_s: float | None = Field(None, gt=0)  # paged state's round trip, bytes a second
     pinned_link_bytes_per_s: float | None = Field(None, gt=0)  # pinned copy, the slower direction
     created: str = ""

@@ -279,6 +279,10 @@ class _Group:
         rate instead (their step is mostly the CPU's)."""
         return bool(self.rows[i].median_step_seconds) and not self.before[i].cpu_optimizer_seconds
 
+    def host_stepped(self, i: int) -> bool:
+        """A timed row whose optimizer steps on the host: it fits the CPU step's rate."""
+        return bool(self.rows[i].median_step_seconds) and self.before[i].cpu_optimizer_seconds > 0
+
     def fit(self, subset: Sequence[int]) -> tuple[Corrections, int]:
         """Corrections fitted on the rows in ``subset`` (no report), and how many rows were clamped."""
         rows = [self.rows[i] for i in subset]
@@ -303,7 +307,7 @@ class _Group:
         gpu = scaled(self.gpu, scales)
         by_engine: dict[str, list[float]] = {}
         for i in subset:
-            if self.before[i].cpu_optimizer_seconds and self.rows[i].median_step_seconds:
+            if self.host_stepped(i):
                 p = predict(self.rows[i], gpu)
                 rate = solve_cpu_optimizer_rate(self.rows[i], p)
                 if rate is not None:
@@ -362,8 +366,7 @@ def fit_gpu(gpu_id: str, rows: Sequence[Measurement]) -> Corrections:
     }
     for dtype in DTYPE_ORDER:
         report[f"time_rows_{dtype}"] = sum(group.dtypes[i] == dtype and group.timed(i) for i in everything)
-    report["cpu_rows"] = dict(Counter(group.before[i].engine for i in everything
-                                      if group.before[i].cpu_optimizer_seconds and rows[i].median_step_seconds))
+    report["cpu_rows"] = dict(Counter(group.before[i].engine for i in everything if group.host_stepped(i)))
     runs = {"before": [relative_errors(m, p, None) for m, p in zip(rows, group.before, strict=False)],
             "after": [relative_errors(m, predict(m, after), fitted.context_bytes) for m in rows],
             "loo": []}
