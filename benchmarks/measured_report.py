@@ -41,7 +41,9 @@ def now_comparison(record: dict):
     then = record["comparison"]
     m = MeasureResult.model_validate(then["measurement"])
     case = record["case"]
-    plan = estimate(EstimateRequest(model=case["model"], gpus=record["gpus"], **case["config"]))
+    # runs before the gradient_sync setting measured FSDP accumulation reducing once per step
+    config = {"gradient_sync": "step"} | case["config"]
+    plan = estimate(EstimateRequest(model=case["model"], gpus=record["gpus"], **config))
     device = DeviceInfo(available=True, name=then["device"], total_bytes=m.device_total_bytes or 0)
     return plan, compare(plan, case["model"], device, then["device_gpu"], None, then["extrapolated_from"],
                          plan.hardware.num_gpus > 1, m, None)

@@ -13,8 +13,9 @@ DeepSpeed build it (planner/emit/files.py writes those files):
   re-implementation of its allocations (probes/chunked_loss.py; same memory, not Liger's speed);
 - ZeRO: ``deepspeed.initialize`` with the emitted DeepSpeed JSON, its ``"auto"`` values filled as
   the Trainer fills them;
-- a step: ``grad_accum`` micro-batches (FSDP2 skips the gradient reduction on all but the last,
-  as accelerate's ``accumulate`` does), gradient clipping at 1.0 (the Trainer's
+- a step: ``grad_accum`` micro-batches (FSDP2 under ``gradient_sync`` step skips the gradient
+  reduction on all but the last, as accelerate's ``no_sync`` does; micro-batch reduces every one,
+  as ``sync_each_batch``), gradient clipping at 1.0 (the Trainer's
   ``max_grad_norm``), the optimizer step, gradients set to None.
 """
 
@@ -85,7 +86,7 @@ def build_run(req, device: torch.device) -> Run:
 
     def step(mark: Callable[[str], None]) -> None:
         for micro in range(c.grad_accum):
-            if fsdp and c.grad_accum > 1:
+            if fsdp and c.grad_accum > 1 and c.gradient_sync == "step":
                 model.set_requires_gradient_sync(micro == c.grad_accum - 1)
             mark("forward")
             with forward_autocast:

@@ -7,7 +7,9 @@ root wrapped, reshard_after_forward=True for each unit, the root included, excep
 - a layer's reduce-scatter input (reduce dtype) is held (``reduce_scatter_state``) until the next
   reduce-scatter; the unsharded gradients are copied in and freed before the sharded output;
 - the root unit is resharded after forward and gathered again when backward starts; its gradients
-  (the head's from the loss on, the embeddings' last) are reduce-scattered when its backward ends.
+  (the head's from the loss on, the embeddings' last) are reduce-scattered when its backward ends;
+- accumulating, every trained parameter's unsharded gradient in the reduce dtype, from the first
+  micro-batch's backward to the last one's reduce-scatter (PlanContext.fsdp_defers_reduction).
 Every figure is checked against FSDP2 traced under a fake process group (tests/test_traced.py,
 benchmarks/traced_matrix.py).
 """
@@ -59,6 +61,12 @@ def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
         elements = gathered_layers(ctx, instant) * layer + (root if instant == Instant.FIRST_LAYER_GATHER else 0)
         ledger.add("gathered_parameters", f"FSDP at {instant}: {what}", elements, g, phases=FWD, moment=str(instant),
                    note=note)
+    if ctx.fsdp_defers_reduction:
+        ledger.add(
+            "gradients", "unsharded gradients accumulated until the last micro-batch", lay.trainable_parameters,
+            lay.reduce_bytes, phases=FWD | BWD,
+            note="gradient sync off between accumulation boundaries (accelerate no_sync)",
+        )
     ledger.add(
         "gathered_parameters", "FSDP root unit (backward)", root, g, phases=BWD,
         note="gathered again when backward starts; the layers' gathers are in the layer moments",

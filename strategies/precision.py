@@ -179,12 +179,15 @@ def cache_only_casts(ctx: PlanContext) -> int:
 
 def grads_in_forward(ctx: PlanContext) -> frozenset[Phase]:
     """Gradients exist from the first backward on; with accumulation they persist across
-    micro-batches, so they are resident in the forward phase too. DeepSpeed ZeRO-3 allocates its
+    micro-batches, so they are resident in the forward phase too, except under FSDP reducing once
+    per step (``gradient_sync`` step), whose sharded gradients come from the last micro-batch's
+    reduce-scatter (the unsharded ones it accumulates until then are strategies/fsdp_memory.py's
+    row). DeepSpeed ZeRO-3 allocates its
     flat gradient-partition buffer when the engine is built (deepspeed/runtime/zero/stage3.py
     ``grad_partitions_flat_buffer``, 0.19.8), so its gradients are resident in every phase:
     measured on an H100, ZeRO-3's forward and backward peaks sat 2.31 GiB above ZeRO-2's, its
     bf16 gradient partition (Llama-3.2-1B, one rank; benchmarks/results/H100-SXM-80/2026-11-26)."""
-    if ctx.config.grad_accum > 1 or ctx.config.sharding == "zero3":
+    if (ctx.config.grad_accum > 1 and not ctx.fsdp_defers_reduction) or ctx.config.sharding == "zero3":
         return ALL_PHASES
     return frozenset({Phase.BACKWARD_END, Phase.STEP})
 

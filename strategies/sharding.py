@@ -40,6 +40,7 @@ from planner.core.vocabulary import Setting
 from planner.cost import adapters, comms, overheads, params
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.fsdp_memory import fsdp_rows, gathered_model_elements
+from planner.strategies.precision import grads_in_forward
 
 
 class Sharding(StrEnum):
@@ -54,6 +55,13 @@ class Sharding(StrEnum):
 
 
 ALL_MODEL_STATES = ("weights", "master_weights", "optimizer_states", "gradients")
+
+
+class GradientSync(StrEnum):
+    """When FSDP reduces the gradients of an accumulating step (the ``gradient_sync`` setting)."""
+
+    MICRO_BATCH = "micro-batch"  # after every micro-batch: sharded gradients accumulate (sync_each_batch)
+    STEP = "step"  # on the last micro-batch only: unsharded gradients accumulate until then (accelerate's default)
 
 
 @dataclass(frozen=True)
@@ -190,8 +198,13 @@ def _reduction_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> Non
     reduction stream; once the step frees them (gradients set to None) their blocks stay reserved
     in that stream's pool while the next forward and backward allocate activations on the default
     stream. Bytes per GPU: the trained parameters' shard, in the forward phase (from the backward
-    on the gradients are allocated in those very blocks, and their rows count them). With
-    accumulation the gradients live across micro-batches, so nothing is freed in between: no row.
+    on the gradients are allocated in those very blocks, and their rows count them). Where
+    DeepSpeed's gradients are resident in the forward phase (accumulating over micro-batches,
+    ZeRO-3) the pool's blocks are theirs: no row. FSDP accumulating keeps both rows: reducing once
+    per step it frees its sharded gradients at every step as without accumulation (as one rank of
+    8 with 2 micro-batches reserved less allocated was 2.27 GiB, as without: run 9); reducing every
+    micro-batch, each micro-batch's new shard is written on that stream, added into the
+    accumulated one and freed (inferred, not measured).
 
     Measured on an H100 (Llama-3.2-1B, 2 x 2048, one rank; benchmarks/results/H100-SXM-80/2026-11-26):
     reserved less allocated peak was 5.74 GiB under FSDP2 and 5.39 GiB under ZeRO-2 against 1.0-1.4
@@ -203,11 +216,11 @@ def _reduction_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> Non
     unit's reduce-scatter input in the reduce dtype (the root: tied embeddings, 0.98 GiB in fp32),
     which a rank of one does not copy out (its 5.74 GiB hold no such block). With the optimizer
     offloaded the pools hold other tensors: ``_offload_stream_pool``."""
-    lay, s, c = ctx.layout, ctx.config.sharding, ctx.config
+    lay, c = ctx.layout, ctx.config
     if c.offload != "none" and lay.trainable_parameters:
         _offload_stream_pool(ctx, ledger, n)
         return
-    if c.offload != "none" or s == Sharding.ZERO3 or c.grad_accum > 1 or not lay.trainable_parameters:
+    if not lay.trainable_parameters:
         return
     shard = -(-lay.trainable_parameters // n)
     if ctx.engine == Engine.FSDP:
@@ -216,7 +229,7 @@ def _reduction_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> Non
         if n > 1:  # one rank of several: the unit's input is copied into its own buffer first
             ledger.add("allocator_reserve", "reduce-scatter stream's pool: the largest unit's input", max(
                 lay.root_trained, lay.layer_trained), lay.reduce_bytes, phases=FWD, note="measured as one rank of 8")
-    elif ctx.engine == Engine.DEEPSPEED:
+    elif ctx.engine == Engine.DEEPSPEED and Phase.FORWARD not in grads_in_forward(ctx):
         ledger.add("allocator_reserve", "reduction stream's pool: the gradient partition", shard, 4,
                    phases=FWD, note="freed blocks stay in that stream's pool (caching allocator)")
 
@@ -234,14 +247,15 @@ def _offload_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> None:
     gradient there to the host's fp32 partition); under FSDP2's CPUOffloadPolicy 2.14 GiB, 1.48
     beyond the base, modelled as the host shards FSDP copies in and the gradients it copies out
     on its side streams: the root unit's and two layers' elements in the host weights' dtype
-    (1.43 GiB). One plan each: the mechanism is inferred from the sizes. ZeRO-3 with offload was
-    not measured and gets no row: its gradients leave for the host bucket by bucket, and a GPU
-    that never holds the whole 16-bit parameters cannot pool their whole gradient partition."""
+    (1.43 GiB). ZeRO-3 with offload_optimizer (run 9): reserved less allocated 3.41 GiB, 2.66
+    beyond the base, modelled as ZeRO-1's row. One plan each: the mechanism is inferred from the
+    sizes. With the parameters offloaded too the GPU never holds its 16-bit partition, whose
+    gradients it could not pool either: no row (not measured)."""
     lay = ctx.layout
-    if ctx.engine == Engine.DEEPSPEED and ctx.config.sharding != Sharding.ZERO3:
+    if ctx.engine == Engine.DEEPSPEED and "weights" not in lay.host_terms:
         shard = -(-lay.trainable_parameters // n)
         ledger.add("allocator_reserve", "reduction stream's pool: the 16-bit gradient partition (offload)", shard,
-                   lay.grad_bytes, phases=FWD | BWD, note="measured under ZeRO-1 offload (H100)")
+                   lay.grad_bytes, phases=FWD | BWD, note="measured under ZeRO-1 and ZeRO-3 offload (H100)")
     elif ctx.engine == Engine.FSDP:
         units = params.root_parameters(ctx.model) + 2 * lay.layer_gathered
         ledger.add("allocator_reserve", "FSDP side streams' pools: the root's and two layers' host shards (offload)",
@@ -353,12 +367,19 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     gather = _seconds(comms.all_gather_bytes(gathered * g, ranks), group, layers + 1)
     reduce = _seconds(comms.all_gather_bytes(trained * reduce_bytes, ranks), group, layers + 1)
     draft.overlapped("communication", "FSDP parameter all-gather (forward)", gather, Window.FORWARD, True)
-    backward = reduce if s == Sharding.FSDP_GRAD_OP else gather + reduce
-    draft.overlapped("communication", "FSDP all-gather + reduce-scatter (backward)", backward, Window.BACKWARD, True)
+    each = not ctx.fsdp_defers_reduction  # accumulating, the gradients are reduced on the last micro-batch only
+    if each:
+        backward = reduce if s == Sharding.FSDP_GRAD_OP else gather + reduce
+        draft.overlapped("communication", "FSDP all-gather + reduce-scatter (backward)", backward, Window.BACKWARD, True)
+    else:
+        if s != Sharding.FSDP_GRAD_OP:
+            draft.overlapped("communication", "FSDP parameter all-gather (backward)", gather, Window.BACKWARD, True)
+        draft.overlapped("communication", "FSDP gradient reduce-scatter (last micro-batch)", reduce, Window.BACKWARD,
+                         False, note="gradient sync off until the accumulation boundary")
     if s == Sharding.FSDP_HYBRID:
         across = comms.all_reduce_bytes(trained / ranks * reduce_bytes, hw.nodes)
         draft.overlapped("communication", "HSDP gradient all-reduce across nodes", _seconds(across, world, layers + 1),
-                         Window.BACKWARD, True)
+                         Window.BACKWARD, each)
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
@@ -395,6 +416,10 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         args["deepspeed"] = "deepspeed_config.json"
     else:
         _emit_fsdp(ctx, files)
+        # the Trainer's key for accelerate's GradientAccumulationPlugin (what check reads back;
+        # without accumulation it changes nothing)
+        sync = ctx.config.gradient_sync == GradientSync.MICRO_BATCH
+        args["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": sync}}
 
 
 #: FSDP1's ShardingStrategy for each FSDP mode (HYBRID_SHARD: shard within a node, replicate across).
@@ -464,10 +489,30 @@ def _read(job: JobFiles, r: Reading) -> None:
     for fsdp in job.fsdp:
         r.set("sharding", _fsdp_sharding(fsdp), fsdp.where, REFINES)
         r.set("fsdp_version", fsdp.version, fsdp.version_source)
+    if job.fsdp:
+        _read_gradient_sync(job, r)
     if job.deepspeed_where:
         zero = r.section(job.deepspeed, "zero_optimization", job.deepspeed_where)
         if "stage" in zero:
             _stage(zero["stage"], f"{job.deepspeed_where}: zero_optimization.stage", r)
+
+
+def _read_gradient_sync(job: JobFiles, r: Reading) -> None:
+    """An FSDP job's gradient sync: the Trainer's ``accelerator_config.gradient_accumulation_kwargs.
+    sync_each_batch``; absent, or with no Trainer file, accelerate's default (once per step)."""
+    where = job.training_args_where or "training arguments"
+    config = job.training_args.get("accelerator_config")
+    if isinstance(config, str):
+        r.warnings.append(f"{where}: accelerator_config names a file, which is not read: gradient sync taken as "
+                          "accelerate's default (once per step)")
+        config = None
+    kwargs = r.section(r.section({"a": config}, "a", where), "gradient_accumulation_kwargs", f"{where}: accelerator_config")
+    sync = r.typed(kwargs, "sync_each_batch", (bool,), f"{where}: accelerator_config.gradient_accumulation_kwargs")
+    if sync is None:
+        r.set("gradient_sync", GradientSync.STEP, "no sync_each_batch in the files: accelerate's default, once per step")
+    else:
+        r.set("gradient_sync", GradientSync.MICRO_BATCH if sync else GradientSync.STEP,
+              f"{where}: accelerator_config.gradient_accumulation_kwargs.sync_each_batch {str(sync).lower()}")
 
 
 def _stage(stage, where: str, r: Reading) -> None:
@@ -498,7 +543,9 @@ DEEPER = {Sharding.DDP: (Sharding.ZERO2, Sharding.ZERO3, Sharding.FSDP), Shardin
 
 
 def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
-    out = [(f"sharding {c.sharding} -> {s}", {"sharding": s}) for s in DEEPER.get(c.sharding, ())]
+    out: list[tuple[str, dict]] = [(f"sharding {c.sharding} -> {s}", {"sharding": s}) for s in DEEPER.get(c.sharding, ())]
+    if c.sharding in FSDP and c.grad_accum > 1 and c.gradient_sync == GradientSync.STEP:
+        out.append(("gradient sync step -> micro-batch (sync_each_batch)", {"gradient_sync": GradientSync.MICRO_BATCH}))
     if hardware.num_gpus == 1 and c.sharding == Sharding.NONE:
         out.append(("sharding none -> zero3 (DeepSpeed on one GPU)", {"sharding": Sharding.ZERO3}))
     return out
@@ -510,7 +557,10 @@ def _default(hardware: HardwareSpec) -> Sharding:
 
 
 SETTINGS = (Setting("fsdp_version", int, 2, "FSDP under fsdp*: 2 (fully_shard) or 1 (flat parameters, which "
-                    "bitsandbytes' 8-bit and paged optimizers can step)", ge=1, le=2),)
+                    "bitsandbytes' 8-bit and paged optimizers can step)", ge=1, le=2),
+            Setting("gradient_sync", GradientSync, GradientSync.MICRO_BATCH,
+                    "FSDP with accumulation: reduce gradients every micro-batch (sharded ones accumulate) or once "
+                    "per step (every rank holds the unsharded ones: accelerate's default): micro-batch, step"))
 
 
 def describe(get) -> str:

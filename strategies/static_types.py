@@ -15,7 +15,7 @@ from planner.strategies.loss import Loss
 from planner.strategies.offload import Offload
 from planner.strategies.optimizer import Optimizer
 from planner.strategies.precision import Precision
-from planner.strategies.sharding import Sharding
+from planner.strategies.sharding import GradientSync, Sharding
 
 
 class TrainingConfig(ConfigBase):
@@ -28,6 +28,7 @@ class TrainingConfig(ConfigBase):
     attention: Attention = Attention.SDPA
     adapter: Adapter = Adapter.NONE
     fsdp_version: int = 2
+    gradient_sync: GradientSync = GradientSync.MICRO_BATCH
     lora_rank: int = 16
     lora_targets: LoraTargets = LoraTargets.ALL_LINEAR
     lora_alpha: int = 32
@@ -47,6 +48,7 @@ class TechniqueChoices(BaseModel):
     attention: Attention | None = None
     adapter: Adapter | None = None
     fsdp_version: int | None = None
+    gradient_sync: GradientSync | None = None
     lora_rank: int | None = None
     lora_targets: LoraTargets | None = None
     lora_alpha: int | None = None
@@ -63,6 +65,7 @@ class TechniqueLists(BaseModel):
     attention: list[Attention] = Field(default_factory=list)
     adapter: list[Adapter] = Field(default_factory=list)
     fsdp_version: int | None = None
+    gradient_sync: GradientSync | None = None
     lora_rank: int | None = None
     lora_targets: LoraTargets | None = None
     lora_alpha: int | None = None

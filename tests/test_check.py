@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from planner.catalog.models import resolve_model
 from planner.check import CheckRequest, check
 from planner.cli import app
+from planner.core.errors import PlannerInputError
 from planner.emit import emit
 from planner.engine.estimate import estimate_config
 from planner.engine.suggest import suggest
@@ -442,3 +443,29 @@ def test_trl_loss_type_refusals(tmp_path):
         path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "loss_type": other}))
         assert check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0)).estimate.config.loss \
             == "standard"
+
+
+def test_an_fsdp_job_accumulating_reads_when_its_gradients_are_reduced(tmp_path):
+    """The Trainer enters accelerate's no_sync between accumulation boundaries unless
+    accelerator_config.gradient_accumulation_kwargs.sync_each_batch is true: without it every rank
+    holds every trained parameter's unsharded fp32 gradient (4 B x 8.03B for Llama-3.1-8B), and
+    reducing every micro-batch is the exact change that saves it."""
+    acc = write(tmp_path / "a.yaml", {"distributed_type": "FSDP", "num_processes": 8, "mixed_precision": "bf16",
+                                      "fsdp_config": {"fsdp_version": 2}})
+    base = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "bf16": True}
+    verdicts = {}
+    for name, extra in (("default", {}), ("each", {"accelerator_config": {
+            "gradient_accumulation_kwargs": {"sync_each_batch": True}}})):
+        targs = write(tmp_path / f"{name}.json", base | extra)
+        verdicts[name] = check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, training_args=targs))
+    step, each = verdicts["default"].estimate, verdicts["each"].estimate
+    assert (step.config.gradient_sync, each.config.gradient_sync) == ("step", "micro-batch")
+    n = step.model.num_trainable_parameters
+    assert step.memory["peak"] - each.memory["peak"] >= 4 * n - -(-4 * n // 8)
+    assert not verdicts["default"].fits and verdicts["each"].fits
+    fixes = {c.change: c for c in verdicts["default"].changes}
+    assert fixes["gradient sync step -> micro-batch (sync_each_batch)"].fits, list(fixes)
+    bad = write(tmp_path / "bad.json", base | {"accelerator_config": {"gradient_accumulation_kwargs": {
+        "sync_each_batch": "sometimes"}}})
+    with pytest.raises(PlannerInputError, match="sync_each_batch must be true or false, not 'sometimes'"):
+        check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, training_args=bad))

@@ -34,8 +34,8 @@ def test_fits_exit_0_and_json_contract():
     assert out["hardware"]["gpu"] == "A100-SXM-40" and out["hardware"]["num_gpus"] == 1
     assert out["hardware"]["gpu_memory_bytes"] == 40 * 2**30
     assert set(out["config"]) == {"optimizer", "precision", "checkpointing", "sharding", "offload", "loss",
-                                  "attention", "adapter", "fsdp_version", "lora_rank", "lora_targets", "lora_alpha",
-                                  "lora_dropout",
+                                  "attention", "adapter", "fsdp_version", "gradient_sync", "lora_rank", "lora_targets",
+                                  "lora_alpha", "lora_dropout",
                                   "micro_batch_size", "grad_accum", "seq_len"}
     assert set(out["memory"]) == set(TERMS) | {"peak"}
     assert sum(v for k, v in out["memory"].items() if k != "peak") == out["memory"]["peak"]

@@ -45,7 +45,8 @@ ALL_CASES = [
     ("single-paged-adamw-8bit-fp16", "1xA100-80", dict(precision="fp16-mixed", optimizer="paged-adamw-8bit"), 1),
     ("ddp-adamw-8bit-selective", "2xA100-80", dict(sharding="ddp", optimizer="adamw-8bit", checkpointing="selective"), 2),
     ("fsdp-torchao-8bit-full", "2xA100-80", dict(sharding="fsdp", optimizer="adamw-8bit", checkpointing="full"), 2),
-    ("fsdp-grad-op-offload", "2xA100-80", dict(sharding="fsdp-grad-op", offload="optimizer+params"), 2),
+    ("fsdp-grad-op-offload", "2xA100-80", dict(sharding="fsdp-grad-op", offload="optimizer+params",
+                                               gradient_sync="step"), 2),
     ("zero1-sgd", "2xA100-80", dict(sharding="zero1", optimizer="sgd"), 2),
     ("zero3-full", "2xA100-80", dict(sharding="zero3", checkpointing="full"), 2),
     ("zero2-fp16-offload-optimizer", "2xA100-80", dict(sharding="zero2", precision="fp16-mixed", offload="optimizer"), 2),
@@ -150,6 +151,8 @@ def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int,
         report = json.loads(path.read_text())
         assert report["differences"] == [], (path.name, report["live"])
         assert report["plan"] == plan.config.model_dump(mode="json")
+        if fsdp and plan.config.grad_accum > 1:  # the Trainer's no_sync or sync_each_batch, as planned
+            assert report["live"]["gradient_sync"] == plan.config.gradient_sync, report["live"]
         if plan.config.adapter != "none":  # peft's trainable tensors are the ones the plan counts
             assert report["live"]["details"]["trainable_parameters"] == plan.model.num_trainable_parameters
         if plan.config.checkpointing == "selective":  # torchtitan's policy on a Llama layer: q, v, gate, down + SDPA

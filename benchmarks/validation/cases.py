@@ -108,9 +108,12 @@ TIER2 = [
         offload="optimizer"),
     _1b("1b-zero1-w1", "DeepSpeed ZeRO-1, a world of one: its hooks, given ZeRO-2's figure", ("deepspeed",),
         expected=38.0, cpu=False, tier=2, precision="bf16-mixed", sharding="zero1"),
-    Case("1b-fsdp2-rank-of-8-accum2", 2, L1B, {"micro_batch_size": 2, "seq_len": 2048, "grad_accum": 2,
-                                               "precision": "bf16-mixed", "sharding": "fsdp"}, gpus="8x{gpu}",
-         expected_seconds=16.0, cpu=False, what="FSDP2 as one rank of 8 with accumulation: its stream pools"),
+    *(Case(f"1b-fsdp2-rank-of-8-accum2{suffix}", 2, L1B, {"micro_batch_size": 2, "seq_len": 2048, "grad_accum": 2,
+                                                         "precision": "bf16-mixed", "sharding": "fsdp",
+                                                         "gradient_sync": sync}, gpus="8x{gpu}",
+           expected_seconds=16.0, cpu=False, what=f"FSDP2 as one rank of 8 with accumulation, {what}")
+      for suffix, sync, what in (("", "step", "reducing once per step: the unsharded gradients it accumulates"),
+                                 ("-sync", "micro-batch", "reducing every micro-batch: its sharded gradients"))),
     *(Case(f"qwen-0.5b-{ckpt}-{mbs}x{seq}", 2, Q05B, {"micro_batch_size": mbs, "seq_len": seq,
                                                       "precision": "bf16-mixed", "checkpointing": ckpt},
            expected_seconds=11.0, what="second family: tied embeddings, long sequences")

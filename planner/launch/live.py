@@ -231,6 +231,9 @@ def observe(trainer, session) -> dict:
     adapter = _adapter(model)
     adapter_detail = adapter.pop("details", {})
     fsdp = {"fsdp_version": shard_detail["fsdp_version"]} if "fsdp_version" in shard_detail else {}  # FSDP runs only
+    if fsdp and accum > 1:  # the Trainer reduces every micro-batch only under accelerate's sync_each_batch
+        each = trainer.accelerator.gradient_state.plugin_kwargs.get("sync_each_batch", False)
+        fsdp["gradient_sync"] = "micro-batch" if each else "step"
     live = {
         "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing, "sharding": sharding,
         "offload": offload, "loss": loss, "attention": model.config._attn_implementation,
