@@ -158,3 +158,28 @@ def test_fsdp_accumulating_once_per_step_holds_the_unsharded_fp32_gradients(run)
     each = estimate(EstimateRequest(model=case["model"], gpus=record["gpus"],
                                     **case["config"] | {"gradient_sync": "micro-batch"}))
     assert each.memory["peak"] <= plan.memory["peak"] - 4 * n + -(-4 * n // 8)
+
+
+def test_the_three_peaks_planner_reports_are_what_torch_and_the_driver_read():
+    """Every unpaged plan measured on the H100 (every run, today's model): the allocated peak
+    planner reports against torch.cuda.max_memory_allocated, the reserved one against
+    max_memory_reserved, each median |error| within 1 %; and allocated <= reserved <= device."""
+    pytest.importorskip("torch")
+    import statistics
+
+    from measured_report import now_comparison
+
+    allocated, reserved = [], []
+    for folder in sorted(p.parent for p in H100.parent.glob("*/probes.jsonl")):
+        for record in records(folder):
+            c = record["comparison"]
+            if (not c or c["status"] != "ok" or c["extrapolated_from"] or c["layers"]
+                    or record["case"]["config"].get("optimizer", "").startswith("paged")):
+                continue
+            plan, _ = now_comparison(record)
+            m = c["measurement"]
+            allocated.append(plan.allocated_peak_bytes / m["max_allocated_bytes"] - 1)
+            reserved.append(plan.reserved_peak_bytes / m["max_reserved_bytes"] - 1)
+            assert plan.allocated_peak_bytes <= plan.reserved_peak_bytes <= plan.memory["peak"], record["case"]["key"]
+    assert len(reserved) >= 40
+    assert statistics.median(abs(e) for e in allocated) < 0.01 and statistics.median(abs(e) for e in reserved) < 0.01

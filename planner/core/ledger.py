@@ -242,12 +242,14 @@ class PagedInfo(BaseModel):
 #: Ledger terms that are not tensors torch allocates: the CUDA context and NCCL's buffers, the
 #: caching allocator's reserve and the engines' stream pools (reserved, not allocated).
 NOT_ALLOCATED = ("cuda_context", "allocator_reserve")
+#: Ledger terms outside torch's caching allocator: what the driver shows beyond its reserved peak.
+NOT_RESERVED = ("cuda_context",)
 
 
-def gpu_peaks(rows) -> tuple[int, int]:
-    """(the GPU peak, torch's allocated peak before paged state) in one pass over the rows: per
-    phase the rows of no moment plus those of its largest moment (``resident``); the allocated
-    peak without the ``NOT_ALLOCATED`` terms (``allocated_peak``). The GPU peak equals
+def gpu_peaks(rows, outside: tuple[str, ...] = NOT_ALLOCATED) -> tuple[int, int]:
+    """(the GPU peak, the peak without the ``outside`` terms, before paged state) in one pass over
+    the rows: per phase the rows of no moment plus those of its largest moment (``resident``); by
+    default the second is torch's allocated peak (``allocated_peak``). The GPU peak equals
     ``LedgerDraft.peak_bytes()``, in one walk: the hot path of every evaluation."""
     base, base_allocated = dict.fromkeys(PHASES, 0), dict.fromkeys(PHASES, 0)
     moments: dict[Phase, dict[str, int]] = {p: {} for p in PHASES}
@@ -255,7 +257,7 @@ def gpu_peaks(rows) -> tuple[int, int]:
     for r in rows:
         if r.location != Location.GPU:
             continue
-        n, allocated = r.bytes, r.term not in NOT_ALLOCATED
+        n, allocated = r.bytes, r.term not in outside
         for p in r.phases:
             if r.moment:
                 moments[p][r.moment] = moments[p].get(r.moment, 0) + n
@@ -275,3 +277,12 @@ def allocated_peak(rows, paged: PagedInfo | None = None) -> int:
     lives in its own phases), less paged state placed on the GPU (CUDA managed memory, outside the
     allocator; resident in every phase)."""
     return gpu_peaks(rows)[1] - (paged.resident_bytes if paged else 0)
+
+
+def reserved_peak(rows, paged: PagedInfo | None = None) -> int:
+    """torch's reserved peak (``torch.cuda.max_memory_reserved``), bytes: the largest phase of the
+    GPU rows less the ``NOT_RESERVED`` terms (the CUDA context, the driver's reservation and NCCL's
+    buffers, which the calibration measures as the driver's figure less torch's reserved one), less
+    paged state on the GPU (managed memory, outside the allocator). The GPU peak beyond it is what
+    a monitor adds: nvidia-smi's used memory."""
+    return gpu_peaks(rows, NOT_RESERVED)[1] - (paged.resident_bytes if paged else 0)

@@ -104,6 +104,9 @@ def _memory_table(r: EstimateResult, console: Console) -> None:
     heading(console, f"Memory per GPU at the {r.peak_phase} peak ({PHASE_WORDS[r.peak_phase]})")
     console.print(_ledger(console, (("GiB", "right"), ("of GPU", "right")), rows, total))
     paragraph(console, "phases", [f"{p} {gib(b)}" for p, b in r.phase_peaks.items()])
+    paragraph(console, "the peak as each tool reads it", [
+        f"torch max_memory_allocated {gib(r.allocated_peak_bytes)}", f"max_memory_reserved {gib(r.reserved_peak_bytes)}",
+        f"device {gib(r.memory['peak'])} (nvidia-smi's memory used; the verdict's)"])
 
 
 def _time_table(r: EstimateResult, console: Console) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.catalog.gpus import parse_gpus
-from planner.core.ledger import LedgerRow, PagedInfo, Phase
+from planner.core.ledger import LedgerRow, PagedInfo, Phase, allocated_peak, reserved_peak
 from planner.core.specs import HardwareSpec
 from planner.core.timing import StepTime
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
@@ -101,6 +101,17 @@ class EstimateResult(BaseModel):
     def host_short_bytes(self) -> int:
         """Host RAM per node the plan lacks (0: it fits)."""
         return max(0, self.host_memory["peak"] - self.host_usable_bytes)
+
+    @property
+    def allocated_peak_bytes(self) -> int:
+        """The peak as ``torch.cuda.max_memory_allocated`` reads it (planner/core/ledger.py)."""
+        return allocated_peak(self.ledger, self.paged)
+
+    @property
+    def reserved_peak_bytes(self) -> int:
+        """The peak as ``torch.cuda.max_memory_reserved`` reads it (planner/core/ledger.py); the
+        verdict's peak (``memory["peak"]``) is the device's, as nvidia-smi shows it."""
+        return reserved_peak(self.ledger, self.paged)
 
     @property
     def peak_without_paged(self) -> int | None:
