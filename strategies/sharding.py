@@ -559,8 +559,8 @@ def _default(hardware: HardwareSpec) -> Sharding:
 SETTINGS = (Setting("fsdp_version", int, 2, "FSDP under fsdp*: 2 (fully_shard) or 1 (flat parameters, which "
                     "bitsandbytes' 8-bit and paged optimizers can step)", ge=1, le=2),
             Setting("gradient_sync", GradientSync, GradientSync.MICRO_BATCH,
-                    "FSDP with accumulation: reduce gradients every micro-batch (sharded ones accumulate) or once "
-                    "per step (every rank holds the unsharded ones: accelerate's default): micro-batch, step"))
+                    "FSDP accumulating: reduce every micro-batch, or once per step (accelerate's default: holds "
+                    "every unsharded gradient): micro-batch, step"))
 
 
 def describe(get) -> str:
