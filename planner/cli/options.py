@@ -17,6 +17,9 @@ from planner.core.numerics import NumericsPolicy, ladder_phrase
 from planner.cost.overheads import DEFAULT_MARGIN
 from planner.strategies import BY_FIELD, LADDER, SETTINGS, TECHNIQUES
 
+#: --help panels: each sizes its own columns, so long flag names do not narrow every help text.
+HOST_PANEL = "Host, network and calibration"
+TECHNIQUES_PANEL = "Techniques (docs/reference.md: what each value means)"
 Model = Annotated[str, typer.Option("--model", metavar="ID",
                                     help="HF id from the catalog or local HF cache, or a config.json / model folder")]
 Gpus = Annotated[str, typer.Option("--gpus", metavar="SPEC",
@@ -27,18 +30,20 @@ Numerics = Annotated[NumericsPolicy, typer.Option(
     "--numerics", metavar="POLICY", show_choices=False,
     help=f"ladder: exact plans, else the least approximation ({ladder_phrase(LADDER, short=True)}); exact: exact only; "
          "any: the fastest")]
-HostMemory = Annotated[float | None, typer.Option("--host-memory-gb", metavar="GB", help="host RAM per node, GB "
-                                                                           "(default: 2x the node's GPU memory, >= 64)")]
-InterNode = Annotated[float | None, typer.Option("--inter-node-gbps", metavar="GBPS", help="network bandwidth per node, Gbit/s "
-                                                                           "(default: 200 per GPU)")]
+HostMemory = Annotated[float | None, typer.Option(
+    "--host-memory-gb", metavar="GB", rich_help_panel=HOST_PANEL,
+    help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")]
+InterNode = Annotated[float | None, typer.Option(
+    "--inter-node-gbps", metavar="GBPS", rich_help_panel=HOST_PANEL,
+    help="network bandwidth per node, Gbit/s (default: 200 per GPU)")]
 PageMigration = Annotated[float | None, typer.Option(
-    "--page-migration-gb-s", metavar="GB/S", help="paged optimizer state's migration rate, GB/s "
-                                  "(default: measured beside the GPU, else assumed)")]
+    "--page-migration-gb-s", metavar="GB/S", rich_help_panel=HOST_PANEL,
+    help="paged optimizer state's migration rate, GB/s (default: measured beside the GPU, else assumed)")]
 CpuOptimizer = Annotated[float | None, typer.Option(
-    "--cpu-optimizer-gparams-s", metavar="RATE", help="CPU optimizer (offload) speed, billion parameters a second per node "
-                                      "(default: measured beside the GPU, else 1)")]
+    "--cpu-optimizer-gparams-s", metavar="RATE", rich_help_panel=HOST_PANEL,
+    help="CPU optimizer (offload) speed, billion parameters a second per node (default: measured beside the GPU, else 1)")]
 Calibration = Annotated[str | None, typer.Option(
-    "--calibration", metavar="PATH", envvar=CALIBRATION_ENV, show_envvar=True,
+    "--calibration", metavar="PATH", rich_help_panel=HOST_PANEL, envvar=CALIBRATION_ENV, show_envvar=True,
     help="the calibration store whose measured corrections apply (planner calibrate), or 'off' "
          "(default: calibration.sqlite in ~/.cache/planner)")]
 SeqLen = Annotated[int | None, typer.Option("--seq-len", metavar="N", help="tokens per sequence "
@@ -146,22 +151,22 @@ def with_techniques(kind: str):
         if kind == "many":  # short: the values; what each means is in docs/reference.md and estimate --help
             values = [str(v) for v in s.enum]
             searched = [str(v) for v in s.searched] if s.searched else values
-            unless = f"; searched unless given: {', '.join(searched)}" if searched != values else ""
+            named = [v for v in values if v not in searched]
+            unless = f" ({', '.join(named)}: only when named)" if named else ""
             enum = _with_any(s.enum) if s.any_choice else s.enum
             anyword = ", any" if s.any_choice else ""
             return Annotated[list[enum] | None,
-                             typer.Option(s.flag, metavar="VALUE", show_choices=False,
-                                          help=f"{s.help.split(':')[0]}, only these (repeatable): "
-                                               f"{', '.join(values)}{anyword}{unless}")]
+                             typer.Option(s.flag, metavar="VALUE", show_choices=False, rich_help_panel=TECHNIQUES_PANEL,
+                                          help=f"only these, repeatable: {', '.join(values)}{anyword}{unless}")]
         fallback = "from the files" if kind == "optional" else (
             f"default: {s.default}" if s.default_for is None else f"default: {(s.default_for.__doc__ or '').strip(' .')}")
         return Annotated[s.enum | None, typer.Option(s.flag, metavar="VALUE", show_choices=False,
-                                                     help=f"{s.help} ({fallback})")]
+                                                     rich_help_panel=TECHNIQUES_PANEL, help=f"{s.help} ({fallback})")]
 
     def setting(x):
         fallback = "from the files" if kind == "optional" else f"default: {x.default}"
         return Annotated[x.type | None, typer.Option(x.flag, metavar="VALUE", show_choices=False,
-                                                     help=f"{x.help} ({fallback})")]
+                                                     rich_help_panel=TECHNIQUES_PANEL, help=f"{x.help} ({fallback})")]
 
     def collect(values: dict) -> dict:
         if kind != "many":
