@@ -80,6 +80,10 @@ FRAMEWORK_DEFAULTS = (
     (("fsdp_qlora",), {"precision": "bf16-pure", "optimizer": "adamw",
                        "lora": {"rank": 64, "alpha": 16, "targets": "all-linear"}},
      "fsdp_qlora train.py's argument defaults (precision bf16: parameters, gradients and states in bf16)"),
+    (("llama-factory",), {"optimizer": "adamw", "checkpointing": "full"},
+     "LLaMA-Factory's defaults (the Trainer's adamw_torch; gradient checkpointing unless disabled)"),
+    (("sfttrainer",), {"optimizer": "adamw"}, "the Trainer's default optim (adamw_torch)"),
+    (("ms-swift",), {"optimizer": "adamw"}, "the Trainer's default optim (adamw_torch), which ms-swift keeps"),
 )
 
 
@@ -121,7 +125,7 @@ def request(case: dict) -> Mapped:
     """The case in planner's vocabulary (EstimateRequest fields)."""
     out = Mapped()
     for words, defaults, source in FRAMEWORK_DEFAULTS:
-        if all(w in str(case.get("framework") or "") for w in words):
+        if all(w in str(case.get("framework") or "").lower() for w in words):
             filled = [k for k in defaults if not case.get(k) or (isinstance(defaults[k], dict) and not any(
                 (case.get(k) or {}).values()))]
             case = case | {k: defaults[k] for k in filled}
