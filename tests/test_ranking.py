@@ -153,3 +153,43 @@ def test_the_default_margin_covers_the_worst_measured_under_prediction_and_says_
     assert r.usable_bytes < r.memory["peak"] <= r.hardware.gpu_memory_bytes and not r.fits
     assert "only the margin" in r.reasons[0]
     assert estimate(EstimateRequest(**args, margin=0)).fits
+
+
+@pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.2-3B", "1xA100-40"),
+                                         ("meta-llama/Llama-3.1-8B", "1xRTX4090-24"), ("Qwen/Qwen2.5-0.5B", "1xT4-16")])
+def test_ties_go_to_room(model, gpus):
+    """A listed plan leaves at least HEADROOM of the usable GPU memory free unless no smaller
+    micro-batch of its techniques that does is within the tie band of its speed; and the winner
+    is not a plan without room when a tied one has it. Llama-3.2-3B on 1xA100-40: ZeRO-1 with the
+    optimizer on the host at 36.6 GiB of 38.6 ties FSDP full offload at 28.4 GiB (+2.6 % tokens/s),
+    which wins."""
+    from planner.catalog.gpus import parse_gpus
+    from planner.catalog.models import resolve_model
+    from planner.engine.estimate import estimate_config
+    from planner.engine.ranking import HEADROOM
+
+    r = suggest(SuggestRequest(model=model, gpus=gpus))
+    assert r.plans
+
+    def thin(p) -> bool:
+        return p.peak_without_paged is None and p.headroom_bytes < HEADROOM * p.usable_bytes
+
+    spec, model_spec = parse_gpus(gpus), resolve_model(model)
+    for p in r.plans:
+        if not thin(p):
+            continue
+        c, per_gpu = p.config, p.config.micro_batch_size * p.config.grad_accum
+        for mbs in range(1, c.micro_batch_size):
+            if per_gpu % mbs:
+                continue
+            other = estimate_config(model_spec, spec, c.model_copy(update={"micro_batch_size": mbs,
+                                                                           "grad_accum": per_gpu // mbs}))
+            assert not (other.fits and not thin(other)
+                        and other.time.tokens_per_second >= p.time.tokens_per_second * (1 - TIE_BAND)), (c, mbs)
+    winner = r.plans[0]
+    tied_with_room = [p for p in r.plans if not thin(p)
+                      and p.time.tokens_per_second >= winner.time.tokens_per_second * (1 - TIE_BAND)]
+    assert not thin(winner) or not tied_with_room, (model, gpus)
+    if model == "meta-llama/Llama-3.2-3B":
+        assert not thin(winner) and any(thin(p) and p.time.tokens_per_second >= winner.time.tokens_per_second
+                                        * (1 - 2 * TIE_BAND) for p in r.plans)

@@ -10,7 +10,16 @@
    micro-batch of a combination says the same and the sized search stays exact), then the
    simpler plan (``strategies.complexity``: bf16 over fp16, no offload, no sharding where replicas
    fit, fewer techniques), then by speed, then by lower peak.
-3. **Distinct alternatives.** Each family (optimizer, precision with bf16/fp16-mixed as one,
+3. **Headroom.** Ties go to room: a listed plan that leaves less than ``HEADROOM`` of the usable
+   GPU memory free gives way to a smaller micro-batch of the same techniques (the global batch
+   kept by more accumulation) that leaves at least that much and stays within ``TIE_BAND`` of
+   its speed (planner/engine/suggest.py ``_roomier``); then the listed plans are ordered again
+   with such a thin plan after every tied plan that has room (``Candidate.thin``, the tie-break
+   after ``rests``). The model's error against published runs (docs/world.md) is larger than the
+   safety margin, and a tie is no reason to take that risk. The search itself ranks without it
+   (its records hold each combination's largest micro-batch that fits), so both engines'
+   answers stay the same; the suggest step applies it to what they list.
+4. **Distinct alternatives.** Each family (optimizer, precision with bf16/fp16-mixed as one,
    checkpointing, sharding engine, offload) is represented by its best plan; near-copies (another loss, micro-batch, or FSDP
    reshard setting of the same family) are not listed twice.
 
@@ -30,6 +39,8 @@ from planner.strategies.precision import SIXTEEN_BIT_MIXED
 from planner.strategies.sharding import engine_of
 
 TIE_BAND = 0.05
+#: The free share of usable GPU memory below which a tied plan with more room is preferred.
+HEADROOM = 0.10
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,7 @@ class Candidate:
     tokens_per_second: float
     peak: int
     rests: float = 0.0  # the fraction of its step at rates planner assumes
+    thin: bool = False  # leaves less than HEADROOM of the usable GPU memory free (set after the search)
 
     @property
     def numerics(self) -> tuple[float, ...]:
@@ -59,11 +71,12 @@ def family(c) -> tuple:
 
 
 def pick(cands: list[Candidate], band: float = TIE_BAND) -> Candidate:
-    """The plan to offer first among ``cands``: of those within ``band`` of the fastest, the
-    simplest, then the fastest, then the lowest peak."""
+    """The plan to offer first among ``cands``: of those within ``band`` of the fastest, one whose
+    speed rests on no assumed rate, then one with room (not ``thin``), the simplest, then the
+    fastest, then the lowest peak."""
     fastest = max(c.tokens_per_second for c in cands)
     ties = [c for c in cands if c.tokens_per_second >= fastest * (1 - band)]
-    return min(ties, key=lambda c: (c.rests > 0, complexity(c.config), -c.tokens_per_second, c.peak))
+    return min(ties, key=lambda c: (c.rests > 0, c.thin, complexity(c.config), -c.tokens_per_second, c.peak))
 
 
 def order(cands: list[Candidate], band: float = TIE_BAND, limit: int | None = None) -> list[Candidate]:

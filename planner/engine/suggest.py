@@ -17,7 +17,7 @@ from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.exact_host import exact_host_option, exact_only
 from planner.engine.forked import Forked
 from planner.engine.nothing_fits import Fixes, Verdict, explain, hardware_fixes
-from planner.engine.ranking import Ranking, distinct, rank, searched
+from planner.engine.ranking import HEADROOM, TIE_BAND, Candidate, Ranking, distinct, order, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, settings_of
 from planner.schema.estimate import EstimateResult
@@ -67,7 +67,7 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
              seq_given: bool, beside: Forked) -> SuggestResult:
     outcome = _search(request, model, hardware, space)
     ranking = _rank(request, outcome)
-    plans = [_result(request, model, hardware, outcome, c.item) for c in ranking.plans]
+    plans = _with_room(request, model, hardware, space, outcome, ranking)
     trade_offs = [_trade_off(_result(request, model, hardware, outcome, c.item), plans[0]) for c in ranking.trade_offs]
     nearest, hw_suggestions, verdict = [], [], None
     if not plans and ranking.least:  # --numerics exact, and only approximations fit
@@ -198,6 +198,41 @@ def _training(request: SuggestRequest, plan: EstimateResult, tokens: float) -> T
 
 def _rank(request: SuggestRequest, outcome: SearchOutcome) -> Ranking:
     return rank(searched(outcome), request.numerics, request.top)
+
+
+def _with_room(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,
+               outcome: SearchOutcome, ranking: Ranking) -> list[EstimateResult]:
+    """The listed plans, each given room where a tie allows (``_roomier``), ordered again with the
+    thin ones after every tied plan with room (planner/engine/ranking.py, 3)."""
+    listed = []
+    for c in ranking.plans:
+        plan = _roomier(request, model, hardware, space, _result(request, model, hardware, outcome, c.item))
+        thin = plan.peak_without_paged is None and plan.headroom_bytes < HEADROOM * plan.usable_bytes
+        listed.append(Candidate(plan, plan.config, plan.time.tokens_per_second, plan.memory["peak"], c.rests, thin))
+    return [c.item for c in order(listed)]
+
+
+def _roomier(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,
+             plan: EstimateResult) -> EstimateResult:
+    """Ties go to headroom (planner/engine/ranking.py): ``plan``, or, when it leaves less than
+    ``HEADROOM`` of the usable GPU memory free, the fastest smaller micro-batch of its techniques
+    (the same sequences per step) that leaves at least that much and stays within ``TIE_BAND``
+    of its speed. A paged plan fills the GPU by design and keeps its micro-batch."""
+    c, usable = plan.config, plan.usable_bytes
+    if plan.peak_without_paged is not None or plan.headroom_bytes >= HEADROOM * usable:
+        return plan
+    per_gpu = c.micro_batch_size * c.grad_accum
+    best = plan
+    for mbs in space.micro_batch_sizes:
+        if mbs >= c.micro_batch_size or per_gpu % mbs:
+            continue
+        config = c.model_copy(update={"micro_batch_size": mbs, "grad_accum": per_gpu // mbs})
+        other = result_of(evaluate(model, hardware, config, request.margin), request.margin)
+        if (other.fits and other.headroom_bytes >= HEADROOM * usable
+                and other.time.tokens_per_second >= plan.time.tokens_per_second * (1 - TIE_BAND)
+                and (best is plan or other.time.tokens_per_second > best.time.tokens_per_second)):
+            best = other
+    return best
 
 
 def _trade_off(plan: EstimateResult, winner: EstimateResult | None) -> TradeOff:
