@@ -506,7 +506,10 @@ def _read_gradient_sync(job: JobFiles, r: Reading) -> None:
         r.warnings.append(f"{where}: accelerator_config names a file, which is not read: gradient sync taken as "
                           "accelerate's default (once per step)")
         config = None
-    kwargs = r.section(r.section({"a": config}, "a", where), "gradient_accumulation_kwargs", f"{where}: accelerator_config")
+    elif config is not None and not isinstance(config, dict):
+        r.problems.append(f"{where}: accelerator_config must be a mapping or a file name, not {config!r}"[:300])
+        config = None
+    kwargs = r.section(config or {}, "gradient_accumulation_kwargs", f"{where}: accelerator_config")
     sync = r.typed(kwargs, "sync_each_batch", (bool,), f"{where}: accelerator_config.gradient_accumulation_kwargs")
     if sync is None:
         r.set("gradient_sync", GradientSync.STEP, "no sync_each_batch in the files: accelerate's default, once per step")

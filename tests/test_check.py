@@ -469,3 +469,6 @@ def test_an_fsdp_job_accumulating_reads_when_its_gradients_are_reduced(tmp_path)
         "sync_each_batch": "sometimes"}}})
     with pytest.raises(PlannerInputError, match="sync_each_batch must be true or false, not 'sometimes'"):
         check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, training_args=bad))
+    listed = write(tmp_path / "listed.json", base | {"accelerator_config": [1]})
+    with pytest.raises(PlannerInputError, match="accelerator_config must be a mapping or a file name, not \\[1\\]"):
+        check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, training_args=listed))

@@ -207,9 +207,14 @@ def _with_room(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec
     listed = []
     for c in ranking.plans:
         plan = _roomier(request, model, hardware, space, _result(request, model, hardware, outcome, c.item))
-        thin = plan.peak_without_paged is None and plan.headroom_bytes < HEADROOM * plan.usable_bytes
-        listed.append(Candidate(plan, plan.config, plan.time.tokens_per_second, plan.memory["peak"], c.rests, thin))
+        listed.append(Candidate(plan, plan.config, plan.time.tokens_per_second, plan.memory["peak"], c.rests, _thin(plan)))
     return [c.item for c in order(listed)]
+
+
+def _thin(plan: EstimateResult) -> bool:
+    """Whether ``plan`` leaves less than ``HEADROOM`` of the usable GPU memory free (a paged plan
+    fills the GPU by design: never thin)."""
+    return plan.peak_without_paged is None and plan.headroom_bytes < HEADROOM * plan.usable_bytes
 
 
 def _roomier(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,
@@ -218,9 +223,9 @@ def _roomier(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
     ``HEADROOM`` of the usable GPU memory free, the fastest smaller micro-batch of its techniques
     (the same sequences per step) that leaves at least that much and stays within ``TIE_BAND``
     of its speed. A paged plan fills the GPU by design and keeps its micro-batch."""
-    c, usable = plan.config, plan.usable_bytes
-    if plan.peak_without_paged is not None or plan.headroom_bytes >= HEADROOM * usable:
+    if not _thin(plan):
         return plan
+    c = plan.config
     per_gpu = c.micro_batch_size * c.grad_accum
     best = plan
     for mbs in space.micro_batch_sizes:
@@ -228,7 +233,7 @@ def _roomier(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
             continue
         config = c.model_copy(update={"micro_batch_size": mbs, "grad_accum": per_gpu // mbs})
         other = result_of(evaluate(model, hardware, config, request.margin), request.margin)
-        if (other.fits and other.headroom_bytes >= HEADROOM * usable
+        if (other.fits and not _thin(other)
                 and other.time.tokens_per_second >= plan.time.tokens_per_second * (1 - TIE_BAND)
                 and (best is plan or other.time.tokens_per_second > best.time.tokens_per_second)):
             best = other
