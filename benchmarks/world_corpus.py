@@ -14,10 +14,9 @@ less memory (or more speed) than was published.
 
 Which peak: a figure read by nvidia-smi (or of unknown origin) is held against the device-used peak
 planner's verdicts use; ``torch.cuda.max_memory_reserved`` against the reserved peak;
-``max_memory_allocated`` against the allocated peak (planner/core/ledger.py). Units: MiB and GiB as
-binary; "GB" as the source writes it is read as GiB where the source's own code or tool reports
-binary units (nvidia-smi's MiB, torch's /2**30), else as 10^9 bytes: the case's ``unit_as_stated``
-and caveat decide, and the table shows the unit used.
+``max_memory_allocated`` against the allocated peak (planner/core/ledger.py). Units: GiB
+(``published_bytes``); a "GB" of unknown base is read as GiB, the reading that does not flatter
+planner.
 """
 
 import argparse
@@ -241,16 +240,15 @@ def request(case: dict) -> Mapped:
     return out
 
 
-def published_bytes(case: dict) -> tuple[int, str]:
-    """The published peak in bytes, and the unit it was read in."""
-    value = float(case.get("peak_gib") if case.get("peak_gib") is not None else case.get("value"))
-    unit = str(case.get("unit_as_stated") or "GiB")
-    binary = unit in ("GiB", "MiB") or case.get("reading") in ("nvidia-smi",) or "2**30" in str(case.get("caveat", ""))
-    if unit == "MiB":
-        return int(value * 2**20), "MiB"
-    if unit == "MB":
-        return int(value * 1e6 if not binary else value * 2**20), unit
-    return int(value * (2**30 if binary else 1e9)), "GiB" if binary else "GB"
+def published_bytes(case: dict) -> int:
+    """The published peak in bytes. ``peak_gib`` is GiB where the collector converted the stated
+    figure (raw bytes, or decimal GB the source's own code computes: ``peak_as_stated`` differs);
+    else it is the figure as stated: MiB and GiB binary, and "GB" or "G" of unknown base read as
+    GiB too, the reading that does not flatter planner (a larger published peak)."""
+    value = float(case["peak_gib"])
+    if str(case.get("unit_as_stated")) == "MiB" and str(case.get("peak_as_stated")) == str(case.get("peak_gib")):
+        return int(value * 2**20)
+    return int(value * 2**30)
 
 
 def predicted_bytes(plan, reading: str | None) -> int:
@@ -330,12 +328,9 @@ def peak_rows(cases: list[dict]) -> list[Row]:
         except Exception as e:  # noqa: BLE001 (planner's own refusal: shown as the case's result)
             rows.append(Row(case["id"], _config_words(m.fields), "", "", None, f"refused by planner: {str(e)[:120]}"))
             continue
-        pub, unit = published_bytes(case)
-        pred = predicted_bytes(plan, case.get("reading"))
-        scale = 2**30 if unit in ("GiB", "MiB") else 1e9
-        word = "GiB" if scale == 2**30 else "GB"
-        rows.append(Row(case["id"], _config_words(m.fields), f"{pub / scale:.1f} {word} ({case.get('reading') or 'unknown'})",
-                        f"{pred / scale:.1f}", pred / pub - 1, notes))
+        pub, pred = published_bytes(case), predicted_bytes(plan, case.get("reading"))
+        rows.append(Row(case["id"], _config_words(m.fields), f"{pub / 2**30:.1f} GiB ({case.get('reading') or 'unknown'})",
+                        f"{pred / 2**30:.1f}", pred / pub - 1, notes))
     return rows
 
 
