@@ -13,7 +13,6 @@ same raw measurement (probes/measured_command.py ``compare``), so a change to th
 here as before and after.
 """
 
-import argparse
 import json
 import statistics
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from validation.cases import Case  # noqa: E402
+from validation.page import page_command  # noqa: E402
 from validation.report import memory_status, relative_error, time_status  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,16 +176,7 @@ def _gib(x) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)}")
-    args = ap.parse_args()
-    text = page()
-    if args.write:
-        PAGE.write_text(text)
-        print(f"wrote {PAGE.relative_to(ROOT)}")
-    else:
-        print(text, end="")
-    return 0
+    return page_command(__doc__ or "", page, PAGE, ROOT)
 
 
 if __name__ == "__main__":

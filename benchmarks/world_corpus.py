@@ -19,7 +19,6 @@ planner's verdicts use; ``torch.cuda.max_memory_reserved`` against the reserved 
 planner.
 """
 
-import argparse
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -28,6 +27,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from validation.page import page_command  # noqa: E402
+
 WORLD = ROOT / "benchmarks" / "world"
 PAGE = ROOT / "docs" / "world.md"
 
@@ -428,16 +431,7 @@ def page() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)}")
-    args = ap.parse_args()
-    text = page()
-    if args.write:
-        PAGE.write_text(text)
-        print(f"wrote {PAGE.relative_to(ROOT)}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return page_command(__doc__ or "", page, PAGE, ROOT)
 
 
 if __name__ == "__main__":

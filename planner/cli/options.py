@@ -30,18 +30,19 @@ Numerics = Annotated[NumericsPolicy, typer.Option(
     "--numerics", metavar="POLICY", show_choices=False,
     help=f"ladder: exact plans, else the least approximation ({ladder_phrase(LADDER, short=True)}); exact: exact only; "
          "any: the fastest")]
-HostMemory = Annotated[float | None, typer.Option(
-    "--host-memory-gb", metavar="GB", rich_help_panel=HOST_PANEL,
-    help="host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")]
-InterNode = Annotated[float | None, typer.Option(
-    "--inter-node-gbps", metavar="GBPS", rich_help_panel=HOST_PANEL,
-    help="network bandwidth per node, Gbit/s (default: 200 per GPU)")]
-PageMigration = Annotated[float | None, typer.Option(
-    "--page-migration-gb-s", metavar="GB/S", rich_help_panel=HOST_PANEL,
-    help="paged optimizer state's migration rate, GB/s (default: measured beside the GPU, else assumed)")]
-CpuOptimizer = Annotated[float | None, typer.Option(
-    "--cpu-optimizer-gparams-s", metavar="RATE", rich_help_panel=HOST_PANEL,
-    help="CPU optimizer (offload) speed, billion parameters a second per node (default: measured beside the GPU, else 1)")]
+
+
+def _host_rate(flag: str, metavar: str, words: str):
+    """An optional number of the host, network or measured-rate panel (``words``: its help)."""
+    return Annotated[float | None, typer.Option(flag, metavar=metavar, rich_help_panel=HOST_PANEL, help=words)]
+
+
+HostMemory = _host_rate("--host-memory-gb", "GB", "host RAM per node, GB (default: 2x the node's GPU memory, >= 64)")
+InterNode = _host_rate("--inter-node-gbps", "GBPS", "network bandwidth per node, Gbit/s (default: 200 per GPU)")
+PageMigration = _host_rate("--page-migration-gb-s", "GB/S",
+                           "paged optimizer state's migration rate, GB/s (default: measured beside the GPU, else assumed)")
+CpuOptimizer = _host_rate("--cpu-optimizer-gparams-s", "RATE", "CPU optimizer (offload) speed, billion parameters a second "
+                          "per node (default: measured beside the GPU, else 1)")
 Calibration = Annotated[str | None, typer.Option(
     "--calibration", metavar="PATH", rich_help_panel=HOST_PANEL, envvar=CALIBRATION_ENV, show_envvar=True,
     help="the calibration store whose measured corrections apply (planner calibrate), or 'off' "
