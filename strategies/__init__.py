@@ -110,8 +110,9 @@ def complexity(config) -> int:
 def reserve_extra(config) -> float:
     """The caching allocator's reserve the plan's techniques add beyond the base fraction, as a
     fraction of the allocated peak: the largest of its choices' ``reserve`` (not their sum: on an
-    H100, QLoRA with full checkpointing reserved 11.1 % of its allocated peak, checkpointing alone
-    12.4 %, QLoRA alone 9.1 %; benchmarks/results/H100-SXM-80/2026-11-26/probes.csv)."""
+    H100, beyond the base and the loss's logits hole, QLoRA with full checkpointing reserved 3.1 %
+    of its allocated peak (8B), full checkpointing alone 0.6-9.5 %, QLoRA alone 2.4 % (1B);
+    docs/measured.md)."""
     return max((s.reserve.get(getattr(config, s.field), 0.0) for s in TECHNIQUES), default=0.0)
 
 

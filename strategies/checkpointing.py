@@ -43,16 +43,19 @@ class Checkpointing(StrEnum):
 
 
 #: Every checkpointing value. Recompute in backward adds complexity, and it interleaves short-lived
-#: activations with the gradients: reserved - allocated peak was 12.4 % (full) and 10.0 %
-#: (selective) of the allocated peak on an H100, against 3.5-5.4 % without (Llama-3.2-1B, 2 x
-#: 2048, expandable segments; benchmarks/results/H100-SXM-80/2026-11-26). Selective is the
-#: runtime's (its per-op policy is no file's key).
+#: activations with the gradients. Reserved less allocated peak, less the loss's logits hole and
+#: the base reserve, as a fraction of the allocated peak on an H100 (expandable segments;
+#: docs/measured.md): full 7.6 % (Llama-3.2-1B), 9.5 % and 4.3 % (Qwen2.5-0.5B, 4 x 1024 and
+#: 2 x 4096), 0.6-0.8 % (Llama-3.1-8B, bf16-pure 8-bit states); selective 5.5 % (Llama-3.2-1B).
+#: Full's 7.5 % covers all but Qwen's 4 x 1024 by 2 %: safe for the small models whose reserve is
+#: a large share, wide for 8B (open: what scales it). Selective is the runtime's (its per-op
+#: policy is no file's key).
 CHOICES: dict[Checkpointing, Choice] = {
     Checkpointing.NONE: Choice("every layer keeps its saved activations"),
     Checkpointing.SELECTIVE: Choice("torchtitan's per-op policy: saves attention and every other matmul output",
-                                    complexity=1, reserve=0.05, runtime_only=True),
+                                    complexity=1, reserve=0.055, runtime_only=True),
     Checkpointing.FULL: Choice("each layer keeps its input and recomputes the rest in backward", complexity=1,
-                               reserve=0.07),
+                               reserve=0.075),
 }
 
 

@@ -155,6 +155,26 @@ def loss_saved_bytes(ctx: PlanContext) -> int:
     return (activations.FP32 + softcap) * m.vocab_size * tokens
 
 
+def logits_hole_bytes_per_token(ctx: PlanContext) -> int:
+    """Bytes per token the caching allocator keeps reserved, unallocated, after the standard loss:
+    the head's logits in the compute dtype (V x c), freed once the loss has upcast them to fp32.
+
+    The fp32 copies (upcast, log-softmax) are allocated above the 16-bit block while it is alive,
+    so its freed block is a hole the later, differently sized tensors of the step do not fill:
+    torch's reserved peak stays one 16-bit logits block above its allocated peak. Unit: bytes per
+    token. Assumption: transformers' loss path (``logits.float()`` before cross-entropy, as
+    ``ForCausalLMLoss`` does) under expandable segments; none for the chunked loss (no full
+    logits) or fp32 compute (the upcast is the same tensor). Source: H100 measurements
+    (docs/measured.md), reserved less allocated peak with no checkpointing and no adapter:
+    1.03-1.06 GiB over seven Llama-3.2-1B plans (V=128,256, 4,096 tokens: V x 2 B x T = 0.98 GiB)
+    and 1.20 / 2.40 GiB for Qwen2.5-0.5B (V=151,936; 4,096 / 8,192 tokens: 1.16 / 2.32 GiB),
+    whatever the allocated peak (19.5-32.6 GiB); 0.01 GiB under Liger's chunked loss."""
+    c = ctx.layout.dtypes.compute
+    if ctx.config.loss != Loss.STANDARD or c >= activations.FP32:
+        return 0
+    return ctx.model.vocab_size * c
+
+
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     m, fwd = ctx.model, frozenset({Phase.FORWARD})
     if ctx.layout.resharding:
@@ -171,6 +191,10 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     end, end_label = embedding_backward_bytes(ctx)
     ledger.add("activations", end_label, end, 1, phases=frozenset({Phase.BACKWARD_END}),
                note="the larger of the embeddings' backward moments")
+    hole = logits_hole_bytes_per_token(ctx)
+    if hole:
+        ledger.add("allocator_reserve", "the 16-bit logits' hole: freed under their fp32 upcast", hole,
+                   ctx.config.tokens_per_micro_batch, note="reserved, never reused at the peak (measured)")
     moment, label, held, in_forward = loss_moment_bytes(ctx)
     ledger.add("logits", label, moment - held, 1, phases=fwd,
                note=f"the largest of the loss's moments (V={m.vocab_size:,})", moment=LOSS_MOMENT)

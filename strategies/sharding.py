@@ -211,11 +211,13 @@ def _reduction_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> Non
     GiB for the same plans without an engine; the fp32 gradient shard is 4.60 GiB, ZeRO-2's is
     counted at fp32 too (its 16-bit partition, 2.30 GiB, alone falls short of what was measured).
     ZeRO-3 (its partition is built with the engine, on the default stream) reserved no more than
-    plain plans. As one rank of 8 (FSDP2, a fake process group; runs 2, 6 and 7) reserved less
-    allocated was 2.27 GiB: the shards (0.58 GiB), the base 5 % (0.75) and 0.95 more, the largest
-    unit's reduce-scatter input in the reduce dtype (the root: tied embeddings, 0.98 GiB in fp32),
-    which a rank of one does not copy out (its 5.74 GiB hold no such block). With the optimizer
-    offloaded the pools hold other tensors: ``_offload_stream_pool``."""
+    plain plans. The rank of one's 5.74 GiB are its shard and the loss's logits hole (0.98 GiB,
+    strategies/loss.py) to 0.03 GiB. As one rank of 8 (FSDP2, a fake process group; runs 2, 6 and
+    7) reserved less allocated was 2.27 GiB: the shards (0.58 GiB), the logits hole (0.98), the
+    base reserve (0.08) and 0.64 more, modelled as the largest unit's reduce-scatter input in the
+    reduce dtype (the root: tied embeddings, 0.98 GiB in fp32: 0.34 GiB on the safe side), which a
+    rank of one does not copy out. With the optimizer offloaded the pools hold other tensors:
+    ``_offload_stream_pool``."""
     lay, c = ctx.layout, ctx.config
     if c.offload != "none" and lay.trainable_parameters:
         _offload_stream_pool(ctx, ledger, n)
@@ -242,14 +244,15 @@ def _offload_stream_pool(ctx: PlanContext, ledger: LedgerDraft, n: int) -> None:
 
     Measured on an H100 (Llama-3.2-1B, 2 x 2048, one rank; benchmarks/results/H100-SXM-80/
     2026-11-26-run7 and -run8, identical twice): reserved less allocated peak 3.03 GiB under
-    DeepSpeed ZeRO-1 with offload_optimizer, 2.26 GiB beyond the base 5 %, which is the 16-bit
-    gradient partition (2.30 GiB; DeepSpeed reduces on its reduction stream and copies each
-    gradient there to the host's fp32 partition); under FSDP2's CPUOffloadPolicy 2.14 GiB, 1.48
-    beyond the base, modelled as the host shards FSDP copies in and the gradients it copies out
-    on its side streams: the root unit's and two layers' elements in the host weights' dtype
-    (1.43 GiB). ZeRO-3 with offload_optimizer (run 9): reserved less allocated 3.41 GiB, 2.66
-    beyond the base, modelled as ZeRO-1's row. One plan each: the mechanism is inferred from the
-    sizes. With the parameters offloaded too the GPU never holds its 16-bit partition, whose
+    DeepSpeed ZeRO-1 with offload_optimizer, 1.95 GiB beyond the loss's logits hole (0.98 GiB,
+    strategies/loss.py) and the base reserve, modelled as the 16-bit gradient partition (2.30 GiB;
+    DeepSpeed reduces on its reduction stream and copies each gradient there to the host's fp32
+    partition); under FSDP2's CPUOffloadPolicy 2.14 GiB, 1.08 beyond the hole and the base,
+    modelled as the host shards FSDP copies in and the gradients it copies out on its side
+    streams: the root unit's and two layers' elements in the host weights' dtype (1.43 GiB).
+    ZeRO-3 with offload_optimizer (run 9): reserved less allocated 3.41 GiB, 2.35 beyond the hole
+    and the base, modelled as ZeRO-1's row. One plan each: the mechanism is inferred from the
+    sizes, within 0.35 GiB and on the safe side. With the parameters offloaded too the GPU never holds its 16-bit partition, whose
     gradients it could not pool either: no row (not measured)."""
     lay = ctx.layout
     if ctx.engine == Engine.DEEPSPEED and "weights" not in lay.host_terms:

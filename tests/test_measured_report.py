@@ -122,14 +122,16 @@ def test_the_offload_runs_peaks_fit_what_planner_predicts_with_its_margin(run):
 
 @pytest.mark.parametrize("run", ["2026-11-26-run2", "2026-11-26-run6", "2026-11-26-run7"])
 def test_one_rank_of_eight_holds_its_reduce_scatter_pool(run):
-    """FSDP2 as one rank of 8 reserved 2.27 GiB beyond its allocated peak: the shards, the base
-    reserve and the largest unit's reduce-scatter input (-5.6 % before planner modelled it)."""
+    """FSDP2 as one rank of 8 reserved 2.27 GiB beyond its allocated peak: the shards, the loss's
+    logits hole, the base reserve and the largest unit's reduce-scatter input (-5.6 % before planner
+    modelled the input). Within 2 %, never under: the input (the root's, 0.98 GiB in fp32) is
+    modelled whole where the run held 0.64 GiB beyond the other terms."""
     pytest.importorskip("torch")
     from measured_report import now_comparison
 
     [record] = [r for r in records(H100.parent / run) if r["case"]["key"] == "1b-fsdp2-rank-of-8"]
     _, c = now_comparison(record)
-    assert c.status == "ok" and abs(c.memory_error) < 0.01, c.memory_error
+    assert c.status == "ok" and 0 <= c.memory_error < 0.02, c.memory_error
 
 
 @pytest.mark.parametrize("run", ["2026-11-26-run9", "2026-11-26-run10"])
@@ -137,7 +139,8 @@ def test_fsdp_accumulating_once_per_step_holds_the_unsharded_fp32_gradients(run)
     """FSDP2 as one rank of 8 with 2 micro-batches and gradient sync off until the last one (what
     accelerate's no_sync does): its allocated peak sat 4.943 GB above the same plan without
     accumulation, every parameter's gradient in fp32 (-20.9 % allocated before planner modelled
-    it). Now within 1 % on both peaks; and the same case reducing every micro-batch is predicted
+    it). Now within 1 % allocated and 2 % on the driver's peak, never under (the reduce-scatter
+    input's pool, above); and the same case reducing every micro-batch is predicted
     to need less than the measured once-per-step run by at least the unsharded gradients' size
     less the shards it keeps."""
     pytest.importorskip("torch")
@@ -146,7 +149,7 @@ def test_fsdp_accumulating_once_per_step_holds_the_unsharded_fp32_gradients(run)
     [record] = [r for r in records(H100.parent / run) if r["case"]["key"] == "1b-fsdp2-rank-of-8-accum2"]
     plan, c = now_comparison(record)
     allocated_error = c.predicted_allocated_bytes / c.measured_allocated_bytes - 1
-    assert c.status == "ok" and abs(c.memory_error) < 0.01 and abs(allocated_error) < 0.01, (
+    assert c.status == "ok" and 0 <= c.memory_error < 0.02 and abs(allocated_error) < 0.01, (
         c.memory_error, allocated_error)
     n = plan.model.num_trainable_parameters
     unsharded = [r for r in plan.ledger if r.label.startswith("unsharded gradients accumulated")]

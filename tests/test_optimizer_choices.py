@@ -110,7 +110,7 @@ def test_the_ladder_takes_4bit_states_only_when_8bit_does_not_fit():
     ask = dict(model="meta-llama/Llama-3.2-1B", gpus="1xA10G-24", sharding=["none"], offload=["none"],
                optimizer=["adamw", "adamw-8bit", "adamw-4bit"], precision=["bf16-mixed"])
     assert suggest(SuggestRequest(**ask, seq_len=8192)).plans[0].config.optimizer == "adamw-8bit"
-    long = suggest(SuggestRequest(**ask, seq_len=20480))
+    long = suggest(SuggestRequest(**ask, seq_len=26624))
     assert long.plans[0].config.optimizer == "adamw-4bit"
     assert not any(p.config.optimizer == "adamw-8bit" for p in long.plans)
     from planner.strategies import approximation_words

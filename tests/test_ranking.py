@@ -147,7 +147,7 @@ def test_the_default_margin_covers_the_worst_measured_under_prediction_and_says_
     worst = float(re.search(r"^Worst step peak: (-?\d+\.\d+)%", table, re.M).group(1)) / 100
     assert worst < 0 and (1 - DEFAULT_MARGIN) * (1 - worst) <= 1
     args = dict(model=LLAMA8, gpus="1xA100-80", optimizer="adamw-8bit", precision="bf16-pure", micro_batch_size=2,
-                seq_len=2944)
+                seq_len=3072)
     r = estimate(EstimateRequest(**args))
     assert r.usable_bytes == int(r.hardware.gpu_memory_bytes * (1 - DEFAULT_MARGIN))
     assert r.usable_bytes < r.memory["peak"] <= r.hardware.gpu_memory_bytes and not r.fits

@@ -67,7 +67,9 @@ def test_every_twin_dominates_its_combination(seed, model, gpus, micro_batch_siz
         return
     assert et.peak <= ex.peak, (x, update)
     assert et.host_memory["peak"] <= ex.host_memory["peak"], (x, update)
-    assert et.tokens_per_second >= ex.tokens_per_second, (x, update)
+    # at least as fast, to float rounding: the same step's rows summed in another order can
+    # differ in the last bit (seen: fp16-mixed against its bf16-mixed twin, 1 ulp)
+    assert et.tokens_per_second >= ex.tokens_per_second * (1 - 1e-12), (x, update)
 
 
 @pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.1-8B", "8xH100-80"), ("Qwen/Qwen2.5-0.5B", "1xV100-32")])
