@@ -186,3 +186,33 @@ def test_the_three_peaks_planner_reports_are_what_torch_and_the_driver_read():
             assert plan.allocated_peak_bytes <= plan.reserved_peak_bytes <= plan.memory["peak"], record["case"]["key"]
     assert len(reserved) >= 40
     assert statistics.median(abs(e) for e in allocated) < 0.01 and statistics.median(abs(e) for e in reserved) < 0.01
+
+
+def test_the_standard_loss_leaves_its_16_bit_logits_reserved():
+    """On every committed H100 run, a plan with the standard loss and nothing else that keeps
+    pools (no checkpointing, adapter or engine) reserved one 16-bit logits block (tokens x V x 2 B)
+    beyond its allocated peak, to 0.1 GiB plus the 0.5 % base; the chunked loss none of it
+    (strategies/loss.py ``logits_hole_bytes_per_token``)."""
+    from planner.catalog.models import resolve_model
+    from planner.cost.overheads import FRAGMENTATION_FRACTION
+    from planner.probes.measured import MeasureResult
+
+    seen = {"standard": 0, "chunked": 0}
+    for folder in sorted(H100.parent.iterdir()):
+        for r in records(folder) if (folder / "probes.jsonl").exists() else []:
+            c, gpus = r["case"]["config"], r["gpus"]
+            if (r["status"] != "ok" or r["case"]["key"].startswith("seed")  # (seeds: an emulated card)
+                    or not gpus.startswith("1x")
+                    or any(c.get(k, "none") != "none" for k in ("checkpointing", "adapter", "sharding", "offload"))):
+                continue
+            m = MeasureResult.model_validate(r["comparison"]["measurement"])
+            if not m.max_reserved_bytes or r["case"].get("extrapolate_from"):
+                continue
+            loss = c.get("loss", "standard")
+            tokens = c["micro_batch_size"] * c["seq_len"]
+            hole = tokens * resolve_model(r["case"]["model"]).vocab_size * 2 if loss == "standard" else 0
+            gap = m.max_reserved_bytes - m.max_allocated_bytes - hole
+            assert -0.1 * 2**30 < gap < 0.1 * 2**30 + FRAGMENTATION_FRACTION * m.max_allocated_bytes, (
+                folder.name, r["case"]["key"], gap / 2**30)
+            seen[loss] += 1
+    assert seen["standard"] >= 10 and seen["chunked"] >= 1, seen
