@@ -73,21 +73,22 @@ class AdapterChoice(Choice):
     dora: bool = False
 
 
+#: The allocator reserve an adapter adds (``Choice.reserve``): many small adapter tensors beside the
+#: frozen base. Reserved less allocated peak, less the loss's logits hole and the base reserve, was
+#: 2.1 % (LoRA) and 2.4 % (QLoRA) of the allocated peak on an H100 (Llama-3.2-1B, 2 x 2048, no
+#: checkpointing; docs/measured.md); DoRA and LoRA over int8 take LoRA's (not measured).
+RESERVE = 0.025
 #: Every adapter value. A different training method from full fine-tuning, so searched only when
 #: asked (--adapter any). The adapters are peft's, built by the runtime (runtime.json ``lora``).
-#: Many small adapter tensors beside the frozen base: reserved less allocated peak, less the loss's
-#: logits hole and the base reserve, was 2.1 % (LoRA) and 2.4 % (QLoRA) of the allocated peak on an
-#: H100 (Llama-3.2-1B, 2 x 2048, no checkpointing; docs/measured.md); DoRA and LoRA over int8 take
-#: LoRA's (not measured).
 CHOICES: dict[Adapter, AdapterChoice] = {
     Adapter.NONE: AdapterChoice("full fine-tuning: every parameter trains", False),
-    Adapter.LORA: AdapterChoice("LoRA over the 16-bit base", True, reserve=0.025, runtime_only=True, searched=False),
-    Adapter.QLORA: AdapterChoice("LoRA over an NF4 base (bitsandbytes)", True, nf4=True, complexity=1, reserve=0.025,
+    Adapter.LORA: AdapterChoice("LoRA over the 16-bit base", True, reserve=RESERVE, runtime_only=True, searched=False),
+    Adapter.QLORA: AdapterChoice("LoRA over an NF4 base (bitsandbytes)", True, nf4=True, complexity=1, reserve=RESERVE,
                                  runtime_only=True, searched=False),
     Adapter.DORA: AdapterChoice("LoRA with learned magnitudes (peft DoRA)", True, dora=True, complexity=1,
-                                reserve=0.025, runtime_only=True, searched=False),
+                                reserve=RESERVE, runtime_only=True, searched=False),
     Adapter.LORA_INT8: AdapterChoice("LoRA over an LLM.int8() base (bitsandbytes)", True, int8=True, complexity=1,
-                                     reserve=0.025, runtime_only=True, searched=False),
+                                     reserve=RESERVE, runtime_only=True, searched=False),
 }
 
 

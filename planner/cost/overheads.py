@@ -25,8 +25,9 @@ NCCL_BYTES = GIB // 2
 #: standard loss's 16-bit logits, strategies/loss.py; the engines' stream pools, strategies/
 #: sharding.py) and for a plan whose techniques keep no pools of their own (their ``reserve``,
 #: strategies/: checkpointing, adapters). Measured on an H100 with expandable segments (launch.sh's
-#: setting): 0.2-0.4 % over eleven plans of Llama-3.2-1B and Qwen2.5-0.5B without checkpointing or
-#: adapters (docs/measured.md: reserved less allocated peak less the named holes), rounded up;
+#: setting): 0.0-0.4 % over eleven plans of Llama-3.2-1B and Qwen2.5-0.5B without checkpointing or
+#: adapters (docs/measured.md: reserved less allocated peak less the named holes and pools;
+#: 0.2-0.4 % for the nine with the standard loss), rounded up;
 #: ``planner calibrate`` fits it per GPU.
 FRAGMENTATION_FRACTION = 0.005
 #: Host RAM per training process: Python, torch, CUDA host libraries, pinned staging and the
