@@ -55,6 +55,7 @@ MODELS = {
     "llama38b": ("meta-llama/Meta-Llama-3-8B", ""), "metallama38b": ("meta-llama/Meta-Llama-3-8B", ""),
     "metallama38binstruct": ("meta-llama/Meta-Llama-3-8B", "the Instruct model as its base (the same shapes)"),
     "llama318b": ("meta-llama/Llama-3.1-8B", ""), "llama3170b": ("meta-llama/Llama-3.1-70B", ""),
+    "llama318binstruct": ("meta-llama/Llama-3.1-8B", "the Instruct model as its base (the same shapes)"),
     "llama323b": ("meta-llama/Llama-3.2-3B", ""), "llama3370binstruct": ("meta-llama/Llama-3.3-70B-Instruct", ""),
     "llama370b": ("meta-llama/Llama-3.1-70B", "Llama-3-70B as Llama-3.1-70B (the same shapes)"),
     "metallamametallama370b": ("meta-llama/Llama-3.1-70B", "Llama-3-70B as Llama-3.1-70B (the same shapes)"),
@@ -115,12 +116,13 @@ def model_id(name) -> tuple[str | None, str]:
     """planner's catalog id for the published model, and what is assumed (None: not catalogued)."""
     from planner.catalog.models import resolve_model
 
-    base = str(name or "").split(" (")[0].strip()
+    base = str(name or "").split(" (")[0].strip()  # (a trailing note in parentheses)
     try:
         return resolve_model(base).id, ""
     except Exception:  # noqa: BLE001 (not an id planner knows: the aliases below)
         pass
-    return MODELS.get(_key(base), (None, ""))
+    # the whole name first: its parentheses may be part of it ("Llama 3.1 (8B) Instruct")
+    return MODELS.get(_key(str(name or "")), MODELS.get(_key(base), (None, "")))
 
 
 def request(case: dict) -> Mapped:
