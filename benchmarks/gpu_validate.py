@@ -300,7 +300,8 @@ class CaseRunner:
         try:
             comparison = measure_plan(plan, model, model_config(model), self.info, extrapolate_from=depths,
                                       timeout=timeout / (len(depths) if depths else 1), runner=measure_forked,
-                                      device_kind=self.device, store=self.store, timed=timed)
+                                      device_kind=self.device, store=self.store, timed=timed,
+                                      allocator_conf=case.allocator_conf)
         except RuntimeError as e:  # the runner refused (this process started CUDA): the case's result
             return record("error", str(e))
         self.clock.ratios.append((time.monotonic() - t0) / expected)

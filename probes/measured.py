@@ -33,7 +33,7 @@ from importlib import metadata
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.core.launch_contract import LAUNCH_ENV
+from planner.core.launch_contract import ALLOC_CONF_VAR, LAUNCH_ENV
 from planner.probes.gpu_readings import device_used_bytes, process_device_bytes, snapshot
 from planner.strategies import TrainingConfig
 
@@ -60,6 +60,9 @@ class MeasureRequest(BaseModel):
     deepspeed_config: dict | None = None  # the emitted DeepSpeed JSON (ZeRO plans)
     device_used_before_bytes: int | None = None  # device-wide used memory before the probe (parent's reading)
     seed: int = 0
+    #: PYTORCH_CUDA_ALLOC_CONF the run starts with: the launch's (expandable segments), or "" for
+    #: torch's default allocator (a validation case measuring what a job without it reserves)
+    allocator_conf: str = LAUNCH_ENV[ALLOC_CONF_VAR]
 
 
 class MeasureResult(BaseModel):
@@ -160,7 +163,7 @@ def run_measure(req: MeasureRequest) -> MeasureResult:
 
     start = time.perf_counter()
     fields: dict = {"versions": software_versions(), "notes": [],
-                    "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+                    "allocator_conf": os.environ.get(ALLOC_CONF_VAR, "")}
     cuda = req.device == "cuda"
     readings: dict[str, dict[str, int | None]] = {}
     if cuda and not torch.cuda.is_available():
@@ -299,7 +302,8 @@ def measure(req: MeasureRequest, timeout: float) -> MeasureResult:
 
     if req.device == "cuda" and req.device_used_before_bytes is None:
         req = req.model_copy(update={"device_used_before_bytes": device_used_bytes()})
-    outcome = run_child("planner.probes.measured", req.model_dump_json(), timeout, env=LAUNCH_ENV)
+    outcome = run_child("planner.probes.measured", req.model_dump_json(), timeout,
+                        env=LAUNCH_ENV | {ALLOC_CONF_VAR: req.allocator_conf})
     return _result(outcome)
 
 
@@ -312,7 +316,7 @@ def measure_forked(req: MeasureRequest, timeout: float) -> MeasureResult:
 
     if req.device == "cuda" and req.device_used_before_bytes is None:
         req = req.model_copy(update={"device_used_before_bytes": device_used_bytes()})
-    os.environ.update(LAUNCH_ENV)
+    os.environ.update(LAUNCH_ENV | {ALLOC_CONF_VAR: req.allocator_conf})
     return _result(run_forked(_measure_payload, req.model_dump_json(), timeout))
 
 

@@ -74,13 +74,16 @@ def require_gpu(timeout: float = 180.0) -> DeviceInfo:
 def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device: DeviceInfo, *,
                  layers: int | None = None, extrapolate_from: list[int] | None = None, warmup_steps: int = 2,
                  steps: int = 5, timeout: float = 900.0, runner=measure, device_kind: str = "cuda",
-                 store: Path | None = None, timed: bool = True) -> MeasuredComparison:
+                 store: Path | None = None, timed: bool = True, allocator_conf: str | None = None) -> MeasuredComparison:
     """Measure one plan (``plan``: its analytic estimate at full depth), compare, and keep every run
     in the calibration ``store`` (None: keep nothing). ``runner`` is ``probes.measured.measure``
     (or ``measure_forked``; tests pass a CPU runner); each run gets ``timeout`` seconds.
     ``timed=False``: the run's step times say nothing about the plan's (fp8 run eager where the
     launch compiles; a paged state that would spill on the plan's smaller card does not here), so
-    the store keeps its memory and no step times, and the calibration fits no speed to it."""
+    the store keeps its memory and no step times, and the calibration fits no speed to it.
+    ``allocator_conf``: the run's PYTORCH_CUDA_ALLOC_CONF where it is not the launch's (None); such a
+    run is not the plan's, and the store keeps nothing of it (the calibration fits the launch's
+    allocator)."""
     from planner.catalog.models import resolve_model
     from planner.cost import compute
     from planner.engine.estimate import estimate_config
@@ -103,7 +106,9 @@ def measure_plan(plan: EstimateResult, model_ref: str, config_json: dict, device
                 memory_cap_bytes=plan.hardware.gpu_memory_bytes - reserve if device_kind == "cuda" else None,
                 unified_bytes=plan.paged.state_bytes if plan.paged else 0,
                 deepspeed_config=_deepspeed_config(plan) if c.sharding.startswith("zero") else None)
-    calibration = CalibrationStore(store) if store is not None else None
+    if allocator_conf is not None:
+        base["allocator_conf"] = allocator_conf
+    calibration = CalibrationStore(store) if store is not None and allocator_conf is None else None
     runs: list[tuple[int | None, MeasureResult]] = []
     todo: list[int | None] = [*depths] or [layers]
     for depth in todo:

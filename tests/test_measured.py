@@ -105,6 +105,18 @@ def test_each_engine_trains_for_real(config, world, deepspeed):
         assert config["adapter"] != "qlora" or any("quantized to NF4" in n for n in r.notes)
 
 
+@pytest.mark.parametrize("runner", ["measure", "measure_forked"])
+def test_the_run_starts_with_the_allocator_it_is_given(runner):
+    """The launch's allocator (expandable segments) by default; "" (torch's default) where a
+    validation case asks for it: the child's environment, recorded with its measurement."""
+    from planner.core.launch_contract import LAUNCH_ENV
+    from planner.probes import measured
+
+    run = getattr(measured, runner)
+    assert run(tiny_request(), timeout=300).allocator_conf == LAUNCH_ENV["PYTORCH_CUDA_ALLOC_CONF"]
+    assert run(tiny_request(allocator_conf=""), timeout=300).allocator_conf == ""
+
+
 def test_oom_is_a_result_not_a_crash():
     # 1 MiB of address space beyond the built model: the first forward cannot allocate
     r = measure(tiny_request(memory_cap_bytes=2**20, config={"micro_batch_size": 16, "seq_len": 256}), timeout=300)
@@ -138,6 +150,18 @@ def test_measure_plan_compares_and_stores(tmp_path):
     rows = CalibrationStore(tmp_path / "cal.sqlite").measurements()
     assert sorted(m.layers for m in rows) == [1, 2]  # the two real runs, not the extrapolation
     assert all(m.world_size == 4 and m.communication == "modelled" and m.status == "ok" for m in rows)
+
+
+def test_a_run_under_another_allocator_is_not_stored(tmp_path):
+    """A validation case under torch's default allocator measures what a job without planner's
+    launch reserves: the calibration (the launch's allocator) keeps nothing of it."""
+    from planner.probes.measured_command import measure_plan
+
+    plan = estimate(EstimateRequest(model=TINY, gpus="1xH100-80", seq_len=64))
+    r = measure_plan(plan, TINY, model_config(TINY), CPU, device_kind="cpu", warmup_steps=1, steps=2, timeout=300,
+                     store=tmp_path / "cal.sqlite", allocator_conf="")
+    assert r.status == "ok" and r.measurement.allocator_conf == "" and r.stored is None
+    assert not (tmp_path / "cal.sqlite").exists()
 
 
 def test_extrapolation_from_two_depths_matches_full_depth():

@@ -16,7 +16,7 @@ the phase scheduler uses to skip a case that could not finish in time.
 the CPU can run (``cpu``), so that the command is exercised in CI without a GPU.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 L1B, L8B, Q05B = "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B"
 #: The seed article's card, emulated on the bigger one.
@@ -38,6 +38,7 @@ class Case:
     cpu: bool = True  # runs in --cpu mode (on the tiny model)
     what: str = ""
     cpu_depths: tuple[int, ...] = field(default=(), compare=False)  # the tiny model's depths to extrapolate from
+    allocator_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF where not the launch's ("": torch's default)
 
     def gpus_on(self, device_gpu: str) -> str:
         return self.gpus.format(gpu=device_gpu)
@@ -119,6 +120,12 @@ TIER2 = [
            expected_seconds=11.0, what="second family: tied embeddings, long sequences")
       for mbs, seq in ((4, 1024), (2, 4096)) for ckpt in ("none", "full")),
 ]
+
+#: Two plans again under torch's default allocator (no expandable segments): what a job launched
+#: without planner's launch.sh reserves beyond its allocated peak, against the plan's.
+TIER2 += [replace(c, key=f"{c.key}-torch-alloc", tier=2, allocator_conf="",
+                  what="torch's default allocator: the reserve of a job without planner's launch")
+          for c in TIER1 + TIER2 if c.key in ("1b-adamw", "qwen-0.5b-full-4x1024")]
 
 TIER3 = [
     Case("8b-8bit-pure-full", 3, L8B, EIGHT_B, needs=("bnb_8bit",), expected_seconds=70.0, cpu=False,

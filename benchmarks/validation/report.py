@@ -50,6 +50,8 @@ def untimed(case, plan) -> str:
 
 def memory_status(case, plan) -> str:
     """Whether the driver peak measures the plan's: "" when it does, else why not."""
+    if getattr(case, "allocator_conf", None) is not None:
+        return "other allocator: not the plan's"
     return "spill held: not the plan's card" if emulated_spill(case, plan) else ""
 
 

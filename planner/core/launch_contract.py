@@ -19,7 +19,8 @@ RUNTIME_FILE = "runtime.json"
 #: The environment launch.sh sets, and the measured probes run under: expandable segments let the
 #: caching allocator grow segments instead of stranding free blocks, which shrinks fragmentation
 #: (PyTorch "CUDA semantics", optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF).
-LAUNCH_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
+LAUNCH_ENV = {ALLOC_CONF_VAR: "expandable_segments:True"}
 
 
 class Launcher(StrEnum):
