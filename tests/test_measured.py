@@ -105,16 +105,13 @@ def test_each_engine_trains_for_real(config, world, deepspeed):
         assert config["adapter"] != "qlora" or any("quantized to NF4" in n for n in r.notes)
 
 
-@pytest.mark.parametrize("runner", ["measure", "measure_forked"])
-def test_the_run_starts_with_the_allocator_it_is_given(runner):
-    """The launch's allocator (expandable segments) by default; "" (torch's default) where a
-    validation case asks for it: the child's environment, recorded with its measurement."""
-    from planner.core.launch_contract import LAUNCH_ENV
-    from planner.probes import measured
+def test_the_run_starts_with_the_allocator_it_is_given():
+    """"" (torch's default allocator) where a validation case asks for it, in the forked child
+    gpu_validate runs (measure's own child: the store test below; the launch's expandable segments
+    otherwise: tests/test_gpu_validate.py): the child's environment, recorded with its measurement."""
+    from planner.probes.measured import measure_forked
 
-    run = getattr(measured, runner)
-    assert run(tiny_request(), timeout=300).allocator_conf == LAUNCH_ENV["PYTORCH_CUDA_ALLOC_CONF"]
-    assert run(tiny_request(allocator_conf=""), timeout=300).allocator_conf == ""
+    assert measure_forked(tiny_request(allocator_conf=""), timeout=300).allocator_conf == ""
 
 
 def test_oom_is_a_result_not_a_crash():
