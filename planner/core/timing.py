@@ -7,8 +7,9 @@ under, host transfers, the optimizer step); ``assemble`` resolves overlap and su
            + per-step terms (optimizer step, exposed end-of-step communication, CPU step, ...)
 
 Overlap: a communication row names the compute window that hides it (the forward or the
-backward of the same micro-batch); of that window ``OVERLAP_EFFICIENCY`` is usable, and what
-does not fit is exposed. Source for overlap in DDP/ZeRO/FSDP: Li et al. 2020 "PyTorch
+backward of the same micro-batch, as long as the host's kernel launches make it when they
+are the bottleneck); of that window ``OVERLAP_EFFICIENCY`` is usable, and what does not fit is
+exposed. Source for overlap in DDP/ZeRO/FSDP: Li et al. 2020 "PyTorch
 Distributed" (bucketed all-reduce during backward); Zhao et al. 2023 "PyTorch FSDP" (prefetch).
 """
 
@@ -116,8 +117,15 @@ class StepTime(BaseModel):
 
 
 def resolve(draft: TimeDraft, grad_accum: int) -> list[tuple[TimeRowDraft, float, float]]:
-    """(row, exposed seconds per step, raw seconds per step), overlap and the dispatch floor applied."""
-    windows = {w: OVERLAP_EFFICIENCY * draft.pass_seconds(w) for w in (Window.FORWARD, Window.BACKWARD)}
+    """(row, exposed seconds per step, raw seconds per step), overlap and the dispatch floor applied.
+
+    A pass lasts its compute or, when the host launches kernels slower than the GPU runs them,
+    its share of the dispatch floor: communication runs on its own stream through the gaps, so a
+    window is its pass's compute stretched by ``dispatch / compute`` (never shrunk). Without the
+    stretch, more GPU work in a host-bound step hid more communication and finished sooner."""
+    compute = draft.pass_seconds(Window.FORWARD) + draft.pass_seconds(Window.BACKWARD)
+    stretch = max(1.0, draft.cpu_dispatch_seconds / compute) if compute > 0 else 1.0
+    windows = {w: OVERLAP_EFFICIENCY * draft.pass_seconds(w) * stretch for w in (Window.FORWARD, Window.BACKWARD)}
     share: dict[int, float] = {}
     for per_mb in (True, False):
         for w, capacity in windows.items():

@@ -77,6 +77,24 @@ DISPATCH_SECONDS_PER_OP_FORWARD = 8e-6
 DISPATCH_SECONDS_PER_OP_BACKWARD = 4e-6
 OPS_PER_LAYER_FORWARD = 35
 OPS_PER_LAYER_BACKWARD = 70
+#: Ops eager attention launches per layer beyond SDPA's one fused call: transformers'
+#: ``eager_attention_forward`` runs the QK^T matmul, the scale, the mask add, an fp32 softmax,
+#: the cast back, dropout and the PV matmul (7 ops for SDPA's 1); backward ~2x as many nodes, as
+#: for the layer. Counted from transformers 5's llama modeling code.
+EAGER_ATTENTION_EXTRA_OPS_FORWARD = 6
+
+
+def layer_forward_dispatch_seconds(fused_attention: bool) -> float:
+    """Host-side launch time of one decoder layer's forward, seconds (the constants above)."""
+    ops = OPS_PER_LAYER_FORWARD + (0 if fused_attention else EAGER_ATTENTION_EXTRA_OPS_FORWARD)
+    return ops * DISPATCH_SECONDS_PER_OP_FORWARD
+
+
+def layer_dispatch_seconds(fused_attention: bool) -> float:
+    """Host-side launch time of one decoder layer's forward and backward, seconds: backward
+    runs twice the forward's ops (the constants above)."""
+    ops = OPS_PER_LAYER_BACKWARD + (0 if fused_attention else 2 * EAGER_ATTENTION_EXTRA_OPS_FORWARD)
+    return layer_forward_dispatch_seconds(fused_attention) + ops * DISPATCH_SECONDS_PER_OP_BACKWARD
 
 #: Host-side cost of FSDP2's per-module hooks (gather, reshard, reduce) per decoder layer per
 #: micro-batch, forward and backward: light, and launched ahead of the GPU (a dispatch floor).

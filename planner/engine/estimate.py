@@ -261,9 +261,8 @@ def time_evaluation(ev: Evaluation) -> Evaluation:
     """``ev`` with its step time: every strategy's ``time`` hook over its memory ledger (an
     evaluation whose memory is written: ``evaluate``'s ``timed=False`` leaves a plan here)."""
     ctx, draft = ev.ctx, ev.ledger
-    timing = TimeDraft(cpu_dispatch_seconds=ctx.model.num_layers * (
-        overheads.OPS_PER_LAYER_FORWARD * overheads.DISPATCH_SECONDS_PER_OP_FORWARD
-        + overheads.OPS_PER_LAYER_BACKWARD * overheads.DISPATCH_SECONDS_PER_OP_BACKWARD))
+    timing = TimeDraft(cpu_dispatch_seconds=ctx.model.num_layers * overheads.layer_dispatch_seconds(
+        ctx.layout.fused_attention))
     for strategy in REGISTRY:
         strategy.time(ctx, draft, ev.paged, timing)
     ev.time_draft, ev.step_seconds = timing, step_seconds(timing, ctx.config.grad_accum)
