@@ -310,18 +310,22 @@ def measure(req: MeasureRequest, timeout: float) -> MeasureResult:
 def measure_forked(req: MeasureRequest, timeout: float) -> MeasureResult:
     """``run_measure`` in a child forked from this process (probes/forked.py): the libraries this
     process imported are not imported again, so a probe starts in a fraction of a second. This
-    process must not have started CUDA (the child starts its own context); the allocator setting
-    the launch uses is put in the environment first, as ``measure`` gives it to its child."""
+    process must not have started CUDA (the child starts its own context, and its allocator reads
+    the environment ``measure`` gives its child, set in the child before that). Fork from a
+    process with no other threads: a lock another thread held at the fork stays held in the child
+    (gpu_validate's case runner is such a process)."""
     from planner.probes.forked import run_forked
 
     if req.device == "cuda" and req.device_used_before_bytes is None:
         req = req.model_copy(update={"device_used_before_bytes": device_used_bytes()})
-    os.environ.update(LAUNCH_ENV | {ALLOC_CONF_VAR: req.allocator_conf})
     return _result(run_forked(_measure_payload, req.model_dump_json(), timeout))
 
 
 def _measure_payload(payload: str) -> dict:
-    return run_measure(MeasureRequest.model_validate_json(payload)).model_dump()
+    """The forked child: the launch's allocator environment (this child's only), then the run."""
+    req = MeasureRequest.model_validate_json(payload)
+    os.environ.update(LAUNCH_ENV | {ALLOC_CONF_VAR: req.allocator_conf})
+    return run_measure(req).model_dump()
 
 
 def _result(outcome) -> MeasureResult:

@@ -108,10 +108,22 @@ def test_each_engine_trains_for_real(config, world, deepspeed):
 def test_the_run_starts_with_the_allocator_it_is_given():
     """"" (torch's default allocator) where a validation case asks for it, in the forked child
     gpu_validate runs (measure's own child: the store test below; the launch's expandable segments
-    otherwise: tests/test_gpu_validate.py): the child's environment, recorded with its measurement."""
-    from planner.probes.measured import measure_forked
-
-    assert measure_forked(tiny_request(allocator_conf=""), timeout=300).allocator_conf == ""
+    otherwise: tests/test_gpu_validate.py): the child's environment, recorded with its measurement;
+    the parent's environment untouched. Forked from a fresh interpreter, as gpu_validate forks from
+    its own: this test process holds other tests' threads, and a fork copies their held locks."""
+    code = (
+        "import json, os, sys\n"
+        "from planner.core.launch_contract import ALLOC_CONF_VAR\n"
+        "from planner.probes.measured import MeasureRequest, measure_forked\n"
+        "before = os.environ.get(ALLOC_CONF_VAR)\n"
+        "r = measure_forked(MeasureRequest.model_validate_json(sys.stdin.read()), timeout=120)\n"
+        "print(json.dumps([r.status, r.message, r.allocator_conf, os.environ.get(ALLOC_CONF_VAR) == before]))\n"
+    )
+    done = subprocess.run([sys.executable, "-P", "-c", code], input=tiny_request(allocator_conf="")
+                          .model_dump_json(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    status, message, conf, untouched = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (status, conf, untouched) == ("ok", "", True), message
 
 
 def test_oom_is_a_result_not_a_crash():
