@@ -12,7 +12,8 @@ renderer, reader (``planner check``), alternative, emitted file and runtime hook
 adding a technique is one module, one line here, and its tests.
 """
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from planner.core.numerics import EXACT, Rung, numerics_key
 from planner.core.vocabulary import config_model
@@ -116,6 +117,17 @@ def reserve_extra(config) -> float:
     return max((s.reserve.get(getattr(config, s.field), 0.0) for s in TECHNIQUES), default=0.0)
 
 
-__all__ = ["LADDER", "SETTINGS", "approximations", "complexity", "reserve_extra", "numerics_of", "BY_FIELD", "FIELDS",
-           "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
+#: The strategies with a choice whose memory is a staircase in the micro-batch (``Choice.convex``).
+STAIRCASES: tuple[Strategy, ...] = tuple(s for s in TECHNIQUES if s.staircase)
+
+
+def memory_convex(values: Mapping[str, Any]) -> bool:
+    """Whether a plan's GPU memory is convex in the micro-batch: none of its choices (``values``:
+    field -> value, a configuration's or a search's technique combination) is a staircase
+    (``Choice.convex``)."""
+    return not any(values[s.field] in s.staircase for s in STAIRCASES)
+
+
+__all__ = ["LADDER", "SETTINGS", "approximations", "complexity", "memory_convex", "reserve_extra", "numerics_of",
+           "BY_FIELD", "FIELDS", "REGISTRY", "TECHNIQUES", "Check", "Engine", "PlanContext", "PlanLayout",
            "Strategy", "TrainingConfig", "summary"]

@@ -234,7 +234,10 @@ class Choice:
     peak on a real GPU; a plan takes the largest of its values', ``strategies.reserve_extra``).
     ``runtime_only``: no standard file (accelerate, DeepSpeed, Trainer) can say it: only the
     planner launch realises it, through runtime.json (not ranked for ``--launcher trainer``).
-    ``searched``: the search tries it unless the user narrows the technique."""
+    ``searched``: the search tries it unless the user narrows the technique. ``convex``: its
+    memory grows with the micro-batch on or above the line through any two sizes, as rows constant
+    or linear in the tokens do (a staircase, such as Liger's power-of-two chunks, does not; the
+    search proves sizes too large from that line: planner/engine/search.py)."""
 
     help: str
     rung: Rung = field(default=EXACT, kw_only=True)
@@ -242,6 +245,7 @@ class Choice:
     reserve: float = field(default=0.0, kw_only=True)
     runtime_only: bool = field(default=False, kw_only=True)
     searched: bool = field(default=True, kw_only=True)
+    convex: bool = field(default=True, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -317,6 +321,11 @@ class Strategy:
     def reserve(self) -> dict[StrEnum, float]:
         """The allocator reserve each choice adds (``Choice.reserve``; unlisted: none)."""
         return {v: r.reserve for v, r in self.records.items() if r.reserve}
+
+    @cached_property
+    def staircase(self) -> frozenset[StrEnum]:
+        """The choices whose memory is not convex in the micro-batch (``Choice.convex``)."""
+        return frozenset(v for v, r in self.records.items() if not r.convex)
 
     @property
     def flag(self) -> str:

@@ -23,7 +23,9 @@ class Loss(StrEnum):
 #: Every loss value; the chunked one is a kernel library (Liger) beyond torch.
 CHOICES: dict[Loss, Choice] = {
     Loss.STANDARD: Choice("cross-entropy over the full fp32 logits"),
-    Loss.CHUNKED: Choice("Liger's fused linear cross-entropy, chunk by chunk: no full logits", complexity=1),
+    # its chunk is a power of two of tokens (``activations.liger_chunk_tokens``): a staircase
+    Loss.CHUNKED: Choice("Liger's fused linear cross-entropy, chunk by chunk: no full logits", complexity=1,
+                         convex=False),
 }
 
 

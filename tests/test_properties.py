@@ -64,6 +64,40 @@ def test_memory_never_decreases_as_batch_or_sequence_grow(model, gpus, cfg, more
 
 
 @SETTINGS
+@given(model=st.sampled_from(MODELS), gpus=st.sampled_from(GPUS), cfg=configs,
+       sizes=st.lists(st.integers(1, 32), min_size=3, max_size=3, unique=True).map(sorted))
+def test_memory_is_convex_in_the_micro_batch(model, gpus, cfg, sizes):
+    """Beyond two micro-batch sizes, the GPU bytes a plan needs (``required``) lie on or above the
+    line through them, to the rows' rounding, unless a choice says its memory is a staircase
+    (``Choice.convex``: Liger's chunked loss): the search proves a size too large from that line
+    without evaluating it (planner/engine/search.py ``_first_proven_miss``)."""
+    from planner.engine.search import CHORD_SLACK_BYTES
+    from planner.strategies import memory_convex
+
+    assume(memory_convex(cfg))
+    a, b, c = (required(run(model, gpus, **(cfg | {"micro_batch_size": size}))) for size in sizes)
+    chord = b + (sizes[2] - sizes[1]) * (b - a) / (sizes[1] - sizes[0])
+    assert c >= chord - CHORD_SLACK_BYTES, (sizes, a, b, c, chord)
+    # the search's sizes share a global batch: the accumulation falls as the micro-batch grows, and
+    # memory reads it only as one micro-batch per step or several
+    if cfg["grad_accum"] > 1:
+        other = run(model, gpus, **(cfg | {"micro_batch_size": sizes[2], "grad_accum": 2 + cfg["grad_accum"]}))
+        assert required(other) == c
+
+
+def test_the_chunked_loss_is_a_staircase():
+    """Why the chunked loss says its memory is not convex: Liger's chunk is a power of two of tokens,
+    so a size just past a doubling puts the line through it above a larger size's memory."""
+    from planner.engine.search import CHORD_SLACK_BYTES
+    from planner.strategies import memory_convex
+
+    cfg = dict(loss="chunked", precision="fp16-mixed", optimizer="adamw", grad_accum=2, seq_len=128)
+    assert not memory_convex(dict(run("meta-llama/Llama-3.1-8B", "1xA100-80", **cfg).config))
+    a, b, c = (required(run("meta-llama/Llama-3.1-8B", "1xA100-80", **cfg, micro_batch_size=n)) for n in (3, 25, 27))
+    assert c < b + (27 - 25) * (b - a) / (25 - 3) - CHORD_SLACK_BYTES
+
+
+@SETTINGS
 @given(model=st.sampled_from(MODELS), cfg=configs,
        sizes=st.sampled_from([("2xH100-80", "4xH100-80"), ("4xH100-80", "8xH100-80"), ("8xH100-80", "2x8xH100-80"),
                               ("2x8xH100-80", "4x8xH100-80"), ("2xH100-80", "4x8xH100-80")]))

@@ -84,11 +84,15 @@ class SearchSpace(BaseModel):
             stride *= len(values)
         return out
 
+    def grad_accum(self, micro_batch_size: int) -> int:
+        """Micro-batches per optimizer step at ``micro_batch_size`` (the global batch is fixed)."""
+        return self.global_batch_size // (micro_batch_size * self.data_parallel)
+
     def values(self, techniques: dict, micro_batch_size: int) -> dict[str, Any]:
         """Every field of ``config(techniques, micro_batch_size)``, without building it."""
-        accum = self.global_batch_size // (micro_batch_size * self.data_parallel)
         return (_FIELD_DEFAULTS | techniques | self.settings
-                | {"micro_batch_size": micro_batch_size, "grad_accum": accum, "seq_len": self.seq_len})
+                | {"micro_batch_size": micro_batch_size, "grad_accum": self.grad_accum(micro_batch_size),
+                   "seq_len": self.seq_len})
 
     def config(self, techniques: dict, micro_batch_size: int) -> TrainingConfig:
         """A candidate from ``combo()`` / ``technique_combos()`` values (enums, already validated:
