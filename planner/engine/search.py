@@ -172,9 +172,9 @@ def _scan_sized(index: int, techniques: dict, space: SearchSpace, sizing: Sizing
     combination's smaller sizes: they are counted as fitting, never offered."""
     sizes = space.micro_batch_sizes
     lo, hi, best = 0, len(sizes), first  # sizes[:lo + 1] fit, sizes[hi:] do not
-    miss_reason = NOT_FIT_GPU  # the first size that does not fit: why (a chord's proof: the GPU)
+    miss_reason: str | None = NOT_FIT_GPU  # the first size that does not fit: why (a chord's proof: the GPU)
     # the sizes that fit while accumulating, ascending, with their GPU bytes (the chord's points)
-    fitted = [] if memory_convex(techniques) else None
+    fitted: list[tuple[int, int]] | None = [] if memory_convex(techniques) else None
     if fitted is not None and space.grad_accum(sizes[0]) > 1:
         fitted.append((sizes[0], gpu_held(first)))
     out.evaluated += 1  # (the first size)
