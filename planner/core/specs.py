@@ -5,6 +5,7 @@ reads files or knows a particular model or GPU.
 """
 
 from enum import StrEnum
+from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,6 +71,10 @@ class ModelSpec(BaseModel):
     def __hash__(self) -> int:
         # pydantic's frozen hash walks every field; the formulas memoized on a ModelSpec are hot
         # in the search. Equality still compares every field, so this only narrows buckets.
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
         return hash((self.id, self.family, self.hidden_size, self.num_layers, self.vocab_size))
 
 

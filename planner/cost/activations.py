@@ -406,7 +406,7 @@ def attention_backward_transient_bytes(m: ModelSpec, dt: DTypes, fused: bool, se
 @cache
 def norm_bytes(m: ModelSpec, dt: DTypes) -> float:
     """What one hidden-width norm on the residual stream saves, bytes per token."""
-    return total(_norm(m, m.hidden_size, dt.residual))
+    return total(tuple(_norm(m, m.hidden_size, dt.residual)))
 
 
 @cache
@@ -475,5 +475,8 @@ def liger_chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
     return min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
 
 
-def total(saved) -> float:
+@cache
+def total(saved: tuple[tuple[str, float], ...]) -> float:
+    """Bytes per token of a saved set (the tuples above, memoized: the search sums the same few
+    sets for every candidate)."""
     return sum(b for _, b in saved)
