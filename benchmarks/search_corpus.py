@@ -3,7 +3,8 @@
 For each situation (model x GPUs x request: adapters, sequence length, margin, numerics), runs
 `planner suggest` twice in process: with the search's shortcuts (planner/engine/search.py
 ``_scan``: a combination is skipped when a simpler twin, no larger and at least as fast, fits;
-planner/engine/refusals.py: a rule refusal seen along the same reads is not evaluated again; a
+planner/engine/refusals.py: a rule refusal seen along the same reads is not evaluated again;
+planner/engine/recorded.py: a strategy's ledger rows seen along the same reads are reused; a
 candidate whose model states alone exceed the GPU is cut there; only a combination's fastest
 micro-batch size is timed, ``_scan_sized``) and without them (every candidate evaluated in
 full). Everything the user sees must be equal: the plans (the
@@ -23,7 +24,7 @@ import re
 import sys
 import time
 
-from planner.engine import search, space
+from planner.engine import estimate, search, space
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
 
@@ -60,18 +61,22 @@ def _visible(request: SuggestRequest) -> tuple[dict, int, int]:
 
 @contextlib.contextmanager
 def plain_search():
-    """The plain exhaustive search: no combination is anyone's twin, no refusal remembered, no
-    evaluation cut at its GPU peak floor, every micro-batch size evaluated in full."""
-    saved = space._TWINS, search.RefusalMemo, search.exhaustive
+    """The plain exhaustive search: no combination is anyone's twin, no refusal and no ledger row
+    remembered, no evaluation cut at its GPU peak floor, every micro-batch size evaluated in full."""
+    saved = space._TWINS, search.RefusalMemo, search.exhaustive, estimate.Shared.write
 
     def uncut(*args, cut=None, sizing=None, **kwargs):
         return saved[2](*args, **kwargs)
 
+    def written(shared, strategy, ctx, draft):
+        strategy.apply(ctx, draft)
+
     space._TWINS, search.RefusalMemo, search.exhaustive = (), lambda model, hardware, shared=None: None, uncut
+    estimate.Shared.write = written
     try:
         yield
     finally:
-        space._TWINS, search.RefusalMemo, search.exhaustive = saved
+        space._TWINS, search.RefusalMemo, search.exhaustive, estimate.Shared.write = saved
 
 
 def compare(model: str, gpus: str, extra: dict) -> tuple[list[str], dict]:

@@ -96,6 +96,36 @@ def test_the_refusal_memo_answers_as_the_rules_do(model, gpus):
         assert all(getattr(config, k) == v for k, v in space.values(techniques, 1).items())
 
 
+@pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.1-8B", "8xH100-80"), ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24"),
+                                         ("mistralai/Mixtral-8x7B-v0.1", "2x8xH100-80")])
+def test_remembered_rows_are_the_rows_the_strategies_write(model, gpus):
+    """``Shared``'s row memo (planner/engine/recorded.py ``RowMemo``): over a search's worth of
+    candidates (every adapter, random combinations and sizes, one ``Shared``), every evaluation
+    writes the rows, peaks, host memory and step time of the plain evaluation; the memo answers
+    most writes and stays on."""
+    m, hw = resolve_model(model), parse_gpus(gpus)
+    space = build_space(hw.num_gpus, 2048, {"adapter": ["none", "lora", "qlora", "dora", "lora-int8"]})
+    rng, shared = random.Random(0), Shared()
+    combos = list(space.technique_combos())
+    rng.shuffle(combos)
+    compared = 0
+    for techniques in combos:
+        if compared == 120:
+            break
+        config = space.config(techniques, rng.choice(space.micro_batch_sizes))
+        memo, plain = evaluate(m, hw, config, shared=shared), evaluate(m, hw, config)
+        assert memo.feasible == plain.feasible
+        if not plain.feasible:
+            continue
+        compared += 1
+        rows = [[(r.term, r.label, r.bytes, r.location, sorted(r.phases), r.moment, r.note, r.tag) for r in ev.draft.rows]
+                for ev in (memo, plain)]
+        assert rows[0] == rows[1], config
+        assert (memo.peak, memo.host, memo.step_seconds) == (plain.peak, plain.host, plain.step_seconds)
+    assert compared == 120 and all(r.trie.on for r in shared.rows.values())
+    assert {s.field for s in REGISTRY} == set(shared.rows)
+
+
 @settings(max_examples=examples(3000, ci=300), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), model=st.sampled_from(MODELS), gpus=st.sampled_from(GPUS),
        micro_batch_size=st.sampled_from([1, 2, 4, 8]), seq_len=st.sampled_from([512, 2048, 8192]),

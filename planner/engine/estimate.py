@@ -26,6 +26,7 @@ from planner.core.vocabulary import DEFAULT_SEQ_LEN, WORKLOAD
 from planner.cost import adapters, overheads, params
 from planner.engine.assumptions import assumptions, rate_assumptions, rate_warning
 from planner.engine.ranking import TIE_BAND
+from planner.engine.recorded import RowMemo
 from planner.schema.estimate import EstimateRequest, EstimateResult, HardwareInfo, ModelInfo
 from planner.strategies import (
     REGISTRY,
@@ -35,6 +36,7 @@ from planner.strategies import (
     Engine,
     PlanContext,
     PlanLayout,
+    Strategy,
     TrainingConfig,
     reserve_extra,
 )
@@ -179,10 +181,20 @@ SIZE_FIELDS = frozenset({"micro_batch_size", "grad_accum", "tokens_per_micro_bat
 class Shared:
     """What the evaluations of one model on one hardware share (a search's, a probe scan's): each
     combination's check and context, by its fields but the micro-batch size's (``SIZE_FIELDS``),
-    and each layout, by the fields the layout hooks read (strategies.base ``LAYOUT_INPUTS``)."""
+    each layout, by the fields the layout hooks read (strategies.base ``LAYOUT_INPUTS``), and each
+    strategy's ledger rows, by the values its ``apply`` hook read (planner/engine/recorded.py
+    ``RowMemo``: most candidates share most of their rows with one seen before)."""
 
     checks: dict[tuple, tuple[Check, PlanContext]] = field(default_factory=dict)
     layouts: dict[tuple, PlanLayout] = field(default_factory=dict)
+    rows: dict[str, RowMemo] = field(default_factory=dict)
+
+    def write(self, strategy: Strategy, ctx: PlanContext, draft: LedgerDraft) -> None:
+        """``strategy``'s rows for ``ctx`` into ``draft``: remembered, or written and remembered."""
+        memo = self.rows.get(strategy.field)
+        if memo is None:
+            memo = self.rows[strategy.field] = RowMemo(strategy, ctx.model, ctx.hardware, self.layouts)
+        draft.rows.extend(memo.rows(ctx.config))
 
 
 def size_free_key(config: TrainingConfig) -> tuple:
@@ -228,15 +240,16 @@ def evaluate(
         return ev
     draft = LedgerDraft()
     context, base, measured = runtime_reserves(hardware)
+    write = shared.write if shared is not None else _apply
     for strategy in FLOOR_WRITERS if cut_misses else REGISTRY:  # (the registry's order: the ledger's rows)
-        strategy.apply(ctx, draft)
+        write(strategy, ctx, draft)
     if cut_misses:
         ev.floor = gpu_peaks(draft.rows)[0] + context
         if ev.floor > max(ev.usable, cut_above):
             ev.peak, ev.cut = ev.floor, True
             return ev
         for strategy in _OTHER_WRITERS:
-            strategy.apply(ctx, draft)
+            write(strategy, ctx, draft)
     fragmentation = base + reserve_extra(config)
     draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", context, 1,
               note="measured (planner calibrate)" if measured["context"] else "")
@@ -255,6 +268,10 @@ def evaluate(
     if (cut_misses and not (ev.gpu_fits and ev.host_fits)) or not timed:
         return ev  # a miss (or untimed): its memory is what the search reads
     return time_evaluation(ev)
+
+
+def _apply(strategy: Strategy, ctx: PlanContext, draft: LedgerDraft) -> None:
+    strategy.apply(ctx, draft)
 
 
 def time_evaluation(ev: Evaluation) -> Evaluation:

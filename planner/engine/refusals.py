@@ -17,69 +17,12 @@ answers with ``check_config`` on random combinations.
 """
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.engine.estimate import Shared, check_config, size_free_key
-from planner.strategies import PlanContext, PlanLayout, TrainingConfig
-from planner.strategies.base import LAYOUT_INPUTS
-
-#: What a check may read and be remembered by: the fields, and the properties computed from them.
-READABLE = frozenset(TrainingConfig.model_fields) | frozenset(
-    name for cls in TrainingConfig.__mro__ for name, value in vars(cls).items() if isinstance(value, property))
-
-
-class Recording:
-    """A configuration that records the first read of each field or property, in order (a value
-    read is then kept on the view, so a later read of it costs what a plain attribute does)."""
-
-    def __init__(self, config: TrainingConfig) -> None:
-        self._config, self.safe = config, True
-        self.reads: list[tuple[str, Any]] = []
-
-    @property
-    def unwrapped(self) -> TrainingConfig:
-        """The configuration itself (reads of it are not recorded)."""
-        return self._config
-
-    @property
-    def seen(self) -> set[str]:
-        return {name for name, _ in self.reads}
-
-    def __getattr__(self, name: str) -> Any:  # (only for names not yet read: see above)
-        value = getattr(self._config, name)
-        if name not in READABLE:
-            self.safe = False
-        else:
-            self.reads.append((name, value))
-            self.__dict__[name] = value
-        return value
-
-
-class _Node:
-    __slots__ = ("name", "branches")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.branches: dict[Any, _Node | str] = {}
-
-
-@dataclass(frozen=True)
-class _SharedLayoutContext(PlanContext):
-    """A context over a recording view whose layout is the shared one for its ``LAYOUT_INPUTS``
-    (computed once per distinct tuple of them): those fields, which decide the layout, are read
-    through the view when the layout is first asked for, so a path records them."""
-
-    layouts: dict = field(default_factory=dict, compare=False)
-
-    @cached_property
-    def layout(self) -> PlanLayout:
-        key = tuple(getattr(self.config, f) for f in LAYOUT_INPUTS)
-        if key not in self.layouts:
-            self.layouts[key] = PlanContext(self.model, self.hardware, self.config.unwrapped).layout
-        return self.layouts[key]
+from planner.engine.recorded import Node, ReadTrie, Recording, SharedLayoutContext
+from planner.strategies import PlanContext, TrainingConfig
 
 
 class RefusalMemo:
@@ -89,15 +32,19 @@ class RefusalMemo:
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, shared: Shared | None = None) -> None:
         self.model, self.hardware, self.shared = model, hardware, shared
-        self.root: _Node | str | None = None
-        self.on = True
+        self.trie = ReadTrie()
+
+    @property
+    def on(self) -> bool:
+        return self.trie.on
 
     def refusal(self, values: Mapping[str, Any], config: Callable[[], TrainingConfig]) -> str | None:
         """The code of the rule that refuses the configuration, when the trie knows it; else None
         (it may be feasible, or refused along a path not seen yet). ``values``: its fields;
-        ``config``: builds it, for a property the trie reads."""
-        node, built = self.root, None
-        while type(node) is _Node:
+        ``config``: builds it, for a property the trie reads. (The trie's walk, inline: the
+        search asks this of every combination.)"""
+        node, built = self.trie.root, None
+        while type(node) is Node:
             if node.name in values:
                 value = values[node.name]
             else:
@@ -112,37 +59,10 @@ class RefusalMemo:
         recorded; with ``shared``, the check and its context are left there."""
         view = Recording(config)
         ctx = (PlanContext(self.model, self.hardware, view) if self.shared is None
-               else _SharedLayoutContext(self.model, self.hardware, view, self.shared.layouts))
+               else SharedLayoutContext(self.model, self.hardware, view, self.shared.layouts))
         check = check_config(ctx, first_only=True)
         if self.shared is not None:
             self.shared.checks[size_free_key(config)] = (check, ctx)
         if check.codes and self.on and view.safe:
-            self._record(view.reads, check.codes[0])
+            self.trie.record(view.reads, check.codes[0])
         return check.codes[0] if check.codes else None
-
-    def _record(self, reads: list[tuple[str, Any]], code: str) -> None:
-        """A refusal's path: the values its checks read, in order."""
-        if not reads:  # refused whatever the configuration: the leaf is the root
-            self.root = code
-            return
-        parent: _Node | None = None
-        key: Any = None
-        node = self.root
-        for name, value in reads:
-            if node is None:
-                node = _Node(name)
-                self._attach(parent, key, node)
-            if type(node) is not _Node or node.name != name:
-                self.on = False  # the checks read something the trie cannot see
-                return
-            parent, key, node = node, value, node.branches.get(value)
-        if node is not None:  # the same values once refused with another code, or read on
-            self.on = node == code and self.on
-            return
-        self._attach(parent, key, code)
-
-    def _attach(self, parent: _Node | None, key: Any, child: "_Node | str") -> None:
-        if parent is None:
-            self.root = child
-        else:
-            parent.branches[key] = child
