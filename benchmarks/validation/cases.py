@@ -107,6 +107,12 @@ TIER2 = [
     _1b("1b-zero3-offload-w1", "ZeRO-3 + offload optimizer: no stream pool modelled, hooks at ZeRO-3's rate",
         ("deepspeed",), expected=60.0, cpu=False, tier=2, precision="bf16-mixed", sharding="zero3",
         offload="optimizer"),
+    Case("1b-zero3-offload-params-fp16-w1", 2, L1B, {"micro_batch_size": 1, "seq_len": 1024, "grad_accum": 2,
+                                                    "precision": "fp16-mixed", "sharding": "zero3",
+                                                    "offload": "optimizer+params", "checkpointing": "full"},
+         needs=("deepspeed",), expected_seconds=70.0, cpu=False,
+         what="ZeRO-3 offloading parameters too, fp16, 1 x 1024: the shape of the world corpus's 8B ZeRO-3 "
+              "offload report (13 GB seen against 5.0 planned; benchmarks/world/peaks.yaml)"),
     _1b("1b-zero1-w1", "DeepSpeed ZeRO-1, a world of one: its hooks, given ZeRO-2's figure", ("deepspeed",),
         expected=38.0, cpu=False, tier=2, precision="bf16-mixed", sharding="zero1"),
     *(Case(f"1b-fsdp2-rank-of-8-accum2{suffix}", 2, L1B, {"micro_batch_size": 2, "seq_len": 2048, "grad_accum": 2,
