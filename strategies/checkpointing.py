@@ -435,7 +435,8 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     if cfg.checkpointing == Checkpointing.FULL:
         redo = rates.layer_matmul_forward_seconds(ctx) + rates.attention_forward_seconds(ctx) + elementwise
         draft.compute("recompute", "full recomputation: each layer's forward again", redo, Window.BACKWARD)
-        draft.cpu_dispatch_seconds += m.num_layers * overheads.layer_forward_dispatch_seconds(ctx.layout.fused_attention)
+        # the recomputed forward is launched during the backward pass
+        draft.dispatch(0.0, m.num_layers * overheads.layer_forward_dispatch_seconds(ctx.layout.fused_attention))
     elif cfg.checkpointing == Checkpointing.SELECTIVE:
         kept = activations.total(activations.layer_selective(m, ctx.layout.dtypes, ctx.layout.fused_attention, cfg.seq_len))
         _, recomputed = activations.selective_matmuls(m)

@@ -336,7 +336,8 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         draft.serial("dispatch", "DeepSpeed's hooks on the host (GPU idle)", layers * per_layer, per_micro_batch=True,
                      note=f"{per_layer * 1e3:.1f} ms a layer, measured (H100, 16-CPU host)")
     elif ctx.engine == Engine.FSDP:
-        draft.cpu_dispatch_seconds += layers * overheads.FSDP_HOOK_SECONDS_PER_LAYER
+        hooks = layers * overheads.FSDP_HOOK_SECONDS_PER_LAYER
+        draft.dispatch(hooks / 2, hooks / 2)  # (forward and backward hooks alike)
     if s == Sharding.NONE or n == 1:
         return
     world = _link(ctx, hw.nodes > 1)

@@ -3,13 +3,12 @@
 Strategies add rows (compute per micro-batch, communication with the compute it can hide
 under, host transfers, the optimizer step); ``assemble`` resolves overlap and sums the step:
 
-    step = accum * (forward + backward + exposed per-micro-batch communication [+ dispatch floor])
+    step = accum * (per pass: max(compute, kernel launches) + exposed per-micro-batch communication)
            + per-step terms (optimizer step, exposed end-of-step communication, CPU step, ...)
 
-Overlap: a communication row names the compute window that hides it (the forward or the
-backward of the same micro-batch, as long as the host's kernel launches make it when they
-are the bottleneck); of that window ``OVERLAP_EFFICIENCY`` is usable, and what does not fit is
-exposed. Source for overlap in DDP/ZeRO/FSDP: Li et al. 2020 "PyTorch
+Overlap: a communication row names the pass that hides it (the forward or the backward of the
+same micro-batch, as long as the longer of its compute and its launches); of that window
+``OVERLAP_EFFICIENCY`` is usable, and what does not fit is exposed. Source for overlap in DDP/ZeRO/FSDP: Li et al. 2020 "PyTorch
 Distributed" (bucketed all-reduce during backward); Zhao et al. 2023 "PyTorch FSDP" (prefetch).
 """
 
@@ -73,6 +72,12 @@ class TimeRowDraft:
 class TimeDraft:
     rows: list[TimeRowDraft] = field(default_factory=list)
     cpu_dispatch_seconds: float = 0.0  # per micro-batch host-side launch time (a floor)
+    dispatch_backward_seconds: float = 0.0  # the part of it launched during the backward pass
+
+    def dispatch(self, forward: float, backward: float) -> None:
+        """Host-side launch time per micro-batch, seconds, in the forward and the backward pass."""
+        self.cpu_dispatch_seconds += forward + backward
+        self.dispatch_backward_seconds += backward
 
     def compute(self, term: str, label: str, seconds: float, compute_pass: Window, note: str = "") -> None:
         self._add(TimeRowDraft(term, label, seconds, True, Window.NONE, compute_pass, note))
@@ -119,13 +124,16 @@ class StepTime(BaseModel):
 def resolve(draft: TimeDraft, grad_accum: int) -> list[tuple[TimeRowDraft, float, float]]:
     """(row, exposed seconds per step, raw seconds per step), overlap and the dispatch floor applied.
 
-    A pass lasts its compute or, when the host launches kernels slower than the GPU runs them,
-    its share of the dispatch floor: communication runs on its own stream through the gaps, so a
-    window is its pass's compute stretched by ``dispatch / compute`` (never shrunk). Without the
-    stretch, more GPU work in a host-bound step hid more communication and finished sooner."""
-    compute = draft.pass_seconds(Window.FORWARD) + draft.pass_seconds(Window.BACKWARD)
-    stretch = max(1.0, draft.cpu_dispatch_seconds / compute) if compute > 0 else 1.0
-    windows = {w: OVERLAP_EFFICIENCY * draft.pass_seconds(w) * stretch for w in (Window.FORWARD, Window.BACKWARD)}
+    Each pass (forward, backward) lasts the longer of its compute and its kernel launches
+    (``TimeDraft.dispatch``): where the host launches slower than the GPU runs, the GPU idles for
+    the difference (the "dispatch" row). Communication runs on its own stream through the whole
+    pass, so its window is that length, and only what outlasts the window's usable share is
+    exposed. A pass's time, max(compute, launches) + exposed communication, so never falls as its
+    compute or its launches grow."""
+    launched = {Window.FORWARD: draft.cpu_dispatch_seconds - draft.dispatch_backward_seconds,
+                Window.BACKWARD: draft.dispatch_backward_seconds}
+    computed = {w: draft.pass_seconds(w) for w in launched}
+    windows = {w: OVERLAP_EFFICIENCY * max(computed[w], launched[w]) for w in launched}
     share: dict[int, float] = {}
     for per_mb in (True, False):
         for w, capacity in windows.items():
@@ -137,11 +145,11 @@ def resolve(draft: TimeDraft, grad_accum: int) -> list[tuple[TimeRowDraft, float
     for r in draft.rows:
         repeat = grad_accum if r.per_micro_batch else 1
         out.append((r, r.seconds * share.get(id(r), 1.0) * repeat, r.seconds * repeat))
-    gpu_per_mb = sum(exposed for r, exposed, _ in out if r.per_micro_batch) / grad_accum
-    if draft.cpu_dispatch_seconds > gpu_per_mb:
+    idle = sum(max(0.0, launched[w] - computed[w]) for w in launched)
+    if idle > 0:
         floor = TimeRowDraft("dispatch", "host-side kernel launch (GPU idle)", draft.cpu_dispatch_seconds, True,
                              note="eager PyTorch dispatch outpaces the GPU work")
-        out.append((floor, (draft.cpu_dispatch_seconds - gpu_per_mb) * grad_accum, draft.cpu_dispatch_seconds * grad_accum))
+        out.append((floor, idle * grad_accum, draft.cpu_dispatch_seconds * grad_accum))
     return out
 
 

@@ -90,11 +90,11 @@ def layer_forward_dispatch_seconds(fused_attention: bool) -> float:
     return ops * DISPATCH_SECONDS_PER_OP_FORWARD
 
 
-def layer_dispatch_seconds(fused_attention: bool) -> float:
-    """Host-side launch time of one decoder layer's forward and backward, seconds: backward
-    runs twice the forward's ops (the constants above)."""
+def layer_backward_dispatch_seconds(fused_attention: bool) -> float:
+    """Host-side launch time of one decoder layer's backward, seconds: twice the forward's ops
+    (the constants above)."""
     ops = OPS_PER_LAYER_BACKWARD + (0 if fused_attention else 2 * EAGER_ATTENTION_EXTRA_OPS_FORWARD)
-    return layer_forward_dispatch_seconds(fused_attention) + ops * DISPATCH_SECONDS_PER_OP_BACKWARD
+    return ops * DISPATCH_SECONDS_PER_OP_BACKWARD
 
 #: Host-side cost of FSDP2's per-module hooks (gather, reshard, reduce) per decoder layer per
 #: micro-batch, forward and backward: light, and launched ahead of the GPU (a dispatch floor).

@@ -17,6 +17,7 @@ corrections never feed a new fit), on the device the measurement ran on.
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import cache
 from math import exp, log
@@ -43,7 +44,7 @@ from planner.catalog.gpus import (
 from planner.core.errors import PlannerInputError
 from planner.core.ledger import allocated_peak
 from planner.core.specs import GpuSpec, HardwareSpec, ModelSpec
-from planner.core.timing import TimeDraft, step_seconds
+from planner.core.timing import step_seconds
 from planner.cost import overheads
 from planner.engine.estimate import FRAGMENTATION_LABEL, evaluate, runtime_reserves
 from planner.schema.calibrate import CalibrateRequest, CalibrateResult
@@ -161,7 +162,7 @@ def predict(m: Measurement, gpu: GpuSpec | None = None) -> Prediction:
     context_rows = sum(r.bytes for r in ev.ledger.of("cuda_context"))
     pools = sum(r.bytes for r in ev.ledger.of("allocator_reserve") if r.label != FRAGMENTATION_LABEL)
     nccl = context_rows - runtime_reserves(hardware)[0]
-    quiet = TimeDraft([r for r in ev.timing.rows if r.term != "communication"], ev.timing.cpu_dispatch_seconds)
+    quiet = replace(ev.timing, rows=[r for r in ev.timing.rows if r.term != "communication"])
     return Prediction(
         gpu=gpu.id, nodes=hardware.nodes, gpus_per_node=hardware.gpus_per_node,
         allocated_bytes=allocated_peak(ev.ledger.rows, ev.paged), pool_bytes=pools, peak_bytes=ev.peak, nccl_bytes=nccl,

@@ -278,8 +278,9 @@ def time_evaluation(ev: Evaluation) -> Evaluation:
     """``ev`` with its step time: every strategy's ``time`` hook over its memory ledger (an
     evaluation whose memory is written: ``evaluate``'s ``timed=False`` leaves a plan here)."""
     ctx, draft = ev.ctx, ev.ledger
-    timing = TimeDraft(cpu_dispatch_seconds=ctx.model.num_layers * overheads.layer_dispatch_seconds(
-        ctx.layout.fused_attention))
+    timing, layers, fused = TimeDraft(), ctx.model.num_layers, ctx.layout.fused_attention
+    timing.dispatch(layers * overheads.layer_forward_dispatch_seconds(fused),
+                    layers * overheads.layer_backward_dispatch_seconds(fused))
     for strategy in REGISTRY:
         strategy.time(ctx, draft, ev.paged, timing)
     ev.time_draft, ev.step_seconds = timing, step_seconds(timing, ctx.config.grad_accum)
