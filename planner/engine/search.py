@@ -471,19 +471,22 @@ def _fewer_collections():
 
 def search(space: SearchSpace, evaluate: Evaluate, engine: str = "auto", trials: int = 400, seed: int = 0,
            refusals: RefusalMemo | None = None, cut: Evaluate | None = None,
-           sizing: Sizing | None = None) -> SearchOutcome:
+           sizing: Sizing | None = None, workers: int | None = None) -> SearchOutcome:
+    """``workers``: the exhaustive engine's processes (None: the machine's cores, for a large
+    enough space)."""
     if engine == "auto":
         engine = "exhaustive" if space.size <= EXHAUSTIVE_LIMIT * _methods(space) else "tpe"
     if engine == "exhaustive":
         with _fewer_collections():
-            return exhaustive(space, evaluate, refusals=refusals, cut=cut, sizing=sizing)
+            return exhaustive(space, evaluate, workers, refusals=refusals, cut=cut, sizing=sizing)
     if engine in ("tpe", "nsga2"):
         return optuna_search(space, evaluate, trials, seed, engine)
     raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
 
 
 def search_plans(space: SearchSpace, model: ModelSpec, hardware: HardwareSpec, margin: float = 0.0,
-                 engine: str = "auto", trials: int = 400, seed: int = 0) -> SearchOutcome:
+                 engine: str = "auto", trials: int = 400, seed: int = 0,
+                 workers: int | None = None) -> SearchOutcome:
     """``search`` with the planner's evaluator for ``model`` on ``hardware`` (candidates a rule
     refuses left unevaluated; one check and layout per combination, whatever its micro-batch),
     its rule refusals remembered and, for the exhaustive engine, candidates cut at a GPU peak
@@ -502,4 +505,4 @@ def search_plans(space: SearchSpace, model: ModelSpec, hardware: HardwareSpec, m
                         timed=False)
 
     return search(space, run, engine, trials, seed, RefusalMemo(model, hardware, shared), cut,
-                  Sizing(memory, time_evaluation))
+                  Sizing(memory, time_evaluation), workers)
