@@ -8,8 +8,9 @@ under, host transfers, the optimizer step); ``assemble`` resolves overlap and su
 
 Overlap: a communication row names the pass that hides it (the forward or the backward of the
 same micro-batch, as long as the longer of its compute and its launches); of that window
-``OVERLAP_EFFICIENCY`` is usable, and what does not fit is exposed. Source for overlap in DDP/ZeRO/FSDP: Li et al. 2020 "PyTorch
-Distributed" (bucketed all-reduce during backward); Zhao et al. 2023 "PyTorch FSDP" (prefetch).
+``OVERLAP_EFFICIENCY`` is usable, and what does not fit is exposed. Source for overlap in
+DDP/ZeRO/FSDP: Li et al. 2020 "PyTorch Distributed" (bucketed all-reduce during backward);
+Zhao et al. 2023 "PyTorch FSDP" (prefetch).
 """
 
 from dataclasses import dataclass, field
@@ -128,8 +129,8 @@ def resolve(draft: TimeDraft, grad_accum: int) -> list[tuple[TimeRowDraft, float
     (``TimeDraft.dispatch``): where the host launches slower than the GPU runs, the GPU idles for
     the difference (the "dispatch" row). Communication runs on its own stream through the whole
     pass, so its window is that length, and only what outlasts the window's usable share is
-    exposed. A pass's time, max(compute, launches) + exposed communication, so never falls as its
-    compute or its launches grow."""
+    exposed. A pass's time is max(compute, launches) + exposed communication: it never falls as
+    its compute or its launches grow."""
     launched = {Window.FORWARD: draft.cpu_dispatch_seconds - draft.dispatch_backward_seconds,
                 Window.BACKWARD: draft.dispatch_backward_seconds}
     computed = {w: draft.pass_seconds(w) for w in launched}

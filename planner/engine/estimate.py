@@ -88,6 +88,12 @@ class Evaluation:
         return self.host
 
     @property
+    def held(self) -> int:
+        """The GPU peak less the paged optimizer state placed on the GPU (which fills whatever room
+        the rest leaves: a plan fits the GPU when the rest does), bytes."""
+        return self.peak - (self.paged.resident_bytes if self.paged else 0)
+
+    @property
     def gpu_fits(self) -> bool:
         return self.peak <= self.usable
 

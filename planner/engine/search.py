@@ -164,8 +164,8 @@ def _scan_sized(index: int, techniques: dict, space: SearchSpace, sizing: Sizing
     evaluations only, first the size a guess says is the largest that fits (``_guess``) and its
     neighbour, then by bisection; the guess only orders the evaluations, each answer is an
     evaluation's or, for a size that does not fit, a chord's through two that do (the memory is
-    convex in the micro-batch: ``_first_proven_miss``). Only the largest size that fits is timed and recorded: its tokens/s is the
-    combination's highest (fewer micro-batches per step, each with its fixed costs; unless a
+    convex in the micro-batch: ``_first_proven_miss``). Only the largest size that fits is timed
+    and recorded: its tokens/s is the combination's highest (fewer micro-batches per step, each with its fixed costs; unless a
     paged optimizer state spills to host RAM, more as the activations grow: then every size is
     timed; tests/test_search_dominance.py holds the model to it), and its numerics, family and
     complexity are the others', so every ranking of planner/engine/ranking.py prefers it to the
@@ -176,7 +176,7 @@ def _scan_sized(index: int, techniques: dict, space: SearchSpace, sizing: Sizing
     # the sizes that fit while accumulating, ascending, with their GPU bytes (the chord's points)
     fitted: list[tuple[int, int]] | None = [] if memory_convex(techniques) else None
     if fitted is not None and space.grad_accum(sizes[0]) > 1:
-        fitted.append((sizes[0], gpu_held(first)))
+        fitted.append((sizes[0], first.held))
     out.evaluated += 1  # (the first size)
 
     def probe(i: int) -> bool:
@@ -186,7 +186,7 @@ def _scan_sized(index: int, techniques: dict, space: SearchSpace, sizing: Sizing
         if ev.fits:
             lo, best = i, ev
             if fitted is not None and space.grad_accum(sizes[i]) > 1:
-                fitted.append((sizes[i], gpu_held(ev)))
+                fitted.append((sizes[i], ev.held))
                 if (proven := _first_proven_miss(space, fitted, lo, ev.usable)) < hi:
                     hi, miss_reason = proven, NOT_FIT_GPU
         else:
@@ -218,15 +218,9 @@ def _scan_sized(index: int, techniques: dict, space: SearchSpace, sizing: Sizing
 CHORD_SLACK_BYTES = 2**20
 
 
-def gpu_held(ev: Evaluation) -> int:
-    """An evaluation's GPU peak less its paged optimizer state (which fills whatever room is left:
-    a plan fits the GPU when the rest does)."""
-    return ev.peak - (ev.paged.resident_bytes if ev.paged else 0)
-
-
 def _first_proven_miss(space: SearchSpace, fitted: list[tuple[int, int]], lo: int, usable: int) -> int:
     """The index of the first size above ``sizes[lo]`` that cannot fit the GPU, or ``len(sizes)``.
-    A combination's GPU bytes (``gpu_held``) are a convex function of the micro-batch where its
+    A combination's GPU bytes (``Evaluation.held``) are a convex function of the micro-batch where its
     choices say so (``strategies.memory_convex``) and the accumulation stays on one side of one
     micro-batch per step (memory reads it only as that: gradients held across micro-batches or
     not): each phase sums rows constant or linear in the tokens, the peak is the largest phase,
@@ -453,7 +447,8 @@ def _methods(space: SearchSpace) -> int:
 #: (Python's default: 700 allocations). An evaluation allocates hundreds of short-lived objects
 #: that reference counting frees; collecting every 700 re-walks the young ones for nothing:
 #: the search is 4-12 % faster at 20,000 (8B on 8xH100-80, 1xA100-40 and 1xRTX4090-24
-#: ``--adapter any``, medians of 5), its memory unchanged in any way that matters.
+#: ``--adapter any``, medians of 5). Objects in reference cycles wait up to 20,000 allocations
+#: to be collected instead of 700.
 SEARCH_GC_THRESHOLD = 20_000
 
 
