@@ -105,8 +105,9 @@ def bandwidth(ctx: PlanContext) -> float:
     return gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory_bandwidth
 
 
-def tokens(ctx: PlanContext) -> int:
-    return ctx.config.tokens_per_micro_batch
+def tokens(ctx: PlanContext) -> float:
+    """Tokens the kernels run per micro-batch, padding included (planner/core/lengths.py)."""
+    return ctx.config.kernel_tokens_per_micro_batch
 
 
 def layer_matmul_forward_seconds(ctx: PlanContext, tensors=None) -> float:
@@ -140,11 +141,11 @@ def attention_forward_seconds(ctx: PlanContext) -> float:
     m, cfg = ctx.model, ctx.config
     dtype = ctx.layout.compute_dtype
     if ctx.layout.fused_attention:
-        flops = compute.attention_flops_per_token(m, cfg.seq_len, causal_skip=True) * tokens(ctx)
+        flops = compute.attention_flops_per_token(m, cfg.attention_len, causal_skip=True) * tokens(ctx)
         return flops / (peak_flops(ctx) * ctx.hardware.gpu.efficiency.attention * saturation(ctx))
-    flops = compute.attention_flops_per_token(m, cfg.seq_len, causal_skip=False) * tokens(ctx)
+    flops = compute.attention_flops_per_token(m, cfg.attention_len, causal_skip=False) * tokens(ctx)
     c = DTYPE_BYTES[dtype]
-    traffic = (3 * c + 8) * m.num_heads * cfg.seq_len * m.num_layers * tokens(ctx)
+    traffic = (3 * c + 8) * m.num_heads * cfg.attention_len * m.num_layers * tokens(ctx)
     return flops / matmul_rate(ctx, dtype) + traffic / bandwidth(ctx)
 
 

@@ -7,6 +7,7 @@ existing technique needs nothing here)."""
 
 from pydantic import BaseModel, Field
 
+from planner.core.lengths import Batching
 from planner.core.vocabulary import ConfigBase
 from planner.strategies.adapter import Adapter, LoraTargets
 from planner.strategies.attention import Attention
@@ -36,6 +37,10 @@ class TrainingConfig(ConfigBase):
     micro_batch_size: int = 1
     grad_accum: int = 1
     seq_len: int = 2048
+    batching: Batching = Batching.PACKED
+    kernel_seq_len: float | None = None
+    attention_seq_len: float | None = None
+    real_seq_len: float | None = None
 
 
 class TechniqueChoices(BaseModel):

@@ -36,7 +36,9 @@ def test_fits_exit_0_and_json_contract():
     assert set(out["config"]) == {"optimizer", "precision", "checkpointing", "sharding", "offload", "loss",
                                   "attention", "adapter", "fsdp_version", "gradient_sync", "lora_rank", "lora_targets",
                                   "lora_alpha", "lora_dropout",
-                                  "micro_batch_size", "grad_accum", "seq_len"}
+                                  "micro_batch_size", "grad_accum", "seq_len", "batching", "kernel_seq_len",
+                                  "attention_seq_len", "real_seq_len"}
+    assert out["config"]["batching"] == "packed" and out["config"]["kernel_seq_len"] is None
     assert set(out["memory"]) == set(TERMS) | {"peak"}
     assert sum(v for k, v in out["memory"].items() if k != "peak") == out["memory"]["peak"]
     assert {"peak", "capacity"} <= set(out["host_memory"])

@@ -3,7 +3,7 @@ tokenizer, as a user has one) on planner's sample text for two steps through the
 (``python -m planner.launch`` under ``accelerate launch``), and the live objects of the run
 (planner/launch/live.py: optimizer class and state dtypes, parameter dtype and accelerate's mixed
 precision, checkpoint wrappers, DeepSpeed stage and offload, FSDP2 reshard and offload, loss,
-attention, batch shape, the peft adapter: kind, rank, targets, alpha, dropout, trainable parameters)
+attention, batch shape and batching, the peft adapter: kind, rank, targets, alpha, dropout, trainable parameters)
 equal the plan, field by field, on every rank. QLoRA's 4-bit base runs through bitsandbytes' CPU
 backend.
 
@@ -57,6 +57,7 @@ ALL_CASES = [
                                              lora_rank=8, lora_dropout=0.0), 2),
     ("fsdp-qlora", "2xA100-80", dict(sharding="fsdp", adapter="qlora", checkpointing="full"), 2),
     ("zero3-lora-full", "2xA100-80", dict(sharding="zero3", adapter="lora", checkpointing="full"), 2),
+    ("single-padded", "1xA100-80", dict(batching="padded"), 1),  # one document a row, padded to the batch's longest
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
 #: Cases whose every technique value other cases launch too (AdamW with full checkpointing on one
 #: GPU: fsdp-qlora, zero3-lora-full and the CPU launch of tests/test_gpu_validate.py; ZeRO-3 full

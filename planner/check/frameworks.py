@@ -14,7 +14,8 @@ LLaMA-Factory (``llamafactory-cli train``): HfArgumentParser refuses unknown key
 with the bnb method over LoRA is QLoRA, 8 LoRA over an LLM.int8() base (model_utils/quantization.py),
 ``additional_target`` modules are trained in full (peft ``modules_to_save``); gradient checkpointing is on
 unless ``disable_gradient_checkpointing`` (model_utils/checkpointing.py); ``cutoff_len`` 2048
-(data_args.py); ``flash_attn`` auto leaves transformers' default, disabled/sdpa/fa2/fa3 set
+(data_args.py), ``packing`` off but in pre-training (``stage: pt``), and ``neat_packing`` packs too;
+``flash_attn`` auto leaves transformers' default, disabled/sdpa/fa2/fa3 set
 eager/sdpa/flash_attention_2/3 (model_utils/attention.py); trainable parameters are upcast to
 fp32 unless ``pure_bf16`` (model/adapter.py), so bf16 trains fp32 weights with autocast.
 
@@ -24,7 +25,8 @@ dtype, with no fp32 upcast (utils/config/__init__.py ``resolve_dtype``, loaders/
 ``adapter`` lora / qlora (qlora requires ``load_in_4bit``; lora with ``load_in_8bit`` is LoRA over an
 LLM.int8() base; ``lora_modules_to_save`` are trained in full), ``lora_r`` and ``lora_alpha`` have no
 default, ``lora_dropout`` 0, ``lora_target_linear`` = every linear but the head (utils/schemas/
-peft.py, loaders/adapter.py); ``sequence_len`` 512, ``micro_batch_size`` and
+peft.py, loaders/adapter.py); ``sequence_len`` 512, ``sample_packing`` off (one sample per row,
+padded to the batch's longest, or to ``sequence_len`` with ``pad_to_sequence_len``), ``micro_batch_size`` and
 ``gradient_accumulation_steps`` 1, ``optimizer`` adamw_torch_fused, ``gradient_checkpointing``
 off (utils/schemas/training.py, config.py); the legacy attention booleans map to
 ``attn_implementation`` (config.py); ``fsdp_config`` keys lose their ``fsdp_`` prefix and a config
@@ -130,6 +132,10 @@ def _llamafactory(t: Translation) -> None:
         t.put("gradient_checkpointing", not off, "disable_gradient_checkpointing" if "disable_gradient_checkpointing"
               in d else "no disable_gradient_checkpointing (LLaMA-Factory's default: checkpointing on)")
     t.default("max_length", "cutoff_len", 2048)
+    packed = (d["packing"] if d.get("packing") is not None else d.get("stage") == "pt") is True \
+        or d.get("neat_packing") is True
+    t.put("packing", packed, next((k for k in ("neat_packing", "packing") if d.get(k) is not None), None)
+          or f"no packing (LLaMA-Factory's default: {'on in pre-training' if packed else 'off'})")
     attention = d.get("flash_attn", "auto")
     if isinstance(attention, str) and attention in LF_ATTENTION:
         t.put("attn_implementation", LF_ATTENTION[attention], f"flash_attn {attention}")
@@ -176,6 +182,9 @@ def _axolotl(t: Translation) -> None:
         t.problems.append(f"{where}: load_in_4bit / load_in_8bit without an adapter: axolotl refuses a quantized "
                           "base without one")
     t.default("max_length", "sequence_len", 512)
+    t.default("packing", "sample_packing", False)
+    if d.get("pad_to_sequence_len") is True and not d.get("sample_packing"):
+        t.put("padding", "max_length", "pad_to_sequence_len")
     t.default("per_device_train_batch_size", "micro_batch_size", 1)
     t.default("gradient_accumulation_steps", "gradient_accumulation_steps", 1)
     t.default("optim", "optimizer", "adamw_torch_fused")

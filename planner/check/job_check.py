@@ -22,20 +22,23 @@ from planner.check.job_files import JOB_DIR_ALSO, JOB_FILES, read_job
 from planner.core.errors import PlannerInputError
 from planner.core.formatting import gib
 from planner.core.job import Reading
-from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
+from planner.core.lengths import Batching, shape
+from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN, SHAPE_FIELDS
 from planner.engine.alternatives import faster_changes, memory_savers
 from planner.engine.estimate import default_seq_len, estimate_config
+from planner.engine.lengths_file import lengths_of
 from planner.engine.search import search_plans
-from planner.engine.space import build_space
+from planner.engine.space import build_space, shape_fields
 from planner.schema.estimate import EstimateResult
-from planner.schema.target import Target
+from planner.schema.target import DataShape, Target
 from planner.strategies import BY_FIELD, TECHNIQUES, TrainingConfig, approximation_note, ladder_key
 from planner.strategies.request_fields import TechniqueChoices
 
-CONFIG_FIELDS = tuple(TrainingConfig.model_fields)  # every technique and the workload
+#: every technique and the workload, but what the batching and the samples' lengths derive
+CONFIG_FIELDS = tuple(f for f in TrainingConfig.model_fields if f not in SHAPE_FIELDS)
 
 
-class CheckRequest(Target, TechniqueChoices):
+class CheckRequest(Target, DataShape, TechniqueChoices):
     """The job's files (any subset, or a job directory) and flags that fill or override them: one
     optional value per technique (TechniqueChoices) and the workload."""
 
@@ -83,11 +86,12 @@ def check(request: CheckRequest) -> CheckResult:
         timed = estimate_config(model, hardware, config.model_copy(update=reading.time_as), request.margin)
         result = result.model_copy(update={"time": timed.time})
     changes, faster = [], []
+    lengths = lengths_of(request)
     if request.alternatives:
         if result.fits:
-            faster = _faster_plans(model, hardware, config, request.margin, result, request.alternatives)
+            faster = _faster_plans(model, hardware, config, request.margin, result, request.alternatives, lengths)
         else:
-            changes = _changes_that_fit(model, hardware, config, request.margin, result, request.alternatives)
+            changes = _changes_that_fit(model, hardware, config, request.margin, result, request.alternatives, lengths)
     return CheckResult(
         fits=result.fits, estimate=result, model_source=model_source, sources=sources,
         warnings=reading.warnings + result.warnings,
@@ -170,6 +174,13 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
         if name not in values:
             values[name] = defaults.get(name, TrainingConfig.model_fields[name].default)
             sources[name] = "default"
+    if sources["batching"] == "default" and request.lengths is not None:
+        values["batching"], sources["batching"] = request.batching_used, "--lengths (samples one per sequence)"
+    if values["batching"] in (Batching.PADDED, Batching.PADDED_MAX) and all(
+            isinstance(values[k], int) and values[k] >= 1 for k in ("seq_len", "micro_batch_size")):
+        lengths, cap = lengths_of(request), values["seq_len"]  # (rows of the samples' own lengths: core/lengths.py)
+        values["seq_len"] = shape(values["batching"], cap, lengths, 1).memory
+        values |= shape_fields(values["batching"], cap, lengths, values["micro_batch_size"])
     for s in TECHNIQUES:  # a technique's settings mean nothing while it is off (LoRA's rank without an adapter)
         if s.settings and not s.uses_settings(values[s.field]):
             for x in s.settings:
@@ -225,10 +236,11 @@ def _one_field_fixes(model, hardware, config, margin) -> list[Change]:
     return sorted(out, key=lambda c: (ladder_key(c.config, config), -c.tokens_per_second))
 
 
-def _changes_that_fit(model, hardware, config, margin, result, limit) -> list[Change]:
+def _changes_that_fit(model, hardware, config, margin, result, limit, lengths=None) -> list[Change]:
     """One change if any fits (the techniques' memory savers, or for an infeasible job any one
-    field), else two, else the fastest fitting plans for this job's batch."""
-    savers = memory_savers(model, hardware, config, margin, baseline=result) if result.feasible else []
+    field), else two, else the fastest fitting plans for this job's batch (``lengths``: the
+    samples' token counts, which shape a padded micro-batch)."""
+    savers = memory_savers(model, hardware, config, margin, baseline=result, lengths=lengths) if result.feasible else []
     single = ([_change(config, a.result, a.change) for a in savers if a.result.fits] if result.feasible
               else _one_field_fixes(model, hardware, config, margin))
     if single:
@@ -241,20 +253,21 @@ def _changes_that_fit(model, hardware, config, margin, result, limit) -> list[Ch
         if r.fits:
             pairs.append(_change(config, r, f"{a.change}; {b.change}"))
     pairs.sort(key=lambda c: (ladder_key(c.config, config), -c.tokens_per_second))
-    return pairs[:limit] or _plans(model, hardware, config, margin, limit)
+    return pairs[:limit] or _plans(model, hardware, config, margin, limit, lengths)
 
 
-def _faster_plans(model, hardware, config, margin, result, limit) -> list[Change]:
+def _faster_plans(model, hardware, config, margin, result, limit, lengths=None) -> list[Change]:
     """Faster plans one technique and / or the micro-batch away from the job (a bounded search,
     planner/engine/alternatives.py ``faster_changes``; `planner suggest` searches the whole space)."""
-    return [_change(config, r) for r in faster_changes(model, hardware, config, margin, result, limit)]
+    return [_change(config, r) for r in faster_changes(model, hardware, config, margin, result, limit, lengths)]
 
 
-def _plans(model, hardware, config, margin, limit) -> list[Change]:
-    """The fastest fitting plans with this job's sequence length and global batch."""
+def _plans(model, hardware, config, margin, limit, lengths=None) -> list[Change]:
+    """The fastest fitting plans with this job's sequence length, batching and global batch."""
     global_batch = config.micro_batch_size * config.grad_accum * hardware.num_gpus
     try:
-        space = build_space(hardware.num_gpus, config.seq_len, global_batch_size=global_batch)
+        space = build_space(hardware.num_gpus, config.seq_len, global_batch_size=global_batch,
+                            batching=config.batching, lengths=lengths)
     except PlannerInputError:
         return []
     outcome = search_plans(space, model, hardware, margin)

@@ -29,6 +29,7 @@ from planner.check.recipe_keys import read_recipe_keys, suggestion
 from planner.core.errors import PlannerInputError
 from planner.core.job import FsdpSettings, JobFiles, Reading
 from planner.core.launch_contract import RUNTIME_FILE, RuntimeArgs
+from planner.core.lengths import Batching
 from planner.strategies import TECHNIQUES
 
 #: TRL's SFTConfig sequence-length keys (a TrainingArguments subclass that most SFT jobs use).
@@ -106,6 +107,25 @@ def _name_origins(r: Reading, origins: dict[str, dict[str, str]]) -> None:
         r.problems, r.warnings = [rename(x) for x in r.problems], [rename(x) for x in r.warnings]
 
 
+def _batching(d: dict, where: str, r: Reading) -> None:
+    """How a TRL recipe batches (planner/core/lengths.py): ``packing`` true packs rows of
+    ``max_length``; false puts one sample in each row, padded to the micro-batch's longest (TRL's
+    collators), or to the length where a framework file says so (axolotl's ``pad_to_sequence_len``,
+    translated as ``padding: max_length``: planner/check/frameworks.py). TRL's ``padding_free`` (rows
+    concatenated without padding, for flash-attention's variable-length kernels) is refused: not
+    modelled."""
+    if d.get("padding_free") is True:
+        r.problems.append(f"{where}: padding_free true: batches without padding (flash-attention's variable-length "
+                          "kernels) are not modelled; plan it as packing true, or padded with --lengths")
+    packing = d.get("packing")
+    if packing is True:
+        r.set("batching", Batching.PACKED, f"{where}: packing true")
+    elif packing is False:
+        to_max = d.get("padding") == "max_length"
+        r.set("batching", Batching.PADDED_MAX if to_max else Batching.PADDED,
+              f"{where}: packing false" + (", padding max_length" if to_max else ""))
+
+
 def _runtime(path: Path, r: Reading, parts: dict) -> None:
     """runtime.json (planner.core.launch_contract): its format, the sequence length; each technique reads its key."""
     d = read_mapping(path, "planner runtime arguments")
@@ -116,6 +136,8 @@ def _runtime(path: Path, r: Reading, parts: dict) -> None:
         return
     parts |= {"runtime": args.model_dump(), "runtime_where": path.name}
     r.set("seq_len", args.seq_len, f"{path.name}: seq_len")
+    if "batching" in d:
+        r.set("batching", args.batching, f"{path.name}: batching")
 
 
 def _unknown(d: dict, known: frozenset[str]) -> str:
@@ -282,6 +304,7 @@ def _training_args(path: Path, r: Reading, parts: dict) -> Path | dict | None:
         seq = r.typed(d, key, (int,), where)
         if seq:
             r.set("seq_len", seq, f"{where}: {key}")
+    _batching(d, where, r)
     if d.get("torch_compile"):
         r.warnings.append(f"{where}: torch_compile is not modelled")
     fsdp = d.get("fsdp")

@@ -145,13 +145,16 @@ def estimate(
     micro_batch_size: options.MicroBatch = 1,
     grad_accum: options.GradAccum = 1,
     seq_len: options.SeqLen = None,
+    batching: options.BatchingOption = None,
+    lengths: options.LengthsFile = None,
     as_json: options.Json = False,
 ) -> None:
     from planner.engine.estimate import estimate as run
     from planner.render.report import render_estimate
     from planner.schema.estimate import EstimateRequest
 
-    workload = {"micro_batch_size": micro_batch_size, "grad_accum": grad_accum, "seq_len": seq_len}
+    workload = {"micro_batch_size": micro_batch_size, "grad_accum": grad_accum, "seq_len": seq_len,
+                "batching": batching, "lengths": lengths}
     asked = _asked(target, _words(techniques) + _words(workload, {"micro_batch_size": 1, "grad_accum": 1}))
     serve(lambda: run(EstimateRequest(**target, **techniques, **workload)), partial(render_estimate, asked=asked),
           as_json)
@@ -244,6 +247,8 @@ def check(
                                                                                              "(from the files)")] = None,
     grad_accum: Annotated[int | None, typer.Option(help="gradient accumulation steps (from the files)")] = None,
     seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (files rarely say; default 2048)")] = None,
+    batching: options.BatchingOption = None,
+    lengths: options.LengthsFile = None,
     as_json: options.Json = False,
 ) -> None:
     from planner.check import CheckRequest
@@ -256,7 +261,7 @@ def check(
                 **target, **techniques,
                 accelerate_config=accelerate_config, deepspeed_config=deepspeed_config, training_args=training_args,
                 runtime_args=runtime_args, job_dir=job_dir, micro_batch_size=micro_batch_size, grad_accum=grad_accum,
-                seq_len=seq_len))
+                seq_len=seq_len, batching=batching, lengths=lengths))
 
     serve(plan, partial(render_check, asked=_asked(target, [], job_dir=job_dir)), as_json)
 

@@ -13,6 +13,7 @@ import typer
 
 from planner.catalog.calibration import ENV as CALIBRATION_ENV
 from planner.core.launch_contract import Launcher
+from planner.core.lengths import Batching
 from planner.core.numerics import NumericsPolicy, ladder_phrase
 from planner.cost.overheads import DEFAULT_MARGIN
 from planner.strategies import BY_FIELD, LADDER, SETTINGS, TECHNIQUES
@@ -49,6 +50,15 @@ Calibration = Annotated[str | None, typer.Option(
          "(default: calibration.sqlite in ~/.cache/planner)")]
 SeqLen = Annotated[int | None, typer.Option("--seq-len", metavar="N", help="tokens per sequence "
                                                               "(default: 2048, or the model's position limit if shorter)")]
+BatchingOption = Annotated[Batching | None, typer.Option(
+    "--batching", metavar="HOW", show_choices=False,
+    help="packed (samples concatenated into full sequences), padded (one sample per sequence, each "
+         "micro-batch padded to its longest) or padded-max (padded to --seq-len); default: packed, or padded "
+         "with --lengths")]
+LengthsFile = Annotated[Path | None, typer.Option(
+    "--lengths", metavar="FILE",
+    help="your samples' token counts: one per line, 'tokens count' pairs, or JSON lines with input_ids or "
+         "'length'; padded plans time the expected micro-batch and fit the longest")]
 MicroBatch = Annotated[int, typer.Option("--micro-batch-size", "--mbs", metavar="N", help="sequences per GPU per micro-batch")]
 MicroBatches = Annotated[list[int] | None, typer.Option(
     "--micro-batch-size", "--mbs", metavar="N",
@@ -120,9 +130,11 @@ def with_target(command, model_from_files: bool = False):
 
 def with_space(command):
     """Give a searching command (suggest, tune) the options that shape its search space:
-    --micro-batch-size, --seq-len, --global-batch-size, --exact-optimizer, --launcher, --numerics; it is called
+    --micro-batch-size, --seq-len, --batching, --lengths, --global-batch-size, --exact-optimizer, --launcher,
+    --numerics; it is called
     with ``space={...}``, SuggestRequest fields."""
-    added = [_option("micro_batch_size", MicroBatches), _option("seq_len", SeqLen), _option("global_batch_size", GlobalBatch),
+    added = [_option("micro_batch_size", MicroBatches), _option("seq_len", SeqLen), _option("batching", BatchingOption),
+             _option("lengths", LengthsFile), _option("global_batch_size", GlobalBatch),
              _option("exact_optimizer", ExactOptimizer, False), _option("launcher", LauncherOption, Launcher.PLANNER),
              _option("numerics", Numerics, NumericsPolicy.LADDER)]
     return _extend(command, "space", added, lambda v: v | {"micro_batch_size": v["micro_batch_size"] or []})

@@ -3,7 +3,7 @@
 A plan runs through ``accelerate launch`` with the emitted accelerate YAML, DeepSpeed JSON and
 Trainer arguments, read by the real libraries. What none of their keys can say (the weights'
 load dtype for bf16-pure, the attention implementation, an optimizer the Trainer has no ``optim``
-name for, the selective checkpointing policy, the sequence length of the packed data) is in
+name for, the selective checkpointing policy, the sequence length and how the data is batched) is in
 ``runtime.json``, which the planner entry point (``python -m planner.launch``) applies in the
 training process and ``planner check`` reads back like any other job file. Each technique writes
 and reads its own keys (its strategy's ``emit`` and ``read``); this module only fixes the format.
@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.core.lengths import Batching
 from planner.core.vocabulary import MAX_SEQ_LEN
 
 RUNTIME_FILE = "runtime.json"
@@ -37,7 +38,8 @@ class RuntimeArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     planner_version: str
-    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)  # tokens per packed training sequence
+    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)  # tokens per training sequence (padded: at most)
+    batching: Batching = Batching.PACKED  # how the launch batches the samples (planner/core/lengths.py)
     dtype: str = "float32"  # from_pretrained(dtype=...): the parameters' dtype
     attn_implementation: str = "sdpa"  # from_pretrained(attn_implementation=...)
     optimizer: str | None = None  # built by the runtime where the Trainer has no optim name for it
@@ -49,4 +51,4 @@ class RuntimeArgs(BaseModel):
     @classmethod
     def neutral(cls) -> dict:
         return {"dtype": "float32", "attn_implementation": "sdpa", "optimizer": None, "checkpointing": None,
-                "lora": None, "quantization": None}
+                "lora": None, "quantization": None, "batching": Batching.PACKED}

@@ -159,7 +159,7 @@ def step_seconds(draft: TimeDraft, grad_accum: int) -> float:
 
 
 def assemble(
-    draft: TimeDraft, grad_accum: int, tokens_per_step: int, num_gpus: int, model_flops_per_token: float,
+    draft: TimeDraft, grad_accum: int, tokens_per_step: float, num_gpus: int, model_flops_per_token: float,
     peak_flops_per_gpu: float, peak_dtype: str = "bf16",
 ) -> StepTime:
     rows = [

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Self, cast
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from planner.core.lengths import Batching
+
 #: Sequence length when the user gives none: 2048 tokens, or less where the model's positions
 #: stop earlier (GPT-2's 1024 learned positions).
 DEFAULT_SEQ_LEN = 2048
@@ -21,13 +23,23 @@ MAX_BATCH = 1_000_000
 MAX_SEQ_LEN = 100_000_000
 
 #: The workload of one plan, after its techniques: sequences per GPU per micro-batch, micro-batches
-#: per optimizer step, tokens per sequence.
-WORKLOAD_FIELDS: dict[str, tuple[type, Any]] = {
+#: per optimizer step, tokens per sequence (the longest micro-batch's: the peak's), how sequences are
+#: batched, and where rows are not all that long (padded batching of shorter samples,
+#: planner/core/lengths.py ``shape``) the expected tokens per row the kernels run, attention's
+#: per-token length and the real tokens per row (None: ``seq_len``).
+WORKLOAD_FIELDS: dict[str, tuple[Any, Any]] = {
     "micro_batch_size": (int, Field(1, ge=1, le=MAX_BATCH)),
     "grad_accum": (int, Field(1, ge=1, le=MAX_BATCH)),
     "seq_len": (int, Field(DEFAULT_SEQ_LEN, ge=1, le=MAX_SEQ_LEN)),
+    "batching": (Batching, Field(Batching.PACKED)),
+    "kernel_seq_len": (float | None, Field(None, gt=0, le=MAX_SEQ_LEN)),
+    "attention_seq_len": (float | None, Field(None, gt=0, le=MAX_SEQ_LEN)),
+    "real_seq_len": (float | None, Field(None, gt=0, le=MAX_SEQ_LEN)),
 }
 WORKLOAD = tuple(WORKLOAD_FIELDS)
+#: The workload fields a plan derives from its batching and its samples' lengths (no file or flag
+#: sets them: planner/engine/space.py ``shape_fields``).
+SHAPE_FIELDS = ("kernel_seq_len", "attention_seq_len", "real_seq_len")
 
 
 @dataclass(frozen=True)
@@ -59,10 +71,30 @@ class ConfigBase(BaseModel):
     if TYPE_CHECKING:  # fields of every configuration model (the workload's, last: config_model)
         micro_batch_size: int
         seq_len: int
+        batching: Batching
+        kernel_seq_len: float | None
+        attention_seq_len: float | None
+        real_seq_len: float | None
 
     @property
     def tokens_per_micro_batch(self) -> int:
+        """Tokens of the longest micro-batch (what memory holds at the peak)."""
         return self.micro_batch_size * self.seq_len
+
+    @property
+    def kernel_tokens_per_micro_batch(self) -> float:
+        """Tokens the kernels run in the expected micro-batch, padding included (what time reads)."""
+        return self.micro_batch_size * (self.kernel_seq_len or self.seq_len)
+
+    @property
+    def attention_len(self) -> float:
+        """Attention's per-token length, tokens: its FLOPs per row grow with the row's square."""
+        return self.attention_seq_len or self.seq_len
+
+    @property
+    def real_tokens_per_micro_batch(self) -> float:
+        """The samples' own tokens in the expected micro-batch (what tokens/s counts)."""
+        return self.micro_batch_size * (self.real_seq_len or self.seq_len)
 
     @classmethod
     def defaults(cls) -> dict[str, Any] | None:

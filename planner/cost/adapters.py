@@ -335,7 +335,7 @@ def adapter_matmul_flops_per_token(m: ModelSpec, targets: str, rank: int, input_
     return 2 * base + adapter - skipped
 
 
-def training_flops_per_token(m: ModelSpec, seq_len: int, spec: AdapterSpec | None) -> float:
+def training_flops_per_token(m: ModelSpec, seq_len: float, spec: AdapterSpec | None) -> float:
     """Useful FLOPs per trained token, no recomputation (MFU's numerator): the 6N-style
     ``compute.model_flops_per_token`` in full fine-tuning; with an adapter, its step's matmuls
     (``adapter_matmul_flops_per_token``: no frozen weight gradients) and the attention's forward

@@ -30,13 +30,13 @@ def matmul_flops_per_token(m: ModelSpec, layers_only: bool = False) -> float:
     return 2.0 * total
 
 
-def attention_flops_per_token(m: ModelSpec, seq_len: int, causal_skip: bool = True) -> float:
+def attention_flops_per_token(m: ModelSpec, seq_len: float, causal_skip: bool = True) -> float:
     """Forward attention FLOPs per token, all layers: QK^T and PV, 2 * 2 * s * a * d per layer,
     halved when the kernel skips the masked upper triangle."""
     full = 4.0 * seq_len * m.num_heads * m.head_dim * m.num_layers
     return full / 2 if causal_skip else full
 
 
-def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+def model_flops_per_token(m: ModelSpec, seq_len: float) -> float:
     """Useful FLOPs per trained token, forward + backward (3x forward), no recomputation."""
     return 3.0 * (matmul_flops_per_token(m) + attention_flops_per_token(m, seq_len))

@@ -150,7 +150,7 @@ def _draft(ctx: PlanContext) -> EmitDraft:
             "steps_per_print": 100,
             "wall_clock_breakdown": False,
         }
-    files.runtime = {"planner_version": __version__, "seq_len": cfg.seq_len}
+    files.runtime = {"planner_version": __version__, "seq_len": cfg.seq_len, "batching": str(cfg.batching)}
     files.extras.add("train")
     files.training_args = {
         "output_dir": "outputs",

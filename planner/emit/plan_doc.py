@@ -7,6 +7,7 @@ from planner.core.emitted import EmitDraft
 from planner.core.formatting import count, gib, share
 from planner.core.launch_contract import RUNTIME_FILE, RuntimeArgs
 from planner.core.ledger import Location, resident
+from planner.core.lengths import Batching
 from planner.engine.ranking import TIE_BAND
 from planner.schema.estimate import Alternative, EstimateResult
 from planner.strategies import approximation_words, summary
@@ -104,13 +105,23 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
                        f"{r.time.tokens_per_second:,.0f} tokens/s")
     else:
         out.append("No single change of this plan lowers its peak further; use more or larger GPUs.")
-    out += ["", *how_to_run(draft, files, c.seq_len)]
+    out += ["", *how_to_run(draft, files, c.seq_len, c.batching)]
     if notes or plan.warnings:
         out += ["", "Notes:", ""] + [f"- {shell.visible(n)}" for n in notes + plan.warnings]
     return "\n".join(out) + "\n"
 
 
-def how_to_run(draft: EmitDraft, files: list[str], seq_len: int) -> list[str]:
+#: How the launch turns the text into sequences, per batching (planner/launch/data.py).
+DATA_WORDS = {
+    Batching.PACKED: "the text is tokenised and packed into sequences of {n:,} tokens",
+    Batching.PADDED: ("each document is tokenised as one sequence, truncated to {n:,} tokens, and each micro-batch "
+                      "padded to its longest (the padding masked out of attention and loss)"),
+    Batching.PADDED_MAX: ("each document is tokenised as one sequence, truncated to {n:,} tokens and padded to "
+                          "{n:,} (the padding masked out of attention and loss)"),
+}
+
+
+def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batching = Batching.PACKED) -> list[str]:
     """Commands that work from the plan folder after ``pip install llm-train-planner[...]``: the extras this
     plan needs, the real launch on the user's model and data, a smoke test named as one, and what a
     user's own script must apply (runtime.json beyond the libraries' defaults)."""
@@ -131,8 +142,8 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int) -> list[str]:
         "",
         "`MODEL`: a local model folder (config, weights, tokenizer) or a Hugging Face id already in the local "
         "cache (nothing is downloaded). `DATA`: a JSONL file with a `text` field (`--text-field` names "
-        f"another), a `.txt` file, or a folder written by `datasets`' `save_to_disk`; the text is tokenised and "
-        f"packed into sequences of {seq_len:,} tokens. `python -m planner.launch --help` lists every option "
+        f"another), a `.txt` file, or a folder written by `datasets`' `save_to_disk`; "
+        f"{DATA_WORDS[batching].format(n=seq_len)}. `python -m planner.launch --help` lists every option "
         "(output folder, steps, learning rate).",
         "",
         "Smoke test (checks the launch on your GPUs, not a training run): `DATA=sample` trains 20 steps on a "

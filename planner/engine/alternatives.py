@@ -10,9 +10,11 @@ what it costs in throughput; only changes that lower the peak and stay feasible 
 
 from itertools import product
 
+from planner.core.lengths import Lengths
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.engine.estimate import estimate_config, evaluate
 from planner.engine.ranking import TIE_BAND
+from planner.engine.space import reshaped
 from planner.schema.estimate import Alternative, EstimateResult
 from planner.strategies import TECHNIQUES, TrainingConfig, approximation_note, ladder_key
 
@@ -30,13 +32,14 @@ def _variants(c: TrainingConfig, hardware: HardwareSpec) -> list[tuple[str, dict
 
 
 def memory_savers(model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float = 0.0,
-                  baseline: EstimateResult | None = None) -> list[Alternative]:
+                  baseline: EstimateResult | None = None, lengths: Lengths | None = None) -> list[Alternative]:
     """Feasible one-step changes that lower the peak: those that add no approximation to the job's
-    numerics first, then the least approximation (labelled), each fastest first (``ladder_key``)."""
+    numerics first, then the least approximation (labelled), each fastest first (``ladder_key``).
+    ``lengths``: the samples' token counts, which shape a padded micro-batch of another size."""
     base = baseline or estimate_config(model, hardware, config, margin)
     out = []
     for change, update in _variants(config, hardware):
-        result = estimate_config(model, hardware, config.model_copy(update=update), margin)
+        result = estimate_config(model, hardware, reshaped(config.model_copy(update=update), lengths), margin)
         if result.feasible and result.memory["peak"] < base.memory["peak"]:
             out.append(Alternative(change + approximation_note(result.config, config), result))
     out.sort(key=lambda a: (ladder_key(a.result.config, config), -a.result.time.tokens_per_second, a.result.memory["peak"]))
@@ -58,15 +61,16 @@ def _neighbours(c: TrainingConfig) -> list[dict]:
 
 
 def faster_changes(model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float,
-                   baseline: EstimateResult, limit: int) -> list[EstimateResult]:
+                   baseline: EstimateResult, limit: int, lengths: Lengths | None = None) -> list[EstimateResult]:
     """Configurations one technique and / or the micro-batch away from ``config`` that fit and are
     faster than ``baseline`` beyond the ranking's tie band (a smaller gain is within the model's
     error, planner/engine/ranking.py ``TIE_BAND``): those that add no approximation to its numerics first, then the least
     approximation (``ladder_key``), each fastest first (ties: lower peak), at most ``limit``, each
-    estimated in full. A bounded search: ``_neighbours``, evaluated without result objects."""
+    estimated in full. A bounded search: ``_neighbours``, evaluated without result objects.
+    ``lengths``: as ``memory_savers``'."""
     found = []
     for i, update in enumerate(_neighbours(config)):
-        ev = evaluate(model, hardware, config.model_copy(update=update), margin, skip_infeasible=True)
+        ev = evaluate(model, hardware, reshaped(config.model_copy(update=update), lengths), margin, skip_infeasible=True)
         if ev.fits and ev.tokens_per_second > baseline.time.tokens_per_second * (1 + TIE_BAND):
             found.append((ladder_key(ev.ctx.config, config), -ev.tokens_per_second, ev.peak, i, ev.ctx.config))
     return [estimate_config(model, hardware, c, margin) for *_, c in sorted(found)[:limit]]

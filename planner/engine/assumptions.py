@@ -2,23 +2,33 @@
 (a flag, or planner's default and why), so no default decides a plan unseen."""
 
 from planner.catalog.calibration import CALIBRATED
+from planner.core.lengths import BATCHING_WORDS, Batching, Lengths
 from planner.core.specs import HardwareSpec
 from planner.core.timing import ASSUMED_RATE_TERMS
 from planner.core.units import GB
 from planner.cost.overheads import HOST_RESERVE_FRACTION, PAGE_MIGRATION_LINK_FRACTION
+from planner.engine.lengths_file import lengths_of
 from planner.strategies.rates import ASSUMED, FLAG, MEASURED, cpu_optimizer_rate, page_migration_rate, rate_origin
 
 
 def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int, *,
                 seq_given: bool, batch_given: bool, batch_words: str | None = None) -> list[str]:
-    """``target``: the PlanTarget (its host RAM, network and margin flags). ``batch_words``: the
-    batch as estimate states it (micro-batch x accumulation), instead of a global batch."""
-    out = [f"seq {seq_len:,} tokens ({'--seq-len' if seq_given else 'default'})"]
-    tokens = global_batch * seq_len
-    batch = batch_words or f"global batch {global_batch:,} seq = {tokens:,} tokens"
+    """``target``: the PlanTarget (its host RAM, network and margin flags; and the data's shape,
+    ``DataShape``, where it has one); ``seq_len``: the cap on a sequence's tokens. ``batch_words``:
+    the batch as estimate states it (micro-batch x accumulation), instead of a global batch."""
+    batching = getattr(target, "batching_used", Batching.PACKED)
+    lengths = lengths_of(target)
+    seen = lengths.capped(seq_len) if lengths is not None and batching != Batching.PACKED else None
+    cap = "" if batching == Batching.PACKED else "up to "
+    given = getattr(target, "seq_len", None) if seq_given else None
+    source = ("--seq-len" if given == seq_len else f"the longest sample; --seq-len {given:,}" if given
+              else "the longest sample" if seen else "default")
+    out = [f"seq {cap}{seq_len:,} tokens ({source})"]
+    tokens = f"{global_batch * seq_len:,}" if seen is None else f"~{round(global_batch * seen.mean):,} real"
+    batch = batch_words or f"global batch {global_batch:,} seq = {tokens} tokens"
     default = "default" if batch_words else "default: >= 131,072 tokens"
     out.append(f"{batch} ({'flags' if batch_given else default})")
-    out.append("packed sequences (no padding)")
+    out.append(data_words(batching, lengths, seen, seq_len))
     host = hardware.host_memory_bytes_per_node / GB
     out.append(f"host RAM {host:,.0f} GB/node, {HOST_RESERVE_FRACTION:.0%} kept free "
                + ("(--host-memory-gb)" if target.host_memory_gb is not None else "(assumed: 2x GPU memory; --host-memory-gb)"))
@@ -33,6 +43,20 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
 #: Per assumed-rate time term, in ``ASSUMED_RATE_TERMS``' order: its words, its flag.
 RATE_WORDS = dict(zip(ASSUMED_RATE_TERMS, (("paged state's migration", "--page-migration-gb-s"),
                                            ("the CPU optimizer step", "--cpu-optimizer-gparams-s")), strict=True))
+
+
+def data_words(batching: Batching, lengths: Lengths | None, seen: Lengths | None, cap: int) -> str:
+    """How the plan batches the data, and the samples' lengths it planned with (``seen``: the
+    ``lengths`` truncated at ``cap``, where they shape the rows)."""
+    words = BATCHING_WORDS[batching]
+    if batching == Batching.PACKED:
+        return words + (" (--lengths do not change a packed plan)" if lengths is not None else "")
+    if lengths is None or seen is None:
+        return (f"{words}; every sample at the full length (no --lengths: the peak holds; shorter samples "
+                "train fewer real tokens/s)")
+    cut = sum(n for t, n in lengths.counts if t > cap)
+    return (f"{words}; {lengths.samples:,} samples (--lengths {lengths.source}): mean {seen.mean:,.0f}, longest "
+            f"{seen.longest:,} tokens" + (f", {cut / lengths.samples:.1%} truncated at {cap:,}" if cut else ""))
 
 
 def rate_assumptions(hardware: HardwareSpec, terms: dict[str, float], engine: str) -> list[str]:

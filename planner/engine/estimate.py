@@ -20,13 +20,16 @@ from planner.core.ledger import (
     phase_sum,
     terms_at,
 )
+from planner.core.lengths import Batching, shape
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, assemble, assumed_share, step_seconds
-from planner.core.vocabulary import DEFAULT_SEQ_LEN, WORKLOAD
+from planner.core.vocabulary import DEFAULT_SEQ_LEN, SHAPE_FIELDS
 from planner.cost import adapters, overheads, params
 from planner.engine.assumptions import assumptions, rate_assumptions, rate_warning
+from planner.engine.lengths_file import lengths_of
 from planner.engine.ranking import TIE_BAND
 from planner.engine.recorded import RowMemo
+from planner.engine.space import shape_fields
 from planner.schema.estimate import EstimateRequest, EstimateResult, HardwareInfo, ModelInfo
 from planner.strategies import (
     REGISTRY,
@@ -106,9 +109,10 @@ class Evaluation:
         return self.feasible and self.gpu_fits and self.host_fits
 
     @property
-    def tokens_per_step(self) -> int:
+    def tokens_per_step(self) -> float:
+        """The samples' own tokens in one optimizer step (padding not counted), all GPUs."""
         cfg = self.ctx.config
-        return cfg.micro_batch_size * cfg.grad_accum * cfg.seq_len * self.ctx.layout.data_parallel
+        return cfg.real_tokens_per_micro_batch * cfg.grad_accum * self.ctx.layout.data_parallel
 
     @property
     def tokens_per_second(self) -> float:
@@ -132,9 +136,15 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     said = assumptions(request, hardware, config.seq_len, config.micro_batch_size * config.grad_accum * dp,
                        seq_given=request.seq_len is not None, batch_given="micro_batch_size" in request.model_fields_set,
                        batch_words=f"micro-batch {config.micro_batch_size} x accum {config.grad_accum} x {dp} GPUs = "
-                                   f"{config.tokens_per_micro_batch * config.grad_accum * dp:,} tokens/step")
+                                   + _step_tokens(config.real_tokens_per_micro_batch * config.grad_accum * dp,
+                                                  config.real_seq_len is not None))
     said += rate_assumptions(hardware, result.time.terms, engine_of(config.sharding))
     return result.model_copy(update={"assumptions": said + [f"MFU of the {result.time.mfu_basis}"]})
+
+
+def _step_tokens(tokens: float, expected: bool) -> str:
+    """A step's tokens in words: exact, or the expected real tokens of padded batches."""
+    return f"~{tokens:,.0f} real tokens/step" if expected else f"{tokens:,.0f} tokens/step"
 
 
 def resolve_config(request, model: ModelSpec, hardware: HardwareSpec) -> TrainingConfig:
@@ -142,17 +152,28 @@ def resolve_config(request, model: ModelSpec, hardware: HardwareSpec) -> Trainin
     the sequence length, or the model's default."""
     fields = {s.field: getattr(request, s.field) or s.default_on(hardware) for s in TECHNIQUES}
     fields |= {x.name: getattr(request, x.name) for x in SETTINGS if getattr(request, x.name) is not None}
-    fields |= {k: getattr(request, k) for k in WORKLOAD}
-    if fields["seq_len"] is None:
-        fields["seq_len"] = default_seq_len(model)
+    fields |= {"micro_batch_size": request.micro_batch_size, "grad_accum": request.grad_accum}
+    cap, batching = request.seq_len or default_seq_len(model, request), request.batching_used
+    fields["seq_len"] = cap
+    given = {k: getattr(request, k) for k in SHAPE_FIELDS}
+    if batching != Batching.PACKED and any(v is not None for v in given.values()):
+        fields |= {"batching": batching} | given  # a plan's own shape (its plan.json)
+    elif batching != Batching.PACKED:  # rows of the samples' own lengths (planner/core/lengths.py)
+        lengths = lengths_of(request)
+        fields |= {"batching": batching, "seq_len": shape(batching, cap, lengths, 1).memory}
+        fields |= shape_fields(batching, cap, lengths, request.micro_batch_size)
     return TrainingConfig(**fields)
 
 
-def default_seq_len(model: ModelSpec) -> int:
-    """2048 tokens, or the model's learned-position limit where that is shorter (GPT-2: 1024)."""
+def default_seq_len(model: ModelSpec, request=None) -> int:
+    """2048 tokens, or the model's learned-position limit where that is shorter (GPT-2: 1024).
+    Where the ``request`` gives its samples' lengths and pads (``DataShape``): the longest
+    sample (nothing truncated), within the model's positions."""
+    lengths = lengths_of(request) if request is not None else None
+    longest = lengths.longest if lengths is not None and request.batching_used != Batching.PACKED else None
     if model.learned_position_embeddings:
-        return min(DEFAULT_SEQ_LEN, model.max_position_embeddings)
-    return DEFAULT_SEQ_LEN
+        return min(longest or DEFAULT_SEQ_LEN, model.max_position_embeddings)
+    return longest or DEFAULT_SEQ_LEN
 
 
 def check_config(ctx: PlanContext, first_only: bool = False) -> Check:
@@ -180,7 +201,9 @@ _OTHER_WRITERS = tuple(s for s in REGISTRY if s not in FLOOR_WRITERS)
 #: The configuration fields a micro-batch size changes. No rule (``check_config``) and no layout
 #: hook reads them (tests/test_search_dominance.py holds the hooks to it), so one check and one
 #: layout serve every micro-batch size of a combination (``evaluate``'s ``shared``).
-SIZE_FIELDS = frozenset({"micro_batch_size", "grad_accum", "tokens_per_micro_batch"})
+SIZE_FIELDS = frozenset({"micro_batch_size", "grad_accum", "tokens_per_micro_batch", "kernel_seq_len",
+                         "attention_seq_len", "kernel_tokens_per_micro_batch", "attention_len",
+                         "real_tokens_per_micro_batch"})
 
 
 @dataclass
@@ -321,7 +344,9 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
     memory = terms_at(draft.rows, peak) | {"peak": ev.peak}
     time = assemble(
         ev.timing, config.grad_accum, ev.tokens_per_step, ctx.world_size,
-        adapters.training_flops_per_token(model, config.seq_len, ctx.layout.adapter), peak_flops(ctx), peak_dtype(ctx),
+        # (useful FLOPs at the samples' mean length: attention's share at their own lengths, roughly)
+        adapters.training_flops_per_token(model, config.real_seq_len or config.seq_len, ctx.layout.adapter),
+        peak_flops(ctx), peak_dtype(ctx),
     )
     rated = rate_warning(time.terms, time.step_seconds, TIE_BAND, assumed_terms(hardware, ctx.engine))
     return EstimateResult(

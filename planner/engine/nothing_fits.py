@@ -33,9 +33,10 @@ from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.units import GB
 from planner.cost.overheads import host_capacity_for, usable_host_bytes
 from planner.engine.estimate import Shared, evaluate, result_of
+from planner.engine.lengths_file import lengths_of
 from planner.engine.ranking import rank, searched
 from planner.engine.search import SearchOutcome, search_plans
-from planner.engine.space import SearchSpace, build_space, default_global_batch, settings_of
+from planner.engine.space import SearchSpace, build_space, settings_of
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import HardwareSuggestion
 from planner.strategies import BY_FIELD, FIELDS, PlanContext, summary
@@ -211,11 +212,12 @@ def space_for(request, num_gpus: int) -> SearchSpace:
     """The request's space on ``num_gpus`` GPUs; its global batch when that divides among them,
     else the default one."""
     gbs = request.global_batch_size
-    if gbs is None or gbs % num_gpus:
-        gbs = default_global_batch(num_gpus, request.seq_len)
+    if gbs is not None and gbs % num_gpus:
+        gbs = None  # (the default global batch)
     fixed = {f: [str(v) for v in getattr(request, f)] for f in FIELDS}
     return build_space(num_gpus, request.seq_len, fixed, list(request.micro_batch_size), gbs,
-                       request.exact_optimizer, request.launcher, settings_of(request))
+                       request.exact_optimizer, request.launcher, settings_of(request), request.batching_used,
+                       lengths_of(request))
 
 
 def _saving_rank(field: str):

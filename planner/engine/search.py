@@ -165,9 +165,10 @@ def _scan_sized(index: int, techniques: dict, space: SearchSpace, sizing: Sizing
     neighbour, then by bisection; the guess only orders the evaluations, each answer is an
     evaluation's or, for a size that does not fit, a chord's through two that do (the memory is
     convex in the micro-batch: ``_first_proven_miss``). Only the largest size that fits is timed
-    and recorded: its tokens/s is the combination's highest (fewer micro-batches per step, each with its fixed costs; unless a
-    paged optimizer state spills to host RAM, more as the activations grow: then every size is
-    timed; tests/test_search_dominance.py holds the model to it), and its numerics, family and
+    and recorded: its tokens/s is the combination's highest (fewer micro-batches per step, each
+    with its fixed costs; unless a paged optimizer state spills to host RAM, more as the
+    activations grow, or a larger micro-batch pads more, ``SearchSpace.varying``: then every size
+    is timed; tests/test_search_dominance.py holds the model to it), and its numerics, family and
     complexity are the others', so every ranking of planner/engine/ranking.py prefers it to the
     combination's smaller sizes: they are counted as fitting, never offered."""
     sizes = space.micro_batch_sizes
@@ -201,7 +202,9 @@ def _scan_sized(index: int, techniques: dict, space: SearchSpace, sizing: Sizing
             probe(hi - 1)
     while lo + 1 < hi:
         probe((lo + hi) // 2)
-    if best.paged is not None and best.paged.spilled_bytes:  # tokens/s may fall as more spills: time each
+    # tokens/s may fall as the micro-batch grows where more of a paged state spills, or where a
+    # larger micro-batch pads more (padding to the longest of more samples): then each size is timed
+    if (best.paged is not None and best.paged.spilled_bytes) or space.varying:
         out.records += [record_of(index, sizing.time(best if i == lo else sizing.memory(
             space.config(techniques, sizes[i])))) for i in range(lo + 1)]
         out.evaluated += lo

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.core.errors import PlannerInputError
 from planner.core.launch_contract import Launcher
+from planner.core.lengths import Batching, Lengths, shape
 from planner.strategies import REGISTRY, SETTINGS, TrainingConfig
 from planner.strategies.optimizer import QUANTIZED
 
@@ -38,6 +39,16 @@ class SearchSpace(BaseModel):
     global_batch_size: int  # sequences per optimizer step, all GPUs
     data_parallel: int
     settings: dict[str, Any] = {}  # the techniques' settings (LoRA rank, ...): the same in every candidate
+    batching: Batching = Batching.PACKED
+    #: per micro-batch size, the workload fields its expected micro-batch sets where rows are not all
+    #: ``seq_len`` long (planner/core/lengths.py ``shape``): kernel, attention and real tokens per row
+    shapes: dict[int, dict[str, float | None]] = {}
+
+    @property
+    def varying(self) -> bool:
+        """Whether a row's expected length changes with the micro-batch size (padding to the
+        longest of more samples pads more): tokens/s may then fall as the micro-batch grows."""
+        return len({tuple(v.values()) for v in self.shapes.values()}) > 1
 
     @property
     def combos(self) -> int:
@@ -90,9 +101,12 @@ class SearchSpace(BaseModel):
 
     def values(self, techniques: dict, micro_batch_size: int) -> dict[str, Any]:
         """Every field of ``config(techniques, micro_batch_size)``, without building it."""
-        return (_FIELD_DEFAULTS | techniques | self.settings
-                | {"micro_batch_size": micro_batch_size, "grad_accum": self.grad_accum(micro_batch_size),
-                   "seq_len": self.seq_len})
+        out = (_FIELD_DEFAULTS | techniques | self.settings
+               | {"micro_batch_size": micro_batch_size, "grad_accum": self.grad_accum(micro_batch_size),
+                  "seq_len": self.seq_len})
+        if self.batching != Batching.PACKED:
+            out |= {"batching": self.batching} | self.shapes.get(micro_batch_size, {})
+        return out
 
     def config(self, techniques: dict, micro_batch_size: int) -> TrainingConfig:
         """A candidate from ``combo()`` / ``technique_combos()`` values (enums, already validated:
@@ -100,8 +114,9 @@ class SearchSpace(BaseModel):
         return TrainingConfig.trusted(self.values(techniques, micro_batch_size))
 
 
-def default_global_batch(data_parallel: int, seq_len: int) -> int:
-    """Sequences per step: the smallest dp x 2^k with at least DEFAULT_GLOBAL_BATCH_TOKENS tokens."""
+def default_global_batch(data_parallel: int, seq_len: float) -> int:
+    """Sequences per step: the smallest dp x 2^k with at least DEFAULT_GLOBAL_BATCH_TOKENS tokens
+    (``seq_len``: the real tokens of a sequence, on average)."""
     per_gpu = 1
     while per_gpu * data_parallel * seq_len < DEFAULT_GLOBAL_BATCH_TOKENS:
         per_gpu *= 2
@@ -125,10 +140,13 @@ def build_space(
     exact_optimizer: bool = False,
     launcher: Launcher = Launcher.PLANNER,
     settings: dict[str, Any] | None = None,
+    batching: Batching = Batching.PACKED,
+    lengths: Lengths | None = None,
 ) -> SearchSpace:
     """The space for ``data_parallel`` GPUs. ``fixed`` narrows fields to the listed values;
     ``launcher`` trainer drops the choices only the planner launch realises (Strategy.runtime_only);
-    ``settings`` (``settings_of``) go into every candidate."""
+    ``settings`` (``settings_of``) go into every candidate; ``seq_len``: the longest a row may be
+    (``batching`` and the samples' ``lengths`` make the rows: planner/core/lengths.py)."""
     fixed = {k: v for k, v in (fixed or {}).items() if v}
     problems = []
     choices: dict[str, tuple[str, ...]] = {}
@@ -150,11 +168,13 @@ def build_space(
                 problems.append(f"{strategy.flag} {', '.join(fixed[strategy.field])}: no standard file can say it, so "
                                 "--launcher trainer cannot run it; use the planner launch (the default)")
         choices[strategy.field] = tuple(dict.fromkeys(wanted))
-    gbs = global_batch_size if global_batch_size is not None else default_global_batch(data_parallel, seq_len)
+    rows = shape(batching, seq_len, lengths, 1) if seq_len >= 1 else None
+    real = rows.real if rows else seq_len
+    gbs = global_batch_size if global_batch_size is not None else default_global_batch(data_parallel, real)
     if gbs < 1 or gbs % data_parallel:
         problems.append(
             f"--global-batch-size {gbs} must be a positive multiple of the {data_parallel} data-parallel GPUs "
-            f"(e.g. {default_global_batch(data_parallel, seq_len)})"
+            f"(e.g. {default_global_batch(data_parallel, real)})"
         )
     per_gpu = gbs // data_parallel if gbs > 0 else 1
     divisors = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0] if per_gpu <= 1 << 20 else [1]
@@ -171,6 +191,23 @@ def build_space(
     if problems:
         raise PlannerInputError(problems)
     return SearchSpace(
-        choices=choices, micro_batch_sizes=tuple(divisors), seq_len=seq_len, global_batch_size=gbs,
-        data_parallel=data_parallel, settings=settings or {},
+        choices=choices, micro_batch_sizes=tuple(divisors), seq_len=rows.memory if rows else seq_len,
+        global_batch_size=gbs, data_parallel=data_parallel, settings=settings or {}, batching=batching,
+        shapes={} if batching == Batching.PACKED else {b: shape_fields(batching, seq_len, lengths, b) for b in divisors},
     )
+
+
+def shape_fields(batching: Batching, cap: int, lengths: Lengths | None, micro_batch_size: int) -> dict[str, float | None]:
+    """The workload fields of a micro-batch of ``micro_batch_size`` rows under ``batching`` (None
+    where a row is ``seq_len`` long, the field's default)."""
+    rows = shape(batching, cap, lengths, micro_batch_size)
+    out = {"kernel_seq_len": rows.kernel, "attention_seq_len": rows.attention, "real_seq_len": rows.real}
+    return {k: (None if v == rows.memory else v) for k, v in out.items()}
+
+
+def reshaped(config: TrainingConfig, lengths: Lengths | None) -> TrainingConfig:
+    """``config`` with the shape fields of its own micro-batch size (after a change of it), where
+    its rows are padded samples of ``lengths`` (unknown lengths: the rows' shape is unchanged)."""
+    if config.batching == Batching.PACKED or lengths is None:
+        return config
+    return config.model_copy(update=shape_fields(config.batching, config.seq_len, lengths, config.micro_batch_size))

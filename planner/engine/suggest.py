@@ -16,6 +16,7 @@ from planner.engine.assumptions import assumptions, rate_assumptions
 from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.exact_host import exact_host_option, exact_only
 from planner.engine.forked import Forked
+from planner.engine.lengths_file import lengths_of
 from planner.engine.nothing_fits import Fixes, Verdict, explain, hardware_fixes
 from planner.engine.ranking import HEADROOM, TIE_BAND, Candidate, Ranking, distinct, order, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search_plans
@@ -39,7 +40,7 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     hardware = request.hardware()
     seq_given = request.seq_len is not None
     if request.seq_len is None:
-        request = request.model_copy(update={"seq_len": default_seq_len(model)})
+        request = request.model_copy(update={"seq_len": default_seq_len(model, request)})
     space = _space(request, hardware.num_gpus, request.global_batch_size)
     # on the other core while the main search runs: the adapter line's plan, and what to change
     # when nothing fits
@@ -272,7 +273,8 @@ def _space(request: SuggestRequest, num_gpus: int, global_batch_size: int | None
     if request.seq_len is None:
         raise ValueError("the request's seq_len is resolved before its space (suggest)")
     return build_space(num_gpus, request.seq_len, fixed, list(request.micro_batch_size), global_batch_size,
-                       request.exact_optimizer, request.launcher, settings_of(request))
+                       request.exact_optimizer, request.launcher, settings_of(request), request.batching_used,
+                       lengths_of(request))
 
 
 def _search(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,

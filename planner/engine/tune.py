@@ -36,6 +36,7 @@ from types import SimpleNamespace
 
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
+from planner.core.lengths import Batching
 from planner.core.numerics import NumericsPolicy
 from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.ranking import TIE_BAND, Candidate, allowed_levels, order, pick, searched
@@ -110,6 +111,10 @@ class _Study:
                  on_trial: Callable[[TrialRow, int], None] | None) -> None:
         model = resolve_model(req.model)
         self.hardware = req.hardware()
+        if req.lengths is not None and req.batching_used != Batching.PACKED:
+            raise PlannerInputError("tune --lengths with padded batching: a probe runs rows of the plan's full "
+                                    "length, not the samples' own, so its speed would not be the plan's",
+                                    hint="Run planner suggest with --lengths, or tune packed (--batching packed).")
         if req.seq_len is None:
             req = req.model_copy(update={"seq_len": default_seq_len(model)})
         self.req, self.model, self.probe, self.fidelity, self.on_trial = req, model, probe, fidelity, on_trial

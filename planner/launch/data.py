@@ -1,5 +1,7 @@
-"""Training data for the planner launch: the user's text, tokenised and packed into sequences of
-the plan's length (every token trains; no padding), as the plan assumes.
+"""Training data for the planner launch: the user's text, tokenised and batched as the plan says
+(planner/core/lengths.py): packed into sequences of the plan's length (every token trains; no
+padding), or one document per sequence, truncated to the plan's length and padded to the
+micro-batch's longest (or to the plan's length), the padding masked out of attention and loss.
 
 Local only: a JSONL file (one object per line, the text in ``text_field``), a ``.txt`` file (one
 document per blank-line-separated paragraph), or a folder written by ``datasets``' ``save_to_disk``.
@@ -97,3 +99,39 @@ class _Blocks:
 
     def __getitem__(self, i: int) -> dict:
         return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
+
+
+def samples(texts: list[str], tokenizer, seq_len: int, at_least: int = 0, repeat: bool = False):
+    """One sequence per document: tokenised, followed by the end-of-sequence token, truncated to
+    ``seq_len``. ``repeat``: cycle the documents until there are ``at_least`` (the smoke-test
+    sample). A map-style dataset of {"input_ids"} lists (``Padded`` pads each micro-batch)."""
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    rows = [ids[:seq_len] for text in texts if (ids := tokenizer(text, add_special_tokens=False)["input_ids"] + eos)]
+    if not rows:
+        raise PlannerInputError("the training data has no text")
+    if repeat and len(rows) < at_least:
+        rows = rows * -(-at_least // len(rows))
+    if len(rows) < max(1, at_least):
+        raise PlannerInputError(f"the training data has {len(rows):,} document(s), fewer than one optimizer step "
+                                f"needs ({max(1, at_least)})")
+    return [{"input_ids": r} for r in rows]
+
+
+class Padded:
+    """The collator of padded batching: each micro-batch's rows padded to its longest (or to
+    ``length``, padded-max), with an attention mask, and the padding's labels -100 (no loss)."""
+
+    def __init__(self, pad_id: int, length: int | None = None):
+        self.pad_id, self.length = pad_id, length
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        rows = [list(f["input_ids"]) for f in features]
+        width = self.length or max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, :len(r)] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}

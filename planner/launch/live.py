@@ -216,6 +216,23 @@ def _loss(model) -> str:
     return "chunked" if any("liger" in (getattr(f, "__module__", None) or "") for f in _forwards(model)) else "standard"
 
 
+def _batching(trainer, session, width: int | None) -> tuple[str, int | None]:
+    """How the running Trainer batches (its collator: planner/launch/data.py ``Padded``, else
+    packed rows of one length) and its rows' length: the first batch's width, or under padding
+    to the longest, the length the samples were truncated to when that batch fit under it."""
+    from planner.core.lengths import Batching
+    from planner.launch.data import Padded
+
+    collator = trainer.data_collator
+    collator = getattr(collator, "data_collator", collator)  # (the Trainer's column-removing wrapper)
+    if not isinstance(collator, Padded):
+        return str(Batching.PACKED), width
+    if collator.length is not None:
+        return str(Batching.PADDED_MAX), width
+    cap = session.config.seq_len
+    return str(Batching.PADDED), cap if width is not None and width <= cap else width
+
+
 def observe(trainer, session) -> dict:
     """The live configuration: one value per TrainingConfig field, and the facts behind them."""
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped) if hasattr(trainer, "accelerator") else trainer.model
@@ -226,6 +243,7 @@ def observe(trainer, session) -> dict:
     checkpointing, ckpt_detail = _checkpointing(model)
     loss = _loss(model)
     shape = getattr(session, "batch_shape", None) or (None, None)
+    batching, rows = _batching(trainer, session, shape[1])
     accum = (trainer.model_wrapped.gradient_accumulation_steps() if sharding.startswith("zero")
              else trainer.args.gradient_accumulation_steps)
     adapter = _adapter(model)
@@ -237,7 +255,7 @@ def observe(trainer, session) -> dict:
     live = {
         "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing, "sharding": sharding,
         "offload": offload, "loss": loss, "attention": model.config._attn_implementation,
-        "micro_batch_size": shape[0], "grad_accum": accum, "seq_len": shape[1],
+        "micro_batch_size": shape[0], "grad_accum": accum, "seq_len": rows, "batching": batching,
     } | adapter | fsdp
     assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
     return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | adapter_detail

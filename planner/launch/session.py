@@ -1,5 +1,5 @@
 """One launch: the Trainer arguments as transformers reads them, the user's model with the plan's
-runtime applied, the packed data, and the Trainer that runs them (torch, transformers and
+runtime applied, the data batched as the plan says, and the Trainer that runs them (torch, transformers and
 accelerate are imported here, when a launch runs)."""
 
 import argparse
@@ -8,8 +8,9 @@ import importlib
 from planner.catalog.files import read_mapping
 from planner.check.job_files import beside
 from planner.core.errors import PlannerInputError
+from planner.core.lengths import Batching
 from planner.launch import cpu
-from planner.launch.data import SAMPLE, packed_blocks, read_texts
+from planner.launch.data import SAMPLE, Padded, packed_blocks, read_texts, samples
 from planner.strategies import TrainingConfig
 from planner.strategies.adapter import Adapter, quantization_config
 from planner.strategies.optimizer import CHOICES, RUNTIME_BUILT, TRAINER_READS
@@ -94,15 +95,26 @@ class Session:
             self.batch_shape = tuple(ids.shape)
 
     def dataset(self, tokenizer, training):
+        """The data as the plan batches it (``batching``, planner/core/lengths.py)."""
         texts = read_texts(self.args.data, self.args.text_field)
         per_step = training.per_device_train_batch_size * training.gradient_accumulation_steps * training.world_size
         need = per_step * max(training.max_steps, 1)
-        return packed_blocks(texts, tokenizer, self.config.seq_len, at_least=need if self.args.data == SAMPLE else per_step,
-                             repeat=self.args.data == SAMPLE)
+        build = packed_blocks if self.config.batching == Batching.PACKED else samples
+        return build(texts, tokenizer, self.config.seq_len, at_least=need if self.args.data == SAMPLE else per_step,
+                     repeat=self.args.data == SAMPLE)
+
+    def collator(self, tokenizer):
+        """Packed rows are all one length; padded ones are padded per micro-batch (``Padded``)."""
+        from transformers import default_data_collator
+
+        if self.config.batching == Batching.PACKED:
+            return default_data_collator
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return Padded(pad if pad is not None else 0,
+                      self.config.seq_len if self.config.batching == Batching.PADDED_MAX else None)
 
     def trainer(self):
         import transformers
-        from transformers import default_data_collator
 
         training = self.training_arguments()
         try:
@@ -112,7 +124,7 @@ class Session:
         model = self.model()
         return _trainer_class()(
             session=self, model=model, args=training, train_dataset=self.dataset(tokenizer, training),
-            data_collator=default_data_collator, processing_class=tokenizer)
+            data_collator=self.collator(tokenizer), processing_class=tokenizer)
 
 
 def _trainer_class():

@@ -11,12 +11,12 @@ from planner.core.specs import HardwareSpec
 from planner.core.timing import StepTime
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
 from planner.cost.overheads import usable_host_bytes
-from planner.schema.target import PlanTarget
+from planner.schema.target import DataShape, PlanTarget
 from planner.strategies import TrainingConfig
 from planner.strategies.request_fields import TechniqueChoices
 
 
-class EstimateRequest(PlanTarget, TechniqueChoices):
+class EstimateRequest(PlanTarget, DataShape, TechniqueChoices):
     """What a user asks ``planner estimate``: one value per technique (None: its default, which
     may depend on the GPUs: sharding none on one GPU, ddp on several) and the workload."""
 

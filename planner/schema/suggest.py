@@ -7,11 +7,11 @@ from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.core.vocabulary import MAX_SEQ_LEN
 from planner.schema.estimate import EstimateResult
-from planner.schema.target import PlanTarget
+from planner.schema.target import DataShape, PlanTarget
 from planner.strategies.request_fields import TechniqueLists
 
 
-class SuggestRequest(PlanTarget, TechniqueLists):
+class SuggestRequest(PlanTarget, DataShape, TechniqueLists):
     """What a user asks ``planner suggest``. An empty list leaves that technique to the search."""
 
     seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN)  # default: min(2048, the model's positions)

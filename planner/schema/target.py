@@ -5,7 +5,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.catalog.gpus import parse_gpus
+from planner.core.lengths import Batching
 from planner.core.specs import HardwareSpec
+from planner.core.vocabulary import MAX_SEQ_LEN
 from planner.cost import overheads
 
 
@@ -34,3 +36,23 @@ class PlanTarget(Target):
     """A target whose model is named."""
 
     model: str
+
+
+class DataShape(BaseModel):
+    """How the run batches its samples, and their token counts (planner/core/lengths.py).
+    ``batching`` None: packed, or padded where ``lengths`` are given (samples of their own
+    lengths are what padding batches)."""
+
+    batching: Batching | None = None
+    lengths: Path | None = None  # the samples' token counts (planner/engine/lengths_file.py)
+    #: a plan's own micro-batch shape, as its plan.json holds it (no flag sets them: derived from
+    #: ``lengths``; given, they stand for the lengths that made them)
+    kernel_seq_len: float | None = Field(None, gt=0, le=MAX_SEQ_LEN)
+    attention_seq_len: float | None = Field(None, gt=0, le=MAX_SEQ_LEN)
+    real_seq_len: float | None = Field(None, gt=0, le=MAX_SEQ_LEN)
+
+    @property
+    def batching_used(self) -> Batching:
+        if self.batching is not None:
+            return self.batching
+        return Batching.PACKED if self.lengths is None else Batching.PADDED
