@@ -90,6 +90,11 @@ FRAMEWORK_DEFAULTS = (
 )
 
 
+#: Frameworks that train their own model code, not transformers' (which planner's activations follow,
+#: checked by its trace): their saved tensors may differ a little; said in the notes, still counted.
+OWN_MODEL_CODE = (("litgpt", "LitGPT"), ("torchtune", "torchtune"))
+
+
 @dataclass
 class Mapped:
     """A case as planner's request (``fields``), what had to be assumed, or why it is refused."""
@@ -134,6 +139,9 @@ def request(case: dict) -> Mapped:
                 (case.get(k) or {}).values()))]
             case = case | {k: defaults[k] for k in filled}
             out.assumed += [f"{', '.join(filled)} from {source}"] if filled else []
+    own = next((name for word, name in OWN_MODEL_CODE if word in str(case.get("framework") or "").lower()), None)
+    if own:
+        out.assumed.append(f"{own}'s own model code, planned as transformers'")
     if case.get("activation_offload"):
         out.refused = "activation offloading to host RAM is not modelled"
         return out
