@@ -33,6 +33,7 @@ from planner.runtime.optimizer import build as build_optimizer
 from planner.runtime.precision import autocast
 from planner.runtime.sharding import apply_fsdp
 from planner.strategies import TrainingConfig
+from planner.strategies.sharding import auto_buckets
 
 
 @dataclass
@@ -133,12 +134,13 @@ def _fake_ranks(world: int) -> None:
     model_setup.fake_process_group(world)
 
 
-def filled_deepspeed_config(ds: dict, c: TrainingConfig, world: int) -> dict:
+def filled_deepspeed_config(ds: dict, c: TrainingConfig, world: int, hidden_size: int) -> dict:
     """The emitted DeepSpeed JSON with its ``"auto"`` values filled as the Trainer fills them
-    (micro-batch, accumulation, global batch, clipping, learning rate, weight decay 0)."""
+    (micro-batch, accumulation, global batch, clipping, learning rate, weight decay 0, the
+    buckets from the hidden size: strategies.sharding ``auto_buckets``)."""
     known = {"train_micro_batch_size_per_gpu": c.micro_batch_size, "gradient_accumulation_steps": c.grad_accum,
              "train_batch_size": c.micro_batch_size * c.grad_accum * world, "gradient_clipping": 1.0,
-             "lr": LEARNING_RATE, "weight_decay": 0.0}
+             "lr": LEARNING_RATE, "weight_decay": 0.0} | auto_buckets(hidden_size)
 
     def fill(node, key=None):
         if isinstance(node, dict):
@@ -163,7 +165,7 @@ def _deepspeed_run(req, model, ids, notes: list[str]) -> Run:
     c = req.config
     if req.deepspeed_config is None:
         raise ValueError("a ZeRO plan needs its emitted DeepSpeed config")
-    ds = filled_deepspeed_config(req.deepspeed_config, c, req.world_size)
+    ds = filled_deepspeed_config(req.deepspeed_config, c, req.world_size, model.config.hidden_size)
     optimizer = None
     if "optimizer" not in ds:
         optimizer = build_optimizer(c.optimizer, model, model.config)

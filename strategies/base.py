@@ -331,8 +331,11 @@ class Strategy:
     def flag(self) -> str:
         return "--" + self.field.replace("_", "-")
 
-    def uses_settings(self, value: Any) -> bool:
-        """Whether the settings mean anything at ``value`` (LoRA's rank without an adapter does not)."""
+    def uses_settings(self, value: Any, setting: Setting | None = None) -> bool:
+        """Whether the settings (or ``setting``) mean anything at ``value`` (LoRA's rank without an
+        adapter does not; DeepSpeed's buckets without ZeRO do not)."""
+        if setting is not None and setting.used_at:
+            return str(value) in setting.used_at
         return self.settings_used(value) if self.settings_used is not None else str(value) != str(self.default)
 
     def default_on(self, hardware: HardwareSpec) -> StrEnum:

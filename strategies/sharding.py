@@ -20,11 +20,16 @@ DTensors they cannot: strategies/optimizer.py). Its gathers and frees per moment
 FSDP2's (not traced: the probes build FSDP2). Source: torch/distributed/fsdp/_flat_param.py
 (``FlatParamHandle``: flatten, pad to a multiple of the world size, chunk).
 
-DeepSpeed settings modelled are those planner emits, the Hugging Face "auto" values:
-reduce_bucket_size = h*h, stage3_prefetch_bucket_size = 0.9*h*h,
-stage3_param_persistence_threshold = 10*h, stage3_max_live_parameters = 1e9,
-sub_group_size = 1e9, overlap_comm = true (source: transformers integrations/deepspeed.py;
-DeepSpeed runtime/zero/config.py for the defaults).
+DeepSpeed's bucket settings are the plan's (``ZERO_SETTINGS``): planner emits the Hugging Face
+"auto" values (reduce_bucket_size = h*h, stage3_prefetch_bucket_size = 0.9*h*h,
+stage3_param_persistence_threshold = 10*h, as accelerate and the Trainer fill "auto":
+accelerate accelerator.py ``_prepare_deepspeed``, transformers integrations/deepspeed.py) and
+stage3_max_live_parameters = 1e9; ``check`` reads a job's own, where a key it leaves out takes
+DeepSpeed's default (runtime/zero/config.py: reduce_bucket_size 5e8, stage3_prefetch_bucket_size
+5e7, stage3_param_persistence_threshold 1e5, stage3_max_live_parameters 1e9), as it does under
+accelerate's inline DeepSpeed plugin, whose config has none of them. sub_group_size = 1e9 and
+overlap_comm = true are assumed (overlap_comm's own default is false under ZeRO-1/2: one reduce
+buffer, not two, and no overlap of the reduction).
 """
 
 from dataclasses import dataclass
@@ -118,13 +123,30 @@ DDP_BUCKET_BYTES = 25 * 2**20
 ZERO_SUB_GROUP_SIZE = 10**9
 FWD, BWD, STEP = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD}), frozenset({Phase.STEP})
 
-def deepspeed_buckets(h: int) -> dict[str, int]:
-    """The bucket sizes (elements) planner writes into DeepSpeed configs for hidden size h."""
-    return {
-        "reduce_bucket_size": h * h,
-        "stage3_prefetch_bucket_size": int(0.9 * h * h),
-        "stage3_param_persistence_threshold": 10 * h,
-    }
+#: DeepSpeed's own defaults (elements) for the bucket settings a config leaves out
+#: (deepspeed runtime/zero/config.py, 0.19: reduce_bucket_size 5e8, prefetch_bucket_size 5e7,
+#: param_persistence_threshold 1e5, max_live_parameters 1e9).
+DEEPSPEED_DEFAULTS = {"reduce_bucket_size": 5 * 10**8, "stage3_prefetch_bucket_size": 5 * 10**7,
+                      "stage3_param_persistence_threshold": 10**5, "stage3_max_live_parameters": 10**9}
+#: DeepSpeed key -> the plan's setting (0: "auto", filled from the hidden size)
+ZERO_KEYS = {"reduce_bucket_size": "zero_reduce_bucket_size", "stage3_prefetch_bucket_size": "zero_prefetch_bucket_size",
+             "stage3_param_persistence_threshold": "zero_persistence_threshold",
+             "stage3_max_live_parameters": "zero_max_live_parameters"}
+
+
+def deepspeed_buckets(h: int, config=None) -> dict[str, int]:
+    """The bucket sizes (elements) of a ZeRO plan with hidden size h: its settings, or where one
+    is 0 ("auto"), the value accelerate and the Trainer fill in (``auto_buckets``)."""
+    auto = auto_buckets(h)
+    if config is None:
+        return auto
+    return {key: getattr(config, name) or auto[key] for key, name in ZERO_KEYS.items()}
+
+
+def auto_buckets(h: int) -> dict[str, int]:
+    """DeepSpeed's "auto" values as accelerate and the Trainer fill them for hidden size h."""
+    return {"reduce_bucket_size": h * h, "stage3_prefetch_bucket_size": int(0.9 * h * h),
+            "stage3_param_persistence_threshold": 10 * h, "stage3_max_live_parameters": ZERO3_MAX_LIVE_PARAMETERS}
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -270,10 +292,10 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, h: int) -> No
     """DeepSpeed's buffers: reduce buckets, the fp32 gradient partition of the trained
     parameters, ZeRO-3's persistent small parameters (the adapters' too) and gathers."""
     m, lay, s = ctx.model, ctx.layout, ctx.config.sharding
-    b = deepspeed_buckets(h)
+    b = deepspeed_buckets(h, ctx.config)
     ledger.add(
         "communication_buffers", "ZeRO reduce buckets (x2, overlap_comm)", 2 * b["reduce_bucket_size"], lay.grad_bytes,
-        note="reduce_bucket_size = h*h",
+        note=f"reduce_bucket_size {b['reduce_bucket_size']:,}",
     )
     trained = lay.trainable_parameters
     if lay.gradients_in_host_partition:  # ZeRO-Offload: the whole partition, in pinned host memory
@@ -295,10 +317,10 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, h: int) -> No
     )
     head = m.vocab_size * h
     prefetch = b["stage3_prefetch_bucket_size"]
-    live = ZERO3_MAX_LIVE_PARAMETERS
+    live = b["stage3_max_live_parameters"]
     ledger.add(
         "gathered_parameters", "ZeRO-3 gathered head + prefetch", min(live, head + prefetch), lay.gathered_bytes,
-        phases=FWD, note="the output head is gathered at the loss; prefetch bucket 0.9*h*h",
+        phases=FWD, note=f"the output head is gathered at the loss; prefetch bucket {prefetch:,}",
     )
     ledger.add(
         "gathered_parameters", "ZeRO-3 gathered layer + prefetch (backward)", min(live, lay.layer_gathered + prefetch),
@@ -398,16 +420,19 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         args["ddp_find_unused_parameters"] = False
     elif ctx.engine == Engine.DEEPSPEED:
         stage = {Sharding.ZERO1: 1, Sharding.ZERO2: 2, Sharding.ZERO3: 3}[s]
-        b = deepspeed_buckets(m.hidden_size)
+        b, c = deepspeed_buckets(m.hidden_size, ctx.config), ctx.config
+        # a bucket left to "auto" is written "auto": accelerate and the Trainer fill it from the
+        # model's hidden size (``auto_buckets``), and check reads it back as the plan's setting
         zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
-                "reduce_bucket_size": b["reduce_bucket_size"], "allgather_bucket_size": b["reduce_bucket_size"]}
+                "reduce_bucket_size": c.zero_reduce_bucket_size or "auto",
+                "allgather_bucket_size": b["reduce_bucket_size"]}
         if stage == 3:
             del zero["allgather_bucket_size"]
             zero |= {
-                "stage3_prefetch_bucket_size": b["stage3_prefetch_bucket_size"],
-                "stage3_param_persistence_threshold": b["stage3_param_persistence_threshold"],
-                "stage3_max_live_parameters": ZERO3_MAX_LIVE_PARAMETERS,
-                "stage3_max_reuse_distance": ZERO3_MAX_LIVE_PARAMETERS,
+                "stage3_prefetch_bucket_size": c.zero_prefetch_bucket_size or "auto",
+                "stage3_param_persistence_threshold": c.zero_persistence_threshold or "auto",
+                "stage3_max_live_parameters": b["stage3_max_live_parameters"],
+                "stage3_max_reuse_distance": b["stage3_max_live_parameters"],
                 "sub_group_size": ZERO_SUB_GROUP_SIZE,
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
@@ -499,6 +524,29 @@ def _read(job: JobFiles, r: Reading) -> None:
         zero = r.section(job.deepspeed, "zero_optimization", job.deepspeed_where)
         if "stage" in zero:
             _stage(zero["stage"], f"{job.deepspeed_where}: zero_optimization.stage", r)
+        _read_buckets(zero, zero.get("stage"), f"{job.deepspeed_where}: zero_optimization", r)
+    elif job.accelerate and job.accelerate_inline_deepspeed is not None:
+        _read_buckets({}, job.accelerate_inline_deepspeed.get("zero_stage"), f"{job.accelerate_where}: deepspeed_config",
+                      r)
+
+
+def _read_buckets(zero: dict, stage, where: str, r: Reading) -> None:
+    """DeepSpeed's bucket settings (ZeRO-3's own only at stage 3): "auto" (0: accelerate and the
+    Trainer fill it from the hidden size), a number, or where the config leaves a key out,
+    DeepSpeed's default."""
+    for key, name in ZERO_KEYS.items():
+        if key.startswith("stage3_") and stage != 3:
+            continue
+        value = zero.get(key)
+        if value == "auto":
+            r.set(name, 0, f"{where}.{key} auto")
+        elif value is None:
+            r.set(name, DEEPSPEED_DEFAULTS[key], f"DeepSpeed's default ({where} sets no {key})")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and 1 <= value <= MAX_ZERO_ELEMENTS:
+            r.set(name, int(value), f"{where}.{key}")
+        else:
+            r.problems.append(f"{where}.{key}: {value!r} is neither auto nor a number of elements from 1 to "
+                              f"{MAX_ZERO_ELEMENTS:,}"[:300])
 
 
 def _read_gradient_sync(job: JobFiles, r: Reading) -> None:
@@ -563,11 +611,21 @@ def _default(hardware: HardwareSpec) -> Sharding:
     return Sharding.NONE if hardware.num_gpus == 1 else Sharding.DDP
 
 
+MAX_ZERO_ELEMENTS = 10**13
+_ZEROS = tuple(str(z) for z in (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3))
 SETTINGS = (Setting("fsdp_version", int, 2, "FSDP under fsdp*: 2 (fully_shard) or 1 (flat parameters, which "
                     "bitsandbytes' 8-bit and paged optimizers can step)", ge=1, le=2),
             Setting("gradient_sync", GradientSync, GradientSync.MICRO_BATCH,
                     "FSDP accumulating: reduce every micro-batch, or once per step (accelerate's default: holds "
-                    "every unsharded gradient): micro-batch, step"))
+                    "every unsharded gradient): micro-batch, step"),
+            Setting("zero_reduce_bucket_size", int, 0, "ZeRO: DeepSpeed's reduce_bucket_size, elements (0: auto, "
+                    "hidden x hidden)", ge=0, le=MAX_ZERO_ELEMENTS, used_at=_ZEROS),
+            Setting("zero_prefetch_bucket_size", int, 0, "ZeRO-3: DeepSpeed's prefetch bucket size, elements (0: "
+                    "auto, 0.9 x hidden x hidden)", ge=0, le=MAX_ZERO_ELEMENTS, used_at=(str(Sharding.ZERO3),)),
+            Setting("zero_persistence_threshold", int, 0, "ZeRO-3: DeepSpeed's parameter persistence threshold, "
+                    "elements (0: auto, 10 x hidden)", ge=0, le=MAX_ZERO_ELEMENTS, used_at=(str(Sharding.ZERO3),)),
+            Setting("zero_max_live_parameters", int, ZERO3_MAX_LIVE_PARAMETERS, "ZeRO-3: DeepSpeed's max live parameters, "
+                    "elements", ge=1, le=MAX_ZERO_ELEMENTS, used_at=(str(Sharding.ZERO3),)))
 
 
 def describe(get) -> str:
@@ -582,6 +640,6 @@ STRATEGY = Strategy(
          "--fsdp-version 1 for FSDP1)",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, parallelism=_parallelism, storage=_storage,
     default_for=_default, runtime="planner.runtime.sharding", settings=SETTINGS, describe=describe,
-    settings_used=lambda value: str(value) in FSDP,
+    settings_used=lambda value: str(value) in FSDP,  # (the ZeRO settings: their own ``used_at``)
     records=CHOICES,
 )

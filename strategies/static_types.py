@@ -30,6 +30,10 @@ class TrainingConfig(ConfigBase):
     adapter: Adapter = Adapter.NONE
     fsdp_version: int = 2
     gradient_sync: GradientSync = GradientSync.MICRO_BATCH
+    zero_reduce_bucket_size: int = 0
+    zero_prefetch_bucket_size: int = 0
+    zero_persistence_threshold: int = 0
+    zero_max_live_parameters: int = 1000000000
     lora_rank: int = 16
     lora_targets: LoraTargets = LoraTargets.ALL_LINEAR
     lora_alpha: int = 32
@@ -54,6 +58,10 @@ class TechniqueChoices(BaseModel):
     adapter: Adapter | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
+    zero_reduce_bucket_size: int | None = None
+    zero_prefetch_bucket_size: int | None = None
+    zero_persistence_threshold: int | None = None
+    zero_max_live_parameters: int | None = None
     lora_rank: int | None = None
     lora_targets: LoraTargets | None = None
     lora_alpha: int | None = None
@@ -71,6 +79,10 @@ class TechniqueLists(BaseModel):
     adapter: list[Adapter] = Field(default_factory=list)
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
+    zero_reduce_bucket_size: int | None = None
+    zero_prefetch_bucket_size: int | None = None
+    zero_persistence_threshold: int | None = None
+    zero_max_live_parameters: int | None = None
     lora_rank: int | None = None
     lora_targets: LoraTargets | None = None
     lora_alpha: int | None = None

@@ -16,6 +16,7 @@ from planner.catalog.models import resolve_model
 from planner.cli import app
 from planner.emit import FILE_NAMES, build_files, single_plan_result, write_files
 from planner.emit.writer import MANIFEST
+from planner.strategies.sharding import deepspeed_buckets
 
 from helpers import run
 
@@ -113,10 +114,10 @@ def test_fsdp_wraps_the_family_decoder_layer():
 
 
 def test_deepspeed_config_validates_at_the_plans_world_size(emitted):
-    jobs = [(str(d / "deepspeed_config.json"), plan.hardware.num_gpus)
+    jobs = [(str(d / "deepspeed_config.json"), plan.hardware.num_gpus, plan.model.hidden_size)
             for plan, d in emitted.values() if (d / "deepspeed_config.json").exists()]
     assert len(jobs) >= 5
-    wrong = [(jobs[0][0], jobs[0][1] * 2)]  # a control that must fail: the same file at twice the world size
+    wrong = [(jobs[0][0], jobs[0][1] * 2, jobs[0][2])]  # a control that must fail: the same file at twice the world size
     proc = subprocess.run([sys.executable, str(ROOT / "tests/tools/validate_deepspeed.py"), json.dumps(jobs + wrong)],
                           capture_output=True, text=True, timeout=600, env=os.environ | {"DS_BUILD_OPS": "0"})
     results = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -133,6 +134,9 @@ def test_deepspeed_config_validates_at_the_plans_world_size(emitted):
         assert r["bf16"] == (c.precision in ("bf16-mixed", "fp8-mixed")) and r["fp16"] == (c.precision == "fp16-mixed")
         assert (r["offload_optimizer"] is not None) == (c.offload != "none")
         assert (r["offload_param"] is not None) == (c.offload == "optimizer+params")
+        # the buckets left to "auto" are the Trainer's, from the hidden size (the memory model's)
+        assert r["reduce_bucket_size"] == deepspeed_buckets(plan.model.hidden_size, c)["reduce_bucket_size"]
+        assert ("reduce_bucket_size" in r["auto_buckets"]) == (c.zero_reduce_bucket_size == 0)
 
 
 @pytest.mark.parametrize("name", NAMES)

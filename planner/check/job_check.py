@@ -182,10 +182,9 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
         values["seq_len"] = shape(values["batching"], cap, lengths, 1).memory
         values |= shape_fields(values["batching"], cap, lengths, values["micro_batch_size"])
     for s in TECHNIQUES:  # a technique's settings mean nothing while it is off (LoRA's rank without an adapter)
-        if s.settings and not s.uses_settings(values[s.field]):
-            for x in s.settings:
-                if sources[x.name] == "default":
-                    sources[x.name] = f"unused ({s.field} {values[s.field]})"
+        for x in s.settings:
+            if not s.uses_settings(values[s.field], x) and (sources[x.name] == "default" or x.used_at):
+                sources[x.name] = f"unused ({s.field} {values[s.field]})"
     if reading.train_batch:
         total = values["micro_batch_size"] * values["grad_accum"] * num_gpus
         if reading.train_batch[0] != total:

@@ -53,6 +53,8 @@ class Setting:
     help: str
     ge: float | None = None
     le: float | None = None
+    #: the technique's values where it means something (empty: the strategy's ``settings_used``)
+    used_at: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
