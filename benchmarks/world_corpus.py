@@ -31,6 +31,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from validation.page import page_command  # noqa: E402
 
+from planner.strategies.sharding import DEEPSPEED_DEFAULTS, ZERO_KEYS  # noqa: E402
+
 WORLD = ROOT / "benchmarks" / "world"
 PAGE = ROOT / "docs" / "world.md"
 
@@ -217,6 +219,8 @@ def request(case: dict) -> Mapped:
         out.fields["sharding"] = mode
         if version:
             out.fields["fsdp_version"] = version
+        if case.get("deepspeed_buckets") == "defaults":  # accelerate's inline plugin: DeepSpeed's own defaults
+            out.fields |= {name: DEEPSPEED_DEFAULTS[key] for key, name in ZERO_KEYS.items()}
     elif per_node * nodes > 1:
         out.fields["sharding"] = "ddp"
         out.assumed.append("ddp (several GPUs, no engine named)")
