@@ -269,3 +269,10 @@ def test_a_padded_plan_rechecks_with_estimate_from_its_own_fields(tmp_path):
         assert p.config.batching == Batching.PADDED and p.config.real_seq_len is not None
         again = estimate(EstimateRequest(model=MODEL, gpus=GPUS, **p.config.model_dump()))
         assert again.memory == p.memory and again.time == p.time
+
+
+def test_check_says_when_the_longest_sample_is_shorter_than_the_files_length(tmp_path):
+    recipe = {"packing": False, "max_length": 4096, "per_device_train_batch_size": 2}
+    result = _check(tmp_path, recipe, lengths=_lengths_file(tmp_path, [(100, 5), (900, 1)]))
+    assert result.estimate.config.seq_len == 900
+    assert "max_length 4096; the longest sample of --lengths is shorter" in result.sources["seq_len"]

@@ -180,6 +180,8 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
             isinstance(values[k], int) and values[k] >= 1 for k in ("seq_len", "micro_batch_size")):
         lengths, cap = lengths_of(request), values["seq_len"]  # (rows of the samples' own lengths: core/lengths.py)
         values["seq_len"] = shape(values["batching"], cap, lengths, 1).memory
+        if values["seq_len"] < cap:
+            sources["seq_len"] += f" {cap}; the longest sample of --lengths is shorter"
         values |= shape_fields(values["batching"], cap, lengths, values["micro_batch_size"])
     for s in TECHNIQUES:  # a technique's settings mean nothing while it is off (LoRA's rank without an adapter)
         for x in s.settings:
