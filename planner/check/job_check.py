@@ -22,13 +22,13 @@ from planner.check.job_files import JOB_DIR_ALSO, JOB_FILES, read_job
 from planner.core.errors import PlannerInputError
 from planner.core.formatting import gib
 from planner.core.job import Reading
-from planner.core.lengths import Batching, shape
+from planner.core.lengths import Batching
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN, SHAPE_FIELDS
 from planner.engine.alternatives import faster_changes, memory_savers
 from planner.engine.estimate import default_seq_len, estimate_config
 from planner.engine.lengths_file import lengths_of
 from planner.engine.search import search_plans
-from planner.engine.space import build_space, shape_fields
+from planner.engine.space import build_space, padded_workload
 from planner.schema.estimate import EstimateResult
 from planner.schema.target import DataShape, Target
 from planner.strategies import BY_FIELD, TECHNIQUES, TrainingConfig, approximation_note, ladder_key
@@ -178,11 +178,10 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
         values["batching"], sources["batching"] = request.batching_used, "--lengths (samples one per sequence)"
     if values["batching"] in (Batching.PADDED, Batching.PADDED_MAX) and all(
             isinstance(values[k], int) and values[k] >= 1 for k in ("seq_len", "micro_batch_size")):
-        lengths, cap = lengths_of(request), values["seq_len"]  # (rows of the samples' own lengths: core/lengths.py)
-        values["seq_len"] = shape(values["batching"], cap, lengths, 1).memory
+        cap = values["seq_len"]  # (rows of the samples' own lengths: core/lengths.py)
+        values |= padded_workload(values["batching"], cap, lengths_of(request), values["micro_batch_size"])
         if values["seq_len"] < cap:
             sources["seq_len"] += f" {cap}; the longest sample of --lengths is shorter"
-        values |= shape_fields(values["batching"], cap, lengths, values["micro_batch_size"])
     for s in TECHNIQUES:  # a technique's settings mean nothing while it is off (LoRA's rank without an adapter)
         for x in s.settings:
             if not s.uses_settings(values[s.field], x) and (sources[x.name] == "default" or x.used_at):

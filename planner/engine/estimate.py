@@ -20,7 +20,7 @@ from planner.core.ledger import (
     phase_sum,
     terms_at,
 )
-from planner.core.lengths import Batching, shape
+from planner.core.lengths import Batching
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft, assemble, assumed_share, step_seconds
 from planner.core.vocabulary import DEFAULT_SEQ_LEN, SHAPE_FIELDS
@@ -29,7 +29,7 @@ from planner.engine.assumptions import assumptions, rate_assumptions, rate_warni
 from planner.engine.lengths_file import lengths_of
 from planner.engine.ranking import TIE_BAND
 from planner.engine.recorded import RowMemo
-from planner.engine.space import shape_fields
+from planner.engine.space import padded_workload
 from planner.schema.estimate import EstimateRequest, EstimateResult, HardwareInfo, ModelInfo
 from planner.strategies import (
     REGISTRY,
@@ -159,9 +159,7 @@ def resolve_config(request, model: ModelSpec, hardware: HardwareSpec) -> Trainin
     if batching != Batching.PACKED and any(v is not None for v in given.values()):
         fields |= {"batching": batching} | given  # a plan's own shape (its plan.json)
     elif batching != Batching.PACKED:  # rows of the samples' own lengths (planner/core/lengths.py)
-        lengths = lengths_of(request)
-        fields |= {"batching": batching, "seq_len": shape(batching, cap, lengths, 1).memory}
-        fields |= shape_fields(batching, cap, lengths, request.micro_batch_size)
+        fields |= padded_workload(batching, cap, lengths_of(request), request.micro_batch_size)
     return TrainingConfig(**fields)
 
 

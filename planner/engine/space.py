@@ -44,7 +44,7 @@ class SearchSpace(BaseModel):
     #: ``seq_len`` long (planner/core/lengths.py ``shape``): kernel, attention and real tokens per row
     shapes: dict[int, dict[str, float | None]] = {}
 
-    @property
+    @cached_property
     def varying(self) -> bool:
         """Whether a row's expected length changes with the micro-batch size (padding to the
         longest of more samples pads more): tokens/s may then fall as the micro-batch grows."""
@@ -203,6 +203,14 @@ def shape_fields(batching: Batching, cap: int, lengths: Lengths | None, micro_ba
     rows = shape(batching, cap, lengths, micro_batch_size)
     out = {"kernel_seq_len": rows.kernel, "attention_seq_len": rows.attention, "real_seq_len": rows.real}
     return {k: (None if v == rows.memory else v) for k, v in out.items()}
+
+
+def padded_workload(batching: Batching, cap: int, lengths: Lengths | None, micro_batch_size: int) -> dict[str, Any]:
+    """The workload fields of a configuration whose rows are at most ``cap`` tokens under
+    ``batching``: the longest micro-batch's row length (the peak's) and the expected
+    micro-batch's shape (``shape_fields``)."""
+    return ({"batching": batching, "seq_len": shape(batching, cap, lengths, 1).memory}
+            | shape_fields(batching, cap, lengths, micro_batch_size))
 
 
 def reshaped(config: TrainingConfig, lengths: Lengths | None) -> TrainingConfig:
