@@ -241,6 +241,9 @@ def request(case: dict) -> Mapped:
         out.assumed.append("attention sdpa (fused)")
     if str(case.get("loss_kernel") or "").split(" (")[0] in ("liger", "unsloth", "cut_cross_entropy", "chunked_ce"):
         out.fields["loss"] = "chunked"
+    for key in ("loss_path", "model_output"):  # the transformers and training loop the source ran (loss_path_source)
+        if case.get(key):
+            out.fields[key] = str(case[key])
     for key in ("micro_batch_size", "grad_accum"):
         if case.get(key):
             out.fields[key] = int(case[key])

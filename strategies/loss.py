@@ -7,9 +7,10 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import Setting
 from planner.cost import activations, params
 from planner.strategies import rates
-from planner.strategies.base import Choice, Engine, PlanContext, Strategy
+from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.fsdp_schedule import Instant, gathered_bytes
 from planner.strategies.moments import LOSS_MOMENT, ROOT_REGATHER
 from planner.strategies.precision import cache_only_casts
@@ -18,6 +19,35 @@ from planner.strategies.precision import cache_only_casts
 class Loss(StrEnum):
     STANDARD = "standard"
     CHUNKED = "chunked"  # fused/chunked cross-entropy that never holds full fp32 logits
+
+
+class LossPath(StrEnum):
+    """How the model's forward turns the head's output into the standard loss, per transformers
+    version (the tensors alive at the loss differ; ``loss_forward_copies``)."""
+
+    PAD_LABELS = "pad-labels"  # transformers >= 4.49: ForCausalLMLoss shifts the labels, not the logits
+    SHIFT_LOGITS = "shift-logits"  # 4.46 - 4.48: ForCausalLMLoss copies the shifted fp32 logits
+    FP32_LOGITS = "fp32-logits"  # <= 4.45: the model upcasts its logits and returns the fp32 copy
+
+
+class ModelOutput(StrEnum):
+    """What the training loop does with the model's output (its logits) while backward runs."""
+
+    DROPPED = "dropped"  # the Trainer (and TRL's trainers), planner's launch: only the loss is kept
+    HELD = "held"  # ``out = model(**batch); out.loss.backward()``: alive until the next call returns
+
+
+#: The first transformers of each loss path (planner/check reads the installed version): 4.46 moved
+#: the upcast into ``loss_utils.ForCausalLMLoss`` and returns the logits in the model's dtype; 4.49
+#: pads the labels instead of copying the shifted logits. Read from the releases' modeling_llama.py
+#: and loss/loss_utils.py (4.38.2, 4.44.2, 4.45.2, 4.46.3, 4.47.1, 4.48.3, 4.49.0, 4.51.3).
+LOSS_PATH_SINCE: tuple[tuple[tuple[int, int], LossPath], ...] = (
+    ((4, 49), LossPath.PAD_LABELS), ((4, 46), LossPath.SHIFT_LOGITS), ((0, 0), LossPath.FP32_LOGITS))
+
+
+def loss_path_of(version: tuple[int, int]) -> LossPath:
+    """The loss path of transformers ``version`` (major, minor)."""
+    return next(path for since, path in LOSS_PATH_SINCE if version >= since)
 
 
 #: Every loss value; the chunked one is a kernel library (Liger) beyond torch.
@@ -54,6 +84,41 @@ def head_gradient_bytes_per_element(ctx: PlanContext) -> int:
     return lay.gathered_bytes if ctx.engine == Engine.FSDP else lay.weight_bytes
 
 
+def loss_forward_copies(c: int, path: LossPath) -> int:
+    """Bytes per token and vocabulary entry alive at the standard loss's forward peak, by transformers'
+    loss path (``c``: bytes of the head's output, the compute dtype).
+
+    - pad-labels (>= 4.49): the head's logits (c), their fp32 upcast (4) and log_softmax's saved
+      output (4): c + 8. ``ForCausalLMLoss`` pads the labels, so no logits copy is shifted.
+    - shift-logits (4.46 - 4.48): also ``logits[..., :-1, :].contiguous()``, one more fp32 copy
+      alive until the loss returns: c + 12.
+    - fp32-logits (<= 4.45): the model rebinds ``logits = logits.float()``, which frees the
+      head's output (c + 4 at the upcast), then copies the shifted logits and log_softmax saves its
+      output: 4 + 4 + 4 = 12.
+    Unit: bytes per (token x V). Assumption: causal-LM heads written like Llama's (every family in
+    the catalog). Source: transformers releases 4.44.2, 4.46.3 and 4.49.0, modeling_llama.py
+    ``LlamaForCausalLM.forward`` and loss/loss_utils.py ``ForCausalLMLoss``; tests/test_loss_path.py
+    measures each op sequence on real CPU tensors.
+    """
+    if path == LossPath.FP32_LOGITS:
+        return max(c + 4, 12)
+    return c + (12 if path == LossPath.SHIFT_LOGITS else 8)
+
+
+def held_output_bytes_per_token(ctx: PlanContext) -> int:
+    """Bytes per token of the model output a training loop holds (``--model-output held``): the
+    logits it returns, V x the compute dtype (fp32 under the fp32-logits path), alive through
+    backward and the optimizer step and, where the loop rebinds ``out = model(...)``, until the next
+    forward returns; 0 when the loop drops it (the Trainer's ``compute_loss`` returns the loss
+    alone) or the chunked loss returns no logits. Source: transformers Trainer.compute_loss; PEFT
+    method_comparison/MetaMathQA/run.py and Answer.AI fsdp_qlora train.py hold ``outputs``."""
+    cfg, m = ctx.config, ctx.model
+    if cfg.loss != Loss.STANDARD or cfg.model_output != ModelOutput.HELD:
+        return 0
+    per = activations.FP32 if cfg.loss_path == LossPath.FP32_LOGITS else ctx.layout.dtypes.compute
+    return per * m.vocab_size
+
+
 def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     """The loss's largest moment, bytes, above the saved activations and saved weight casts; its
     label; of those bytes, the FSDP all-gather output held (below); whether the moment is in the
@@ -62,7 +127,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     Standard loss (per token: V fp32 elements = 4V bytes; T tokens; hc = the head's autocast cast
     V*h*c, 0 without autocast):
     - end of forward, inside autocast: the casts only the cache holds, hc, and the loss forward
-      (compute-dtype logits, their fp32 copy and log_softmax's saved output: (c + 8) V T); FSDP2:
+      (``loss_forward_copies`` x V T: (c + 8) V T under transformers >= 4.49); FSDP2:
       also the last layer's all-gather output, held until the root's forward returns
       (``FSDPState._post_forward``; the model computes its loss inside its forward). Resharding,
       the moments below hold one too: the top layer's, all-gathered ahead by the root's
@@ -98,7 +163,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
         v_t = m.vocab_size * tokens
         softcap = c * v_t if m.final_logit_softcapping else 0
         moments = {
-            forward[1]: cached + hc + (c + 8) * v_t + softcap,
+            forward[1]: cached + hc + loss_forward_copies(c, cfg.loss_path) * v_t + softcap,
             "start of backward: fp32 log-softmax output, its gradient and input gradient":
                 hc + activations.logits_bytes(m, lay.dtypes) * tokens,
             "head backward: logits gradient and head weight gradient":
@@ -174,6 +239,8 @@ def logits_hole_bytes_per_token(ctx: PlanContext) -> int:
     c = ctx.layout.dtypes.compute
     if ctx.config.loss != Loss.STANDARD or c >= activations.FP32:
         return 0
+    if held_output_bytes_per_token(ctx) and ctx.config.loss_path != LossPath.FP32_LOGITS:
+        return 0  # the loop holds the 16-bit logits: not freed, no hole
     return ctx.model.vocab_size * c
 
 
@@ -197,6 +264,10 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     if hole:
         ledger.add("allocator_reserve", "the 16-bit logits' hole: freed under their fp32 upcast", hole,
                    ctx.config.tokens_per_micro_batch, note="reserved, never reused at the peak (measured)")
+    output = held_output_bytes_per_token(ctx)
+    if output:
+        ledger.add("logits", "the model's output (logits), held by the training loop", output,
+                   ctx.config.tokens_per_micro_batch, note="--model-output held: alive through backward and the step")
     moment, label, held, in_forward = loss_moment_bytes(ctx)
     ledger.add("logits", label, moment - held, 1, phases=fwd,
                note=f"the largest of the loss's moments (V={m.vocab_size:,})", moment=LOSS_MOMENT)
@@ -242,21 +313,28 @@ SFT_KEYS = ("dataset_text_field", "packing", "completion_only_loss", "assistant_
             "padding_free", "loss_type")
 
 
-def _installed_trl() -> tuple[int, ...] | None:
-    """The installed TRL's (major, minor), read from its metadata (no import); None: not installed."""
+def _installed(package: str) -> tuple[int, ...] | None:
+    """The installed ``package``'s (major, minor), read from its metadata (no import); None: not
+    installed or not a numbered release."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return tuple(int(x) for x in version("trl").split(".")[:2])
+        return tuple(int(x) for x in version(package).split(".")[:2])
     except (PackageNotFoundError, ValueError):
         return None
 
 
 def _read(job: JobFiles, r: Reading) -> None:
     """The Trainer's (and TRL's) use_liger_kernel: Liger's fused linear cross-entropy; TRL SFT's
-    loss_type, and its default per TRL version where the recipe leaves it out."""
+    loss_type, and its default per TRL version where the recipe leaves it out; the loss path of the
+    transformers installed here (the job's environment, as for TRL)."""
+    tf = _installed("transformers")
+    if tf is not None and len(tf) == 2:
+        r.set("loss_path", loss_path_of((tf[0], tf[1])), f"transformers {tf[0]}.{tf[1]} installed here")
     if not job.training_args_where:
         return
+    r.set("model_output", ModelOutput.DROPPED, f"the Trainer that runs {job.training_args_where}: its compute_loss keeps "
+                                               "the loss alone")
     d, where = job.training_args, job.training_args_where
     liger = r.typed(d, "use_liger_kernel", (bool,), where)
     if liger is not None:
@@ -273,7 +351,7 @@ def _read(job: JobFiles, r: Reading) -> None:
         return
     if liger is not None or not any(k in d for k in SFT_KEYS):
         return
-    trl = _installed_trl()
+    trl = _installed("trl")
     if trl is not None and trl >= TRL_CHUNKED_DEFAULT:
         r.set("loss", Loss.CHUNKED, f"{where}: TRL {'.'.join(map(str, trl))}'s SFT default loss_type chunked_nll")
     elif trl is None:
@@ -282,13 +360,45 @@ def _read(job: JobFiles, r: Reading) -> None:
                           "standard loss is planned (the larger); set loss_type in the recipe to plan the other")
 
 
+def _check(ctx: PlanContext, out: Check) -> None:
+    """Say when the standard loss is planned as an older transformers or a loop holding the output
+    runs it: the files planner writes run neither (the Trainer or planner's launch, transformers of
+    the ``train`` extra), so their run holds less than this plan."""
+    cfg = ctx.config
+    if cfg.loss == Loss.STANDARD and (cfg.loss_path != LossPath.PAD_LABELS or cfg.model_output != ModelOutput.DROPPED):
+        out.warnings.append(f"the loss is planned as {describe(lambda k: getattr(cfg, k))}: your script's transformers "
+                            "and loop; the launch files planner writes drop the output and run transformers >= 4.49 "
+                            "(pad-labels), which hold less")
+
+
 def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
     return [("loss standard -> chunked", {"loss": Loss.CHUNKED})] if c.loss == Loss.STANDARD else []
+
+
+_STANDARD = (str(Loss.STANDARD),)
+SETTINGS = (
+    Setting("loss_path", LossPath, LossPath.PAD_LABELS,
+            "the standard loss as your transformers computes it: pad-labels (>= 4.49), shift-logits "
+            "(4.46-4.48: one more fp32 copy), fp32-logits (<= 4.45: the model returns fp32 logits)",
+            used_at=_STANDARD),
+    Setting("model_output", ModelOutput, ModelOutput.DROPPED,
+            "the model's output (its logits) during backward: dropped (the Trainer, TRL, planner's launch) or "
+            "held (a loop that keeps `outputs` while it calls backward)", used_at=_STANDARD),
+)
+
+
+def describe(get) -> str:
+    """The loss, with the settings that differ from today's Trainer ("standard (fp32-logits, output
+    held)")."""
+    loss = get("loss")
+    extra = [str(get("loss_path"))] if str(get("loss_path") or LossPath.PAD_LABELS) != LossPath.PAD_LABELS else []
+    extra += ["output held"] if str(get("model_output") or ModelOutput.DROPPED) == ModelOutput.HELD else []
+    return f"{loss} ({', '.join(extra)})" if extra and str(loss) == Loss.STANDARD else str(loss)
 
 
 STRATEGY = Strategy(
     "loss", Loss, Loss.STANDARD, order=5, short="loss",
     help="the loss: standard cross-entropy over fp32 logits, or chunked (Liger's fused linear cross-entropy)",
-    apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.loss",
-    records=CHOICES,
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.loss",
+    records=CHOICES, settings=SETTINGS, describe=describe,
 )

@@ -12,7 +12,7 @@ from planner.core.vocabulary import ConfigBase
 from planner.strategies.adapter import Adapter, LoraTargets
 from planner.strategies.attention import Attention
 from planner.strategies.checkpointing import Checkpointing
-from planner.strategies.loss import Loss
+from planner.strategies.loss import Loss, LossPath, ModelOutput
 from planner.strategies.offload import Offload
 from planner.strategies.optimizer import Optimizer
 from planner.strategies.precision import Precision
@@ -34,6 +34,8 @@ class TrainingConfig(ConfigBase):
     zero_prefetch_bucket_size: int = 0
     zero_persistence_threshold: int = 0
     zero_max_live_parameters: int = 1000000000
+    loss_path: LossPath = LossPath.PAD_LABELS
+    model_output: ModelOutput = ModelOutput.DROPPED
     lora_rank: int = 16
     lora_targets: LoraTargets = LoraTargets.ALL_LINEAR
     lora_alpha: int = 32
@@ -62,6 +64,8 @@ class TechniqueChoices(BaseModel):
     zero_prefetch_bucket_size: int | None = None
     zero_persistence_threshold: int | None = None
     zero_max_live_parameters: int | None = None
+    loss_path: LossPath | None = None
+    model_output: ModelOutput | None = None
     lora_rank: int | None = None
     lora_targets: LoraTargets | None = None
     lora_alpha: int | None = None
@@ -83,6 +87,8 @@ class TechniqueLists(BaseModel):
     zero_prefetch_bucket_size: int | None = None
     zero_persistence_threshold: int | None = None
     zero_max_live_parameters: int | None = None
+    loss_path: LossPath | None = None
+    model_output: ModelOutput | None = None
     lora_rank: int | None = None
     lora_targets: LoraTargets | None = None
     lora_alpha: int | None = None

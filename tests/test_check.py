@@ -425,13 +425,41 @@ def test_trl_sft_loss_type_and_its_default_per_version(tmp_path, monkeypatch, ar
     of `loss_type` will change from "nll" to "chunked_nll" in TRL 1.7")."""
     from planner.strategies import loss as loss_strategy
 
-    monkeypatch.setattr(loss_strategy, "_installed_trl", lambda: trl)
+    monkeypatch.setattr(loss_strategy, "_installed", lambda package: trl if package == "trl" else None)
     path = tmp_path / "training_args.json"
     path.write_text(json.dumps({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True,
                                 "max_length": 2048, "gradient_checkpointing": True} | args))
     r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
     assert r.estimate.config.loss == loss
     assert any("no loss_type" in w for w in r.warnings) is said, r.warnings
+
+
+@pytest.mark.parametrize("installed, path", [((4, 38), "fp32-logits"), ((4, 45), "fp32-logits"),
+                                             ((4, 46), "shift-logits"), ((4, 48), "shift-logits"),
+                                             ((4, 49), "pad-labels"), ((5, 23), "pad-labels")])
+def test_the_loss_path_is_the_installed_transformers(tmp_path, monkeypatch, installed, path):
+    """check plans the standard loss as the transformers installed here computes it (releases'
+    modeling_llama.py and loss_utils.py: fp32 logits returned up to 4.45, the shifted fp32 copy in
+    ForCausalLMLoss 4.46-4.48, padded labels from 4.49), and a Trainer job drops the model output;
+    the older paths hold more at the loss, so the same job's peak grows."""
+    from planner.strategies import loss as loss_strategy
+
+    monkeypatch.setattr(loss_strategy, "_installed", lambda package: installed if package == "transformers" else None)
+    args = tmp_path / "training_args.json"
+    args.write_text(json.dumps({"per_device_train_batch_size": 4, "bf16": True, "max_length": 2048,
+                                "gradient_checkpointing": True}))
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=args, alternatives=0))
+    assert r.estimate.config.loss_path == path
+    assert r.sources["loss_path"] == f"transformers {installed[0]}.{installed[1]} installed here"
+    assert r.estimate.config.model_output == "dropped" and "compute_loss" in r.sources["model_output"]
+    monkeypatch.setattr(loss_strategy, "_installed", lambda package: None)
+    today = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=args, alternatives=0))
+    assert today.estimate.config.loss_path == "pad-labels" and today.sources["loss_path"] == "default"
+    held, now = r.estimate.phase_peaks["forward"], today.estimate.phase_peaks["forward"]  # (the loss's moments)
+    if path == "shift-logits":  # its forward holds one more fp32 copy than 4.49's at least: 14 V T > 12 V T
+        assert held - now >= 2 * 128_256 * 4 * 2048, (held, now)
+    else:
+        assert held >= now if path == "fp32-logits" else held == now
 
 
 def test_trl_loss_type_refusals(tmp_path):

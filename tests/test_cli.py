@@ -36,7 +36,7 @@ def test_fits_exit_0_and_json_contract():
     assert set(out["config"]) == {"optimizer", "precision", "checkpointing", "sharding", "offload", "loss",
                                   "attention", "adapter", "fsdp_version", "gradient_sync", "zero_reduce_bucket_size",
                                   "zero_prefetch_bucket_size", "zero_persistence_threshold", "zero_max_live_parameters",
-                                  "lora_rank", "lora_targets",
+                                  "loss_path", "model_output", "lora_rank", "lora_targets",
                                   "lora_alpha", "lora_dropout",
                                   "micro_batch_size", "grad_accum", "seq_len", "batching", "kernel_seq_len",
                                   "attention_seq_len", "real_seq_len"}
