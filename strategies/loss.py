@@ -7,6 +7,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
+from planner.core.units import DTYPE_BYTES
 from planner.core.vocabulary import Setting
 from planner.cost import activations, params
 from planner.strategies import rates
@@ -324,6 +325,39 @@ def _installed(package: str) -> tuple[int, ...] | None:
         return None
 
 
+#: The Trainer's per_device_eval_batch_size when a recipe leaves it out (transformers
+#: TrainingArguments); its eval_strategy values that evaluate while training.
+TRAINER_EVAL_BATCH = 8
+EVALUATING = ("steps", "epoch")
+
+
+def _read_evaluation(d: dict, where: str, r: Reading) -> None:
+    """Whether the Trainer evaluates while it trains (``eval_strategy``, or transformers 4's
+    ``evaluation_strategy``, steps or epoch), and its eval rows per GPU."""
+    strategy = d.get("eval_strategy", d.get("evaluation_strategy"))
+    if str(strategy).lower() not in EVALUATING:
+        return
+    rows = r.typed(d, "per_device_eval_batch_size", (int,), where, default=TRAINER_EVAL_BATCH)
+    if isinstance(rows, int) and rows >= 1:
+        key = "per_device_eval_batch_size" if "per_device_eval_batch_size" in d else "the Trainer's default eval batch"
+        r.evaluation = (rows, f"{where}: eval_strategy {strategy}, {key} {rows}")
+
+
+def evaluation_logits_bytes(model, config, rows: int) -> int:
+    """Bytes of the standard loss at an evaluation micro-batch of ``rows`` x seq_len tokens: the
+    Trainer's prediction_step runs the model with labels under no_grad, so the loss's forward copies
+    (``loss_forward_copies``: (c + 8) V per token under transformers >= 4.49) exist at once, as in
+    training; the chunked loss (Liger) holds one chunk. Unit: bytes. Assumption: eval rows as long
+    as the training's (the Trainer pads them alike). Source: transformers Trainer.prediction_step."""
+    tokens = rows * config.seq_len
+    if config.loss != Loss.STANDARD:
+        return 0
+    from planner.strategies.precision import CHOICES as PRECISIONS
+
+    c = DTYPE_BYTES[PRECISIONS[config.precision].compute]
+    return loss_forward_copies(c, config.loss_path) * model.vocab_size * tokens
+
+
 def _read(job: JobFiles, r: Reading) -> None:
     """The Trainer's (and TRL's) use_liger_kernel: Liger's fused linear cross-entropy; TRL SFT's
     loss_type, and its default per TRL version where the recipe leaves it out; the loss path of the
@@ -333,6 +367,7 @@ def _read(job: JobFiles, r: Reading) -> None:
         r.set("loss_path", loss_path_of((tf[0], tf[1])), f"transformers {tf[0]}.{tf[1]} installed here")
     if not job.training_args_where:
         return
+    _read_evaluation(job.training_args, job.training_args_where, r)
     r.set("model_output", ModelOutput.DROPPED, f"the Trainer that runs {job.training_args_where}: its compute_loss keeps "
                                                "the loss alone")
     d, where = job.training_args, job.training_args_where

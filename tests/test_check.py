@@ -462,6 +462,28 @@ def test_the_loss_path_is_the_installed_transformers(tmp_path, monkeypatch, inst
         assert held >= now if path == "fp32-logits" else held == now
 
 
+@pytest.mark.parametrize("args, rows", [({"eval_strategy": "steps"}, 8), ({"evaluation_strategy": "epoch"}, 8),
+                                        ({"eval_strategy": "steps", "per_device_eval_batch_size": 64}, 64),
+                                        ({"eval_strategy": "no", "per_device_eval_batch_size": 64}, None), ({}, None)])
+def test_evaluation_during_training_is_said_with_its_loss_bytes(tmp_path, args, rows):
+    """A Trainer recipe that evaluates while training (eval_strategy steps or epoch; transformers
+    4's evaluation_strategy) gets a warning: evaluation is not planned, and its eval micro-batch
+    (per_device_eval_batch_size, the Trainer's default 8) holds the loss's forward copies, (c + 8) V
+    bytes per token under transformers >= 4.49 (prediction_step runs the model with labels), beside
+    the model states; over the usable memory it says to lower the eval batch."""
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "max_length": 4096,
+                                "gradient_checkpointing": True} | args))
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, adapter="lora", alternatives=0))
+    said = [w for w in r.warnings if "evaluation is not planned" in w]
+    if rows is None:
+        assert not said, said
+        return
+    logits = 10 * 128_256 * rows * 4096  # bf16 logits, their fp32 copy, log_softmax's output
+    assert len(said) == 1 and f"{rows} x 4,096 tokens holds {logits / 2**30:.2f} GiB at its loss" in said[0], said
+    assert ("lower per_device_eval_batch_size" in said[0]) is (rows == 64), said
+
+
 def test_trl_loss_type_refusals(tmp_path):
     """chunked_nll beside use_liger_kernel is refused as TRL refuses it; a GRPO or DPO loss_type
     (dr_grpo, sigmoid) is not SFT's and reads as the standard loss."""

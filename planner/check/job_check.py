@@ -32,6 +32,7 @@ from planner.engine.space import build_space, padded_workload
 from planner.schema.estimate import EstimateResult
 from planner.schema.target import DataShape, Target
 from planner.strategies import BY_FIELD, TECHNIQUES, TrainingConfig, approximation_note, ladder_key
+from planner.strategies.loss import evaluation_logits_bytes
 from planner.strategies.request_fields import TechniqueChoices
 
 #: every technique and the workload, but what the batching and the samples' lengths derive
@@ -85,6 +86,9 @@ def check(request: CheckRequest) -> CheckResult:
     if reading.time_as:  # the job runs slower than its memory reading: time it as it runs
         timed = estimate_config(model, hardware, config.model_copy(update=reading.time_as), request.margin)
         result = result.model_copy(update={"time": timed.time})
+    warnings = reading.warnings + result.warnings
+    if reading.evaluation:
+        warnings.append(_evaluation_warning(model, result, *reading.evaluation))
     changes, faster = [], []
     lengths = lengths_of(request)
     if request.alternatives:
@@ -94,9 +98,26 @@ def check(request: CheckRequest) -> CheckResult:
             changes = _changes_that_fit(model, hardware, config, request.margin, result, request.alternatives, lengths)
     return CheckResult(
         fits=result.fits, estimate=result, model_source=model_source, sources=sources,
-        warnings=reading.warnings + result.warnings,
+        warnings=warnings,
         changes=changes, faster=faster, reasons=_reasons(result, changes, faster),
     )
+
+
+#: The ledger terms resident while the Trainer evaluates between optimizer steps (the gradients are
+#: set to None after each step, the activations freed).
+EVAL_RESIDENT = ("weights", "master_weights", "optimizer_states", "cuda_context", "communication_buffers")
+
+
+def _evaluation_warning(model, result: EstimateResult, rows: int, where: str) -> str:
+    """What the job's evaluation holds at its loss, beside the model states, since planner does not
+    plan evaluation passes (strategies/loss.py ``evaluation_logits_bytes``)."""
+    logits = evaluation_logits_bytes(model, result.config, rows)
+    states = sum(result.memory.get(t, 0) for t in EVAL_RESIDENT)
+    total, usable = logits + states, result.usable_bytes
+    verdict = (f"{gib(total)} with the model states, over the {gib(usable)} usable: lower per_device_eval_batch_size"
+               if total > usable else f"{gib(total)} with the model states, within the {gib(usable)} usable")
+    return (f"{where}: evaluation is not planned; an eval micro-batch of {rows} x {result.config.seq_len:,} tokens "
+            f"holds {gib(logits)} at its loss, {verdict} (its layers' temporaries not counted)")
 
 
 def _model(request: CheckRequest, reading: Reading):

@@ -72,6 +72,8 @@ class Reading:
     #: values that price the step time where the job runs slower than its memory reading says (an
     #: eager fp8 job is timed as bf16-mixed): field -> value
     time_as: dict[str, Any] = field(default_factory=dict)
+    #: the job evaluates during training (the Trainer's eval_strategy): rows per eval micro-batch, and where
+    evaluation: tuple[int, str] | None = None
 
     def set(self, name: str, value: Any, where: str, refines: Mapping[Any, set] | None = None) -> None:
         """Record ``value`` for ``name``. Two files that disagree are a contradiction, unless one
