@@ -35,3 +35,31 @@ def test_what_the_vocabulary_cannot_say_is_refused_with_the_reason():
 
 def test_docs_world_is_what_the_corpus_makes():
     assert (ROOT / "docs" / "world.md").read_text() == world_corpus.page()
+
+
+def _bytes(text: str) -> float:
+    """'20.52 GiB' -> bytes (PyTorch's message prints GiB, MiB, KiB or bytes)."""
+    value, unit = text.split()[:2]
+    return float(value) * {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "bytes": 1}[unit]
+
+
+def test_every_out_of_memory_message_says_what_its_record_holds():
+    """The allocator figures (benchmarks/world/oom_fragmentation.yaml): each record's allocated and
+    reserved-unallocated memory appear in its quoted message, and its fraction is theirs (old
+    format: reserved in total less already allocated, over already allocated), to the message's
+    two printed decimals."""
+    records = world_corpus.load("oom_fragmentation.yaml")
+    assert sum(r["group"] == "default" and r["category"] != "ci_test" for r in records) >= 40
+    for r in records:
+        assert str(r["url"]).startswith("https://"), r["id"]
+        if r["allocated_by_pytorch"]:
+            used, spare = r["allocated_by_pytorch"], r["reserved_unallocated"]
+            assert f"{used} is allocated by PyTorch" in r["quote"] and f"{spare} is reserved" in r["quote"], r["id"]
+            allocated, free = _bytes(used), _bytes(spare)
+        else:
+            assert f"{r['already_allocated']} already allocated" in r["quote"], r["id"]
+            assert f"{r['reserved_total']} reserved in total" in r["quote"], r["id"]
+            allocated = _bytes(r["already_allocated"])
+            free = _bytes(r["reserved_total"]) - allocated
+        fraction = r["computed"]["fraction_unallocated_over_allocated"]
+        assert abs(fraction - free / allocated) <= 0.01 * 2**30 / allocated + 1e-4, (r["id"], fraction, free / allocated)
