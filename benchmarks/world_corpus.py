@@ -443,6 +443,22 @@ def allocator_lines(records: list[dict]) -> list[str]:
     return out
 
 
+#: Margins the page weighs against the world's peaks (planner's default is 3 %).
+MARGINS = (0.0, 0.03, 0.05, 0.10, 0.15, 0.20, 0.25)
+
+
+def margin_lines(rows: list[Row]) -> list[str]:
+    """For each margin m, the counted peaks a plan predicted to fill (1 - m) of the GPU would hold:
+    a run at the published peak fits when published <= predicted / (1 - m), i.e. when planner's
+    error is at least -m."""
+    errors = [r.error for r in rows if r.stated and r.error is not None]
+    if not errors:
+        return []
+    cells = " | ".join(f"{sum(e >= -m for e in errors)} of {len(errors)}" for m in MARGINS)
+    return ["| margin | " + " | ".join(f"{m:.0%}" for m in MARGINS) + " |", "|---|" + "---|" * len(MARGINS),
+            f"| peaks within it | {cells} |"]
+
+
 def load(name: str) -> list[dict]:
     path = WORLD / name
     return (yaml.safe_load(path.read_text()) or []) if path.exists() else []
@@ -466,6 +482,10 @@ def page() -> str:
     lines += table(p_rows, ("case", "plan", "published", "planner", "error", "notes"))
     lines += ["", "## Throughput", ""]
     lines += table(t_rows, ("case", "plan", "published", "planner", "error", "notes"))
+    lines += ["", "## The margin the world asks for", "",
+              "A plan predicted to fill the GPU less the margin holds a run whose real peak is at most the",
+              "prediction over (1 - margin): every counted peak above whose error is no lower than minus the margin.", ""]
+    lines += margin_lines([r for r in p_rows if "tokens" not in r.published])
     lines += ["", "## The caching allocator at out-of-memory errors", "",
               "PyTorch's out-of-memory message gives the memory the caching allocator holds reserved but",
               "unallocated when it fails (after it has released its free segments and retried), beside what is",
