@@ -344,18 +344,20 @@ def _read_evaluation(d: dict, where: str, r: Reading) -> None:
 
 
 def evaluation_logits_bytes(model, config, rows: int) -> int:
-    """Bytes of the standard loss at an evaluation micro-batch of ``rows`` x seq_len tokens: the
-    Trainer's prediction_step runs the model with labels under no_grad, so the loss's forward copies
-    (``loss_forward_copies``: (c + 8) V per token under transformers >= 4.49) exist at once, as in
-    training; the chunked loss (Liger) holds one chunk. Unit: bytes. Assumption: eval rows as long
-    as the training's (the Trainer pads them alike). Source: transformers Trainer.prediction_step."""
-    tokens = rows * config.seq_len
-    if config.loss != Loss.STANDARD:
-        return 0
+    """Bytes of the loss at an evaluation micro-batch of ``rows`` x seq_len tokens over the full
+    logits: the Trainer's prediction_step runs the model with labels under no_grad, so the loss's
+    forward copies (``loss_forward_copies``: (c + 8) V per token under transformers >= 4.49) exist
+    at once, as in training. Liger's patched forward (``use_liger_kernel``) computes the fused loss
+    only while training and materialises the full logits otherwise, so this holds for the chunked
+    loss too; TRL's ``chunked_nll`` chunks whenever labels are given (the caller leaves it out).
+    Unit: bytes. Assumption: eval rows as long as the training's (the Trainer pads them alike).
+    Source: transformers Trainer.prediction_step; Liger-Kernel transformers/model/llama.py
+    ``lce_forward`` ("if in training mode, don't materialize logits"); TRL sft_trainer.py
+    ``_patch_chunked_ce_lm_head``."""
     from planner.strategies.precision import CHOICES as PRECISIONS
 
     c = DTYPE_BYTES[PRECISIONS[config.precision].compute]
-    return loss_forward_copies(c, config.loss_path) * model.vocab_size * tokens
+    return loss_forward_copies(c, config.loss_path) * model.vocab_size * rows * config.seq_len
 
 
 def _read(job: JobFiles, r: Reading) -> None:

@@ -484,6 +484,21 @@ def test_evaluation_during_training_is_said_with_its_loss_bytes(tmp_path, args, 
     assert ("lower per_device_eval_batch_size" in said[0]) is (rows == 64), said
 
 
+@pytest.mark.parametrize("loss_key, full", [({"use_liger_kernel": True}, True), ({"loss_type": "chunked_nll"}, False)])
+def test_evaluation_with_a_chunked_loss(tmp_path, loss_key, full):
+    """Liger's patched forward fuses the loss only while training (Liger-Kernel lce_forward: "if in
+    training mode, don't materialize logits"), so its evaluation holds the full logits; TRL's
+    chunked_nll chunks whenever labels are given, evaluation included."""
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "max_length": 4096,
+                                "eval_strategy": "steps", "per_device_eval_batch_size": 4} | loss_key))
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, adapter="lora", alternatives=0))
+    assert r.estimate.config.loss == "chunked"
+    said = " ".join(w for w in r.warnings if "evaluation is not planned" in w)
+    assert ("Liger computes the full logits outside training" in said) is full, said
+    assert ("TRL's chunked loss" in said) is (not full), said
+
+
 def test_trl_loss_type_refusals(tmp_path):
     """chunked_nll beside use_liger_kernel is refused as TRL refuses it; a GRPO or DPO loss_type
     (dr_grpo, sigmoid) is not SFT's and reads as the standard loss."""

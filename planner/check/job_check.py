@@ -88,7 +88,7 @@ def check(request: CheckRequest) -> CheckResult:
         result = result.model_copy(update={"time": timed.time})
     warnings = reading.warnings + result.warnings
     if reading.evaluation:
-        warnings.append(_evaluation_warning(model, result, *reading.evaluation))
+        warnings.append(_evaluation_warning(model, result, *reading.evaluation, sources.get("loss", "")))
     changes, faster = [], []
     lengths = lengths_of(request)
     if request.alternatives:
@@ -108,16 +108,20 @@ def check(request: CheckRequest) -> CheckResult:
 EVAL_RESIDENT = ("weights", "master_weights", "optimizer_states", "cuda_context", "communication_buffers")
 
 
-def _evaluation_warning(model, result: EstimateResult, rows: int, where: str) -> str:
+def _evaluation_warning(model, result: EstimateResult, rows: int, where: str, loss_source: str) -> str:
     """What the job's evaluation holds at its loss, beside the model states, since planner does not
-    plan evaluation passes (strategies/loss.py ``evaluation_logits_bytes``)."""
+    plan evaluation passes (strategies/loss.py ``evaluation_logits_bytes``; TRL's chunked_nll, read
+    from ``loss_type``, chunks in evaluation too)."""
+    batch = f"{where}: evaluation is not planned; an eval micro-batch of {rows} x {result.config.seq_len:,} tokens"
+    if result.config.loss == "chunked" and "loss_type" in loss_source:
+        return f"{batch} goes through TRL's chunked loss, as training does (its layers' temporaries not counted)"
     logits = evaluation_logits_bytes(model, result.config, rows)
     states = sum(result.memory.get(t, 0) for t in EVAL_RESIDENT)
     total, usable = logits + states, result.usable_bytes
     verdict = (f"{gib(total)} with the model states, over the {gib(usable)} usable: lower per_device_eval_batch_size"
                if total > usable else f"{gib(total)} with the model states, within the {gib(usable)} usable")
-    return (f"{where}: evaluation is not planned; an eval micro-batch of {rows} x {result.config.seq_len:,} tokens "
-            f"holds {gib(logits)} at its loss, {verdict} (its layers' temporaries not counted)")
+    full = " (Liger computes the full logits outside training)" if result.config.loss == "chunked" else ""
+    return f"{batch} holds {gib(logits)} at its loss{full}, {verdict} (its layers' temporaries not counted)"
 
 
 def _model(request: CheckRequest, reading: Reading):
