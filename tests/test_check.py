@@ -484,6 +484,18 @@ def test_evaluation_during_training_is_said_with_its_loss_bytes(tmp_path, args, 
     assert ("lower per_device_eval_batch_size" in said[0]) is (rows == 64), said
 
 
+def test_llamafactory_evaluation_is_said_as_the_trainers(tmp_path):
+    """LLaMA-Factory passes the Trainer's eval_strategy and per_device_eval_batch_size through
+    (HfArgumentParser over TrainingArguments), so its evaluation is said as a Trainer recipe's."""
+    f = tmp_path / "lf.yaml"
+    f.write_text("model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nbf16: true\ncutoff_len: 4096\n"
+                 "val_size: 0.1\neval_strategy: steps\nper_device_eval_batch_size: 2\n")
+    r = check(CheckRequest(gpus="1xH100-80", training_args=f, alternatives=0))
+    said = [w for w in r.warnings if "evaluation is not planned" in w]
+    assert len(said) == 1 and "lf.yaml: eval_strategy steps, per_device_eval_batch_size 2" in said[0], r.warnings
+    assert f"holds {10 * 128_256 * 2 * 4096 / 2**30:.2f} GiB at its loss" in said[0], said
+
+
 @pytest.mark.parametrize("loss_key, full", [({"use_liger_kernel": True}, True), ({"loss_type": "chunked_nll"}, False)])
 def test_evaluation_with_a_chunked_loss(tmp_path, loss_key, full):
     """Liger's patched forward fuses the loss only while training (Liger-Kernel lce_forward: "if in

@@ -48,7 +48,8 @@ AX_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa",
                 "xformers_attention": "xformers", "flex_attention": "flex_attention", "sage_attention": "sage"}
 #: TrainingArguments keys both frameworks pass through unchanged.
 PASSED = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "optim", "deepspeed", "fsdp",
-          "fsdp_config", "torch_compile", "gradient_checkpointing", "use_liger_kernel")
+          "fsdp_config", "torch_compile", "gradient_checkpointing", "use_liger_kernel", "eval_strategy",
+          "evaluation_strategy", "per_device_eval_batch_size")
 
 
 def detect(d: dict) -> str | None:
