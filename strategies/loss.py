@@ -14,6 +14,7 @@ from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.fsdp_schedule import Instant, gathered_bytes
 from planner.strategies.moments import LOSS_MOMENT, ROOT_REGATHER
+from planner.strategies.precision import CHOICES as PRECISIONS
 from planner.strategies.precision import cache_only_casts
 
 
@@ -354,8 +355,6 @@ def evaluation_logits_bytes(model, config, rows: int) -> int:
     Source: transformers Trainer.prediction_step; Liger-Kernel transformers/model/llama.py
     ``lce_forward`` ("if in training mode, don't materialize logits"); TRL sft_trainer.py
     ``_patch_chunked_ce_lm_head``."""
-    from planner.strategies.precision import CHOICES as PRECISIONS
-
     c = DTYPE_BYTES[PRECISIONS[config.precision].compute]
     return loss_forward_copies(c, config.loss_path) * model.vocab_size * rows * config.seq_len
 
