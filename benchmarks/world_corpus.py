@@ -70,7 +70,8 @@ MODELS = {
     "tinyllama11b": ("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", ""),
 }
 OPTIMIZERS = {
-    "adamw": "adamw", "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adam": "adamw",
+    "adamw": "adamw", "adamw_torch": "adamw-foreach", "torch.optim.adamw": "adamw-foreach", "adamw_torch_fused": "adamw",
+    "adam": "adamw",
     "adamw-8bit": "adamw-8bit", "adamw_8bit": "adamw-8bit", "adamw_bnb_8bit": "adamw-8bit", "adamw8bit": "adamw-8bit",
     "paged-adamw-8bit": "paged-adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit",
     "paged-adamw": "paged-adamw", "paged_adamw_32bit": "paged-adamw", "paged-adamw-32bit": "paged-adamw",
@@ -82,13 +83,13 @@ METHODS = {"full": "none", "lora": "lora", "qlora": "qlora", "dora": "dora"}
 #: What a named framework does where the source is silent: (words in ``framework``, the settings,
 #: their source). Applied values are notes, not assumptions.
 FRAMEWORK_DEFAULTS = (
-    (("fsdp_qlora",), {"precision": "bf16-pure", "optimizer": "adamw",
+    (("fsdp_qlora",), {"precision": "bf16-pure", "optimizer": "adamw_torch",
                        "lora": {"rank": 64, "alpha": 16, "targets": "all-linear"}},
      "fsdp_qlora train.py's argument defaults (precision bf16: parameters, gradients and states in bf16)"),
-    (("llama-factory",), {"optimizer": "adamw", "checkpointing": "full"},
+    (("llama-factory",), {"optimizer": "adamw_torch", "checkpointing": "full"},
      "LLaMA-Factory's defaults (the Trainer's adamw_torch; gradient checkpointing unless disabled)"),
-    (("sfttrainer",), {"optimizer": "adamw"}, "the Trainer's default optim (adamw_torch)"),
-    (("ms-swift",), {"optimizer": "adamw"}, "the Trainer's default optim (adamw_torch), which ms-swift keeps"),
+    (("sfttrainer",), {"optimizer": "adamw_torch"}, "the Trainer's default optim (adamw_torch)"),
+    (("ms-swift",), {"optimizer": "adamw_torch"}, "the Trainer's default optim (adamw_torch), which ms-swift keeps"),
 )
 
 
@@ -208,6 +209,11 @@ def request(case: dict) -> Mapped:
             out.refused = f"optimizer {optimizer!r} is not in planner's vocabulary"
             return out
         out.fields["optimizer"] = mapped
+        if mapped == "adamw-foreach" and str(case.get("sharding")).startswith("zero") and str(
+                case.get("offload") or "none").startswith("optimizer"):
+            out.fields["optimizer"] = "adamw"  # accelerate hands DeepSpeed's CPU Adam the offloaded step
+            out.assumed.append("torch's AdamW as DeepSpeed's CPU Adam under offload (accelerate's "
+                               "map_pytorch_optim_to_deepspeed)")
     else:
         out.assumed.append("optimizer adamw")
     sharding = str(case.get("sharding") or "")
@@ -279,6 +285,19 @@ def predicted_bytes(plan, reading: str | None) -> int:
     return plan.memory["peak"]
 
 
+#: A published peak below ``model_states_bytes``: the figure cannot be the stated configuration's.
+BELOW = "published below"
+
+
+def model_states_bytes(plan) -> int:
+    """Bytes per GPU of the weights, gradients and dense optimizer states the plan holds on the
+    GPU (parameter counts times element bytes, before any activation): every real run of the
+    configuration holds at least these at its step, whatever its framework: the largest sum of
+    those alive in one phase."""
+    rows = [r for r in plan.ledger if r.location == "gpu" and r.term in ("weights", "gradients", "optimizer_states")]
+    return max((sum(r.bytes for r in rows if phase in r.phases) for phase in {p for r in rows for p in r.phases}), default=0)
+
+
 def estimate_case(fields: dict):
     from planner.engine.estimate import estimate
     from planner.schema.estimate import EstimateRequest
@@ -315,7 +334,7 @@ class Row:
     @property
     def stated(self) -> bool:
         """The source states every setting that decides the figure (no ``CORE`` assumption)."""
-        return self.error is not None and not any(n.strip().startswith(CORE) for n in self.notes.split(";"))
+        return self.error is not None and not any(n.strip().startswith((*CORE, BELOW)) for n in self.notes.split(";"))
 
 
 def _config_words(f: dict) -> str:
@@ -349,6 +368,10 @@ def peak_rows(cases: list[dict]) -> list[Row]:
             rows.append(Row(case["id"], _config_words(m.fields), "", "", None, f"refused by planner: {str(e)[:120]}"))
             continue
         pub, pred = published_bytes(case), predicted_bytes(plan, case.get("reading"))
+        floor = model_states_bytes(plan)
+        if pub < floor and not any(a.startswith(CORE) for a in m.assumed):
+            notes = "; ".join([f"{BELOW} the stated configuration's weights, gradients and optimizer states alone "
+                               f"({floor / 2**30:.1f} GiB): not this configuration's run", *m.assumed])
         rows.append(Row(case["id"], _config_words(m.fields), f"{pub / 2**30:.1f} GiB ({case.get('reading') or 'unknown'})",
                         f"{pred / 2**30:.1f}", pred / pub - 1, notes))
     return rows

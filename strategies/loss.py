@@ -2,6 +2,7 @@
 
 from enum import StrEnum
 
+from planner.core import job as job_module
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
@@ -315,17 +316,6 @@ SFT_KEYS = ("dataset_text_field", "packing", "completion_only_loss", "assistant_
             "padding_free", "loss_type")
 
 
-def _installed(package: str) -> tuple[int, ...] | None:
-    """The installed ``package``'s (major, minor), read from its metadata (no import); None: not
-    installed or not a numbered release."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return tuple(int(x) for x in version(package).split(".")[:2])
-    except (PackageNotFoundError, ValueError):
-        return None
-
-
 #: The Trainer's per_device_eval_batch_size when a recipe leaves it out (transformers
 #: TrainingArguments); its eval_strategy values that evaluate while training.
 TRAINER_EVAL_BATCH = 8
@@ -363,7 +353,7 @@ def _read(job: JobFiles, r: Reading) -> None:
     """The Trainer's (and TRL's) use_liger_kernel: Liger's fused linear cross-entropy; TRL SFT's
     loss_type, and its default per TRL version where the recipe leaves it out; the loss path of the
     transformers installed here (the job's environment, as for TRL)."""
-    tf = _installed("transformers")
+    tf = job_module.installed_release("transformers")
     if tf is not None and len(tf) == 2:
         r.set("loss_path", loss_path_of((tf[0], tf[1])), f"transformers {tf[0]}.{tf[1]} installed here")
     if not job.training_args_where:
@@ -387,7 +377,7 @@ def _read(job: JobFiles, r: Reading) -> None:
         return
     if liger is not None or not any(k in d for k in SFT_KEYS):
         return
-    trl = _installed("trl")
+    trl = job_module.installed_release("trl")
     if trl is not None and trl >= TRL_CHUNKED_DEFAULT:
         r.set("loss", Loss.CHUNKED, f"{where}: TRL {'.'.join(map(str, trl))}'s SFT default loss_type chunked_nll")
     elif trl is None:

@@ -145,7 +145,8 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
             return
         optimizer = files.deepspeed_config().get("optimizer")
         if optimizer:  # DeepSpeed's CPU Adam / CPU Lion run the offloaded step
-            optimizer["params"].pop("torch_adam", None)
+            for key in ("torch_adam", "fused"):
+                optimizer["params"].pop(key, None)
         files.notes.append(
             "offload: DeepSpeed compiles its CPU optimizer (cpu_adam / cpu_lion) on first use: a C++ compiler "
             "and ninja must be on the machine"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
 
+from planner.core import job as job_module
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, Location, PagedInfo, Phase
@@ -27,6 +28,7 @@ from planner.strategies.moments import FROZEN
 
 class Optimizer(StrEnum):
     ADAMW = "adamw"
+    ADAMW_FOREACH = "adamw-foreach"
     ADAMW_8BIT = "adamw-8bit"
     ADAMW_4BIT = "adamw-4bit"
     PAGED_ADAMW = "paged-adamw"
@@ -108,6 +110,7 @@ class OptimizerChoice(Choice):
     paged: bool = False
     state_bits: int = 32  # the bits of a quantized state element (32: not quantized)
     step_temporaries: bool = False
+    foreach: bool = False  # torch's multi-tensor kernels: a tensor list the size of one state at the step
     fsdp2: Impl | None = None
     refused_on: tuple[tuple[str, str], ...] = ()  # (engine, why): engines are ``engine_of``'s names
     reads: tuple[str, ...] = ()
@@ -151,9 +154,14 @@ CHOICES: dict[Optimizer, OptimizerChoice] = {
         "torch AdamW (fused): fp32 master, two states per parameter",
         lambda numel, shape, sb: optimizer_states.full_states(numel, 2, sb), "exp_avg + exp_avg_sq",
         Impl("torch.optim", "AdamW", "adamw_torch_fused", fake=True, call="fused"), complexity=0, searched=True,
-        reads=("adamw_torch", "adamw_hf", "adamw_apex_fused"), deepspeed="AdamW", deepspeed_reads=("adam",),
-        deepspeed_cpu=True, live=(("torch.optim", "Adam"), ("deepspeed", "DeepSpeedCPUAdam"), ("deepspeed", "FusedAdam")),
+        reads=("adamw_hf", "adamw_apex_fused"), deepspeed="AdamW", deepspeed_reads=("adam",),
+        deepspeed_cpu=True, live=(("deepspeed", "DeepSpeedCPUAdam"), ("deepspeed", "FusedAdam")),
         lighter=(("adamw-8bit", "8-bit states"), ("paged-adamw", "paged states"))),
+    Optimizer.ADAMW_FOREACH: OptimizerChoice(
+        "torch AdamW (foreach, the Trainer's adamw_torch): as adamw, plus a sqrt(exp_avg_sq) copy at the step",
+        lambda numel, shape, sb: optimizer_states.full_states(numel, 2, sb), "exp_avg + exp_avg_sq",
+        Impl("torch.optim", "AdamW", "adamw_torch", fake=True), complexity=0, foreach=True, deepspeed="AdamW",
+        live=(("torch.optim", "Adam"),), lighter=(("adamw", "the fused kernel: no step copy"),)),
     Optimizer.ADAMW_8BIT: OptimizerChoice(
         "AdamW with 8-bit block-wise states (bitsandbytes; torchao under FSDP2)", _blockwise(2),
         "2 x (1 B + fp32 absmax / 256), fp32 under 4096 elements",
@@ -270,13 +278,17 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
             "optimizer_states", f"paged optimizer states ({opt}, unified memory)", paged, 1, place=place,
             location=Location.UNIFIED, note="CUDA managed memory: resident while the GPU has room, else host",
         )
-    if opt == Optimizer.ADAMW:
+    if opt in (Optimizer.ADAMW, Optimizer.ADAMW_FOREACH):
         # torch AdamW keeps an fp32 `step` scalar per parameter tensor (torch/optim/adamw.py
         # _init_group; on the device when fused). DeepSpeed hands it flat partitions: one per group.
         # Every rank holds all of them: sharding does not divide this row.
         count = 1 if ctx.engine == Engine.DEEPSPEED else sum(params.multiplicity(ctx.model, t) for t in _trained(ctx))
         ledger.add("optimizer_states", "optimizer step counters (fp32 scalar per tensor)", count, 4,
                    place=place.replicated, note=f"{count:,} tensors")
+    if choice.foreach and place.location == Location.GPU:  # (host tensors step one at a time: no foreach on CPU)
+        ledger.add("optimizer_step_temporaries", "foreach sqrt(exp_avg_sq), every tensor at once",
+                   optimizer_states.foreach_step_temporary(dense), 1, place=place, phases=frozenset({Phase.STEP}),
+                   note="torch's multi-tensor AdamW; the fused kernel holds none")
     if choice.step_temporaries:
         largest = max(t.numel // t.experts for t in _trained(ctx))
         ledger.add(
@@ -293,7 +305,18 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     """The GPU optimizer step is memory bound: it reads gradients, reads and writes states and
     the fp32 weights (or master copy, plus the 16-bit copy it refreshes) and any fp32 gradient
     upcast: bytes from this rank's GPU ledger rows / achieved bandwidth (roofline). Paged state
-    that spilled migrates in and back out over the host link once per step."""
+    that spilled migrates in and back out over the host link once per step.
+
+    The fused kernel passes over each tensor once. torch's foreach AdamW (``_multi_tensor_adam``)
+    runs seven kernels over the states: lerp_ (m, g), mul_ (v), addcmul_ (v, g), sqrt (v into a
+    copy t), div_ (t), add_ (t), addcdiv_ (p, m, t): 14 state-sized reads and writes where the
+    fused kernel has 4, and the gradients read twice (decoupled weight decay, off by default in
+    the Trainer, would add one more pass over the parameters; not counted).
+
+    Gradient clipping (``max_grad_norm`` 1.0: the Trainer's default, TRL's, DeepSpeed's
+    ``gradient_clipping: auto`` and what planner writes) reads the stepped gradients for their
+    norm and scales them in place (torch.nn.utils ``clip_grad_norm_``: ``_foreach_norm`` then
+    ``_foreach_mul_``; DeepSpeed's unscale_and_clip_grads likewise): three passes over them."""
     gpu_rows = [r for r in ledger.rows if r.location == Location.GPU and Phase.STEP in r.phases
                 and r.tag not in FROZEN]  # (an adapter's frozen base is not updated)
 
@@ -303,10 +326,14 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     states, master, weights, grads = total("optimizer_states"), total("master_weights"), total("weights"), total("gradients")
     upcast = sum(r.bytes for r in gpu_rows if "fp32 gradient partition" in r.label)
     refreshed = 2 * master + weights if master else 2 * weights
-    traffic = 2 * states + grads + refreshed + 2 * upcast
+    state_passes, grad_passes = (7, 2) if CHOICES[ctx.config.optimizer].foreach else (2, 1)
+    traffic = state_passes * states + grad_passes * grads + refreshed + 2 * upcast
     if states or grads:
         draft.serial("optimizer_step", f"{ctx.config.optimizer} step on the GPU", traffic / rates.bandwidth(ctx),
                      note=f"{traffic / 2**30:.1f} GiB moved")
+        clipped = 3 * (upcast or grads)
+        draft.serial("optimizer_step", "gradient clipping (norm, then scale)", clipped / rates.bandwidth(ctx),
+                     note=f"{clipped / 2**30:.1f} GiB moved")
     if paged and paged.spilled_bytes:
         seconds = comms.transfer_seconds(2 * paged.spilled_bytes, rates.page_migration_rate(ctx.hardware), 1.0)
         draft.serial("paged_migration", "paged state in and out of host RAM", seconds,
@@ -330,8 +357,11 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         # lr and weight_decay: "auto" (the Trainer and accelerate's DummyOptim fill them); betas and
         # eps: the Trainer's defaults written out, because accelerate fills only lr / weight_decay
         hyper: dict[str, object] = {"lr": "auto", "weight_decay": "auto", "betas": [0.9, 0.999]}
-        if opt == Optimizer.ADAMW:
-            hyper |= {"eps": 1e-8, "torch_adam": True}
+        if opt in (Optimizer.ADAMW, Optimizer.ADAMW_FOREACH):
+            # torch's AdamW (no DeepSpeed op to build): ``torch_adam`` passes the other params to
+            # torch.optim.AdamW (deepspeed/runtime/engine.py get_optimizer_configuration), foreach
+            # unless ``fused`` says otherwise
+            hyper |= {"eps": 1e-8, "torch_adam": True} | ({"fused": True} if opt == Optimizer.ADAMW else {})
         files.deepspeed["optimizer"] = {"type": choice.deepspeed, "params": hyper}
 
 
@@ -348,12 +378,54 @@ def trainer_names() -> dict[str, Optimizer]:
 
 TRAINER_READS = trainer_names()
 #: DeepSpeed optimizer ``type`` names (lower case) -> vocabulary.
-DEEPSPEED_READS = {name.lower(): o for o, c in CHOICES.items() for name in (c.deepspeed, *c.deepspeed_reads) if name}
+#: torch's AdamW (``torch_adam``) reads as adamw-foreach unless ``fused`` is set (``deepspeed_optimizer``).
+DEEPSPEED_READS = {name.lower(): o for o, c in CHOICES.items() if not c.foreach
+                   for name in (c.deepspeed, *c.deepspeed_reads) if name}
+
+
+def deepspeed_optimizer(block: dict) -> Optimizer | None:
+    """The vocabulary value of a DeepSpeed ``optimizer`` block (None: not modelled). Adam / AdamW
+    run DeepSpeed's FusedAdam, or its CPU Adam under offload; with ``torch_adam`` true, torch's
+    AdamW with the block's other params: foreach unless ``fused`` is true (or ``foreach`` false:
+    the single-tensor loop, whose temporaries are one tensor's)."""
+    name = DEEPSPEED_READS.get(str(block.get("type", "")).lower())
+    params = block.get("params")
+    if (name == Optimizer.ADAMW and isinstance(params, dict) and params.get("torch_adam") is True
+            and params.get("fused") is not True and params.get("foreach") is not False):
+        return Optimizer.ADAMW_FOREACH
+    return name
+
+
+#: The first transformers whose TrainingArguments default ``optim`` is adamw_torch_fused where torch
+#: is at least 2.8 (training_args.py ``default_optim``; adamw_torch before, and with older torch).
+FUSED_DEFAULT_SINCE, FUSED_DEFAULT_TORCH = (4, 54), (2, 8)
+
+
+def _trainer_default_optim() -> tuple[str, str] | None:
+    """The Trainer's default ``optim`` with the transformers and torch installed here, and why;
+    None where transformers is not installed (the vocabulary's default, adamw, stands)."""
+    tf, torch = job_module.installed_release("transformers"), job_module.installed_release("torch")
+    if tf is None:
+        return None
+    fused = tf >= FUSED_DEFAULT_SINCE and torch is not None and torch >= FUSED_DEFAULT_TORCH
+    name = "adamw_torch_fused" if fused else "adamw_torch"
+    versions = f"transformers {'.'.join(map(str, tf))}" + (f", torch {'.'.join(map(str, torch))}" if torch else "")
+    return name, f"the Trainer's default {name} ({versions} installed here)"
+
+
+def _deepspeed_offloads(job: JobFiles) -> bool:
+    """Whether the job's DeepSpeed config offloads the optimizer (to cpu or nvme)."""
+    zero = job.deepspeed.get("zero_optimization") if job.deepspeed_where else None
+    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    return isinstance(offload, dict) and str(offload.get("device", "none")).lower() not in ("none", "")
 
 
 def _read(job: JobFiles, r: Reading) -> None:
-    """The Trainer's ``optim``, DeepSpeed's ``optimizer.type``; unknown ones are counted as AdamW.
-    runtime.json's optimizer is the one that runs (the Trainer ignores ``optim`` when handed one)."""
+    """The optimizer that runs: runtime.json's (the Trainer ignores ``optim`` when handed one);
+    else DeepSpeed's ``optimizer`` block, which DeepSpeed builds whatever the Trainer's ``optim``
+    (one naming another is said, not used); else the Trainer's ``optim``, or its default with the
+    transformers and torch installed here; torch's AdamW under DeepSpeed's optimizer offload is
+    swapped for DeepSpeed's CPU Adam by accelerate. Unknown names are counted as AdamW."""
     built = job.runtime.get("optimizer") if job.runtime_where else None
     if built is not None:
         if built in RUNTIME_BUILT:
@@ -362,23 +434,33 @@ def _read(job: JobFiles, r: Reading) -> None:
             r.problems.append(f"{job.runtime_where}: optimizer {built!r}: the runtime builds only "
                               f"{', '.join(RUNTIME_BUILT)} (name others in the Trainer's optim)")
         return
+    trainer: tuple[Optimizer, str] | None = None
     if job.training_args_where:
         where = job.training_args_where
         optim = r.typed(job.training_args, "optim", (str,), where)
-        if optim is not None:
-            if optim in TRAINER_READS:
-                r.set("optimizer", TRAINER_READS[optim], f"{where}: optim {optim}")
-            else:
-                r.warnings.append(f"{where}: optim {optim} is not modelled; its states are counted as AdamW's")
-    if job.deepspeed_where:
-        where = job.deepspeed_where
-        opt = r.section(job.deepspeed, "optimizer", where)
-        if isinstance(opt.get("type"), str):
-            name = DEEPSPEED_READS.get(opt["type"].lower())
-            if name:
-                r.set("optimizer", name, f"{where}: optimizer.type {opt['type']}")
-            else:
-                r.warnings.append(f"{where}: DeepSpeed optimizer {opt['type']} is not modelled; states counted as AdamW's")
+        if optim is not None and optim not in TRAINER_READS:
+            r.warnings.append(f"{where}: optim {optim} is not modelled; its states are counted as AdamW's")
+        elif optim is not None:
+            trainer = TRAINER_READS[optim], f"{where}: optim {optim}"
+        elif (default := _trainer_default_optim()) is not None:
+            trainer = TRAINER_READS[default[0]], f"{where}: no optim; {default[1]}"
+    block = r.section(job.deepspeed, "optimizer", job.deepspeed_where) if job.deepspeed_where else {}
+    if isinstance(block.get("type"), str):
+        where, name = job.deepspeed_where, deepspeed_optimizer(block)
+        if name is None:
+            r.warnings.append(f"{where}: DeepSpeed optimizer {block['type']} is not modelled; states counted as AdamW's")
+            return
+        torch_adam = ", torch_adam without fused (torch's foreach AdamW)" if name == Optimizer.ADAMW_FOREACH else ""
+        r.set("optimizer", name, f"{where}: optimizer.type {block['type']}{torch_adam}")
+        if trainer is not None and trainer[0] != name and "no optim" not in trainer[1]:
+            r.warnings.append(f"{trainer[1]} is not what runs: DeepSpeed builds its optimizer block ({name})")
+        return
+    if trainer is None:
+        return
+    if trainer[0] == Optimizer.ADAMW_FOREACH and _deepspeed_offloads(job):
+        trainer = Optimizer.ADAMW, (f"{trainer[1]}, which accelerate swaps for DeepSpeed's CPU Adam under "
+                                    "optimizer offload (map_pytorch_optim_to_deepspeed)")
+    r.set("optimizer", *trainer)
 
 
 def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:

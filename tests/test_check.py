@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from planner.catalog.models import resolve_model
 from planner.check import CheckRequest, check
 from planner.cli import app
+from planner.core import job as job_module
 from planner.core.errors import PlannerInputError
 from planner.emit import emit
 from planner.engine.estimate import estimate_config
@@ -143,9 +144,8 @@ def test_not_fitting_job_gets_changes_that_fit(tmp_path):
     assert "checkpointing none -> " in out["changes"][0]["change"]
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
-    from planner.strategies import TrainingConfig
-
     from planner.cost.overheads import DEFAULT_MARGIN
+    from planner.strategies import TrainingConfig
 
     for change in out["changes"]:  # (a paged plan's peak is the usable memory its state fills: the same margin)
         again = estimate_config(resolve_model(LLAMA), parse_gpus("4xA100-80"), TrainingConfig(**change["config"]),
@@ -423,9 +423,7 @@ def test_trl_sft_loss_type_and_its_default_per_version(tmp_path, monkeypatch, ar
     """TRL's SFTConfig loss_type (trl/trainer/sft_config.py): chunked_nll never holds the full
     logits; from TRL 1.7 it is the default unless use_liger_kernel is set (1.6: "The default value
     of `loss_type` will change from "nll" to "chunked_nll" in TRL 1.7")."""
-    from planner.strategies import loss as loss_strategy
-
-    monkeypatch.setattr(loss_strategy, "_installed", lambda package: trl if package == "trl" else None)
+    monkeypatch.setattr(job_module, "installed_release", lambda package: trl if package == "trl" else None)
     path = tmp_path / "training_args.json"
     path.write_text(json.dumps({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True,
                                 "max_length": 2048, "gradient_checkpointing": True} | args))
@@ -442,17 +440,15 @@ def test_the_loss_path_is_the_installed_transformers(tmp_path, monkeypatch, inst
     modeling_llama.py and loss_utils.py: fp32 logits returned up to 4.45, the shifted fp32 copy in
     ForCausalLMLoss 4.46-4.48, padded labels from 4.49), and a Trainer job drops the model output;
     the older paths hold more at the loss, so the same job's peak grows."""
-    from planner.strategies import loss as loss_strategy
-
-    monkeypatch.setattr(loss_strategy, "_installed", lambda package: installed if package == "transformers" else None)
+    monkeypatch.setattr(job_module, "installed_release", lambda package: installed if package == "transformers" else None)
     args = tmp_path / "training_args.json"
     args.write_text(json.dumps({"per_device_train_batch_size": 4, "bf16": True, "max_length": 2048,
-                                "gradient_checkpointing": True}))
+                                "gradient_checkpointing": True, "optim": "adamw_torch_fused"}))
     r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=args, alternatives=0))
     assert r.estimate.config.loss_path == path
     assert r.sources["loss_path"] == f"transformers {installed[0]}.{installed[1]} installed here"
     assert r.estimate.config.model_output == "dropped" and "compute_loss" in r.sources["model_output"]
-    monkeypatch.setattr(loss_strategy, "_installed", lambda package: None)
+    monkeypatch.setattr(job_module, "installed_release", lambda package: None)
     today = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=args, alternatives=0))
     assert today.estimate.config.loss_path == "pad-labels" and today.sources["loss_path"] == "default"
     held, now = r.estimate.phase_peaks["forward"], today.estimate.phase_peaks["forward"]  # (the loss's moments)
@@ -552,3 +548,49 @@ def test_an_fsdp_job_accumulating_reads_when_its_gradients_are_reduced(tmp_path)
     listed = write(tmp_path / "listed.json", base | {"accelerator_config": [1]})
     with pytest.raises(PlannerInputError, match="accelerator_config must be a mapping or a file name, not \\[1\\]"):
         check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, training_args=listed))
+
+
+@pytest.mark.parametrize("installed, optimizer", [({"transformers": (4, 53), "torch": (2, 9)}, "adamw-foreach"),
+                                                  ({"transformers": (4, 54), "torch": (2, 7)}, "adamw-foreach"),
+                                                  ({"transformers": (4, 54), "torch": (2, 8)}, "adamw"),
+                                                  ({"transformers": (5, 24)}, "adamw-foreach"), ({}, "adamw")])
+def test_a_recipe_without_optim_gets_the_trainers_default_here(tmp_path, monkeypatch, installed, optimizer):
+    """The Trainer's default optim is adamw_torch_fused from transformers 4.54 with torch 2.8 and
+    later, adamw_torch (torch's foreach AdamW) otherwise (training_args.py ``default_optim``);
+    without transformers installed the vocabulary's default stands."""
+    monkeypatch.setattr(job_module, "installed_release", installed.get)
+    args = write(tmp_path / "training_args.json", {"per_device_train_batch_size": 1, "bf16": True, "max_length": 1024})
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=args, alternatives=0))
+    assert r.estimate.config.optimizer == optimizer
+    assert ("the Trainer's default" in r.sources["optimizer"]) is bool(installed), r.sources["optimizer"]
+
+
+@pytest.mark.parametrize("params, optimizer", [({"torch_adam": True}, "adamw-foreach"),
+                                               ({"torch_adam": True, "fused": True}, "adamw"),
+                                               ({"torch_adam": True, "foreach": False}, "adamw"), ({}, "adamw")])
+def test_deepspeeds_torch_adam_is_read_as_the_kernel_it_runs(tmp_path, params, optimizer):
+    """DeepSpeed's AdamW block with torch_adam builds torch.optim.AdamW with the block's params
+    (deepspeed/runtime/engine.py get_optimizer_configuration): foreach unless fused is set; without
+    torch_adam DeepSpeed's own FusedAdam."""
+    ds = write(tmp_path / "ds.json", {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True},
+                                      "train_micro_batch_size_per_gpu": 1,
+                                      "optimizer": {"type": "AdamW", "params": {"lr": 1e-5} | params}})
+    r = check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=ds, seq_len=2048, alternatives=0))
+    assert r.estimate.config.optimizer == optimizer
+
+
+def test_torchs_adamw_under_deepspeed_offload_is_deepspeeds_cpu_adam(tmp_path):
+    """Without an optimizer block, the Trainer's optimizer goes to DeepSpeed, and accelerate swaps
+    torch's AdamW for DeepSpeed's CPU Adam under optimizer offload (map_pytorch_optim_to_deepspeed);
+    with a block, DeepSpeed builds the block and a Trainer optim naming another is said."""
+    targs = write(tmp_path / "t.json", {"per_device_train_batch_size": 1, "optim": "adamw_torch", "bf16": True})
+    offload = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}, "bf16": {"enabled": True}}
+    ds = write(tmp_path / "ds.json", offload)
+    r = check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=ds, training_args=targs, seq_len=2048,
+                           alternatives=0))
+    assert r.estimate.config.optimizer == "adamw" and "map_pytorch_optim_to_deepspeed" in r.sources["optimizer"]
+    ds = write(tmp_path / "ds2.json", {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True},
+                                       "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}})
+    r = check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=ds, training_args=targs, seq_len=2048,
+                           alternatives=0))
+    assert r.estimate.config.optimizer == "adamw" and any("is not what runs" in w for w in r.warnings), r.warnings

@@ -115,3 +115,16 @@ class Reading:
             self.problems.append(f"{where}: {key} must be a mapping, not {value!r}"[:300])
             return {}
         return value
+
+
+def installed_release(package: str) -> tuple[int, ...] | None:
+    """The installed ``package``'s (major, minor), read from its metadata (no import): what the
+    job's environment runs where a recipe leaves a library default unset (planner check runs where
+    the job runs). None: not installed or not a numbered release."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return tuple(int(x) for x in version(package).split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return None
+

@@ -83,6 +83,17 @@ def adafactor_states(shape: tuple[int, ...], state_bytes: int = FP32) -> int:
     return state_bytes * prod(shape) + FP32
 
 
+def foreach_step_temporary(adam_state_bytes: int) -> int:
+    """Bytes of the tensor list torch's multi-tensor (foreach) Adam and AdamW allocate at the step:
+    ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`` for every tensor of a device and
+    dtype group at once (torch/optim/adam.py ``_multi_tensor_adam``, torch 2.0-2.13), alive until
+    ``_foreach_addcdiv_`` updates the parameters: one second moment, half of ``adam_state_bytes``
+    (exp_avg + exp_avg_sq of the same tensors). torch's docs: foreach "uses slightly more peak
+    memory than the for-loop due to intermediates being a tensorlist vs just one tensor"; the fused
+    kernel updates in place and allocates none."""
+    return adam_state_bytes // 2
+
+
 def per_tensor_step_temporary(largest_numel: int) -> int:
     """Step temporaries of optimizers that update one tensor at a time in Python (Adafactor,
     Adam-mini): about two fp32 tensors the size of the largest parameter (e.g. Adafactor's

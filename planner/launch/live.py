@@ -24,12 +24,16 @@ def _inner_optimizer(opt):
 def _is(opt, impl) -> bool:
     """Whether the live optimizer is ``impl`` (strategies/optimizer.py ``Impl``). bitsandbytes names
     one class for 8 and 32 bits, paged or not (the Trainer builds AdamW with optim_bits=8): its
-    algorithm from the class name, its state bits and its paging from the object."""
+    algorithm from the class name, its state bits and its paging from the object. torch's
+    optimizers: the class, and whether it runs the fused kernel (``defaults["fused"]``: adamw) or
+    the foreach kernels (adamw-foreach)."""
     cls = type(opt)
     if impl.library == "bitsandbytes":
         return (cls.__module__.startswith("bitsandbytes") and impl.family in cls.__name__
                 and getattr(getattr(opt, "args", None), "optim_bits", 32) == impl.bits
                 and bool(getattr(opt, "is_paged", False)) == impl.paged)
+    if impl.module == "torch.optim" and bool(getattr(opt, "defaults", {}).get("fused")) != (impl.call == "fused"):
+        return False
     return cls.__module__.startswith(impl.module.split(".")[0]) and cls.__name__ == impl.cls
 
 
