@@ -62,6 +62,8 @@ MODELS = {
     "llama370b": ("meta-llama/Llama-3.1-70B", "Llama-3-70B as Llama-3.1-70B (the same shapes)"),
     "metallamametallama370b": ("meta-llama/Llama-3.1-70B", "Llama-3-70B as Llama-3.1-70B (the same shapes)"),
     "llama27b": ("meta-llama/Llama-2-7b-hf", ""), "llama27bhf": ("meta-llama/Llama-2-7b-hf", ""),
+    "mistralaimixtral8x7binstructv01": ("mistralai/Mixtral-8x7B-v0.1", "the Instruct model as its base (the same shapes)"),
+    "nousresearchllama270bhf": ("meta-llama/Llama-2-70b-hf", "NousResearch's re-upload of Llama-2-70b-hf (the same weights)"),
     "llama270b": ("meta-llama/Llama-2-70b-hf", ""),
     "llama7b": ("meta-llama/Llama-2-7b-hf", "LLaMA-7B as Llama-2-7B (the same shapes)"),
     "llama27barchitecture": ("meta-llama/Llama-2-7b-hf", ""), "llama270barchitecture": ("meta-llama/Llama-2-70b-hf", ""),
@@ -319,7 +321,17 @@ def longest_fitting(fields: dict, ceiling: int = 262_144) -> int:
 
 #: Assumptions that can decide a peak or a speed: a row that needs one is shown, but kept out of the
 #: headline figures ("stated" rows only).
-CORE = ("precision ", "optimizer ", "checkpointing ", "micro-batch ", "ddp (")
+CORE = ("precision ", "optimizer ", "checkpointing ", "micro-batch ", "ddp (", "gpu form factor ")
+#: Catalog GPUs whose form factor decides a speed but not a memory (SXM and PCIe: the same memory,
+#: a lower power limit and bandwidth on PCIe), and the words that state it.
+FORM_FACTORS = (("A100-80", "A100-40", "H100-80"), ("sxm", "pcie", "dgx", "hgx"))
+
+
+def form_factor_note(case: dict, gid: str) -> str:
+    """For a throughput: the assumption when an SXM-or-PCIe GPU's form factor is not stated."""
+    if gid in FORM_FACTORS[0] and not any(w in _key((case.get("hardware") or {}).get("gpu")) for w in FORM_FACTORS[1]):
+        return "gpu form factor not stated (as SXM: a PCIe card's lower power limit runs slower)"
+    return ""
 
 
 @dataclass
@@ -350,6 +362,8 @@ def _config_words(f: dict) -> str:
 def peak_rows(cases: list[dict]) -> list[Row]:
     rows = []
     for case in cases:
+        if case.get("metric") == OUT_OF_MEMORY:
+            continue
         m = request(case)
         notes = "; ".join(m.assumed)
         if m.refused:
@@ -406,9 +420,56 @@ def throughput_rows(cases: list[dict]) -> list[Row]:
             rows.append(Row(case["id"], _config_words(m.fields), "", "", None, f"refused: metric {metric!r}"))
             continue
         pred = plan.time.tokens_per_second_per_gpu
+        form = form_factor_note(case, str(m.fields["gpus"]).split("x")[-1])
         rows.append(Row(case["id"], _config_words(m.fields), f"{per_gpu:,.0f} tok/s/GPU", f"{pred:,.0f}",
-                        pred / per_gpu - 1, "; ".join(m.assumed)))
+                        pred / per_gpu - 1, "; ".join([*m.assumed, *([form] if form else [])])))
     return rows
+
+
+#: A published run that failed for want of GPU memory (its ``caveat`` says how the source shows it).
+OUT_OF_MEMORY = "out_of_memory"
+
+
+def verdict_rows(cases: list[dict]) -> list[tuple[str, str, str, str, str]]:
+    """(case, published, planner's GPU verdict with its default margin, agree, agree with no
+    margin) for every run whose outcome the source shows: the out-of-memory failures, and every
+    peak case with its deciding settings stated (the run completed). A plan agrees when it fits
+    the GPU exactly where the run completed (host RAM, which sources rarely state, is not judged):
+    a completed run said not to fit is a false alarm, an out-of-memory run said to fit a broken
+    promise."""
+    out = []
+    for case in cases:
+        m = request(case)
+        if m.refused:
+            continue
+        ran = case.get("metric") != OUT_OF_MEMORY
+        if ran and (case.get("metric") != "peak_memory" or any(a.startswith(CORE) for a in m.assumed)):
+            continue
+        try:
+            plan, bare = estimate_case(m.fields), estimate_case(m.fields | {"margin": 0.0})
+        except Exception:  # noqa: BLE001 (planner's own refusal: no verdict)
+            continue
+        fits, fits_bare = plan.headroom_bytes >= 0, bare.headroom_bytes >= 0
+        said = f"{'fits' if fits else 'does not fit'} ({plan.memory['peak'] / 2**30:.1f} of {plan.usable_bytes / 2**30:.1f} GiB)"
+        out.append((case["id"], "ran" if ran else "out of memory", said, "yes" if fits == ran else "NO",
+                    "yes" if fits_bare == ran else "NO"))
+    return out
+
+
+def verdict_lines(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
+    if not rows:
+        return []
+    ooms = [r for r in rows if r[1] == "out of memory"]
+    ran = len(rows) - len(ooms)
+
+    def said(col: int) -> str:
+        agree = sum(r[col] == "yes" for r in rows)
+        caught = sum(r[col] == "yes" for r in ooms)
+        return (f"{agree} of {len(rows)} agree: {caught} of {len(ooms)} out-of-memory runs said not to fit, "
+                f"{agree - caught} of {ran} completed runs said to fit")
+    lines = [f"- with the default 3 % margin: {said(3)}", f"- with no margin: {said(4)}", "",
+             "| case | published | planner (3 % margin) | agree | agree with no margin |", "|---|---|---|---|---|"]
+    return lines + [f"| {' | '.join(r)} |" for r in rows]
 
 
 def summary(rows: list[Row], what: str) -> list[str]:
@@ -509,6 +570,12 @@ def page() -> str:
               "A plan predicted to fill the GPU less the margin holds a run whose real peak is at most the",
               "prediction over (1 - margin): every counted peak above whose error is no lower than minus the margin.", ""]
     lines += margin_lines([r for r in p_rows if "tokens" not in r.published])
+    lines += ["", "## Fits or runs out of memory", "",
+              "Runs whose source shows how they ended: out of memory, or completed (the peaks above whose",
+              "deciding settings are stated). planner's GPU verdict, with its default 3 % margin kept free and",
+              "with none: a completed run said not to fit is a false alarm, an out-of-memory run said to fit a",
+              "broken promise.", ""]
+    lines += verdict_lines(verdict_rows(peaks))
     lines += ["", "## The caching allocator at out-of-memory errors", "",
               "PyTorch's out-of-memory message gives the memory the caching allocator holds reserved but",
               "unallocated when it fails (after it has released its free segments and retried), beside what is",
