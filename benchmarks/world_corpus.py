@@ -304,7 +304,10 @@ def estimate_case(fields: dict):
     from planner.engine.estimate import estimate
     from planner.schema.estimate import EstimateRequest
 
-    return estimate(EstimateRequest(**fields))
+    plan = estimate(EstimateRequest(**fields))
+    if not plan.feasible:  # planner refuses the configuration: no prediction to compare
+        raise ValueError("; ".join(plan.reasons))
+    return plan
 
 
 def longest_fitting(fields: dict, ceiling: int = 262_144) -> int:
@@ -372,7 +375,11 @@ def peak_rows(cases: list[dict]) -> list[Row]:
         if case.get("metric") == "max_seq_len_fit":
             published = int(case.get("value") or case.get("seq_len") or 0)
             fields = {k: v for k, v in m.fields.items() if k != "seq_len"}
-            got = longest_fitting(fields)
+            try:
+                got = longest_fitting(fields)
+            except ValueError as e:
+                rows.append(Row(case["id"], _config_words(m.fields), "", "", None, f"refused by planner: {str(e)[:120]}"))
+                continue
             rows.append(Row(case["id"], _config_words(m.fields), f"{published:,} tokens", f"{got:,} tokens",
                             got / published - 1 if published else None, notes))
             continue
