@@ -190,7 +190,13 @@ def request(case: dict) -> Mapped:
             if wanted <= {"q", "k", "v", "o"}:
                 out.fields["lora_targets"] = "attention"
                 if wanted != {"q", "k", "v", "o"}:
-                    out.assumed.append(f"lora targets {targets} as attention (q, k, v, o)")
+                    # each wrapped matmul with its own input copy (dropout, or fp32 adapters' cast) holds
+                    # it per token: then wrapping more than the source did decides the figure
+                    copies = float(lora.get("dropout") or 0) > 0 or case.get("adapter_dtype") == "fp32"
+                    out.assumed.append(f"lora targets {targets} as attention (q, k, v, o)"
+                                       + ("; each wrapped matmul keeps its own input copy" if copies else ""))
+                    if copies:
+                        out.assumed[-1] = "lora targets widened: " + out.assumed[-1]
             elif wanted >= {"q", "k", "v", "o", "gate", "up", "down"}:
                 out.fields["lora_targets"] = "all-linear"
             else:
@@ -249,9 +255,13 @@ def request(case: dict) -> Mapped:
         out.assumed.append("attention sdpa (fused)")
     if str(case.get("loss_kernel") or "").split(" (")[0] in ("liger", "unsloth", "cut_cross_entropy", "chunked_ce"):
         out.fields["loss"] = "chunked"
-    for key in ("loss_path", "model_output"):  # the transformers and training loop the source ran (loss_path_source)
+    for key in ("loss_path", "model_output", "adapter_dtype"):  # what the source's libraries ran (loss_path_source)
         if case.get(key):
             out.fields[key] = str(case[key])
+    if out.fields.get("adapter_dtype") == "fp32" and out.fields.get("adapter") != "lora":
+        del out.fields["adapter_dtype"]
+        out.assumed.append(f"adapter dtype fp32 planned as auto (16 bit): {out.fields.get('adapter')}'s fp32 casts "
+                           "are not modelled")
     for key in ("micro_batch_size", "grad_accum"):
         if case.get(key):
             out.fields[key] = int(case[key])
@@ -324,7 +334,8 @@ def longest_fitting(fields: dict, ceiling: int = 262_144) -> int:
 
 #: Assumptions that can decide a peak or a speed: a row that needs one is shown, but kept out of the
 #: headline figures ("stated" rows only).
-CORE = ("precision ", "optimizer ", "checkpointing ", "micro-batch ", "ddp (", "gpu form factor ")
+CORE = ("precision ", "optimizer ", "checkpointing ", "micro-batch ", "ddp (", "gpu form factor ", "lora targets widened",
+        "adapter dtype ")
 #: Catalog GPUs whose form factor decides a speed but not a memory (SXM and PCIe: the same memory,
 #: a lower power limit and bandwidth on PCIe), and the words that state it.
 FORM_FACTORS = (("A100-80", "A100-40", "H100-80"), ("sxm", "pcie", "dgx", "hgx"))

@@ -39,13 +39,18 @@ def computed_state_bytes(model, c) -> tuple[int, int]:
 
 
 def computed_step_temporaries(model, c) -> int:
-    """The step's temporaries of an optimizer fake mode cannot run and that updates one tensor at a
-    time (``OptimizerChoice.step_temporaries``: Adam-mini), from the same rule as the analytic
-    ledger (planner/cost/optimizer_states.py ``per_tensor_step_temporary``); 0 for the others."""
-    from planner.cost.optimizer_states import per_tensor_step_temporary
+    """The step's temporaries of an optimizer fake mode does not run as CUDA does, from the same
+    rule as the analytic ledger (planner/cost/optimizer_states.py): one that updates one tensor
+    at a time (``OptimizerChoice.step_temporaries``: Adam-mini, ``per_tensor_step_temporary``), or
+    torch's foreach AdamW (``foreach_step_temporary``, measured on the real CPU allocator); 0 for
+    the others."""
+    from planner.cost.optimizer_states import foreach_step_temporary, per_tensor_step_temporary
     from planner.strategies.optimizer import CHOICES
 
-    if not CHOICES[c.optimizer].step_temporaries:
+    choice = CHOICES[c.optimizer]
+    if choice.foreach:
+        return foreach_step_temporary(computed_state_bytes(model, c)[0])
+    if not choice.step_temporaries:
         return 0
     return per_tensor_step_temporary(max(p.numel() for p in model.parameters() if p.requires_grad))
 

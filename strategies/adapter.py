@@ -40,6 +40,7 @@ the user names it (``--adapter lora``, or ``--adapter any``).
 from dataclasses import dataclass
 from enum import StrEnum
 
+from planner.core import job as job_module
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
@@ -97,6 +98,16 @@ class LoraTargets(StrEnum):
     ATTENTION = adapters.ATTENTION
 
 
+class AdapterDtype(StrEnum):
+    """The adapters' parameter dtype: ``auto`` is planner's layout (fp32 under the mixed
+    precisions, the weights' 16 bit under bf16-pure, as planner's launch builds them); ``fp32``
+    under bf16-pure is peft's default ``autocast_adapter_dtype=True`` with no autocast (peft >=
+    0.12): fp32 adapters over the 16-bit base, each wrapped matmul casting its input to fp32."""
+
+    AUTO = "auto"
+    FP32 = "fp32"
+
+
 #: TRL's defaults (trl ModelConfig: lora_r 16, lora_alpha 32, lora_dropout 0.05).
 SETTINGS = (
     Setting("lora_rank", int, 16, "LoRA rank r of every adapter", ge=1, le=4096),
@@ -104,6 +115,9 @@ SETTINGS = (
             "the weights LoRA wraps: all-linear (every decoder-layer linear) or attention (q, k, v, o)"),
     Setting("lora_alpha", int, 32, "LoRA alpha: the update is scaled by alpha / r", ge=1, le=1_000_000),
     Setting("lora_dropout", float, 0.05, "dropout on each adapter's input (0: none, and less memory)", ge=0.0, le=0.9),
+    Setting("adapter_dtype", AdapterDtype, AdapterDtype.AUTO,
+            "the adapters' dtype under bf16-pure: auto (16 bit, as planner's launch builds them) or fp32 (peft's "
+            "default autocast_adapter_dtype: fp32 adapters, each casting its input to fp32)", used_at=("lora",)),
 )
 FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
 #: The ledger row of QLoRA's dequantized weight (bitsandbytes does not run on fake tensors, so a
@@ -170,6 +184,11 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("lora-int8 with bf16-pure",
                    "lora-int8 with precision bf16-pure: peft keeps adapters over an int8 base in fp32 and, without "
                    "autocast, casts each one's input to fp32, which is not modelled; use bf16-mixed")
+    if cfg.adapter_dtype == AdapterDtype.FP32 and cfg.precision == "bf16-pure" and (
+            a != Adapter.LORA or ctx.engine == Engine.DEEPSPEED):
+        out.reject("fp32 adapters under bf16-pure", f"{a} with adapter dtype fp32 under bf16-pure and {cfg.sharding}: "
+                   "modelled for lora on torch or FSDP (DeepSpeed casts every parameter to 16 bit; a quantized base's or "
+                   "DoRA's fp32 casts are not modelled); use adapter dtype auto, or bf16-mixed")
     if a == Adapter.LORA_INT8 and ctx.engine in (Engine.DEEPSPEED, Engine.FSDP):
         out.reject("lora-int8 under a sharded engine",
                    f"lora-int8 with sharding {cfg.sharding}: FSDP cannot shard bitsandbytes' int8 weights and an int8 "
@@ -353,6 +372,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     if ctx.config.adapter == Adapter.NONE:
         return
     files.runtime["lora"] = lora_config(ctx.config, ctx.model.family)
+    files.runtime["adapter_dtype"] = str(ctx.config.adapter_dtype)
     files.extras.add("adapters")
     if (q := quantization_config(ctx.config)) is not None:
         files.runtime["quantization"] = q
@@ -386,6 +406,10 @@ def _kind(four_bit: bool, dora: bool, where: str, r: Reading, eight_bit: bool = 
             else Adapter.LORA)
 
 
+#: peft's get_peft_model gained ``autocast_adapter_dtype`` (default True: fp32 adapters) in 0.12.
+PEFT_FP32_ADAPTERS_SINCE = (0, 12)
+
+
 def _read_trl(d: dict, where: str, r: Reading) -> None:
     """A TRL recipe's ``ModelConfig`` (or alignment-handbook's ``ModelArguments``): ``use_peft``
     with ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_dora``,
@@ -400,6 +424,10 @@ def _read_trl(d: dict, where: str, r: Reading) -> None:
     kind = _kind(r.typed(d, "load_in_4bit", (bool,), where, False), r.typed(d, "use_dora", (bool,), where, False),
                  where, r, r.typed(d, "load_in_8bit", (bool,), where, False))
     r.set("adapter", kind, f"{where}: use_peft")
+    peft = job_module.installed_release("peft")
+    if kind == Adapter.LORA and (peft is None or peft >= PEFT_FP32_ADAPTERS_SINCE):
+        r.set("adapter_dtype", AdapterDtype.FP32, f"{where}: TRL's get_peft_model keeps peft's default "
+              "autocast_adapter_dtype (fp32 adapters; under bf16-pure without autocast)")
     for key, name, kinds in (("lora_r", "lora_rank", (int,)), ("lora_alpha", "lora_alpha", (int,)),
                              ("lora_dropout", "lora_dropout", (float, int))):
         value = r.typed(d, key, kinds, where)
@@ -432,6 +460,12 @@ def _read(job: JobFiles, r: Reading) -> None:
     if not isinstance(lora, dict):
         r.problems.append(f"{where}: lora must be a mapping of peft LoraConfig arguments")
         return
+    dtype = job.runtime.get("adapter_dtype", str(AdapterDtype.AUTO))
+    if dtype in set(AdapterDtype):
+        r.set("adapter_dtype", AdapterDtype(dtype), f"{where}: adapter_dtype {dtype}" if "adapter_dtype" in job.runtime
+              else f"{where}: no adapter_dtype (planner's layout)")
+    else:
+        r.problems.append(f"{where}: adapter_dtype {dtype!r}: auto or fp32")
     four_bit = isinstance(quant, dict) and quant.get("load_in_4bit") is True
     eight_bit = isinstance(quant, dict) and quant.get("load_in_8bit") is True
     r.set("adapter", _kind(four_bit, bool(lora.get("use_dora")), where, r, eight_bit),

@@ -71,6 +71,7 @@ class PlanLayout:
     trainable_parameters: int
     frozen_parameters: int = 0  # the base model's, when an adapter trains instead of it
     frozen_bytes: int = 0  # bytes per element of the frozen 16-bit (or fp32) base weights
+    adapter_copy_bytes: int = 0  # an adapter's cast input copy: compute dtype under autocast, else its own
     adapter: AdapterSpec | None = None  # the adapter trained on the frozen base (None: full fine-tuning)
     layer_trained: int = 0  # elements of one decoder layer that have gradients (its adapters' under an adapter)
     layer_gathered: int = 0  # elements one decoder layer gathers under ZeRO-3 / FSDP (its weights and adapters)

@@ -118,7 +118,8 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
         return activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
     cast = adapters.casts_adapter_input(spec, lay.weight_bytes, lay.dtypes.compute)
     return activations.total(adapters.adapter_layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len, spec.targets,
-                                                          spec.rank, spec.dropout, cast, spec.dora, spec.int8))
+                                                          spec.rank, spec.dropout, cast, spec.dora, spec.int8,
+                                                          copy_bytes=lay.adapter_copy_bytes))
 
 
 def adapter_backward_bytes(ctx: PlanContext) -> float:

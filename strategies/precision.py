@@ -98,17 +98,22 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     weight, master, grad, state, dtypes, autocast, gathered = _dtypes(p, decided["engine"])
     frozen = 0
     if decided.get("frozen_parameters"):  # an adapter trains; the base is frozen
-        weight, master, grad, state, dtypes, autocast, frozen = _adapter_dtypes(p, decided["engine"])
+        weight, master, grad, state, dtypes, autocast, frozen = _adapter_dtypes(p, decided["engine"], _fp32_asked(ctx.config))
     # FSDP-QLoRA reduces in the quant storage dtype: the Trainer sets FSDP's mixed precision to it
     # (transformers ``update_fsdp_plugin_peft``)
     qlora_fsdp = decided.get("adapter") is not None and decided["adapter"].nf4 and decided["engine"] == Engine.FSDP
     return {"weight_bytes": weight, "master_bytes": master, "grad_bytes": grad, "state_bytes": state,
             "gathered_bytes": gathered, "reduce_bytes": gathered if qlora_fsdp else grad, "dtypes": dtypes,
             "autocast": autocast, "compute_dtype": COMPUTE_DTYPE[p], "layer_matmul_dtype": LAYER_MATMUL_DTYPE[p],
-            "frozen_bytes": frozen}
+            "frozen_bytes": frozen, "adapter_copy_bytes": dtypes.compute if CHOICES[p].mixed else weight}
 
 
-def _adapter_dtypes(p: Precision, engine: Engine) -> tuple:
+def _fp32_asked(config) -> bool:
+    """Whether the plan asks for fp32 adapters (the adapter strategy's ``adapter_dtype``)."""
+    return str(getattr(config, "adapter_dtype", "auto")) == "fp32"
+
+
+def _adapter_dtypes(p: Precision, engine: Engine, fp32: bool = False) -> tuple:
     """(adapter weights, master, adapter gradients, states, activation dtypes, autocast of the
     base's weights, frozen base bytes) when an adapter trains on a frozen base.
 
@@ -119,17 +124,22 @@ def _adapter_dtypes(p: Precision, engine: Engine) -> tuple:
     stream (the embeddings' output), no autocast of the base; bf16-pure and fp32 keep their own
     dtype. DeepSpeed casts every parameter, the adapters included, to 16 bit
     (``DeepSpeedEngine._configure_distributed_model``) and keeps fp32 masters of the trained ones
-    in its optimizer: its own layout. Traced on real peft layers (tests/test_adapters.py)."""
+    in its optimizer: its own layout. ``fp32`` (the plan's ``adapter_dtype``) under bf16-pure off
+    DeepSpeed: peft's default ``autocast_adapter_dtype``, fp32 adapters, gradients and states over
+    16-bit activations, no autocast. Traced on real peft layers (tests/test_adapters.py)."""
+    if fp32 and p == Precision.BF16_PURE and engine != Engine.DEEPSPEED:
+        return 4, 0, 4, 4, DTypes(2, 2), False, 2
     basis = Engine.DEEPSPEED if engine == Engine.DEEPSPEED else Engine.FSDP
     weight, master, grad, state, dtypes, _, _ = _dtypes(p, basis)
     return weight, master, grad, state, dtypes, False, 4 if p == Precision.FP32 else 2
 
 
-def fp32_adapters(p: Precision, engine: Engine) -> bool:
-    """Whether a plan's adapters are fp32 parameters beside a 16-bit frozen base (``_adapter_dtypes``);
-    the launch creates them so (peft ``autocast_adapter_dtype``), and 16-bit under DeepSpeed, whose
-    ZeRO-3 does not cast a partitioned base and would keep fp32 adapters beside it."""
-    return p != Precision.FP32 and _adapter_dtypes(p, engine)[0] == 4
+def fp32_adapters(p: Precision, engine: Engine, config=None) -> bool:
+    """Whether a plan's adapters are fp32 parameters beside a 16-bit frozen base (``_adapter_dtypes``;
+    ``config``: the plan, whose ``adapter_dtype`` may ask for them under bf16-pure); the launch
+    creates them so (peft ``autocast_adapter_dtype``), and 16-bit under DeepSpeed, whose ZeRO-3
+    does not cast a partitioned base and would keep fp32 adapters beside it."""
+    return p != Precision.FP32 and _adapter_dtypes(p, engine, _fp32_asked(config))[0] == 4
 
 
 @cache

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from planner.core.lengths import Batching
 from planner.core.vocabulary import ConfigBase
-from planner.strategies.adapter import Adapter, LoraTargets
+from planner.strategies.adapter import Adapter, AdapterDtype, LoraTargets
 from planner.strategies.attention import Attention
 from planner.strategies.checkpointing import Checkpointing
 from planner.strategies.loss import Loss, LossPath, ModelOutput
@@ -40,6 +40,7 @@ class TrainingConfig(ConfigBase):
     lora_targets: LoraTargets = LoraTargets.ALL_LINEAR
     lora_alpha: int = 32
     lora_dropout: float = 0.05
+    adapter_dtype: AdapterDtype = AdapterDtype.AUTO
     micro_batch_size: int = 1
     grad_accum: int = 1
     seq_len: int = 2048
@@ -70,6 +71,7 @@ class TechniqueChoices(BaseModel):
     lora_targets: LoraTargets | None = None
     lora_alpha: int | None = None
     lora_dropout: float | None = None
+    adapter_dtype: AdapterDtype | None = None
 
 
 class TechniqueLists(BaseModel):
@@ -93,3 +95,4 @@ class TechniqueLists(BaseModel):
     lora_targets: LoraTargets | None = None
     lora_alpha: int | None = None
     lora_dropout: float | None = None
+    adapter_dtype: AdapterDtype | None = None

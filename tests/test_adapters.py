@@ -235,8 +235,9 @@ SAVED_TINY = TINY | {
                    num_key_value_heads=2, head_dim=16, vocab_size=256),
     "gpt2": dict(TINY["gpt2"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
 }
-#: precision -> (weights' dtype, adapters in fp32 under bf16 autocast)
-SAVED_MODES = {"bf16-mixed": ("bfloat16", True), "bf16-pure": ("bfloat16", False), "fp32": ("float32", False)}
+#: precision (and adapter dtype) -> (weights' dtype, bf16 autocast, fp32 adapters: peft's autocast_adapter_dtype)
+SAVED_MODES = {"bf16-mixed": ("bfloat16", True, True), "bf16-pure": ("bfloat16", False, False),
+               "fp32": ("float32", False, False), "bf16-pure-fp32-adapters": ("bfloat16", False, True)}
 
 
 def layer_saved_per_token(path, family: str, attention: str, mode: str, adapter: tuple | None, seq: int = 32,
@@ -251,7 +252,7 @@ def layer_saved_per_token(path, family: str, attention: str, mode: str, adapter:
     ``MatMul8bitLt``, whose ``ctx.tensors`` keep the same input, ``A``)."""
     import transformers
 
-    dtype, mixed = SAVED_MODES[mode]
+    dtype, mixed, fp32 = SAVED_MODES[mode]
     sizes = []
     for batch in (2, 4):
         torch.manual_seed(0)
@@ -265,7 +266,7 @@ def layer_saved_per_token(path, family: str, attention: str, mode: str, adapter:
             modules = target_modules(targets, family)
             model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout,
                                                                target_modules=modules, task_type="CAUSAL_LM"),
-                                        autocast_adapter_dtype=mixed)
+                                        autocast_adapter_dtype=fp32)
         model.train()
         layer = next(m for n, m in model.named_modules() if n.endswith(("layers.1", "h.1")))
         inside, seen = [False], {}
@@ -326,8 +327,9 @@ def saved_tiny(tmp_path_factory):
 def test_lora_layer_activations_equal_a_real_peft_layer(saved_tiny, family, attention, mode):
     """What a LoRA layer saves beyond full fine-tuning, exactly as a real peft model on the CPU saves
     it, for both target sets with and without dropout: frozen weights keep no inputs for weight
-    gradients, fp32 adapters under autocast each save their own 16-bit input copy, dropout adds its
-    mask and output per wrapped matmul, A's output.
+    gradients, fp32 adapters under autocast each save their own 16-bit input copy (without
+    autocast, peft's default fp32 adapters under bf16-pure, their fp32 copy and fp32 A output),
+    dropout adds its mask and output per wrapped matmul, A's output.
 
     Compared as the difference from full fine-tuning of the same model in the same dtypes, measured
     the same way: that cancels what the CPU's kernels save differently from CUDA's in the base
@@ -339,15 +341,17 @@ def test_lora_layer_activations_equal_a_real_peft_layer(saved_tiny, family, atte
     from planner.cost.activations import DTypes
 
     path, spec = saved_tiny[family]
-    dtype, mixed = SAVED_MODES[mode]
+    dtype, mixed, fp32 = SAVED_MODES[mode]
     c = 4 if dtype == "float32" else 2
-    cpu_mask = 2 if mode == "bf16-pure" else 4
+    cpu_mask = 2 if mode == "bf16-pure" else 4  # the dropout's input: fp32 after peft's cast, or the weights' dtype
+    copy = c if mixed else 4  # A's input copy: autocast's 16-bit cast, or peft's fp32 cast without autocast
     fused = attention == "sdpa"
     full = layer_saved_per_token(path, family, attention, mode, None)
     model_full = sum(v for _, v in activations.layer_saved(spec, DTypes(c, c), fused, 32))
     for targets in adapters.TARGETS:
         for dropout in (0.0, 0.1):
-            saved = adapters.adapter_layer_saved(spec, DTypes(c, c), fused, 32, targets, 4, dropout, cast=mixed)
+            saved = adapters.adapter_layer_saved(spec, DTypes(c, c), fused, 32, targets, 4, dropout, cast=fp32 and c == 2,
+                                                 copy_bytes=copy)
             model = sum(v * (cpu_mask if n.endswith("dropout mask") else 1) for n, v in saved)
             traced = layer_saved_per_token(path, family, attention, mode, (targets, dropout))
             assert traced - full == model - model_full, (targets, dropout)

@@ -37,7 +37,7 @@ def test_fits_exit_0_and_json_contract():
                                   "attention", "adapter", "fsdp_version", "gradient_sync", "zero_reduce_bucket_size",
                                   "zero_prefetch_bucket_size", "zero_persistence_threshold", "zero_max_live_parameters",
                                   "loss_path", "model_output", "lora_rank", "lora_targets",
-                                  "lora_alpha", "lora_dropout",
+                                  "lora_alpha", "lora_dropout", "adapter_dtype",
                                   "micro_batch_size", "grad_accum", "seq_len", "batching", "kernel_seq_len",
                                   "attention_seq_len", "real_seq_len"}
     assert out["config"]["batching"] == "packed" and out["config"]["kernel_seq_len"] is None

@@ -60,19 +60,21 @@ def _plan(optimizer: str, gpus: str = "1xA100-80", **extra):
 
 @pytest.mark.parametrize("gpus, sharding", [("1xA100-80", "none"), ("4xA100-80", "zero2"), ("4xA100-80", "fsdp")])
 def test_a_foreach_plan_holds_the_copy_at_the_step_and_moves_more(gpus, sharding):
-    """adamw-foreach holds half its per-GPU states once more at the step (sharded as they are), no
-    more in any other phase than the pool it leaves; its step moves 14 state-sized passes, the fused
-    kernel's 4 (and the gradients twice), with the same clipping passes."""
+    """adamw-foreach holds half its per-GPU states once more at the step (sharded as they are; its
+    step counters are host scalars, the fused kernel's are on the GPU); its step moves 14
+    state-sized passes, the fused kernel's 4 (and the gradients twice), with the same clipping
+    passes."""
     fused, foreach = _plan("adamw", gpus, sharding=sharding), _plan("adamw-foreach", gpus, sharding=sharding)
     rows = {r.label: r for r in foreach.ledger}
     temp = rows["foreach sqrt(exp_avg_sq), every tensor at once"]
     states = next(r for r in foreach.ledger if r.term == "optimizer_states" and r.label.startswith("optimizer states"))
     assert temp.bytes == foreach_step_temporary(states.bytes) and temp.phases == [Phase.STEP]
     assert not any("foreach" in r.label for r in fused.ledger)
-    assert foreach.phase_peaks[Phase.STEP] - fused.phase_peaks[Phase.STEP] >= temp.bytes
+    # (less the fused kernel's step counters on the GPU, and the allocator reserve's share of them)
+    assert foreach.phase_peaks[Phase.STEP] - fused.phase_peaks[Phase.STEP] >= 0.999 * temp.bytes
     step = {p.config.optimizer: next(r.seconds for r in p.time.rows if r.label.endswith("step on the GPU"))
             for p in (fused, foreach)}
     clip = {p.config.optimizer: next(r.seconds for r in p.time.rows if r.label.startswith("gradient clipping"))
             for p in (fused, foreach)}
     assert clip["adamw"] == clip["adamw-foreach"] > 0
-    assert 2.0 < step["adamw-foreach"] / step["adamw"] < 3.5, step
+    assert 1.9 < step["adamw-foreach"] / step["adamw"] < 3.5, step  # (ZeRO's fp32 upcast passes are shared)

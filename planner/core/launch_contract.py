@@ -46,9 +46,10 @@ class RuntimeArgs(BaseModel):
     checkpointing: str | None = None  # a checkpointing policy the runtime applies to each decoder layer
     lora: dict | None = None  # peft LoraConfig keyword arguments: the adapter the runtime wraps the model with
     quantization: dict | None = None  # transformers BitsAndBytesConfig keyword arguments (QLoRA's 4-bit base)
+    adapter_dtype: str = "auto"  # the adapters' dtype under bf16-pure: auto (16 bit) or fp32 (peft's default)
 
     #: The values that say nothing beyond what the standard files and the libraries' defaults do.
     @classmethod
     def neutral(cls) -> dict:
         return {"dtype": "float32", "attn_implementation": "sdpa", "optimizer": None, "checkpointing": None,
-                "lora": None, "quantization": None, "batching": Batching.PACKED}
+                "lora": None, "quantization": None, "batching": Batching.PACKED, "adapter_dtype": "auto"}

@@ -401,7 +401,7 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, .
 @cache
 def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: str, rank: int,
                         dropout: float, cast: bool, dora: bool = False,
-                        int8: bool = False) -> tuple[tuple[str, float], ...]:
+                        int8: bool = False, copy_bytes: int | None = None) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves (no checkpointing) when its weights are frozen and
     the target set's matmuls carry LoRA adapters (peft ``LoraLayer.forward``: ``base(x) +
     B(A(dropout(x.to(A's dtype)))) * scaling``), in the activation dtypes ``dt``.
@@ -410,9 +410,12 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
       frozen weights' gradients: the norms' normalised inputs (``NORM_WEIGHT_INPUTS``) and the
       matmul inputs of ``_weight_gradient_inputs``. A matmul input stays only where a wrapped
       reader's A saves that very tensor: no dropout and no cast (q, k and v then share it).
-    - ``cast``: the adapters' dtype is not the activations' (fp32 adapters over a 16-bit model
-      under autocast). peft casts A's input to fp32 (``_cast_input_dtype``) and autocast casts it
-      back to the compute dtype, so each wrapped matmul's A saves its own copy, c per input element.
+    - ``cast``: the adapters' dtype is not the activations' (fp32 adapters over a 16-bit model).
+      peft casts A's input to fp32 (``_cast_input_dtype``); under autocast, autocast casts it back
+      to the compute dtype, so each wrapped matmul's A saves its own copy, c per input element.
+      Without autocast (fp32 adapters under bf16-pure: peft's default ``autocast_adapter_dtype``)
+      A computes in fp32 and saves its fp32 copy, and B A's fp32 output: ``copy_bytes`` (4) per
+      element where the others are c.
     - ``dropout`` > 0: each wrapped matmul's own dropout saves its mask (``activations.DROPOUT_MASK_BYTES`` per
       element) and A saves the dropped input (c per element; under ``cast`` its 16-bit copy).
     - Every wrapped matmul: A's output, r elements in the compute dtype, which B saves.
@@ -431,6 +434,7 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
         raise ValueError("adapter_layer_saved: dense models over 16-bit or fp32 activations only (no autocast "
                          "over fp32 weights, whose per-matmul input casts are another list)")
     c = dt.compute
+    copy = copy_bytes or c  # A's input copy and output: the compute dtype, or fp32 without autocast
     on = {t.name: t for t in wrapped(m, targets)}
     own_copy = dropout > 0 or cast
     inputs = {} if int8 else _weight_gradient_inputs(m, fused)
@@ -451,8 +455,8 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
         if dropout > 0:
             saved.append((f"{short} dropout mask", activations.DROPOUT_MASK_BYTES * d_in))
         if own_copy:
-            saved.append((f"{short} adapter input", c * d_in))
-        saved.append((f"{short} lora_A output", c * lora_rank(m, t, rank)))
+            saved.append((f"{short} adapter input", (copy if cast else c) * d_in))
+        saved.append((f"{short} lora_A output", (copy if cast else c) * lora_rank(m, t, rank)))
         if dora:
             saved.append((f"{short} DoRA base and adapter outputs", 2 * c * t.shape[0]))
     return tuple(saved)

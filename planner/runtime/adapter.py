@@ -127,7 +127,7 @@ def wrap(model, config, site: Site):
     import peft
 
     lora = peft.LoraConfig(**lora_config(config, model.config.model_type))
-    fp32 = fp32_adapters(config.precision, engine_of(config.sharding))
+    fp32 = fp32_adapters(config.precision, engine_of(config.sharding), config)
     wrapped = peft.get_peft_model(model, lora, autocast_adapter_dtype=fp32)
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     return wrapped, f"{config.adapter}: peft r{config.lora_rank} {config.lora_targets}, {trainable:,} trainable parameters"
