@@ -426,8 +426,8 @@ def _read_trl(d: dict, where: str, r: Reading) -> None:
     r.set("adapter", kind, f"{where}: use_peft")
     peft = job_module.installed_release("peft")
     if kind == Adapter.LORA and (peft is None or peft >= PEFT_FP32_ADAPTERS_SINCE):
-        r.set("adapter_dtype", AdapterDtype.FP32, f"{where}: TRL's get_peft_model keeps peft's default "
-              "autocast_adapter_dtype (fp32 adapters; under bf16-pure without autocast)")
+        r.set("adapter_dtype", AdapterDtype.FP32, f"peft's default autocast_adapter_dtype for {where}'s use_peft "
+              "(get_peft_model: fp32 adapters, which bf16-pure trains without autocast)")
     for key, name, kinds in (("lora_r", "lora_rank", (int,)), ("lora_alpha", "lora_alpha", (int,)),
                              ("lora_dropout", "lora_dropout", (float, int))):
         value = r.typed(d, key, kinds, where)

@@ -389,8 +389,9 @@ DEEPSPEED_READS = {name.lower(): o for o, c in CHOICES.items() if not c.foreach
 def deepspeed_optimizer(block: dict) -> Optimizer | None:
     """The vocabulary value of a DeepSpeed ``optimizer`` block (None: not modelled). Adam / AdamW
     run DeepSpeed's FusedAdam, or its CPU Adam under offload; with ``torch_adam`` true, torch's
-    AdamW with the block's other params: foreach unless ``fused`` is true (or ``foreach`` false:
-    the single-tensor loop, whose temporaries are one tensor's)."""
+    AdamW with the block's other params: foreach unless ``fused`` is true (``foreach`` false, the
+    single-tensor loop, is read as adamw: its temporaries over DeepSpeed's flat partitions are not
+    modelled)."""
     name = DEEPSPEED_READS.get(str(block.get("type", "")).lower())
     params = block.get("params")
     if (name == Optimizer.ADAMW and isinstance(params, dict) and params.get("torch_adam") is True
