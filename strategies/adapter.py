@@ -461,7 +461,7 @@ def _read(job: JobFiles, r: Reading) -> None:
         r.problems.append(f"{where}: lora must be a mapping of peft LoraConfig arguments")
         return
     dtype = job.runtime.get("adapter_dtype", str(AdapterDtype.AUTO))
-    if dtype in set(AdapterDtype):
+    if isinstance(dtype, str) and dtype in set(AdapterDtype):
         r.set("adapter_dtype", AdapterDtype(dtype), f"{where}: adapter_dtype {dtype}" if "adapter_dtype" in job.runtime
               else f"{where}: no adapter_dtype (planner's layout)")
     else:
