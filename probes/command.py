@@ -11,10 +11,11 @@ partition rules (the output's notes say so). The probe needs the ``[probes]`` ex
 import importlib.util
 from collections.abc import Callable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from planner.core.distribution import install_line
 from planner.core.errors import PlannerInputError
+from planner.core.record import Record
 from planner.probes.compare import ZERO_STAGES, Comparison, uniform_state_bytes
 from planner.schema.estimate import EstimateRequest
 from planner.strategies import TrainingConfig
@@ -34,7 +35,7 @@ class ProbeRequest(EstimateRequest):
     steps: int = Field(5, ge=1)  # measured: timed steps
 
 
-class ProbeResult(BaseModel):
+class ProbeResult(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     fidelity: str

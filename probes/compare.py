@@ -12,11 +12,12 @@ buckets (DDP and ZeRO do not run under the trace; FSDP2's all-gather and reduce-
 do, and are compared). Model states of ZeRO plans are computed, not traced (probes/traced.py).
 """
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from planner.core.ledger import Location, Phase
 from planner.core.ledger import phase_sum as ledger_phase_sum
 from planner.core.ledger import resident as ledger_resident
+from planner.core.record import Record
 from planner.strategies import TrainingConfig
 from planner.strategies.adapter import NF4_DEQUANTIZED
 
@@ -27,7 +28,7 @@ STATES = {"parameters": ("weights", "master_weights"), "gradients": ("gradients"
 TOLERANCE = 0.05  # issue 6: transients and the step peak within 5 %
 
 
-class TermComparison(BaseModel):
+class TermComparison(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     term: str
@@ -46,7 +47,7 @@ class TermComparison(BaseModel):
         return self.analytic == self.traced if self.exact else abs(self.error) <= TOLERANCE
 
 
-class Comparison(BaseModel):
+class Comparison(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str

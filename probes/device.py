@@ -2,8 +2,9 @@
 planner's own process never starts a CUDA context (which would hold device memory while the
 probe runs)."""
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
+from planner.core.record import Record
 from planner.probes.child import answer, run_child
 
 #: What the CLI says when there is no GPU to measure on.
@@ -11,7 +12,7 @@ NO_GPU_HINT = ("The measured probe needs a CUDA GPU on this machine. Without one
                "(CPU, fake tensors) or planner estimate.")
 
 
-class DeviceInfo(BaseModel):
+class DeviceInfo(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     available: bool

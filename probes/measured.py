@@ -31,9 +31,10 @@ import sys
 import time
 from importlib import metadata
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from planner.core.launch_contract import ALLOC_CONF_VAR, LAUNCH_ENV
+from planner.core.record import Record
 from planner.probes.gpu_readings import device_used_bytes, process_device_bytes, snapshot
 from planner.strategies import TrainingConfig
 
@@ -45,7 +46,7 @@ OOM_MESSAGES = ("out of memory", "alloc_failed", "can't allocate memory", "canno
                 "failed to allocate")
 
 
-class MeasureRequest(BaseModel):
+class MeasureRequest(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     config_json: dict  # the model's config.json
@@ -65,7 +66,7 @@ class MeasureRequest(BaseModel):
     allocator_conf: str = LAUNCH_ENV[ALLOC_CONF_VAR]
 
 
-class MeasureResult(BaseModel):
+class MeasureResult(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     status: str  # ok | oom | error | refused | timeout
@@ -95,7 +96,7 @@ class MeasureResult(BaseModel):
         return statistics.median(self.step_seconds) if self.step_seconds else None
 
 
-class Budget(BaseModel):
+class Budget(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     allocator_limit_bytes: int

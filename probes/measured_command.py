@@ -12,11 +12,12 @@ import statistics
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from planner.catalog.calibration import CalibrationStore, Measurement
 from planner.core.errors import PlannerInputError
 from planner.core.ledger import allocated_peak
+from planner.core.record import Record
 from planner.probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
 from planner.probes.gpu_readings import unified_resident_bytes
 from planner.probes.measured import MeasureRequest, MeasureResult, measure
@@ -30,7 +31,7 @@ from planner.strategies import TrainingConfig
 MEMORY_BAND, TIME_BAND = 0.10, 0.15
 
 
-class MeasuredComparison(BaseModel):
+class MeasuredComparison(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str
@@ -292,7 +293,7 @@ def run_measured_probe(req, device: DeviceInfo | None = None) -> MeasuredCompari
                         timeout=req.timeout, store=req.calibration)
 
 
-class ProbedSuggestion(BaseModel):
+class ProbedSuggestion(Record):
     """``planner suggest --probe K``: the search, and its top K plans measured."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

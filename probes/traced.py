@@ -31,13 +31,14 @@ import json
 import sys
 import time
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from planner.core.errors import ProbeFailedError
+from planner.core.record import Record
 from planner.strategies import TrainingConfig
 
 
-class TraceRequest(BaseModel):
+class TraceRequest(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     config_json: dict  # the model's config.json
@@ -49,7 +50,7 @@ class TraceRequest(BaseModel):
     real: bool = False  # real CPU tensors instead of fake ones (small models only: checks the fake trace)
 
 
-class TraceResult(BaseModel):
+class TraceResult(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     peak_bytes: int  # the whole step's peak (largest phase)

@@ -5,13 +5,14 @@ each technique's settings (LoRA's rank, ...) as one optional value: the search n
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
+from planner.core.record import Record
 from planner.core.vocabulary import choice_model
 from planner.strategies import SETTINGS, TECHNIQUES
 
 
-class _Request(BaseModel):
+class _Request(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -5,9 +5,10 @@ fields, in the same order, with the same types and defaults, written out. Import
 for, so a new technique or setting fails there until it is written here too (a new value of an
 existing technique needs nothing here)."""
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from planner.core.lengths import Batching
+from planner.core.record import Record
 from planner.core.vocabulary import ConfigBase
 from planner.strategies.adapter import Adapter, AdapterDtype, LoraTargets
 from planner.strategies.attention import Attention
@@ -50,7 +51,7 @@ class TrainingConfig(ConfigBase):
     real_seq_len: float | None = None
 
 
-class TechniqueChoices(BaseModel):
+class TechniqueChoices(Record):
     optimizer: Optimizer | None = None
     precision: Precision | None = None
     checkpointing: Checkpointing | None = None
@@ -74,7 +75,7 @@ class TechniqueChoices(BaseModel):
     adapter_dtype: AdapterDtype | None = None
 
 
-class TechniqueLists(BaseModel):
+class TechniqueLists(Record):
     optimizer: list[Optimizer] = Field(default_factory=list)
     precision: list[Precision] = Field(default_factory=list)
     checkpointing: list[Checkpointing] = Field(default_factory=list)

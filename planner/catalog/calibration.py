@@ -24,9 +24,10 @@ import os
 import sqlite3
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
+from planner.core.record import Record
 from planner.core.specs import Calibration, GpuSpec, HostRateSpec
 
 ENV = "PLANNER_CALIBRATION"
@@ -38,7 +39,7 @@ SOFTWARE = ("torch", "cuda", "transformers", "accelerate", "deepspeed", "bitsand
 STATUSES = ("ok", "oom", "error", "timeout", "refused")
 
 
-class Measurement(BaseModel):
+class Measurement(Record):
     """One measured probe of one plan on one device (probes/measured.py fills it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -81,7 +82,7 @@ class Measurement(BaseModel):
         return " ".join(f"{k}={self.versions.get(k)}" for k in SOFTWARE)
 
 
-class HostRates(BaseModel):
+class HostRates(Record):
     """Host-side rates measured on the machine of one GPU (planner/probes/host_rates.py). None or
     absent: not measured there (the assumption in planner/cost/overheads.py stays)."""
 
@@ -111,7 +112,7 @@ class HostRates(BaseModel):
                    pinned_link_bytes_per_s=min(links) if len(links) == 2 else None, created=created)
 
 
-class Corrections(BaseModel):
+class Corrections(Record):
     """What ``planner calibrate`` fitted for one GPU. None: not enough measurements for that term
     (the assumption in planner/cost/overheads.py or the catalog's efficiency stays)."""
 

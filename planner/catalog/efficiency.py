@@ -6,17 +6,18 @@ fractions per GPU from measured probes (planner/catalog/calibration.py ``apply``
 
 from functools import cache
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from planner.catalog import DATA_DIR
 from planner.catalog.files import read_mapping
+from planner.core.record import Record
 from planner.core.specs import Efficiency
 
 #: Used for a user GPU file whose architecture is not listed: conservative Ampere-like rates.
 FALLBACK_ARCHITECTURE = "ampere"
 
 
-class _Override(BaseModel):
+class _Override(Record):
     model_config = ConfigDict(extra="forbid")
     gemm: dict[str, float] | None = None
     attention: float | None = None
@@ -25,7 +26,7 @@ class _Override(BaseModel):
     source: str
 
 
-class _File(BaseModel):
+class _File(Record):
     model_config = ConfigDict(extra="forbid")
     architectures: dict[str, Efficiency]
     gpus: dict[str, _Override] = {}

@@ -15,13 +15,14 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from planner.catalog import DATA_DIR, calibration
 from planner.catalog.efficiency import efficiency
 from planner.catalog.files import read_mapping
 from planner.core import shell
 from planner.core.errors import PlannerInputError
+from planner.core.record import Record
 from planner.core.specs import GpuSpec, HardwareSpec, HostRateSpec
 from planner.core.units import GB, MIB, TERA
 
@@ -41,13 +42,13 @@ MAX_GPUS_PER_NODE = 16
 DEFAULT_INTER_NODE_GBPS_PER_GPU = 200
 
 
-class _Link(BaseModel):
+class _Link(Record):
     model_config = ConfigDict(extra="forbid")
     kind: str
     gb_per_s: float = Field(gt=0)
 
 
-class _MeasuredHost(BaseModel):
+class _MeasuredHost(Record):
     """Host-side rates measured beside this GPU (its ``sources.measured_host`` says where):
     parameters a second (billions) the CPU optimizer step updates inside each engine, and the
     paged state's round trip in GB/s."""
@@ -64,7 +65,7 @@ class _MeasuredHost(BaseModel):
         return v
 
 
-class GpuFile(BaseModel):
+class GpuFile(Record):
     """The schema of one GPU YAML file (catalog or user)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -10,18 +10,19 @@ import os
 from functools import cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from planner.catalog import DATA_DIR
 from planner.catalog.families import SUPPORTED_FAMILIES, spec_from_config
 from planner.catalog.files import read_mapping
 from planner.core.errors import PlannerInputError
+from planner.core.record import Record
 from planner.core.specs import ModelSpec
 
 MODEL_DIR = DATA_DIR / "models"
 
 
-class ModelFile(BaseModel):
+class ModelFile(Record):
     """The schema of one catalog model file: the architecture fields of its config.json."""
 
     model_config = ConfigDict(extra="forbid")

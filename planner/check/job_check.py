@@ -15,7 +15,7 @@ when it fits, faster plans that also fit. Exit codes: 0 fits, 1 will not fit, 2 
 from itertools import combinations
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from planner.catalog.models import resolve_model
 from planner.check.job_files import JOB_DIR_ALSO, JOB_FILES, read_job
@@ -23,6 +23,7 @@ from planner.core.errors import PlannerInputError
 from planner.core.formatting import gib
 from planner.core.job import Reading
 from planner.core.lengths import Batching
+from planner.core.record import Record
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN, SHAPE_FIELDS
 from planner.engine.alternatives import faster_changes, memory_savers
 from planner.engine.estimate import default_seq_len, estimate_config
@@ -55,7 +56,7 @@ class CheckRequest(Target, DataShape, TechniqueChoices):
     alternatives: int = Field(5, ge=0, le=50)  # how many changes / faster plans to list
 
 
-class Change(BaseModel):
+class Change(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
     change: str  # "checkpointing none -> full"
     peak_bytes: int
@@ -64,7 +65,7 @@ class Change(BaseModel):
     config: TrainingConfig
 
 
-class CheckResult(BaseModel):
+class CheckResult(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     fits: bool

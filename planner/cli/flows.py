@@ -11,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
+from planner.core.record import Record
 from planner.engine.suggest import suggest as search_plans
 from planner.schema.suggest import SuggestRequest, SuggestResult
 
@@ -55,7 +56,7 @@ def suggest(job: SuggestJob, say: Say):
     return served
 
 
-class EmitJob(BaseModel):
+class EmitJob(Record):
     """``planner emit``: a plan file in, its launch files out."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -68,7 +69,7 @@ class EmitJob(BaseModel):
     calibration: Path | None = None
 
 
-class Emitted(BaseModel):
+class Emitted(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     written: list[str]

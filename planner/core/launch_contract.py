@@ -11,9 +11,10 @@ and reads its own keys (its strategy's ``emit`` and ``read``); this module only 
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from planner.core.lengths import Batching
+from planner.core.record import Record
 from planner.core.vocabulary import MAX_SEQ_LEN
 
 RUNTIME_FILE = "runtime.json"
@@ -32,7 +33,7 @@ class Launcher(StrEnum):
     TRAINER = "trainer"
 
 
-class RuntimeArgs(BaseModel):
+class RuntimeArgs(Record):
     """runtime.json. Values are vocabulary or library names; each technique's reader checks its own."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from math import ceil
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from planner.core.record import Record
 
 
 class Phase(StrEnum):
@@ -196,7 +198,7 @@ class LedgerDraft:
         self.rows = [r for r in self.rows if all(r is not x for x in rows)]
 
 
-class LedgerRow(BaseModel):
+class LedgerRow(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     term: str
@@ -208,7 +210,7 @@ class LedgerRow(BaseModel):
     moment: str = ""  # one of alternative instants within its phases (planner.core.ledger.resident)
 
 
-class Ledger(BaseModel):
+class Ledger(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rows: list[LedgerRow]
@@ -230,7 +232,7 @@ class Ledger(BaseModel):
         return cls(rows=rows)
 
 
-class PagedInfo(BaseModel):
+class PagedInfo(Record):
     """Paged optimizer state (CUDA unified memory), per GPU."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

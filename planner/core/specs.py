@@ -7,7 +7,9 @@ reads files or knows a particular model or GPU.
 from enum import StrEnum
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from planner.core.record import Record
 
 
 class NormKind(StrEnum):
@@ -21,7 +23,7 @@ class MlpKind(StrEnum):
     PLAIN = "plain"  # fc2(act(fc1(x))) (GPT-2, StarCoder2)
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(Record):
     """A decoder-only transformer, reduced to what memory and FLOPs depend on."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -78,7 +80,7 @@ class ModelSpec(BaseModel):
         return hash((self.id, self.family, self.hidden_size, self.num_layers, self.vocab_size))
 
 
-class Efficiency(BaseModel):
+class Efficiency(Record):
     """Achieved fractions of a GPU's datasheet peaks (the step-time model's rates)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -93,7 +95,7 @@ class Efficiency(BaseModel):
         return self.gemm.get(dtype) or min(self.gemm.values())
 
 
-class Calibration(BaseModel):
+class Calibration(Record):
     """Corrections fitted from measured probes on this GPU (``planner calibrate``;
     planner/catalog/calibration.py). None: the assumption stays (planner/cost/overheads.py)."""
 
@@ -105,7 +107,7 @@ class Calibration(BaseModel):
     note: str  # what it was fitted on, for the output
 
 
-class HostRateSpec(BaseModel):
+class HostRateSpec(Record):
     """Host-side rates measured beside this GPU, which planner otherwise assumes
     (planner/cost/overheads.py): the CPU optimizer step inside each engine, and paged optimizer
     state's round trip. From the catalog file's ``measured_host`` (measured by the project) or a
@@ -118,7 +120,7 @@ class HostRateSpec(BaseModel):
     sources: dict[str, str] = {}  # "cpu_optimizer:<engine>" or "page_migration" -> where it was measured
 
 
-class GpuSpec(BaseModel):
+class GpuSpec(Record):
     """One GPU model, from the catalog or a user YAML file. Base units only."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -147,7 +149,7 @@ class GpuSpec(BaseModel):
         return self.dense_flops_per_s.get(dtype) is not None
 
 
-class HardwareSpec(BaseModel):
+class HardwareSpec(Record):
     """A homogeneous cluster: ``nodes`` machines of ``gpus_per_node`` GPUs each."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -16,7 +16,9 @@ Zhao et al. 2023 "PyTorch FSDP" (prefetch).
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from planner.core.record import Record
 
 #: Fraction of a compute window that communication can hide under: kernels of both compete for
 #: SMs and memory bandwidth. Assumption (FSDP paper, Fig. 8, shows near-full but not full overlap).
@@ -99,7 +101,7 @@ class TimeDraft:
         return sum(r.seconds for r in self.rows if r.compute_pass == compute_pass)
 
 
-class TimeRow(BaseModel):
+class TimeRow(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     term: str
@@ -109,7 +111,7 @@ class TimeRow(BaseModel):
     note: str
 
 
-class StepTime(BaseModel):
+class StepTime(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     step_seconds: float

@@ -12,9 +12,10 @@ from enum import StrEnum
 from types import GenericAlias
 from typing import TYPE_CHECKING, Any, Self, cast
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import ConfigDict, Field, create_model
 
 from planner.core.lengths import Batching
+from planner.core.record import Record
 
 #: Sequence length when the user gives none: 2048 tokens, or less where the model's positions
 #: stop earlier (GPT-2's 1024 learned positions).
@@ -66,7 +67,7 @@ class Setting:
         return kind, Field(None if optional else self.default, ge=self.ge, le=self.le)
 
 
-class ConfigBase(BaseModel):
+class ConfigBase(Record):
     """One fully specified training configuration, in vocabulary terms (a frozen value)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -141,7 +142,7 @@ def config_model(techniques: Sequence[tuple[str, type[StrEnum], StrEnum]],
 
 
 def choice_model(name: str, techniques: Sequence[tuple[str, type[StrEnum]]], many: bool,
-                 base: type[BaseModel] = BaseModel, settings: Sequence[Setting] = ()) -> type[BaseModel]:
+                 base: type[Record] = Record, settings: Sequence[Setting] = ()) -> type[Record]:
     """Request fields for the techniques: one optional value each (None: the default), or, with
     ``many``, a list each (empty: leave the choice to the search); and each setting, optional
     (None: its default; the search never varies a setting)."""

@@ -24,7 +24,7 @@ from math import exp, log
 from pathlib import Path
 from statistics import median
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError
 
 from planner.catalog.calibration import (
     ENV,
@@ -43,6 +43,7 @@ from planner.catalog.gpus import (
 )
 from planner.core.errors import PlannerInputError
 from planner.core.ledger import allocated_peak
+from planner.core.record import Record
 from planner.core.specs import GpuSpec, HardwareSpec, ModelSpec
 from planner.core.timing import step_seconds
 from planner.cost import overheads
@@ -68,7 +69,7 @@ BISECTION_STEPS = 40
 _COUNTS = re.compile(r"^\s*(\d+)\s*[x×*]\s*(?:(\d+)\s*[x×*]\s*)?\S", re.IGNORECASE)
 
 
-class Prediction(BaseModel):
+class Prediction(Record):
     """The analytic model's figures for one measurement's plan on the device it ran on."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -16,11 +16,12 @@ from functools import cached_property
 from math import prod
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from planner.core.errors import PlannerInputError
 from planner.core.launch_contract import Launcher
 from planner.core.lengths import Batching, Lengths, shape
+from planner.core.record import Record
 from planner.strategies import REGISTRY, SETTINGS, TrainingConfig
 from planner.strategies.optimizer import QUANTIZED
 
@@ -30,7 +31,7 @@ _TWINS = tuple((s.field, twin) for s in REGISTRY if (twin := s.twin) is not None
 _FIELD_DEFAULTS = TrainingConfig.defaults() or {}  # (every field has a plain default: tests/test_search_dominance.py)
 
 
-class SearchSpace(BaseModel):
+class SearchSpace(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     choices: dict[str, tuple[str, ...]]  # per technique field, in registry order (the ledger's)

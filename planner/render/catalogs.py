@@ -1,22 +1,23 @@
 """``planner models`` and ``planner gpus``: the catalogs as rows (their --json) and as tables."""
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 from rich.console import Console, Group
 from rich.padding import Padding
 from rich.text import Text
 
 from planner.core.formatting import count
+from planner.core.record import Record
 from planner.render.layout import fits, table
 
 
-class ModelEntry(BaseModel):
+class ModelEntry(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
     id: str  # usable with --model
     family: str
     parameters: int
 
 
-class GpuEntry(BaseModel):
+class GpuEntry(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
     id: str  # usable with --gpus, as are the aliases
     memory_gib: float

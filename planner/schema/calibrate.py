@@ -2,12 +2,13 @@
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from planner.catalog.calibration import Corrections
+from planner.core.record import Record
 
 
-class CalibrateRequest(BaseModel):
+class CalibrateRequest(Record):
     """What ``planner calibrate`` is asked: which store, which device GPU, whether to save."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -18,7 +19,7 @@ class CalibrateRequest(BaseModel):
     default_store: Path | None = None  # the store estimate / suggest / check use by default (for the result's in_use)
 
 
-class CalibrateResult(BaseModel):
+class CalibrateResult(Record):
     """What ``planner calibrate --json`` prints."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

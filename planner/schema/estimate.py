@@ -3,10 +3,11 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from planner.catalog.gpus import parse_gpus
 from planner.core.ledger import LedgerRow, PagedInfo, Phase, allocated_peak, reserved_peak
+from planner.core.record import Record
 from planner.core.specs import HardwareSpec
 from planner.core.timing import StepTime
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN
@@ -25,7 +26,7 @@ class EstimateRequest(PlanTarget, DataShape, TechniqueChoices):
     seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN)  # default: min(2048, the model's positions)
 
 
-class ModelInfo(BaseModel):
+class ModelInfo(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
     id: str
     family: str
@@ -38,7 +39,7 @@ class ModelInfo(BaseModel):
     vocab_size: int
 
 
-class HardwareInfo(BaseModel):
+class HardwareInfo(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
     gpu: str
     gpu_name: str
@@ -69,7 +70,7 @@ class HardwareInfo(BaseModel):
                           else None)
 
 
-class EstimateResult(BaseModel):
+class EstimateResult(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: ModelInfo

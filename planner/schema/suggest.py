@@ -1,10 +1,11 @@
 """``planner suggest``'s request and result: the ranked plans, what approximations would buy, and
 when nothing fits, the hardware that would do."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
+from planner.core.record import Record
 from planner.core.vocabulary import MAX_SEQ_LEN
 from planner.schema.estimate import EstimateResult
 from planner.schema.target import DataShape, PlanTarget
@@ -28,7 +29,7 @@ class SuggestRequest(PlanTarget, DataShape, TechniqueLists):
     seed: int = 0
 
 
-class TradeOff(BaseModel):
+class TradeOff(Record):
     """A faster plan that changes numerics, beside the winner."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -37,7 +38,7 @@ class TradeOff(BaseModel):
     plan: EstimateResult
 
 
-class AdapterOption(BaseModel):
+class AdapterOption(Record):
     """``suggest`` without --adapter: what LoRA or QLoRA would give when full fine-tuning does not
     fit or is far slower (a different training method, so never the answer itself)."""
 
@@ -49,7 +50,7 @@ class AdapterOption(BaseModel):
     summary: str  # the adapter plan's techniques, one line
 
 
-class HostOption(BaseModel):
+class HostOption(Record):
     """``suggest`` when no exact plan fits with the host RAM asked (or assumed): the host RAM per
     node at which one does, and the plan that would win there (planner/engine/exact_host.py)."""
 
@@ -62,7 +63,7 @@ class HostOption(BaseModel):
     summary: str  # the exact plan's techniques, one line
 
 
-class TrainingTime(BaseModel):
+class TrainingTime(Record):
     """``--tokens``: how long the winner takes to train on them, and what it costs."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -72,7 +73,7 @@ class TrainingTime(BaseModel):
     cost: float | None  # gpu_hours x --price-per-gpu-hour
 
 
-class HardwareSuggestion(BaseModel):
+class HardwareSuggestion(Record):
     """A change of hardware with which a plan fits, and the fastest plan there."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -82,7 +83,7 @@ class HardwareSuggestion(BaseModel):
     host_memory_gb: float | None = None  # --host-memory-gb (per node) the fix needs; None: as asked or default
 
 
-class SuggestResult(BaseModel):
+class SuggestResult(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     plans: list[EstimateResult]  # best first

@@ -2,16 +2,17 @@
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from planner.catalog.gpus import parse_gpus
 from planner.core.lengths import Batching
+from planner.core.record import Record
 from planner.core.specs import HardwareSpec
 from planner.core.vocabulary import MAX_SEQ_LEN
 from planner.cost import overheads
 
 
-class Target(BaseModel):
+class Target(Record):
     """What every command plans for: a model on some GPUs, and how much memory to keep free
     (``model`` None: a job's recipe names it, planner check)."""
 
@@ -38,7 +39,7 @@ class PlanTarget(Target):
     model: str
 
 
-class DataShape(BaseModel):
+class DataShape(Record):
     """How the run batches its samples, and their token counts (planner/core/lengths.py).
     ``batching`` None: packed, or padded where ``lengths`` are given (samples of their own
     lengths are what padding batches)."""

@@ -4,13 +4,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from planner.core.record import Record
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import SuggestRequest
 
 
-class ProbeOutcome(BaseModel):
+class ProbeOutcome(Record):
     """What one probe of one plan found (the fidelities: probes/tune_probes.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -38,7 +39,7 @@ class TuneRequest(SuggestRequest):
     heartbeat_seconds: int = Field(30, ge=1)  # a dead worker's trial is retried after 2x this
 
 
-class TrialRow(BaseModel):
+class TrialRow(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     number: int
@@ -55,7 +56,7 @@ class TrialRow(BaseModel):
     feasible: bool  # every constraint met (memory within the GPU)
 
 
-class TuneResult(BaseModel):
+class TuneResult(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     study_name: str
