@@ -150,6 +150,10 @@ def request(case: dict) -> Mapped:
     if case.get("activation_offload"):
         out.refused = "activation offloading to host RAM is not modelled"
         return out
+    if case.get("kbit_prepared"):
+        out.refused = ("peft's prepare_model_for_kbit_training (fp32 norms, embeddings and head: an fp32 residual "
+                       "stream) is not modelled")
+        return out
     hw = case.get("hardware") or {}
     gid, note = gpu_id(hw)
     if gid is None:

@@ -408,14 +408,42 @@ def _kind(four_bit: bool, dora: bool, where: str, r: Reading, eight_bit: bool = 
 
 #: peft's get_peft_model gained ``autocast_adapter_dtype`` (default True: fp32 adapters) in 0.12.
 PEFT_FP32_ADAPTERS_SINCE = (0, 12)
+#: TRL's trainers passed a quantized base through peft's ``prepare_model_for_kbit_training``
+#: (trl/models/utils.py ``prepare_peft_model``, 0.21-0.25; the trainers' own code before) unless
+#: it was sharded (FSDP or ZeRO-3 loading); 0.26 builds the peft model without it (trl 2af35fb,
+#: #4577, "Clean up model preparation").
+TRL_KBIT_PREPARED_BEFORE = (0, 26)
 
 
-def _read_trl(d: dict, where: str, r: Reading) -> None:
+def _kbit_prepared_warning(where: str, r: Reading) -> None:
+    """The warning for a TRL job whose quantized base TRL prepares with peft's
+    ``prepare_model_for_kbit_training``: it casts every 16-bit parameter left unquantized (the
+    norms, embeddings and head) to fp32, and TRL's ``peft_module_casting_to_bf16`` under ``bf16``
+    casts the embeddings and head back but leaves the norms fp32. An fp32 norm weight makes the
+    norm's output fp32 (transformers' RMSNorm: ``weight * hidden.to(input_dtype)``); bitsandbytes'
+    ``Linear4bit`` returns its output in its input's dtype, so from the first layer on the
+    residual stream, the norms' outputs and the projections' outputs are fp32 and each projection
+    keeps its own 16-bit copy of its input. planner plans the 16-bit layout its own launch builds
+    (planner/runtime/adapter.py), so the activations it counts are a lower bound."""
+    trl = job_module.installed_release("trl")
+    if trl is not None and trl >= TRL_KBIT_PREPARED_BEFORE:
+        return
+    which, aside = (f"TRL {trl[0]}.{trl[1]} (installed here)", "") if trl else (
+        "TRL before 0.26", " (TRL is not installed here to say which release runs the job)")
+    r.warnings.append(f"{where}: {which} passes the quantized base through peft's prepare_model_for_kbit_training, "
+                      "whose fp32 norms make the residual stream and the projections' outputs fp32; planner plans "
+                      f"the base without that preparation, as its own launch runs it: the activation memory is a "
+                      f"lower bound{aside}")
+
+
+def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False) -> None:
     """A TRL recipe's ``ModelConfig`` (or alignment-handbook's ``ModelArguments``): ``use_peft``
     with ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_dora``,
     ``lora_modules_to_save`` (warned: not counted) and
     ``load_in_4bit`` (QLoRA) or ``load_in_8bit`` (lora-int8); TRL's defaults are planner's (16, 32,
-    0.05)."""
+    0.05). ``sharded``: the job runs FSDP, whose QLoRA base TRL loads on the host and does not
+    prepare (``is_sharded_qlora``); elsewhere a quantized base's preparation is warned about
+    (``_kbit_prepared_warning``)."""
     if not r.typed(d, "use_peft", (bool,), where, False):
         for key in ("load_in_4bit", "load_in_8bit"):
             if r.typed(d, key, (bool,), where, False):
@@ -424,6 +452,8 @@ def _read_trl(d: dict, where: str, r: Reading) -> None:
     kind = _kind(r.typed(d, "load_in_4bit", (bool,), where, False), r.typed(d, "use_dora", (bool,), where, False),
                  where, r, r.typed(d, "load_in_8bit", (bool,), where, False))
     r.set("adapter", kind, f"{where}: use_peft")
+    if kind in (Adapter.QLORA, Adapter.LORA_INT8) and not sharded:
+        _kbit_prepared_warning(where, r)
     peft = job_module.installed_release("peft")
     if kind == Adapter.LORA and (peft is None or peft >= PEFT_FP32_ADAPTERS_SINCE):
         r.set("adapter_dtype", AdapterDtype.FP32, f"peft's default autocast_adapter_dtype for {where}'s use_peft "
@@ -448,7 +478,7 @@ def _read(job: JobFiles, r: Reading) -> None:
     """runtime.json's ``lora`` and ``quantization``, or a TRL recipe's ``use_peft`` and LoRA
     settings: the adapter and its settings."""
     if job.training_args_where:
-        _read_trl(job.training_args, job.training_args_where, r)
+        _read_trl(job.training_args, job.training_args_where, r, sharded=job.distributed_type == "FSDP" or bool(job.fsdp))
     if not job.runtime_where:
         return
     lora, quant, where = job.runtime.get("lora"), job.runtime.get("quantization"), job.runtime_where

@@ -594,3 +594,25 @@ def test_torchs_adamw_under_deepspeed_offload_is_deepspeeds_cpu_adam(tmp_path):
     r = check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=ds, training_args=targs, seq_len=2048,
                            alternatives=0))
     assert r.estimate.config.optimizer == "adamw" and any("is not what runs" in w for w in r.warnings), r.warnings
+
+
+@pytest.mark.parametrize("trl, fsdp, warned", [((0, 25), False, True), (None, False, True), ((0, 26), False, False),
+                                               ((0, 25), True, False)])
+def test_trl_qlora_prepared_with_kbit_training_is_a_lower_bound(tmp_path, monkeypatch, trl, fsdp, warned):
+    """TRL before 0.26 passes a 4-bit base that is not sharded through peft's
+    prepare_model_for_kbit_training (trl/models/utils.py prepare_peft_model: ``if is_qlora and not
+    is_sharded_qlora``), whose fp32 norms make the residual stream fp32, which planner does not
+    model: check says its activation memory is a lower bound; TRL 0.26 (#4577) and FSDP-QLoRA
+    (a base loaded on the host) do not prepare it, and nothing is said."""
+    monkeypatch.setattr(job_module, "installed_release", lambda package: trl if package == "trl" else None)
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "max_length": 2048,
+                                "gradient_checkpointing": True, "use_peft": True, "load_in_4bit": True}
+                               | ({"fsdp": "full_shard auto_wrap"} if fsdp else {})))
+    r = check(CheckRequest(model=LLAMA, gpus="2xH100-80" if fsdp else "1xH100-80", training_args=path,
+                           alternatives=0))
+    assert r.estimate.config.adapter == "qlora"
+    said = [w for w in r.warnings if "prepare_model_for_kbit_training" in w]
+    assert bool(said) is warned, r.warnings
+    if said:
+        assert "lower bound" in said[0] and ("not installed" in said[0]) is (trl is None)
