@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 
+from planner.core import job as job_module
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import ALL_PHASES, LedgerDraft, PagedInfo, Phase
@@ -439,7 +440,7 @@ def _read(job: JobFiles, r: Reading) -> None:
         elif ("bf16" in d or "fp16" in d) and not job.accelerate:
             # with both off the Trainer takes accelerate launch's mixed precision, when there is one
             r.set("precision", NOT_MIXED, f"{where}: bf16 and fp16 off", REFINES)
-        if said := _unsaid_load_dtype(job):
+        if said := _unsaid_load_dtype(job) or _fp32_frozen_base(job):
             r.warnings.append(said)
         if job.accelerate and r.values.get("precision", (None,))[0] == Precision.FP8_MIXED and not d.get("torch_compile"):
             r.time_as["precision"] = Precision.BF16_MIXED
@@ -475,6 +476,42 @@ def _unsaid_load_dtype(job: JobFiles) -> str | None:
             "dtype by default (dtype='auto', bfloat16 for most), and then this job trains bf16 weights and "
             "states with no fp32 master (bf16-pure, less memory, an approximation): set the dtype in the "
             "recipe, or check the other case with --precision bf16-pure")
+
+
+#: transformers loads a checkpoint in its stored dtype when none is given from 5.0 (``dtype="auto"``
+#: by default); before, in fp32 (``torch_dtype=None``), except a bitsandbytes-quantized base, whose
+#: unquantized modules it loads in fp16 ("Overriding torch_dtype=None with torch_dtype=torch.float16
+#: due to requirements of bitsandbytes").
+STORED_DTYPE_SINCE = (5, 0)
+#: TRL's ModelConfig ``dtype`` (``torch_dtype`` before 0.25) defaults to None up to 0.26 and to
+#: "float32" from 0.27 (trl 4d52e02, #4778).
+TRL_FP32_DEFAULT_SINCE = (0, 27)
+
+
+def _fp32_frozen_base(job: JobFiles) -> str | None:
+    """The warning for a TRL LoRA recipe (``use_peft``, no 4- or 8-bit base) with no load dtype
+    whose frozen base then loads in fp32: TRL from 0.27 asks for float32, and before it passes
+    None, which transformers before 5 loads in fp32. An fp32 base takes 4 bytes per parameter and,
+    under autocast, an fp32 residual stream, where planner plans the base in the compute dtype, as
+    its own launch loads it. None where the recipe names a dtype, or the TRL and transformers
+    installed here load the stored dtype (TRL before 0.27 with transformers 5), and for
+    LLaMA-Factory's and axolotl's recipes, whose loaders pass their compute dtype."""
+    d = job.training_args
+    if (job.runtime_where or job.framework or not d.get("use_peft") or any(k in d for k in LOAD_DTYPE_KEYS)
+            or d.get("load_in_4bit") or d.get("load_in_8bit")):
+        return None  # (LLaMA-Factory and axolotl load in their own compute dtype)
+    trl, tf = job_module.installed_release("trl"), job_module.installed_release("transformers")
+    if trl is not None and trl < TRL_FP32_DEFAULT_SINCE and tf is not None and tf >= STORED_DTYPE_SINCE:
+        return None
+    if trl is not None and trl >= TRL_FP32_DEFAULT_SINCE:
+        which = f"TRL {trl[0]}.{trl[1]} (installed here) loads the frozen base in fp32 by default"
+    elif tf is not None:
+        which = f"transformers {tf[0]}.{tf[1]} (installed here) loads the frozen base in fp32"
+    else:
+        which = "TRL from 0.27, and transformers before 5, load the frozen base in fp32"
+    return (f"{job.training_args_where}: use_peft with no dtype: {which} (4 bytes a parameter, and an fp32 "
+            "residual stream under autocast); planner plans it in the compute dtype, so its memory is a lower "
+            "bound: set dtype bfloat16 in the recipe")
 
 
 def _bf16_weights_trained(job: JobFiles, r: Reading) -> str:

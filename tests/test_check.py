@@ -616,3 +616,23 @@ def test_trl_qlora_prepared_with_kbit_training_is_a_lower_bound(tmp_path, monkey
     assert bool(said) is warned, r.warnings
     if said:
         assert "lower bound" in said[0] and ("not installed" in said[0]) is (trl is None)
+
+
+@pytest.mark.parametrize("trl, tf, extra, warned", [
+    ((0, 26), (4, 57), {}, True), ((0, 26), (5, 0), {}, False), ((0, 27), (5, 0), {}, True), (None, None, {}, True),
+    ((0, 27), (5, 0), {"dtype": "bfloat16"}, False), ((0, 26), (4, 57), {"load_in_4bit": True}, False)])
+def test_trl_lora_without_a_load_dtype_may_load_an_fp32_base(tmp_path, monkeypatch, trl, tf, extra, warned):
+    """A TRL LoRA recipe with no dtype: TRL up to 0.26 passes dtype None, which transformers 4
+    loads in fp32 (a bitsandbytes base: fp16) and 5 in the stored dtype; TRL from 0.27 asks for
+    float32 (#4778). planner plans the base in the compute dtype, so check says the memory of an
+    fp32 base is a lower bound."""
+    installed = {"trl": trl, "transformers": tf}
+    monkeypatch.setattr(job_module, "installed_release", installed.get)
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "max_length": 2048,
+                                "gradient_checkpointing": True, "use_peft": True} | extra))
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
+    said = [w for w in r.warnings if "frozen base in fp32" in w]
+    assert bool(said) is warned, r.warnings
+    if said:
+        assert "lower bound" in said[0] and r.estimate.config.adapter in ("lora", "qlora")
