@@ -409,7 +409,7 @@ def _kind(four_bit: bool, dora: bool, where: str, r: Reading, eight_bit: bool = 
 #: peft's get_peft_model gained ``autocast_adapter_dtype`` (default True: fp32 adapters) in 0.12.
 PEFT_FP32_ADAPTERS_SINCE = (0, 12)
 #: TRL's trainers passed a quantized base through peft's ``prepare_model_for_kbit_training``
-#: (trl/models/utils.py ``prepare_peft_model``, 0.21-0.25; the trainers' own code before) unless
+#: (trl/models/utils.py ``prepare_peft_model``, 0.22-0.25; the trainers' own code before) unless
 #: it was sharded (FSDP or ZeRO-3 loading); 0.26 builds the peft model without it (trl 2af35fb,
 #: #4577, "Clean up model preparation").
 TRL_KBIT_PREPARED_BEFORE = (0, 26)

@@ -504,14 +504,16 @@ def _fp32_frozen_base(job: JobFiles) -> str | None:
     if trl is not None and trl < TRL_FP32_DEFAULT_SINCE and tf is not None and tf >= STORED_DTYPE_SINCE:
         return None
     if trl is not None and trl >= TRL_FP32_DEFAULT_SINCE:
-        which = f"TRL {trl[0]}.{trl[1]} (installed here) loads the frozen base in fp32 by default"
-    elif tf is not None:
-        which = f"transformers {tf[0]}.{tf[1]} (installed here) loads the frozen base in fp32"
+        which = f"TRL {trl[0]}.{trl[1]} (installed here) asks for fp32"
+    elif tf is not None and tf < STORED_DTYPE_SINCE:
+        which = f"transformers {tf[0]}.{tf[1]} (installed here) loads TRL's dtype None in fp32"
+    elif tf is not None:  # TRL not installed here: the release that runs the job decides
+        which = "TRL from 0.27 asks for fp32; TRL is not installed here"
     else:
-        which = "TRL from 0.27, and transformers before 5, load the frozen base in fp32"
-    return (f"{job.training_args_where}: use_peft with no dtype: {which} (4 bytes a parameter, and an fp32 "
-            "residual stream under autocast); planner plans it in the compute dtype, so its memory is a lower "
-            "bound: set dtype bfloat16 in the recipe")
+        which = "TRL from 0.27, and transformers before 5, load it in fp32"
+    return (f"{job.training_args_where}: use_peft with no dtype: the frozen base may be fp32 ({which}), 4 bytes a "
+            "parameter with an fp32 residual stream under autocast; planner plans it in the compute dtype, so its "
+            "memory is a lower bound: set dtype bfloat16 in the recipe")
 
 
 def _bf16_weights_trained(job: JobFiles, r: Reading) -> str:
