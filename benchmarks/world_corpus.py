@@ -197,10 +197,9 @@ def request(case: dict) -> Mapped:
                     # each wrapped matmul with its own input copy (dropout, or fp32 adapters' cast) holds
                     # it per token: then wrapping more than the source did decides the figure
                     copies = float(lora.get("dropout") or 0) > 0 or case.get("adapter_dtype") == "fp32"
-                    out.assumed.append(f"lora targets {targets} as attention (q, k, v, o)"
-                                       + ("; each wrapped matmul keeps its own input copy" if copies else ""))
-                    if copies:
-                        out.assumed[-1] = "lora targets widened: " + out.assumed[-1]
+                    said = f"lora targets {targets} as attention (q, k, v, o)"
+                    out.assumed.append(f"lora targets widened: {said}; each wrapped matmul keeps its own input copy"
+                                       if copies else said)
             elif wanted >= {"q", "k", "v", "o", "gate", "up", "down"}:
                 out.fields["lora_targets"] = "all-linear"
             else:
