@@ -13,7 +13,8 @@ one rank traced, FSDP2 under a fake process group; DDP is traced as one rank wit
   any three factors at least once), each cell compared at the model's full depth
   (``depths``): traced at full depth up to ``FULL_DEPTH_PARAMETERS``, else at 2, 3 and 4 layers,
   extrapolated along the line through 3 and 4 with 2 as the linearity check.
-- ``covering_subset``: the strength-2 covering array CI traces at ``CI_DEPTH`` layers.
+- ``covering_subset``: the strength-2 covering array the full test suite traces at ``CI_DEPTH``
+  layers; ``quick_subset``: CI's, strength 2 over the factors that decide a layer's activations.
 
 Covering arrays are greedy: each row added covers the most value tuples not yet covered, ties to
 the first in enumeration order, so the same rows come out on every run.
@@ -90,15 +91,18 @@ def full_matrix() -> list[dict]:
     return _product(tuple(FACTORS))
 
 
-def _tuples(row: dict, strength: int) -> Iterator[tuple]:
-    for names in itertools.combinations(FACTORS, strength):
+def _tuples(row: dict, strength: int, pairs_of: tuple[str, ...] | None = None) -> Iterator[tuple]:
+    groups = (itertools.combinations(FACTORS, strength) if pairs_of is None
+              else itertools.chain(itertools.combinations(pairs_of, 2), ((n,) for n in FACTORS)))
+    for names in groups:
         yield tuple((n, row[n]) for n in names)
 
 
-def covering_array(strength: int) -> list[dict]:
-    """Rows of the full matrix that cover every allowed tuple of ``strength`` factor values."""
+def covering_array(strength: int, pairs_of: tuple[str, ...] | None = None) -> list[dict]:
+    """Rows of the full matrix that cover every allowed tuple of ``strength`` factor values (with
+    ``pairs_of``, strength 2: every pair of values of those factors, every value of the others)."""
     candidates = full_matrix()
-    keyed = [(r, set(_tuples(r, strength))) for r in candidates]
+    keyed = [(r, set(_tuples(r, strength, pairs_of))) for r in candidates]
     needed = set().union(*(k for _, k in keyed))
     chosen: list[dict] = []
     while needed:
@@ -113,8 +117,19 @@ def step_matrix() -> list[dict]:
 
 
 def covering_subset() -> list[dict]:
-    """CI's rows: every allowed pair of factor values (hence every value)."""
+    """The full test suite's rows: every allowed pair of factor values (hence every value)."""
     return covering_array(2)
+
+
+#: The factors whose pairs CI's rows cover (``quick_subset``): those that decide what a layer saves
+#: and the loss's buffers; the model and the sharding each value once.
+QUICK_PAIRS = ("precision", "checkpointing", "attention", "shape", "loss")
+
+
+def quick_subset() -> list[dict]:
+    """CI's rows: every allowed pair of values of two ``QUICK_PAIRS`` factors, every value of
+    every factor (about a quarter of the rows of ``covering_subset``)."""
+    return covering_array(2, QUICK_PAIRS)
 
 
 def depths(model: str, parameters: int, num_layers: int) -> tuple[int | None, ...]:

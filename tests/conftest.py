@@ -29,8 +29,23 @@ _hook.loader.exec_module(importlib.util.module_from_spec(_hook))
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from helpers import HYPOTHESIS_PROFILE  # noqa: E402
+from helpers import FULL_SUITE, HYPOTHESIS_PROFILE  # noqa: E402
 
 settings.register_profile("ci", deadline=None, suppress_health_check=list(HealthCheck))
 settings.register_profile("thorough", deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Outside the full suite, the tests marked ``full`` are deselected (helpers.FULL)."""
+    if FULL_SUITE:
+        return
+    kept = [item for item in items if item.get_closest_marker("full") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full") is not None])
+        items[:] = kept
+
+
+def pytest_report_header(config):
+    return ("suite: full (PLANNER_FULL_SUITE=1)" if FULL_SUITE
+            else "suite: CI's covering subset; benchmarks/full_suite.sh runs the tests marked full too")

@@ -1,6 +1,9 @@
 """What tests share: estimating a configuration from strings, and hypothesis example counts."""
 
+import itertools
 import os
+
+import pytest
 
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
@@ -11,6 +14,33 @@ from planner.strategies import TrainingConfig
 #: (at least 50); PLANNER_HYPOTHESIS=thorough runs them all. A test states its thorough count
 #: through ``examples(n)``.
 HYPOTHESIS_PROFILE = os.environ.get("PLANNER_HYPOTHESIS", "ci")
+
+
+#: The full suite (PLANNER_FULL_SUITE=1, benchmarks/full_suite.sh) runs every test; CI leaves out
+#: those marked ``FULL`` (tests/conftest.py), each the slower twin of a CI test that covers the same
+#: capability: CI stays inside its time on a 2-core machine.
+FULL_SUITE = os.environ.get("PLANNER_FULL_SUITE") == "1"
+FULL = pytest.mark.full
+
+
+def covering(*axes, keep=(), flatten: bool = False) -> list:
+    """The product of ``axes`` as pytest params, every row but a covering subset marked ``FULL``:
+    rows chosen greedily (in product order) until every value of every axis is in one, plus the
+    rows listed in ``keep``. CI runs each value once; the full suite runs every combination.
+    ``flatten``: an axis value that is a tuple gives its items as separate arguments."""
+    rows = list(itertools.product(*axes))
+    needed = {(i, v) for i, axis in enumerate(axes) for v in axis}
+    chosen = set(keep)
+    for row in chosen:
+        needed -= set(enumerate(row))
+    while needed:
+        best = max(rows, key=lambda r: len(set(enumerate(r)) & needed))
+        chosen.add(best)
+        needed -= set(enumerate(best))
+    def args(row: tuple) -> list:
+        return [x for v in row for x in (v if flatten and isinstance(v, tuple) else (v,))]
+
+    return [pytest.param(*args(r), marks=() if r in chosen else FULL) for r in rows]
 
 
 def examples(thorough: int, ci: int | None = None) -> int:

@@ -8,6 +8,8 @@ from planner.catalog.models import catalog, resolve_model
 from planner.cost import adapters, params
 from planner.strategies.adapter import target_modules
 
+from helpers import covering
+
 peft = pytest.importorskip("peft")
 torch = pytest.importorskip("torch")
 
@@ -40,8 +42,7 @@ def test_llama_3_1_8b_rank_16_all_linear_is_the_published_count():
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("model_id", FAMILY_MODELS)
-@pytest.mark.parametrize("targets", adapters.TARGETS)
+@pytest.mark.parametrize("model_id, targets", covering(FAMILY_MODELS, adapters.TARGETS))  # CI: each model once
 def test_trainable_parameters_equal_peft(model_id, targets):
     """LoRA at rank 16 and DoRA at rank 8 (magnitudes included), exactly as peft counts them."""
     spec = resolve_model(model_id)
@@ -320,10 +321,9 @@ def saved_tiny(tmp_path_factory):
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("family, attention", [("llama", "sdpa"), ("llama", "eager"), ("qwen3", "sdpa"), ("phi3", "sdpa"),
-                                               ("gpt2", "sdpa"), ("gpt2", "eager"), ("gemma2", "eager"),
-                                               ("starcoder2", "sdpa"), ("starcoder2", "eager")])
-@pytest.mark.parametrize("mode", list(SAVED_MODES))
+@pytest.mark.parametrize("family, attention, mode", covering(  # CI: each pair and each mode once
+    [("llama", "sdpa"), ("llama", "eager"), ("qwen3", "sdpa"), ("phi3", "sdpa"), ("gpt2", "sdpa"), ("gpt2", "eager"),
+     ("gemma2", "eager"), ("starcoder2", "sdpa"), ("starcoder2", "eager")], list(SAVED_MODES), flatten=True))
 def test_lora_layer_activations_equal_a_real_peft_layer(saved_tiny, family, attention, mode):
     """What a LoRA layer saves beyond full fine-tuning, exactly as a real peft model on the CPU saves
     it, for both target sets with and without dropout: frozen weights keep no inputs for weight

@@ -28,7 +28,7 @@ from planner.emit import build_files, single_plan_result, write_files
 from planner.strategies.precision import Precision
 from planner.strategies.sharding import Engine, engine_of
 
-from helpers import run
+from helpers import FULL, run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "tests" / "data" / "tiny-llama")
@@ -59,13 +59,13 @@ ALL_CASES = [
     ("zero3-lora-full", "2xA100-80", dict(sharding="zero3", adapter="lora", checkpointing="full"), 2),
     ("single-padded", "1xA100-80", dict(batching="padded"), 1),  # one document a row, padded to the batch's longest
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
-#: Cases whose every technique value other cases launch too (AdamW with full checkpointing on one
-#: GPU: fsdp-qlora, zero3-lora-full and the CPU launch of tests/test_gpu_validate.py; ZeRO-3 full
-#: fine-tuning with checkpointing: zero3-offload-optimizer-params and zero3-lora-full): CI leaves
-#: them out to stay inside its time; PLANNER_LAUNCH_MATRIX=full runs every case.
-COVERED_ELSEWHERE = ("single-adamw-full", "zero3-full")
-CASES = ALL_CASES if os.environ.get("PLANNER_LAUNCH_MATRIX") == "full" else [
-    c for c in ALL_CASES if c[0] not in COVERED_ELSEWHERE]
+#: CI's launches: one per engine (one process, DDP, FSDP2, ZeRO-3), an adapter on each of the
+#: distributed ones (DoRA, QLoRA, LoRA) and padded batching; with the CPU launch of
+#: tests/test_gpu_validate.py (AdamW, full checkpointing). The full suite (helpers.FULL) launches
+#: every case: each other optimizer, fp16 and fp8, offload (DeepSpeed's CPU Adam is a C++ build of
+#: minutes), hybrid FSDP over two machines, the adapter plans suggested for an RTX 4090.
+CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "single-padded")
+CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in CI_CASES else FULL) for c in ALL_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def tiny_model(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
-@pytest.mark.parametrize("name, gpus, config, processes", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name, gpus, config, processes", CASES)
 def test_launch_runs_the_plan(tmp_path, tmp_path_factory, tiny_model, monkeypatch, name, gpus, config, processes):
     plan = run(TINY, gpus, **(dict(precision="bf16-mixed") | SHAPE | config))
     assert plan.feasible, plan.reasons
@@ -85,7 +85,7 @@ def test_launch_runs_the_plan(tmp_path, tmp_path_factory, tiny_model, monkeypatc
                         processes)
 
 
-@pytest.mark.parametrize("adapter", ["lora", "qlora", "lora-int8"])
+@pytest.mark.parametrize("adapter", [pytest.param(a, marks=FULL) for a in ("lora", "qlora", "lora-int8")])
 def test_the_adapter_plan_suggested_for_an_rtx_4090_trains(tmp_path, tmp_path_factory, tiny_model, adapter):
     """The issue's case: ``planner suggest --model meta-llama/Llama-3.1-8B --gpus 1xRTX4090-24
     --adapter lora|qlora|lora-int8``. Its winner's techniques and adapter settings, launched on the tiny

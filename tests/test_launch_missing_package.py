@@ -19,7 +19,7 @@ import pytest
 
 from planner.emit import build_files, single_plan_result, write_files
 
-from helpers import run
+from helpers import FULL, run
 
 TINY = str(Path(__file__).resolve().parent / "data" / "tiny-llama")
 SHAPE = dict(micro_batch_size=2, grad_accum=2, seq_len=64, precision="bf16-mixed")
@@ -34,7 +34,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("config, module, extra", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("config, module, extra", [pytest.param(*c[1:], id=c[0], marks=() if c[0] == "qlora" else FULL)
+                                                   for c in CASES])
 def test_a_missing_package_exits_3_naming_it_and_its_extra(tmp_path, config, module, extra):
     plan = run(TINY, "1xA100-80", **(SHAPE | config))
     assert plan.feasible, plan.reasons

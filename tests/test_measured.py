@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import FULL
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -83,15 +85,15 @@ def emitted_deepspeed(config: dict, world: int) -> dict:
     return json.loads(build_files(single_plan_result(plan))["deepspeed_config.json"])
 
 
-@pytest.mark.parametrize("config,world,deepspeed", [
-    ({}, 1, False),
-    ({"checkpointing": "full", "precision": "bf16-pure", "grad_accum": 2}, 1, False),
-    ({"sharding": "fsdp", "grad_accum": 2}, 4, False),
-    ({"sharding": "zero3"}, 4, True),
-    ({"adapter": "qlora", "checkpointing": "full"}, 1, False),
-    ({"adapter": "lora", "sharding": "zero3"}, 4, True),
-], ids=["adamw-bf16-mixed", "full-ckpt-bf16-pure-accum", "fsdp2-fake-4-ranks", "zero3-fake-4-ranks", "qlora",
-        "lora-zero3-fake-4-ranks"])
+@pytest.mark.parametrize("config,world,deepspeed", [  # CI: each engine once (helpers.FULL)
+    pytest.param({}, 1, False, id="adamw-bf16-mixed", marks=FULL),
+    pytest.param({"checkpointing": "full", "precision": "bf16-pure", "grad_accum": 2}, 1, False,
+                 id="full-ckpt-bf16-pure-accum", marks=FULL),
+    pytest.param({"sharding": "fsdp", "grad_accum": 2}, 4, False, id="fsdp2-fake-4-ranks"),
+    pytest.param({"sharding": "zero3"}, 4, True, id="zero3-fake-4-ranks", marks=FULL),
+    pytest.param({"adapter": "qlora", "checkpointing": "full"}, 1, False, id="qlora"),
+    pytest.param({"adapter": "lora", "sharding": "zero3"}, 4, True, id="lora-zero3-fake-4-ranks"),
+])
 def test_each_engine_trains_for_real(config, world, deepspeed):
     ds = emitted_deepspeed(config, world) if deepspeed else None
     r = measure(tiny_request(config=config, world_size=world, deepspeed_config=ds), timeout=300)
@@ -233,6 +235,7 @@ def test_without_a_gpu_the_measured_probe_says_so(args):
     assert "Traceback" not in proc.stderr
 
 
+@FULL
 def test_suggest_probe_picks_the_fastest_measured_plan():
     from planner.engine.suggest import suggest
     from planner.probes.measured_command import probe_suggestion

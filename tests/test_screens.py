@@ -18,6 +18,8 @@ from rich.console import Console
 
 from planner.core.formatting import count
 
+from helpers import covering
+
 LLAMA = "meta-llama/Llama-3.1-8B"
 WIDTHS = (80, 100, 120)
 GIB = 2**30
@@ -127,8 +129,7 @@ def expected(case: str, out: dict | list) -> tuple[str, list[str], list[str]]:
     raise AssertionError(case)
 
 
-@pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case, width", covering(list(CASES), WIDTHS))  # CI: each case and each width once
 def test_screen_reads_at_width(case, width):
     args = tuple(CASES[case])
     text = screen(args, width)

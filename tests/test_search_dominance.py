@@ -27,7 +27,7 @@ from planner.engine.space import build_space
 from planner.strategies import REGISTRY, PlanContext, TrainingConfig, complexity, numerics_of
 from planner.strategies.base import LAYOUT_INPUTS
 
-from helpers import examples
+from helpers import FULL, examples
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import search_corpus  # noqa: E402
@@ -235,7 +235,8 @@ SUBSET = [c for c in search_corpus.CORPUS
                                            ("meta-llama/Llama-3.1-405B", "1xRTX4090-24", ())}]
 
 
-@pytest.mark.parametrize("model, gpus, extra", SUBSET, ids=lambda v: str(v) if not isinstance(v, dict) else
+@pytest.mark.parametrize("model, gpus, extra", [  # numerics any with a margin: the full suite's (helpers.FULL)
+    pytest.param(*c, marks=FULL) if c[0] == "Qwen/Qwen2.5-0.5B" and "margin" in c[2] else c for c in SUBSET], ids=lambda v: str(v) if not isinstance(v, dict) else
                          ",".join(f"{k}={v[k] if k != 'adapter' else 'any'}" for k in v) or "default")
 def test_suggest_with_twins_is_the_plain_exhaustive_search(model, gpus, extra):
     assert len(SUBSET) == 5
@@ -309,7 +310,7 @@ def test_tokens_per_second_rise_with_the_micro_batch_unless_paged_state_spills(s
 
 @pytest.mark.parametrize("model, gpus, seq_len, adapters", [
     ("meta-llama/Llama-3.1-8B", "8xH100-80", 2048, ["none"]),  # most combinations fit at every size
-    ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", 2048, ["none", "qlora"]),  # a consumer GPU, an adapter
+    pytest.param("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", 2048, ["none", "qlora"], marks=FULL),  # a consumer GPU, an adapter
     ("meta-llama/Llama-3.1-8B", "1xA100-40", 4096, ["none", "lora"]),  # boundaries inside the sizes
 ])
 def test_timing_each_combinations_largest_size_keeps_every_answer(model, gpus, seq_len, adapters, monkeypatch):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import FULL
+
 optuna = pytest.importorskip("optuna")
 
 from planner.engine.suggest import suggest
@@ -227,6 +229,7 @@ def test_concurrent_workers_never_take_the_same_queued_trial(tmp_path):
     assert sorted(numbers) == list(range(60))
 
 
+@FULL  # CI: test_concurrent_workers_never_take_the_same_queued_trial
 def test_two_workers_share_one_study(tmp_path):
     url = f"sqlite:///{tmp_path}/shared.db"
     cmd = _tune_cmd(url, 4, "--study-name", "shared")
