@@ -235,8 +235,8 @@ SUBSET = [c for c in search_corpus.CORPUS
                                            ("meta-llama/Llama-3.1-405B", "1xRTX4090-24", ())}]
 
 
-@pytest.mark.parametrize("model, gpus, extra", [  # numerics any with a margin: the full suite's (helpers.FULL)
-    pytest.param(*c, marks=FULL) if c[0] == "Qwen/Qwen2.5-0.5B" and "margin" in c[2] else c for c in SUBSET], ids=lambda v: str(v) if not isinstance(v, dict) else
+@pytest.mark.parametrize("model, gpus, extra", [  # the consumer GPU's two: the full suite's (helpers.FULL)
+    pytest.param(*c, marks=FULL) if c[0] == "Qwen/Qwen2.5-0.5B" else c for c in SUBSET], ids=lambda v: str(v) if not isinstance(v, dict) else
                          ",".join(f"{k}={v[k] if k != 'adapter' else 'any'}" for k in v) or "default")
 def test_suggest_with_twins_is_the_plain_exhaustive_search(model, gpus, extra):
     assert len(SUBSET) == 5
