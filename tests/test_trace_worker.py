@@ -18,6 +18,8 @@ from planner.catalog.models import catalog
 from planner.core.errors import ProbeFailedError
 from planner.strategies import TrainingConfig
 
+from helpers import FULL
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from planner.probes.trace_worker import TraceWorker  # noqa: E402
@@ -55,6 +57,7 @@ def test_a_reused_child_answers_as_fresh_children_do():
         assert _bytes(got) == _bytes(fresh[plans.index(plan)])
 
 
+@FULL  # CI: a failed request (above); the probes' own timeouts (tests/test_measured.py)
 def test_a_dead_or_late_child_is_a_clean_failure_and_replaced():
     plan = _request(QWEN)
     slow = _request(SMOL, layers=None, seq_len=2048)  # 30 layers: seconds of tracing
