@@ -38,12 +38,10 @@ settings.load_profile(HYPOTHESIS_PROFILE)
 
 def pytest_collection_modifyitems(config, items):
     """Outside the full suite, the tests marked ``full`` are deselected (helpers.FULL)."""
-    if FULL_SUITE:
-        return
-    kept = [item for item in items if item.get_closest_marker("full") is None]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full") is not None])
-        items[:] = kept
+    full = [] if FULL_SUITE else [item for item in items if item.get_closest_marker("full") is not None]
+    if full:
+        config.hook.pytest_deselected(items=full)
+        items[:] = [item for item in items if item.get_closest_marker("full") is None]
 
 
 def pytest_report_header(config):

@@ -1,4 +1,5 @@
-"""What tests share: estimating a configuration from strings, and hypothesis example counts."""
+"""What tests share: estimating a configuration from strings, hypothesis example counts, and
+which tests CI runs (the full suite's marker, ``FULL``)."""
 
 import itertools
 import os
@@ -23,20 +24,19 @@ FULL_SUITE = os.environ.get("PLANNER_FULL_SUITE") == "1"
 FULL = pytest.mark.full
 
 
-def covering(*axes, keep=(), flatten: bool = False) -> list:
+def covering(*axes, flatten: bool = False) -> list:
     """The product of ``axes`` as pytest params, every row but a covering subset marked ``FULL``:
-    rows chosen greedily (in product order) until every value of every axis is in one, plus the
-    rows listed in ``keep``. CI runs each value once; the full suite runs every combination.
+    rows chosen greedily (the first in product order among those covering the most) until every
+    value of every axis is in one. CI runs each value once; the full suite every combination.
     ``flatten``: an axis value that is a tuple gives its items as separate arguments."""
     rows = list(itertools.product(*axes))
     needed = {(i, v) for i, axis in enumerate(axes) for v in axis}
-    chosen = set(keep)
-    for row in chosen:
-        needed -= set(enumerate(row))
+    chosen = set()
     while needed:
         best = max(rows, key=lambda r: len(set(enumerate(r)) & needed))
         chosen.add(best)
         needed -= set(enumerate(best))
+
     def args(row: tuple) -> list:
         return [x for v in row for x in (v if flatten and isinstance(v, tuple) else (v,))]
 
