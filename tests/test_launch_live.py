@@ -85,7 +85,8 @@ def test_launch_runs_the_plan(tmp_path, tmp_path_factory, tiny_model, monkeypatc
                         processes)
 
 
-@pytest.mark.parametrize("adapter", [pytest.param(a, marks=FULL) for a in ("lora", "qlora", "lora-int8")])
+@FULL
+@pytest.mark.parametrize("adapter", ["lora", "qlora", "lora-int8"])
 def test_the_adapter_plan_suggested_for_an_rtx_4090_trains(tmp_path, tmp_path_factory, tiny_model, adapter):
     """The issue's case: ``planner suggest --model meta-llama/Llama-3.1-8B --gpus 1xRTX4090-24
     --adapter lora|qlora|lora-int8``. Its winner's techniques and adapter settings, launched on the tiny
