@@ -200,7 +200,8 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("adapter on a MoE model",
                    f"{a} on {m.id}: adapters on MoE experts (peft's ParamWrapper) are not modelled yet; "
                    "fine-tune it in full, or pick a dense model")
-    n, base = ctx.layout.trainable_parameters, ctx.layout.frozen_parameters
+    # (the layout's counts, from the fields that decide them: the rule is remembered by what it reads)
+    n, base = adapters.trained_elements(m, spec_of(cfg))[1], params.total_parameters(m)
     out.warnings.append(f"{a} trains {n:,} adapter parameters ({n / base:.2%} of {base:,}) on the frozen base: a "
                         "different method from full fine-tuning (its learning rate is typically 10x higher)")
     if cfg.lora_dropout > 0 and cfg.checkpointing == "none":

@@ -120,7 +120,10 @@ class PlanContext:
 
     @property
     def engine(self) -> Engine:
-        return self.layout.engine
+        """The engine that runs the plan: its sharding choice's (``layout.engine`` too), read
+        from that field alone, so a rule that asks for it reads only the sharding
+        (planner/engine/refusals.py remembers a rule by what it reads)."""
+        return _engine_of()(self.config.sharding)
 
     @property
     def fsdp_defers_reduction(self) -> bool:
@@ -154,6 +157,13 @@ def _registry() -> tuple:
 
 
 _REGISTRY: tuple | None = None
+
+
+def _engine_of() -> Callable:
+    """strategies.sharding ``engine_of`` (which imports this module)."""
+    from planner.strategies.sharding import engine_of
+
+    return engine_of
 
 #: The configuration fields the ``parallelism`` and ``storage`` hooks read: a plan's layout is a
 #: function of these, the model and the hardware (tests/test_search_dominance.py holds the hooks

@@ -75,23 +75,23 @@ def test_every_twin_dominates_its_combination(seed, model, gpus, micro_batch_siz
 @pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.1-8B", "8xH100-80"), ("Qwen/Qwen2.5-0.5B", "1xV100-32")])
 def test_the_refusal_memo_answers_as_the_rules_do(model, gpus):
     """Learn from a random half of the combinations (every adapter), then ask about all of them:
-    every answer the memo gives is ``check_config``'s first code; it answers most refusals."""
+    every check the memo assembles is ``check_config``'s up to its first refusal (codes,
+    messages and warnings, in order), and its tries answer almost every rule."""
     m, hw = resolve_model(model), parse_gpus(gpus)
     space = build_space(hw.num_gpus, 2048, {"adapter": ["none", "lora", "qlora", "dora", "lora-int8"]})
     memo, rng = RefusalMemo(m, hw), random.Random(0)
     combos = list(space.technique_combos())
     configs = [space.config(t, 1) for t in combos]
-    truth = [check_config(PlanContext(m, hw, c)).codes[:1] for c in configs]
-    for config, codes in zip(configs, truth, strict=True):
-        if codes and rng.random() < 0.5:
-            memo.check(config)
-    answered = 0
-    for techniques, config, codes in zip(combos, configs, truth, strict=True):
-        said = memo.refusal(space.values(techniques, 1), lambda c=config: c)
-        if said is not None:
-            answered += 1
-            assert [said] == codes, config
-    assert memo.on and answered > 0.5 * sum(map(bool, truth))
+    for techniques, config in zip(combos, configs, strict=True):
+        if rng.random() < 0.5:
+            memo.check(space.values(techniques, 1), lambda c=config: c)
+    runs, learn = [], memo._learn
+    memo._learn = lambda *a: runs.append(a) or learn(*a)
+    for techniques, config in zip(combos, configs, strict=True):
+        said = memo.check(space.values(techniques, 1), lambda c=config: c)
+        truth = check_config(PlanContext(m, hw, config), first_only=True)
+        assert (said.codes, said.infeasible, said.warnings) == (truth.codes, truth.infeasible, truth.warnings), config
+    assert all(trie.on for trie in memo.tries) and len(runs) < 0.01 * len(combos), len(runs)
     for techniques, config in zip(combos[:50], configs, strict=False):  # what the memo reads without a config
         assert all(getattr(config, k) == v for k, v in space.values(techniques, 1).items())
 

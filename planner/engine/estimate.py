@@ -181,7 +181,7 @@ def check_config(ctx: PlanContext, first_only: bool = False) -> Check:
         strategy.check(ctx, check)
         if first_only and check.codes:
             return check
-    _check_workload(ctx, check)
+    check_workload(ctx, check)
     return check
 
 
@@ -207,12 +207,12 @@ SIZE_FIELDS = frozenset({"micro_batch_size", "grad_accum", "tokens_per_micro_bat
 @dataclass
 class Shared:
     """What the evaluations of one model on one hardware share (a search's, a probe scan's): each
-    combination's check and context, by its fields but the micro-batch size's (``SIZE_FIELDS``),
+    combination's check, by its fields but the micro-batch size's (``SIZE_FIELDS``),
     each layout, by the fields the layout hooks read (strategies.base ``LAYOUT_INPUTS``), and each
     strategy's ledger rows, by the values its ``apply`` hook read (planner/engine/recorded.py
     ``RowMemo``: most candidates share most of their rows with one seen before)."""
 
-    checks: dict[tuple, tuple[Check, PlanContext]] = field(default_factory=dict)
+    checks: dict[tuple, Check] = field(default_factory=dict)
     layouts: dict[tuple, PlanLayout] = field(default_factory=dict)
     rows: dict[str, RowMemo] = field(default_factory=dict)
 
@@ -248,20 +248,16 @@ def evaluate(
     if shared is None:
         check = check_config(ctx, first_only=skip_infeasible)
     else:
+        fields = config.__dict__
+        layout_key = tuple(fields[f] for f in LAYOUT_INPUTS)
+        if layout_key in shared.layouts:  # (a cached_property's value lives in the instance's __dict__)
+            ctx.__dict__["layout"] = shared.layouts[layout_key]
+        else:
+            shared.layouts[layout_key] = ctx.layout
         key = size_free_key(config)
         known = shared.checks.get(key)
-        if known is None:
-            fields = config.__dict__
-            layout_key = tuple(fields[f] for f in LAYOUT_INPUTS)
-            if layout_key in shared.layouts:  # (a cached_property's value lives in the instance's __dict__)
-                ctx.__dict__["layout"] = shared.layouts[layout_key]
-            else:
-                shared.layouts[layout_key] = ctx.layout
-            check = check_config(ctx, first_only=skip_infeasible)
-            shared.checks[key] = (check, ctx)
-        else:
-            check, first = known
-            ctx.__dict__["layout"] = first.layout
+        check = known if known is not None else check_config(ctx, first_only=skip_infeasible)
+        shared.checks[key] = check
     ev = Evaluation(ctx, check, int(hardware.gpu.memory_bytes * (1 - margin)))
     if skip_infeasible and not ev.feasible:
         return ev
@@ -377,7 +373,7 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
     )
 
 
-def _check_workload(ctx: PlanContext, out: Check) -> None:
+def check_workload(ctx: PlanContext, out: Check) -> None:
     m, s = ctx.model, ctx.config.seq_len
     if s > m.max_position_embeddings:
         if m.learned_position_embeddings:

@@ -1,68 +1,82 @@
-"""Which combinations the strategies' rules refuse, remembered by what the rules read.
+"""Which combinations the strategies' rules refuse, remembered rule by rule by what each reads.
 
-A search refuses most combinations by a rule (strategies' ``check`` hooks: "bitsandbytes optimizer
-under FSDP2", "adapter with offload"), each at the cost of a candidate's context, layout and every
-check (~20 us). A check is a pure function of the model, the hardware and the configuration values
-it reads, in the order it reads them. So a combination the memo does not know is checked over a
-recording view of its configuration, up to the first refusal (once: that check serves its
-evaluation, ``Shared``); when refused, the values read become one path of a decision trie whose
-leaf is the refusal's code. A later combination that reads the same values along the path is
-refused with the same code without building anything; one that leaves the trie is checked and
-evaluated as usual. The layout a check reads is the search's shared one, with the fields that
-decide it (``LAYOUT_INPUTS``) read through the view. Exact by construction: the trie never
-answers for values its checks did not read. A check that reads anything but the configuration's fields and
-properties (a method, a dump) is not remembered; a path that disagrees with the trie (a check whose
-reads depend on something else) turns the memo off. tests/test_search_dominance.py compares its
-answers with ``check_config`` on random combinations.
+A search checks every combination (strategies' ``check`` hooks, then the workload's: "bitsandbytes
+optimizer under FSDP2", "adapter with offload"), and building a candidate's context and running
+every check costs ~50 us. Each rule is a pure function of the model, the hardware and the
+configuration values it reads, in the order it reads them, and it only adds to the ``Check`` it is
+given (no rule reads another's findings). So each rule's finding (its codes, messages and
+warnings) is remembered in a decision trie of its own over the values it read (a recording view:
+planner/engine/recorded.py), and a combination's check is assembled from its rules' findings in
+``check_config``'s order, up to the first refusal: a rule whose trie knows the values along its
+path costs a walk of that path; only a rule that leaves its trie is run, over a recording view,
+and learns the path. A rule reads few fields ("DDP on one GPU" reads the engine only), so the
+tries learn the space's rules from a few hundred runs of single rules, where one trie over a
+whole check's reads would need one full check per distinct prefix of values. The layout a rule
+reads is the search's shared one, with the fields that decide it (``LAYOUT_INPUTS``) read through
+the view. Exact by construction: a trie never answers for values its rule did not read. A rule
+that reads anything but the configuration's fields and properties (a method, a dump) is not
+remembered; a path that disagrees with its trie (reads that depend on something else) turns that
+trie off, and its rule then runs every time. tests/test_search_dominance.py compares the
+assembled checks with ``check_config`` on random combinations.
 """
 
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.engine.estimate import Shared, check_config, size_free_key
+from planner.engine.estimate import Shared, check_workload
 from planner.engine.recorded import Node, ReadTrie, Recording, SharedLayoutContext
-from planner.strategies import PlanContext, TrainingConfig
+from planner.strategies import REGISTRY, Check, TrainingConfig
+
+#: ``check_config``'s rules, in its order: each strategy's ``check`` hook, then the workload's.
+RULES: tuple[Callable, ...] = (*(s.check for s in REGISTRY), check_workload)
+
+#: A rule's finding: (codes, messages, warnings) it added to a ``Check``.
+Finding = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 
 
 class RefusalMemo:
-    """The rule refusals seen so far for one model on one hardware (one search's space).
-    ``shared``: the search's evaluations' ``Shared``, where ``check`` leaves each check it makes
-    (and its context) for the evaluation that follows, so no combination is checked twice."""
+    """The rules' findings seen so far for one model on one hardware (one search's space), one
+    ``ReadTrie`` per rule. ``shared``: the search's evaluations' ``Shared``, whose layouts the
+    rules read and where the search leaves each feasible combination's check for its evaluations."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, shared: Shared | None = None) -> None:
-        self.model, self.hardware, self.shared = model, hardware, shared
-        self.trie = ReadTrie()
+        self.model, self.hardware = model, hardware
+        self.shared = shared if shared is not None else Shared()
+        self.tries = tuple(ReadTrie() for _ in RULES)
 
-    @property
-    def on(self) -> bool:
-        return self.trie.on
-
-    def refusal(self, values: Mapping[str, Any], config: Callable[[], TrainingConfig]) -> str | None:
-        """The code of the rule that refuses the configuration, when the trie knows it; else None
-        (it may be feasible, or refused along a path not seen yet). ``values``: its fields;
-        ``config``: builds it, for a property the trie reads. (The trie's walk, inline: the
-        search asks this of every combination.)"""
-        node, built = self.trie.root, None
-        while type(node) is Node:
-            if node.name in values:
-                value = values[node.name]
-            else:
+    def check(self, values: Mapping[str, Any], config: Callable[[], TrainingConfig]) -> Check:
+        """``check_config(..., first_only=True)`` of the configuration whose fields are ``values``:
+        each rule's finding from its trie, or from running the rule now. ``config``: builds the
+        configuration, for a property a trie reads and for a rule that runs (at most once)."""
+        out, built = Check(), None
+        for rule, trie in zip(RULES, self.tries, strict=True):
+            node = trie.root
+            while type(node) is Node:  # (the trie's walk, inline: every combination of a search comes here)
+                if node.name in values:
+                    value = values[node.name]
+                else:
+                    built = built or config()
+                    value = getattr(built, node.name)
+                node = node.branches.get(value)
+            if node is None or not trie.on:
                 built = built or config()
-                value = getattr(built, node.name)
-            node = node.branches.get(value)
-        return node if self.on and isinstance(node, str) else None
+                node = self._learn(rule, trie, built)
+            codes, messages, warnings = node
+            if warnings:
+                out.warnings += warnings
+            if codes:
+                out.codes += codes
+                out.infeasible += messages
+                return out
+        return out
 
-    def check(self, config: TrainingConfig) -> str | None:
-        """The code of the first rule that refuses ``config`` (None: feasible), from
-        ``check_config`` up to its first refusal over a recording view: a refusal's path is
-        recorded; with ``shared``, the check and its context are left there."""
-        view = Recording(config)
-        ctx = (PlanContext(self.model, self.hardware, view) if self.shared is None
-               else SharedLayoutContext(self.model, self.hardware, view, self.shared.layouts))
-        check = check_config(ctx, first_only=True)
-        if self.shared is not None:
-            self.shared.checks[size_free_key(config)] = (check, ctx)
-        if check.codes and self.on and view.safe:
-            self.trie.record(view.reads, check.codes[0])
-        return check.codes[0] if check.codes else None
+    def _learn(self, rule: Callable, trie: ReadTrie, config: TrainingConfig) -> Finding:
+        """``rule``'s finding for ``config``, run over a recording view; its path recorded."""
+        view, found = Recording(config), Check()
+        rule(SharedLayoutContext(self.model, self.hardware, view, self.shared.layouts), found)
+        finding = (tuple(found.codes), tuple(found.infeasible), tuple(found.warnings))
+        if view.safe and trie.on:
+            trie.record(view.reads, finding)
+        return finding
+

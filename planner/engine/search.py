@@ -29,12 +29,11 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from math import prod
 from multiprocessing import get_context
 
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.engine.estimate import Evaluation, Shared, evaluate, time_evaluation
+from planner.engine.estimate import Evaluation, Shared, evaluate, size_free_key, time_evaluation
 from planner.engine.ranking import family
 from planner.engine.refusals import RefusalMemo
 from planner.engine.space import SearchSpace
@@ -125,16 +124,24 @@ def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Eval
     evaluator that stops at a GPU peak floor that does not fit (``estimate.evaluate``'s
     cut_misses): such a first miss is left pending (``_Share``), its exact shortfall unknown."""
     sizes, fits = space.micro_batch_sizes, False
+    smallest = None
     if refusals is not None:
-        code = refusals.refusal(space.values(techniques, sizes[0]), partial(space.config, techniques, sizes[0]))
-        if code is None and refusals.on:  # not known: checked now, its refusal's path recorded
-            code = refusals.check(space.config(techniques, sizes[0]))
-        if code is not None:
-            out.rejected[code] += len(sizes)
+        built: list[TrainingConfig] = []
+
+        def build() -> TrainingConfig:
+            if not built:
+                built.append(space.config(techniques, sizes[0]))
+            return built[0]
+
+        check = refusals.check(space.values(techniques, sizes[0]), build)
+        if check.codes:
+            out.rejected[check.codes[0]] += len(sizes)
             return False, False
+        smallest = build()
+        refusals.shared.checks[size_free_key(smallest)] = check  # the evaluations' check, every size's
     first: Evaluation | None = None
     if sizing is not None:
-        first = sizing.memory(space.config(techniques, sizes[0]))
+        first = sizing.memory(smallest or space.config(techniques, sizes[0]))
         if first.fits:
             return _scan_sized(index, techniques, space, sizing, out, first)
     for i, mbs in enumerate(sizes):
