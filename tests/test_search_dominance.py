@@ -1,11 +1,13 @@
 """The search's shortcuts: it skips a combination when a simpler twin fits (planner/engine/
 search.py ``_scan``; the ``twin`` hooks of strategies/attention.py and strategies/precision.py),
-and a rule refusal seen along the same reads is not evaluated again (planner/engine/refusals.py).
+and each rule's finding is remembered by the values it read (planner/engine/refusals.py), whole
+sets of combinations a remembered refusal decides left unenumerated (``SearchSpace.share``).
 Checked here against the cost model:
 
 1. every twin dominates: at the same micro-batch, no larger on the GPU or the host, at least as
    fast, of lower complexity, the same numerics and ranking family; and a twin has no twin;
-2. the refusal memo answers as ``check_config`` does, whenever it answers;
+2. the refusal memo's checks are ``check_config``'s; the workers' shares partition the space and
+   count exactly what they leave out;
 3. so suggest's answer is the plain exhaustive search's, in everything a user sees
    (benchmarks/search_corpus.py runs the whole 64-situation corpus; here a covering subset).
 """
@@ -70,6 +72,36 @@ def test_every_twin_dominates_its_combination(seed, model, gpus, micro_batch_siz
     # at least as fast, to float rounding: the same step's rows summed in another order can
     # differ in the last bit (seen: fp16-mixed against its bf16-mixed twin, 1 ulp)
     assert et.tokens_per_second >= ex.tokens_per_second * (1 - 1e-12), (x, update)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_the_shares_partition_the_space_and_count_what_they_prune(workers):
+    """``SearchSpace.share``: the workers' shares hold every combination once, in enumeration
+    order, with its index, its values and its twin in the same share; a partial combination
+    refused as a whole is counted, not enumerated, in exactly the share of its completions."""
+    space = build_space(8, 2048, {"adapter": ["none", "lora", "qlora"]})
+    every = list(space.technique_combos())
+
+    def refused(values):  # every completion of a partial combination with ddp and lora
+        return "x" if values.get("sharding") == "ddp" and values.get("adapter") == "lora" else None
+
+    seen, counted = [], 0
+    for share in range(workers):
+        mine = list(space.share(share, workers))
+        indices = {i for i, _, _ in mine}
+        assert [i for i, _, _ in mine] == sorted(indices)
+        for index, techniques, values in mine:
+            assert techniques == every[index] and values == space.values(techniques, space.micro_batch_sizes[0])
+            twin = space.twin(techniques)
+            assert twin is None or twin in indices
+        seen += [i for i, _, _ in mine]
+        counts: list[int] = []
+        kept = [i for i, _, _ in space.share(share, workers, refused, lambda code, n, c=counts: c.append(n))]
+        assert kept == [i for i, t, _ in mine if refused(t) is None]
+        assert sum(counts) == len(mine) - len(kept) > 0
+        counted += sum(counts)
+    assert sorted(seen) == list(range(len(every)))
+    assert counted == sum(refused(t) is not None for t in every)
 
 
 @pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.1-8B", "8xH100-80"), ("Qwen/Qwen2.5-0.5B", "1xV100-32")])

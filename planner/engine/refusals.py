@@ -71,6 +71,23 @@ class RefusalMemo:
                 return out
         return out
 
+    def refused(self, values: Mapping[str, Any]) -> str | None:
+        """The code of the first rule that refuses every configuration with these field values,
+        when the tries know it from them alone: each rule before it found nothing to refuse
+        along fields given, and it refuses along fields given. None: not known so far (a rule
+        reads a field or a property not given, or values it has not seen yet)."""
+        for trie in self.tries:
+            node = trie.root
+            while type(node) is Node:
+                if node.name not in values:
+                    return None
+                node = node.branches.get(values[node.name])
+            if node is None or not trie.on:
+                return None
+            if node[0]:
+                return node[0][0]
+        return None
+
     def _learn(self, rule: Callable, trie: ReadTrie, config: TrainingConfig) -> Finding:
         """``rule``'s finding for ``config``, run over a recording view; its path recorded."""
         view, found = Recording(config), Check()

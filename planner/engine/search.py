@@ -10,8 +10,9 @@
   timed and ranked (``_scan_sized``); without it, sizes run in ascending order. A combination
   whose simpler twin (each strategy's ``twin`` hook: eager attention's is SDPA, fp16-mixed's is
   bf16-mixed) is feasible is skipped, for no plan of it could be offered nor be a nearer miss
-  (``_scan``); a rule refusal seen along the same reads is not evaluated again
-  (planner/engine/refusals.py); a candidate whose model states alone exceed the GPU is cut there
+  (``_scan``); each rule's finding is remembered by the values it read, and a set of
+  combinations whose first fields a remembered refusal decides is counted without being
+  enumerated (planner/engine/refusals.py, ``SearchSpace.share``); a candidate whose model states alone exceed the GPU is cut there
   and a miss is not timed (``search_plans``'s evaluator). tests/test_search_dominance.py;
   benchmarks/search_corpus.py: the answers of 64 situations are the plain search's.
 - ``optuna``: a TPE (or NSGA-II) study over the same categorical space with memory as a
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from math import prod
 from multiprocessing import get_context
 
@@ -37,7 +39,7 @@ from planner.engine.estimate import Evaluation, Shared, evaluate, size_free_key,
 from planner.engine.ranking import family
 from planner.engine.refusals import RefusalMemo
 from planner.engine.space import SearchSpace
-from planner.strategies import REGISTRY, TrainingConfig, complexity, memory_convex
+from planner.strategies import REGISTRY, Check, TrainingConfig, complexity, memory_convex
 
 EXHAUSTIVE_LIMIT = 200_000  # candidates; above this `auto` uses Optuna
 PARALLEL_MIN_CANDIDATES = 4_000  # below this, forking costs more than it saves
@@ -113,39 +115,28 @@ def record_of(combo: int, ev: Evaluation) -> Record:
 
 
 def _scan_combo(index: int, techniques: dict, space: SearchSpace, evaluate: Evaluate, out: "_Share",
-                refusals: RefusalMemo | None = None, cut: Evaluate | None = None,
+                check: tuple[Shared, Check] | None = None, cut: Evaluate | None = None,
                 sizing: Sizing | None = None) -> tuple[bool, bool]:
     """One combination's micro-batch sizes, ascending, to the first that does not fit (with
     ``sizing``, once its first size fits: ``_scan_sized``): (whether one fits, whether the
     combination is feasible). Its fitting records are kept, and its first miss when it is the
-    first size (the nearest misses). A combination the refusal memo does not know is checked by
-    the memo, which learns a refusal's path; one it knows costs no evaluation (rules do not read
-    the micro-batch: its refusal is every size's). ``cut``: the
+    first size (the nearest misses). ``check``: the search's ``Shared`` and the combination's
+    check, which the rules passed (``_scan``): left there for its evaluations, every size's
+    (rules do not read the micro-batch). ``cut``: the
     evaluator that stops at a GPU peak floor that does not fit (``estimate.evaluate``'s
     cut_misses): such a first miss is left pending (``_Share``), its exact shortfall unknown."""
     sizes, fits = space.micro_batch_sizes, False
-    smallest = None
-    if refusals is not None:
-        built: list[TrainingConfig] = []
-
-        def build() -> TrainingConfig:
-            if not built:
-                built.append(space.config(techniques, sizes[0]))
-            return built[0]
-
-        check = refusals.check(space.values(techniques, sizes[0]), build)
-        if check.codes:
-            out.rejected[check.codes[0]] += len(sizes)
-            return False, False
-        smallest = build()
-        refusals.shared.checks[size_free_key(smallest)] = check  # the evaluations' check, every size's
+    smallest = space.config(techniques, sizes[0])
+    if check is not None:
+        shared, passed = check
+        shared.checks[size_free_key(smallest)] = passed
     first: Evaluation | None = None
     if sizing is not None:
-        first = sizing.memory(smallest or space.config(techniques, sizes[0]))
+        first = sizing.memory(smallest)
         if first.fits:
             return _scan_sized(index, techniques, space, sizing, out, first)
     for i, mbs in enumerate(sizes):
-        config = space.config(techniques, mbs)
+        config = smallest if i == 0 else space.config(techniques, mbs)
         ev = first if i == 0 and first is not None else (cut or evaluate)(config)
         out.evaluated += 1
         rec = record_of(index, ev)
@@ -273,32 +264,46 @@ class _Share:
 
 def _scan(space: SearchSpace, evaluate: Evaluate, share: int = 0, workers: int = 1,
           refusals: RefusalMemo | None = None, cut: Evaluate | None = None, sizing: Sizing | None = None) -> _Share:
-    """This worker's share: the combinations whose twin (``SearchSpace.twin``, or themselves) has
-    an index equal to ``share`` modulo ``workers``. First the combinations that are their own
-    twin; then each other one, skipped (every micro-batch size) when its twin is feasible: each
-    of its candidates that fits has a twin candidate, the same size, that fits, no larger, at
-    least as fast, simpler, of the same numerics and ranking family (the ``twin`` hooks' claim),
-    which every ranking of planner/engine/ranking.py prefers; and a miss of it is no nearer than
-    its twin's, in the same family (``_outcome``'s nearest misses). An infeasible twin: the
-    combination is searched as itself."""
+    """This worker's share of the combinations (``SearchSpace.share``: a combination and its twin
+    are in one). With ``refusals``, each is checked first (``RefusalMemo.check``), and a set of
+    combinations whose first fields' values the refusal memo already refuses is counted without
+    being enumerated (``RefusalMemo.refused``). Of those the rules pass: first the combinations
+    that are their own twin (``SearchSpace.twin``); then each other one, skipped (every
+    micro-batch size) when its twin is feasible: each of its candidates that fits has a twin
+    candidate, the same size, that fits, no larger, at least as fast, simpler, of the same
+    numerics and ranking family (the ``twin`` hooks' claim), which every ranking of
+    planner/engine/ranking.py prefers; and a miss of it is no nearer than its twin's, in the same
+    family (``_outcome``'s nearest misses). An infeasible twin: the combination is searched as
+    itself."""
     out = _Share()
     feasible_twins: set[int] = set()
-    deferred: list[tuple[int, dict, int]] = []
-    for index, techniques in enumerate(space.technique_combos()):
+    deferred: list[tuple[int, dict, int, tuple[Shared, Check] | None]] = []
+    sizes = space.micro_batch_sizes
+
+    def refused(code: str, n: int) -> None:
+        out.rejected[code] += n * len(sizes)
+
+    pruned = (refusals.refused, refused) if refusals is not None else (None, None)
+    for index, techniques, values in space.share(share, workers, *pruned):
+        check = None
+        if refusals is not None:
+            passed = refusals.check(values, partial(space.config, techniques, sizes[0]))
+            if passed.codes:
+                refused(passed.codes[0], 1)
+                continue
+            check = (refusals.shared, passed)
         twin = space.twin(techniques)
-        if (index if twin is None else twin) % workers != share:
-            continue
         if twin is not None:
-            deferred.append((index, techniques, twin))
+            deferred.append((index, techniques, twin, check))
             continue
-        _, feasible = _scan_combo(index, techniques, space, evaluate, out, refusals, cut, sizing)
+        _, feasible = _scan_combo(index, techniques, space, evaluate, out, check, cut, sizing)
         if feasible:
             feasible_twins.add(index)
-    for index, techniques, twin in deferred:
+    for index, techniques, twin, check in deferred:
         if twin in feasible_twins:
-            out.dominated += len(space.micro_batch_sizes)
+            out.dominated += len(sizes)
             continue
-        _scan_combo(index, techniques, space, evaluate, out, refusals, cut, sizing)
+        _scan_combo(index, techniques, space, evaluate, out, check, cut, sizing)
     return out
 
 

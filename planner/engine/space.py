@@ -11,7 +11,7 @@ of the per-GPU share.
 """
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from math import prod
 from typing import Any
@@ -64,6 +64,49 @@ class SearchSpace(Record):
         enums = [[_ENUMS[f](v) for v in values] for f, values in self.choices.items()]
         for values in itertools.product(*enums):
             yield dict(zip(self.choices, values, strict=True))
+
+    def share(self, share: int = 0, workers: int = 1, refused: Callable[[dict], Any] | None = None,
+              count: Callable[[Any, int], None] | None = None) -> Iterator[tuple[int, dict, dict]]:
+        """The technique combinations of one worker's share, in ``technique_combos``' order, as
+        (index, techniques, every field's value at the first micro-batch size, as ``values``).
+        The share: the combinations whose index less its twin fields' part (``twin_free``) is
+        ``share`` modulo ``workers``, so a combination and its twin (``twin``: they differ in twin
+        fields only) are in one share. ``refused``: asked of every partial combination (the values
+        of the fields before some field, and of every field the search does not vary); an
+        answer other than None holds for every completion of it, which is then not enumerated:
+        ``count(answer, n)`` gets the number n of them in the share."""
+        fields = list(self.choices)
+        enums = [[_ENUMS[f](v) for v in values] for f, values in self.choices.items()]
+        places = [[self._places[f][v] for v in values] for f, values in self.choices.items()]
+        free = [[0 if f in self.twin_fields else p for p in ps] for f, ps in zip(fields, places, strict=True)]
+        tails = [[0] * workers for _ in range(len(fields))] + [[1] + [0] * (workers - 1)]
+        for depth in reversed(range(len(fields))):  # completions of fields[depth:] by their twin-free part, mod workers
+            for rest, n in enumerate(tails[depth + 1]):
+                for part in free[depth]:
+                    tails[depth][(rest + part) % workers] += n
+        values = {k: v for k, v in self.values({}, self.micro_batch_sizes[0]).items() if k not in self.choices}
+
+        def walk(depth: int, index: int, twin_free: int) -> Iterator[tuple[int, dict, dict]]:
+            if depth == len(fields):
+                if twin_free % workers == share:
+                    yield index, {f: values[f] for f in fields}, dict(values)
+                return
+            if refused is not None and count is not None and (answer := refused(values)) is not None:
+                if n := tails[depth][(share - twin_free) % workers]:
+                    count(answer, n)
+                return
+            field = fields[depth]
+            for value, place, part in zip(enums[depth], places[depth], free[depth], strict=True):
+                values[field] = value
+                yield from walk(depth + 1, index + place, twin_free + part)
+            del values[field]
+
+        return walk(0, 0, 0)
+
+    @cached_property
+    def twin_fields(self) -> frozenset[str]:
+        """The searched fields a strategy's ``twin`` hook may change."""
+        return frozenset(f for f, _ in _TWINS if f in self.choices)
 
     def combo(self, index: int) -> dict:
         out = {}
