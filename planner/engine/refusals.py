@@ -9,9 +9,10 @@ warnings) is remembered in a decision trie of its own over the values it read (a
 planner/engine/recorded.py), and a combination's check is assembled from its rules' findings in
 ``check_config``'s order, up to the first refusal: a rule whose trie knows the values along its
 path costs a walk of that path; only a rule that leaves its trie is run, over a recording view,
-and learns the path. A rule reads few fields ("DDP on one GPU" reads the engine only), so the
-tries learn the space's rules from a few hundred runs of single rules, where one trie over a
-whole check's reads would need one full check per distinct prefix of values. The layout a rule
+and learns the path. A rule reads few fields ("DDP on one GPU" reads the sharding only), so the
+tries learn a space's rules from few runs of single rules (1,407 for the 43,200 combinations of
+8B on 1xRTX4090-24 with every adapter), where one trie over a whole check's reads needed one
+whole check per distinct prefix of values (6,806). The layout a rule
 reads is the search's shared one, with the fields that decide it (``LAYOUT_INPUTS``) read through
 the view. Exact by construction: a trie never answers for values its rule did not read. A rule
 that reads anything but the configuration's fields and properties (a method, a dump) is not

@@ -12,9 +12,10 @@
   bf16-mixed) is feasible is skipped, for no plan of it could be offered nor be a nearer miss
   (``_scan``); each rule's finding is remembered by the values it read, and a set of
   combinations whose first fields a remembered refusal decides is counted without being
-  enumerated (planner/engine/refusals.py, ``SearchSpace.share``); a candidate whose model states alone exceed the GPU is cut there
-  and a miss is not timed (``search_plans``'s evaluator). tests/test_search_dominance.py;
-  benchmarks/search_corpus.py: the answers of 64 situations are the plain search's.
+  enumerated (planner/engine/refusals.py, ``SearchSpace.share``); a candidate whose model
+  states alone exceed the GPU is cut there and a miss is not timed (``search_plans``'s
+  evaluator). tests/test_search_dominance.py; benchmarks/search_corpus.py: the answers of 64
+  situations are the plain search's.
 - ``optuna``: a TPE (or NSGA-II) study over the same categorical space with memory as a
   constraint (``trial.set_constraint``), seeded with the analytic
   best of a greedy coordinate search; for spaces too large to enumerate.
