@@ -24,9 +24,10 @@ import re
 import sys
 import time
 
-from planner.engine import estimate, search, space
+from planner.engine import estimate, refusals, search, space
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
+from planner.strategies import PlanContext
 
 LLAMA8, LLAMA1, LLAMA70 = "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-70B"
 LLAMA405 = "meta-llama/Llama-3.1-405B"
@@ -63,7 +64,7 @@ def _visible(request: SuggestRequest) -> tuple[dict, int, int]:
 def plain_search():
     """The plain exhaustive search: no combination is anyone's twin, no refusal and no ledger row
     remembered, no evaluation cut at its GPU peak floor, every micro-batch size evaluated in full."""
-    saved = space._TWINS, search.RefusalMemo, search.exhaustive, estimate.Shared.write
+    saved = space._TWINS, search.RefusalMemo, search.exhaustive, estimate.Shared.write, refusals.RefusalMemo.check
 
     def uncut(*args, cut=None, sizing=None, **kwargs):
         return saved[2](*args, **kwargs)
@@ -71,12 +72,15 @@ def plain_search():
     def written(shared, strategy, ctx, draft):
         strategy.apply(ctx, draft)
 
+    def checked(memo, values, config):  # (the nothing-fits probes' rule memo: every rule run)
+        return estimate.check_config(PlanContext(memo.model, memo.hardware, config()), first_only=True)
+
     space._TWINS, search.RefusalMemo, search.exhaustive = (), lambda model, hardware, shared=None: None, uncut
-    estimate.Shared.write = written
+    estimate.Shared.write, refusals.RefusalMemo.check = written, checked
     try:
         yield
     finally:
-        space._TWINS, search.RefusalMemo, search.exhaustive, estimate.Shared.write = saved
+        space._TWINS, search.RefusalMemo, search.exhaustive, estimate.Shared.write, refusals.RefusalMemo.check = saved
 
 
 def compare(model: str, gpus: str, extra: dict) -> tuple[list[str], dict]:

@@ -23,7 +23,7 @@ Only the hardware of a fix is searched in full, over the combinations its probe 
 import itertools
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 
 from planner.catalog import gpus as gpu_catalog
 from planner.core.errors import PlannerInputError
@@ -32,14 +32,15 @@ from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.units import GB
 from planner.cost.overheads import host_capacity_for, usable_host_bytes
-from planner.engine.estimate import Shared, evaluate, result_of
+from planner.engine.estimate import Shared, evaluate, result_of, size_free_key
 from planner.engine.lengths_file import lengths_of
 from planner.engine.ranking import rank, searched
+from planner.engine.refusals import RefusalMemo
 from planner.engine.search import SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, settings_of
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import HardwareSuggestion
-from planner.strategies import BY_FIELD, FIELDS, PlanContext, summary
+from planner.strategies import BY_FIELD, FIELDS, PlanContext, TrainingConfig, summary
 from planner.strategies.base import Check
 
 MAX_NODES = 128
@@ -156,12 +157,15 @@ class Prober:
             *(sorted(space.choices[f], key=_saving_rank(f)) for f in light))]
         probes: list[Probe] = []
         shared = Shared()  # one layout per distinct tuple of the fields the layout reads
+        rules = RefusalMemo(self.model, hw, shared)  # each rule's findings, by the values it read
         least = math.inf  # the least peak so far: a probe cut above it and the GPU is neither least nor fits
         for values in itertools.product(*(space.choices[f] for f in heavy)):
             for extra in lights:
                 techniques = {f: BY_FIELD[f].enum(v) for f, v in (dict(zip(heavy, values, strict=True)) | extra).items()}
-                ev = evaluate(self.model, hw, space.config(techniques, mbs), margin, skip_infeasible=True,
-                              cut_misses=True, cut_above=least, shared=shared)
+                config = space.config(techniques, mbs)
+                shared.checks[size_free_key(config)] = rules.check(space.values(techniques, mbs), partial(_itself, config))
+                ev = evaluate(self.model, hw, config, margin, skip_infeasible=True, cut_misses=True, cut_above=least,
+                              shared=shared)
                 if ev.feasible:
                     if not ev.cut:
                         probe = Probe(techniques, ev.peak, ev.usable, ev.host_memory["peak"])
@@ -223,6 +227,10 @@ def space_for(request, num_gpus: int) -> SearchSpace:
 def _saving_rank(field: str):
     order = MEMORY_SAVING[field]
     return lambda v: order.index(v) if v in order else len(order)
+
+
+def _itself(config: TrainingConfig) -> TrainingConfig:
+    return config
 
 
 def _light_rejects(ctx: PlanContext, light: list[str]) -> bool:
