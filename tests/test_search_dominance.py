@@ -75,11 +75,16 @@ def test_every_twin_dominates_its_combination(seed, model, gpus, micro_batch_siz
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
-def test_the_shares_partition_the_space_and_count_what_they_prune(workers):
+@pytest.mark.parametrize("fixed", [
+    {"adapter": ["none", "lora", "qlora"]},
+    # after the engine only a twin field varies: a pruned set's completions all fall in one residue
+    {"adapter": ["none", "lora", "qlora"], "offload": ["none"], "checkpointing": ["full"], "loss": ["chunked"]},
+])
+def test_the_shares_partition_the_space_and_count_what_they_prune(workers, fixed):
     """``SearchSpace.share``: the workers' shares hold every combination once, in enumeration
     order, with its index, its values and its twin in the same share; a partial combination
     refused as a whole is counted, not enumerated, in exactly the share of its completions."""
-    space = build_space(8, 2048, {"adapter": ["none", "lora", "qlora"]})
+    space = build_space(8, 2048, fixed)
     every = list(space.technique_combos())
 
     def refused(values):  # every completion of a partial combination with ddp and lora
@@ -98,10 +103,39 @@ def test_the_shares_partition_the_space_and_count_what_they_prune(workers):
         counts: list[int] = []
         kept = [i for i, _, _ in space.share(share, workers, refused, lambda code, n, c=counts: c.append(n))]
         assert kept == [i for i, t, _ in mine if refused(t) is None]
-        assert sum(counts) == len(mine) - len(kept) > 0
+        assert sum(counts) == len(mine) - len(kept)
         counted += sum(counts)
     assert sorted(seen) == list(range(len(every)))
-    assert counted == sum(refused(t) is not None for t in every)
+    assert counted == sum(refused(t) is not None for t in every) > 0
+
+
+@pytest.mark.parametrize("model, gpus, workers", [("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", 1),
+                                                  ("meta-llama/Llama-3.1-8B", "8xH100-80", 2)])
+def test_what_the_search_leaves_unenumerated_counts_as_each_combination_would(model, gpus, workers, monkeypatch):
+    """The search with every adapter, its refused sets counted without being enumerated
+    (``RefusalMemo.refused``), and the same search asking that of no partial combination: the
+    same rejections for the same reasons, the same plans, in one process and split between two
+    workers; and most combinations are never built."""
+    from planner.engine import refusals, search
+    from planner.engine.space import SearchSpace
+
+    m, hw = resolve_model(model), parse_gpus(gpus)
+    space = build_space(hw.num_gpus, 2048, {"adapter": ["none", "lora", "qlora", "dora", "lora-int8"]})
+    enumerated, share = [], SearchSpace.share
+
+    def counted(self, *args):
+        for item in share(self, *args):
+            enumerated.append(item[0])
+            yield item
+
+    monkeypatch.setattr(SearchSpace, "share", counted)
+    pruned = search.search_plans(space, m, hw, workers=workers)
+    if workers == 1:  # (forked workers enumerate in their own processes)
+        assert 0 < len(enumerated) < 0.5 * space.combos
+    monkeypatch.setattr(refusals.RefusalMemo, "refused", lambda self, values: None)
+    every = search.search_plans(space, m, hw, workers=workers)
+    assert pruned.rejected == every.rejected and pruned.dominated == every.dominated
+    assert [r.rank_key() for r in pruned.fitting] == [r.rank_key() for r in every.fitting]
 
 
 @pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.1-8B", "8xH100-80"), ("Qwen/Qwen2.5-0.5B", "1xV100-32")])
