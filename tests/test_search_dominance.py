@@ -222,7 +222,6 @@ def test_a_cut_evaluation_is_a_floor_and_an_uncut_one_the_evaluation(seed, model
 def test_nothing_fits_probes_answer_as_uncut_ones(model, gpus, monkeypatch):
     """The nothing-fits probes leave out a probe cut above the least peak so far and the GPU:
     the least peak, the host RAM needed and the probes that fit are those of uncut probes."""
-    from planner.cost.overheads import host_capacity_for
     from planner.engine import nothing_fits
     from planner.schema.suggest import SuggestRequest
 
@@ -302,8 +301,9 @@ SUBSET = [c for c in search_corpus.CORPUS
 
 
 @pytest.mark.parametrize("model, gpus, extra", [  # the consumer GPU's two: the full suite's (helpers.FULL)
-    pytest.param(*c, marks=FULL) if c[0] == "Qwen/Qwen2.5-0.5B" else c for c in SUBSET], ids=lambda v: str(v) if not isinstance(v, dict) else
-                         ",".join(f"{k}={v[k] if k != 'adapter' else 'any'}" for k in v) or "default")
+    pytest.param(*c, marks=FULL) if c[0] == "Qwen/Qwen2.5-0.5B" else c for c in SUBSET],
+    ids=lambda v: str(v) if not isinstance(v, dict) else
+    ",".join(f"{k}={v[k] if k != 'adapter' else 'any'}" for k in v) or "default")
 def test_suggest_with_twins_is_the_plain_exhaustive_search(model, gpus, extra):
     assert len(SUBSET) == 5
     differ, figures = search_corpus.compare(model, gpus, extra)
