@@ -160,10 +160,16 @@ _REGISTRY: tuple | None = None
 
 
 def _engine_of() -> Callable:
-    """strategies.sharding ``engine_of`` (which imports this module)."""
-    from planner.strategies.sharding import engine_of
+    """strategies.sharding ``engine_of`` (which imports this module), looked up once."""
+    global _ENGINE_OF
+    if _ENGINE_OF is None:
+        from planner.strategies.sharding import engine_of
 
-    return engine_of
+        _ENGINE_OF = engine_of
+    return _ENGINE_OF
+
+
+_ENGINE_OF: Callable | None = None
 
 #: The configuration fields the ``parallelism`` and ``storage`` hooks read: a plan's layout is a
 #: function of these, the model and the hardware (tests/test_search_dominance.py holds the hooks
