@@ -14,10 +14,11 @@ decide them with the layout), so no strategy rewrites another's rows.
 """
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any, TypeVar
 
 from planner.core.emitted import EmitDraft
@@ -116,14 +117,14 @@ class PlanContext:
 
     @cached_property
     def layout(self) -> PlanLayout:
-        return resolve_layout(self, _registry())
+        return resolve_layout(self, _late("planner.strategies", "REGISTRY"))
 
     @property
     def engine(self) -> Engine:
         """The engine that runs the plan: its sharding choice's (``layout.engine`` too), read
         from that field alone, so a rule that asks for it reads only the sharding
         (planner/engine/refusals.py remembers a rule by what it reads)."""
-        return _engine_of()(self.config.sharding)
+        return _late("planner.strategies.sharding", "engine_of")(self.config.sharding)
 
     @property
     def fsdp_defers_reduction(self) -> bool:
@@ -146,30 +147,11 @@ class PlanContext:
         return self.engine == Engine.FSDP and getattr(self.config, "fsdp_version", 2) == 2
 
 
-def _registry() -> tuple:
-    """strategies.REGISTRY (the package imports this module first)."""
-    global _REGISTRY
-    if _REGISTRY is None:
-        from planner.strategies import REGISTRY
-
-        _REGISTRY = REGISTRY
-    return _REGISTRY
-
-
-_REGISTRY: tuple | None = None
-
-
-def _engine_of() -> Callable:
-    """strategies.sharding ``engine_of`` (which imports this module), looked up once."""
-    global _ENGINE_OF
-    if _ENGINE_OF is None:
-        from planner.strategies.sharding import engine_of
-
-        _ENGINE_OF = engine_of
-    return _ENGINE_OF
-
-
-_ENGINE_OF: Callable | None = None
+@cache
+def _late(module: str, name: str) -> Any:
+    """``name`` of ``module``, a module that imports this one, so it is looked up on first use
+    (once): strategies.REGISTRY, strategies.sharding ``engine_of``."""
+    return getattr(importlib.import_module(module), name)
 
 #: The configuration fields the ``parallelism`` and ``storage`` hooks read: a plan's layout is a
 #: function of these, the model and the hardware (tests/test_search_dominance.py holds the hooks
