@@ -163,7 +163,8 @@ class Prober:
             for extra in lights:
                 techniques = {f: BY_FIELD[f].enum(v) for f, v in (dict(zip(heavy, values, strict=True)) | extra).items()}
                 config = space.config(techniques, mbs)
-                shared.checks[size_free_key(config)] = rules.check(space.values(techniques, mbs), partial(_itself, config))
+                # (its fields are its __dict__: the values the rules' tries read)
+                shared.checks[size_free_key(config)] = rules.check(config.__dict__, partial(_itself, config))
                 ev = evaluate(self.model, hw, config, margin, skip_infeasible=True, cut_misses=True, cut_above=least,
                               shared=shared)
                 if ev.feasible:
