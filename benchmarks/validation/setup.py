@@ -8,6 +8,7 @@ CUDA are recorded as skipped, the rest run on the CPU.
 """
 
 import json
+import os
 import platform
 import subprocess
 import time
@@ -31,8 +32,6 @@ def facts() -> dict:
             versions[name] = None
     out = {"python": platform.python_version(), "platform": platform.platform(), "versions": versions}
     try:
-        import os
-
         out["cpus"] = os.cpu_count()
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version,"
                               "clocks.max.sm,power.limit,compute_mode", "--format=csv,noheader"],
@@ -138,10 +137,84 @@ def _nvml(device: str) -> str:
     return f"{reading[1]}: this process holds {reading[0] / 2**20:.0f} MiB"
 
 
+def _cudart():
+    """The CUDA runtime library this process already loaded (torch's), through ctypes."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    if not paths:
+        raise RuntimeError("no libcudart in this process")
+    return ctypes.CDLL(sorted(paths)[0])
+
+
+def _context(device: str) -> str:
+    """What a process holds outside the caching allocator, stage by stage (issue 36): NVML's
+    per-process bytes less torch's reserved bytes after the context exists, after a cuBLAS
+    matmul, after SDPA forward and backward, after cross-entropy and a fused AdamW step; then the
+    local-memory reservation (cudaLimitStackSize raised by 1 KiB per thread: the context reserves
+    stack x resident threads per SM x SMs), and a one-rank NCCL process group with an all-reduce.
+    Returns JSON: MiB per stage, the limits, SMs and threads per SM."""
+    import ctypes
+    import datetime
+
+    import torch
+    import torch.nn.functional as F
+
+    from planner.probes.gpu_readings import nvml_process_bytes
+
+    def held() -> float:
+        torch.cuda.synchronize()
+        reading = nvml_process_bytes()
+        if reading is None:
+            raise RuntimeError("NVML does not list this process")
+        return round((reading[0] - torch.cuda.memory_reserved()) / 2**20, 1)
+
+    props = torch.cuda.get_device_properties(0)
+    out: dict = {"sms": props.multi_processor_count,
+                 "threads_per_sm": getattr(props, "max_threads_per_multi_processor", None),
+                 "module_loading": os.environ.get("CUDA_MODULE_LOADING", "(torch's default)"), "mib": {}}
+    stages = out["mib"]
+    torch.ones(1, device=device)
+    stages["context"] = held()
+    a = torch.randn(1024, 1024, device=device, dtype=torch.bfloat16)
+    (a @ a).sum().item()
+    stages["cublas_bf16_matmul"] = held()
+    q = torch.randn(2, 8, 1024, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    stages["sdpa_fwd_bwd"] = held()
+    w = torch.nn.Parameter(torch.randn(4096, 1024, device=device))
+    F.cross_entropy(a.float() @ w.t(), torch.randint(0, 4096, (1024,), device=device)).backward()
+    torch.optim.AdamW([w], fused=True).step()
+    stages["cross_entropy_adamw"] = held()
+    rt = _cudart()
+    limits = {}
+    for name, code in (("stack", 0), ("printf_fifo", 1), ("malloc_heap", 2)):
+        value = ctypes.c_size_t()
+        if rt.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
+            limits[name] = value.value
+    out["limits"] = limits
+    if "stack" in limits and rt.cudaDeviceSetLimit(0, ctypes.c_size_t(limits["stack"] + 1024)) == 0:
+        torch.ones(1, device=device).sum().item()
+        stages["stack_plus_1kib"] = held()
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0),
+                            timeout=datetime.timedelta(seconds=20))
+    t = torch.ones(1 << 20, device=device)
+    dist.all_reduce(t)
+    stages["nccl_world1_all_reduce"] = held()
+    dist.destroy_process_group()
+    return json.dumps(out, separators=(",", ":"))
+
+
 #: name -> (test, needs CUDA)
 SMOKE_TESTS = {"bnb_8bit": (_bnb_8bit, False), "bnb_paged": (_bnb_paged, True), "bnb_4bit": (_bnb_4bit, False),
                "torchao_fp8": (_torchao_fp8, True), "liger": (_liger, True), "deepspeed": (_deepspeed, False),
-               "peft": (_peft, False), "nvml": (_nvml, True)}
+               "peft": (_peft, False), "nvml": (_nvml, True),
+               "context": (_context, True)}
 
 
 def _smoke_child(payload: str) -> str:
