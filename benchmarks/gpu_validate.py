@@ -283,7 +283,7 @@ class CaseRunner:
             plan = estimate(EstimateRequest(model=model, gpus=gpus, **(case.config | (CPU_SHAPE if cpu else {}))))
         except PlannerInputError as e:
             return record("refused", "; ".join(e.problems))
-        if not plan.feasible:
+        if not plan.feasible and not case.measure_refused:
             return record("refused", "planner refuses the plan: " + "; ".join(plan.reasons)[:300])
         if cpu and not case.cpu:
             return record("skipped", "needs CUDA")

@@ -85,6 +85,11 @@ def gpu_section(folder: Path) -> list[str]:
             out.append(f"| {case['key']} | {r['status']} | | | | | | {r['message'][:70]} |")
             continue
         plan, now = now_comparison(r)
+        if not plan.feasible:  # today's planner refuses it: the measurement stays, no error is counted
+            out.append(f"| {case['key']} | {r['status']}, refused now | {_gib(then['predicted_peak_bytes'])} / "
+                       f"{_gib(then['measured_peak_bytes'])} | {_pct(then['memory_error'])} | "
+                       f"{'; '.join(plan.reasons)[:70]} | | | |")
+            continue
         status = time_status(Case(**case), plan, now)
         held = memory_status(Case(**case), plan)
         rows.append((now, status, then, case, held))

@@ -4,14 +4,15 @@
   partition, optimizer states and fp32 gradient partition live in pinned host memory; the GPU
   keeps 16-bit weights and the reduce buckets. Host: 16 bytes per parameter / N per rank.
   Source: Ren et al. 2021, "ZeRO-Offload"; DeepSpeed estimate_zero2_model_states_mem_needs.
-- optimizer+params: ZeRO-3 ``offload_param: cpu`` as well (16-bit partition on the host too, 18
-  bytes per parameter / N), or FSDP2 CPUOffloadPolicy (sharded fp32 parameters, gradients and
-  states on the host, the optimizer step on the CPU).
-- params: ZeRO-3 ``offload_param: cpu`` alone: the 16-bit parameter partition on the host (2
-  bytes per parameter / N), gathered to the GPU for forward and backward; the fp32 master,
-  optimizer states and gradients stay on the GPU, where the optimizer steps (DeepSpeed
-  ``runtime/zero/stage3.py``: ``offload_param`` without ``offload_optimizer``). FSDP2 has no
-  parameter-only offload. Read from job files and planned when asked; the search leaves it out.
+- optimizer+params: FSDP2 CPUOffloadPolicy (sharded fp32 parameters, gradients and states on the
+  host, the optimizer step on the CPU). Under ZeRO-3 it is DeepSpeed's ``offload_param: cpu`` as
+  well (the 16-bit partition on the host too, 18 bytes per parameter / N), which is refused
+  (``PARAM_OFFLOAD_REFUSAL``: measured runs held 1.7-2.5x what the ledger counts).
+- params: ZeRO-3 ``offload_param: cpu`` alone (``offload_param`` without ``offload_optimizer``,
+  DeepSpeed ``runtime/zero/stage3.py``); FSDP2 has no parameter-only offload. Read from job files
+  and refused, for the same reason.
+The ledger and time rows of DeepSpeed's parameter offload stay written (a refused plan still
+shows what planner would count), so that the measured gap can be closed row by row.
 DeepSpeed's CPU optimizers exist for Adam(W) and Lion; FSDP offload runs any torch optimizer
 on the CPU (not bitsandbytes, which needs CUDA tensors).
 """
@@ -39,6 +40,21 @@ class Offload(StrEnum):
 
 
 
+#: Why DeepSpeed ZeRO-3's ``offload_param`` is refused: what it holds on the GPU is not known.
+#: Measured on an H100 (benchmarks/results/H100-SXM-80/2026-11-28-run13, Llama-3.2-1B, fp16,
+#: ZeRO-3 with optimizer and parameters offloaded, 1 x 1024, accumulation 2): allocated peak
+#: 3.50 GiB where the ledger held 2.06, reserved 6.65 GiB, the driver 7.93 against 3.72 planned;
+#: forward held 2.05 GB more once DeepSpeed's parameter trace was complete (run 14) than in the
+#: first step. Published (benchmarks/world/peaks.yaml, LLaMA-Factory, Llama-3-8B, 8 x RTX 3090,
+#: the same settings): 13.0 GiB against 5.3. Neither the gathered parameters DeepSpeed keeps by
+#: its reuse distance (partitioned_param_coordinator.py ``__params_to_release``) nor the whole
+#: 16-bit model explains both, so the plan is refused, not planned low.
+PARAM_OFFLOAD_REFUSAL = (
+    "DeepSpeed ZeRO-3 with offloaded parameters (offload_param) is not modelled: real runs held "
+    "1.7-2.5x the memory planner counts (an H100 run, a published 8B run), for reasons not yet "
+    "known; use offload optimizer+params with fsdp, or offload optimizer with zero3")
+
+
 def _check(ctx: PlanContext, out: Check) -> None:
     off, s, opt = ctx.config.offload, ctx.config.sharding, ctx.config.optimizer
     if off == Offload.NONE:
@@ -47,12 +63,11 @@ def _check(ctx: PlanContext, out: Check) -> None:
         hint = "use optimizer+params with fsdp" if ctx.engine == Engine.FSDP else "use zero1, zero2 or zero3"
         out.reject("optimizer offload without ZeRO",
                    f"offload optimizer is DeepSpeed ZeRO-Offload and needs a ZeRO stage; {hint}")
-    if off == Offload.OPTIMIZER_PARAMS and not (s == Sharding.ZERO3 or ctx.engine == Engine.FSDP):
-        out.reject("parameter offload without zero3 or fsdp",
-                   "offload optimizer+params needs sharded parameters: use zero3 or fsdp")
-    if off == Offload.PARAMS and s != Sharding.ZERO3:
-        out.reject("parameter-only offload without zero3", "offload params (without the optimizer) is DeepSpeed "
-                   "ZeRO-3's offload_param alone: use zero3, or optimizer+params with fsdp")
+    if off == Offload.PARAMS or (off == Offload.OPTIMIZER_PARAMS and s == Sharding.ZERO3):
+        out.reject("deepspeed parameter offload", PARAM_OFFLOAD_REFUSAL)
+    elif off == Offload.OPTIMIZER_PARAMS and ctx.engine != Engine.FSDP:
+        out.reject("parameter offload without fsdp",
+                   "offload optimizer+params needs sharded parameters: use fsdp (FSDP2's CPUOffloadPolicy)")
     if ctx.engine == Engine.DEEPSPEED and off != Offload.PARAMS and opt not in DEEPSPEED_CPU:
         out.reject("no DeepSpeed CPU optimizer for it", "offload runs DeepSpeed's CPU optimizer, which exists for "
                    f"{' and '.join(DEEPSPEED_CPU)}, not {opt}")
@@ -202,15 +217,15 @@ def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
     if c.offload == Offload.NONE:
         if c.sharding in ZERO:
             out.append(("offload none -> optimizer", {"offload": Offload.OPTIMIZER}))
-        if c.sharding in (Sharding.ZERO3, Sharding.FSDP, Sharding.FSDP_HYBRID, Sharding.FSDP_GRAD_OP):
+        if c.sharding in (Sharding.FSDP, Sharding.FSDP_HYBRID, Sharding.FSDP_GRAD_OP):
             out.append(("offload none -> optimizer+params", {"offload": Offload.OPTIMIZER_PARAMS}))
     return out
 
 
 STRATEGY = Strategy(
     "offload", Offload, Offload.NONE, order=4, short="offload",
-    help="model states in host RAM: none, optimizer (DeepSpeed ZeRO-Offload), optimizer+params (ZeRO-3 or FSDP2), "
-         "params (ZeRO-3 offload_param alone)",
+    help="model states in host RAM: none, optimizer (DeepSpeed ZeRO-Offload), optimizer+params (FSDP2; "
+         "ZeRO-3's offload_param is refused: not modelled), params (ZeRO-3 offload_param alone: refused)",
     check=_check, storage=_storage, time=_time, emit=_emit, read=_read, savers=_savers,
     records=CHOICES,
 )

@@ -30,7 +30,7 @@ CASES = [
     ("zero1-fp32", "openai-community/gpt2", "4xA100-80", dict(sharding="zero1", precision="fp32", seq_len=1024, micro_batch_size=2, grad_accum=4)),
     ("zero2", LLAMA, "8xH100-80", dict(sharding="zero2", checkpointing="full", micro_batch_size=2, grad_accum=4)),
     ("zero2-offload-lion", LLAMA, "2x8xH100-80", dict(sharding="zero2", offload="optimizer", optimizer="lion")),
-    ("zero3-offload", "meta-llama/Llama-3.1-70B", "8xH100-80", dict(sharding="zero3", offload="optimizer+params", checkpointing="full")),
+    ("zero3-offload", "meta-llama/Llama-3.1-70B", "8xH100-80", dict(sharding="zero3", offload="optimizer", checkpointing="full")),
     ("zero3-8bit", LLAMA, "8xH100-80", dict(sharding="zero3", optimizer="adamw-8bit")),
     ("fsdp-fp8", LLAMA, "8xH100-80", dict(sharding="fsdp", precision="fp8-mixed", checkpointing="full")),
     ("fsdp-grad-op-offload", "mistralai/Mixtral-8x7B-v0.1", "8xH100-80", dict(sharding="fsdp-grad-op", offload="optimizer+params")),

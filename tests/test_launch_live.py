@@ -50,7 +50,7 @@ ALL_CASES = [
     ("zero1-sgd", "2xA100-80", dict(sharding="zero1", optimizer="sgd"), 2),
     ("zero3-full", "2xA100-80", dict(sharding="zero3", checkpointing="full"), 2),
     ("zero2-fp16-offload-optimizer", "2xA100-80", dict(sharding="zero2", precision="fp16-mixed", offload="optimizer"), 2),
-    ("zero3-offload-optimizer-params", "2xA100-80", dict(sharding="zero3", offload="optimizer+params"), 2),
+    ("zero3-offload-optimizer", "2xA100-80", dict(sharding="zero3", offload="optimizer"), 2),
     ("fsdp-hybrid-two-machines", "2x2xA100-80", dict(sharding="fsdp-hybrid"), 4),
     ("single-fp8-compiled", "1xH100-80", dict(precision="fp8-mixed"), 1),
     ("ddp-dora-attention", "2xA100-80", dict(sharding="ddp", adapter="dora", lora_targets="attention", lora_alpha=16,

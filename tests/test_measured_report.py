@@ -216,3 +216,22 @@ def test_the_standard_loss_leaves_its_16_bit_logits_reserved():
                 folder.name, r["case"]["key"], gap / 2**30)
             seen[loss] += 1
     assert seen["standard"] >= 10 and seen["chunked"] >= 1, seen
+
+
+def test_deepspeed_parameter_offload_is_refused_where_the_gpu_held_far_more():
+    """Run 13 measured DeepSpeed ZeRO-3 with offloaded parameters (Llama-3.2-1B, fp16, 1 x 1024)
+    at 1.7x the allocated peak its plan counted: today's planner refuses that plan with the reason,
+    and the alternative the reason names (FSDP2's CPU offload of the same job) is planned."""
+    from planner.engine.estimate import estimate
+    from planner.schema.estimate import EstimateRequest
+
+    run13 = H100.parent / "2026-11-28-run13"
+    record = next(r for r in records(run13) if r["case"]["key"] == "1b-zero3-offload-params-fp16-w1")
+    measured = record["comparison"]
+    assert measured["measured_allocated_bytes"] > 1.5 * measured["predicted_allocated_bytes"]
+    config = record["case"]["config"]
+    plan = estimate(EstimateRequest(model=record["case"]["model"], gpus=record["gpus"], **config))
+    assert not plan.feasible and any("offload_param" in r and "not modelled" in r for r in plan.reasons)
+    fsdp = estimate(EstimateRequest(model=record["case"]["model"], gpus="2xH100-80",
+                                    **config | {"sharding": "fsdp", "precision": "bf16-mixed"}))
+    assert fsdp.feasible and fsdp.fits

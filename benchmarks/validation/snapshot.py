@@ -130,7 +130,8 @@ def main() -> int:
                                   timeout=args.budget - (time.monotonic() - start), timed=False)
         m = comparison.measurement
         summary.update({"case": key, "config": case.config, "seconds": round(time.monotonic() - t0, 1),
-                        "status": comparison.status, "phase_peaks": m.phase_peaks if m else None,
+                        "status": comparison.status, "message": comparison.message[-2000:],
+                        "phase_peaks": m.phase_peaks if m else None,
                         "predicted_allocated_bytes": comparison.predicted_allocated_bytes,
                         "measured_allocated_bytes": comparison.measured_allocated_bytes,
                         "measured_reserved_bytes": comparison.measured_reserved_bytes})

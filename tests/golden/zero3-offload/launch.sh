@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Launch meta-llama/Llama-3.1-70B on 8xH100-SXM-80: adamw, bf16-mixed, checkpointing full, sharding zero3, offload optimizer+params, loss standard, attention sdpa, adapter none,
+# Launch meta-llama/Llama-3.1-70B on 8xH100-SXM-80: adamw, bf16-mixed, checkpointing full, sharding zero3, offload optimizer, loss standard, attention sdpa, adapter none,
 # micro-batch 1 x accumulation 1 x 8 GPU(s), seq 2048. Written by planner 0.1.0; see PLAN.md.
 #
 #   MODEL=path/to/model DATA=path/to/train.jsonl ./launch.sh [--max-steps N ...]
