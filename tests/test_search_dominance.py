@@ -264,7 +264,7 @@ def test_whether_a_plan_fits_more_gpus_is_the_full_scans_answer():
     from planner.engine import nothing_fits
     from planner.schema.suggest import SuggestRequest
 
-    request = SuggestRequest(model="meta-llama/Llama-3.1-405B", gpus="1xRTX4090-24", seq_len=2048)
+    request = SuggestRequest(model="meta-llama/Llama-3.1-70B", gpus="1xH100-80", seq_len=2048)
     model, early = resolve_model(request.model), 0
     for spec in nothing_fits.hardware_ladder(parse_gpus(request.gpus)):
         full = nothing_fits.Prober(request, model).scan(spec)

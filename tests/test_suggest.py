@@ -176,15 +176,15 @@ def test_default_seq_len_respects_learned_positions():
 
 
 def test_nothing_fits_names_host_ram_when_that_is_what_is_short():
-    """405B on one RTX 4090: a plan fits the GPU (ZeRO-3, everything offloaded) but needs terabytes
+    """70B on one H100 80GB: a plan fits the GPU (FSDP2, everything offloaded) but needs about 400 GB
     of host RAM; the default host RAM is a guess, so the fix says how much, and the plan it names
     fits when asked again with that --host-memory-gb."""
-    asked = SuggestRequest(model="meta-llama/Llama-3.1-405B", gpus="1xRTX4090-24")
+    asked = SuggestRequest(model="meta-llama/Llama-3.1-70B", gpus="1xH100-80")
     r = suggest(asked)
     assert not r.fits and not r.plans
-    assert r.needs_bytes is not None and r.needs_bytes <= parse_gpus("1xRTX4090-24").gpu.memory_bytes
+    assert r.needs_bytes is not None and r.needs_bytes <= parse_gpus("1xH100-80").gpu.memory_bytes
     host = next(s for s in r.hardware_suggestions if s.change == "more host RAM")
-    assert host.gpus == "1xRTX4090-24" and host.host_memory_gb and host.plan.fits
+    assert host.gpus == "1xH100-80" and host.host_memory_gb and host.plan.fits
     assert not any("no catalog GPU" in reason for reason in r.reasons)
     assert "needs ≈" in r.reasons[0] and "host RAM" in r.reasons[0]
     assert any(f"--host-memory-gb {host.host_memory_gb:g}" in reason for reason in r.reasons)

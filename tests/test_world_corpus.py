@@ -80,10 +80,19 @@ def test_a_published_peak_below_the_model_states_is_not_counted():
 
 def test_no_run_that_ran_out_of_memory_is_said_to_fit():
     """Every published out-of-memory run is one planner says does not fit, even with no margin (no
-    broken promise hidden by the margin), and nine in ten completed runs are said to fit with the
-    default margin (its false alarms are runs that filled their card)."""
-    rows = world_corpus.verdict_rows(world_corpus.load("peaks.yaml"))
+    broken promise hidden by the margin), and the completed runs said not to fit with the default
+    margin (its false alarms) are at most three, each a run whose published peak filled 90 % or
+    more of its card."""
+    from planner.catalog.gpus import parse_gpus
+
+    cases = {c["id"]: c for c in world_corpus.load("peaks.yaml")}
+    rows = world_corpus.verdict_rows(list(cases.values()))
     ooms = [r for r in rows if r[1] == "out of memory"]
     assert len(ooms) >= 10 and all(r[4] == "yes" for r in ooms), [r for r in ooms if r[4] != "yes"]
     ran = [r for r in rows if r[1] == "ran"]
-    assert len(ran) >= 30 and sum(r[3] == "yes" for r in ran) >= 0.9 * len(ran), [r for r in ran if r[3] != "yes"]
+    alarms = [r for r in ran if r[3] != "yes"]
+    assert len(ran) >= 25 and len(alarms) <= 3, alarms
+    for r in alarms:
+        case = cases[r[0]]
+        card = parse_gpus(world_corpus.request(case).fields["gpus"]).gpu.memory_bytes
+        assert world_corpus.published_bytes(case) >= 0.9 * card, r
