@@ -147,7 +147,7 @@ def test_predict_splits_the_peak_into_allocated_context_and_reserve():
     # (a ledger row's bytes are rounded up: planner/core/ledger.py RowDraft.bytes)
     # and the holes the ledger names (the standard loss's 16-bit logits: strategies/loss.py)
     assert p.pool_bytes == 2 * 2048 * 128_256 * 2
-    assert p.peak_bytes == (p.allocated_bytes + overheads.CUDA_CONTEXT_BYTES + p.pool_bytes
+    assert p.peak_bytes == (p.allocated_bytes + overheads.cuda_context_bytes(uncalibrated_gpu(GPU)) + p.pool_bytes
                             + math.ceil(p.allocated_bytes * overheads.FRAGMENTATION_FRACTION))
 
 
@@ -228,7 +228,7 @@ def test_estimate_uses_stored_corrections_and_says_so(store_env):
     assert reserve.bytes == pytest.approx(FRAGMENTATION * allocated, abs=1)
     assert calibrated.time.step_seconds > plain.time.step_seconds  # 0.8 x the achieved FLOP/s: slower
     assert calibrated.memory["peak"] - plain.memory["peak"] == pytest.approx(
-        CONTEXT - overheads.CUDA_CONTEXT_BYTES + (FRAGMENTATION - overheads.FRAGMENTATION_FRACTION) * allocated, abs=2)
+        CONTEXT - overheads.cuda_context_bytes(uncalibrated_gpu(GPU)) + (FRAGMENTATION - overheads.FRAGMENTATION_FRACTION) * allocated, abs=2)
     assert estimate(request.model_copy(update={"calibration": None})) == plain  # $PLANNER_CALIBRATION is not read
     other = EstimateRequest(model="meta-llama/Llama-3.2-1B", gpus="1xA100-40")
     assert estimate(other.model_copy(update={"calibration": store_env})) == estimate(other)  # none for the A100

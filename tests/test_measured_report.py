@@ -2,6 +2,7 @@
 benchmarks/gpu_validate.sh each): plans predicted to fit hold on the card, the paged-memory
 accounting the run settled, the calibration rows, and docs/measured.md as the results make it."""
 
+import csv
 import json
 import sys
 from pathlib import Path
@@ -235,3 +236,24 @@ def test_deepspeed_parameter_offload_is_refused_where_the_gpu_held_far_more():
     fsdp = estimate(EstimateRequest(model=record["case"]["model"], gpus="2xH100-80",
                                     **config | {"sharding": "fsdp", "precision": "bf16-mixed"}))
     assert fsdp.feasible and fsdp.fits
+
+
+def test_the_context_model_is_what_the_h100_measured():
+    """Run 13's smoke test read a process's bytes outside the allocator stage by stage: raising the
+    per-thread stack by CUDA_STACK_BYTES_PER_THREAD added exactly stack x resident threads per SM x
+    SMs (the catalog's H100 figures), and the context planner assumes for the H100 covers the
+    largest process context the probes measured plus the driver's reservation there."""
+    from planner.catalog.gpus import resolve_gpu
+    from planner.core.units import MIB
+    from planner.cost import overheads
+
+    env = json.loads((H100.parent / "2026-11-28-run13" / "env.json").read_text())
+    stages = json.loads(env["smoke"]["context"]["detail"])
+    h100 = resolve_gpu("H100-SXM-80")
+    assert (stages["sms"], stages["threads_per_sm"], stages["limits"]["stack"]) == (
+        h100.sm_count, overheads.RESIDENT_THREADS_PER_SM[h100.compute_capability], overheads.CUDA_STACK_BYTES_PER_THREAD)
+    local = overheads.CUDA_STACK_BYTES_PER_THREAD * stages["threads_per_sm"] * stages["sms"]
+    assert (stages["mib"]["stack_plus_1kib"] - stages["mib"]["cross_entropy_adamw"]) * MIB == local
+    contexts = [float(r["context_gib"]) for run in H100.parent.iterdir() if (run / "probes.csv").is_file()
+                for r in csv.DictReader((run / "probes.csv").open()) if r["context_gib"]]
+    assert overheads.cuda_context_bytes(h100) >= max(contexts) * 2**30 + 480 * MIB  # 81559 - 81079 MiB

@@ -82,6 +82,8 @@ class GpuFile(Record):
     gpu_link: _Link
     host_link: _Link
     max_gpus_per_node: int = Field(8, ge=1)
+    sm_count: int | None = Field(None, gt=0)  # streaming multiprocessors (the context's local memory)
+    driver_reserved_mib: int | None = Field(None, ge=0)  # nvidia-smi's total less CUDA's total
     measured_host: _MeasuredHost | None = None
     sources: dict[str, str] = {}
 
@@ -122,6 +124,8 @@ class GpuFile(Record):
             host_link_kind=self.host_link.kind,
             host_link_bytes_per_s=self.host_link.gb_per_s * GB,
             max_gpus_per_node=self.max_gpus_per_node,
+            sm_count=self.sm_count,
+            driver_reserved_bytes=None if self.driver_reserved_mib is None else self.driver_reserved_mib * MIB,
             sources=self.sources,
             efficiency=efficiency(self.id, self.architecture),
             host_rates=self._host_rates(),

@@ -138,6 +138,8 @@ class GpuSpec(Record):
     host_link_kind: str
     host_link_bytes_per_s: float = Field(gt=0)  # per direction
     max_gpus_per_node: int = Field(ge=1)
+    sm_count: int | None = None  # streaming multiprocessors (None: not in its file)
+    driver_reserved_bytes: int | None = None  # nvidia-smi's total less CUDA's (None: not in its file)
     sources: dict[str, str]
     efficiency: Efficiency
     calibration: Calibration | None = None  # measured corrections in use (None: assumptions only)

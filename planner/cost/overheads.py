@@ -6,9 +6,15 @@ replaces the CUDA context and the allocator reserve per GPU from measured probes
 measured step folds them into the fitted FLOP/s factor.
 """
 
-from planner.core.units import GIB
+from typing import TYPE_CHECKING
 
-#: Per GPU: the driver's reservation (nvidia-smi total minus what CUDA can allocate: H100 80GB
+from planner.core.units import GIB, MIB
+
+if TYPE_CHECKING:
+    from planner.core.specs import GpuSpec
+
+#: Per GPU whose catalog entry lacks what ``cuda_context_bytes`` needs (below): the driver's
+#: reservation (nvidia-smi total minus what CUDA can allocate: H100 80GB
 #: HBM3 81559 vs 81079 MiB, 0.47 GiB; A100-40GB 40960 vs 40339 MiB, 0.6 GiB), the process's CUDA
 #: context with lazy module loading, and cuBLAS/cuBLASLt workspaces. Measured on an H100 (torch
 #: 2.11, CUDA 13, NVML per-process bytes less the allocator's reserved bytes after training
@@ -16,6 +22,39 @@ from planner.core.units import GIB
 #: reservation 1.21-1.28 GiB (benchmarks/results/H100-SXM-80/2026-11-26/probes.csv, context_gib; the
 #: calibration fitted 1.21 GiB). Sources: that run; CUDA C Programming Guide "Lazy Loading".
 CUDA_CONTEXT_BYTES = 5 * GIB // 4
+#: The default per-thread stack of a CUDA context (cudaLimitStackSize), in bytes. The context
+#: reserves it as local memory for every thread each SM can hold: stack x resident threads per SM
+#: x SMs. Measured on an H100 (benchmarks/results/H100-SXM-80/2026-11-28-run13, smoke test
+#: ``context``): the limit read 1,024 B, and raising it by 1,024 B added 264 MiB to the process,
+#: exactly 1,024 x 2,048 x 132. Source: CUDA Runtime API ``cudaDeviceSetLimit`` (cudaLimitStackSize).
+CUDA_STACK_BYTES_PER_THREAD = 1024
+#: Resident threads per SM by compute capability. Source: CUDA C++ Programming Guide, "Compute
+#: Capabilities", technical specifications ("Maximum number of resident threads per SM").
+RESIDENT_THREADS_PER_SM = {"7.0": 2048, "7.2": 2048, "7.5": 1024, "8.0": 2048, "8.6": 1536, "8.7": 2048,
+                           "8.9": 1536, "9.0": 2048, "10.0": 2048, "12.0": 1536}
+#: What a training process holds outside the caching allocator beyond the local-memory
+#: reservation: the context's own state (printf FIFO 8.25 MiB, malloc heap 8 MiB, page tables),
+#: the kernels lazy loading has brought in (cuBLAS, attention, elementwise, optimizer) and library
+#: handles. Measured on an H100 (torch 2.11, CUDA 13; benchmarks/results/H100-SXM-80): a process
+#: held 610 MiB at context creation and 758 MiB after cross-entropy and a fused AdamW step
+#: (run 13's stages), and 0.809 GiB after training steps once a process group exists (the probes'
+#: context_gib, runs 1-13); less the 264 MiB of local memory, the largest, 565 MiB, is taken.
+PROCESS_CONTEXT_BYTES = 565 * MIB
+
+
+def cuda_context_bytes(gpu: "GpuSpec") -> int:
+    """Device bytes per GPU that are neither the model's tensors nor the allocator's slack: the
+    driver's reservation (nvidia-smi's total less what CUDA can allocate) + the context's local
+    memory (CUDA_STACK_BYTES_PER_THREAD x resident threads per SM x SMs) + PROCESS_CONTEXT_BYTES.
+    Unit: bytes. Assumption: kernels and handles as an H100 measured them on any GPU; a GPU whose
+    catalog entry lacks its SM count, compute capability or driver reservation takes
+    CUDA_CONTEXT_BYTES, the flat H100-measured figure. Sources: the constants above."""
+    threads = RESIDENT_THREADS_PER_SM.get(gpu.compute_capability or "")
+    if not (threads and gpu.sm_count and gpu.driver_reserved_bytes is not None):
+        return CUDA_CONTEXT_BYTES
+    return gpu.driver_reserved_bytes + CUDA_STACK_BYTES_PER_THREAD * threads * gpu.sm_count + PROCESS_CONTEXT_BYTES
+
+
 #: Per GPU when more than one process communicates: NCCL channel buffers
 #: (NCCL_BUFFSIZE 4 MiB per channel and peer) and communicator state. Source: NCCL docs,
 #: environment variables NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS; assumption ~0.5 GiB.

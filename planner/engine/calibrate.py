@@ -201,7 +201,7 @@ def fit_context(rows: Sequence[Measurement]) -> int | None:
     what was used before), subtracts the reserved bytes of that instant and adds the reserved peak:
     so driver_used - reserved peak is that context. Memory the driver keeps for itself outside
     any process (nvidia-smi total less CUDA's total, ~0.6 GiB on an A100-40, which
-    CUDA_CONTEXT_BYTES's assumption includes) is not in a per-process reading: the probe records
+    the assumed context includes) is not in a per-process reading: the probe records
     it as driver_reserved_bytes (the catalog's memory, which is nvidia-smi's total, less
     cudaMemGetInfo's total) and it is added here, because the planner compares peaks with the
     catalog's memory. Source: NVML process usage vs torch.cuda.max_memory_reserved;
@@ -337,7 +337,7 @@ def relative_errors(m: Measurement, p: Prediction, context_bytes: int | None) ->
     |predicted - measured| / measured, for the peak bytes and the median step seconds (None where
     the measurement lacks the figure). Both sides leave out what a fake process group does not
     have (NCCL buffers, communication time)."""
-    context = context_bytes if context_bytes is not None else overheads.CUDA_CONTEXT_BYTES
+    context = context_bytes if context_bytes is not None else overheads.cuda_context_bytes(uncalibrated_gpu(m.device_gpu))
     peak = measured_peak_bytes(m, context)
     memory = abs(p.comparable_peak_bytes - peak) / peak if peak else None
     t = m.median_step_seconds
@@ -363,6 +363,7 @@ def fit_gpu(gpu_id: str, rows: Sequence[Measurement]) -> Corrections:
     report: dict[str, float | int | dict[str, int] | None] = {
         "rows": len(rows),
         "memory_rows": sum(measured_peak_bytes(m, 0) is not None for m in rows),
+        "context_assumed": overheads.cuda_context_bytes(group.gpu),
         "time_rows": sum(group.timed(i) for i in everything),
         "time_rows_clamped": clamped,
     }

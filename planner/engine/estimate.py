@@ -316,7 +316,7 @@ def runtime_reserves(hardware: HardwareSpec) -> tuple[int, float, dict[str, bool
     probes on this GPU when the calibration store has them (GpuSpec.calibration), else
     planner/cost/overheads.py's."""
     cal = hardware.gpu.calibration
-    context = cal.context_bytes if cal and cal.context_bytes is not None else overheads.CUDA_CONTEXT_BYTES
+    context = cal.context_bytes if cal and cal.context_bytes is not None else overheads.cuda_context_bytes(hardware.gpu)
     fragmentation = (cal.fragmentation_fraction if cal and cal.fragmentation_fraction is not None
                      else overheads.FRAGMENTATION_FRACTION)
     measured = {"context": bool(cal and cal.context_bytes is not None),

@@ -86,7 +86,8 @@ def render_calibrate(result, console: Console) -> None:
         fitted = table(("term", "left"), ("fitted", "right"), ("assumption before", "right"), ("from", "left"),
                        wrap=("term", "from"))
         fitted.add_row("CUDA context per process", "-" if c.context_bytes is None else gib(c.context_bytes),
-                       gib(overheads.CUDA_CONTEXT_BYTES), f"{rep.get('memory_rows', 0)} memory rows (driver-seen - reserved)")
+                       gib(rep.get("context_assumed", overheads.CUDA_CONTEXT_BYTES)),
+                       f"{rep.get('memory_rows', 0)} memory rows (driver-seen - reserved)")
         fitted.add_row("allocator reserve", pct(c.fragmentation_fraction), pct(overheads.FRAGMENTATION_FRACTION),
                        "(reserved - allocated) / allocated")
         for dtype in ("bf16", "fp16", "fp32", "fp8"):
