@@ -115,6 +115,12 @@ TIER2 = [
          what="ZeRO-3 offloading parameters too, fp16, 1 x 1024: the shape of the world corpus's 8B ZeRO-3 "
               "offload report (13 GB seen against 5.0 planned; benchmarks/world/peaks.yaml); refused since "
               "run 13 measured it 1.7x over the plan (strategies/offload.py), measured to find why"),
+    # LoRA's step: measured 0.118-0.139 s against 0.068 planned (runs 1-11), and no faster than full
+    # fine-tuning (0.123 s); these two split the gap into dropout's copies and per-module overhead
+    _1b("1b-lora-nodropout", "LoRA r16 on all linears without dropout: what lora_dropout's copies cost",
+        ("peft",), expected=15.0, tier=2, precision="bf16-mixed", adapter="lora", lora_dropout=0.0),
+    _1b("1b-lora-attention", "LoRA r16 on the attention projections: the overhead per wrapped module",
+        ("peft",), expected=15.0, tier=2, precision="bf16-mixed", adapter="lora", lora_targets="attention"),
     _1b("1b-zero1-w1", "DeepSpeed ZeRO-1, a world of one: its hooks, given ZeRO-2's figure", ("deepspeed",),
         expected=38.0, cpu=False, tier=2, precision="bf16-mixed", sharding="zero1"),
     *(Case(f"1b-fsdp2-rank-of-8-accum2{suffix}", 2, L1B, {"micro_batch_size": 2, "seq_len": 2048, "grad_accum": 2,

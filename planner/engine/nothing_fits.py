@@ -23,7 +23,7 @@ Only the hardware of a fix is searched in full, over the combinations its probe 
 import itertools
 import math
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import cache, cached_property, partial
 
 from planner.catalog import gpus as gpu_catalog
 from planner.core.errors import PlannerInputError
@@ -31,7 +31,7 @@ from planner.core.formatting import gib
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.units import GB
-from planner.cost.overheads import host_capacity_for, usable_host_bytes
+from planner.cost.overheads import cuda_context_bytes, host_capacity_for, usable_host_bytes
 from planner.engine.estimate import Shared, evaluate, result_of, size_free_key
 from planner.engine.lengths_file import lengths_of
 from planner.engine.ranking import rank, searched
@@ -181,17 +181,22 @@ class Prober:
 
     def kind_floor(self, hardware: HardwareSpec) -> float:
         """A lower bound of the GPU peak on every catalog kind at ``hardware``'s shape: the least
-        peak on a GPU like it that supports every dtype. A candidate's memory does not depend on
-        the kind (only whether its precision is supported does), so no kind needs less; a paged
-        optimizer's state only fills memory a larger kind has more of. With measured corrections
-        (--calibration) the CUDA context differs by kind: no bound (0)."""
+        peak on a GPU like it that supports every dtype, less how much more CUDA context it has
+        than the catalog kind with the least. A candidate's memory depends on the kind only through
+        whether its precision is supported and that context (planner/cost/overheads.py
+        ``cuda_context_bytes``), so no kind needs less; a paged optimizer's state only fills memory
+        a larger kind has more of. With measured corrections (--calibration) the context is
+        fitted per kind: no bound (0)."""
         if self.request.calibration is not None:
             return 0
         top = max(v for v in hardware.gpu.dense_flops_per_s.values() if v)
         gpu = hardware.gpu.model_copy(update={"calibration": None, "dense_flops_per_s": dict.fromkeys(
             hardware.gpu.dense_flops_per_s, top)})
         scan = self._scan("", hardware.model_copy(update={"gpu": gpu}))
-        return min((p.peak for p in scan.probes), default=math.inf) if scan is not None else math.inf
+        if scan is None:
+            return math.inf
+        surplus = max(0, cuda_context_bytes(gpu) - _least_catalog_context())
+        return min((p.peak for p in scan.probes), default=math.inf) - surplus
 
     def plan(self, scan: Scan, host_gb: float | None = None) -> EstimateResult:
         """The plan suggest would rank first (planner/engine/ranking.py) on ``scan``'s hardware
@@ -301,6 +306,12 @@ def _more_gpus(prober: Prober, hardware: HardwareSpec, here: Scan | None) -> Har
     i = _first(len(ladder), lambda i: scans.fits(i, floor))
     assert i is not None, "the last count fits with the host RAM it needs"
     return _fix(prober, scans.at(i), "more GPUs")
+
+
+@cache
+def _least_catalog_context() -> int:
+    """The least CUDA context of any catalog GPU, in bytes (planner/cost/overheads.py)."""
+    return min(cuda_context_bytes(f.to_spec()) for f in gpu_catalog.catalog().values())
 
 
 def _larger_gpu(prober: Prober, hardware: HardwareSpec, here: Scan | None) -> HardwareSuggestion | None:
