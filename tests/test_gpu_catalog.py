@@ -128,3 +128,28 @@ def test_the_notes_reach_the_results():
 
     assert any("taken as A100-SXM-80" in w for w in suggest(SuggestRequest(model="meta-llama/Llama-3.2-1B", gpus="A100",
                                                                          top=1)).reasons)
+
+
+def test_cuda_context_from_a_gpus_sms_threads_and_driver_reserve(tmp_path):
+    """A GPU file with its SM count and driver reservation sizes its CUDA context as the driver's
+    reservation + 1 KiB x resident threads per SM x SMs + the measured rest; without either it
+    takes the flat assumption. Every catalog entry that gives them names a source for each."""
+    from planner.core.units import MIB
+    from planner.cost import overheads
+
+    base = ("id: MY-GPU\nname: My GPU\nvendor: nvidia\narchitecture: ampere\ncompute_capability: '8.6'\n"
+            "memory_mib: 24576\nmemory_bandwidth_gb_per_s: 900\ndense_tflops: {fp32: 35, bf16: 140}\n"
+            "gpu_link: {kind: pcie4, gb_per_s: 32}\nhost_link: {kind: pcie4, gb_per_s: 32}\n")
+    path = tmp_path / "mygpu.yaml"
+    path.write_text(base + "sm_count: 82\ndriver_reserved_mib: 333\n")
+    sized = overheads.cuda_context_bytes(parse_gpus(str(path)).gpu)
+    assert sized == 333 * MIB + 1024 * 1536 * 82 + overheads.PROCESS_CONTEXT_BYTES
+    path.write_text(base + "sm_count: 82\n")
+    assert overheads.cuda_context_bytes(parse_gpus(str(path)).gpu) == overheads.CUDA_CONTEXT_BYTES
+    path.write_text(base + "sm_count: 0\n")
+    with pytest.raises(PlannerInputError):
+        parse_gpus(str(path))
+    for gid, f in catalog().items():
+        for field in ("sm_count", "driver_reserved_mib"):
+            if getattr(f, field) is not None:
+                assert f.sources.get(field, "").strip(), (gid, field)
