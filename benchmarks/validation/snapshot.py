@@ -33,17 +33,20 @@ def _owner(frames: list[dict], depth: int = 4) -> str:
     return " <- ".join(named[:depth]) or "(no library frame)"
 
 
-def replay(snapshot: dict) -> dict:
-    """The allocated peak of device 0's trace: bytes live then, grouped by owner, and reserved
-    bytes per stream at that instant and at the reserved peak."""
+def replay(snapshot: dict, after: float = 0.0) -> dict:
+    """The allocated peak of device 0's trace among its events from the fraction ``after`` on
+    (0: all; 0.5: the later half, past the model's build and the first steps): bytes live then,
+    grouped by owner, and reserved bytes per stream at that instant and at the reserved peak."""
     trace = snapshot["device_traces"][0]
+    first = int(len(trace) * after)
     live: dict[int, tuple[int, int]] = {}
     allocated = peak = peak_at = 0
+    at_peak: list[tuple[str, int, int]] = []
     for i, e in enumerate(trace):
         if e["action"] == "alloc":
             live[e["addr"]] = (e["size"], i)
             allocated += e["size"]
-            if allocated > peak:
+            if allocated > peak and i >= first:
                 peak, peak_at = allocated, i
         elif e["action"] == "free_completed" and e["addr"] in live:
             allocated -= live.pop(e["addr"])[0]
@@ -115,7 +118,8 @@ def main() -> int:
                 os.environ.update(LAUNCH_ENV | {ALLOC_CONF_VAR: r.allocator_conf})
                 torch.cuda.memory._record_memory_history(max_entries=400_000, stacks="python")
                 result = run_measure(r).model_dump()
-                result["snapshot"] = replay(torch.cuda.memory._snapshot())
+                history = torch.cuda.memory._snapshot()
+                result["snapshot"] = replay(history) | {"later_half": replay(history, after=0.5)}
                 return result
 
             from planner.probes.measured import _result
