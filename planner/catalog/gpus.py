@@ -104,6 +104,10 @@ class GpuFile(Record):
             raise ValueError(f"must be one line of printable text, not {shell.visible(v)}")
         return v
 
+    @property
+    def driver_reserved_bytes(self) -> int | None:
+        return None if self.driver_reserved_mib is None else self.driver_reserved_mib * MIB
+
     def to_spec(self, calibration_store: Path | None = None) -> GpuSpec:
         """The GPU in base units with its catalog efficiency, and the corrections ``planner calibrate``
         saved for it in ``calibration_store`` (a store file; None: the assumptions only)."""
@@ -125,7 +129,7 @@ class GpuFile(Record):
             host_link_bytes_per_s=self.host_link.gb_per_s * GB,
             max_gpus_per_node=self.max_gpus_per_node,
             sm_count=self.sm_count,
-            driver_reserved_bytes=None if self.driver_reserved_mib is None else self.driver_reserved_mib * MIB,
+            driver_reserved_bytes=self.driver_reserved_bytes,
             sources=self.sources,
             efficiency=efficiency(self.id, self.architecture),
             host_rates=self._host_rates(),

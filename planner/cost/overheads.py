@@ -42,17 +42,22 @@ RESIDENT_THREADS_PER_SM = {"7.0": 2048, "7.2": 2048, "7.5": 1024, "8.0": 2048, "
 PROCESS_CONTEXT_BYTES = 565 * MIB
 
 
-def cuda_context_bytes(gpu: "GpuSpec") -> int:
+def context_bytes(compute_capability: str | None, sm_count: int | None, driver_reserved_bytes: int | None) -> int:
     """Device bytes per GPU that are neither the model's tensors nor the allocator's slack: the
     driver's reservation (nvidia-smi's total less what CUDA can allocate) + the context's local
     memory (CUDA_STACK_BYTES_PER_THREAD x resident threads per SM x SMs) + PROCESS_CONTEXT_BYTES.
     Unit: bytes. Assumption: kernels and handles as an H100 measured them on any GPU; a GPU whose
-    catalog entry lacks its SM count, compute capability or driver reservation takes
-    CUDA_CONTEXT_BYTES, the flat H100-measured figure. Sources: the constants above."""
-    threads = RESIDENT_THREADS_PER_SM.get(gpu.compute_capability or "")
-    if not (threads and gpu.sm_count and gpu.driver_reserved_bytes is not None):
+    entry lacks its SM count, compute capability or driver reservation takes CUDA_CONTEXT_BYTES,
+    the flat H100-measured figure. Sources: the constants above."""
+    threads = RESIDENT_THREADS_PER_SM.get(compute_capability or "")
+    if not (threads and sm_count and driver_reserved_bytes is not None):
         return CUDA_CONTEXT_BYTES
-    return gpu.driver_reserved_bytes + CUDA_STACK_BYTES_PER_THREAD * threads * gpu.sm_count + PROCESS_CONTEXT_BYTES
+    return driver_reserved_bytes + CUDA_STACK_BYTES_PER_THREAD * threads * sm_count + PROCESS_CONTEXT_BYTES
+
+
+def cuda_context_bytes(gpu: "GpuSpec") -> int:
+    """``context_bytes`` of a GPU spec (bytes)."""
+    return context_bytes(gpu.compute_capability, gpu.sm_count, gpu.driver_reserved_bytes)
 
 
 #: Per GPU when more than one process communicates: NCCL channel buffers

@@ -31,7 +31,7 @@ from planner.core.formatting import gib
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.units import GB
-from planner.cost.overheads import cuda_context_bytes, host_capacity_for, usable_host_bytes
+from planner.cost.overheads import context_bytes, cuda_context_bytes, host_capacity_for, usable_host_bytes
 from planner.engine.estimate import Shared, evaluate, result_of, size_free_key
 from planner.engine.lengths_file import lengths_of
 from planner.engine.ranking import rank, searched
@@ -311,7 +311,8 @@ def _more_gpus(prober: Prober, hardware: HardwareSpec, here: Scan | None) -> Har
 @cache
 def _least_catalog_context() -> int:
     """The least CUDA context of any catalog GPU, in bytes (planner/cost/overheads.py)."""
-    return min(cuda_context_bytes(f.to_spec()) for f in gpu_catalog.catalog().values())
+    return min(context_bytes(f.compute_capability, f.sm_count, f.driver_reserved_bytes)
+               for f in gpu_catalog.catalog().values())
 
 
 def _larger_gpu(prober: Prober, hardware: HardwareSpec, here: Scan | None) -> HardwareSuggestion | None:
