@@ -17,7 +17,7 @@ from planner.catalog.calibration import (
     Measurement,
     store_path,
 )
-from planner.catalog.models import model_config
+from planner.catalog.models import model_config, resolve_model
 from planner.cli import app
 from planner.core.errors import PlannerInputError
 from planner.core.units import GIB, MIB
@@ -228,7 +228,8 @@ def test_estimate_uses_stored_corrections_and_says_so(store_env):
     assert reserve.bytes == pytest.approx(FRAGMENTATION * allocated, abs=1)
     assert calibrated.time.step_seconds > plain.time.step_seconds  # 0.8 x the achieved FLOP/s: slower
     assert calibrated.memory["peak"] - plain.memory["peak"] == pytest.approx(
-        CONTEXT - overheads.cuda_context_bytes(uncalibrated_gpu(GPU)) + (FRAGMENTATION - overheads.FRAGMENTATION_FRACTION) * allocated, abs=2)
+        CONTEXT - overheads.cuda_context_bytes(uncalibrated_gpu(GPU))
+        + (FRAGMENTATION - overheads.FRAGMENTATION_FRACTION) * allocated, abs=2)
     assert estimate(request.model_copy(update={"calibration": None})) == plain  # $PLANNER_CALIBRATION is not read
     other = EstimateRequest(model="meta-llama/Llama-3.2-1B", gpus="1xA100-40")
     assert estimate(other.model_copy(update={"calibration": store_env})) == estimate(other)  # none for the A100
@@ -301,3 +302,20 @@ def test_cli_calibrate_with_no_ok_measurement_exits_1(tmp_path, measurements):
     assert r.exit_code == 1, r.output
     assert "nothing to fit" in r.output
     assert CalibrationStore(path).corrections(GPU) is None
+
+
+def test_kind_floor_only_drops_for_a_store_with_corrections(tmp_path):
+    """Nothing fits: the screen that skips larger GPU kinds holds for any store without fitted
+    corrections (the CLI always names the default store, which usually does not exist) and is
+    dropped once one kind's context or reserve is fitted."""
+    from planner.engine.nothing_fits import Prober
+    from planner.schema.suggest import SuggestRequest
+
+    path = tmp_path / "calibration.sqlite"
+    request = SuggestRequest(model="meta-llama/Llama-3.1-8B", gpus="1xT4-16", seq_len=2048, calibration=path)
+    floor = Prober(request, resolve_model(request.model)).kind_floor(request.hardware())
+    assert 0 < floor < float("inf")
+    CalibrationStore(path).add(measurement())  # measurements without a fit: still the bound
+    assert Prober(request, resolve_model(request.model)).kind_floor(request.hardware()) == floor
+    CalibrationStore(path).save_corrections(corrections())
+    assert Prober(request, resolve_model(request.model)).kind_floor(request.hardware()) == 0

@@ -221,6 +221,10 @@ class CalibrationStore:
         rows = self._read("SELECT body FROM corrections WHERE gpu = ?", (gpu,))
         return Corrections.model_validate_json(rows[0][0]) if rows else None
 
+    def corrected_gpus(self) -> list[str]:
+        """The GPU ids with fitted corrections."""
+        return [gpu for (gpu,) in self._read("SELECT gpu FROM corrections ORDER BY gpu")]
+
 
 def corrections_in(path: Path | None, gpu_id: str) -> Corrections | None:
     """This GPU's fitted corrections in the store at ``path`` (None: no store), if any. Reading
@@ -228,6 +232,12 @@ def corrections_in(path: Path | None, gpu_id: str) -> Corrections | None:
     if path is None or not Path(path).is_file():
         return None
     return CalibrationStore(path).corrections(gpu_id)
+
+
+def any_corrections(path: Path | None) -> bool:
+    """Whether the store at ``path`` holds fitted corrections for any GPU (None, or no file:
+    none). Reading never creates the file."""
+    return path is not None and Path(path).is_file() and bool(CalibrationStore(path).corrected_gpus())
 
 
 def apply(spec: GpuSpec, c: Corrections | None) -> GpuSpec:

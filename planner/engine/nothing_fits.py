@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property, partial
 
 from planner.catalog import gpus as gpu_catalog
+from planner.catalog.calibration import any_corrections
 from planner.core.errors import PlannerInputError
 from planner.core.formatting import gib
 from planner.core.numerics import NumericsPolicy
@@ -186,8 +187,8 @@ class Prober:
         whether its precision is supported and that context (planner/cost/overheads.py
         ``cuda_context_bytes``), so no kind needs less; a paged optimizer's state only fills memory
         a larger kind has more of. With measured corrections (--calibration) the context is
-        fitted per kind: no bound (0)."""
-        if self.request.calibration is not None:
+        fitted per kind: no bound (0) when the store holds any."""
+        if any_corrections(self.request.calibration):
             return 0
         top = max(v for v in hardware.gpu.dense_flops_per_s.values() if v)
         gpu = hardware.gpu.model_copy(update={"calibration": None, "dense_flops_per_s": dict.fromkeys(
