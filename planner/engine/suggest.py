@@ -5,6 +5,7 @@ buy and what was assumed; or, when nothing fits, what the job needs and the smal
 """
 
 import sys
+from dataclasses import dataclass
 
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
@@ -17,7 +18,7 @@ from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.exact_host import exact_host_option, exact_only
 from planner.engine.forked import Forked
 from planner.engine.lengths_file import lengths_of
-from planner.engine.nothing_fits import Fixes, Verdict, explain, hardware_fixes
+from planner.engine.nothing_fits import Verdict, explain, hardware_fixes
 from planner.engine.ranking import HEADROOM, TIE_BAND, Candidate, Ranking, distinct, order, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, settings_of
@@ -42,30 +43,45 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     if request.seq_len is None:
         request = request.model_copy(update={"seq_len": default_seq_len(model, request)})
     space = _space(request, hardware.num_gpus, request.global_batch_size)
-    # on the other core while the main search runs: the adapter line's plan, and what to change
-    # when nothing fits
-    beside = Forked(_beside, request, model, hardware, in_child=_one_worker)
+    # in two children while the main search runs: what to change when nothing fits, and the
+    # adapter line's plan with the host RAM an exact plan needs
+    beside = Beside(Forked(hardware_fixes, request, model, hardware, in_child=_one_worker),
+                    Forked(_lines, request, model, hardware, in_child=_one_worker))
     try:
         return _suggest(request, model, hardware, space, seq_given, beside)
     finally:
         beside.close()
 
 
-def _beside(request: SuggestRequest, model: ModelSpec,
-            hardware: HardwareSpec) -> tuple[Fixes | None, EstimateResult | None, HostOption | None]:
-    """What suggest needs beside its main search: the hardware fixes when no candidate fits (None
-    when a probe scan finds one that does, which stops there: milliseconds), the adapter line's
-    plan (``_adapter_plan``, exact values first; None when the line is not asked for), and the
-    host RAM at which an exact plan fits when none does with the host RAM asked (None when one
-    does, found by a probe scan that stops at the first: milliseconds)."""
-    found = hardware_fixes(request, model, hardware)
+@dataclass
+class Beside:
+    """What suggest needs beside its main search, each part computed in its own child (two
+    processes: when nothing fits, the fixes' probes take about as long as the other two parts and
+    the main search together; when a candidate fits, a probe scan finds it in milliseconds).
+    ``fixes``: the hardware fixes when no candidate fits (``hardware_fixes``; None when a probe
+    scan finds one that does). ``lines``: the adapter line's plan and the exact plan's host RAM
+    (``_lines``)."""
+
+    fixes: Forked
+    lines: Forked
+
+    def close(self) -> None:
+        self.fixes.close()
+        self.lines.close()
+
+
+def _lines(request: SuggestRequest, model: ModelSpec,
+           hardware: HardwareSpec) -> tuple[EstimateResult | None, HostOption | None]:
+    """The adapter line's plan (``_adapter_plan``, exact values first; None when the line is not
+    asked for), and the host RAM at which an exact plan fits when none does with the host RAM
+    asked (None when one does, found by a probe scan that stops at the first: milliseconds)."""
     adapter = _adapter_plan(request, model, hardware, True) if _hint_asked(request) else None
     exact_host = exact_host_option(request, model) if request.numerics != NumericsPolicy.ANY else None
-    return found, adapter, exact_host
+    return adapter, exact_host
 
 
 def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,
-             seq_given: bool, beside: Forked) -> SuggestResult:
+             seq_given: bool, beside: Beside) -> SuggestResult:
     outcome = _search(request, model, hardware, space, _main_workers(request, hardware))
     ranking = _rank(request, outcome)
     plans = _with_room(request, model, hardware, space, outcome, ranking)
@@ -76,7 +92,7 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
     elif not plans:
         misses = distinct(searched(outcome, outcome.nearest))
         nearest = [_result(request, model, hardware, outcome, c.item) for c in misses]
-        verdict = explain(request, model, hardware, outcome, nearest, beside.result()[0])
+        verdict = explain(request, model, hardware, outcome, nearest, beside.fixes.result())
         hw_suggestions = verdict.suggestions
     return SuggestResult(
         plans=plans,
@@ -102,8 +118,8 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
            + [f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
         training=_training(request, plans[0], request.tokens) if plans and request.tokens else None,
         needs_bytes=verdict.needs_bytes if verdict else None,
-        adapter_option=_option(beside.result()[1], plans[0] if plans else None) if _hint_asked(request) else None,
-        exact_host=beside.result()[2] if (plans and not ranking.exact_fits) or (not plans and ranking.least) else None,
+        adapter_option=_option(beside.lines.result()[0], plans[0] if plans else None) if _hint_asked(request) else None,
+        exact_host=beside.lines.result()[1] if (plans and not ranking.exact_fits) or (not plans and ranking.least) else None,
     )
 
 
