@@ -18,17 +18,19 @@ field in Python). The flag's default is ``store_path()``: ``$PLANNER_CALIBRATION
 when unset). Nothing below the command line reads the environment.
 """
 
-import hashlib
 import json
 import os
-import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ConfigDict, Field
 
 from planner.core.errors import PlannerInputError
 from planner.core.record import Record
 from planner.core.specs import Calibration, GpuSpec, HostRateSpec
+
+if TYPE_CHECKING:
+    import sqlite3
 
 ENV = "PLANNER_CALIBRATION"
 #: How a rate's source starts when a calibration store's corrections supplied it.
@@ -135,6 +137,8 @@ def architecture_key(config_json: dict, layers: int | None) -> str:
 
 
 def _digest(value: object) -> str:
+    import hashlib  # on first use: a plain suggest reads no store and hashes nothing
+
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -155,9 +159,11 @@ class CalibrationStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
-    def _connect(self, write: bool) -> sqlite3.Connection:
+    def _connect(self, write: bool) -> "sqlite3.Connection":
         """A connection; writing creates the file and its tables, reading never writes (the
         store may be read-only, or shared)."""
+        import sqlite3  # on first use: a plain suggest finds no store file and opens none
+
         try:
             if write:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,6 +184,8 @@ class CalibrationStore:
         if not self.path.is_file():
             return []
         con = self._connect(write=False)
+        import sqlite3  # imported by _connect
+
         try:
             return con.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:  # (OperationalError, and "file is not a database")
@@ -189,6 +197,8 @@ class CalibrationStore:
 
     def _write(self, sql: str, args: tuple) -> None:
         con = self._connect(write=True)
+        import sqlite3  # imported by _connect
+
         try:
             with con:
                 con.execute(sql, args)

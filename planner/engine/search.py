@@ -28,12 +28,10 @@ import heapq
 import os
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from math import prod
-from multiprocessing import get_context
 
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.engine.estimate import Evaluation, Shared, evaluate, size_free_key, time_evaluation
@@ -330,6 +328,9 @@ def exhaustive(space: SearchSpace, evaluate: Evaluate, workers: int | None = Non
     if workers > 1:
         _JOB = (space, evaluate, refusals, cut, sizing)
         try:
+            from concurrent.futures import ProcessPoolExecutor  # only a parallel search needs it
+            from multiprocessing import get_context
+
             with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
                 parts = list(pool.map(_scan_share, range(workers), [workers] * workers))
         finally:
