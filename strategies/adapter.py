@@ -281,25 +281,38 @@ def dora_norm_bytes(shape: tuple[int, ...], adapter_bytes: int, compute_bytes: i
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
-    """The adapters' own matmuls (forward and backward), QLoRA's dequantization of every NF4
+    """The adapters' own matmuls (forward and backward), the memory traffic of peft's LoRA path
+    around them (planner.cost.adapters ``adapter_path_traffic``), QLoRA's dequantization of every NF4
     weight per pass (read 0.5 B + scales, write c B per element; backward dequantizes again), and
     DoRA's weight norms (B A and W + s B A per wrapped weight per forward)."""
     spec, m = ctx.layout.adapter, ctx.model
     if spec is None:
         return
+    lay = ctx.layout
+    c = lay.dtypes.compute
+    cast = adapters.casts_adapter_input(spec, lay.weight_bytes, c)
     full = adapters.adapter_matmul_flops_per_token(m, spec.targets, spec.rank)
     base = 2 * compute.matmul_flops_per_token(m)  # the frozen forward and input gradients (precision's rows)
-    rate = rates.matmul_rate(ctx, ctx.layout.compute_dtype)
+    # fp32 adapters without autocast multiply in fp32: torch's default matmul precision ("highest")
+    # runs them on the fp32 units, not as TF32
+    dtype = "fp32" if cast and not lay.autocast else lay.compute_dtype
+    rate = rates.matmul_rate(ctx, dtype)
     adapter = max(0.0, full - base) * rates.tokens(ctx) / rate
-    draft.compute("matmul", f"adapter matmuls ({ctx.config.adapter} r{spec.rank})", adapter / 3, Window.FORWARD,
-                  note="2 r (in + out) FLOPs per wrapped weight per token")
+    draft.compute("matmul", f"adapter matmuls ({ctx.config.adapter} r{spec.rank}, {dtype})", adapter / 3,
+                  Window.FORWARD, note="2 r (in + out) FLOPs per wrapped weight per token")
     draft.compute("matmul", "adapter matmuls, backward", 2 * adapter / 3, Window.BACKWARD,
                   note="A and B weight and input gradients")
-    c = ctx.layout.dtypes.compute
+    path = adapters.adapter_path_traffic(m, spec.targets, c, lay.weight_bytes, cast, lay.autocast, spec.dropout)
+    per_layer = rates.tokens(ctx) * m.num_layers / rates.bandwidth(ctx)
+    recompute = ctx.config.checkpointing == "full"
+    draft.compute("elementwise", "LoRA path: casts, dropout, scaling, sum (forward)", path.forward * per_layer,
+                  Window.FORWARD, note="memory bound, per wrapped module")
+    draft.compute("elementwise", "LoRA path, backward" + (" and recompute" if recompute else ""),
+                  (path.backward + recompute * path.forward) * per_layer, Window.BACKWARD,
+                  note="memory bound, per wrapped module")
     if spec.nf4:
         elements = sum(t.numel for t in adapters.layer_quantized(m)) * m.num_layers
         once = elements * (0.5 + c) / rates.bandwidth(ctx)
-        recompute = ctx.config.checkpointing == "full"
         draft.compute("elementwise", "QLoRA dequantization (forward)", once, Window.FORWARD)
         draft.compute("elementwise", "QLoRA dequantization (backward" + (", recompute)" if recompute else ")"),
                       once * (2 if recompute else 1), Window.BACKWARD)

@@ -5,7 +5,7 @@ real tensors."""
 import pytest
 
 from planner.catalog.models import catalog, resolve_model
-from planner.cost import adapters, params
+from planner.cost import activations, adapters, params
 from planner.strategies.adapter import target_modules
 
 from helpers import covering
@@ -355,3 +355,71 @@ def test_lora_layer_activations_equal_a_real_peft_layer(saved_tiny, family, atte
             model = sum(v * (cpu_mask if n.endswith("dropout mask") else 1) for n, v in saved)
             traced = layer_saved_per_token(path, family, attention, mode, (targets, dropout))
             assert traced - full == model - model_full, (targets, dropout)
+
+
+def _lora_path_bytes(d_in: int, d_out: int, mode: str, dropout: float, tokens: int = 64,
+                     rank: int = 8) -> tuple[float, float]:
+    """(forward, backward) bytes per token that the aten operations of peft's LoRA path around a
+    real wrapped ``nn.Linear`` read and write, as CUDA runs them: every token-wide tensor (first
+    dimension the tokens, or last for a transposed one) an operation reads or writes, less views,
+    allocations, the base matmuls (those with the frozen weight) and the gradient seed. The CPU
+    decomposes dropout into ``bernoulli_`` and a multiply by an fp mask; CUDA's ``native_dropout``
+    reads the input and writes the output and a 1-byte mask, so the mask is counted at 1 byte and
+    its making not at all."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    dtype, mixed, fp32 = SAVED_MODES[mode]
+    skip = {"t", "detach", "view", "_unsafe_view", "empty_like", "ones_like", "bernoulli_", "div_", "transpose",
+            "expand", "alias"}
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.bytes, self.masks, self.done = 0, set(), False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if name in ("bernoulli_", "div_"):
+                self.masks.add(args[0].untyped_storage().data_ptr())
+            ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            if name in skip or (name == "mm" and any(t.shape in ((d_out, d_in), (d_in, d_out)) for t in ins)):
+                return out
+            for t, read in [(t, True) for t in ins] + [(t, False) for t in outs]:
+                if tokens in (t.shape[0], t.shape[-1]) and rank not in t.shape:
+                    mask = read and t.untyped_storage().data_ptr() in self.masks
+                    self.bytes += t.numel() * (activations.DROPOUT_MASK_BYTES if mask else t.element_size())
+            if self.done:  # the backward has read the mask: its block may hold another tensor next
+                self.masks -= {t.untyped_storage().data_ptr() for t in ins}
+            return out
+
+    base = torch.nn.Sequential(torch.nn.Linear(d_in, d_out, bias=False)).to(getattr(torch, dtype))
+    model = peft.get_peft_model(base, peft.LoraConfig(r=rank, lora_alpha=16, lora_dropout=dropout,
+                                                      target_modules=["0"]), autocast_adapter_dtype=fp32)
+    model.train()
+    x = torch.randn(tokens, d_in, dtype=getattr(torch, dtype), requires_grad=True)
+    forward, backward = Count(), Count()
+    with forward, torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+        y = model(x)
+    seed = torch.ones_like(y)
+    backward.masks, backward.done = forward.masks, True
+    with backward:
+        y.backward(seed)
+    return forward.bytes / tokens, backward.bytes / tokens
+
+
+@pytest.mark.parametrize("mode, dropout", covering(["bf16-mixed", "bf16-pure", "bf16-pure-fp32-adapters"], [0.0, 0.1]))
+def test_lora_path_traffic_is_what_peft_runs(mode, dropout):
+    """planner.cost.adapters.lora_module_traffic against the aten operations of peft's LoRA layer
+    (input and output widths differ, so a swapped term shows), in each precision's adapter
+    dtype: fp32 adapters under bf16 autocast, 16-bit adapters and fp32 adapters under bf16-pure."""
+    d_in, d_out = 96, 160
+    dtype, mixed, fp32 = SAVED_MODES[mode]
+    c = 2
+    adapter_bytes = 4 if fp32 else c
+    cast = adapter_bytes != c
+    want = adapters.lora_module_traffic(d_in, d_out, c, adapter_bytes, cast, mixed, dropout)
+    forward, backward = _lora_path_bytes(d_in, d_out, mode, dropout)
+    assert (forward, backward) == (want.forward, want.backward)

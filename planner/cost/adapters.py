@@ -472,6 +472,73 @@ def casts_adapter_input(spec: AdapterSpec, adapter_bytes: int, compute_bytes: in
     return adapter_bytes != compute_bytes and not (spec.nf4 or spec.int8)
 
 
+@dataclass(frozen=True)
+class PathTraffic:
+    """Bytes per token the LoRA path moves through memory outside its matmuls' arithmetic,
+    forward and backward (``lora_module_traffic``, ``adapter_path_traffic``)."""
+
+    forward: float
+    backward: float
+
+
+def lora_module_traffic(d_in: int, d_out: int, compute_bytes: int, adapter_bytes: int, cast: bool,
+                        autocast: bool, dropout: float) -> PathTraffic:
+    """Memory traffic of peft's LoRA path around one wrapped matmul, bytes per token, forward and
+    backward: every tensor of a token's width an element-wise kernel reads or writes, and the
+    activations the adapter matmuls read or write (their weights and the rank-wide tensors, ``r``
+    elements a token, are left out; so is the base matmul, the frozen model's own). Unit: bytes
+    per token; assumption: each kernel reads and writes its tensors once (eager PyTorch, no
+    fusion), dropout is CUDA's fused ``native_dropout`` (read x; write the output and a 1-byte
+    mask) and its backward reads the gradient and the mask.
+
+    Source: peft 0.13-0.21 ``tuners/lora/layer.py`` ``Linear.forward``: ``result = base(x)``;
+    ``x = x.to(A's dtype)`` (a copy where fp32 adapters sit over 16-bit activations: ``cast``);
+    ``result = result + B(A(dropout(x))) * scaling``; ``result.to(result's dtype)``. With c the
+    activations' bytes and a the adapter input's (the adapters' own where cast, else c); under
+    autocast the cast input is cast back to c for A and B writes c; without autocast B writes the
+    adapters' dtype, which the sum promotes, then casts back:
+    - forward: cast (read c, write a) d_in; dropout (read a, write a + mask) d_in; autocast's
+      recast (read a, write c) d_in; A reads its input d_in; B writes d_out; scaling reads and
+      writes d_out; the sum reads both outputs and writes the wider; where promoted, the cast
+      back reads and writes d_out;
+    - backward: the promotion's two gradient casts d_out; scaling d_out; B's weight and input
+      gradients each read the output gradient d_out; A's weight gradient reads its input and its
+      input gradient writes one, d_in; the recast, dropout and cast mirrored, d_in; and the
+      input's two gradients (the base matmul's and the adapter's) summed: read 2, write 1, d_in.
+    The bitsandbytes layers (QLoRA, lora-int8) cast only without autocast, where the adapters are
+    in the activations' dtype: there ``cast`` is False (``casts_adapter_input``). Counted against
+    the aten operations of a real peft layer on the CPU (tests/test_adapters.py)."""
+    c = compute_bytes
+    a = adapter_bytes if cast else c
+    recast = cast and autocast
+    mm_in = c if (recast or not cast) else a  # what A reads
+    q = a if (cast and not autocast) else c  # what B writes
+    wide = max(c, q)
+    drop = dropout > 0
+    mask = activations.DROPOUT_MASK_BYTES
+    fwd_in = cast * (c + a) + drop * (2 * a + mask) + recast * (a + c) + mm_in
+    fwd_out = q + 2 * q + (c + q + wide) + (q != c) * (wide + c)
+    bwd_in = 2 * mm_in + recast * (c + a) + drop * (2 * a + mask) + cast * (a + c) + 3 * c
+    bwd_out = (q != c) * 2 * (c + q) + 2 * q + 2 * q
+    return PathTraffic(fwd_in * d_in + fwd_out * d_out, bwd_in * d_in + bwd_out * d_out)
+
+
+@cache
+def adapter_path_traffic(m: ModelSpec, targets: str, compute_bytes: int, adapter_bytes: int, cast: bool,
+                         autocast: bool, dropout: float) -> PathTraffic:
+    """``lora_module_traffic`` summed over one decoder layer's wrapped matmuls (a MoE's folded
+    expert and router adapters, added to their weights, have no such path), bytes per token."""
+    forward = backward = 0.0
+    for t in wrapped(m, targets):
+        if folded(t):
+            continue
+        d_out, d_in = t.shape
+        one = lora_module_traffic(d_in, d_out, compute_bytes, adapter_bytes, cast, autocast, dropout)
+        forward += one.forward
+        backward += one.backward
+    return PathTraffic(forward, backward)
+
+
 def adapter_backward_transient_bytes(m: ModelSpec, targets: str, adapter_bytes: int, compute_bytes: int) -> float:
     """Gradient temporaries an adapter adds while a layer runs backward, bytes per token: where
     peft casts the adapter's input to the adapters' dtype (fp32 adapters under autocast), the
