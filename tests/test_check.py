@@ -233,7 +233,7 @@ TREES = st.recursive(SCALARS, lambda kids: st.lists(kids, max_size=3) | st.dicti
                      max_leaves=12)
 
 
-@settings(max_examples=examples(2500))
+@settings(max_examples=examples(2500, 150))
 @given(content=st.one_of(TREES.map(lambda t: ("json", json.dumps(t, allow_nan=True))),
                          TREES.map(lambda t: ("yaml", yaml.safe_dump(t))),
                          st.text(max_size=200).map(lambda t: ("yaml", t)),
