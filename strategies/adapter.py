@@ -282,7 +282,8 @@ def dora_norm_bytes(shape: tuple[int, ...], adapter_bytes: int, compute_bytes: i
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """The adapters' own matmuls (forward and backward), the memory traffic of peft's LoRA path
-    around them (planner.cost.adapters ``adapter_path_traffic``), QLoRA's dequantization of every NF4
+    around them (planner.cost.adapters ``adapter_path_traffic``; DoRA takes LoRA's, less its own
+    few passes over each output, which are not counted), QLoRA's dequantization of every NF4
     weight per pass (read 0.5 B + scales, write c B per element; backward dequantizes again), and
     DoRA's weight norms (B A and W + s B A per wrapped weight per forward)."""
     spec, m = ctx.layout.adapter, ctx.model
