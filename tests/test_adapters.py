@@ -416,7 +416,7 @@ def test_lora_path_traffic_is_what_peft_runs(mode, dropout):
     (input and output widths differ, so a swapped term shows), in each precision's adapter
     dtype: fp32 adapters under bf16 autocast, 16-bit adapters and fp32 adapters under bf16-pure."""
     d_in, d_out = 96, 160
-    dtype, mixed, fp32 = SAVED_MODES[mode]
+    _, mixed, fp32 = SAVED_MODES[mode]
     c = 2
     adapter_bytes = 4 if fp32 else c
     cast = adapter_bytes != c

@@ -183,9 +183,9 @@ class CalibrationStore:
         """Rows of a query; none when the store has no such table yet."""
         if not self.path.is_file():
             return []
-        con = self._connect(write=False)
-        import sqlite3  # imported by _connect
+        import sqlite3  # on first use, as in _connect
 
+        con = self._connect(write=False)
         try:
             return con.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:  # (OperationalError, and "file is not a database")
@@ -196,9 +196,9 @@ class CalibrationStore:
             con.close()
 
     def _write(self, sql: str, args: tuple) -> None:
-        con = self._connect(write=True)
-        import sqlite3  # imported by _connect
+        import sqlite3  # on first use, as in _connect
 
+        con = self._connect(write=True)
         try:
             with con:
                 con.execute(sql, args)
