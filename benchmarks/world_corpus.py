@@ -191,7 +191,9 @@ def request(case: dict) -> Mapped:
             out.fields["lora_targets"] = "all-linear"
         else:
             wanted = {t.strip().removesuffix("_proj") for t in targets.replace(";", ",").split(",") if t.strip()}
-            if wanted <= {"q", "k", "v", "o"}:
+            if wanted == {"q", "v"}:
+                out.fields["lora_targets"] = "qv"
+            elif wanted <= {"q", "k", "v", "o"}:
                 out.fields["lora_targets"] = "attention"
                 if wanted != {"q", "k", "v", "o"}:
                     # each wrapped matmul with its own input copy (dropout, or fp32 adapters' cast) holds

@@ -300,7 +300,9 @@ TRACED = [("Qwen/Qwen2.5-0.5B", dict(adapter="lora", checkpointing="none"), 1, T
           ("meta-llama/Llama-3.2-1B", dict(adapter="qlora", checkpointing="full"), 1, True),
           ("openai-community/gpt2", dict(adapter="dora", lora_targets="attention", precision="bf16-pure"), 1, False),
           ("openai-community/gpt2", dict(adapter="lora", sharding="fsdp"), 2, False),
-          ("Qwen/Qwen2.5-0.5B", dict(adapter="dora", lora_targets="attention", sharding="fsdp-grad-op"), 2, True)]
+          ("Qwen/Qwen2.5-0.5B", dict(adapter="dora", lora_targets="attention", sharding="fsdp-grad-op"), 2, True),
+          ("meta-llama/Llama-3.2-1B", dict(adapter="lora", lora_targets="qv", precision="bf16-pure",
+                                           adapter_dtype="fp32"), 1, False)]
 
 
 def test_adapter_plans_against_the_traced_peft_model():

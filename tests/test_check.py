@@ -638,3 +638,19 @@ def test_trl_lora_without_a_load_dtype_may_load_an_fp32_base(tmp_path, monkeypat
     if said:
         assert "lower bound" in said[0] and r.estimate.config.adapter in ("lora", "qlora")
         assert ("TRL from 0.27" in said[0]) is (trl is None), said
+
+
+@pytest.mark.parametrize("modules, note", [(None, True), (["q_proj", "v_proj"], False), (["v_proj", "q_proj"], False)])
+def test_trl_lora_targets_q_and_v_are_planned_as_qv(tmp_path, modules, note):
+    """A TRL recipe's ``lora_target_modules``: q_proj and v_proj are the ``qv`` set; none at all is
+    peft's per-architecture default, q_proj and v_proj on Llama (peft
+    ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``), also ``qv``, with a note that says so.
+    The plan trains peft's count for those two projections: 3,407,872 on Llama-3-8B at r 8, the
+    figure peft's ``print_trainable_parameters`` prints for its default targets."""
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "max_length": 2048, "use_peft": True,
+                                "lora_r": 8} | ({"lora_target_modules": modules} if modules else {})))
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
+    assert r.estimate.config.lora_targets == "qv"
+    assert any("peft's default" in w for w in r.warnings) is note, r.warnings
+    assert r.estimate.model.num_trainable_parameters == 3_407_872

@@ -30,7 +30,9 @@ def test_what_the_vocabulary_cannot_say_is_refused_with_the_reason():
     assert "neither all-linear nor attention" in world_corpus.request(base | {"lora": {"targets": "q_proj,up_proj"}}).refused
     assert "not in planner's vocabulary" in world_corpus.request(base | {"optimizer": "sophia"}).refused
     assert "prepare_model_for_kbit_training" in world_corpus.request(base | {"kbit_prepared": True}).refused
-    attention = world_corpus.request(base | {"lora": {"targets": "q_proj,v_proj", "rank": 8}})
+    qv = world_corpus.request(base | {"lora": {"targets": "v_proj,q_proj", "rank": 8}})
+    assert qv.fields["lora_targets"] == "qv" and not any("lora targets" in a for a in qv.assumed)
+    attention = world_corpus.request(base | {"lora": {"targets": "q_proj,k_proj,v_proj", "rank": 8}})
     assert attention.fields["lora_targets"] == "attention" and any("as attention" in a for a in attention.assumed)
 
 

@@ -17,17 +17,22 @@ from math import ceil, prod
 from planner.core.specs import MlpKind, ModelSpec
 from planner.cost import activations, compute, params
 
-#: The target sets (``--lora-targets``): every decoder-layer matmul, or the attention's only.
+#: The target sets (``--lora-targets``): every decoder-layer matmul, the attention's only, or its
+#: query and value projections only (peft's own default ``target_modules`` for the Llama, Mistral,
+#: Mixtral, Qwen2/3, Gemma and StarCoder2 families: ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``).
 ALL_LINEAR = "all-linear"
 ATTENTION = "attention"
-TARGETS = (ALL_LINEAR, ATTENTION)
+QV = "qv"
+TARGETS = (ALL_LINEAR, ATTENTION, QV)
+#: The weights the ``qv`` set wraps, by their names in ``params.layer_matmuls``.
+QV_WEIGHTS = ("self_attn.q_proj.weight", "self_attn.v_proj.weight")
 
 
 @dataclass(frozen=True)
 class AdapterSpec:
     """The adapter a plan trains on its frozen base (the plan layout's ``adapter``)."""
 
-    targets: str  # ALL_LINEAR or ATTENTION
+    targets: str  # one of TARGETS
     rank: int
     dropout: float
     dora: bool = False  # DoRA: a magnitude vector per wrapped weight
@@ -57,13 +62,25 @@ def wrapped(m: ModelSpec, targets: str) -> tuple[params.ParamTensor, ...]:
       ``gate.weight``).
     - ``attention``: the attention's projections (q, k, v and the output; Phi-3's and GPT-2's
       fused qkv).
+    - ``qv``: the query and value projections (``q_proj``, ``v_proj``). A model that fuses q, k and
+      v into one matmul has no such pair (``supports``; the check refuses the set there): its fused
+      qkv stands in, so that a refused plan's figures can still be shown.
     Embeddings, norms and the head are never wrapped."""
     if targets not in TARGETS:
         raise ValueError(f"lora targets {targets!r}: one of {', '.join(TARGETS)}")
     matmuls = params.layer_matmuls(m)
     if targets == ATTENTION:
         return tuple(t for t in matmuls if t.name.startswith("self_attn."))
+    if targets == QV:
+        names = QV_WEIGHTS if supports(m, QV) else ("self_attn.qkv_proj.weight",)
+        return tuple(t for t in matmuls if t.name in names)
     return matmuls
+
+
+def supports(m: ModelSpec, targets: str) -> bool:
+    """Whether ``m`` has the weights of the target set: every model has its linears and its
+    attention projections; only models with separate query and value projections have ``qv``."""
+    return targets != QV or {t.name for t in params.layer_matmuls(m)} >= set(QV_WEIGHTS)
 
 
 def lora_rank(m: ModelSpec, t: params.ParamTensor, rank: int) -> int:

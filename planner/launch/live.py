@@ -185,7 +185,8 @@ def _adapter(model) -> dict:
     four_bit = any(type(m).__name__ == "Linear4bit" for m in model.modules())
     eight_bit = any(type(m).__name__ == "Linear8bitLt" for m in model.modules())
     kind = "dora" if lora.use_dora else "qlora" if four_bit else "lora-int8" if eight_bit else "lora"
-    targets = "attention" if all(".attn." in n or ".self_attn." in n for n in wrapped) else "all-linear"
+    targets = ("qv" if wrapped and all(n.endswith((".q_proj", ".v_proj")) for n in wrapped)
+               else "attention" if all(".attn." in n or ".self_attn." in n for n in wrapped) else "all-linear")
     # (ZeRO-3 partitions parameters: ds_numel is the whole tensor's)
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
     return {"adapter": kind, "lora_rank": lora.r, "lora_targets": targets, "lora_alpha": lora.lora_alpha,
