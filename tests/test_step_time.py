@@ -117,7 +117,7 @@ def test_offload_pays_host_traffic_and_the_cpu_step():
     assert terms(faster_cpu)["cpu_optimizer_step"] == pytest.approx(partition * 4 / 4e9)
     # the H100's catalog file carries DeepSpeed's step measured beside it (1.72B params/s)
     measured = run(LLAMA, "4xH100-80", sharding="zero2", offload="optimizer", host_memory_gb=1000)
-    assert terms(measured)["cpu_optimizer_step"] == pytest.approx(partition * 4 / 1.72e9)
+    assert terms(measured)["cpu_optimizer_step"] == pytest.approx(partition * 4 / 1.76e9)
     assert terms(r)["offload"] > 0
     assert terms(r)["optimizer_step"] == 0  # states are on the host: no GPU step
     plain = run(LLAMA, "4xA100-80", sharding="zero2", optimizer="adamw-8bit")

@@ -76,11 +76,15 @@ class TimeDraft:
     rows: list[TimeRowDraft] = field(default_factory=list)
     cpu_dispatch_seconds: float = 0.0  # per micro-batch host-side launch time (a floor)
     dispatch_backward_seconds: float = 0.0  # the part of it launched during the backward pass
+    dispatch_parts: list[str] = field(default_factory=list)  # host work in the floor beyond the launches
 
-    def dispatch(self, forward: float, backward: float) -> None:
-        """Host-side launch time per micro-batch, seconds, in the forward and the backward pass."""
+    def dispatch(self, forward: float, backward: float, what: str = "") -> None:
+        """Host-side launch time per micro-batch, seconds, in the forward and the backward pass;
+        ``what``: the host work it is, where it is more than eager PyTorch's kernel launches."""
         self.cpu_dispatch_seconds += forward + backward
         self.dispatch_backward_seconds += backward
+        if what:
+            self.dispatch_parts.append(what)
 
     def compute(self, term: str, label: str, seconds: float, compute_pass: Window, note: str = "") -> None:
         self._add(TimeRowDraft(term, label, seconds, True, Window.NONE, compute_pass, note))
@@ -151,7 +155,8 @@ def resolve(draft: TimeDraft, grad_accum: int) -> list[tuple[TimeRowDraft, float
     idle = sum(max(0.0, launched[w] - computed[w]) for w in launched)
     if idle > 0:
         floor = TimeRowDraft("dispatch", "host-side kernel launch (GPU idle)", draft.cpu_dispatch_seconds, True,
-                             note="eager PyTorch dispatch outpaces the GPU work")
+                             note=" and ".join(["eager PyTorch dispatch", *draft.dispatch_parts])
+                             + " outpace the GPU work")
         out.append((floor, idle * grad_accum, draft.cpu_dispatch_seconds * grad_accum))
     return out
 
