@@ -84,6 +84,7 @@ class GpuFile(Record):
     max_gpus_per_node: int = Field(8, ge=1)
     sm_count: int | None = Field(None, gt=0)  # streaming multiprocessors (the context's local memory)
     driver_reserved_mib: int | None = Field(None, ge=0)  # nvidia-smi's total less CUDA's total
+    peer_access: bool = True  # two GPUs of a node can map each other's memory (CUDA P2P)
     measured_host: _MeasuredHost | None = None
     sources: dict[str, str] = {}
 
@@ -130,6 +131,7 @@ class GpuFile(Record):
             max_gpus_per_node=self.max_gpus_per_node,
             sm_count=self.sm_count,
             driver_reserved_bytes=self.driver_reserved_bytes,
+            peer_access=self.peer_access,
             sources=self.sources,
             efficiency=efficiency(self.id, self.architecture),
             host_rates=self._host_rates(),

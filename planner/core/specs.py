@@ -140,6 +140,7 @@ class GpuSpec(Record):
     max_gpus_per_node: int = Field(ge=1)
     sm_count: int | None = None  # streaming multiprocessors (None: not in its file)
     driver_reserved_bytes: int | None = None  # nvidia-smi's total less CUDA's (None: not in its file)
+    peer_access: bool = True  # two GPUs of a node can map each other's memory (CUDA P2P)
     sources: dict[str, str]
     efficiency: Efficiency
     calibration: Calibration | None = None  # measured corrections in use (None: assumptions only)

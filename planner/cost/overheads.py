@@ -60,10 +60,27 @@ def cuda_context_bytes(gpu: "GpuSpec") -> int:
     return context_bytes(gpu.compute_capability, gpu.sm_count, gpu.driver_reserved_bytes)
 
 
-#: Per GPU when more than one process communicates: NCCL channel buffers
-#: (NCCL_BUFFSIZE 4 MiB per channel and peer) and communicator state. Source: NCCL docs,
-#: environment variables NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS; assumption ~0.5 GiB.
+#: Per GPU when more than one process communicates over NVLink, PCIe peer access or the
+#: network: NCCL's channel buffers in device memory and its communicator state. Each connection
+#: of a channel holds one FIFO per protocol, LL 512 KiB + LL128 4.69 MiB + Simple 4 MiB = 9.19 MiB
+#: (NCCL src/init.cc ``DEFAULT_LL_BUFFSIZE``, ``DEFAULT_LL128_BUFFSIZE``, ``DEFAULT_BUFFSIZE``;
+#: 10 MiB once rounded to cuMem's granularity, the allocations NCCL issue #1685 logs), with a
+#: ring and a tree per channel and up to 32 channels on NVSwitch. Measured there: 1.06 GB outside
+#: PyTorch on each of 8 H100s after a collective, the CUDA context included (issue #1685).
+#: Assumption ~0.5 GiB.
 NCCL_BYTES = GIB // 2
+#: Per GPU where the GPUs of a node cannot map each other's memory (``GpuSpec.peer_access``
+#: False): NCCL's SHM transport keeps every channel FIFO in host shared memory (src/transport/
+#: shm.cc: ``ncclShmOpen``), so the device holds only the communicator's structures and NCCL's
+#: kernels. Assumption: 64 MiB.
+NCCL_SHM_BYTES = 64 * MIB
+
+
+def nccl_bytes(gpu: "GpuSpec", nodes: int) -> int:
+    """NCCL's device memory per GPU of a multi-GPU job, bytes: ``NCCL_SHM_BYTES`` inside one node
+    of GPUs without peer access (the SHM transport), else ``NCCL_BYTES`` (peer-to-peer or network
+    buffers in device memory)."""
+    return NCCL_SHM_BYTES if nodes == 1 and not gpu.peer_access else NCCL_BYTES
 #: The caching allocator's reserved-but-unallocated slack, as a fraction of the allocated peak
 #: (block rounding and segment splitting), beyond the holes and pools the ledger names (the
 #: standard loss's 16-bit logits, strategies/loss.py; the engines' stream pools, strategies/
