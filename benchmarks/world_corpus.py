@@ -205,7 +205,7 @@ def request(case: dict) -> Mapped:
             elif wanted >= {"q", "k", "v", "o", "gate", "up", "down"}:
                 out.fields["lora_targets"] = "all-linear"
             else:
-                out.refused = f"lora targets {targets} are neither all-linear nor attention"
+                out.refused = f"lora targets {targets} are none of all-linear, attention and qv"
                 return out
         if lora.get("dropout") is not None:
             out.fields["lora_dropout"] = float(lora["dropout"])
