@@ -37,11 +37,14 @@ settings.load_profile(HYPOTHESIS_PROFILE)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Outside the full suite, the tests marked ``full`` are deselected (helpers.FULL)."""
+    """Outside the full suite, the tests marked ``full`` are deselected (helpers.FULL). The tests
+    marked ``heavy`` (tens of seconds each) run first, so that two workers end together rather than
+    one waiting while the other runs a long test collected last (the order of the rest is kept)."""
     full = [] if FULL_SUITE else [item for item in items if item.get_closest_marker("full") is not None]
     if full:
         config.hook.pytest_deselected(items=full)
         items[:] = [item for item in items if item.get_closest_marker("full") is None]
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
 
 
 def pytest_report_header(config):

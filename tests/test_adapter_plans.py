@@ -305,6 +305,7 @@ TRACED = [("Qwen/Qwen2.5-0.5B", dict(adapter="lora", checkpointing="none"), 1, T
                                            adapter_dtype="fp32"), 1, False)]
 
 
+@pytest.mark.heavy
 def test_adapter_plans_against_the_traced_peft_model():
     """The peft-wrapped model traced on fake tensors (QLoRA's NF4 bytes computed) against the
     ledger, 2 layers x 2 x 1024 tokens, on one GPU and under FSDP2 at 2 ranks (a fake process

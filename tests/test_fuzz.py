@@ -171,6 +171,7 @@ def _tree(keys):
                         max_leaves=10).map(lambda t: t if isinstance(t, dict) else {keys[0]: t})
 
 
+@pytest.mark.heavy
 @settings(max_examples=examples(8000, ci=650), deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), option=st.sampled_from(sorted(READERS)))
 def test_generated_job_files_end_cleanly(tmp_path_factory, data, option):

@@ -54,6 +54,7 @@ def _selected() -> list:
     return [c for c in CASES if only.case(c.key)]
 
 
+@pytest.mark.heavy
 def test_the_cpu_mode_runs_its_cases_and_the_launch(cpu_run):
     """Every case in the full suite, CI_ONLY in CI: each row ok or skipped for the reason the CPU
     gives, the launch run and checked live, the phases on time, the summary printed last."""

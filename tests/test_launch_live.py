@@ -76,6 +76,7 @@ def tiny_model(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name, gpus, config, processes", CASES)
 def test_launch_runs_the_plan(tmp_path, tmp_path_factory, tiny_model, monkeypatch, name, gpus, config, processes):
     plan = run(TINY, gpus, **(dict(precision="bf16-mixed") | SHAPE | config))

@@ -94,6 +94,7 @@ def emitted_deepspeed(config: dict, world: int) -> dict:
     pytest.param({"adapter": "qlora", "checkpointing": "full"}, 1, False, id="qlora"),
     pytest.param({"adapter": "lora", "sharding": "zero3"}, 4, True, id="lora-zero3-fake-4-ranks"),
 ])
+@pytest.mark.heavy
 def test_each_engine_trains_for_real(config, world, deepspeed):
     ds = emitted_deepspeed(config, world) if deepspeed else None
     r = measure(tiny_request(config=config, world_size=world, deepspeed_config=ds), timeout=300)
@@ -147,6 +148,7 @@ def test_a_dying_child_is_recorded():
     assert "died" in outcome.describe()
 
 
+@pytest.mark.heavy
 def test_measure_plan_compares_and_stores(tmp_path):
     from planner.probes.measured_command import measure_plan
 
@@ -175,6 +177,7 @@ def test_a_run_under_another_allocator_is_not_stored(tmp_path):
     assert not (tmp_path / "cal.sqlite").exists()
 
 
+@pytest.mark.heavy
 def test_extrapolation_from_two_depths_matches_full_depth():
     """The two-depth method on exact figures: traced phase peaks of Llama-3.2-1B at 2 and 4 layers,
     extrapolated to 8, against the trace at 8 layers (to 0.5 %)."""

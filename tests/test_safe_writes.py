@@ -328,6 +328,7 @@ def test_custom_gpu_files_work_in_every_gpus_position(tmp_path, monkeypatch):
         assert Path("again", name).read_text() == Path("out-1", name).read_text()
 
 
+@pytest.mark.heavy
 def test_probe_and_tune_take_a_custom_gpu_file_and_tune_never_writes_through_a_link(tmp_path, monkeypatch):
     """The rest of the commands with --gpus: a traced probe and a tune (analytic, two trials) on a
     GPU file; tune's default study file planted as a symlink is refused (exit 2), its target kept."""

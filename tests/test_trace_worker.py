@@ -45,6 +45,7 @@ def _bytes(result) -> dict:
     return result.model_dump(exclude={"seconds"})
 
 
+@pytest.mark.heavy
 def test_a_reused_child_answers_as_fresh_children_do():
     plans = [_request(QWEN), _request(SMOL, checkpointing="full", adapter="lora")]
     fresh = [trace_many([p], timeout=600)[0] for p in plans]  # one child each

@@ -56,6 +56,7 @@ def test_model_states_match_to_the_byte(precision):
     assert any("CPU" in note for note in c.notes)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("precision, vocab", [  # CI: the in-place accumulation at a small vocabulary
     pytest.param("bf16-mixed", 8192, id="bf16-mixed-vocab-8192"),
     pytest.param("bf16-pure", 8192, id="bf16-pure-vocab-8192", marks=FULL),
@@ -120,6 +121,7 @@ def test_the_subset_covers_every_pair_of_the_matrix():
     assert all({r[f] for r in quick} == {r[f] for r in full} for f in FACTORS) and len(quick) < len(rows)
 
 
+@pytest.mark.heavy
 def test_matrix_subset_meets_the_safety_target():
     """For every plan of the subset (one test, so its traces are made once, on one xdist worker):
     parameters, gradients and optimizer states to the byte; one layer's activations (the difference
@@ -180,6 +182,7 @@ def probe_cli(*args):
     return r.exit_code, (json.loads(r.stdout) if "--json" in args and r.exit_code in (0, 1) else r.output)
 
 
+@pytest.mark.heavy
 def test_probe_cli_exit_codes():
     """0: analytic and traced agree (JSON with every term and the traced phases); 2: bad input with a
     hint; 3: the probe's child process failed (here: its timeout)."""
@@ -316,6 +319,7 @@ def test_starcoder2s_embedding_dropout_mask_is_the_traced_one():
         assert with_mask.traced - without.traced == with_mask.analytic - without.analytic > 0, term
 
 
+@pytest.mark.heavy
 def test_every_optimizer_kind_agrees_with_its_trace():
     """Every optimizer value, traced: states the optimizer cannot hold on fake tensors
     (bitsandbytes, torchao, Adam-mini) are computed from its own state rule and held through

@@ -134,6 +134,7 @@ def _probing_now(db: Path) -> bool:
     return states.get("COMPLETE", 0) >= 1 and beating >= 1
 
 
+@pytest.mark.heavy
 def test_killed_tune_resumes_without_losing_or_repeating_a_trial(tmp_path):
     db = tmp_path / "study.db"
     url = f"sqlite:///{db}"
@@ -204,6 +205,7 @@ def _ask_queued(url: str, start: float, n: int, q) -> None:
     q.put(got)
 
 
+@pytest.mark.heavy
 def test_concurrent_workers_never_take_the_same_queued_trial(tmp_path):
     """Optuna's hand-out of a WAITING trial is not atomic on SQLite (optuna/optuna#4621): without
     BEGIN IMMEDIATE (tune._serialise_sqlite) six workers asking 60 queued trials took 7-9 twice."""
