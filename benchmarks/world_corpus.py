@@ -193,6 +193,8 @@ def request(case: dict) -> Mapped:
             wanted = {t.strip().removesuffix("_proj") for t in targets.replace(";", ",").split(",") if t.strip()}
             if wanted == {"q", "v"}:
                 out.fields["lora_targets"] = "qv"
+            elif wanted == {"gate", "up", "down"}:
+                out.fields["lora_targets"] = "mlp"
             elif wanted <= {"q", "k", "v", "o"}:
                 out.fields["lora_targets"] = "attention"
                 if wanted != {"q", "k", "v", "o"}:
@@ -205,7 +207,7 @@ def request(case: dict) -> Mapped:
             elif wanted >= {"q", "k", "v", "o", "gate", "up", "down"}:
                 out.fields["lora_targets"] = "all-linear"
             else:
-                out.refused = f"lora targets {targets} are none of all-linear, attention and qv"
+                out.refused = f"lora targets {targets} are none of all-linear, attention, qv and mlp"
                 return out
         if lora.get("dropout") is not None:
             out.fields["lora_dropout"] = float(lora["dropout"])

@@ -97,6 +97,7 @@ class LoraTargets(StrEnum):
     ALL_LINEAR = adapters.ALL_LINEAR
     ATTENTION = adapters.ATTENTION
     QV = adapters.QV
+    MLP = adapters.MLP
 
 
 class AdapterDtype(StrEnum):
@@ -113,8 +114,8 @@ class AdapterDtype(StrEnum):
 SETTINGS = (
     Setting("lora_rank", int, 16, "LoRA rank r of every adapter", ge=1, le=4096),
     Setting("lora_targets", LoraTargets, LoraTargets.ALL_LINEAR,
-            "the weights LoRA wraps: all-linear (every decoder-layer linear), attention (q, k, v, o) or qv "
-            "(q and v: peft's default on Llama, Mistral, Qwen and Gemma)"),
+            "the weights LoRA wraps: all-linear (every decoder-layer linear), attention (q, k, v, o), qv "
+            "(q and v: peft's default on Llama, Mistral, Qwen and Gemma) or mlp (the MLP's projections)"),
     Setting("lora_alpha", int, 32, "LoRA alpha: the update is scaled by alpha / r", ge=1, le=1_000_000),
     Setting("lora_dropout", float, 0.05, "dropout on each adapter's input (0: none, and less memory)", ge=0.0, le=0.9),
     Setting("adapter_dtype", AdapterDtype, AdapterDtype.AUTO,
@@ -202,7 +203,7 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("adapter on a MoE model",
                    f"{a} on {m.id}: adapters on MoE experts (peft's ParamWrapper) are not modelled yet; "
                    "fine-tune it in full, or pick a dense model")
-    if not adapters.supports(m, str(cfg.lora_targets)):
+    if not adapters.supports(m, str(cfg.lora_targets)) and cfg.lora_targets == LoraTargets.QV:
         out.reject("lora targets qv on a fused qkv",
                    f"lora targets qv on {m.id}: its q, k and v are one matmul ({FUSED_QKV.get(m.family, 'qkv_proj')}), "
                    "which peft wraps whole; use lora targets attention (the fused qkv and the output) or all-linear")
@@ -358,11 +359,17 @@ LLAMA_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 QV_MODULES = ["q_proj", "v_proj"]
 #: The fused q, k and v projection's module name, per family that has one.
 FUSED_QKV = {"gpt2": "attn.c_attn", "phi3": "qkv_proj"}
+#: The MLP projections' module names per family (peft target_modules for the ``mlp`` set).
+MLP_MODULES = {"gpt2": ["mlp.c_fc", "mlp.c_proj"], "starcoder2": ["mlp.c_fc", "mlp.c_proj"],
+               "phi3": ["gate_up_proj", "down_proj"]}
+LLAMA_MLP = ["gate_proj", "up_proj", "down_proj"]
 
 
 def target_modules(targets: str, family: str):
     if targets == adapters.ALL_LINEAR:
         return "all-linear"
+    if targets == adapters.MLP:
+        return list(MLP_MODULES.get(family, LLAMA_MLP))
     return list(QV_MODULES) if targets == adapters.QV else ATTENTION_MODULES.get(family, LLAMA_ATTENTION)
 
 
@@ -416,7 +423,7 @@ ALL_LINEAR_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_pr
 def targets_of(modules) -> tuple[LoraTargets, str | None]:
     """The target set a peft ``target_modules`` value means, and a note when it is only modelled
     as one: "all-linear", or a list naming every projection, is all-linear; q_proj and v_proj are
-    qv, and none at all is peft's per-architecture default, q_proj and v_proj on the Llama,
+    qv, gate_proj, up_proj and down_proj mlp, and none at all is peft's per-architecture default, q_proj and v_proj on the Llama,
     Mistral, Qwen and Gemma families (a fused-qkv model is then refused by the check); any other
     list is modelled as attention."""
     if modules == "all-linear" or (isinstance(modules, list) and ALL_LINEAR_MODULES <= set(map(str, modules))):
@@ -425,6 +432,8 @@ def targets_of(modules) -> tuple[LoraTargets, str | None]:
         return LoraTargets.ATTENTION, None
     if isinstance(modules, list) and set(map(str, modules)) == set(QV_MODULES):
         return LoraTargets.QV, None
+    if isinstance(modules, list) and set(map(str, modules)) == set(LLAMA_MLP):
+        return LoraTargets.MLP, None
     if modules is None:
         return LoraTargets.QV, ("none named: peft's default for the architecture, planned as q_proj and v_proj "
                                 "(Llama, Mistral, Qwen, Gemma)")

@@ -269,7 +269,7 @@ def test_bad_settings_are_refused_clearly():
 
     from planner.cli import app
 
-    for args in (["--lora-rank", "0"], ["--lora-targets", "mlp"], ["--lora-dropout", "2"], ["--adapter", "prefix"]):
+    for args in (["--lora-rank", "0"], ["--lora-targets", "embeddings"], ["--lora-dropout", "2"], ["--adapter", "prefix"]):
         r = CliRunner().invoke(app, ["estimate", "--model", LLAMA, "--gpus", "1xA100-40", *args])
         assert r.exit_code == 2 and "Traceback" not in r.output, r.output
 

@@ -45,7 +45,8 @@ def test_llama_3_1_8b_rank_16_all_linear_is_the_published_count():
 @pytest.mark.parametrize("model_id, targets", covering(FAMILY_MODELS, adapters.TARGETS))  # CI: each model once
 def test_trainable_parameters_equal_peft(model_id, targets):
     """LoRA at rank 16 and DoRA at rank 8 (magnitudes included), exactly as peft counts them; where
-    the model has no q_proj and v_proj (a fused qkv), peft finds no ``qv`` target either."""
+    the model has no q_proj and v_proj (a fused qkv), or its MLP is a MoE's router and fused expert
+    parameters, peft finds no ``qv`` or ``mlp`` target module either."""
     spec = resolve_model(model_id)
     if not adapters.supports(spec, targets):
         with pytest.raises(ValueError, match="not found"):
@@ -185,6 +186,8 @@ def test_int8_weights_equal_a_real_8bit_load(tmp_path, family):
 #: (family, target set) pairs a tiny model can carry: a fused qkv (Phi-3, GPT-2) has no q and v pair.
 FLOPS_CELLS = [(f, t) for f in ("llama", "phi3", "gpt2", "starcoder2") for t in adapters.TARGETS
                if not (t == adapters.QV and f in ("phi3", "gpt2"))]
+#: The target sets a MoE model carries (its MLP is a router and fused expert parameters: no ``mlp``).
+MOE_TARGETS = [t for t in adapters.TARGETS if t != adapters.MLP]
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -199,7 +202,7 @@ def test_adapter_step_matmul_flops_equal_torchs_count(tmp_path, family, targets,
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("targets", adapters.TARGETS)
+@pytest.mark.parametrize("targets", MOE_TARGETS)
 def test_moe_step_flops_equal_torchs_count(tmp_path, targets):
     """A tiny Mixtral with LoRA: per-token matmuls (mm) and the folds of the router (mm) and the
     experts (baddbmm forward, bmm for the factors' gradients; no other op runs a bmm here), as

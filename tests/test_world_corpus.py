@@ -27,7 +27,7 @@ def test_what_the_vocabulary_cannot_say_is_refused_with_the_reason():
     base = {"id": "x", "hardware": {"gpu": "A100-80GB", "gpus_per_node": 1}, "model": "meta-llama/Llama-3.1-8B",
             "method": "lora", "seq_len": 2048}
     assert world_corpus.request(base | {"hardware": {"gpu": "TPU v5e"}}).refused.startswith("GPU 'TPU v5e'")
-    assert "none of all-linear, attention and qv" in world_corpus.request(base | {"lora": {"targets": "q_proj,up_proj"}}).refused
+    assert "none of all-linear, attention, qv and mlp" in world_corpus.request(base | {"lora": {"targets": "q_proj,up_proj"}}).refused
     assert "not in planner's vocabulary" in world_corpus.request(base | {"optimizer": "sophia"}).refused
     assert "prepare_model_for_kbit_training" in world_corpus.request(base | {"kbit_prepared": True}).refused
     qv = world_corpus.request(base | {"lora": {"targets": "v_proj,q_proj", "rank": 8}})

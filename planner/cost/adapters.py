@@ -17,13 +17,15 @@ from math import ceil, prod
 from planner.core.specs import MlpKind, ModelSpec
 from planner.cost import activations, compute, params
 
-#: The target sets (``--lora-targets``): every decoder-layer matmul, the attention's only, or its
+#: The target sets (``--lora-targets``): every decoder-layer matmul, the attention's only, its
 #: query and value projections only (peft's own default ``target_modules`` for the Llama, Mistral,
-#: Mixtral, Qwen2/3, Gemma and StarCoder2 families: ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``).
+#: Mixtral, Qwen2/3, Gemma and StarCoder2 families: ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``),
+#: or the MLP's only.
 ALL_LINEAR = "all-linear"
 ATTENTION = "attention"
 QV = "qv"
-TARGETS = (ALL_LINEAR, ATTENTION, QV)
+MLP = "mlp"
+TARGETS = (ALL_LINEAR, ATTENTION, QV, MLP)
 #: The weights the ``qv`` set wraps, by their names in ``params.layer_matmuls``.
 QV_WEIGHTS = ("self_attn.q_proj.weight", "self_attn.v_proj.weight")
 
@@ -65,12 +67,14 @@ def wrapped(m: ModelSpec, targets: str) -> tuple[params.ParamTensor, ...]:
     - ``qv``: the query and value projections (``q_proj``, ``v_proj``). A model that fuses q, k and
       v into one matmul has no such pair (``supports``; the check refuses the set there): its fused
       qkv stands in, so that a refused plan's figures can still be shown.
+    - ``mlp``: the MLP's projections (gate, up and down; Phi-3's fused gate_up; GPT-2's and
+      StarCoder2's fc in and out).
     Embeddings, norms and the head are never wrapped."""
     if targets not in TARGETS:
         raise ValueError(f"lora targets {targets!r}: one of {', '.join(TARGETS)}")
     matmuls = params.layer_matmuls(m)
-    if targets == ATTENTION:
-        return tuple(t for t in matmuls if t.name.startswith("self_attn."))
+    if targets in (ATTENTION, MLP):
+        return tuple(t for t in matmuls if t.name.startswith("self_attn." if targets == ATTENTION else "mlp."))
     if targets == QV:
         names = QV_WEIGHTS if supports(m, QV) else ("self_attn.qkv_proj.weight",)
         return tuple(t for t in matmuls if t.name in names)
@@ -78,9 +82,13 @@ def wrapped(m: ModelSpec, targets: str) -> tuple[params.ParamTensor, ...]:
 
 
 def supports(m: ModelSpec, targets: str) -> bool:
-    """Whether ``m`` has the weights of the target set: every model has its linears and its
-    attention projections; only models with separate query and value projections have ``qv``."""
-    return targets != QV or {t.name for t in params.layer_matmuls(m)} >= set(QV_WEIGHTS)
+    """Whether ``m`` has the weights of the target set as peft's ``target_modules`` reach them:
+    every model has its linears and its attention projections; only models with separate query and
+    value projections have ``qv``; a MoE's MLP is a router and fused expert parameters, which
+    ``all-linear`` alone reaches (through ``target_parameters``), so it has no ``mlp``."""
+    if targets == QV:
+        return {t.name for t in params.layer_matmuls(m)} >= set(QV_WEIGHTS)
+    return targets != MLP or not m.is_moe
 
 
 def lora_rank(m: ModelSpec, t: params.ParamTensor, rank: int) -> int:
@@ -315,6 +323,19 @@ def _first_matmuls(m: ModelSpec) -> tuple[params.ParamTensor, ...]:
                                                                         "self_attn.v_proj", "self_attn.qkv_proj")))
 
 
+def _inputs_without_gradient(m: ModelSpec, targets: str) -> tuple[params.ParamTensor, ...]:
+    """Layer 0's matmuls whose input needs no gradient when the embedding is frozen (autograd
+    computes an input gradient only for a tensor that depends on something trained): those reading
+    the layer's input (``_first_matmuls``); where the target set wraps nothing in the attention
+    (``mlp``), also its output projection (the attention then depends on frozen weights alone) and
+    the MLP's input matmuls, which read the residual stream (gate and up, the fused gate_up, fc_in)."""
+    first = _first_matmuls(m)
+    if any(t.name.startswith("self_attn.") for t in wrapped(m, targets)):
+        return first
+    return first + tuple(t for t in params.layer_matmuls(m)
+                         if t.name.startswith(("self_attn.o_proj", "mlp.gate", "mlp.up", "mlp.fc_in")))
+
+
 def folded(t: params.ParamTensor) -> bool:
     """Whether peft reaches this wrapped weight as a parameter (``target_parameters``, a MoE's
     router and expert tensors: ``ParamWrapper`` adds B A to the weight each forward) rather than
@@ -328,9 +349,11 @@ def adapter_matmul_flops_per_token(m: ModelSpec, targets: str, rank: int, input_
 
     - Frozen weights, embeddings and head included: forward 2 per active matmul parameter;
       backward only the gradient with respect to their input, 2 more, and none where the input
-      needs no gradient: the first layer's q/k/v read the embeddings' output, which a frozen
-      embedding leaves without one (unless ``input_grads``: ``enable_input_require_grads``,
-      which Trainer calls for gradient checkpointing with peft). No weight gradients.
+      needs no gradient (``_inputs_without_gradient``: the first layer's q/k/v read the embeddings'
+      output, which a frozen embedding leaves without one; with MLP-only adapters, the rest of
+      that layer's attention and its MLP inputs too), unless ``input_grads``:
+      ``enable_input_require_grads``, which Trainer calls for gradient checkpointing with peft.
+      No weight gradients.
     - Each wrapped module weight (out, in): forward x A^T then B^T, 2 r (in + out); backward the
       weight gradients of A and B, 2 r (in + out), and the input gradients through B and A,
       2 r (in + out), less A's where its input needs none (as above).
@@ -338,8 +361,8 @@ def adapter_matmul_flops_per_token(m: ModelSpec, targets: str, rank: int, input_
       runs the base matmul only, but its weight now needs a gradient: 2 more per active element.
     Checked against torch's FlopCounterMode on real peft models (tests/test_adapters.py)."""
     base = compute.matmul_flops_per_token(m)
-    first = _first_matmuls(m)
-    skipped = 0 if input_grads else 2 * sum(t.numel for t in first)  # layer 0's q/k/v input gradients
+    first = _inputs_without_gradient(m, targets)
+    skipped = 0 if input_grads else 2 * sum(t.numel for t in first)  # layer 0's input gradients none needs
     adapter = 0.0
     for t in wrapped(m, targets):
         if folded(t):

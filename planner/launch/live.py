@@ -186,6 +186,7 @@ def _adapter(model) -> dict:
     eight_bit = any(type(m).__name__ == "Linear8bitLt" for m in model.modules())
     kind = "dora" if lora.use_dora else "qlora" if four_bit else "lora-int8" if eight_bit else "lora"
     targets = ("qv" if wrapped and all(n.endswith((".q_proj", ".v_proj")) for n in wrapped)
+               else "mlp" if wrapped and all(".mlp." in n for n in wrapped)
                else "attention" if all(".attn." in n or ".self_attn." in n for n in wrapped) else "all-linear")
     # (ZeRO-3 partitions parameters: ds_numel is the whole tensor's)
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
