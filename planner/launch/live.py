@@ -185,15 +185,22 @@ def _adapter(model) -> dict:
     four_bit = any(type(m).__name__ == "Linear4bit" for m in model.modules())
     eight_bit = any(type(m).__name__ == "Linear8bitLt" for m in model.modules())
     kind = "dora" if lora.use_dora else "qlora" if four_bit else "lora-int8" if eight_bit else "lora"
-    targets = ("qv" if wrapped and all(n.endswith((".q_proj", ".v_proj")) for n in wrapped)
-               else "mlp" if wrapped and all(".mlp." in n for n in wrapped)
-               else "attention" if all(".attn." in n or ".self_attn." in n for n in wrapped) else "all-linear")
+    targets = _target_set(wrapped)
     # (ZeRO-3 partitions parameters: ds_numel is the whole tensor's)
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
     return {"adapter": kind, "lora_rank": lora.r, "lora_targets": targets, "lora_alpha": lora.lora_alpha,
             "lora_dropout": lora.lora_dropout, "details": {"adapter_wrapped_modules": len(wrapped),
                                                           "trainable_parameters": trainable, "nf4_linears": four_bit,
                                                           "int8_linears": eight_bit}}
+
+
+def _target_set(wrapped: list[str]) -> str:
+    """The plan's LoRA target set that the names of the modules peft wrapped make up."""
+    if wrapped and all(n.endswith((".q_proj", ".v_proj")) for n in wrapped):
+        return "qv"
+    if wrapped and all(".mlp." in n for n in wrapped):
+        return "mlp"
+    return "attention" if all(".attn." in n or ".self_attn." in n for n in wrapped) else "all-linear"
 
 
 def _forwards(model):
