@@ -3,12 +3,16 @@
 Source: MosaicML llm-foundry, scripts/train/benchmarking/README.md (measured on 8 GPUs, FSDP
 FULL_SHARD, amp_bf16 / amp_fp8, FlashAttention). Their MPT-7B / MPT-13B have the width and depth
 of Llama-2-7B / 13B and the same matmul FLOPs per token within 1% (4h GELU MLP vs a gated 2.7h
-MLP), so the Llama-2 catalog entries stand in for them. Tolerance: 10% relative on MFU /
-tokens per second (the efficiency table was fitted to these rows; the test keeps that fit true).
+MLP), so the Llama-2 catalog entries stand in for them. The efficiency table's fractions were
+fitted to these rows; planner plans the stack it launches (transformers' eager model code), which
+reaches the table's ``stack`` factor of llm-foundry's fused layers (planner/catalog/data/efficiency.yaml,
+measured on an H100 with planner's own launch path). So planner's figures are llm-foundry's times
+that factor. Tolerance: 10% relative on MFU / tokens per second (the test keeps the fit true).
 """
 
 import pytest
 
+from planner.catalog.efficiency import stack_flops_scale
 from planner.cost import compute
 
 from helpers import run
@@ -30,14 +34,14 @@ ROWS = [
 @pytest.mark.parametrize("model, gpus, config, published", ROWS)
 def test_mfu_matches_llm_foundry(model, gpus, config, published):
     r = run(model, gpus, sharding="fsdp", precision="bf16-mixed", **config)
-    assert r.time.mfu == pytest.approx(published, rel=0.10)
+    assert r.time.mfu == pytest.approx(published * stack_flops_scale(), rel=0.10)
 
 
 def test_fp8_throughput_matches_llm_foundry():
     """H100 80GB FP8 table: 3B, seq 2048, micro-batch 10: 30,586 tokens/s/GPU."""
     r = run("meta-llama/Llama-3.2-3B", "8xH100-80", sharding="fsdp", precision="fp8-mixed",
             micro_batch_size=10, grad_accum=6, seq_len=2048)
-    assert r.time.tokens_per_second_per_gpu == pytest.approx(30_586, rel=0.10)
+    assert r.time.tokens_per_second_per_gpu == pytest.approx(30_586 * stack_flops_scale(), rel=0.10)
 
 
 def test_model_flops_follow_the_6n_rule():
