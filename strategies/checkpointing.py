@@ -427,7 +427,9 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     forward again during backward (matmuls, attention, elementwise: ~33% more compute,
     Korthikanti et al. 2022); selective (SELECTIVE_POLICY) recomputes the elementwise ops and the
     matmuls whose outputs it did not keep (every second one: Llama's k, o and up projections;
-    MoE experts), and eager attention's bmm (not in the policy's list)."""
+    MoE experts), and eager attention's bmm (not in the policy's list); its per-op policy runs on
+    the host in the forward and the recompute (``SELECTIVE_CHECKPOINT_SECONDS_PER_LAYER``: a
+    dispatch floor)."""
     cfg, m = ctx.config, ctx.model
     saved = layer_saved_bytes(ctx)
     elementwise = rates.elementwise_forward_seconds(ctx, saved)
@@ -450,6 +452,9 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         names = ", ".join(dict.fromkeys(t.name.removesuffix(".weight").split(".")[-1] for t in recomputed))
         draft.compute("recompute", f"selective recomputation: {names}, {what}", redo, Window.BACKWARD,
                       note="every second matmul: 2 FLOPs/param/token")
+        policy = m.num_layers * overheads.SELECTIVE_CHECKPOINT_SECONDS_PER_LAYER
+        draft.dispatch(policy, policy, f"the selective policy's per-op dispatch "
+                       f"({overheads.SELECTIVE_CHECKPOINT_SECONDS_PER_LAYER * 1e3:.1f} ms a layer, measured: H100, 16-CPU host)")
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:

@@ -20,7 +20,7 @@ from planner.core.ledger import LedgerDraft, Location, PagedInfo, Phase
 from planner.core.numerics import Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
-from planner.cost import adapters, comms, optimizer_states, params
+from planner.cost import adapters, comms, optimizer_states, overheads, params
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.moments import FROZEN
@@ -304,6 +304,31 @@ def _trained(ctx: PlanContext) -> tuple[params.ParamTensor, ...]:
     return adapters.trainable_tensors(ctx.model, ctx.layout.adapter)
 
 
+def per_tensor_step_seconds(ctx: PlanContext) -> tuple[float, str]:
+    """(host seconds, library) of an optimizer that steps one parameter tensor at a time
+    (``overheads.PER_TENSOR_STEP_SECONDS``; 0 for torch's foreach and fused kernels): the
+    tensors it steps times its cost a tensor. Its tensors: the trained ones (an adapter's A and B,
+    and DoRA's magnitude, per wrapped module; else every parameter tensor, tied embeddings once);
+    under DeepSpeed, the engine's flattened fp32 partitions, one a parameter group (the Trainer's
+    two: with and without weight decay)."""
+    library = CHOICES[ctx.config.optimizer].impl_for(ctx.fsdp2).library
+    cost = overheads.PER_TENSOR_STEP_SECONDS.get(library, 0.0)
+    if not cost:
+        return 0.0, library
+    m, spec = ctx.model, ctx.layout.adapter
+    if ctx.engine == Engine.DEEPSPEED:
+        tensors = TRAINER_PARAM_GROUPS
+    elif spec is not None:
+        tensors = len(adapters.wrapped(m, spec.targets)) * (3 if spec.dora else 2) * m.num_layers
+    else:
+        tensors = sum(params.multiplicity(m, t) for t in params.model_tensors(m))
+    return tensors * cost, library
+
+
+#: The Trainer's optimizer parameter groups: with weight decay, and without (biases and norms).
+TRAINER_PARAM_GROUPS = 2
+
+
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """The GPU optimizer step is memory bound: it reads gradients, reads and writes states and
     the fp32 weights (or master copy, plus the 16-bit copy it refreshes) and any fp32 gradient
@@ -332,8 +357,12 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     state_passes, grad_passes = (7, 2) if CHOICES[ctx.config.optimizer].foreach else (2, 1)
     traffic = state_passes * states + grad_passes * grads + refreshed + 2 * upcast
     if states or grads:
-        draft.serial("optimizer_step", f"{ctx.config.optimizer} step on the GPU", traffic / rates.bandwidth(ctx),
-                     note=f"{traffic / 2**30:.1f} GiB moved")
+        kernels = traffic / rates.bandwidth(ctx)
+        host, library = per_tensor_step_seconds(ctx)
+        seconds = kernels + host if library in overheads.SYNCHRONIZED_STEP else max(kernels, host)
+        draft.serial("optimizer_step", f"{ctx.config.optimizer} step on the GPU", seconds,
+                     note=f"{traffic / 2**30:.1f} GiB moved"
+                     + (f"; {library} steps tensor by tensor, {host * 1e3:.0f} ms on the host" if host else ""))
         clipped = 3 * (upcast or grads)
         draft.serial("optimizer_step", "gradient clipping (norm, then scale)", clipped / rates.bandwidth(ctx),
                      note=f"{clipped / 2**30:.1f} GiB moved")

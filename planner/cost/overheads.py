@@ -188,6 +188,34 @@ FSDP_HOOK_SECONDS_PER_LAYER = 100e-6
 ZERO3_HOOK_SECONDS_PER_LAYER = 24.6e-3
 ZERO12_HOOK_SECONDS_PER_LAYER = 10.0e-3
 
+#: Host-side cost of selective activation checkpointing per decoder layer per pass (the forward,
+#: and the recompute in backward: the same), beyond the ops' own launches: torch's per-op policy
+#: (``create_selective_checkpoint_contexts``, planner/runtime/checkpointing.py) runs every aten op
+#: of the layer through a Python ``__torch_dispatch__`` mode and the policy function, and caches
+#: the saved outputs. Host time the GPU hides when its own work per layer is longer (a dispatch
+#: floor, like DeepSpeed's hooks). Solved so that the floor reproduces the measured step on an H100
+#: with a 16-CPU host (Llama-3.2-1B, 16 layers, 2 x 2048, bf16-mixed, AdamW: 0.218, 0.198, 0.236
+#: and 0.223 s in four runs, median 0.220; full checkpointing 0.154 s, none 0.123 s;
+#: benchmarks/results/H100-SXM-80) -> 6.0 ms a layer a pass (0.218 s planned). One case: the
+#: constant holds that case only until another size is measured. Larger layers and micro-batches
+#: hide it (an 8B layer's forward at 2 x 2048 tokens is ~5 ms of GPU work, at 8 x 2048 ~17 ms).
+SELECTIVE_CHECKPOINT_SECONDS_PER_LAYER = 6.0e-3
+
+#: Host-side cost of optimizers that step one parameter tensor at a time, per tensor, seconds.
+#: bitsandbytes (0.50: ``Optimizer8bit.step`` calls ``sync_gpu(p)``, ``torch.cuda.synchronize()``,
+#: after every tensor's update, and its Python path makes each tensor contiguous, builds its
+#: config and dispatches a torch.library op) adds it to the update kernels' own time: the GPU
+#: waits for the host between tensors. torchao's low-bit AdamW calls a compiled per-tensor step
+#: without synchronizing: a floor the GPU hides when its own step is longer. Solved on an H100
+#: with a 16-CPU host (benchmarks/results/H100-SXM-80, step time beyond the rest of the plan):
+#: bitsandbytes 8-bit AdamW of Llama-3.2-1B (146 tensors) 0.26 ms a tensor (7 runs), paged 8-bit
+#: 0.28 (6 runs), paged 32-bit 0.16 (5 runs), 8-bit AdamW of Llama-3.1-8B (291 tensors) 0.09
+#: (1 run): 0.2 ms, between them (those four steps -7 %..+6 %; the 8B step measured from short
+#: stacks +12 %); torchao 4-bit AdamW of Llama-3.2-1B 0.36 ms (4 runs; one case).
+PER_TENSOR_STEP_SECONDS = {"bitsandbytes": 0.2e-3, "torchao": 0.36e-3}
+#: Which of them synchronizes with the GPU after each tensor (its host time adds to the kernels').
+SYNCHRONIZED_STEP = frozenset({"bitsandbytes"})
+
 #: Achieved fraction of a link's per-direction bandwidth by NCCL collectives (nccl-tests bus
 #: bandwidth: ~360-370 GB/s of NVLink4's 450, ~80% of PCIe and InfiniBand line rate).
 LINK_EFFICIENCY = 0.8
