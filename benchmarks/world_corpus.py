@@ -98,6 +98,14 @@ FRAMEWORK_DEFAULTS = (
 #: Frameworks that train their own model code, not transformers' (which planner's activations follow,
 #: checked by its trace): their saved tensors may differ a little; said in the notes, still counted.
 OWN_MODEL_CODE = (("litgpt", "LitGPT"), ("torchtune", "torchtune"))
+#: Frameworks whose kernels are not transformers' eager code, the stack planner times (its rates are
+#: that stack's: planner/catalog/data/efficiency.yaml ``stack``): their speed decides nothing about
+#: planner's, so their throughput rows are shown, not counted (their peaks are counted).
+OWN_KERNELS = (("nemo automodel", "NeMo AutoModel's (Triton LoRA, Liger, Transformer Engine)"),
+               ("nemo container", "NeMo's (Megatron-core, Transformer Engine)"),
+               ("llm-foundry", "llm-foundry's (fused layers)"), ("torchtitan", "torchtitan's"),
+               ("litgpt", "LitGPT's"), ("torchtune", "torchtune's"))
+SPEED_METRICS = ("tokens_per_s_per_gpu", "tokens_per_s_total", "samples_per_s", "step_seconds", "mfu")
 
 
 @dataclass
@@ -147,6 +155,9 @@ def request(case: dict) -> Mapped:
     own = next((name for word, name in OWN_MODEL_CODE if word in str(case.get("framework") or "").lower()), None)
     if own:
         out.assumed.append(f"{own}'s own model code, planned as transformers'")
+    kernels = next((name for word, name in OWN_KERNELS if word in str(case.get("framework") or "").lower()), None)
+    if kernels and case.get("metric") in SPEED_METRICS:
+        out.assumed.append(f"kernels: {kernels} own, timed as transformers' eager code")
     if case.get("activation_offload"):
         out.refused = "activation offloading to host RAM is not modelled"
         return out
@@ -342,7 +353,7 @@ def longest_fitting(fields: dict, ceiling: int = 262_144) -> int:
 #: Assumptions that can decide a peak or a speed: a row that needs one is shown, but kept out of the
 #: headline figures ("stated" rows only).
 CORE = ("precision ", "optimizer ", "checkpointing ", "micro-batch ", "ddp (", "gpu form factor ", "lora targets widened",
-        "adapter dtype ")
+        "adapter dtype ", "kernels: ")
 #: Catalog GPUs whose form factor decides a speed but not a memory (SXM and PCIe: the same memory,
 #: a lower power limit and bandwidth on PCIe), and the words that state it.
 FORM_FACTORS = (("A100-80", "A100-40", "H100-80"), ("sxm", "pcie", "dgx", "hgx"))
