@@ -28,6 +28,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import ALL_PHASES, LedgerDraft, PagedInfo, Phase
 from planner.core.numerics import Rung
 from planner.core.timing import TimeDraft, Window
+from planner.core.units import DTYPE_BYTES
 from planner.cost import params
 from planner.cost.activations import DTypes
 from planner.strategies import rates
@@ -337,13 +338,31 @@ def _gradient_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    """The matmuls (6N rule), and under autocast the casts of the weights it makes: every matmul
+    weight read in its stored dtype and written in the compute dtype once per micro-batch (torch
+    autocast caches a leaf weight's cast until its region exits), again for the layers a full
+    checkpoint recomputes (the recompute enters autocast afresh), and the cast's backward turning
+    each weight gradient back into the weight's dtype. Memory bound. Unit: seconds per micro-batch.
+    Source: torch autocast (``cached_cast``; its cache is cleared on leaving the outermost region)."""
+    lay, m = ctx.layout, ctx.model
     fwd = rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
-    dtype = "fp8 layers" if ctx.config.precision == Precision.FP8_MIXED else ctx.layout.compute_dtype
+    dtype = "fp8 layers" if ctx.config.precision == Precision.FP8_MIXED else lay.compute_dtype
     draft.compute("matmul", f"forward matmuls ({dtype})", fwd, Window.FORWARD, note="6N rule: 2 FLOPs/param/token")
-    if ctx.layout.adapter:  # a frozen base: input gradients only (the adapter strategy times the adapters)
+    if lay.adapter:  # a frozen base: input gradients only (the adapter strategy times the adapters)
         draft.compute("matmul", f"backward matmuls ({dtype})", fwd, Window.BACKWARD, note="input gradients only (frozen)")
     else:
         draft.compute("matmul", f"backward matmuls ({dtype})", 2 * fwd, Window.BACKWARD, note="input and weight gradients")
+    if not lay.autocast or lay.weight_bytes == DTYPE_BYTES[lay.compute_dtype]:
+        return
+    per = (lay.weight_bytes + DTYPE_BYTES[lay.compute_dtype]) / rates.bandwidth(ctx)
+    weights = params.matmul_parameters(m) * per
+    draft.compute("elementwise", f"autocast: matmul weights cast to {lay.compute_dtype}", weights, Window.FORWARD)
+    redo = params.layer_matmul_parameters(m) * m.num_layers * per if ctx.config.checkpointing == Checkpointing.FULL else 0.0
+    back = 0.0 if lay.adapter else weights
+    if redo or back:
+        draft.compute("elementwise", "autocast: " + " and ".join(
+            w for w, on in (("the recompute's casts", redo), ("weight gradients cast back", back)) if on),
+            redo + back, Window.BACKWARD)
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
