@@ -133,6 +133,11 @@ TIER2 = [
                                                       "precision": "bf16-mixed", "checkpointing": ckpt},
            expected_seconds=11.0, what="second family: tied embeddings, long sequences")
       for mbs, seq in ((4, 1024), (2, 4096)) for ckpt in ("none", "full")),
+    # the selective policy's host floor was solved on 1b-ckpt-selective alone (6.0 ms a layer a
+    # pass): another depth and width, out of sample
+    Case("qwen-0.5b-selective-4x1024", 2, Q05B, {"micro_batch_size": 4, "seq_len": 1024, "precision": "bf16-mixed",
+                                                "checkpointing": "selective"},
+         expected_seconds=12.0, what="the selective policy's host floor on 24 narrow layers, out of sample"),
 ]
 
 #: Two plans again under torch's default allocator (no expandable segments): what a job launched
@@ -146,6 +151,10 @@ TIER3 = [
          what="full depth at 8B"),
     Case("8b-8bit-pure-full-extrapolated", 3, L8B, EIGHT_B, needs=("bnb_8bit",), expected_seconds=60.0,
          extrapolate_from=(2, 4, 8), cpu_depths=(1, 2), what="the 8B case from 2/4/8 layers"),
+    # Liger's per-chunk head-gradient traffic, from its code, checked at 1B only: at 8B (h 4,096,
+    # bf16 gradient, 32 chunks of 64 tokens) against the same case with the standard loss
+    Case("8b-8bit-pure-full-chunked", 3, L8B, EIGHT_B | {"loss": "chunked"}, needs=("bnb_8bit", "liger"),
+         expected_seconds=70.0, cpu=False, what="the chunked loss's head-gradient traffic at 8B"),
 ]
 
 CASES = TIER1 + TIER2 + TIER3
