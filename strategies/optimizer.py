@@ -283,9 +283,8 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     if opt == Optimizer.ADAMW:
         # torch AdamW keeps an fp32 `step` scalar per parameter tensor (torch/optim/adam.py
         # _init_group): on the device when fused, on the host otherwise (foreach: not counted).
-        # DeepSpeed hands it flat partitions: one per group.
         # Every rank holds all of them: sharding does not divide this row.
-        count = 1 if ctx.engine == Engine.DEEPSPEED else sum(params.multiplicity(ctx.model, t) for t in _trained(ctx))
+        count = stepped_tensors(ctx)
         ledger.add("optimizer_states", "optimizer step counters (fp32 scalar per tensor)", count, 4,
                    place=place.replicated, note=f"{count:,} tensors")
     if choice.foreach and place.location == Location.GPU:  # (host tensors step one at a time: no foreach on CPU)
@@ -304,25 +303,23 @@ def _trained(ctx: PlanContext) -> tuple[params.ParamTensor, ...]:
     return adapters.trainable_tensors(ctx.model, ctx.layout.adapter)
 
 
+def stepped_tensors(ctx: PlanContext) -> int:
+    """The tensors the optimizer steps: the trained ones (``_trained``: every parameter tensor,
+    tied embeddings once; an adapter's A and B, and DoRA's magnitude, per wrapped module); under
+    DeepSpeed, the flat fp32 partitions the engine hands it, one a parameter group (the Trainer's
+    two: with and without weight decay)."""
+    if ctx.engine == Engine.DEEPSPEED:
+        return TRAINER_PARAM_GROUPS
+    return sum(params.multiplicity(ctx.model, t) for t in _trained(ctx))
+
+
 def per_tensor_step_seconds(ctx: PlanContext) -> tuple[float, str]:
     """(host seconds, library) of an optimizer that steps one parameter tensor at a time
     (``overheads.PER_TENSOR_STEP_SECONDS``; 0 for torch's foreach and fused kernels): the
-    tensors it steps times its cost a tensor. Its tensors: the trained ones (an adapter's A and B,
-    and DoRA's magnitude, per wrapped module; else every parameter tensor, tied embeddings once);
-    under DeepSpeed, the engine's flattened fp32 partitions, one a parameter group (the Trainer's
-    two: with and without weight decay)."""
+    ``stepped_tensors`` times its cost a tensor."""
     library = CHOICES[ctx.config.optimizer].impl_for(ctx.fsdp2).library
     cost = overheads.PER_TENSOR_STEP_SECONDS.get(library, 0.0)
-    if not cost:
-        return 0.0, library
-    m, spec = ctx.model, ctx.layout.adapter
-    if ctx.engine == Engine.DEEPSPEED:
-        tensors = TRAINER_PARAM_GROUPS
-    elif spec is not None:
-        tensors = len(adapters.wrapped(m, spec.targets)) * (3 if spec.dora else 2) * m.num_layers
-    else:
-        tensors = sum(params.multiplicity(m, t) for t in params.model_tensors(m))
-    return tensors * cost, library
+    return (stepped_tensors(ctx) * cost if cost else 0.0), library
 
 
 #: The Trainer's optimizer parameter groups: with weight decay, and without (biases and norms).
