@@ -46,7 +46,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
-from planner.cost import adapters, compute, params
+from planner.cost import adapters, compute, overheads, params
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.moments import FROZEN_BASE, FROZEN_EVERY_RANK, LAST_LAYER_FORWARD
@@ -293,7 +293,9 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     around them (planner.cost.adapters ``adapter_path_traffic``; DoRA takes LoRA's, less its own
     few passes over each output, which are not counted), QLoRA's dequantization of every NF4
     weight per pass (read 0.5 B + scales, write c B per element; backward dequantizes again), and
-    DoRA's weight norms (B A and W + s B A per wrapped weight per forward)."""
+    DoRA's weight norms (B A and W + s B A per wrapped weight per forward); QLoRA's modules'
+    host work per call (``overheads.NF4_MATMUL_HOST_SECONDS``, a dispatch floor; the recompute
+    calls them again)."""
     spec, m = ctx.layout.adapter, ctx.model
     if spec is None:
         return
@@ -325,6 +327,10 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         draft.compute("elementwise", "QLoRA dequantization (forward)", once, Window.FORWARD)
         draft.compute("elementwise", "QLoRA dequantization (backward" + (", recompute)" if recompute else ")"),
                       once * (2 if recompute else 1), Window.BACKWARD)
+        calls = len(adapters.layer_quantized(m)) * m.num_layers * overheads.NF4_MATMUL_HOST_SECONDS
+        draft.dispatch(calls, calls * (2 if recompute else 1),
+                       f"the QLoRA modules' Python ({overheads.NF4_MATMUL_HOST_SECONDS * 1e3:.2f} ms a call, measured: H100, "
+                       "16-CPU host)")
     if spec.int8:
         per_token, dequantize = adapters.int8_traffic(m, c)
         passes = 2 if ctx.config.checkpointing == "full" else 1  # the recompute quantizes again

@@ -84,6 +84,13 @@ def test_per_tensor_optimizers_reproduce_their_cases(key):
         assert planned_step(key) > planned_step("1b-adamw")
 
 
+def test_qlora_host_floor_reproduces_its_case_and_hides_at_8b():
+    """overheads.NF4_MATMUL_HOST_SECONDS was solved on the 1B QLoRA case: within 5 %; the 8B case,
+    whose matmuls hide it, within 10 %."""
+    assert abs(error("1b-qlora")) <= 0.05
+    assert abs(error("8b-qlora")) <= 0.10
+
+
 def test_chunked_loss_traffic_reproduces_its_case():
     """The chunked loss's head-gradient traffic is derived from Liger's code, not fitted: within 10 %
     of the measured step, which is slower than the standard loss's (0.156 against 0.123 s)."""

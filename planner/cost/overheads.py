@@ -201,6 +201,17 @@ ZERO12_HOOK_SECONDS_PER_LAYER = 10.0e-3
 #: hide it (an 8B layer's forward at 2 x 2048 tokens is ~5 ms of GPU work, at 8 x 2048 ~17 ms).
 SELECTIVE_CHECKPOINT_SECONDS_PER_LAYER = 6.0e-3
 
+#: Host-side cost of one QLoRA module call, forward or backward, beyond its kernels' launches:
+#: bitsandbytes' ``Linear4bit.forward`` Python (its quant state, the input's and bias's casts),
+#: ``MatMul4Bit`` (a Python autograd Function) and ``dequantize_4bit`` (torch.library ops, the
+#: absmax's own dequantization first; bitsandbytes 0.50: the backward dequantizes again), and the
+#: peft LoRA layer's Python around it. A dispatch floor the GPU hides when its own work per
+#: module is longer. Solved on an H100 with a 16-CPU host (benchmarks/results/H100-SXM-80):
+#: Llama-3.2-1B QLoRA r16 on all linears, 2 x 2048 tokens, 112 quantized modules, 0.132 s a step
+#: (median of 5 runs) -> 0.55 ms a call. One case; Llama-3.1-8B QLoRA at 2 x 2048 with full
+#: checkpointing hides it (0.709 s planned, 0.742 measured in 2 runs, as without it).
+NF4_MATMUL_HOST_SECONDS = 0.55e-3
+
 #: Host-side cost of optimizers that step one parameter tensor at a time, per tensor, seconds.
 #: bitsandbytes (0.50: ``Optimizer8bit.step`` calls ``sync_gpu(p)``, ``torch.cuda.synchronize()``,
 #: after every tensor's update, and its Python path makes each tensor contiguous, builds its
