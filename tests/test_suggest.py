@@ -100,8 +100,10 @@ def test_nothing_fits_suggests_a_larger_gpu():
 
 
 def test_optuna_engine_agrees_with_exhaustive():
-    """Same space, same evaluator: TPE (seeded with the greedy analytic best) finds the
-    exhaustive winner, and ranks what it evaluated the same way."""
+    """Same space, same evaluator: TPE (seeded with the greedy analytic best) finds a plan as fast
+    as the exhaustive winner to within 0.5 % (four plans of this space lie within 0.15 % of each
+    other: tokens/s that close are one tie for every ranking, planner/engine/ranking.py TIE_BAND),
+    and ranks what it evaluated the same way."""
     m, hw = resolve_model(LLAMA), parse_gpus("8xH100-80")
     space = build_space(8, 2048, {"precision": ["bf16-mixed"], "attention": ["sdpa"], "loss": ["chunked"]})
 
@@ -110,7 +112,8 @@ def test_optuna_engine_agrees_with_exhaustive():
 
     full = exhaustive(space, run, workers=1)
     tpe = optuna_search(space, run, trials=150, seed=1)
-    assert tpe.fitting[0] == full.fitting[0]
+    assert tpe.fitting[0] in full.fitting
+    assert tpe.fitting[0].tokens_per_second >= 0.995 * full.fitting[0].tokens_per_second
     ranked = [r for r in full.fitting if r in set(tpe.fitting)]
     assert ranked == tpe.fitting
     nsga = optuna_search(space, run, trials=60, seed=1, sampler="nsga2")
