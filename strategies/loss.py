@@ -293,7 +293,7 @@ def chunked_head_gradient_traffic(ctx: PlanContext) -> tuple[float, int]:
     micro-batch. Liger's fused linear cross-entropy accumulates that gradient chunk by chunk with
     ``torch.addmm(grad_weight, grad_logits_chunk.t(), input_chunk, out=grad_weight)``: each chunk
     reads and writes the whole V x h gradient (in the weight's dtype: fp32 under autocast), so
-    2 V h w bytes a chunk, over ceil(T / chunk) chunks of ``liger_chunk_tokens``. None when an
+    2 V h w bytes a chunk, over ceil(T / chunk) chunks of ``liger_chunk_tokens``. 0 bytes when an
     adapter trains (the head is frozen: no weight gradient). Unit: bytes. Source: Liger-Kernel
     0.8.5 ops/fused_linear_cross_entropy.py ``fused_linear_cross_entropy_forward``. Measured on an
     H100 (Llama-3.2-1B, 2 x 2048, bf16-mixed: 32 chunks of 128 tokens, 67 GB, ~24 ms): the chunked
