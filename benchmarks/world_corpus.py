@@ -273,7 +273,7 @@ def request(case: dict) -> Mapped:
         out.assumed.append("attention sdpa (fused)")
     if str(case.get("loss_kernel") or "").split(" (")[0] in ("liger", "unsloth", "cut_cross_entropy", "chunked_ce"):
         out.fields["loss"] = "chunked"
-    for key in ("loss_path", "model_output", "adapter_dtype"):  # what the source's libraries ran (loss_path_source)
+    for key in ("loss_path", "model_output", "adapter_dtype", "nf4_matmul"):  # what the source's libraries ran (*_source)
         if case.get(key):
             out.fields[key] = str(case[key])
     if out.fields.get("adapter_dtype") == "fp32" and out.fields.get("adapter") != "lora":

@@ -110,6 +110,15 @@ class AdapterDtype(StrEnum):
     FP32 = "fp32"
 
 
+class Nf4Matmul(StrEnum):
+    """What bitsandbytes' 4-bit matmul (``MatMul4Bit``) keeps for backward, per release
+    (planner.cost.adapters ``NF4_FREES_INPUT_SINCE``): the packed weight alone from 0.43.2 (what
+    planner's launch installs), its input too before."""
+
+    FREES_INPUT = "frees-input"
+    KEEPS_INPUT = "keeps-input"
+
+
 #: TRL's defaults (trl ModelConfig: lora_r 16, lora_alpha 32, lora_dropout 0.05).
 SETTINGS = (
     Setting("lora_rank", int, 16, "LoRA rank r of every adapter", ge=1, le=4096),
@@ -121,6 +130,9 @@ SETTINGS = (
     Setting("adapter_dtype", AdapterDtype, AdapterDtype.AUTO,
             "the adapters' dtype under bf16-pure: auto (16 bit, as planner's launch builds them) or fp32 (peft's "
             "default autocast_adapter_dtype: fp32 adapters, each casting its input to fp32)", used_at=("lora",)),
+    Setting("nf4_matmul", Nf4Matmul, Nf4Matmul.FREES_INPUT,
+            "what QLoRA's 4-bit matmuls keep for backward: frees-input (bitsandbytes >= 0.43.2) or keeps-input "
+            "(older: every matmul's input, for every layer even under checkpointing)", used_at=("qlora",)),
 )
 FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
 #: The ledger row of QLoRA's dequantized weight (bitsandbytes does not run on fake tensors, so a
@@ -152,7 +164,8 @@ def spec_of(config) -> adapters.AdapterSpec | None:
     if not choice.trains:
         return None
     return adapters.AdapterSpec(targets=str(config.lora_targets), rank=config.lora_rank, dropout=config.lora_dropout,
-                                dora=choice.dora, nf4=choice.nf4, int8=choice.int8)
+                                dora=choice.dora, nf4=choice.nf4, int8=choice.int8,
+                                nf4_keeps_input=choice.nf4 and config.nf4_matmul == Nf4Matmul.KEEPS_INPUT)
 
 
 def _storage(ctx: PlanContext, decided: dict) -> dict:
@@ -218,6 +231,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
     if a == Adapter.QLORA:
         out.warnings.append("qlora computes with the base's NF4-quantized weights (dequantized to 16 bit per "
                             "matmul): the forward is an approximation of the 16-bit model's")
+        if cfg.nf4_matmul == Nf4Matmul.KEEPS_INPUT:
+            out.warnings.append("bitsandbytes before 0.43.2 keeps every 4-bit matmul's input until its backward, in "
+                                "every layer, checkpointed or not (planned so); bitsandbytes >= 0.43.2 frees them: "
+                                "pip install -U bitsandbytes")
     if a == Adapter.LORA_INT8:
         out.warnings.append("lora-int8 computes the base's matmuls in int8 (LLM.int8(): inputs cast to fp16 and "
                             "quantized per row, outlier features in fp16): an approximation of the 16-bit model's "
@@ -528,7 +545,12 @@ def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False) -> None:
 
 def _read(job: JobFiles, r: Reading) -> None:
     """runtime.json's ``lora`` and ``quantization``, or a TRL recipe's ``use_peft`` and LoRA
-    settings: the adapter and its settings."""
+    settings: the adapter and its settings; what the bitsandbytes installed here keeps in QLoRA's
+    matmuls (the job's environment, as for transformers' loss path)."""
+    bnb = job_module.installed_release("bitsandbytes", parts=3)
+    if bnb is not None:
+        kept = Nf4Matmul.KEEPS_INPUT if bnb < adapters.NF4_FREES_INPUT_SINCE else Nf4Matmul.FREES_INPUT
+        r.set("nf4_matmul", kept, f"bitsandbytes {'.'.join(map(str, bnb))} installed here")
     if job.training_args_where:
         _read_trl(job.training_args, job.training_args_where, r, sharded=job.distributed_type == "FSDP" or bool(job.fsdp))
     if not job.runtime_where:

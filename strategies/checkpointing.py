@@ -15,11 +15,13 @@ understates the recompute case by that one vector per token (< 0.1% of a step's 
 from dataclasses import dataclass
 from enum import StrEnum
 
+from planner.core import job as job_module
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import Setting
 from planner.cost import activations, adapters, overheads, params
 from planner.strategies import rates
 from planner.strategies.base import Choice, Engine, PlanContext, Strategy
@@ -40,6 +42,31 @@ class Checkpointing(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+
+
+class CheckpointImpl(StrEnum):
+    """torch.utils.checkpoint's two implementations under full checkpointing. Both keep what
+    autograd saves only for the checkpointed layer being recomputed; they differ for tensors an op
+    keeps on its autograd context outside ``save_for_backward`` (bitsandbytes' quantized matmuls:
+    planner.cost.adapters.kept_input_bytes): the non-reentrant forward builds the graph, so every
+    layer keeps them; the reentrant forward runs without a graph, so only the recomputed layer
+    does."""
+
+    NON_REENTRANT = "non-reentrant"
+    REENTRANT = "reentrant"
+
+
+#: The first transformers whose ``gradient_checkpointing_enable`` defaults to non-reentrant
+#: checkpointing when the Trainer passes no ``gradient_checkpointing_kwargs``: 4.35-4.57 default
+#: ``{"use_reentrant": True}``, 5.0 ``{"use_reentrant": False}`` (modeling_utils.py of 4.57.1 and
+#: 5.0.0).
+NON_REENTRANT_DEFAULT_SINCE = (5, 0)
+
+SETTINGS = (
+    Setting("checkpoint_impl", CheckpointImpl, CheckpointImpl.NON_REENTRANT,
+            "torch's checkpoint under full checkpointing: non-reentrant (planner's launch, transformers >= 5's "
+            "default) or reentrant (transformers 4's default, axolotl's and LLaMA-Factory's)", used_at=("full",)),
+)
 
 
 #: Every checkpointing value. Recompute in backward adds complexity, and it interleaves short-lived
@@ -118,7 +145,7 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
         return activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
     cast = adapters.casts_adapter_input(spec, lay.weight_bytes, lay.dtypes.compute)
     return activations.total(adapters.adapter_layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len, spec.targets,
-                                                          spec.rank, spec.dropout, cast, spec.dora, spec.int8,
+                                                          spec.rank, spec.dropout, cast, spec.dora, spec.base_keeps_inputs,
                                                           copy_bytes=lay.adapter_copy_bytes))
 
 
@@ -135,7 +162,10 @@ def adapter_backward_bytes(ctx: PlanContext) -> float:
 
 
 def per_layer_forward_bytes(ctx: PlanContext) -> float:
-    """Bytes per token one layer holds from its forward until its backward."""
+    """Bytes per token one layer holds from its forward until its backward; under full
+    checkpointing the layer's input, and under the non-reentrant checkpoint the inputs a quantized
+    base's matmuls keep out of its sight (planner.cost.adapters.kept_input_bytes; under the
+    reentrant one only the recomputed layer keeps them, in its saved list)."""
     m, dt, cfg = ctx.model, ctx.layout.dtypes, ctx.config
     match cfg.checkpointing:
         case Checkpointing.NONE:
@@ -143,7 +173,10 @@ def per_layer_forward_bytes(ctx: PlanContext) -> float:
         case Checkpointing.SELECTIVE:
             return activations.total(activations.layer_selective(m, dt, ctx.layout.fused_attention, cfg.seq_len))
         case Checkpointing.FULL:
-            return activations.layer_input_bytes(m, dt)
+            spec = ctx.layout.adapter
+            kept = (adapters.kept_input_bytes(m, dt) if spec is not None and spec.base_keeps_inputs
+                    and cfg.checkpoint_impl == CheckpointImpl.NON_REENTRANT else 0.0)
+            return activations.layer_input_bytes(m, dt) + kept
     raise ValueError(cfg.checkpointing)
 
 
@@ -460,17 +493,19 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     """Full: FSDP's own activation checkpointing under FSDP (the Trainer's would add a redundant
     all-gather, transformers issue #30404), else HF gradient checkpointing, non-reentrant.
-    Selective: no switch exists in accelerate or the Trainer; runtime.json names the policy, which
-    the runtime applies to each decoder layer."""
+    HF's takes the plan's implementation (``use_reentrant``). Selective: no switch exists in
+    accelerate or the Trainer; runtime.json names the policy, which the runtime applies to each
+    decoder layer."""
     c = ctx.config.checkpointing
-    fsdp = ctx.engine == Engine.FSDP
+    reentrant = ctx.config.checkpoint_impl == CheckpointImpl.REENTRANT
+    fsdp = ctx.engine == Engine.FSDP and not reentrant  # (FSDP's own wraps each layer non-reentrant)
     if c == Checkpointing.FULL and fsdp:
         files.fsdp()["fsdp_activation_checkpointing"] = True
         files.trainer_fsdp()["activation_checkpointing"] = True
     # transformers 5 names (gradient_checkpointing* are deprecated aliases, removed in v6)
     files.training_args["activation_checkpointing"] = c == Checkpointing.FULL and not fsdp
     if c == Checkpointing.FULL and not fsdp:
-        files.training_args["activation_checkpointing_kwargs"] = {"use_reentrant": False}
+        files.training_args["activation_checkpointing_kwargs"] = {"use_reentrant": reentrant}
     if c == Checkpointing.SELECTIVE:
         files.runtime["checkpointing"] = str(c)
 
@@ -488,17 +523,38 @@ def _read(job: JobFiles, r: Reading) -> None:
     for fsdp in job.fsdp:
         if fsdp.get("activation_checkpointing", False) in (True, "true"):
             r.set("checkpointing", Checkpointing.FULL, f"{fsdp.file}: FSDP activation checkpointing")
+            r.set("checkpoint_impl", CheckpointImpl.NON_REENTRANT, f"{fsdp.file}: FSDP activation checkpointing "
+                                                                   "(accelerate wraps each layer non-reentrant)")
     keys = ("gradient_checkpointing", "activation_checkpointing")
     if job.training_args_where:
         d, where = job.training_args, job.training_args_where
         on = next((k for k in keys if r.typed(d, k, (bool,), where, False)), None)
         if on is not None:
             r.set("checkpointing", Checkpointing.FULL, f"{where}: {on}")
+            _read_impl(d, where, r)
         elif any(k in d for k in keys) and "checkpointing" not in r.values:  # off, and nothing else checkpoints
             r.set("checkpointing", Checkpointing.NONE, f"{where}: {next(k for k in keys if k in d)} off")
     if job.deepspeed_where and job.deepspeed.get("activation_checkpointing"):
         r.warnings.append(f"{job.deepspeed_where}: DeepSpeed's activation_checkpointing applies only through its own "
                           "API; not modelled")
+
+
+def _read_impl(d: dict, where: str, r: Reading) -> None:
+    """The Trainer's checkpoint implementation: ``use_reentrant`` in its checkpointing kwargs, or
+    the installed transformers' default (``NON_REENTRANT_DEFAULT_SINCE``); planner's own without
+    either."""
+    for key in ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"):
+        kwargs = r.section(d, key, where)
+        if "use_reentrant" in kwargs:
+            flag = r.typed(kwargs, "use_reentrant", (bool,), f"{where}: {key}")
+            if isinstance(flag, bool):
+                r.set("checkpoint_impl", CheckpointImpl.REENTRANT if flag else CheckpointImpl.NON_REENTRANT,
+                      f"{where}: {key} use_reentrant {flag}")
+            return
+    tf = job_module.installed_release("transformers")
+    if tf is not None:
+        impl = CheckpointImpl.NON_REENTRANT if tf >= NON_REENTRANT_DEFAULT_SINCE else CheckpointImpl.REENTRANT
+        r.set("checkpoint_impl", impl, f"no use_reentrant: transformers {tf[0]}.{tf[1]}'s default, installed here")
 
 
 def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
@@ -511,6 +567,6 @@ STRATEGY = Strategy(
     "checkpointing", Checkpointing, Checkpointing.NONE, order=2, short="ckpt",
     help="activation checkpointing: none, selective (torchtitan per-op policy: saves attention and every other "
          "matmul output), full (each layer's input)",
-    apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers, runtime="planner.runtime.checkpointing",
-    records=CHOICES,
+    apply=_apply, time=_time, emit=_emit, read=_read, savers=_savers,
+    runtime="planner.runtime.checkpointing", records=CHOICES, settings=SETTINGS,
 )

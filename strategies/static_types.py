@@ -10,9 +10,9 @@ from pydantic import Field
 from planner.core.lengths import Batching
 from planner.core.record import Record
 from planner.core.vocabulary import ConfigBase
-from planner.strategies.adapter import Adapter, AdapterDtype, LoraTargets
+from planner.strategies.adapter import Adapter, AdapterDtype, LoraTargets, Nf4Matmul
 from planner.strategies.attention import Attention
-from planner.strategies.checkpointing import Checkpointing
+from planner.strategies.checkpointing import CheckpointImpl, Checkpointing
 from planner.strategies.loss import Loss, LossPath, ModelOutput
 from planner.strategies.offload import Offload
 from planner.strategies.optimizer import Optimizer
@@ -29,6 +29,7 @@ class TrainingConfig(ConfigBase):
     loss: Loss = Loss.STANDARD
     attention: Attention = Attention.SDPA
     adapter: Adapter = Adapter.NONE
+    checkpoint_impl: CheckpointImpl = CheckpointImpl.NON_REENTRANT
     fsdp_version: int = 2
     gradient_sync: GradientSync = GradientSync.MICRO_BATCH
     zero_reduce_bucket_size: int = 0
@@ -42,6 +43,7 @@ class TrainingConfig(ConfigBase):
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     adapter_dtype: AdapterDtype = AdapterDtype.AUTO
+    nf4_matmul: Nf4Matmul = Nf4Matmul.FREES_INPUT
     micro_batch_size: int = 1
     grad_accum: int = 1
     seq_len: int = 2048
@@ -60,6 +62,7 @@ class TechniqueChoices(Record):
     loss: Loss | None = None
     attention: Attention | None = None
     adapter: Adapter | None = None
+    checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
     zero_reduce_bucket_size: int | None = None
@@ -73,6 +76,7 @@ class TechniqueChoices(Record):
     lora_alpha: int | None = None
     lora_dropout: float | None = None
     adapter_dtype: AdapterDtype | None = None
+    nf4_matmul: Nf4Matmul | None = None
 
 
 class TechniqueLists(Record):
@@ -84,6 +88,7 @@ class TechniqueLists(Record):
     loss: list[Loss] = Field(default_factory=list)
     attention: list[Attention] = Field(default_factory=list)
     adapter: list[Adapter] = Field(default_factory=list)
+    checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
     zero_reduce_bucket_size: int | None = None
@@ -97,3 +102,4 @@ class TechniqueLists(Record):
     lora_alpha: int | None = None
     lora_dropout: float | None = None
     adapter_dtype: AdapterDtype | None = None
+    nf4_matmul: Nf4Matmul | None = None

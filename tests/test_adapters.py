@@ -235,10 +235,75 @@ def test_an_int8_base_keeps_its_matmul_inputs(saved_tiny, family):
     model_full = sum(v for _, v in activations.layer_saved(spec, DTypes(2, 2), True, 32))
     for targets in [t for t in adapters.TARGETS if adapters.supports(spec, t)]:
         for dropout in (0.0, 0.1):
-            saved = adapters.adapter_layer_saved(spec, DTypes(2, 2), True, 32, targets, 4, dropout, cast=True, int8=True)
+            saved = adapters.adapter_layer_saved(spec, DTypes(2, 2), True, 32, targets, 4, dropout, cast=True,
+                                                 keeps_inputs=True)
             model = sum(v * (4 if n.endswith("dropout mask") else 1) for n, v in saved)  # (the CPU's fp32 noise)
             traced = layer_saved_per_token(path, family, "sdpa", "bf16-mixed", (targets, dropout), int8=True)
             assert traced - full == model - model_full, (targets, dropout)
+
+
+def kept_by_quantized_matmuls(path, int8: bool, batch: int, seq: int = 32) -> tuple[int, int]:
+    """Bytes a real peft LoRA model over a bitsandbytes base (bf16 weights, no autocast) keeps on
+    its quantized matmuls' autograd contexts after a forward under HF gradient checkpointing,
+    non-reentrant (as planner's launch runs it), read from the graph: each distinct storage once.
+    CPU bitsandbytes trains an int8 base through ``MatMul8bitFp`` (``ctx.A``), CUDA through
+    ``MatMul8bitLt`` (``ctx.tensors[2]``); NF4 through ``MatMul4Bit`` (``ctx.tensors[0]``).
+    Returns (bytes, the quantized matmuls in the graph)."""
+    import transformers
+
+    quant = (transformers.BitsAndBytesConfig(load_in_8bit=True) if int8 else
+             transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                             bnb_4bit_compute_dtype=torch.bfloat16))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, quantization_config=quant)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                       target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()  # (layer 0's q, k and v then keep theirs too: planner counts every layer)
+    model.train()
+    ids = torch.randint(0, 256, (batch, seq))
+    loss = model(input_ids=ids, labels=ids).loss
+    kept, stack, visited, matmuls = {}, [loss.grad_fn], set(), 0
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        kind = type(node).__name__
+        matmuls += kind.startswith("MatMul")
+        held = {"MatMul8bitLtBackward": lambda n: n.tensors[2], "MatMul8bitFpBackward": lambda n: n.A,
+                "MatMul4BitBackward": lambda n: n.tensors[0]}.get(kind)
+        if held is not None and (t := held(node)) is not None:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        stack += [n for n, _ in node.next_functions]
+    return sum(kept.values()), matmuls
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_checkpointed_int8_base_keeps_every_layers_matmul_inputs(saved_tiny):
+    """LLM.int8()'s matmuls keep their inputs on the autograd context, out of a checkpoint's
+    saved-tensor hooks: under non-reentrant checkpointing every layer keeps them until its
+    backward, ``kept_input_bytes`` per token per layer (q/k/v's input, o_proj's, gate/up's and
+    down's, once each), which planner adds to the checkpointed layer's input."""
+    pytest.importorskip("bitsandbytes")
+    from planner.cost.activations import DTypes
+
+    path, spec = saved_tiny["llama"]
+    slope = (kept_by_quantized_matmuls(path, True, 4)[0] - kept_by_quantized_matmuls(path, True, 2)[0]) / (2 * 32)
+    assert slope == adapters.kept_input_bytes(spec, DTypes(2, 2)) * spec.num_layers
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_todays_bitsandbytes_4bit_matmul_keeps_no_input(saved_tiny):
+    """planner plans QLoRA with ``nf4_matmul`` frees-input by default and its launch installs
+    bitsandbytes >= 0.45: the installed release is at least ``NF4_FREES_INPUT_SINCE`` and its
+    ``MatMul4Bit`` keeps no input in a real checkpointed QLoRA model (before 0.43.2 it kept ``A``)."""
+    bnb = pytest.importorskip("bitsandbytes")
+    release = tuple(int(x) for x in bnb.__version__.split(".")[:3])
+    assert release >= adapters.NF4_FREES_INPUT_SINCE
+    path, spec = saved_tiny["llama"]
+    kept, matmuls = kept_by_quantized_matmuls(path, False, 2)
+    assert kept == 0 and matmuls == len(params.layer_matmuls(spec)) * spec.num_layers
 
 
 SAVED_TINY = TINY | {
@@ -448,3 +513,23 @@ def test_the_live_check_reads_the_target_set_peft_wrapped(targets):
     assert seen["lora_targets"] == targets
     spec = resolve_model("meta-llama/Llama-3.2-1B")
     assert seen["details"]["trainable_parameters"] == adapters.adapter_parameters(spec, targets, 8)
+
+
+@pytest.mark.parametrize("adapter, nf4_matmul, kept", [("lora-int8", "frees-input", True), ("lora", "frees-input", False),
+                                                       ("qlora", "frees-input", False), ("qlora", "keeps-input", True)])
+def test_checkpointed_layers_hold_what_the_quantized_matmuls_keep(adapter, nf4_matmul, kept):
+    """Under full checkpointing each layer's saved row is its input, plus what the quantized
+    base's matmuls keep out of the checkpoint's sight (``kept_input_bytes``): LLM.int8() always,
+    NF4 only as bitsandbytes < 0.43.2 ran it; a 16-bit base keeps nothing more."""
+    from planner.catalog.gpus import parse_gpus
+    from planner.cost.activations import DTypes
+    from planner.engine.estimate import evaluate
+    from planner.strategies import TrainingConfig
+
+    model = resolve_model("meta-llama/Llama-3.1-8B")
+    config = TrainingConfig(adapter=adapter, nf4_matmul=nf4_matmul, checkpointing="full", sharding="ddp",
+                            micro_batch_size=2, seq_len=1024, precision="bf16-mixed")
+    rows = evaluate(model, parse_gpus("2xH100-80"), config).ledger.rows
+    saved = next(r for r in rows if r.label.startswith("saved activations"))
+    per_layer = 2 * model.hidden_size + (adapters.kept_input_bytes(model, DTypes(2, 2)) if kept else 0)
+    assert saved.bytes == pytest.approx(per_layer * model.num_layers * 2 * 1024, abs=1)

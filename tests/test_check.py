@@ -12,16 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.check import CheckRequest, check
 from planner.cli import app
 from planner.core import job as job_module
 from planner.core.errors import PlannerInputError
+from planner.cost import adapters
+from planner.cost.activations import DTypes
 from planner.emit import emit
 from planner.engine.estimate import estimate_config
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
-from planner.strategies import TECHNIQUES
+from planner.strategies import TECHNIQUES, TrainingConfig
 
 from helpers import examples
 
@@ -423,7 +426,7 @@ def test_trl_sft_loss_type_and_its_default_per_version(tmp_path, monkeypatch, ar
     """TRL's SFTConfig loss_type (trl/trainer/sft_config.py): chunked_nll never holds the full
     logits; from TRL 1.7 it is the default unless use_liger_kernel is set (1.6: "The default value
     of `loss_type` will change from "nll" to "chunked_nll" in TRL 1.7")."""
-    monkeypatch.setattr(job_module, "installed_release", lambda package: trl if package == "trl" else None)
+    monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: trl if package == "trl" else None)
     path = tmp_path / "training_args.json"
     path.write_text(json.dumps({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True,
                                 "max_length": 2048, "gradient_checkpointing": True} | args))
@@ -440,7 +443,8 @@ def test_the_loss_path_is_the_installed_transformers(tmp_path, monkeypatch, inst
     modeling_llama.py and loss_utils.py: fp32 logits returned up to 4.45, the shifted fp32 copy in
     ForCausalLMLoss 4.46-4.48, padded labels from 4.49), and a Trainer job drops the model output;
     the older paths hold more at the loss, so the same job's peak grows."""
-    monkeypatch.setattr(job_module, "installed_release", lambda package: installed if package == "transformers" else None)
+    monkeypatch.setattr(job_module, "installed_release",
+                        lambda package, parts=2: installed if package == "transformers" else None)
     args = tmp_path / "training_args.json"
     args.write_text(json.dumps({"per_device_train_batch_size": 4, "bf16": True, "max_length": 2048,
                                 "gradient_checkpointing": True, "optim": "adamw_torch_fused"}))
@@ -448,7 +452,7 @@ def test_the_loss_path_is_the_installed_transformers(tmp_path, monkeypatch, inst
     assert r.estimate.config.loss_path == path
     assert r.sources["loss_path"] == f"transformers {installed[0]}.{installed[1]} installed here"
     assert r.estimate.config.model_output == "dropped" and "compute_loss" in r.sources["model_output"]
-    monkeypatch.setattr(job_module, "installed_release", lambda package: None)
+    monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: None)
     today = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=args, alternatives=0))
     assert today.estimate.config.loss_path == "pad-labels" and today.sources["loss_path"] == "default"
     held, now = r.estimate.phase_peaks["forward"], today.estimate.phase_peaks["forward"]  # (the loss's moments)
@@ -558,7 +562,7 @@ def test_a_recipe_without_optim_gets_the_trainers_default_here(tmp_path, monkeyp
     """The Trainer's default optim is adamw_torch_fused from transformers 4.54 with torch 2.8 and
     later, adamw_torch (torch's foreach AdamW) otherwise (training_args.py ``default_optim``);
     without transformers installed the vocabulary's default stands."""
-    monkeypatch.setattr(job_module, "installed_release", installed.get)
+    monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: installed.get(package))
     args = write(tmp_path / "training_args.json", {"per_device_train_batch_size": 1, "bf16": True, "max_length": 1024})
     r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=args, alternatives=0))
     assert r.estimate.config.optimizer == optimizer
@@ -604,7 +608,7 @@ def test_trl_qlora_prepared_with_kbit_training_is_a_lower_bound(tmp_path, monkey
     is_sharded_qlora``), whose fp32 norms make the residual stream fp32, which planner does not
     model: check says its activation memory is a lower bound; TRL 0.26 (#4577) and FSDP-QLoRA
     (a base loaded on the host) do not prepare it, and nothing is said."""
-    monkeypatch.setattr(job_module, "installed_release", lambda package: trl if package == "trl" else None)
+    monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: trl if package == "trl" else None)
     path = tmp_path / "training_args.json"
     path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "max_length": 2048,
                                 "gradient_checkpointing": True, "use_peft": True, "load_in_4bit": True}
@@ -628,7 +632,7 @@ def test_trl_lora_without_a_load_dtype_may_load_an_fp32_base(tmp_path, monkeypat
     float32 (#4778). planner plans the base in the compute dtype, so check says the memory of an
     fp32 base is a lower bound."""
     installed = {"trl": trl, "transformers": tf}
-    monkeypatch.setattr(job_module, "installed_release", installed.get)
+    monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: installed.get(package))
     path = tmp_path / "training_args.json"
     path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "max_length": 2048,
                                 "gradient_checkpointing": True, "use_peft": True} | extra))
@@ -654,3 +658,94 @@ def test_trl_lora_targets_q_and_v_are_planned_as_qv(tmp_path, modules, note):
     assert r.estimate.config.lora_targets == "qv"
     assert any("peft's default" in w for w in r.warnings) is note, r.warnings
     assert r.estimate.model.num_trainable_parameters == 3_407_872
+
+
+@pytest.mark.parametrize("installed, kept", [((0, 42, 0), True), ((0, 43, 1), True), ((0, 43, 2), False),
+                                             ((0, 50, 2), False)])
+def test_qlora_is_planned_as_the_installed_bitsandbytes_keeps_its_inputs(tmp_path, monkeypatch, installed, kept):
+    """bitsandbytes' MatMul4Bit kept each 4-bit matmul's input on its autograd context until
+    0.43.2 (PR #1270), where a checkpoint's hooks cannot drop it: check plans a QLoRA job as the
+    bitsandbytes installed here runs it, says so, and the older one's checkpointed peak holds every
+    layer's matmul inputs (planner.cost.adapters.kept_input_bytes) more."""
+    monkeypatch.setattr(job_module, "installed_release",
+                        lambda package, parts=2: installed if package == "bitsandbytes" and parts == 3 else None)
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 2, "bf16": True, "max_length": 2048,
+                                "gradient_checkpointing": True, "use_peft": True, "load_in_4bit": True}))
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
+    assert r.estimate.config.adapter == "qlora"
+    assert r.estimate.config.nf4_matmul == ("keeps-input" if kept else "frees-input")
+    assert r.sources["nf4_matmul"] == f"bitsandbytes {'.'.join(map(str, installed))} installed here"
+    assert any("before 0.43.2" in w for w in r.warnings) is kept, r.warnings
+    monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: None)
+    today = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
+    assert today.estimate.config.nf4_matmul == "frees-input" and today.sources["nf4_matmul"] == "default"
+    model = resolve_model(LLAMA)
+    per_layer = adapters.kept_input_bytes(model, DTypes(2, 2)) * 2 * 2048
+    grown = r.estimate.memory["activations"] - today.estimate.memory["activations"]
+    assert grown == (pytest.approx(per_layer * model.num_layers, rel=0.01) if kept else 0), grown
+
+
+@pytest.mark.parametrize("kwargs, installed, impl", [
+    ({"gradient_checkpointing_kwargs": {"use_reentrant": True}}, (5, 24), "reentrant"),
+    ({"gradient_checkpointing_kwargs": {"use_reentrant": False}}, (4, 57), "non-reentrant"),
+    ({}, (4, 57), "reentrant"), ({}, (5, 0), "non-reentrant"), ({}, None, "non-reentrant")])
+def test_the_checkpoint_implementation_is_the_jobs(tmp_path, monkeypatch, kwargs, installed, impl):
+    """The Trainer passes gradient_checkpointing_kwargs to torch's checkpoint; without them
+    transformers 4 (4.57.1's modeling_utils.py) checkpoints reentrant, 5 (5.0.0) non-reentrant.
+    Over an LLM.int8() base the difference is every layer's kept matmul inputs."""
+    monkeypatch.setattr(job_module, "installed_release",
+                        lambda package, parts=2: installed if package == "transformers" else None)
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 2, "bf16": True, "max_length": 2048,
+                                "gradient_checkpointing": True, "use_peft": True, "load_in_8bit": True} | kwargs))
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
+    assert r.estimate.config.adapter == "lora-int8" and r.estimate.config.checkpoint_impl == impl
+    said = {True: "training_args.json: gradient_checkpointing_kwargs use_reentrant",
+            False: f"transformers {installed[0]}.{installed[1]}'s default" if installed else "default"}[bool(kwargs)]
+    assert said in r.sources["checkpoint_impl"], r.sources["checkpoint_impl"]
+    model = resolve_model(LLAMA)
+    rows = {row.label: row.bytes for row in r.estimate.ledger}
+    saved = next(v for k, v in rows.items() if k.startswith("saved activations"))
+    kept = adapters.kept_input_bytes(model, DTypes(2, 2)) if impl == "non-reentrant" else 0
+    assert saved == pytest.approx((2 * model.hidden_size + kept) * model.num_layers * 2 * 2048, abs=1)
+
+
+@pytest.mark.parametrize("text, impl", [
+    ("adapter: lora\nload_in_8bit: true\ngradient_checkpointing: true\n", "reentrant"),
+    ("adapter: lora\nload_in_8bit: true\ngradient_checkpointing: true\n"
+     "gradient_checkpointing_kwargs:\n  use_reentrant: false\n", "non-reentrant"),
+    ("finetuning_type: lora\nquantization_bit: 8\n", "reentrant"),
+    ("finetuning_type: lora\nquantization_bit: 8\nuse_reentrant_gc: false\n", "non-reentrant")])
+def test_axolotl_and_llamafactory_checkpoint_reentrant_by_default(tmp_path, text, impl):
+    """axolotl sets use_reentrant True when checkpointing with no kwargs, rl or unfrozen_parameters
+    (utils/config/__init__.py normalize_config); LLaMA-Factory's use_reentrant_gc defaults to True
+    (hparams/model_args.py) and checkpointing is on unless disabled."""
+    head = "base_model: m\nsequence_len: 2048\nmicro_batch_size: 1\nlora_r: 8\nlora_alpha: 16\n" if "adapter" in text \
+        else "stage: sft\ncutoff_len: 2048\n"
+    path = tmp_path / "job.yaml"
+    path.write_text(head + text)
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
+    assert r.estimate.config.checkpointing == "full" and r.estimate.config.checkpoint_impl == impl, r.sources
+
+
+def test_reentrant_checkpointing_is_emitted_and_read_back(tmp_path):
+    """A plan's checkpoint implementation is what its files run (the Trainer's
+    activation_checkpointing_kwargs) and what check reads back from them; FSDP's own checkpointing
+    is non-reentrant, so a reentrant plan under FSDP checkpoints through the Trainer instead."""
+    result = suggest(SuggestRequest(model=LLAMA, gpus="1xH100-80", checkpointing=["full"], checkpoint_impl="reentrant",
+                                    top=1))
+    emit(result, tmp_path)
+    args = json.loads((tmp_path / "training_args.json").read_text())
+    assert args["activation_checkpointing_kwargs"] == {"use_reentrant": True}
+    back = check(CheckRequest(model=LLAMA, gpus="1xH100-80", job_dir=tmp_path, alternatives=0))
+    assert back.estimate.config == result.plans[0].config
+    fsdp = suggest(SuggestRequest(model=LLAMA, gpus="2xH100-80", checkpointing=["full"], sharding=["fsdp"],
+                                  checkpoint_impl="reentrant", top=1))
+    emit(fsdp, tmp_path / "fsdp")
+    args = json.loads((tmp_path / "fsdp" / "training_args.json").read_text())
+    assert args["activation_checkpointing"] and args["activation_checkpointing_kwargs"] == {"use_reentrant": True}
+    assert not yaml.safe_load((tmp_path / "fsdp" / "accelerate_config.yaml").read_text())["fsdp_config"].get(
+        "fsdp_activation_checkpointing")
+    back = check(CheckRequest(model=LLAMA, gpus="2xH100-80", job_dir=tmp_path / "fsdp", alternatives=0))
+    assert back.estimate.config == fsdp.plans[0].config

@@ -17,7 +17,9 @@ unless ``disable_gradient_checkpointing`` (model_utils/checkpointing.py); ``cuto
 (data_args.py), ``packing`` off but in pre-training (``stage: pt``), and ``neat_packing`` packs too;
 ``flash_attn`` auto leaves transformers' default, disabled/sdpa/fa2/fa3 set
 eager/sdpa/flash_attention_2/3 (model_utils/attention.py); trainable parameters are upcast to
-fp32 unless ``pure_bf16`` (model/adapter.py), so bf16 trains fp32 weights with autocast.
+fp32 unless ``pure_bf16`` (model/adapter.py), so bf16 trains fp32 weights with autocast;
+checkpointing is reentrant unless ``use_reentrant_gc`` false (hparams/model_args.py; FSDP2 sets it
+false: model_utils/checkpointing.py).
 
 axolotl: pydantic drops unknown keys silently (utils/schemas/config.py: no ``extra``), so they
 warn here; ``bf16`` defaults to "auto" (bf16 where the GPU has it) and the model loads in that
@@ -28,7 +30,8 @@ default, ``lora_dropout`` 0, ``lora_target_linear`` = every linear but the head 
 peft.py, loaders/adapter.py); ``sequence_len`` 512, ``sample_packing`` off (one sample per row,
 padded to the batch's longest, or to ``sequence_len`` with ``pad_to_sequence_len``), ``micro_batch_size`` and
 ``gradient_accumulation_steps`` 1, ``optimizer`` adamw_torch_fused, ``gradient_checkpointing``
-off (utils/schemas/training.py, config.py); the legacy attention booleans map to
+off (utils/schemas/training.py, config.py), reentrant when on unless ``gradient_checkpointing_kwargs``,
+``rl`` or ``unfrozen_parameters`` is set (utils/config/__init__.py ``normalize_config``); the legacy attention booleans map to
 ``attn_implementation`` (config.py); ``fsdp_config`` keys lose their ``fsdp_`` prefix and a config
 without a version is FSDP1 (utils/schemas/validation.py); under FSDP2 axolotl's own
 ``fsdp2_prepare_model`` keeps bf16 parameters (monkeypatch/accelerate/fsdp2.py).
@@ -132,6 +135,10 @@ def _llamafactory(t: Translation) -> None:
         off = d.get("disable_gradient_checkpointing", False) is True
         t.put("gradient_checkpointing", not off, "disable_gradient_checkpointing" if "disable_gradient_checkpointing"
               in d else "no disable_gradient_checkpointing (LLaMA-Factory's default: checkpointing on)")
+        if not off and "gradient_checkpointing_kwargs" not in d:
+            reentrant = d.get("use_reentrant_gc", True)
+            t.put("gradient_checkpointing_kwargs", {"use_reentrant": reentrant}, "use_reentrant_gc" if "use_reentrant_gc"
+                  in d else "no use_reentrant_gc (LLaMA-Factory's default; FSDP2 sets it false)")
     t.default("max_length", "cutoff_len", 2048)
     packed = (d["packing"] if d.get("packing") is not None else d.get("stage") == "pt") is True \
         or d.get("neat_packing") is True
@@ -193,6 +200,11 @@ def _axolotl(t: Translation) -> None:
     checkpointing = d.get("gradient_checkpointing", False)
     t.put("gradient_checkpointing", bool(checkpointing), "gradient_checkpointing" if "gradient_checkpointing" in d
           else "no gradient_checkpointing (axolotl's default: off)")
+    if d.get("gradient_checkpointing_kwargs") is not None:
+        t.put("gradient_checkpointing_kwargs", d["gradient_checkpointing_kwargs"], "gradient_checkpointing_kwargs")
+    elif checkpointing and d.get("unfrozen_parameters") is None and d.get("rl") is None:
+        t.put("gradient_checkpointing_kwargs", {"use_reentrant": True},
+              "no gradient_checkpointing_kwargs (axolotl's default with checkpointing)")
     if isinstance(checkpointing, str):
         t.warnings.append(f"{where}: gradient_checkpointing {checkpointing}: the offload of checkpoints to the "
                           "host is not modelled (planned as full checkpointing on the GPU)")

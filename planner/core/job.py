@@ -117,14 +117,16 @@ class Reading:
         return value
 
 
-def installed_release(package: str) -> tuple[int, ...] | None:
-    """The installed ``package``'s (major, minor), read from its metadata (no import): what the
-    job's environment runs where a recipe leaves a library default unset (planner check runs where
-    the job runs). None: not installed or not a numbered release."""
+def installed_release(package: str, parts: int = 2) -> tuple[int, ...] | None:
+    """The installed ``package``'s first ``parts`` release numbers ((major, minor) by default),
+    read from its metadata (no import): what the job's environment runs where a recipe leaves a
+    library default unset (planner check runs where the job runs). None: not installed or not a
+    numbered release."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return tuple(int(x) for x in version(package).split(".")[:2])
+        numbers = version(package).split(".")[:parts]
+        return tuple(int(x) for x in numbers) if len(numbers) == parts else None
     except (PackageNotFoundError, ValueError):
         return None
 

@@ -40,6 +40,13 @@ class AdapterSpec:
     dora: bool = False  # DoRA: a magnitude vector per wrapped weight
     nf4: bool = False  # QLoRA: the wrapped weights stored in NF4 (double quantization)
     int8: bool = False  # LoRA over bitsandbytes' LLM.int8() base (``load_in_8bit``)
+    nf4_keeps_input: bool = False  # QLoRA under bitsandbytes < 0.43.2 (``NF4_FREES_INPUT_SINCE``)
+
+    @property
+    def base_keeps_inputs(self) -> bool:
+        """Whether the quantized base's matmuls keep their inputs on the autograd context
+        (``kept_input_bytes``): LLM.int8() always, NF4 before bitsandbytes 0.43.2."""
+        return self.int8 or (self.nf4 and self.nf4_keeps_input)
 
 
 @dataclass(frozen=True)
@@ -441,7 +448,7 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, .
 @cache
 def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: str, rank: int,
                         dropout: float, cast: bool, dora: bool = False,
-                        int8: bool = False, copy_bytes: int | None = None) -> tuple[tuple[str, float], ...]:
+                        keeps_inputs: bool = False, copy_bytes: int | None = None) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves (no checkpointing) when its weights are frozen and
     the target set's matmuls carry LoRA adapters (peft ``LoraLayer.forward``: ``base(x) +
     B(A(dropout(x.to(A's dtype)))) * scaling``), in the activation dtypes ``dt``.
@@ -463,10 +470,11 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
       by the base and the adapter outputs, so both are saved: 2 c per output element. Measured on
       tiny Llama, GPT-2 and Phi-3 layers on the CPU (bf16-mixed, bf16-pure, fp32, both target sets),
       the rest of DoRA's list differs from this by -10 % to +10 % of its size; not exact yet.
-    - ``int8``: an LLM.int8() base matmul keeps its input for the input gradient
-      (bitsandbytes ``MatMul8bitLt``: ``ctx.tensors = (CAt, subA, A)`` whenever the input needs a
-      gradient), so the matmul inputs stay as in full fine-tuning; the norms' normalised inputs
-      still go (their weights are frozen). A test walks a real int8 peft model's autograd graph.
+    - ``keeps_inputs``: the quantized base's matmuls keep their inputs (``kept_input_bytes``: an
+      LLM.int8() base, bitsandbytes ``MatMul8bitLt``: ``ctx.tensors = (CAt, subA, A)`` whenever the
+      input needs a gradient; NF4 before bitsandbytes 0.43.2), so the matmul inputs stay as in full
+      fine-tuning; the norms' normalised inputs still go (their weights are frozen). A test walks a
+      real int8 peft model's autograd graph.
     The adapters' weights (and under autocast their 16-bit casts) are per layer, not per token: the
     ledger counts them. Dense models only; a MoE's folded expert adapters are ledger rows of their
     own. Traced on real peft models (tests/test_adapters.py)."""
@@ -477,7 +485,7 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     copy = copy_bytes or c  # A's input copy and output: the compute dtype, or fp32 without autocast
     on = {t.name: t for t in wrapped(m, targets)}
     own_copy = dropout > 0 or cast
-    inputs = {} if int8 else _weight_gradient_inputs(m, fused)
+    inputs = {} if keeps_inputs else _weight_gradient_inputs(m, fused)
     full = activations.layer_saved(m, dt, fused, seq_len)
     unknown = set(inputs) - {name for name, _ in full}
     if unknown:  # the activation lists renamed a tensor: fail loudly rather than keep it silently
@@ -500,6 +508,39 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
         if dora:
             saved.append((f"{short} DoRA base and adapter outputs", 2 * c * t.shape[0]))
     return tuple(saved)
+
+
+#: The first bitsandbytes whose ``MatMul4Bit`` keeps only the packed weight for backward
+#: (``ctx.tensors = (None, B)``): before it, ``(A, B)``, the input too, though the input gradient
+#: needs only the weight (bitsandbytes PR #1270, "fix QLoRA mem bug: delete useless buffered
+#: activation", 2024-07-16, first released in 0.43.2).
+NF4_FREES_INPUT_SINCE = (0, 43, 2)
+
+
+def kept_input_bytes(m: ModelSpec, dt) -> float:
+    """Bytes per token one decoder layer's quantized base matmuls keep from their forward until
+    their backward when they keep their inputs (``AdapterSpec.base_keeps_inputs``): one copy of
+    each distinct input, in the compute dtype (q, k and v read one; gate and up one): the layer's
+    normalised input, the attention output into the output projection, the normalised MLP input,
+    and the MLP's output-projection input.
+
+    bitsandbytes keeps these as attributes of the autograd context (``MatMul8bitLt``:
+    ``ctx.tensors = (CAt, subA, A)``; ``MatMul4Bit`` before 0.43.2: ``(A, B)``), not through
+    ``save_for_backward``, so a checkpoint's saved-tensor hooks never see them: non-reentrant
+    checkpointing (planner's launch, the Trainer's ``use_reentrant: False``) keeps them for every
+    layer, as no checkpointing does. Reentrant checkpointing runs the forward without a graph and
+    keeps them for the recomputed layer only. Layer 0's q, k and v keep theirs only where the
+    embedding output requires grad (``enable_input_require_grads``): counted for every layer (one
+    input more at most). Unit: bytes per token per layer. Source: bitsandbytes 0.50
+    autograd/_functions.py, 0.42.0 for ``MatMul4Bit``; tests/test_adapters.py walks a real
+    checkpointed int8 model's graph."""
+    names = [t.name for t in params.layer_matmuls(m)]
+    first = _first_matmuls(m)[0]
+    by_name = {t.name: t for t in params.layer_matmuls(m)}
+    attn_out = by_name[next(n for n in names if n.startswith("self_attn.o_proj"))]
+    mlp_in = by_name[next(n for n in names if n.startswith(("mlp.gate", "mlp.up", "mlp.fc_in")))]
+    mlp_out = by_name[next(n for n in names if n.startswith(("mlp.down", "mlp.fc_out")))]
+    return dt.compute * sum(t.shape[1] for t in (first, attn_out, mlp_in, mlp_out))
 
 
 def casts_adapter_input(spec: AdapterSpec, adapter_bytes: int, compute_bytes: int) -> bool:

@@ -1,11 +1,12 @@
 """Activation checkpointing in a training process: full (each decoder layer recomputed in
 backward) and selective (torchtitan's op-level policy, strategies/checkpointing.py SELECTIVE_POLICY).
 
-Full checkpointing is what the emitted files say (the Trainer's non-reentrant activation
-checkpointing; under FSDP, FSDP's own), so at the launch nothing is applied here; the probes, which
-build the model and FSDP themselves, use HF gradient checkpointing (non-reentrant) or, under FSDP,
-torch's non-reentrant checkpoint around each decoder layer. Selective checkpointing has no switch in
-accelerate or the Trainer (runtime.json names it): it is applied here everywhere.
+Full checkpointing is what the emitted files say (the Trainer's activation checkpointing in the
+plan's implementation; under FSDP, FSDP's own, non-reentrant), so at the launch nothing is applied
+here; the probes, which build the model and FSDP themselves, use HF gradient checkpointing in the
+plan's implementation or, under FSDP, torch's checkpoint around each decoder layer (the same).
+Selective checkpointing has no switch in accelerate or the Trainer (runtime.json names it): it is
+applied here everywhere.
 """
 
 from collections import Counter, defaultdict
@@ -14,7 +15,7 @@ from typing import Any
 
 from planner.runtime import Site
 from planner.runtime.model import decoder_layers
-from planner.strategies.checkpointing import SELECTIVE_POLICY, Checkpointing
+from planner.strategies.checkpointing import SELECTIVE_POLICY, CheckpointImpl, Checkpointing
 from planner.strategies.sharding import FSDP
 
 
@@ -79,8 +80,9 @@ def prepare(model, config, site: Site, **_) -> str | None:
         return None
     if c == Checkpointing.FULL and site == Site.LAUNCH:
         return None  # the emitted files say it: the Trainer's activation_checkpointing, or FSDP's own
+    reentrant = c == Checkpointing.FULL and config.checkpoint_impl == CheckpointImpl.REENTRANT
     if c == Checkpointing.FULL and config.sharding not in FSDP:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
         return None
     from torch.utils.checkpoint import checkpoint
 
@@ -89,6 +91,6 @@ def prepare(model, config, site: Site, **_) -> str | None:
         kw: dict[str, Any] = (
             {"context_fn": partial(selective_context_fn, frozenset(router_shapes(layer)), layer._planner_saved_ops)}
             if c == Checkpointing.SELECTIVE else {})
-        layer.forward = partial(checkpoint, layer.forward, use_reentrant=False, **kw)
+        layer.forward = partial(checkpoint, layer.forward, use_reentrant=reentrant, **kw)
         layer._planner_checkpointing = str(c)  # what planner.launch.live reads back
     return None
