@@ -67,7 +67,7 @@ MODELS = {
     "llama270b": ("meta-llama/Llama-2-70b-hf", ""),
     "llama7b": ("meta-llama/Llama-2-7b-hf", "LLaMA-7B as Llama-2-7B (the same shapes)"),
     "llama27barchitecture": ("meta-llama/Llama-2-7b-hf", ""), "llama270barchitecture": ("meta-llama/Llama-2-70b-hf", ""),
-    "mistral7bv02base": ("mistralai/Mistral-7B-v0.1", "Mistral-7B v0.2 as v0.1 (the same shapes)"),
+    "mistral7bv02base": ("mistralai/Mistral-7B-Instruct-v0.2", ""),
     "qwenqwen257binstruct": ("Qwen/Qwen2.5-7B", "the Instruct model as its base (the same shapes)"),
     "tinyllama11b": ("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", ""),
 }
@@ -273,7 +273,7 @@ def request(case: dict) -> Mapped:
         out.assumed.append("attention sdpa (fused)")
     if str(case.get("loss_kernel") or "").split(" (")[0] in ("liger", "unsloth", "cut_cross_entropy", "chunked_ce"):
         out.fields["loss"] = "chunked"
-    for key in ("loss_path", "model_output", "adapter_dtype", "nf4_matmul"):  # what the source's libraries ran (*_source)
+    for key in ("loss_path", "model_output", "adapter_dtype", "nf4_matmul", "checkpoint_impl"):  # what the source's libraries ran (*_source)
         if case.get(key):
             out.fields[key] = str(case[key])
     if out.fields.get("adapter_dtype") == "fp32" and out.fields.get("adapter") != "lora":
