@@ -46,7 +46,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
-from planner.cost import adapters, compute, overheads, params
+from planner.cost import activations, adapters, compute, overheads, params
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.moments import FROZEN_BASE, FROZEN_EVERY_RANK, LAST_LAYER_FORWARD
@@ -225,6 +225,13 @@ def _check(ctx: PlanContext, out: Check) -> None:
     n, base = adapters.trained_elements(m, spec_of(cfg))[1], params.total_parameters(m)
     out.warnings.append(f"{a} trains {n:,} adapter parameters ({n / base:.2%} of {base:,}) on the frozen base: a "
                         "different method from full fine-tuning (its learning rate is typically 10x higher)")
+    spec = spec_of(cfg)
+    if cfg.checkpointing == "full" and cfg.checkpoint_impl == "non-reentrant" and spec and spec.base_keeps_inputs:
+        dt = activations.DTypes(DTYPE_BYTES[compute_dtype(cfg)], DTYPE_BYTES[compute_dtype(cfg)])
+        kb = adapters.kept_input_bytes(m, dt) * m.num_layers / 1024
+        out.warnings.append(f"{a}'s bitsandbytes matmuls keep their inputs out of the non-reentrant checkpoint's reach: "
+                            f"every layer holds them until its backward ({kb:,.0f} KiB a token); --checkpoint-impl "
+                            "reentrant keeps them for the recomputed layer only")
     if cfg.lora_dropout > 0 and cfg.checkpointing == "none":
         out.warnings.append(f"lora_dropout {cfg.lora_dropout:g} keeps a mask and a dropped copy of the input of every "
                             "wrapped matmul until backward (no checkpointing); --lora-dropout 0 saves that memory")

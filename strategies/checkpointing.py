@@ -558,9 +558,15 @@ def _read_impl(d: dict, where: str, r: Reading) -> None:
 
 
 def _savers(c, hardware: HardwareSpec) -> list[tuple[str, dict]]:
+    """More checkpointing; under full, the reentrant checkpoint (it saves only where a quantized
+    base keeps its matmuls' inputs: the callers keep a change only where it lowers the peak)."""
     order = list(Checkpointing)
-    return [(f"checkpointing {c.checkpointing} -> {t}", {"checkpointing": t})
-            for t in (Checkpointing.SELECTIVE, Checkpointing.FULL) if order.index(t) > order.index(c.checkpointing)]
+    out: list[tuple[str, dict]] = [(f"checkpointing {c.checkpointing} -> {t}", {"checkpointing": t})
+           for t in (Checkpointing.SELECTIVE, Checkpointing.FULL) if order.index(t) > order.index(c.checkpointing)]
+    if c.checkpointing == Checkpointing.FULL and c.checkpoint_impl == CheckpointImpl.NON_REENTRANT:
+        out.append((f"checkpoint-impl {c.checkpoint_impl} -> {CheckpointImpl.REENTRANT}",
+                    {"checkpoint_impl": CheckpointImpl.REENTRANT}))
+    return out
 
 
 STRATEGY = Strategy(

@@ -749,3 +749,24 @@ def test_reentrant_checkpointing_is_emitted_and_read_back(tmp_path):
         "fsdp_activation_checkpointing")
     back = check(CheckRequest(model=LLAMA, gpus="2xH100-80", job_dir=tmp_path / "fsdp", alternatives=0))
     assert back.estimate.config == fsdp.plans[0].config
+
+
+def test_an_int8_job_checkpointed_non_reentrant_is_told_the_reentrant_fix(tmp_path):
+    """Llama-3.1-8B LoRA over LLM.int8() at 2 x 2048 on a 24 GB card: the non-reentrant checkpoint
+    keeps every layer's int8 matmul inputs (6.5 GiB) and the job misses; check says why and names
+    the reentrant checkpoint among the changes that make it fit, at the same speed."""
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 2, "bf16": True, "max_length": 2048,
+                                "gradient_checkpointing": True, "use_peft": True, "load_in_8bit": True,
+                                "lora_target_modules": "all-linear",
+                                "gradient_checkpointing_kwargs": {"use_reentrant": False}}))
+    r = check(CheckRequest(model=LLAMA, gpus="1xRTX4090-24", training_args=path, alternatives=3))
+    assert not r.fits and any("--checkpoint-impl reentrant" in w for w in r.warnings), r.warnings
+    fix = next(ch for ch in r.changes if ch.change.startswith("checkpoint-impl non-reentrant -> reentrant"))
+    assert fix.fits and fix.tokens_per_second == r.estimate.time.tokens_per_second
+    model = resolve_model(LLAMA)
+    saved = adapters.kept_input_bytes(model, DTypes(2, 2)) * model.num_layers * 2 * 2048  # (both peak at the forward's end)
+    again = estimate_config(model, parse_gpus("1xRTX4090-24"), fix.config)
+    assert again.memory["peak"] == fix.peak_bytes
+    assert r.estimate.peak_phase == again.peak_phase == "forward"
+    assert r.estimate.memory["activations"] - again.memory["activations"] == pytest.approx(saved, rel=0.001)
