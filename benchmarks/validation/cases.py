@@ -89,6 +89,12 @@ TIER1 = [
 ]
 
 TIER2 = [
+    # the int8 base's matmuls keep their inputs out of the checkpoint's hooks (planner.cost.adapters
+    # kept_input_bytes): every layer under the non-reentrant checkpoint, the recomputed one under the
+    # reentrant (1.75 GiB apart at this shape)
+    *(_1b(f"1b-lora-int8-ckpt-{impl}", f"LoRA over LLM.int8(), full checkpointing, {impl}", ("peft", "bnb_8bit"),
+          expected=20.0, tier=2, precision="bf16-mixed", adapter="lora-int8", checkpointing="full", checkpoint_impl=impl)
+      for impl in ("non-reentrant", "reentrant")),
     _1b("1b-fp8", "fp8 linears (torchao; eager here, the launch compiles)", ("torchao_fp8",), 14.0, False, 2,
         precision="fp8-mixed"),
     _1b("1b-chunked-loss", "Liger fused linear cross-entropy", ("liger",), expected=18.0, tier=2, precision="bf16-mixed",
