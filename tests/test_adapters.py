@@ -263,20 +263,31 @@ def kept_by_quantized_matmuls(path, int8: bool, batch: int, seq: int = 32) -> tu
     model.train()
     ids = torch.randint(0, 256, (batch, seq))
     loss = model(input_ids=ids, labels=ids).loss
-    kept, stack, visited, matmuls = {}, [loss.grad_fn], set(), 0
+    kept, matmuls = {}, 0
+    for node in graph_nodes(loss):
+        kind = type(node).__name__
+        matmuls += kind.startswith("MatMul")
+        if kind in KEPT_INPUT and (t := KEPT_INPUT[kind](node)) is not None:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(kept.values()), matmuls
+
+
+#: Where bitsandbytes' quantized matmuls keep their input on the autograd node: CUDA's int8, the
+#: CPU's int8, NF4 (None from 0.43.2).
+KEPT_INPUT = {"MatMul8bitLtBackward": lambda n: n.tensors[2], "MatMul8bitFpBackward": lambda n: n.A,
+              "MatMul4BitBackward": lambda n: n.tensors[0]}
+
+
+def graph_nodes(loss):
+    """Every node of ``loss``'s autograd graph, once."""
+    stack, visited = [loss.grad_fn], set()
     while stack:
         node = stack.pop()
         if node is None or node in visited:
             continue
         visited.add(node)
-        kind = type(node).__name__
-        matmuls += kind.startswith("MatMul")
-        held = {"MatMul8bitLtBackward": lambda n: n.tensors[2], "MatMul8bitFpBackward": lambda n: n.A,
-                "MatMul4BitBackward": lambda n: n.tensors[0]}.get(kind)
-        if held is not None and (t := held(node)) is not None:
-            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        yield node
         stack += [n for n, _ in node.next_functions]
-    return sum(kept.values()), matmuls
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -367,20 +378,14 @@ def layer_saved_per_token(path, family: str, attention: str, mode: str, adapter:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
                 loss = model(input_ids=ids, labels=ids).loss
-        kept, stack, visited = set(), [loss.grad_fn], set()
-        while stack:
-            node = stack.pop()
-            if node is None or node in visited:
-                continue
-            visited.add(node)
+        kept = set()
+        for node in graph_nodes(loss):
             kind = type(node).__name__
             if kind in ("MatMul8bitLtBackward", "MatMul8bitFpBackward"):  # CUDA's; the CPU's
-                kept_input = node.tensors[2] if kind == "MatMul8bitLtBackward" else node.A
-                ptr = kept_input.untyped_storage().data_ptr()
+                ptr = KEPT_INPUT[kind](node).untyped_storage().data_ptr()
                 if ptr in inputs:
                     kept.add(ptr)
                     seen[ptr] = inputs[ptr]
-            stack += [n for n, _ in node.next_functions]
         assert kept == set(inputs), "every int8 matmul of layer 1 keeps its input"
         sizes.append(sum(seen.values()))
     return (sizes[1] - sizes[0]) / (2 * seq)
