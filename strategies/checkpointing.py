@@ -4,8 +4,10 @@
 - selective: torchtitan's op-level selective AC (``SELECTIVE_POLICY``): the layer input, the
   attention kernel's outputs and every other matmul's output (the 1st, 3rd, ... of the layer);
   the other matmuls, norms, activations and RoPE are recomputed in backward.
-- full: the layer input only (HF gradient checkpointing, non-reentrant); during backward one
-  layer is recomputed in full. Korthikanti et al. 2022, Sec. 5: 2*s*b*h per layer in 16 bit.
+- full: the layer input only (HF gradient checkpointing); during backward one layer is
+  recomputed in full. Korthikanti et al. 2022, Sec. 5: 2*s*b*h per layer in 16 bit. Beside it,
+  under the non-reentrant checkpoint, what a quantized base's matmuls keep out of the
+  checkpoint's sight (``CheckpointImpl``).
 In every mode, at the first layer's backward its saved tensors (recomputed or kept) and its
 gradient temporaries are alive (``first_layer_backward``); the checkpointed layer input that
 recomputation starts from (r*h bytes per token) is counted as part of that layer, which
@@ -57,9 +59,9 @@ class CheckpointImpl(StrEnum):
 
 
 #: The first transformers whose ``gradient_checkpointing_enable`` defaults to non-reentrant
-#: checkpointing when the Trainer passes no ``gradient_checkpointing_kwargs``: 4.35-4.57 default
-#: ``{"use_reentrant": True}``, 5.0 ``{"use_reentrant": False}`` (modeling_utils.py of 4.57.1 and
-#: 5.0.0).
+#: checkpointing when the Trainer passes no ``gradient_checkpointing_kwargs``: 4.57.1 defaults to
+#: ``{"use_reentrant": True}``, 5.0.0 to ``{"use_reentrant": False}`` (their modeling_utils.py);
+#: earlier 4.x releases are taken as 4.57.1.
 NON_REENTRANT_DEFAULT_SINCE = (5, 0)
 
 SETTINGS = (
@@ -492,8 +494,9 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     """Full: FSDP's own activation checkpointing under FSDP (the Trainer's would add a redundant
-    all-gather, transformers issue #30404), else HF gradient checkpointing, non-reentrant.
-    HF's takes the plan's implementation (``use_reentrant``). Selective: no switch exists in
+    all-gather, transformers issue #30404), else, and for a reentrant plan (FSDP's own is
+    non-reentrant), HF gradient checkpointing in the plan's implementation (``use_reentrant``).
+    Selective: no switch exists in
     accelerate or the Trainer; runtime.json names the policy, which the runtime applies to each
     decoder layer."""
     c = ctx.config.checkpointing
