@@ -132,7 +132,7 @@ SETTINGS = (
             "default autocast_adapter_dtype: fp32 adapters, each casting its input to fp32)", used_at=("lora",)),
     Setting("nf4_matmul", Nf4Matmul, Nf4Matmul.FREES_INPUT,
             "what QLoRA's 4-bit matmuls keep for backward: frees-input (bitsandbytes >= 0.43.2) or keeps-input "
-            "(older: every matmul's input, for every layer even under checkpointing)", used_at=("qlora",)),
+            "(older: each matmul's input too, out of a non-reentrant checkpoint's reach)", used_at=("qlora",)),
 )
 FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
 #: The ledger row of QLoRA's dequantized weight (bitsandbytes does not run on fake tensors, so a
@@ -239,9 +239,8 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.warnings.append("qlora computes with the base's NF4-quantized weights (dequantized to 16 bit per "
                             "matmul): the forward is an approximation of the 16-bit model's")
         if cfg.nf4_matmul == Nf4Matmul.KEEPS_INPUT:
-            out.warnings.append("bitsandbytes before 0.43.2 keeps every 4-bit matmul's input until its backward, in "
-                                "every layer, checkpointed or not (planned so); bitsandbytes >= 0.43.2 frees them: "
-                                "pip install -U bitsandbytes")
+            out.warnings.append("bitsandbytes before 0.43.2 keeps each 4-bit matmul's input until its backward (planned "
+                                "so); 0.43.2 and later free it: upgrade bitsandbytes")
     if a == Adapter.LORA_INT8:
         out.warnings.append("lora-int8 computes the base's matmuls in int8 (LLM.int8(): inputs cast to fp16 and "
                             "quantized per row, outlier features in fp16): an approximation of the 16-bit model's "

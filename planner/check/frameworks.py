@@ -30,10 +30,11 @@ default, ``lora_dropout`` 0, ``lora_target_linear`` = every linear but the head 
 peft.py, loaders/adapter.py); ``sequence_len`` 512, ``sample_packing`` off (one sample per row,
 padded to the batch's longest, or to ``sequence_len`` with ``pad_to_sequence_len``), ``micro_batch_size`` and
 ``gradient_accumulation_steps`` 1, ``optimizer`` adamw_torch_fused, ``gradient_checkpointing``
-off (utils/schemas/training.py, config.py), reentrant when on unless ``gradient_checkpointing_kwargs``,
-``rl`` or ``unfrozen_parameters`` is set (utils/config/__init__.py ``normalize_config``); the legacy attention booleans map to
-``attn_implementation`` (config.py); ``fsdp_config`` keys lose their ``fsdp_`` prefix and a config
-without a version is FSDP1 (utils/schemas/validation.py); under FSDP2 axolotl's own
+off (utils/schemas/training.py, config.py), reentrant when on unless
+``gradient_checkpointing_kwargs``, ``rl`` or ``unfrozen_parameters`` is set (utils/config/__init__.py
+``normalize_config``); the legacy attention booleans map to ``attn_implementation`` (config.py);
+``fsdp_config`` keys lose their ``fsdp_`` prefix and a config without a version is FSDP1
+(utils/schemas/validation.py); under FSDP2 axolotl's own
 ``fsdp2_prepare_model`` keeps bf16 parameters (monkeypatch/accelerate/fsdp2.py).
 """
 
