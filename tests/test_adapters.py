@@ -242,10 +242,11 @@ def test_an_int8_base_keeps_its_matmul_inputs(saved_tiny, family):
             assert traced - full == model - model_full, (targets, dropout)
 
 
-def kept_by_quantized_matmuls(path, int8: bool, batch: int, seq: int = 32) -> tuple[int, int]:
+def kept_by_quantized_matmuls(path, int8: bool, batch: int, seq: int = 32, reentrant: bool = False) -> tuple[int, int]:
     """Bytes a real peft LoRA model over a bitsandbytes base (bf16 weights, no autocast) keeps on
-    its quantized matmuls' autograd contexts after a forward under HF gradient checkpointing,
-    non-reentrant (as planner's launch runs it), read from the graph: each distinct storage once.
+    its quantized matmuls' autograd contexts after a forward under HF gradient checkpointing
+    (non-reentrant as planner's launch runs it, or ``reentrant``), read from the graph: each
+    distinct storage once.
     CPU bitsandbytes trains an int8 base through ``MatMul8bitFp`` (``ctx.A``), CUDA through
     ``MatMul8bitLt`` (``ctx.tensors[2]``); NF4 through ``MatMul4Bit`` (``ctx.tensors[0]``).
     Returns (bytes, the quantized matmuls in the graph)."""
@@ -258,7 +259,7 @@ def kept_by_quantized_matmuls(path, int8: bool, batch: int, seq: int = 32) -> tu
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, quantization_config=quant)
     model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
                                                        target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     model.enable_input_require_grads()  # (layer 0's q, k and v then keep theirs too: planner counts every layer)
     model.train()
     ids = torch.randint(0, 256, (batch, seq))
@@ -295,13 +296,16 @@ def test_a_checkpointed_int8_base_keeps_every_layers_matmul_inputs(saved_tiny):
     """LLM.int8()'s matmuls keep their inputs on the autograd context, out of a checkpoint's
     saved-tensor hooks: under non-reentrant checkpointing every layer keeps them until its
     backward, ``kept_input_bytes`` per token per layer (q/k/v's input, o_proj's, gate/up's and
-    down's, once each), which planner adds to the checkpointed layer's input."""
+    down's, once each), which planner adds to the checkpointed layer's input; the reentrant
+    checkpoint's forward builds no graph, so after it no layer keeps them."""
     pytest.importorskip("bitsandbytes")
     from planner.cost.activations import DTypes
 
     path, spec = saved_tiny["llama"]
     slope = (kept_by_quantized_matmuls(path, True, 4)[0] - kept_by_quantized_matmuls(path, True, 2)[0]) / (2 * 32)
     assert slope == adapters.kept_input_bytes(spec, DTypes(2, 2)) * spec.num_layers
+    # the reentrant checkpoint runs the forward without a graph: no layer keeps them after it
+    assert kept_by_quantized_matmuls(path, True, 4, reentrant=True) == (0, 0)
 
 
 @pytest.mark.filterwarnings("ignore")
