@@ -222,13 +222,13 @@ def _check(ctx: PlanContext, out: Check) -> None:
                    "which peft wraps whole; use lora targets attention (the fused qkv and the output) or all-linear")
         return
     # (the layout's counts, from the fields that decide them: the rule is remembered by what it reads)
-    n, base = adapters.trained_elements(m, spec_of(cfg))[1], params.total_parameters(m)
+    spec = spec_of(cfg)
+    n, base = adapters.trained_elements(m, spec)[1], params.total_parameters(m)
     out.warnings.append(f"{a} trains {n:,} adapter parameters ({n / base:.2%} of {base:,}) on the frozen base: a "
                         "different method from full fine-tuning (its learning rate is typically 10x higher)")
-    spec = spec_of(cfg)
     if cfg.checkpointing == "full" and cfg.checkpoint_impl == "non-reentrant" and spec and spec.base_keeps_inputs:
-        dt = activations.DTypes(DTYPE_BYTES[compute_dtype(cfg)], DTYPE_BYTES[compute_dtype(cfg)])
-        kb = adapters.kept_input_bytes(m, dt) * m.num_layers / 1024
+        c = DTYPE_BYTES[compute_dtype(cfg)]  # (the base's load dtype: its activations')
+        kb = adapters.kept_input_bytes(m, activations.DTypes(c, c)) * m.num_layers / 1024
         out.warnings.append(f"{a}'s bitsandbytes matmuls keep their inputs out of the non-reentrant checkpoint's reach: "
                             f"every layer holds them until its backward ({kb:,.0f} KiB a token); --checkpoint-impl "
                             "reentrant keeps them for the recomputed layer only")

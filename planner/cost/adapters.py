@@ -415,6 +415,17 @@ def fold_flops_per_micro_batch(m: ModelSpec, targets: str, rank: int) -> float:
 NORM_WEIGHT_INPUTS = ("norm normalised", "norm fp32 normalised")
 
 
+def _readers(m: ModelSpec) -> tuple[tuple[params.ParamTensor, ...], ...]:
+    """A decoder layer's matmul weights grouped by the input they read, in order: q, k and v (or
+    the fused qkv: ``_first_matmuls``), the attention's output projection, the MLP's input matmuls
+    (gate and up, the fused gate_up, fc_in) and its output matmul."""
+    matmuls = params.layer_matmuls(m)
+    return (_first_matmuls(m),
+            tuple(t for t in matmuls if t.name.startswith("self_attn.o_proj")),
+            tuple(t for t in matmuls if t.name.startswith(("mlp.gate", "mlp.up", "mlp.fc_in"))),
+            tuple(t for t in matmuls if t.name.startswith(("mlp.down", "mlp.fc_out"))))
+
+
 @cache
 def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, ...]]:
     """The tensors of planner.cost.activations' layer list that a decoder layer saves only for its
@@ -427,11 +438,7 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, .
     MLP's activation input. The MLP's output matmul reads the plain MLP's activation output or the
     gated MLP's product. Source: the activation lists' own docstrings; traced per family
     (tests/test_adapters.py)."""
-    names = [t.name for t in params.layer_matmuls(m)]
-    first = tuple(t.name for t in _first_matmuls(m))
-    attn_out = next(n for n in names if n.startswith("self_attn.o_proj"))
-    mlp_in = tuple(n for n in names if n.startswith(("mlp.gate", "mlp.up", "mlp.fc_in")))
-    mlp_out = tuple(n for n in names if n.startswith(("mlp.down", "mlp.fc_out")))
+    first, (attn_out,), mlp_in, mlp_out = (tuple(t.name for t in group) for group in _readers(m))
     inputs = {"qkv input": first, "mlp input": mlp_in,
               "act output" if m.mlp_kind == MlpKind.PLAIN else "act*up": mlp_out}
     if m.family == "gpt2":  # GPT-2's own attention module (planner.cost.activations._gpt2_attention)
@@ -517,6 +524,7 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
 NF4_FREES_INPUT_SINCE = (0, 43, 2)
 
 
+@cache
 def kept_input_bytes(m: ModelSpec, dt) -> float:
     """Bytes per token one decoder layer's quantized base matmuls keep from their forward until
     their backward when they keep their inputs (``AdapterSpec.base_keeps_inputs``): one copy of
@@ -534,13 +542,7 @@ def kept_input_bytes(m: ModelSpec, dt) -> float:
     input more at most). Unit: bytes per token per layer. Source: bitsandbytes 0.50
     autograd/_functions.py, 0.42.0 for ``MatMul4Bit``; tests/test_adapters.py walks a real
     checkpointed int8 model's graph."""
-    names = [t.name for t in params.layer_matmuls(m)]
-    first = _first_matmuls(m)[0]
-    by_name = {t.name: t for t in params.layer_matmuls(m)}
-    attn_out = by_name[next(n for n in names if n.startswith("self_attn.o_proj"))]
-    mlp_in = by_name[next(n for n in names if n.startswith(("mlp.gate", "mlp.up", "mlp.fc_in")))]
-    mlp_out = by_name[next(n for n in names if n.startswith(("mlp.down", "mlp.fc_out")))]
-    return dt.compute * sum(t.shape[1] for t in (first, attn_out, mlp_in, mlp_out))
+    return dt.compute * sum(group[0].shape[1] for group in _readers(m))
 
 
 def casts_adapter_input(spec: AdapterSpec, adapter_bytes: int, compute_bytes: int) -> bool:
