@@ -91,6 +91,9 @@ FRAMEWORK_DEFAULTS = (
     (("llama-factory",), {"optimizer": "adamw_torch", "checkpointing": "full"},
      "LLaMA-Factory's defaults (the Trainer's adamw_torch; gradient checkpointing unless disabled)"),
     (("sfttrainer",), {"optimizer": "adamw_torch"}, "the Trainer's default optim (adamw_torch)"),
+    (("hugging face transformers + fa2",), {"checkpointing": "full", "kbit_prep": "fp32-norms"},
+     "Unsloth's Hugging Face baseline as TRL's SFTTrainer (<= 0.25) runs a 4-bit base under bf16 with gradient "
+     "checkpointing (peft's prepare_model_for_kbit_training, the embeddings and head cast back to bf16)"),
     (("ms-swift",), {"optimizer": "adamw_torch"}, "the Trainer's default optim (adamw_torch), which ms-swift keeps"),
 )
 
@@ -160,10 +163,6 @@ def request(case: dict) -> Mapped:
         out.assumed.append(f"kernels: {kernels} own, timed as transformers' eager code")
     if case.get("activation_offload"):
         out.refused = "activation offloading to host RAM is not modelled"
-        return out
-    if case.get("kbit_prepared"):
-        out.refused = ("peft's prepare_model_for_kbit_training (fp32 norms, embeddings and head: an fp32 residual "
-                       "stream) is not modelled")
         return out
     hw = case.get("hardware") or {}
     gid, note = gpu_id(hw)
@@ -275,7 +274,8 @@ def request(case: dict) -> Mapped:
         out.assumed.append("attention sdpa (fused)")
     if str(case.get("loss_kernel") or "").split(" (")[0] in ("liger", "unsloth", "cut_cross_entropy", "chunked_ce"):
         out.fields["loss"] = "chunked"
-    for key in ("loss_path", "model_output", "adapter_dtype", "nf4_matmul", "checkpoint_impl"):  # what the source's libraries ran (*_source)
+    # what the source's libraries ran (each with its *_source)
+    for key in ("loss_path", "model_output", "adapter_dtype", "nf4_matmul", "checkpoint_impl", "kbit_prep"):
         if case.get(key):
             out.fields[key] = str(case[key])
     if out.fields.get("adapter_dtype") == "fp32" and out.fields.get("adapter") != "lora":

@@ -82,6 +82,11 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
         raise PlannerInputError("--adapter lora-int8 is not traced: bitsandbytes' int8 matmuls do not run on fake "
                                 "tensors, and they keep other tensors than the 16-bit base a trace would run",
                                 hint="Probe it on a GPU (--fidelity measured), or trace --adapter qlora or lora.")
+    if str(getattr(config, "kbit_prep", "none")) != "none":
+        raise PlannerInputError(f"--kbit-prep {config.kbit_prep} is not traced: the trace's 16-bit stand-ins for "
+                                "bitsandbytes' 4-bit layers return their outputs in 16 bit, where Linear4bit returns "
+                                "them in its fp32 input's dtype",
+                                hint="Probe it on a GPU (--fidelity measured), or trace --kbit-prep none.")
     if config.grad_accum != 1:
         raise PlannerInputError("--grad-accum is not traced", hint="Trace one micro-batch (--grad-accum 1).")
     zero = config.sharding in ZERO_STAGES

@@ -119,6 +119,20 @@ class Nf4Matmul(StrEnum):
     KEEPS_INPUT = "keeps-input"
 
 
+class KbitPrep(StrEnum):
+    """How the quantized base is prepared before peft wraps it: ``none`` (planner's launch: every
+    unquantized parameter in the 16-bit load dtype); ``fp32-norms``: peft's
+    ``prepare_model_for_kbit_training`` with the embeddings and head cast back to 16 bit (TRL up
+    to 0.25 under ``bf16``: ``peft_module_casting_to_bf16``), its norms and biases fp32; ``fp32``:
+    peft's preparation as it leaves it, the embeddings and head fp32 too (planner.cost.adapters
+    ``kbit_prepared_fp32_elements``). Its fp32 norms make the residual stream, the norms' outputs
+    and the projections' outputs fp32 (``adapter_layer_saved``'s ``prepared``)."""
+
+    NONE = "none"
+    FP32_NORMS = "fp32-norms"
+    FP32 = "fp32"
+
+
 #: TRL's defaults (trl ModelConfig: lora_r 16, lora_alpha 32, lora_dropout 0.05).
 SETTINGS = (
     Setting("lora_rank", int, 16, "LoRA rank r of every adapter", ge=1, le=4096),
@@ -133,6 +147,10 @@ SETTINGS = (
     Setting("nf4_matmul", Nf4Matmul, Nf4Matmul.FREES_INPUT,
             "what QLoRA's 4-bit matmuls keep for backward: frees-input (bitsandbytes >= 0.43.2) or keeps-input "
             "(older: each matmul's input too, out of a non-reentrant checkpoint's reach)", used_at=("qlora",)),
+    Setting("kbit_prep", KbitPrep, KbitPrep.NONE,
+            "peft's prepare_model_for_kbit_training on the 4-bit base: none (planner's launch), fp32-norms (TRL <= 0.25 "
+            "under bf16: fp32 norms, an fp32 residual stream) or fp32 (embeddings and head fp32 too)",
+            used_at=("qlora",)),
 )
 FORWARD_AND_BACKWARD = frozenset({Phase.FORWARD, Phase.BACKWARD})
 #: The ledger row of QLoRA's dequantized weight (bitsandbytes does not run on fake tensors, so a
@@ -165,7 +183,9 @@ def spec_of(config) -> adapters.AdapterSpec | None:
         return None
     return adapters.AdapterSpec(targets=str(config.lora_targets), rank=config.lora_rank, dropout=config.lora_dropout,
                                 dora=choice.dora, nf4=choice.nf4, int8=choice.int8,
-                                nf4_keeps_input=choice.nf4 and config.nf4_matmul == Nf4Matmul.KEEPS_INPUT)
+                                nf4_keeps_input=choice.nf4 and config.nf4_matmul == Nf4Matmul.KEEPS_INPUT,
+                                fp32_norms=choice.nf4 and config.kbit_prep != KbitPrep.NONE,
+                                fp32_embeddings=choice.nf4 and config.kbit_prep == KbitPrep.FP32)
 
 
 def _storage(ctx: PlanContext, decided: dict) -> dict:
@@ -232,6 +252,8 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.warnings.append(f"{a}'s bitsandbytes matmuls keep their inputs out of the non-reentrant checkpoint's reach: "
                             f"every layer holds them until its backward ({kb:,.0f} KiB a token); --checkpoint-impl "
                             "reentrant keeps them for the recomputed layer only")
+    if a == Adapter.QLORA and cfg.kbit_prep != KbitPrep.NONE:
+        _check_kbit_prep(ctx, out)
     if cfg.lora_dropout > 0 and cfg.checkpointing == "none":
         out.warnings.append(f"lora_dropout {cfg.lora_dropout:g} keeps a mask and a dropped copy of the input of every "
                             "wrapped matmul until backward (no checkpointing); --lora-dropout 0 saves that memory")
@@ -245,6 +267,30 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.warnings.append("lora-int8 computes the base's matmuls in int8 (LLM.int8(): inputs cast to fp16 and "
                             "quantized per row, outlier features in fp16): an approximation of the 16-bit model's "
                             "forward; its speed is uncalibrated (the int8 matmuls are timed at the 16-bit rate)")
+
+
+def _check_kbit_prep(ctx: PlanContext, out: Check) -> None:
+    """Where a k-bit prepared base is modelled: a Llama-style dense layer
+    (``kbit_prep_supported``), under autocast (bf16-mixed, fp16-mixed; without it the fp32 norm
+    outputs would run the attention and the adapters in fp32), fused attention (eager attention's
+    softmax follows the fp32 query), one GPU or DDP (TRL and axolotl skip the preparation of a
+    sharded base)."""
+    cfg, m, why = ctx.config, ctx.model, []
+    if reason := adapters.kbit_prep_supported(m):
+        why.append(reason)
+    if cfg.precision not in ("bf16-mixed", "fp16-mixed"):
+        why.append(f"precision {cfg.precision} runs it without autocast, whose fp32 attention is not modelled; "
+                   "use bf16-mixed")
+    if not ctx.layout.fused_attention:
+        why.append(f"attention {cfg.attention}: eager attention's softmax follows the fp32 query, not modelled; use sdpa")
+    if ctx.engine != Engine.TORCH:
+        why.append(f"sharding {cfg.sharding}: a sharded base is not prepared (TRL, axolotl); use kbit prep none")
+    if why:
+        out.reject("kbit prep not modelled", f"qlora with kbit prep {cfg.kbit_prep}: " + "; ".join(why))
+        return
+    out.warnings.append(f"kbit prep {cfg.kbit_prep}: peft's prepare_model_for_kbit_training leaves the norms fp32, so "
+                        "the residual stream, the norms' and the MLP's projections' outputs are fp32 (planned so); "
+                        "planner's own launch does not prepare the base: --kbit-prep none saves that memory")
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
@@ -274,8 +320,15 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         what, note = (("int8, fp32 scale per row", "1 B per weight + 4 B per output row") if spec.int8 else
                       ("NF4, double quantization", "4 bits + 8-bit absmax per 64 + fp32 per 256 blocks"))
         ledger.add("weights", f"frozen decoder linears ({what})", packed, 1, tag=FROZEN_BASE, place=place, note=note)
-        ledger.add("weights", f"frozen embeddings, norms, head ({wdt})", rest, lay.frozen_bytes, tag=FROZEN_BASE, place=place,
-                   note=f"{rest:,} params x {lay.frozen_bytes} B")
+        fp32 = adapters.kbit_prepared_fp32_elements(m, spec)
+        if rest - fp32:
+            ledger.add("weights", f"frozen embeddings, norms, head ({wdt})" if not fp32 else
+                       f"frozen embeddings and head ({wdt})", rest - fp32, lay.frozen_bytes, tag=FROZEN_BASE,
+                       place=place, note=f"{rest - fp32:,} params x {lay.frozen_bytes} B")
+        if fp32:
+            what = "embeddings, norms, head" if spec.fp32_embeddings else "norms and biases"
+            ledger.add("weights", f"frozen {what} (fp32: kbit prep)", fp32, 4, tag=FROZEN_BASE, place=place,
+                       note=f"{fp32:,} params x 4 B (peft's prepare_model_for_kbit_training)")
     else:
         ledger.add("weights", f"frozen base weights ({wdt})", lay.frozen_parameters, lay.frozen_bytes, tag=FROZEN_BASE,
                    place=place,
@@ -439,6 +492,8 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         return
     files.runtime["lora"] = lora_config(ctx.config, ctx.model.family)
     files.runtime["adapter_dtype"] = str(ctx.config.adapter_dtype)
+    if ctx.config.kbit_prep != KbitPrep.NONE:
+        files.runtime["kbit_prep"] = str(ctx.config.kbit_prep)
     files.extras.add("adapters")
     if (q := quantization_config(ctx.config)) is not None:
         files.runtime["quantization"] = q
@@ -490,25 +545,29 @@ PEFT_FP32_ADAPTERS_SINCE = (0, 12)
 TRL_KBIT_PREPARED_BEFORE = (0, 26)
 
 
-def _kbit_prepared_warning(where: str, r: Reading) -> None:
-    """The warning for a TRL job whose quantized base TRL prepares with peft's
-    ``prepare_model_for_kbit_training``: it casts every 16-bit parameter left unquantized (the
-    norms, embeddings and head) to fp32, and TRL's ``peft_module_casting_to_bf16`` under ``bf16``
-    casts the embeddings and head back but leaves the norms fp32. An fp32 norm weight makes the
-    norm's output fp32 (transformers' RMSNorm: ``weight * hidden.to(input_dtype)``); bitsandbytes'
-    ``Linear4bit`` returns its output in its input's dtype, so from the first layer on the
-    residual stream, the norms' outputs and the projections' outputs are fp32 and each projection
-    keeps its own 16-bit copy of its input. planner plans the 16-bit layout its own launch builds
-    (planner/runtime/adapter.py), so the activations it counts are a lower bound."""
+def _read_kbit_prep(d: dict, where: str, r: Reading, kind: Adapter) -> None:
+    """How TRL prepares a recipe's quantized base that is not sharded: up to 0.25 with peft's
+    ``prepare_model_for_kbit_training`` (every unquantized 16-bit parameter fp32), then under
+    ``bf16`` with a 4-bit base ``peft_module_casting_to_bf16`` (the embeddings and head back to
+    bf16, the norms fp32): ``kbit_prep`` fp32-norms, else fp32 (trl/models/utils.py
+    ``prepare_peft_model``, 0.22-0.25; the trainers' own code from 0.8). The installed TRL says
+    which release runs the job; without one, and for an 8-bit base (whose prepared layout is not
+    modelled), a warning says the activation memory planned is a lower bound."""
     trl = job_module.installed_release("trl")
     if trl is not None and trl >= TRL_KBIT_PREPARED_BEFORE:
         return
+    if trl is not None and kind == Adapter.QLORA:
+        bf16 = d.get("bf16") is True
+        r.set("kbit_prep", KbitPrep.FP32_NORMS if bf16 else KbitPrep.FP32,
+              f"TRL {trl[0]}.{trl[1]} (installed here) prepares {where}'s 4-bit base with peft's "
+              "prepare_model_for_kbit_training" + (", then casts its embeddings and head back to bf16" if bf16 else ""))
+        return
     which, aside = (f"TRL {trl[0]}.{trl[1]} (installed here)", "") if trl else (
-        "TRL before 0.26", " (TRL is not installed here to say which release runs the job)")
+        "TRL before 0.26", " (TRL is not installed here to say which release runs the job; for TRL <= 0.25 "
+        "with bf16 plan it with --kbit-prep fp32-norms)")
     r.warnings.append(f"{where}: {which} passes the quantized base through peft's prepare_model_for_kbit_training, "
                       "whose fp32 norms make the residual stream and the projections' outputs fp32; planner plans "
-                      f"the base without that preparation, as its own launch runs it: the activation memory is a "
-                      f"lower bound{aside}")
+                      f"the base without that preparation: the activation memory is a lower bound{aside}")
 
 
 def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False) -> None:
@@ -517,8 +576,8 @@ def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False) -> None:
     ``lora_modules_to_save`` (warned: not counted) and
     ``load_in_4bit`` (QLoRA) or ``load_in_8bit`` (lora-int8); TRL's defaults are planner's (16, 32,
     0.05). ``sharded``: the job runs FSDP, whose QLoRA base TRL loads on the host and does not
-    prepare (``is_sharded_qlora``); elsewhere a quantized base's preparation is warned about
-    (``_kbit_prepared_warning``)."""
+    prepare (``is_sharded_qlora``); elsewhere a quantized base's preparation is read
+    (``_read_kbit_prep``)."""
     if not r.typed(d, "use_peft", (bool,), where, False):
         for key in ("load_in_4bit", "load_in_8bit"):
             if r.typed(d, key, (bool,), where, False):
@@ -528,7 +587,7 @@ def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False) -> None:
                  where, r, r.typed(d, "load_in_8bit", (bool,), where, False))
     r.set("adapter", kind, f"{where}: use_peft")
     if kind in (Adapter.QLORA, Adapter.LORA_INT8) and not sharded:
-        _kbit_prepared_warning(where, r)
+        _read_kbit_prep(d, where, r, kind)
     peft = job_module.installed_release("peft")
     if kind == Adapter.LORA and (peft is None or peft >= PEFT_FP32_ADAPTERS_SINCE):
         r.set("adapter_dtype", AdapterDtype.FP32, f"peft's default autocast_adapter_dtype for {where}'s use_peft "
@@ -570,12 +629,13 @@ def _read(job: JobFiles, r: Reading) -> None:
     if not isinstance(lora, dict):
         r.problems.append(f"{where}: lora must be a mapping of peft LoraConfig arguments")
         return
-    dtype = job.runtime.get("adapter_dtype", str(AdapterDtype.AUTO))
-    if isinstance(dtype, str) and dtype in set(AdapterDtype):
-        r.set("adapter_dtype", AdapterDtype(dtype), f"{where}: adapter_dtype {dtype}" if "adapter_dtype" in job.runtime
-              else f"{where}: no adapter_dtype (planner's layout)")
-    else:
-        r.problems.append(f"{where}: adapter_dtype {dtype!r}: auto or fp32")
+    for key, enum in (("adapter_dtype", AdapterDtype), ("kbit_prep", KbitPrep)):  # (each enum's first: the default)
+        value = job.runtime.get(key, str(next(iter(enum))))
+        if isinstance(value, str) and value in set(enum):
+            r.set(key, enum(value), f"{where}: {key} {value}" if key in job.runtime
+                  else f"{where}: no {key} (planner's layout)")
+        else:
+            r.problems.append(f"{where}: {key} {value!r}: one of {', '.join(enum)}")
     four_bit = isinstance(quant, dict) and quant.get("load_in_4bit") is True
     eight_bit = isinstance(quant, dict) and quant.get("load_in_8bit") is True
     r.set("adapter", _kind(four_bit, bool(lora.get("use_dora")), where, r, eight_bit),
@@ -608,10 +668,18 @@ def describe(get) -> str:
     return words + (f" dropout {dropout:g}" if dropout is not None and dropout != 0.05 else "")
 
 
+def _savers(c, hardware) -> list[tuple[str, dict]]:
+    """A k-bit prepared base without its preparation (TRL from 0.26 and planner's launch do not
+    prepare it; the callers keep a change only where it lowers the peak)."""
+    if c.adapter == Adapter.QLORA and c.kbit_prep != KbitPrep.NONE:
+        return [(f"kbit-prep {c.kbit_prep} -> {KbitPrep.NONE}", {"kbit_prep": KbitPrep.NONE})]
+    return []
+
+
 STRATEGY = Strategy(
     "adapter", Adapter, Adapter.NONE, order=7, short="adapter",
     help="what trains: none (full fine-tuning), lora, qlora (LoRA over an NF4 base), dora (LoRA with magnitudes), "
          "lora-int8 (LoRA over an LLM.int8() base)",
-    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage,
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, storage=_storage, savers=_savers,
     settings=SETTINGS, describe=describe, any_choice=True, runtime="planner.runtime.adapter", records=CHOICES,
 )

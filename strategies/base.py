@@ -156,8 +156,8 @@ def _late(module: str, name: str) -> Any:
 #: The configuration fields the ``parallelism`` and ``storage`` hooks read: a plan's layout is a
 #: function of these, the model and the hardware (tests/test_search_dominance.py holds the hooks
 #: to it), so a search lays out each distinct tuple of them once.
-LAYOUT_INPUTS = ("adapter", "adapter_dtype", "attention", "fsdp_version", "lora_dropout", "lora_rank", "lora_targets",
-                 "nf4_matmul", "offload", "precision", "sharding")
+LAYOUT_INPUTS = ("adapter", "adapter_dtype", "attention", "fsdp_version", "kbit_prep", "lora_dropout", "lora_rank",
+                 "lora_targets", "nf4_matmul", "offload", "precision", "sharding")
 
 
 def resolve_layout(ctx: PlanContext, registry) -> PlanLayout:

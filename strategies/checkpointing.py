@@ -146,9 +146,23 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
     if spec is None or m.is_moe:  # (a MoE adapter plan is refused: strategies/adapter.py)
         return activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
     cast = adapters.casts_adapter_input(spec, lay.weight_bytes, lay.dtypes.compute)
-    return activations.total(adapters.adapter_layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len, spec.targets,
+    # (a prepared base on a layer it is not modelled for is refused: strategies/adapter.py; its
+    # figure is then the unprepared list's)
+    prepared = spec.fp32_norms and not adapters.kbit_prep_supported(m)
+    dt = lay.dtypes if prepared or not spec.fp32_norms else activations.DTypes(lay.dtypes.compute, lay.dtypes.compute)
+    return activations.total(adapters.adapter_layer_saved(m, dt, lay.fused_attention, cfg.seq_len, spec.targets,
                                                           spec.rank, spec.dropout, cast, spec.dora, spec.base_keeps_inputs,
-                                                          copy_bytes=lay.adapter_copy_bytes))
+                                                          copy_bytes=lay.adapter_copy_bytes, prepared=prepared))
+
+
+def mlp_backward_bytes(ctx: PlanContext) -> float:
+    """One layer's MLP gradient temporaries in its backward, bytes per token
+    (planner.cost.activations ``mlp_backward_transient_bytes``): over a k-bit prepared base the
+    MLP's intermediates and the residual stream are fp32, and so are their gradients."""
+    lay = ctx.layout
+    if lay.adapter is not None and lay.adapter.fp32_norms:
+        return activations.mlp_backward_transient_bytes(ctx.model, activations.DTypes(activations.FP32, activations.FP32))
+    return activations.mlp_backward_transient_bytes(ctx.model, lay.dtypes)
 
 
 def adapter_backward_bytes(ctx: PlanContext) -> float:
@@ -345,7 +359,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
         "start": common | {
             "autocast_weight_copies": cast + saved_casts,
             "activations": (per_layer_forward_bytes(ctx) * below + layer_saved_bytes(ctx)
-                            + activations.mlp_backward_transient_bytes(m, dt) + adapter_backward_bytes(ctx) + fp8_casts) * T,
+                            + mlp_backward_bytes(ctx) + adapter_backward_bytes(ctx) + fp8_casts) * T,
         },
         "attention": common | {
             "gradients": common["gradients"] + _trained(ctx, params.layer_block_parameters(m, "mlp")
@@ -437,7 +451,7 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             "autocast_weight_copies": params.layer_matmul_parameters(m) * cast,
             "activations": ((layer_saved_bytes(ctx) if lay.adapter
                              else attention + activations.total(activations.mlp_saved(m, dt)))
-                            + activations.mlp_backward_transient_bytes(m, dt) + adapter_backward_bytes(ctx)
+                            + mlp_backward_bytes(ctx) + adapter_backward_bytes(ctx)
                             + _fp8_gradient_casts(ctx)) * T,
         },
         "last MLP weight gradient": {

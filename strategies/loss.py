@@ -149,7 +149,9 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     tokens, c = cfg.tokens_per_micro_batch, lay.dtypes.compute
     vh = m.vocab_size * m.hidden_size
-    hc = vh * c if lay.autocast else 0
+    # autocast's cast of the head: of the trained fp32 weights; of a k-bit prepared base's fp32 head,
+    # frozen, which autocast casts at each use without caching it
+    hc = vh * c if lay.autocast or (lay.adapter is not None and lay.adapter.fp32_embeddings) else 0
     cached = cache_only_casts(ctx)
     w = head_gradient_bytes_per_element(ctx)
     norm = vh * w + (activations.final_norm_backward_bytes(m, lay.dtypes) - activations.final_norm_bytes(m, lay.dtypes)) * tokens

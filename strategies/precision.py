@@ -101,6 +101,9 @@ def _storage(ctx: PlanContext, decided: dict) -> dict:
     frozen = 0
     if decided.get("frozen_parameters"):  # an adapter trains; the base is frozen
         weight, master, grad, state, dtypes, autocast, frozen = _adapter_dtypes(p, decided["engine"], _fp32_asked(ctx.config))
+        spec = decided.get("adapter")
+        if spec is not None and spec.fp32_norms:  # a k-bit prepared base: its fp32 norms make the residual fp32
+            dtypes = DTypes(dtypes.compute, 4)
     # FSDP-QLoRA reduces in the quant storage dtype: the Trainer sets FSDP's mixed precision to it
     # (transformers ``update_fsdp_plugin_peft``)
     qlora_fsdp = decided.get("adapter") is not None and decided["adapter"].nf4 and decided["engine"] == Engine.FSDP

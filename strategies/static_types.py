@@ -10,7 +10,7 @@ from pydantic import Field
 from planner.core.lengths import Batching
 from planner.core.record import Record
 from planner.core.vocabulary import ConfigBase
-from planner.strategies.adapter import Adapter, AdapterDtype, LoraTargets, Nf4Matmul
+from planner.strategies.adapter import Adapter, AdapterDtype, KbitPrep, LoraTargets, Nf4Matmul
 from planner.strategies.attention import Attention
 from planner.strategies.checkpointing import CheckpointImpl, Checkpointing
 from planner.strategies.loss import Loss, LossPath, ModelOutput
@@ -44,6 +44,7 @@ class TrainingConfig(ConfigBase):
     lora_dropout: float = 0.05
     adapter_dtype: AdapterDtype = AdapterDtype.AUTO
     nf4_matmul: Nf4Matmul = Nf4Matmul.FREES_INPUT
+    kbit_prep: KbitPrep = KbitPrep.NONE
     micro_batch_size: int = 1
     grad_accum: int = 1
     seq_len: int = 2048
@@ -77,6 +78,7 @@ class TechniqueChoices(Record):
     lora_dropout: float | None = None
     adapter_dtype: AdapterDtype | None = None
     nf4_matmul: Nf4Matmul | None = None
+    kbit_prep: KbitPrep | None = None
 
 
 class TechniqueLists(Record):
@@ -103,3 +105,4 @@ class TechniqueLists(Record):
     lora_dropout: float | None = None
     adapter_dtype: AdapterDtype | None = None
     nf4_matmul: Nf4Matmul | None = None
+    kbit_prep: KbitPrep | None = None

@@ -542,3 +542,104 @@ def test_checkpointed_layers_hold_what_the_quantized_matmuls_keep(adapter, nf4_m
     saved = next(r for r in rows if r.label.startswith("saved activations"))
     per_layer = 2 * model.hidden_size + (adapters.kept_input_bytes(model, DTypes(2, 2)) if kept else 0)
     assert saved.bytes == pytest.approx(per_layer * model.num_layers * 2 * 1024, abs=1)
+
+
+def prepared_layer_saved_per_token(path, prep: str, targets: list[str], dropout: float, seq: int = 32) -> float:
+    """Bytes per token layer 1 of a real peft QLoRA model saves for backward (storages, parameters
+    excluded), as the slope between micro-batches of 2 and 4 sequences, under bf16 autocast:
+    bitsandbytes NF4 base (bf16 compute), then the plan's ``kbit_prep`` as planner's runtime applies
+    it (peft's ``prepare_model_for_kbit_training``; for fp32-norms the embeddings and head back to
+    bf16, as TRL <= 0.25 does), then peft LoRA of rank 4 with fp32 adapters. peft's bitsandbytes
+    layers ask ``torch.is_autocast_enabled()``, which reads CUDA's autocast: it is made to read the
+    CPU's here, so the adapters take CUDA's branch (no cast of their input by peft)."""
+    import transformers
+
+    from planner.runtime.adapter import kbit_prepare
+    from planner.strategies import TrainingConfig
+
+    config = TrainingConfig(adapter="qlora", kbit_prep=prep, precision="bf16-mixed")
+    quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                            bnb_4bit_compute_dtype=torch.bfloat16)
+    sizes = []
+    for batch in (2, 4):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, quantization_config=quant,
+                                                                  attn_implementation="sdpa")
+        kbit_prepare(model, config)
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=targets,
+                                                           task_type="CAUSAL_LM"))
+        model.train()
+        layer = next(m for n, m in model.named_modules() if n.endswith("layers.1"))
+        inside, seen = [False], {}
+        layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+        layer.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+        storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+        def pack(t):
+            if inside[0] and t.untyped_storage().data_ptr() not in storages:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = torch.randint(0, 256, (batch, seq))
+        reads = torch.is_autocast_enabled
+        torch.is_autocast_enabled = lambda *a: reads(*a) if a else reads("cpu")
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+                model(input_ids=ids, labels=ids)
+        finally:
+            torch.is_autocast_enabled = reads
+        sizes.append(sum(seen.values()))
+    return (sizes[1] - sizes[0]) / (2 * seq)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("prep", ["none", "fp32-norms", "fp32"])
+def test_a_kbit_prepared_qlora_layer_saves_what_the_model_lists(saved_tiny, family, prep):
+    """A QLoRA layer's saved tensors, exactly as a real peft model over a bitsandbytes NF4 base
+    saves them under bf16 autocast, with and without peft's ``prepare_model_for_kbit_training``,
+    for both target sets, with and without dropout: prepared, the fp32 norms make the norms'
+    outputs fp32, ``Linear4bit`` returns the MLP's gate and up in fp32 (so the activation and the
+    product are fp32), and every wrapped matmul reading an fp32 input saves its own 16-bit cast.
+    One CPU fact is applied to the model's figure: the dropout mask is a noise tensor in the
+    dropout input's dtype (fp32 for the prepared projections reading a norm's output or the MLP's
+    product), where CUDA's fused dropout keeps a bool mask."""
+    pytest.importorskip("bitsandbytes")
+    from planner.cost.activations import DTypes
+
+    path, spec = saved_tiny[family]
+    prepared = prep != "none"
+    dt = DTypes(2, 4) if prepared else DTypes(2, 2)
+    for targets in ("all-linear", "qv"):
+        for dropout in (0.0, 0.1):
+            saved = adapters.adapter_layer_saved(spec, dt, True, 32, targets, 4, dropout, False, prepared=prepared)
+            fp32_input = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj")
+            model = sum(v * ((4 if prepared and any(p in n for p in fp32_input) else 2) if n.endswith("dropout mask")
+                             else 1) for n, v in saved)
+            real = prepared_layer_saved_per_token(path, prep, target_modules(targets, family), dropout)
+            assert real == model, (targets, dropout)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("prep", ["fp32-norms", "fp32"])
+def test_kbit_prepared_fp32_parameters_equal_a_real_prepared_base(saved_tiny, prep):
+    """The unquantized parameters planner keeps in fp32 over a prepared 4-bit base
+    (``kbit_prepared_fp32_elements``): those of a real NF4 load after planner's runtime applies
+    the preparation, counted by dtype; the rest stay bf16 (fp32-norms: the embeddings and head)."""
+    pytest.importorskip("bitsandbytes")
+    import transformers
+
+    from planner.runtime.adapter import kbit_prepare
+    from planner.strategies import TrainingConfig
+    from planner.strategies.adapter import spec_of
+
+    path, spec = saved_tiny["llama"]
+    config = TrainingConfig(adapter="qlora", kbit_prep=prep, precision="bf16-mixed")
+    quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                            bnb_4bit_compute_dtype=torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, quantization_config=quant)
+    kbit_prepare(model, config)
+    plain = [p for p in model.parameters() if type(p).__name__ != "Params4bit"]
+    fp32 = sum(p.numel() for p in plain if p.dtype == torch.float32)
+    assert fp32 == adapters.kbit_prepared_fp32_elements(spec, spec_of(config))
+    assert sum(p.numel() for p in plain) - fp32 == (0 if prep == "fp32" else 2 * spec.vocab_size * spec.hidden_size)

@@ -600,26 +600,33 @@ def test_torchs_adamw_under_deepspeed_offload_is_deepspeeds_cpu_adam(tmp_path):
     assert r.estimate.config.optimizer == "adamw" and any("is not what runs" in w for w in r.warnings), r.warnings
 
 
-@pytest.mark.parametrize("trl, fsdp, warned", [((0, 25), False, True), (None, False, True), ((0, 26), False, False),
-                                               ((0, 25), True, False)])
-def test_trl_qlora_prepared_with_kbit_training_is_a_lower_bound(tmp_path, monkeypatch, trl, fsdp, warned):
+@pytest.mark.parametrize("trl, fsdp, bf16, prep, warned", [
+    ((0, 25), False, True, "fp32-norms", False), ((0, 25), False, False, "fp32", False), (None, False, True, "none", True),
+    ((0, 26), False, True, "none", False), ((0, 25), True, True, "none", False)])
+def test_trl_qlora_prepared_with_kbit_training_is_planned(tmp_path, monkeypatch, trl, fsdp, bf16, prep, warned):
     """TRL before 0.26 passes a 4-bit base that is not sharded through peft's
     prepare_model_for_kbit_training (trl/models/utils.py prepare_peft_model: ``if is_qlora and not
-    is_sharded_qlora``), whose fp32 norms make the residual stream fp32, which planner does not
-    model: check says its activation memory is a lower bound; TRL 0.26 (#4577) and FSDP-QLoRA
-    (a base loaded on the host) do not prepare it, and nothing is said."""
+    is_sharded_qlora``), then under bf16 casts the embeddings and head back to bf16
+    (``peft_module_casting_to_bf16``): check plans kbit prep fp32-norms (fp32 without bf16) and its
+    fp32 residual stream. TRL 0.26 (#4577) and FSDP-QLoRA (a base loaded on the host) do not
+    prepare it; with no TRL installed to say which release runs the job, check plans none and says
+    the activation memory is a lower bound."""
     monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: trl if package == "trl" else None)
     path = tmp_path / "training_args.json"
-    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "max_length": 2048,
-                                "gradient_checkpointing": True, "use_peft": True, "load_in_4bit": True}
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "max_length": 2048, "gradient_checkpointing": True,
+                                "use_peft": True, "load_in_4bit": True} | ({"bf16": True} if bf16 else {"fp16": True})
                                | ({"fsdp": "full_shard auto_wrap"} if fsdp else {})))
     r = check(CheckRequest(model=LLAMA, gpus="2xH100-80" if fsdp else "1xH100-80", training_args=path,
                            alternatives=0))
-    assert r.estimate.config.adapter == "qlora"
-    said = [w for w in r.warnings if "prepare_model_for_kbit_training" in w]
+    assert r.estimate.config.adapter == "qlora" and r.estimate.config.kbit_prep == prep, r.sources
+    said = [w for w in r.warnings if "prepare_model_for_kbit_training" in w and "lower bound" in w]
     assert bool(said) is warned, r.warnings
     if said:
-        assert "lower bound" in said[0] and ("not installed" in said[0]) is (trl is None)
+        assert "not installed" in said[0] and "--kbit-prep fp32-norms" in said[0]
+    if prep != "none":  # planned so: every layer's checkpointed input is fp32
+        saved = next(row for row in r.estimate.ledger if row.label.startswith("saved activations"))
+        spec = resolve_model(LLAMA)
+        assert saved.bytes == 4 * spec.hidden_size * spec.num_layers * 2048
 
 
 @pytest.mark.parametrize("trl, tf, extra, warned", [
@@ -770,3 +777,47 @@ def test_an_int8_job_checkpointed_non_reentrant_is_told_the_reentrant_fix(tmp_pa
     assert again.memory["peak"] == fix.peak_bytes
     assert r.estimate.peak_phase == again.peak_phase == "forward"
     assert r.estimate.memory["activations"] - again.memory["activations"] == pytest.approx(saved, rel=0.001)
+
+
+def test_a_kbit_prepared_plan_is_emitted_read_back_and_told_its_fix(tmp_path, monkeypatch):
+    """A QLoRA plan over a base prepared as TRL <= 0.25 prepares it: runtime.json says kbit_prep
+    (planner's launch applies it: planner/runtime/adapter.py) and check reads it back to the same
+    plan. Llama-3.1-8B QLoRA at 1 x 1536 without checkpointing on a 24 GB card misses only for the
+    preparation's fp32 residual stream and MLP intermediates: check names the unprepared base
+    among the changes that make it fit, at least that difference lower (2 bytes more per element
+    of the gate, its activation and up, per layer)."""
+    result = suggest(SuggestRequest(model=LLAMA, gpus="1xH100-80", adapter=["qlora"], checkpointing=["full"],
+                                    precision=["bf16-mixed"], kbit_prep="fp32-norms", top=1))
+    assert result.plans and result.plans[0].config.kbit_prep == "fp32-norms"
+    emit(result, tmp_path)
+    assert json.loads((tmp_path / "runtime.json").read_text())["kbit_prep"] == "fp32-norms"
+    back = check(CheckRequest(model=LLAMA, gpus="1xH100-80", job_dir=tmp_path, alternatives=0))
+    assert back.estimate.config == result.plans[0].config
+    monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: (0, 25) if package == "trl" else None)
+    path = tmp_path / "trl" / "training_args.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "max_length": 1536, "use_peft": True,
+                                "load_in_4bit": True, "lora_dropout": 0.0, "gradient_checkpointing": False,
+                                "lora_target_modules": "all-linear"}))
+    r = check(CheckRequest(model=LLAMA, gpus="1xRTX4090-24", training_args=path, alternatives=3))
+    assert r.estimate.config.kbit_prep == "fp32-norms" and not r.fits
+    fix = next(ch for ch in r.changes if ch.change == "kbit-prep fp32-norms -> none")
+    model = resolve_model(LLAMA)
+    assert fix.fits and r.estimate.memory["peak"] - fix.peak_bytes >= 6 * model.intermediate_size * model.num_layers * 1536
+
+
+@pytest.mark.parametrize("change, why", [({"attention": "eager"}, "eager attention"), ({"precision": "bf16-pure"}, "autocast"),
+                                         ({"sharding": "fsdp"}, "not prepared"),
+                                         ({"model": "microsoft/Phi-3-mini-4k-instruct"}, "Llama-style")])
+def test_a_kbit_prepared_plan_is_refused_where_it_is_not_modelled(change, why):
+    """planner models a prepared base's fp32 residual stream for Llama-style layers under autocast
+    with fused attention, on one GPU or DDP; elsewhere it refuses with the reason."""
+    from planner.catalog.gpus import parse_gpus
+    from planner.engine.estimate import estimate_config
+    from planner.strategies import TrainingConfig
+
+    model = resolve_model(change.pop("model", LLAMA))
+    config = TrainingConfig(**{"adapter": "qlora", "kbit_prep": "fp32", "precision": "bf16-mixed", "checkpointing": "full",
+                               "sharding": "none"} | change)
+    r = estimate_config(model, parse_gpus("2xH100-80" if change.get("sharding") else "1xH100-80"), config)
+    assert not r.feasible and any(why in reason for reason in r.reasons), r.reasons

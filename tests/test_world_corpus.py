@@ -29,7 +29,8 @@ def test_what_the_vocabulary_cannot_say_is_refused_with_the_reason():
     assert world_corpus.request(base | {"hardware": {"gpu": "TPU v5e"}}).refused.startswith("GPU 'TPU v5e'")
     assert "none of all-linear, attention, qv and mlp" in world_corpus.request(base | {"lora": {"targets": "q_proj,up_proj"}}).refused
     assert "not in planner's vocabulary" in world_corpus.request(base | {"optimizer": "sophia"}).refused
-    assert "prepare_model_for_kbit_training" in world_corpus.request(base | {"kbit_prepared": True}).refused
+    prepared = world_corpus.request(base | {"method": "qlora", "kbit_prep": "fp32"})
+    assert prepared.fields["kbit_prep"] == "fp32" and not prepared.refused
     qv = world_corpus.request(base | {"lora": {"targets": "v_proj,q_proj", "rank": 8}})
     assert qv.fields["lora_targets"] == "qv" and not any("lora targets" in a for a in qv.assumed)
     attention = world_corpus.request(base | {"lora": {"targets": "q_proj,k_proj,v_proj", "rank": 8}})

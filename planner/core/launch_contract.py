@@ -48,9 +48,11 @@ class RuntimeArgs(Record):
     lora: dict | None = None  # peft LoraConfig keyword arguments: the adapter the runtime wraps the model with
     quantization: dict | None = None  # transformers BitsAndBytesConfig keyword arguments (QLoRA's 4-bit base)
     adapter_dtype: str = "auto"  # the adapters' dtype under bf16-pure: auto (16 bit) or fp32 (peft's default)
+    kbit_prep: str = "none"  # peft's prepare_model_for_kbit_training on the 4-bit base: none, fp32-norms or fp32
 
     #: The values that say nothing beyond what the standard files and the libraries' defaults do.
     @classmethod
     def neutral(cls) -> dict:
         return {"dtype": "float32", "attn_implementation": "sdpa", "optimizer": None, "checkpointing": None,
-                "lora": None, "quantization": None, "batching": Batching.PACKED, "adapter_dtype": "auto"}
+                "lora": None, "quantization": None, "batching": Batching.PACKED, "adapter_dtype": "auto",
+                "kbit_prep": "none"}

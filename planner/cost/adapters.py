@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from math import ceil, prod
 
-from planner.core.specs import MlpKind, ModelSpec
+from planner.core.specs import MlpKind, ModelSpec, NormKind
 from planner.cost import activations, compute, params
 
 #: The target sets (``--lora-targets``): every decoder-layer matmul, the attention's only, its
@@ -41,6 +41,8 @@ class AdapterSpec:
     nf4: bool = False  # QLoRA: the wrapped weights stored in NF4 (double quantization)
     int8: bool = False  # LoRA over bitsandbytes' LLM.int8() base (``load_in_8bit``)
     nf4_keeps_input: bool = False  # QLoRA under bitsandbytes < 0.43.2 (``NF4_FREES_INPUT_SINCE``)
+    fp32_norms: bool = False  # peft's prepare_model_for_kbit_training: norms (and biases) fp32 (``kbit_prepared``)
+    fp32_embeddings: bool = False  # and the embeddings and head left fp32 too (no cast back to 16 bit)
 
     @property
     def base_keeps_inputs(self) -> bool:
@@ -243,6 +245,34 @@ def qlora_weight_bytes(m: ModelSpec, double_quant: bool, other_bytes: int = 2) -
 INT8_SCALE_BYTES = 4
 
 
+def kbit_prepared_fp32_elements(m: ModelSpec, spec: "AdapterSpec") -> int:
+    """Elements of the quantized base's unquantized parameters (``_weight_parts``' second part)
+    that a k-bit preparation keeps in fp32 (0 without one).
+
+    peft's ``prepare_model_for_kbit_training`` casts every fp16/bf16 parameter that is not a
+    ``Params4bit`` to fp32 (peft utils/other.py; an ``Int8Params`` is int8 and stays): norms,
+    biases, embeddings and head. TRL up to 0.25 then, under ``bf16`` with a 4-bit base, casts the
+    modules named ``lm_head``/``embed_tokens``/``wte``/``wpe`` back to bf16 and every ``*norm*``
+    module to fp32 (trl ``peft_module_casting_to_bf16``): ``fp32_embeddings`` False. Unit: elements."""
+    if not spec.fp32_norms:
+        return 0
+    _, rest = quantized_weight_parts(m, spec)
+    if spec.fp32_embeddings:
+        return rest
+    return rest - sum(t.numel for t in params.model_tensors(m) if t.part in (params.Part.EMBEDDING, params.Part.HEAD))
+
+
+def kbit_prep_supported(m: ModelSpec) -> str:
+    """Why a k-bit prepared base's activations are not modelled on ``m`` ('' where they are):
+    the prepared list (``adapter_layer_saved``'s ``prepared``) is read for dense decoders with
+    Llama's RMSNorm (its fp32 weight makes its output fp32), separate q, k and v and a gated MLP.
+    Gemma's norm returns its input's dtype and LayerNorm runs in fp32 under autocast: other lists."""
+    if m.is_moe or m.norm_kind != NormKind.RMS or m.fused_qkv or m.mlp_kind != MlpKind.GATED:
+        return (f"{m.family}'s layer under peft's prepare_model_for_kbit_training is not modelled (modelled: dense "
+                "Llama-style layers: RMSNorm, separate q, k, v, a gated MLP)")
+    return ""
+
+
 def int8_bytes(shape: tuple[int, ...]) -> int:
     """Bytes one (out, in) weight takes loaded with ``load_in_8bit``: one int8 per element and an
     fp32 absmax scale per output row (bitsandbytes ``Int8Params``: ``CB`` int8, ``SCB`` fp32 (out,);
@@ -413,6 +443,9 @@ def fold_flops_per_micro_batch(m: ModelSpec, targets: str, rank: int) -> float:
 #: normalised input of RMSNorm's weight multiply (Gemma's fp32 one of ``1 + weight``).
 #: LayerNorm's saved input, mean and rstd serve its input gradient too.
 NORM_WEIGHT_INPUTS = ("norm normalised", "norm fp32 normalised")
+#: The gated MLP's intermediates in planner.cost.activations' list: fp32 over a k-bit prepared base
+#: (``adapter_layer_saved``'s ``prepared``).
+MLP_INTERMEDIATES = ("gate", "act(gate)", "up", "act*up")
 
 
 def _readers(m: ModelSpec) -> tuple[tuple[params.ParamTensor, ...], ...]:
@@ -455,7 +488,8 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, .
 @cache
 def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: str, rank: int,
                         dropout: float, cast: bool, dora: bool = False,
-                        keeps_inputs: bool = False, copy_bytes: int | None = None) -> tuple[tuple[str, float], ...]:
+                        keeps_inputs: bool = False, copy_bytes: int | None = None,
+                        prepared: bool = False) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves (no checkpointing) when its weights are frozen and
     the target set's matmuls carry LoRA adapters (peft ``LoraLayer.forward``: ``base(x) +
     B(A(dropout(x.to(A's dtype)))) * scaling``), in the activation dtypes ``dt``.
@@ -482,10 +516,22 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
       input needs a gradient; NF4 before bitsandbytes 0.43.2), so the matmul inputs stay as in full
       fine-tuning; the norms' normalised inputs still go (their weights are frozen). A test walks a
       real int8 peft model's autograd graph.
+    - ``prepared``: the quantized base went through peft's ``prepare_model_for_kbit_training``
+      (``dt``: 16-bit compute under autocast, an fp32 residual stream). Its fp32 RMSNorm weights
+      make each norm's output fp32 (``weight * hidden.to(input_dtype)``, fp32 from the first
+      norm on); bitsandbytes' ``Linear4bit`` (and ``Linear8bitLt``) casts its input to the compute
+      dtype and its output back to the input's dtype, so the projections reading a norm's output
+      return fp32 and the residual stream turns fp32 at the first layer's MLP. The gated MLP's
+      gate, activation and up are fp32 (``mlp_saved`` at 4 bytes); the attention kernel saves
+      its own 16-bit casts of q, k and v (autocast's SDPA, transformers' flash-attention cast), as
+      in the 16-bit list; the output projection reads the kernel's 16-bit output. Each wrapped
+      matmul reading an fp32 input (q, k, v, gate, up, down) saves autocast's own 16-bit cast of
+      it in its A (c per input element), whatever the dropout. Modelled where
+      ``kbit_prep_supported`` says so, under autocast only.
     The adapters' weights (and under autocast their 16-bit casts) are per layer, not per token: the
     ledger counts them. Dense models only; a MoE's folded expert adapters are ledger rows of their
     own. Traced on real peft models (tests/test_adapters.py)."""
-    if m.is_moe or dt.upcast:
+    if m.is_moe or (dt.upcast and not prepared) or (prepared and kbit_prep_supported(m)):
         raise ValueError("adapter_layer_saved: dense models over 16-bit or fp32 activations only (no autocast "
                          "over fp32 weights, whose per-matmul input casts are another list)")
     c = dt.compute
@@ -493,7 +539,12 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     on = {t.name: t for t in wrapped(m, targets)}
     own_copy = dropout > 0 or cast
     inputs = {} if keeps_inputs else _weight_gradient_inputs(m, fused)
-    full = activations.layer_saved(m, dt, fused, seq_len)
+    full = activations.layer_saved(m, activations.DTypes(c, c), fused, seq_len)
+    fp32_inputs: set[str] = set()
+    if prepared:  # the MLP's intermediates in fp32, the rest of the list as at 16 bit
+        mlp32 = dict(activations.mlp_saved(m, activations.DTypes(activations.FP32, activations.FP32)))
+        full = tuple((name, mlp32.get(name, size) if name in MLP_INTERMEDIATES else size) for name, size in full)
+        fp32_inputs = {t.name for group in _readers(m) for t in group if not t.name.startswith("self_attn.o_proj")}
     unknown = set(inputs) - {name for name, _ in full}
     if unknown:  # the activation lists renamed a tensor: fail loudly rather than keep it silently
         raise ValueError(f"adapter_layer_saved: {sorted(unknown)} not in {m.family}'s layer list")
@@ -502,14 +553,14 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
         if name in NORM_WEIGHT_INPUTS:
             continue
         readers = inputs.get(name)
-        if readers is None or (not own_copy and any(r in on for r in readers)):
+        if readers is None or (not own_copy and any(r in on and r not in fp32_inputs for r in readers)):
             saved.append((name, size))
     for t in on.values():
         d_in = t.shape[1]
         short = t.name.removesuffix(".weight")
         if dropout > 0:
             saved.append((f"{short} dropout mask", activations.DROPOUT_MASK_BYTES * d_in))
-        if own_copy:
+        if own_copy or t.name in fp32_inputs:
             saved.append((f"{short} adapter input", (copy if cast else c) * d_in))
         saved.append((f"{short} lora_A output", (copy if cast else c) * lora_rank(m, t, rank)))
         if dora:

@@ -11,7 +11,7 @@ the plan's ``LoraConfig`` (``lora_config``), adapters in fp32 under the mixed pr
 """
 
 from planner.runtime import Site
-from planner.strategies.adapter import Adapter, lora_config, quantization_config
+from planner.strategies.adapter import Adapter, KbitPrep, compute_dtype, lora_config, quantization_config
 from planner.strategies.precision import fp32_adapters
 from planner.strategies.sharding import engine_of
 
@@ -126,8 +126,30 @@ def wrap(model, config, site: Site):
         return model, None
     import peft
 
+    prepared = kbit_prepare(model, config)
     lora = peft.LoraConfig(**lora_config(config, model.config.model_type))
     fp32 = fp32_adapters(config.precision, engine_of(config.sharding), config)
     wrapped = peft.get_peft_model(model, lora, autocast_adapter_dtype=fp32)
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
-    return wrapped, f"{config.adapter}: peft r{config.lora_rank} {config.lora_targets}, {trainable:,} trainable parameters"
+    return wrapped, (f"{config.adapter}: peft r{config.lora_rank} {config.lora_targets}, {trainable:,} trainable parameters"
+                     + (f"; {prepared}" if prepared else ""))
+
+
+def kbit_prepare(model, config) -> str | None:
+    """The plan's ``kbit_prep`` on the loaded 4-bit base, before peft wraps it: peft's
+    ``prepare_model_for_kbit_training`` (every unquantized 16-bit parameter to fp32; planner's
+    checkpointing is its own runtime's), then for ``fp32-norms`` the embeddings and head back to
+    the compute dtype, as TRL <= 0.25 does under bf16 (``peft_module_casting_to_bf16``). None for
+    ``none``, planner's layout."""
+    if str(getattr(config, "kbit_prep", KbitPrep.NONE)) == KbitPrep.NONE or config.adapter != Adapter.QLORA:
+        return None
+    import peft
+    import torch
+
+    peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if config.kbit_prep == KbitPrep.FP32_NORMS:
+        dtype = getattr(torch, compute_dtype(config))
+        for name, module in model.named_modules():
+            if name.endswith(("embed_tokens", "lm_head")) and getattr(module, "weight", None) is not None:
+                module.to(dtype)
+    return f"kbit prep {config.kbit_prep} (peft's prepare_model_for_kbit_training)"
