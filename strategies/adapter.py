@@ -570,14 +570,17 @@ def _read_kbit_prep(d: dict, where: str, r: Reading, kind: Adapter) -> None:
                       f"the base without that preparation: the activation memory is a lower bound{aside}")
 
 
-def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False) -> None:
+def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False, framework: str = "") -> None:
     """A TRL recipe's ``ModelConfig`` (or alignment-handbook's ``ModelArguments``): ``use_peft``
     with ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_dora``,
     ``lora_modules_to_save`` (warned: not counted) and
     ``load_in_4bit`` (QLoRA) or ``load_in_8bit`` (lora-int8); TRL's defaults are planner's (16, 32,
     0.05). ``sharded``: the job runs FSDP, whose QLoRA base TRL loads on the host and does not
     prepare (``is_sharded_qlora``); elsewhere a quantized base's preparation is read
-    (``_read_kbit_prep``)."""
+    (``_read_kbit_prep``). ``framework``: the recipe's trainer when not TRL's (planner/check/
+    frameworks.py): LLaMA-Factory's ``upcast_layernorm`` casts the norms to fp32 (kbit prep
+    fp32-norms over a 4-bit base); it and axolotl (which casts the norms back) do not run TRL's
+    preparation."""
     if not r.typed(d, "use_peft", (bool,), where, False):
         for key in ("load_in_4bit", "load_in_8bit"):
             if r.typed(d, key, (bool,), where, False):
@@ -586,7 +589,14 @@ def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False) -> None:
     kind = _kind(r.typed(d, "load_in_4bit", (bool,), where, False), r.typed(d, "use_dora", (bool,), where, False),
                  where, r, r.typed(d, "load_in_8bit", (bool,), where, False))
     r.set("adapter", kind, f"{where}: use_peft")
-    if kind in (Adapter.QLORA, Adapter.LORA_INT8) and not sharded:
+    if framework == "llamafactory" and d.get("upcast_layernorm") is True:
+        # LLaMA-Factory's prepare_model_for_training: its norms' 1-d weights to fp32, nothing else
+        if kind == Adapter.QLORA:
+            r.set("kbit_prep", KbitPrep.FP32_NORMS, f"{where}: upcast_layernorm (the norms' weights in fp32)")
+        else:
+            r.warnings.append(f"{where}: upcast_layernorm over a {kind} base: its fp32 norms' outputs are not modelled "
+                              "there (modelled over a 4-bit base): the activation memory is a lower bound")
+    elif kind in (Adapter.QLORA, Adapter.LORA_INT8) and not sharded and not framework:
         _read_kbit_prep(d, where, r, kind)
     peft = job_module.installed_release("peft")
     if kind == Adapter.LORA and (peft is None or peft >= PEFT_FP32_ADAPTERS_SINCE):
@@ -617,7 +627,8 @@ def _read(job: JobFiles, r: Reading) -> None:
         kept = Nf4Matmul.KEEPS_INPUT if bnb < adapters.NF4_FREES_INPUT_SINCE else Nf4Matmul.FREES_INPUT
         r.set("nf4_matmul", kept, f"bitsandbytes {'.'.join(map(str, bnb))} installed here")
     if job.training_args_where:
-        _read_trl(job.training_args, job.training_args_where, r, sharded=job.distributed_type == "FSDP" or bool(job.fsdp))
+        _read_trl(job.training_args, job.training_args_where, r, sharded=job.distributed_type == "FSDP" or bool(job.fsdp),
+                  framework=job.framework)
     if not job.runtime_where:
         return
     lora, quant, where = job.runtime.get("lora"), job.runtime.get("quantization"), job.runtime_where

@@ -821,3 +821,21 @@ def test_a_kbit_prepared_plan_is_refused_where_it_is_not_modelled(change, why):
                                "sharding": "none"} | change)
     r = estimate_config(model, parse_gpus("2xH100-80" if change.get("sharding") else "1xH100-80"), config)
     assert not r.feasible and any(why in reason for reason in r.reasons), r.reasons
+
+
+@pytest.mark.parametrize("text, prep", [
+    ("finetuning_type: lora\nquantization_bit: 4\nupcast_layernorm: true\n", "fp32-norms"),
+    ("finetuning_type: lora\nquantization_bit: 4\n", "none"),
+    ("base_model: m\nadapter: qlora\nload_in_4bit: true\nsequence_len: 2048\nmicro_batch_size: 1\nlora_r: 8\n"
+     "lora_alpha: 16\n", "none")])
+def test_the_frameworks_own_preparation_is_read(tmp_path, monkeypatch, text, prep):
+    """LLaMA-Factory's upcast_layernorm casts the norms' weights to fp32 over its 4-bit base
+    (model_utils/checkpointing.py prepare_model_for_training): kbit prep fp32-norms. Neither it
+    nor axolotl (which casts the norms back to the compute dtype after peft's preparation,
+    loaders/model.py) runs TRL's preparation, whatever TRL is installed."""
+    monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: (0, 25) if package == "trl" else None)
+    path = tmp_path / "job.yaml"
+    path.write_text(("stage: sft\ncutoff_len: 2048\n" if "finetuning_type" in text else "") + text)
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
+    assert r.estimate.config.adapter == "qlora" and r.estimate.config.kbit_prep == prep, r.sources
+    assert not [w for w in r.warnings if "lower bound" in w and "prepare_model_for_kbit_training" in w], r.warnings

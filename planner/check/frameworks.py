@@ -132,6 +132,8 @@ def _llamafactory(t: Translation) -> None:
               "no lora_target (LLaMA-Factory's default, all)")
         if d.get("use_dora"):
             t.put("use_dora", True, "use_dora")
+        if d.get("upcast_layernorm") is True:
+            t.put("upcast_layernorm", True, "upcast_layernorm")
     if "gradient_checkpointing" not in d:
         off = d.get("disable_gradient_checkpointing", False) is True
         t.put("gradient_checkpointing", not off, "disable_gradient_checkpointing" if "disable_gradient_checkpointing"
