@@ -95,6 +95,12 @@ TIER2 = [
     *(_1b(f"1b-lora-int8-ckpt-{impl}", f"LoRA over LLM.int8(), full checkpointing, {impl}", ("peft", "bnb_8bit"),
           expected=20.0, tier=2, precision="bf16-mixed", adapter="lora-int8", checkpointing="full", checkpoint_impl=impl)
       for impl in ("non-reentrant", "reentrant")),
+    # peft's prepare_model_for_kbit_training as TRL <= 0.25 runs it (fp32 norms: an fp32 residual
+    # stream and fp32 MLP intermediates; planner.cost.adapters adapter_layer_saved ``prepared``),
+    # checkpointed and not, against 1b-qlora's unprepared base
+    *(_1b(f"1b-qlora-kbit-prep-ckpt-{ckpt}", f"QLoRA over a base prepared for k-bit training (fp32 norms), "
+          f"checkpointing {ckpt}", ("peft", "bnb_4bit"), expected=24.0, tier=2, precision="bf16-mixed", adapter="qlora",
+          kbit_prep="fp32-norms", checkpointing=ckpt) for ckpt in ("none", "full")),
     _1b("1b-fp8", "fp8 linears (torchao; eager here, the launch compiles)", ("torchao_fp8",), 14.0, False, 2,
         precision="fp8-mixed"),
     _1b("1b-chunked-loss", "Liger fused linear cross-entropy", ("liger",), expected=18.0, tier=2, precision="bf16-mixed",
