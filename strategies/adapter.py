@@ -273,8 +273,8 @@ def _check_kbit_prep(ctx: PlanContext, out: Check) -> None:
     """Where a k-bit prepared base is modelled: a Llama-style dense layer
     (``kbit_prep_supported``), under autocast (bf16-mixed, fp16-mixed; without it the fp32 norm
     outputs would run the attention and the adapters in fp32), fused attention (eager attention's
-    softmax follows the fp32 query), one GPU or DDP (TRL and axolotl skip the preparation of a
-    sharded base)."""
+    softmax follows the fp32 query), one GPU or DDP (a sharded engine's flat parameters would mix
+    the dtypes; TRL and axolotl skip the preparation of a sharded base)."""
     cfg, m, why = ctx.config, ctx.model, []
     if reason := adapters.kbit_prep_supported(m):
         why.append(reason)
@@ -284,7 +284,8 @@ def _check_kbit_prep(ctx: PlanContext, out: Check) -> None:
     if not ctx.layout.fused_attention:
         why.append(f"attention {cfg.attention}: eager attention's softmax follows the fp32 query, not modelled; use sdpa")
     if ctx.engine != Engine.TORCH:
-        why.append(f"sharding {cfg.sharding}: a sharded base is not prepared (TRL, axolotl); use kbit prep none")
+        why.append(f"sharding {cfg.sharding}: a prepared base under a sharded engine is not modelled (TRL and axolotl "
+                   "do not prepare a sharded one); use one GPU or ddp, or kbit prep none")
     if why:
         out.reject("kbit prep not modelled", f"qlora with kbit prep {cfg.kbit_prep}: " + "; ".join(why))
         return

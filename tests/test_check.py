@@ -807,7 +807,7 @@ def test_a_kbit_prepared_plan_is_emitted_read_back_and_told_its_fix(tmp_path, mo
 
 
 @pytest.mark.parametrize("change, why", [({"attention": "eager"}, "eager attention"), ({"precision": "bf16-pure"}, "autocast"),
-                                         ({"sharding": "fsdp"}, "not prepared"),
+                                         ({"sharding": "fsdp"}, "sharded engine"),
                                          ({"model": "microsoft/Phi-3-mini-4k-instruct"}, "Llama-style")])
 def test_a_kbit_prepared_plan_is_refused_where_it_is_not_modelled(change, why):
     """planner models a prepared base's fp32 residual stream for Llama-style layers under autocast

@@ -58,6 +58,8 @@ ALL_CASES = [
     ("fsdp-qlora", "2xA100-80", dict(sharding="fsdp", adapter="qlora", checkpointing="full"), 2),
     ("zero3-lora-full", "2xA100-80", dict(sharding="zero3", adapter="lora", checkpointing="full"), 2),
     ("single-padded", "1xA100-80", dict(batching="padded"), 1),  # one document a row, padded to the batch's longest
+    # a QLoRA base prepared as TRL <= 0.25 prepares it (fp32 norms): the launch applies what runtime.json says
+    ("single-qlora-kbit-prep", "1xA100-80", dict(adapter="qlora", kbit_prep="fp32-norms", checkpointing="full"), 1),
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
 #: CI's launches: one per distributed engine (DDP, FSDP2, ZeRO-3), each with an adapter (DoRA,
 #: QLoRA, LoRA); the CPU launch of tests/test_gpu_validate.py runs one process (AdamW, full

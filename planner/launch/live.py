@@ -188,10 +188,23 @@ def _adapter(model) -> dict:
     targets = _target_set(wrapped)
     # (ZeRO-3 partitions parameters: ds_numel is the whole tensor's)
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    prep = {"kbit_prep": _kbit_prep(model)} if kind == "qlora" else {}
     return {"adapter": kind, "lora_rank": lora.r, "lora_targets": targets, "lora_alpha": lora.lora_alpha,
-            "lora_dropout": lora.lora_dropout, "details": {"adapter_wrapped_modules": len(wrapped),
+            "lora_dropout": lora.lora_dropout, **prep, "details": {"adapter_wrapped_modules": len(wrapped),
                                                           "trainable_parameters": trainable, "nf4_linears": four_bit,
                                                           "int8_linears": eight_bit}}
+
+
+def _kbit_prep(model) -> str:
+    """How the live 4-bit base was prepared, in the plan's vocabulary: its norms' weights in fp32
+    (peft's prepare_model_for_kbit_training) with the input embeddings fp32 too (``fp32``) or 16-bit
+    (``fp32-norms``), else ``none``."""
+    import torch
+
+    norms = [p for n, p in model.named_parameters() if "norm" in n and not p.requires_grad]
+    if not norms or any(p.dtype != torch.float32 for p in norms):
+        return "none"
+    return "fp32" if model.get_input_embeddings().weight.dtype == torch.float32 else "fp32-norms"
 
 
 def _target_set(wrapped: list[str]) -> str:
