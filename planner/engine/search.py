@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from math import prod
 
+from planner.core.ledger import PHASES, Location
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.engine.estimate import Evaluation, Shared, evaluate, size_free_key, time_evaluation
 from planner.engine.ranking import family
@@ -237,13 +238,25 @@ def _first_proven_miss(space: SearchSpace, fitted: list[tuple[int, int]], lo: in
                  and p2 + (sizes[i] - s2) * slope > usable + CHORD_SLACK_BYTES), len(sizes))
 
 
+#: Ledger terms whose rows grow with the tokens of a micro-batch (the rest, weights, states,
+#: gathered parameters, buffers, stream pools, the context, do not).
+TOKEN_TERMS = frozenset({"activations", "logits"})
+
+
 def _guess(sizes: tuple[int, ...], first: Evaluation) -> int:
-    """The index of the largest size that fits if the GPU peak above the model states' floor grew
-    in proportion to the micro-batch (from the first size's)."""
-    per_size = (first.peak - first.floor) / sizes[0]
+    """The index of the largest size that fits if the first size's token-grown rows
+    (``TOKEN_TERMS``, in the phase where they are largest) grew in proportion to the micro-batch
+    and the rest of its GPU peak stayed. Only the order of the evaluations rests on it."""
+    grown = dict.fromkeys(PHASES, 0)
+    for r in first.ledger.rows:
+        if r.term in TOKEN_TERMS and r.location == Location.GPU:
+            for p in r.phases:
+                grown[p] += r.bytes
+    per_size = max(grown.values()) / sizes[0]
     if per_size <= 0:
         return len(sizes) - 1
-    return max(i for i, size in enumerate(sizes) if first.floor + per_size * size <= first.usable or i == 0)
+    rest = first.peak - per_size * sizes[0]
+    return max(i for i, size in enumerate(sizes) if rest + per_size * size <= first.usable or i == 0)
 
 
 @dataclass
