@@ -25,12 +25,14 @@ outlier decomposition does not beat: uncalibrated, no GPU measurement yet).
 
 Modelled for dense models on one GPU, under DDP, DeepSpeed ZeRO-1/2/3 and FSDP (the sharding
 strategy divides the frozen base and the adapters' states as each engine does: ZeRO-3 and FSDP
-shard and gather the frozen base too, and reduce only the adapters' gradients; FSDP-QLoRA keeps
-its NF4 codes in the 16-bit quant storage FSDP shards, the quantization state whole on every rank).
+shard and gather the frozen base too, and reduce only the adapters' gradients; FSDP-QLoRA and
+ZeRO-3 QLoRA keep the NF4 codes in the 16-bit quant storage the engine shards, the quantization
+state whole on every rank; under ZeRO-3 each GPU first loads the whole 4-bit base, which the
+allocator keeps cached: ``whole_load_bytes``).
 FSDP's CPU offload (optimizer+params) puts every sharded row on the host, the frozen base's
 included, as ``fsdp_offload_params`` does (Answer.AI's FSDP-QLoRA trains Llama-2-70B so on two
 24 GB GPUs); strategies/offload.py times its copies from those rows and steps only the adapters.
-Refused with a reason until they are modelled: QLoRA under ZeRO, an int8 base under ZeRO or FSDP
+Refused with a reason until they are modelled: QLoRA under ZeRO-1/2, an int8 base under ZeRO or FSDP
 (FSDP cannot shard bitsandbytes' ``Int8Params``), MoE experts, selective checkpointing, offload
 under DeepSpeed.
 An adapter is a different training method (numerics: DESIGN.md), so the search uses one only when
@@ -212,10 +214,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
     for field, (allowed, code, why) in ALLOWS.items():
         if str(getattr(cfg, field)) not in allowed:
             out.reject(code, f"{a} with {field} {getattr(cfg, field)}: {why}")
-    if a == Adapter.QLORA and ctx.engine == Engine.DEEPSPEED:
+    if a == Adapter.QLORA and ctx.engine == Engine.DEEPSPEED and cfg.sharding != "zero3":
         out.reject("qlora under DeepSpeed",
-                   f"qlora with sharding {cfg.sharding}: a 4-bit base under DeepSpeed ZeRO is not modelled yet (ZeRO-1/2 "
-                   "would replicate it; ZeRO-3 needs bnb_4bit_quant_storage); use fsdp (FSDP-QLoRA) or ddp")
+                   f"qlora with sharding {cfg.sharding}: a 4-bit base under DeepSpeed ZeRO-1/2 is not modelled yet (it "
+                   "would be replicated); use zero3, fsdp (FSDP-QLoRA) or ddp")
     if a == Adapter.LORA_INT8 and cfg.precision == "bf16-pure":
         out.reject("lora-int8 with bf16-pure",
                    "lora-int8 with precision bf16-pure: peft keeps adapters over an int8 base in fp32 and, without "
@@ -303,14 +305,15 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         return
     wdt = {4: "fp32", 2: "16-bit"}[lay.frozen_bytes]
     place = lay.placement("weights")
-    if spec.nf4 and ctx.engine == Engine.FSDP:  # FSDP2 shards the codes; the state is every rank's
+    # FSDP2 and ZeRO-3 shard the codes (in the 16-bit quant storage); the state is every rank's
+    if spec.nf4 and (ctx.engine == Engine.FSDP or ctx.config.sharding == "zero3"):
         c = lay.dtypes.compute
         quantized = adapters.layer_quantized(m)
         codes = sum(adapters.nf4_storage_elements(t.numel, c) for t in quantized) * m.num_layers
         state = sum(adapters.nf4_state_bytes(t.numel) for t in quantized) * m.num_layers
         _, rest = adapters.qlora_weight_parts(m, True)
         ledger.add("weights", "frozen decoder linears: NF4 codes (16-bit quant storage)", codes, c, tag=FROZEN_BASE, place=place,
-                   note="4 bits per weight, viewed as the 16-bit storage dtype FSDP shards")
+                   note="4 bits per weight, viewed as the 16-bit storage dtype the engine shards")
         ledger.add("weights", "frozen decoder linears: NF4 quantization state", state, 1, tag=FROZEN_EVERY_RANK,
                    place=place.replicated,
                    note="8-bit absmax per 64 + fp32 per 256 blocks: module attributes, not sharded")
@@ -353,6 +356,27 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         work = max(dora_norm_bytes(t.shape, lay.weight_bytes, c) for t in wrapped)
         ledger.add("autocast_weight_copies", "DoRA: one weight's norm work", work, 1, phases=FORWARD_AND_BACKWARD,
                    note="identity, B A, the weight and W + s B A, per wrapped weight")
+
+
+def whole_load_bytes(ctx: PlanContext) -> int:
+    """Bytes of the frozen base each GPU holds whole while the model loads, before the engine
+    shards it, where that exceeds its training share: a 4-bit base under DeepSpeed ZeRO-3.
+    transformers builds a quantized model without ``deepspeed.zero.Init`` (modeling_utils: ``if
+    is_deepspeed_zero3_enabled() and not is_quantized``) and its bitsandbytes quantizer places an
+    unmapped model on the current GPU (``update_device_map``), so every rank loads the whole NF4
+    base (codes in the 16-bit quant storage, their quantization state, the embeddings, norms and
+    head in 16 bit) before DeepSpeed partitions it; the allocator keeps those blocks cached.
+    A test loads a tiny NF4 model under a ZeRO-3 config on the CPU: nothing is partitioned. 0
+    elsewhere (FSDP-QLoRA loads on the host and broadcasts per unit; one GPU and DDP train the
+    whole base anyway)."""
+    spec = ctx.layout.adapter
+    if spec is None or not spec.nf4 or ctx.config.sharding != "zero3":
+        return 0
+    c = ctx.layout.dtypes.compute
+    codes = sum(adapters.nf4_storage_elements(t.numel, c) for t in adapters.layer_quantized(ctx.model)) * c
+    state = sum(adapters.nf4_state_bytes(t.numel) for t in adapters.layer_quantized(ctx.model))
+    _, rest = adapters.qlora_weight_parts(ctx.model, True)
+    return (codes + state) * ctx.model.num_layers + rest * ctx.layout.frozen_bytes
 
 
 def dora_norm_bytes(shape: tuple[int, ...], adapter_bytes: int, compute_bytes: int) -> int:
@@ -481,7 +505,7 @@ def quantization_config(config) -> dict | None:
     compute = compute_dtype(config)
     q = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
          "bnb_4bit_compute_dtype": compute}
-    if engine_of(config.sharding) == Engine.FSDP:
+    if engine_of(config.sharding) == Engine.FSDP or config.sharding == "zero3":
         q["bnb_4bit_quant_storage"] = compute
     return q
 
@@ -571,13 +595,16 @@ def _read_kbit_prep(d: dict, where: str, r: Reading, kind: Adapter) -> None:
                       f"the base without that preparation: the activation memory is a lower bound{aside}")
 
 
-def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False, framework: str = "") -> None:
+def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False, framework: str = "",
+              deepspeed: bool = False) -> None:
     """A TRL recipe's ``ModelConfig`` (or alignment-handbook's ``ModelArguments``): ``use_peft``
     with ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_dora``,
     ``lora_modules_to_save`` (warned: not counted) and
     ``load_in_4bit`` (QLoRA) or ``load_in_8bit`` (lora-int8); TRL's defaults are planner's (16, 32,
     0.05). ``sharded``: the job runs FSDP, whose QLoRA base TRL loads on the host and does not
-    prepare (``is_sharded_qlora``); elsewhere a quantized base's preparation is read
+    prepare (``is_sharded_qlora``), or DeepSpeed, whose engine casts the whole module to 16 bit
+    (``DeepSpeedEngine._configure_distributed_model``: ``module.bfloat16()``), undoing TRL's
+    preparation; elsewhere a quantized base's preparation is read
     (``_read_kbit_prep``). ``framework``: the recipe's trainer when not TRL's (planner/check/
     frameworks.py): LLaMA-Factory's ``upcast_layernorm`` casts the norms to fp32 (kbit prep
     fp32-norms over a 4-bit base); it and axolotl (which casts the norms back) do not run TRL's
@@ -590,7 +617,7 @@ def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False, framework:
     kind = _kind(r.typed(d, "load_in_4bit", (bool,), where, False), r.typed(d, "use_dora", (bool,), where, False),
                  where, r, r.typed(d, "load_in_8bit", (bool,), where, False))
     r.set("adapter", kind, f"{where}: use_peft")
-    if framework == "llamafactory" and d.get("upcast_layernorm") is True:
+    if framework == "llamafactory" and d.get("upcast_layernorm") is True and not deepspeed:
         # LLaMA-Factory's prepare_model_for_training: its norms' 1-d weights to fp32, nothing else
         if kind == Adapter.QLORA:
             r.set("kbit_prep", KbitPrep.FP32_NORMS, f"{where}: upcast_layernorm (the norms' weights in fp32)")
@@ -628,8 +655,12 @@ def _read(job: JobFiles, r: Reading) -> None:
         kept = Nf4Matmul.KEEPS_INPUT if bnb < adapters.NF4_FREES_INPUT_SINCE else Nf4Matmul.FREES_INPUT
         r.set("nf4_matmul", kept, f"bitsandbytes {'.'.join(map(str, bnb))} installed here")
     if job.training_args_where:
-        _read_trl(job.training_args, job.training_args_where, r, sharded=job.distributed_type == "FSDP" or bool(job.fsdp),
-                  framework=job.framework)
+        # (DeepSpeed casts the whole module to 16 bit when its engine starts, undoing any preparation)
+        deepspeed = bool(job.deepspeed or job.accelerate_inline_deepspeed or job.distributed_type == "DEEPSPEED"
+                         or job.training_args.get("deepspeed"))
+        _read_trl(job.training_args, job.training_args_where, r,
+                  sharded=job.distributed_type == "FSDP" or bool(job.fsdp) or deepspeed, framework=job.framework,
+                  deepspeed=deepspeed)
     if not job.runtime_where:
         return
     lora, quant, where = job.runtime.get("lora"), job.runtime.get("quantization"), job.runtime_where

@@ -643,3 +643,61 @@ def test_kbit_prepared_fp32_parameters_equal_a_real_prepared_base(saved_tiny, pr
     fp32 = sum(p.numel() for p in plain if p.dtype == torch.float32)
     assert fp32 == adapters.kbit_prepared_fp32_elements(spec, spec_of(config))
     assert sum(p.numel() for p in plain) - fp32 == (0 if prep == "fp32" else 2 * spec.vocab_size * spec.hidden_size)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_4bit_base_loads_whole_under_zero3(tmp_path):
+    """transformers builds a quantized model without DeepSpeed's ``zero.Init``: under a ZeRO-3
+    config every parameter of a tiny NF4 Llama loads whole (no ZeRO-3 ``ds_id``), so each GPU holds
+    the whole 4-bit base until DeepSpeed partitions it; what it holds, codes in the bf16 quant
+    storage with their quantization state and the rest in bf16, is planner's
+    ``whole_load_bytes`` for the ZeRO-3 QLoRA plan."""
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("deepspeed")
+    import transformers
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    from planner.catalog.gpus import parse_gpus
+    from planner.strategies import PlanContext, TrainingConfig
+    from planner.strategies.adapter import whole_load_bytes
+
+    spec = tiny_checkpoint(tmp_path, "llama")
+    zero3 = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True},
+                               "train_micro_batch_size_per_gpu": 1})
+    try:
+        assert is_deepspeed_zero3_enabled()
+        quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                                bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quant, dtype=torch.bfloat16)
+    finally:
+        del zero3
+    loaded = 0
+    for p in model.parameters():
+        assert not hasattr(p, "ds_id")  # not partitioned
+        loaded += p.numel() * p.element_size()
+        if (state := getattr(p, "quant_state", None)) is not None:
+            loaded += sum(t.numel() * t.element_size() for t in (state.absmax, state.code, state.state2.absmax,
+                                                                 state.state2.code, state.offset))
+    config = TrainingConfig(adapter="qlora", sharding="zero3", precision="bf16-mixed")
+    assert whole_load_bytes(PlanContext(spec, parse_gpus("2xA100-40"), config)) == loaded
+
+
+def test_zero3_qlora_holds_the_whole_base_it_loaded():
+    """A ZeRO-3 QLoRA plan's peak is at least the whole 4-bit base each GPU loads, with the CUDA
+    context: Llama-2-70B on two 24 GB cards trains in a 17 GiB partition a rank but cannot load,
+    and planner says so; on two 40 GB cards it fits (PEFT's guide: 36.6 GB a GPU)."""
+    from planner.catalog.gpus import parse_gpus
+    from planner.engine.estimate import WHOLE_LOAD_LABEL, estimate_config
+    from planner.strategies import PlanContext, TrainingConfig
+    from planner.strategies.adapter import whole_load_bytes
+
+    model = resolve_model("meta-llama/Llama-2-70b-hf")
+    config = TrainingConfig(adapter="qlora", sharding="zero3", precision="bf16-mixed", checkpointing="full",
+                            micro_batch_size=1, seq_len=2048, lora_rank=8)
+    for gpus, fits in (("2xRTX4090-24", False), ("2xA100-40", True)):
+        hardware = parse_gpus(gpus)
+        r = estimate_config(model, hardware, config)
+        whole = whole_load_bytes(PlanContext(model, hardware, config))
+        assert r.feasible and r.fits is fits and r.memory["peak"] >= whole > 30 * 2**30
+        assert any(row.label == WHOLE_LOAD_LABEL for row in r.ledger)

@@ -839,3 +839,24 @@ def test_the_frameworks_own_preparation_is_read(tmp_path, monkeypatch, text, pre
     r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
     assert r.estimate.config.adapter == "qlora" and r.estimate.config.kbit_prep == prep, r.sources
     assert not [w for w in r.warnings if "lower bound" in w and "prepare_model_for_kbit_training" in w], r.warnings
+
+
+def test_a_zero3_qlora_job_is_planned_with_its_whole_load(tmp_path, monkeypatch):
+    """PEFT's ZeRO-3 QLoRA recipe (Llama-2-70B on two 40 GB GPUs, 2 x 2048, checkpointing): planned,
+    not refused. TRL <= 0.25 prepares the base (its parameters sit on the GPU, not sharded yet),
+    but DeepSpeed's engine casts the whole module to bf16 when it starts, so no preparation is
+    planned; the peak holds the whole 4-bit base each GPU loads before DeepSpeed partitions it."""
+    from planner.engine.estimate import WHOLE_LOAD_LABEL
+
+    monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: (0, 25) if package == "trl" else None)
+    ds = write(tmp_path / "ds.json", {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}})
+    args = tmp_path / "training_args.json"
+    args.write_text(json.dumps({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "bf16": True,
+                                "max_length": 2048, "gradient_checkpointing": True, "use_peft": True,
+                                "load_in_4bit": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.1,
+                                "lora_target_modules": "all-linear"}))
+    r = check(CheckRequest(model="meta-llama/Llama-2-70b-hf", gpus="2xA100-40", deepspeed_config=ds, training_args=args,
+                           alternatives=0))
+    c = r.estimate.config
+    assert (c.adapter, c.sharding, c.kbit_prep) == ("qlora", "zero3", "none") and r.estimate.feasible, r.estimate.reasons
+    assert r.fits and any(row.label == WHOLE_LOAD_LABEL for row in r.estimate.ledger)

@@ -43,6 +43,7 @@ from planner.strategies import (
     TrainingConfig,
     reserve_extra,
 )
+from planner.strategies.adapter import whole_load_bytes
 from planner.strategies.base import LAYOUT_INPUTS
 from planner.strategies.rates import assumed_terms, peak_dtype, peak_flops
 from planner.strategies.sharding import Sharding, engine_of
@@ -188,6 +189,10 @@ def check_config(ctx: PlanContext, first_only: bool = False) -> Check:
 #: The ledger row of the caching allocator's reserve as a fraction of the allocated peak (the
 #: engines' stream pools are allocator_reserve rows too, written by their strategies).
 FRAGMENTATION_LABEL = "caching-allocator fragmentation reserve"
+#: The ledger row that lifts the peak to what a rank held while the model loaded whole
+#: (strategies/adapter.py ``whole_load_bytes``), where that is more than training holds: the
+#: allocator keeps the load's blocks cached, so the driver shows them through the run.
+WHOLE_LOAD_LABEL = "the whole 4-bit base at load, kept in the allocator's cache"
 
 
 #: The strategies whose rows are the model states (weights, master weights, gradients, optimizer
@@ -287,6 +292,9 @@ def evaluate(
         + (f" ({fragmentation - base:.0%} of it for the techniques' own pools)" if fragmentation > base else ""),
     )
     peak += reserve.bytes  # resident in every phase too
+    if (whole := whole_load_bytes(ctx) + context) > peak:  # the load's blocks, kept in the allocator's cache
+        peak += draft.add("allocator_reserve", WHOLE_LOAD_LABEL, whole - peak, 1,
+                          note="each GPU loads the whole 4-bit base before DeepSpeed partitions it").bytes
     ev.draft, ev.paged = draft, _place_paged_state(draft, ev.usable, peak)
     ev.peak = peak + (ev.paged.resident_bytes if ev.paged else 0)
     ev.host = _host_memory(ctx, draft, ev.paged)
