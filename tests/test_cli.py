@@ -131,3 +131,16 @@ def test_host_ram_is_checked_for_offload():
     assert any(r.startswith("host RAM does not fit") for r in out["reasons"])
     assert out["host_memory"]["offloaded"] == pytest.approx(16 * out["model"]["num_parameters"], rel=1e-6)
     assert invoke(*args, "--host-memory-gb", "256").exit_code == 0
+
+
+@pytest.mark.parametrize("args, unused", [
+    (["--adapter", "lora", "--kbit-prep", "fp32"], "--kbit-prep fp32 means nothing under adapter lora"),
+    (["--lora-rank", "8"], "--lora-rank 8 means nothing under adapter none"),
+    (["--adapter", "qlora", "--kbit-prep", "fp32-norms"], None)])
+def test_a_setting_its_technique_leaves_unused_is_said(args, unused):
+    """A setting named on the command line where its technique's value does not use it is planned
+    without, and the estimate says so; one that is used is not mentioned."""
+    r = runner.invoke(app, ["estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xH100-80", "--json", *args])
+    warnings = json.loads(r.stdout)["warnings"]
+    said = [w for w in warnings if "means nothing under" in w]
+    assert said == ([f"{unused}: planned without it"] if unused else []), warnings

@@ -140,7 +140,20 @@ def estimate(request: EstimateRequest) -> EstimateResult:
                                    + _step_tokens(config.real_tokens_per_micro_batch * config.grad_accum * dp,
                                                   config.real_seq_len is not None))
     said += rate_assumptions(hardware, result.time.terms, engine_of(config.sharding))
-    return result.model_copy(update={"assumptions": said + [f"MFU of the {result.time.mfu_basis}"]})
+    return result.model_copy(update={"assumptions": said + [f"MFU of the {result.time.mfu_basis}"],
+                                     "warnings": result.warnings + unused_settings(request, config)})
+
+
+def unused_settings(request, config: TrainingConfig) -> list[str]:
+    """A warning per setting the request names that its technique's value leaves unused (LoRA's
+    rank without an adapter, --kbit-prep under lora): planned without it, and said."""
+    out = []
+    for s in TECHNIQUES:
+        for x in s.settings:
+            if getattr(request, x.name, None) is not None and not s.uses_settings(getattr(config, s.field), x):
+                out.append(f"{x.flag} {getattr(request, x.name)} means nothing under {s.field} {getattr(config, s.field)}: "
+                           "planned without it")
+    return out
 
 
 def _step_tokens(tokens: float, expected: bool) -> str:
