@@ -204,7 +204,9 @@ def check_config(ctx: PlanContext, first_only: bool = False) -> Check:
 FRAGMENTATION_LABEL = "caching-allocator fragmentation reserve"
 #: The ledger row that lifts the peak to what a rank held while the model loaded whole
 #: (strategies/adapter.py ``whole_load_bytes``), where that is more than training holds: the
-#: allocator keeps the load's blocks cached, so the driver shows them through the run.
+#: allocator keeps the load's blocks cached, so the driver shows them through the run. A reserve
+#: row: the allocated reading planner reports is training's (``torch.cuda.max_memory_allocated``
+#: reads the load's too unless its peak is reset after the load).
 WHOLE_LOAD_LABEL = "the whole 4-bit base at load, kept in the allocator's cache"
 
 
