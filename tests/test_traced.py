@@ -335,3 +335,11 @@ def test_every_optimizer_kind_agrees_with_its_trace():
         states = next(t for t in c.terms if t.term == "optimizer_states")
         assert states.analytic == states.traced, name
         assert c.agrees, (name, [(t.term, t.analytic, t.traced) for t in c.terms if not t.agrees])
+
+
+def test_a_kbit_prepared_plan_is_not_traced():
+    """The trace's 16-bit stand-ins for bitsandbytes' 4-bit layers return 16-bit outputs, where
+    ``Linear4bit`` returns its fp32 input's dtype: a prepared base is refused with the way to
+    probe it (exit 2), before any trace starts."""
+    code, out = probe_cli("--gpus", "1xH100-80", "--adapter", "qlora", "--kbit-prep", "fp32-norms")
+    assert code == 2 and "--kbit-prep fp32-norms is not traced" in out and "--fidelity measured" in out
