@@ -256,10 +256,16 @@ def gpu_peaks(rows, outside: tuple[str, ...] = NOT_ALLOCATED) -> tuple[int, int]
     base, base_allocated = dict.fromkeys(PHASES, 0), dict.fromkeys(PHASES, 0)
     moments: dict[Phase, dict[str, int]] = {p: {} for p in PHASES}
     moments_allocated: dict[Phase, dict[str, int]] = {p: {} for p in PHASES}
+    everywhere = everywhere_allocated = 0  # rows of no moment in every phase: most of them
     for r in rows:
         if r.location != Location.GPU:
             continue
         n, allocated = r.bytes, r.term not in outside
+        if not r.moment and r.phases is ALL_PHASES:
+            everywhere += n
+            if allocated:
+                everywhere_allocated += n
+            continue
         for p in r.phases:
             if r.moment:
                 moments[p][r.moment] = moments[p].get(r.moment, 0) + n
@@ -269,8 +275,9 @@ def gpu_peaks(rows, outside: tuple[str, ...] = NOT_ALLOCATED) -> tuple[int, int]
                 base[p] += n
                 if allocated:
                     base_allocated[p] += n
-    return (max(base[p] + max(moments[p].values(), default=0) for p in PHASES),
-            max(base_allocated[p] + max(moments_allocated[p].values(), default=0) for p in PHASES))
+    return (everywhere + max(base[p] + max(moments[p].values(), default=0) for p in PHASES),
+            everywhere_allocated + max(base_allocated[p] + max(moments_allocated[p].values(), default=0)
+                                       for p in PHASES))
 
 
 def allocated_peak(rows, paged: PagedInfo | None = None) -> int:

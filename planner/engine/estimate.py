@@ -6,6 +6,7 @@
 """
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from planner.catalog.models import resolve_model
 from planner.core.formatting import gib
@@ -244,9 +245,12 @@ class Shared:
         draft.rows.extend(memo.rows(ctx.config))
 
 
+_SIZE_FREE = itemgetter(*(f for f in TrainingConfig.model_fields if f not in SIZE_FIELDS))
+
+
 def size_free_key(config: TrainingConfig) -> tuple:
     """``config``'s fields but the micro-batch size's (``SIZE_FIELDS``), in field order."""
-    return tuple(v for k, v in config.__dict__.items() if k not in SIZE_FIELDS)
+    return _SIZE_FREE(config.__dict__)
 
 
 def evaluate(
