@@ -63,11 +63,11 @@ ALL_CASES = [
     ("single-qlora-kbit-prep", "1xA100-80", dict(adapter="qlora", kbit_prep="fp32-norms", checkpointing="full"), 1),
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
 #: CI's launches: one per distributed engine (DDP, FSDP2, ZeRO-3), each with an adapter (DoRA,
-#: QLoRA, LoRA); the CPU launch of tests/test_gpu_validate.py runs one process (AdamW, full
+#: QLoRA, LoRA), and ZeRO-3 QLoRA (its 4-bit base in the 16-bit quant storage); the CPU launch of tests/test_gpu_validate.py runs one process (AdamW, full
 #: checkpointing). The full suite (helpers.FULL) launches every case: each other optimizer, fp16
 #: and fp8, offload (DeepSpeed's CPU Adam is a C++ build of minutes), hybrid FSDP over two
 #: machines, padded batching, the adapter plans suggested for an RTX 4090.
-CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full")
+CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full")
 CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in CI_CASES else FULL) for c in ALL_CASES]
 
 
