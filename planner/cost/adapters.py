@@ -41,7 +41,7 @@ class AdapterSpec:
     nf4: bool = False  # QLoRA: the wrapped weights stored in NF4 (double quantization)
     int8: bool = False  # LoRA over bitsandbytes' LLM.int8() base (``load_in_8bit``)
     nf4_keeps_input: bool = False  # QLoRA under bitsandbytes < 0.43.2 (``NF4_FREES_INPUT_SINCE``)
-    fp32_norms: bool = False  # peft's prepare_model_for_kbit_training: norms (and biases) fp32 (``kbit_prepared``)
+    fp32_norms: bool = False  # peft's prepare_model_for_kbit_training: norms and biases fp32 (see kbit_prepared_fp32_elements)
     fp32_embeddings: bool = False  # and the embeddings and head left fp32 too (no cast back to 16 bit)
 
     @property
@@ -519,9 +519,9 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     - ``prepared``: the quantized base went through peft's ``prepare_model_for_kbit_training``
       (``dt``: 16-bit compute under autocast, an fp32 residual stream). Its fp32 RMSNorm weights
       make each norm's output fp32 (``weight * hidden.to(input_dtype)``, fp32 from the first
-      norm on); bitsandbytes' ``Linear4bit`` (and ``Linear8bitLt``) casts its input to the compute
-      dtype and its output back to the input's dtype, so the projections reading a norm's output
-      return fp32 and the residual stream turns fp32 at the first layer's MLP. The gated MLP's
+      norm on); bitsandbytes' ``Linear4bit`` casts its input to the compute dtype and its output
+      back to the input's dtype, so the projections reading a norm's output return fp32 and the
+      residual stream turns fp32 at the first layer's MLP. The gated MLP's
       gate, activation and up are fp32 (``mlp_saved`` at 4 bytes); the attention kernel saves
       its own 16-bit casts of q, k and v (autocast's SDPA, transformers' flash-attention cast), as
       in the 16-bit list; the output projection reads the kernel's 16-bit output. Each wrapped
@@ -533,7 +533,8 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     own. Traced on real peft models (tests/test_adapters.py)."""
     if m.is_moe or (dt.upcast and not prepared) or (prepared and kbit_prep_supported(m)):
         raise ValueError("adapter_layer_saved: dense models over 16-bit or fp32 activations only (no autocast "
-                         "over fp32 weights, whose per-matmul input casts are another list)")
+                         "over fp32 weights, whose per-matmul input casts are another list), or a k-bit prepared "
+                         "base where kbit_prep_supported says so")
     c = dt.compute
     copy = copy_bytes or c  # A's input copy and output: the compute dtype, or fp32 without autocast
     on = {t.name: t for t in wrapped(m, targets)}
