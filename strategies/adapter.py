@@ -602,8 +602,9 @@ def _read_trl(d: dict, where: str, r: Reading, sharded: bool = False, framework:
     ``lora_modules_to_save`` (warned: not counted) and
     ``load_in_4bit`` (QLoRA) or ``load_in_8bit`` (lora-int8); TRL's defaults are planner's (16, 32,
     0.05). ``sharded``: the job runs FSDP, whose QLoRA base TRL loads on the host and does not
-    prepare (``is_sharded_qlora``), or DeepSpeed, whose engine casts the whole module to 16 bit
-    (``DeepSpeedEngine._configure_distributed_model``: ``module.bfloat16()``), undoing TRL's
+    prepare (``is_sharded_qlora``), or DeepSpeed, whose engine casts every floating parameter to
+    its 16-bit dtype when it starts (``DeepSpeedEngine._configure_distributed_model``;
+    ``_cast_module_mixed_precision`` in 0.19, ``module.bfloat16()`` before), undoing TRL's
     preparation; elsewhere a quantized base's preparation is read
     (``_read_kbit_prep``). ``framework``: the recipe's trainer when not TRL's (planner/check/
     frameworks.py): LLaMA-Factory's ``upcast_layernorm`` casts the norms to fp32 (kbit prep
