@@ -161,6 +161,8 @@ def request(case: dict) -> Mapped:
     kernels = next((name for word, name in OWN_KERNELS if word in str(case.get("framework") or "").lower()), None)
     if kernels and case.get("metric") in SPEED_METRICS:
         out.assumed.append(f"kernels: {kernels} own, timed as transformers' eager code")
+    if case.get("calibrates"):  # a figure a constant of planner's was fitted to: in-sample, shown only
+        out.assumed.append(f"calibrates {case['calibrates']}: in-sample, not counted")
     if case.get("activation_offload"):
         out.refused = "activation offloading to host RAM is not modelled"
         return out
@@ -355,7 +357,7 @@ def longest_fitting(fields: dict, ceiling: int = 262_144) -> int:
 #: Assumptions that can decide a peak or a speed: a row that needs one is shown, but kept out of the
 #: headline figures ("stated" rows only).
 CORE = ("precision ", "optimizer ", "checkpointing ", "micro-batch ", "ddp (", "gpu form factor ", "lora targets widened",
-        "adapter dtype ", "kernels: ")
+        "adapter dtype ", "kernels: ", "calibrates ")
 #: Catalog GPUs whose form factor decides a speed but not a memory (SXM and PCIe: the same memory,
 #: a lower power limit and bandwidth on PCIe), and the words that state it.
 FORM_FACTORS = (("A100-80", "A100-40", "H100-80"), ("sxm", "pcie", "dgx", "hgx"))
