@@ -29,6 +29,9 @@ def test_what_the_vocabulary_cannot_say_is_refused_with_the_reason():
     assert world_corpus.request(base | {"hardware": {"gpu": "TPU v5e"}}).refused.startswith("GPU 'TPU v5e'")
     assert "none of all-linear, attention, qv and mlp" in world_corpus.request(base | {"lora": {"targets": "q_proj,up_proj"}}).refused
     assert "not in planner's vocabulary" in world_corpus.request(base | {"optimizer": "sophia"}).refused
+    fitted = world_corpus.request(base | {"calibrates": "Ada's saturation_tokens"})
+    assert any(a.startswith("calibrates Ada's saturation_tokens") for a in fitted.assumed)  # in-sample: not counted
+    assert not world_corpus.Row("x", "", "", "", 1.0, "; ".join(fitted.assumed)).stated
     prepared = world_corpus.request(base | {"method": "qlora", "kbit_prep": "fp32"})
     assert prepared.fields["kbit_prep"] == "fp32" and not prepared.refused
     qv = world_corpus.request(base | {"lora": {"targets": "v_proj,q_proj", "rank": 8}})
