@@ -32,7 +32,7 @@ allocator keeps cached: ``whole_load_bytes``).
 FSDP's CPU offload (optimizer+params) puts every sharded row on the host, the frozen base's
 included, as ``fsdp_offload_params`` does (Answer.AI's FSDP-QLoRA trains Llama-2-70B so on two
 24 GB GPUs); strategies/offload.py times its copies from those rows and steps only the adapters.
-Refused with a reason until they are modelled: QLoRA under ZeRO-1/2, an int8 base under ZeRO or FSDP
+Refused with a reason until they are modelled: an int8 base under ZeRO or FSDP
 (FSDP cannot shard bitsandbytes' ``Int8Params``), MoE experts, selective checkpointing, offload
 under DeepSpeed.
 An adapter is a different training method (numerics: DESIGN.md), so the search uses one only when
@@ -214,10 +214,6 @@ def _check(ctx: PlanContext, out: Check) -> None:
     for field, (allowed, code, why) in ALLOWS.items():
         if str(getattr(cfg, field)) not in allowed:
             out.reject(code, f"{a} with {field} {getattr(cfg, field)}: {why}")
-    if a == Adapter.QLORA and ctx.engine == Engine.DEEPSPEED and cfg.sharding != "zero3":
-        out.reject("qlora under DeepSpeed",
-                   f"qlora with sharding {cfg.sharding}: a 4-bit base under DeepSpeed ZeRO-1/2 is not modelled yet (it "
-                   "would be replicated); use zero3, fsdp (FSDP-QLoRA) or ddp")
     if a == Adapter.LORA_INT8 and cfg.precision == "bf16-pure":
         out.reject("lora-int8 with bf16-pure",
                    "lora-int8 with precision bf16-pure: peft keeps adapters over an int8 base in fp32 and, without "

@@ -118,7 +118,7 @@ def test_frozen_weights_get_no_weight_gradient_time():
 
 
 @pytest.mark.parametrize("adapter, config", [
-    ("qlora", dict(sharding="zero1")), ("qlora", dict(sharding="zero2")),
+    ("lora-int8", dict(sharding="zero2")), ("qlora", dict(sharding="zero2", kbit_prep="fp32")),
     ("lora", dict(checkpointing="selective")), ("lora", dict(precision="fp8-mixed")),
     ("dora", dict(sharding="zero3", offload="optimizer")), ("lora", dict(sharding="zero2", offload="optimizer")),
 ])
