@@ -32,7 +32,7 @@ allocator keeps cached: ``whole_load_bytes``).
 FSDP's CPU offload (optimizer+params) puts every sharded row on the host, the frozen base's
 included, as ``fsdp_offload_params`` does (Answer.AI's FSDP-QLoRA trains Llama-2-70B so on two
 24 GB GPUs); strategies/offload.py times its copies from those rows and steps only the adapters.
-Refused with a reason until they are modelled: an int8 base under ZeRO or FSDP
+Refused with a reason until they are modelled: an int8 base under ZeRO-3 or FSDP
 (FSDP cannot shard bitsandbytes' ``Int8Params``), MoE experts, selective checkpointing, offload
 under DeepSpeed.
 An adapter is a different training method (numerics: DESIGN.md), so the search uses one only when
@@ -223,10 +223,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("fp32 adapters under bf16-pure", f"{a} with adapter dtype fp32 under bf16-pure and {cfg.sharding}: "
                    "modelled for lora on torch or FSDP (DeepSpeed casts every parameter to 16 bit; a quantized base's or "
                    "DoRA's fp32 casts are not modelled); use adapter dtype auto, or bf16-mixed")
-    if a == Adapter.LORA_INT8 and ctx.engine in (Engine.DEEPSPEED, Engine.FSDP):
+    if a == Adapter.LORA_INT8 and (ctx.engine == Engine.FSDP or cfg.sharding == "zero3"):
         out.reject("lora-int8 under a sharded engine",
                    f"lora-int8 with sharding {cfg.sharding}: FSDP cannot shard bitsandbytes' int8 weights and an int8 "
-                   "base under DeepSpeed ZeRO is not modelled; use ddp, or qlora under fsdp")
+                   "base partitioned by ZeRO-3 is not modelled; use ddp or zero1/zero2, or qlora under fsdp or zero3")
     if cfg.offload != "none" and ctx.engine != Engine.FSDP:
         out.reject("adapter with offload", f"{a} with offload {cfg.offload} under {cfg.sharding}: DeepSpeed's offload "
                    "of a frozen base is not modelled yet; use offload optimizer+params with fsdp, or offload none")

@@ -118,7 +118,7 @@ def test_frozen_weights_get_no_weight_gradient_time():
 
 
 @pytest.mark.parametrize("adapter, config", [
-    ("lora-int8", dict(sharding="zero2")), ("qlora", dict(sharding="zero2", kbit_prep="fp32")),
+    ("lora-int8", dict(sharding="zero3")), ("qlora", dict(sharding="zero2", kbit_prep="fp32")),
     ("lora", dict(checkpointing="selective")), ("lora", dict(precision="fp8-mixed")),
     ("dora", dict(sharding="zero3", offload="optimizer")), ("lora", dict(sharding="zero2", offload="optimizer")),
 ])
@@ -479,7 +479,7 @@ def test_lora_over_an_int8_base_is_read_planned_and_emitted(tmp_path):
     ModelConfig, axolotl's lora + load_in_8bit, LLaMA-Factory's quantization_bit 8, runtime.json's
     quantization): read as lora-int8; its plan holds int8 weights with fp32 row scales
     (half LoRA's 16-bit base and more than QLoRA's NF4), emits ``load_in_8bit`` and reads back as
-    itself; sharded engines and bf16-pure are refused with a reason."""
+    itself; FSDP, ZeRO-3 and bf16-pure are refused with a reason."""
     from planner.check import CheckRequest, check
 
     recipes = {"trl.yaml": "use_peft: true\nload_in_8bit: true\nbf16: true\n",
@@ -500,6 +500,6 @@ def test_lora_over_an_int8_base_is_read_planned_and_emitted(tmp_path):
     files = build_files(single_plan_result(plans["lora-int8"]))
     assert json.loads(files["runtime.json"])["quantization"] == {"load_in_8bit": True}
     assert round_trip_errors(plans["lora-int8"], round_trip(plans["lora-int8"], tmp_path / "plan")) == []
-    for bad in (dict(sharding="fsdp"), dict(sharding="zero2"), dict(precision="bf16-pure")):
+    for bad in (dict(sharding="fsdp"), dict(sharding="zero3"), dict(precision="bf16-pure")):
         refused = run(LLAMA, "2xA100-40", adapter="lora-int8", **bad)
         assert not refused.feasible and any("lora-int8" in x for x in refused.reasons), bad

@@ -59,6 +59,7 @@ ALL_CASES = [
     ("zero3-lora-full", "2xA100-80", dict(sharding="zero3", adapter="lora", checkpointing="full"), 2),
     ("zero3-qlora-full", "2xA100-80", dict(sharding="zero3", adapter="qlora", checkpointing="full"), 2),
     ("zero2-qlora", "2xA100-80", dict(sharding="zero2", adapter="qlora"), 2),
+    ("zero1-lora-int8-full", "2xA100-80", dict(sharding="zero1", adapter="lora-int8", checkpointing="full"), 2),
     ("single-padded", "1xA100-80", dict(batching="padded"), 1),  # one document a row, padded to the batch's longest
     # a QLoRA base prepared as TRL <= 0.25 prepares it (fp32 norms): the launch applies what runtime.json says
     ("single-qlora-kbit-prep", "1xA100-80", dict(adapter="qlora", kbit_prep="fp32-norms", checkpointing="full"), 1),
