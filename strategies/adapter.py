@@ -304,9 +304,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     # FSDP2 and ZeRO-3 shard the codes (in the 16-bit quant storage); the state is every rank's
     if spec.nf4 and (ctx.engine == Engine.FSDP or ctx.config.sharding == "zero3"):
         c = lay.dtypes.compute
-        quantized = adapters.layer_quantized(m)
-        codes = sum(adapters.nf4_storage_elements(t.numel, c) for t in quantized) * m.num_layers
-        state = sum(adapters.nf4_state_bytes(t.numel) for t in quantized) * m.num_layers
+        codes, state = adapters.nf4_stored_parts(m, c)
         _, rest = adapters.qlora_weight_parts(m, True)
         ledger.add("weights", "frozen decoder linears: NF4 codes (16-bit quant storage)", codes, c, tag=FROZEN_BASE, place=place,
                    note="4 bits per weight, viewed as the 16-bit storage dtype the engine shards")
@@ -369,10 +367,9 @@ def whole_load_bytes(ctx: PlanContext) -> int:
     if spec is None or not spec.nf4 or ctx.config.sharding != "zero3":
         return 0
     c = ctx.layout.dtypes.compute
-    codes = sum(adapters.nf4_storage_elements(t.numel, c) for t in adapters.layer_quantized(ctx.model)) * c
-    state = sum(adapters.nf4_state_bytes(t.numel) for t in adapters.layer_quantized(ctx.model))
+    codes, state = adapters.nf4_stored_parts(ctx.model, c)
     _, rest = adapters.qlora_weight_parts(ctx.model, True)
-    return (codes + state) * ctx.model.num_layers + rest * ctx.layout.frozen_bytes
+    return codes * c + state + rest * ctx.layout.frozen_bytes
 
 
 def dora_norm_bytes(shape: tuple[int, ...], adapter_bytes: int, compute_bytes: int) -> int:

@@ -212,6 +212,16 @@ def nf4_storage_elements(numel: int, storage_bytes: int) -> int:
     return ceil(ceil(numel / 2) / storage_bytes)
 
 
+@cache
+def nf4_stored_parts(m: ModelSpec, storage_bytes: int) -> tuple[int, int]:
+    """The whole model's NF4 base as FSDP-QLoRA and ZeRO-3 QLoRA store it: (elements of the packed
+    codes in the storage dtype of ``storage_bytes``, ``nf4_storage_elements`` per weight; bytes of
+    their quantization state, ``nf4_state_bytes`` per weight), over every decoder layer."""
+    quantized = layer_quantized(m)
+    return (sum(nf4_storage_elements(t.numel, storage_bytes) for t in quantized) * m.num_layers,
+            sum(nf4_state_bytes(t.numel) for t in quantized) * m.num_layers)
+
+
 def layer_quantized(m: ModelSpec) -> tuple[params.ParamTensor, ...]:
     """One decoder layer's weights a bitsandbytes load quantizes (``bnb_quantized``)."""
     return tuple(t for t in params.layer_tensors(m) if bnb_quantized(m, t))
