@@ -11,6 +11,7 @@ from operator import itemgetter
 from planner.catalog.models import resolve_model
 from planner.core.formatting import gib
 from planner.core.ledger import (
+    PHASES,
     Ledger,
     LedgerDraft,
     Location,
@@ -203,10 +204,10 @@ def check_config(ctx: PlanContext, first_only: bool = False) -> Check:
 #: The ledger row of the caching allocator's reserve as a fraction of the allocated peak (the
 #: engines' stream pools are allocator_reserve rows too, written by their strategies).
 FRAGMENTATION_LABEL = "caching-allocator fragmentation reserve"
-#: The ledger row that lifts the peak to what a rank held while the model loaded whole
-#: (strategies/adapter.py ``whole_load_bytes``), where that is more than training holds: the
-#: allocator keeps the load's blocks cached, so the driver shows them through the run. A reserve
-#: row: the allocated reading planner reports is training's (``torch.cuda.max_memory_allocated``
+#: The ledger rows that lift each phase to what a rank held while the model loaded whole
+#: (strategies/adapter.py ``whole_load_bytes``), where that is more than the phase holds: the
+#: allocator keeps the load's blocks cached, so the driver shows them through the run. Reserve
+#: rows: the allocated reading planner reports is training's (``torch.cuda.max_memory_allocated``
 #: reads the load's too unless its peak is reset after the load).
 WHOLE_LOAD_LABEL = "the whole 4-bit base at load, kept in the allocator's cache"
 
@@ -311,9 +312,13 @@ def evaluate(
         + (f" ({fragmentation - base:.0%} of it for the techniques' own pools)" if fragmentation > base else ""),
     )
     peak += reserve.bytes  # resident in every phase too
-    if (whole := whole_load_bytes(ctx) + context) > peak:  # the load's blocks, kept in the allocator's cache
-        peak += draft.add("allocator_reserve", WHOLE_LOAD_LABEL, whole - peak, 1,
-                          note="each GPU loads the whole 4-bit base before DeepSpeed partitions it").bytes
+    if whole := whole_load_bytes(ctx):  # the load's blocks, kept in the allocator's cache: no phase holds less
+        whole += context
+        for phase in PHASES:
+            if (lift := whole - phase_sum(draft.rows, phase, Location.GPU)) > 0:
+                draft.add("allocator_reserve", WHOLE_LOAD_LABEL, lift, 1, phases=frozenset({phase}),
+                          note="each GPU loads the whole 4-bit base before DeepSpeed partitions it")
+        peak = max(peak, whole)
     ev.draft, ev.paged = draft, _place_paged_state(draft, ev.usable, peak)
     ev.peak = peak + (ev.paged.resident_bytes if ev.paged else 0)
     ev.host = _host_memory(ctx, draft, ev.paged)
