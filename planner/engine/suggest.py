@@ -18,7 +18,7 @@ from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.exact_host import exact_host_option, exact_only
 from planner.engine.forked import Forked
 from planner.engine.lengths_file import lengths_of
-from planner.engine.nothing_fits import Verdict, explain, hardware_fixes
+from planner.engine.nothing_fits import Fixes, Verdict, explain, hardware_fixes
 from planner.engine.ranking import HEADROOM, TIE_BAND, Candidate, Ranking, distinct, order, rank, searched
 from planner.engine.search import ENGINES, SearchOutcome, search_plans
 from planner.engine.space import SearchSpace, build_space, settings_of
@@ -44,10 +44,10 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     if request.seq_len is None:
         request = request.model_copy(update={"seq_len": default_seq_len(model, request)})
     space = _space(request, hardware.num_gpus, request.global_batch_size)
-    # in two children while the main search runs: what to change when nothing fits, and the
-    # adapter line's plan with the host RAM an exact plan needs
-    beside = Beside(Forked(hardware_fixes, request, model, hardware, in_child=_one_worker),
-                    Forked(_lines, request, model, hardware, in_child=_one_worker))
+    # in two children while the main search runs: what to change when nothing fits (or, when a
+    # plan does, the host RAM an exact plan needs), and the adapter line's plan
+    beside = Beside(Forked(_fixes_or_host, request, model, hardware, in_child=_one_worker),
+                    Forked(_adapter_line, request, model, hardware, in_child=_one_worker))
     try:
         return _suggest(request, model, hardware, space, seq_given, beside)
     finally:
@@ -58,27 +58,36 @@ def suggest(request: SuggestRequest) -> SuggestResult:
 class Beside:
     """What suggest needs beside its main search, each part computed in its own child (two
     processes: when nothing fits, the fixes' probes take about as long as the other two parts and
-    the main search together; when a candidate fits, a probe scan finds it in milliseconds).
-    ``fixes``: the hardware fixes when no candidate fits (``hardware_fixes``; None when a probe
-    scan finds one that does). ``lines``: the adapter line's plan and the exact plan's host RAM
-    (``_lines``)."""
+    the main search together; when a candidate fits, a probe scan finds it in milliseconds and
+    the same child goes on to the exact plan's host RAM). ``fixes``: ``_fixes_or_host``.
+    ``adapter``: the adapter line's plan (``_adapter_line``)."""
 
     fixes: Forked
-    lines: Forked
+    adapter: Forked
 
     def close(self) -> None:
         self.fixes.close()
-        self.lines.close()
+        self.adapter.close()
 
 
-def _lines(request: SuggestRequest, model: ModelSpec,
-           hardware: HardwareSpec) -> tuple[EstimateResult | None, HostOption | None]:
-    """The adapter line's plan (``_adapter_plan``, exact values first; None when the line is not
-    asked for), and the host RAM at which an exact plan fits when none does with the host RAM
-    asked (None when one does, found by a probe scan that stops at the first: milliseconds)."""
-    adapter = _adapter_plan(request, model, hardware, True) if _hint_asked(request) else None
-    exact_host = exact_host_option(request, model) if request.numerics != NumericsPolicy.ANY else None
-    return adapter, exact_host
+def _fixes_or_host(request: SuggestRequest, model: ModelSpec,
+                   hardware: HardwareSpec) -> tuple[Fixes | None, HostOption | None]:
+    """The hardware fixes when no candidate fits (``hardware_fixes``), else None and the host RAM at
+    which an exact plan fits when none does with the host RAM asked (``exact_host_option``; None
+    when one does, or under ``--numerics any``). suggest reads the host RAM only when a plan fits
+    (an exact plan is missing, or under ``--numerics exact`` only an approximation fits), which the
+    fixes' probe scan has then found: when it finds none, nothing fits and the host RAM is not
+    read."""
+    fixes = hardware_fixes(request, model, hardware)
+    if fixes is not None or request.numerics == NumericsPolicy.ANY:
+        return fixes, None
+    return None, exact_host_option(request, model)
+
+
+def _adapter_line(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec) -> EstimateResult | None:
+    """The adapter line's plan (``_adapter_plan``, exact values first); None when the line is not
+    asked for."""
+    return _adapter_plan(request, model, hardware, True) if _hint_asked(request) else None
 
 
 def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,
@@ -93,7 +102,7 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
     elif not plans:
         misses = distinct(searched(outcome, outcome.nearest))
         nearest = [_result(request, model, hardware, outcome, c.item) for c in misses]
-        verdict = explain(request, model, hardware, outcome, nearest, beside.fixes.result())
+        verdict = explain(request, model, hardware, outcome, nearest, beside.fixes.result()[0])
         hw_suggestions = verdict.suggestions
     return SuggestResult(
         plans=plans,
@@ -119,8 +128,8 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
            + [f"MFU of the {plans[0].time.mfu_basis}"] if plans else []),
         training=_training(request, plans[0], request.tokens) if plans and request.tokens else None,
         needs_bytes=verdict.needs_bytes if verdict else None,
-        adapter_option=_option(beside.lines.result()[0], plans[0] if plans else None) if _hint_asked(request) else None,
-        exact_host=beside.lines.result()[1] if (plans and not ranking.exact_fits) or (not plans and ranking.least) else None,
+        adapter_option=_option(beside.adapter.result(), plans[0] if plans else None) if _hint_asked(request) else None,
+        exact_host=beside.fixes.result()[1] if (plans and not ranking.exact_fits) or (not plans and ranking.least) else None,
     )
 
 
