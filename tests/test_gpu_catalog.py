@@ -156,10 +156,10 @@ def test_cuda_context_from_a_gpus_sms_threads_and_driver_reserve(tmp_path):
 
 
 @pytest.mark.parametrize("gpus, shm", [("2xRTX4090-24", True), ("2x1xRTX4090-24", False), ("2xA100-80", False),
-                                       ("2xRTX3090-24", False)])
+                                       ("2xRTX3090-24", True), ("2xA40-48", False)])
 def test_nccl_keeps_its_buffers_on_the_host_where_gpus_lack_peer_access(gpus, shm):
-    """GeForce RTX 40 cards cannot map each other's memory (accelerate disables NCCL's P2P on
-    them), so inside a node NCCL's SHM transport keeps every channel FIFO in host shared memory:
+    """GeForce cards (RTX 30 and 40) cannot map each other's memory over PCIe (accelerate disables
+    NCCL's P2P on the RTX 40; NCCL finds none on the RTX 30), so inside a node NCCL's SHM transport keeps every channel FIFO in host shared memory:
     the GPU's NCCL row is the communicator's small figure, not the peer-to-peer buffers; across
     nodes the network buffers are in device memory again."""
     from planner.cost import overheads
@@ -171,3 +171,4 @@ def test_nccl_keeps_its_buffers_on_the_host_where_gpus_lack_peer_access(gpus, sh
     assert row.bytes == (overheads.NCCL_SHM_BYTES if shm else overheads.NCCL_BYTES)
     assert ("SHM transport" in row.note) is shm
     assert catalog()["RTX4090-24"].peer_access is False and catalog()["A100-SXM-80"].peer_access is True
+    assert catalog()["RTX3090-24"].peer_access is False
