@@ -29,16 +29,21 @@ def required(r) -> int:
     return r.memory["peak"] - (r.paged.resident_bytes if r.paged else 0)
 
 
+def at_peak(r, term: str) -> int:
+    """Bytes of ``term``'s GPU rows alive in the peak's phase (a reserve may be held in some
+    phases only: the whole 4-bit base's load lifts each phase on its own)."""
+    return sum(row.bytes for row in r.ledger if row.term == term and row.location == "gpu" and r.peak_phase in row.phases)
+
+
 def held(r) -> int:
     """``required`` less the caching allocator's reserve: the tensors and the CUDA context."""
-    return required(r) - sum(row.bytes for row in r.ledger if row.term == "allocator_reserve")
+    return required(r) - at_peak(r, "allocator_reserve")
 
 
 def reserve_fraction(r) -> float:
     """The allocator's reserve as a fraction of the allocated peak (the peak less context and reserve)."""
-    reserve = sum(row.bytes for row in r.ledger if row.term == "allocator_reserve")
-    context = sum(row.bytes for row in r.ledger if row.term == "cuda_context")
-    return reserve / (required(r) - context - reserve)
+    reserve = at_peak(r, "allocator_reserve")
+    return reserve / (required(r) - at_peak(r, "cuda_context") - reserve)
 
 
 def checkpoint_inputs(r) -> int:
