@@ -373,8 +373,8 @@ def evaluation_logits_bytes(model, config, rows: int) -> int:
 
 def _read(job: JobFiles, r: Reading) -> None:
     """The Trainer's (and TRL's) use_liger_kernel: Liger's fused linear cross-entropy; TRL SFT's
-    loss_type, and its default per TRL version where the recipe leaves it out; the loss path of the
-    transformers installed here (the job's environment, as for TRL)."""
+    loss_type, and its default per TRL version where a Trainer/TRL recipe leaves it out; the loss
+    path of the transformers installed here (the job's environment, as for TRL)."""
     tf = job_module.installed_release("transformers")
     if tf is not None and len(tf) == 2:
         r.set("loss_path", loss_path_of((tf[0], tf[1])), f"transformers {tf[0]}.{tf[1]} installed here")
@@ -397,7 +397,10 @@ def _read(job: JobFiles, r: Reading) -> None:
         else:
             r.set("loss", kind, f"{where}: loss_type {d['loss_type']}")
         return
-    if liger is not None or not any(k in d for k in SFT_KEYS):
+    if liger is not None or not any(k in d for k in SFT_KEYS) or job.framework:
+        # LLaMA-Factory and axolotl train SFT with transformers' Trainer (LLaMA-Factory's
+        # CustomSeq2SeqTrainer, axolotl's AxolotlTrainer), not TRL's SFTTrainer: TRL's default
+        # loss_type is not theirs
         return
     trl = job_module.installed_release("trl")
     if trl is not None and trl >= TRL_CHUNKED_DEFAULT:
