@@ -326,7 +326,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
 #: TRL's SFTConfig ``loss_type`` values as the loss they hold: "chunked_nll" projects the head in
 #: chunks of 256 non-ignored tokens and never holds the full logits (trl/trainer/sft_trainer.py
 #: ``_chunked_cross_entropy_loss``), modelled as the chunked loss; "nll" and "dft" go through the
-#: model's full logits, as do the DPO and GRPO losses the key also names in their configs.
+#: model's full logits (the DPO and GRPO losses the key also names are refused: planner/check/methods.py).
 TRL_LOSS_TYPES = {"nll": Loss.STANDARD, "dft": Loss.STANDARD, "chunked_nll": Loss.CHUNKED}
 #: The first TRL whose SFTConfig defaults ``loss_type`` to "chunked_nll" (unless use_liger_kernel):
 #: TRL 1.6 says "The default value of `loss_type` will change from "nll" to "chunked_nll" in TRL
@@ -388,8 +388,8 @@ def _read(job: JobFiles, r: Reading) -> None:
     if liger is not None:
         r.set("loss", Loss.CHUNKED if liger else Loss.STANDARD, f"{where}: use_liger_kernel")
     if "loss_type" in d:
-        # (DPO's and GRPO's configs use the key for their own losses, "sigmoid", "dr_grpo", ...: over
-        # the full logits, the standard loss, as these recipes are planned today)
+        # (DPO's and GRPO's configs use the key for their own losses, "sigmoid", "dr_grpo", ...: check
+        # refuses those recipes before this reader, planner/check/methods.py)
         kind = TRL_LOSS_TYPES.get(str(d["loss_type"]), Loss.STANDARD)
         if kind == Loss.CHUNKED and liger:
             r.problems.append(f"contradiction: {where} sets loss_type chunked_nll with use_liger_kernel "

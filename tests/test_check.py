@@ -513,7 +513,8 @@ def test_evaluation_with_a_chunked_loss(tmp_path, loss_key, full):
 
 def test_trl_loss_type_refusals(tmp_path):
     """chunked_nll beside use_liger_kernel is refused as TRL refuses it; a GRPO or DPO loss_type
-    (dr_grpo, sigmoid) is not SFT's and reads as the standard loss."""
+    (dr_grpo, sigmoid) is not SFT's: the recipe is refused as preference or RL training, never
+    planned as SFT."""
     path = tmp_path / "training_args.json"
     path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "loss_type": "chunked_nll",
                                 "use_liger_kernel": True}))
@@ -521,8 +522,8 @@ def test_trl_loss_type_refusals(tmp_path):
     assert r.exit_code == 2 and "contradiction" in " ".join(r.output.split()), r.output
     for other in ("dr_grpo", "sigmoid"):
         path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "loss_type": other}))
-        assert check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0)).estimate.config.loss \
-            == "standard"
+        with pytest.raises(PlannerInputError, match=f"loss_type {other}: a preference or RL loss"):
+            check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
 
 
 def test_an_fsdp_job_accumulating_reads_when_its_gradients_are_reduced(tmp_path):

@@ -28,6 +28,40 @@ def _rows(kind: str) -> list[dict]:
     return [r for r in csv.DictReader((ROOT / "provenance.csv").open()) if r["kind"] == kind]
 
 
+#: The corpus's preference and RL recipes, named so by their own repositories' paths (the
+#: handbook's dpo/ and orpo/ folders, open-r1's grpo/, LLaMA-Factory's *_dpo, *_kto, *_reward,
+#: axolotl's instruct-dpo and orpo/): an oracle beside planner's own reading of their keys.
+PREFERENCE_OR_RL = re.compile(r"(^|[/_-])(dpo|orpo|grpo|kto|reward)([/_.-]|$)")
+
+
+def _preference_or_rl(path: Path) -> bool:
+    return bool(PREFERENCE_OR_RL.search(str(path.relative_to(ROOT))))
+
+
+def test_preference_and_rl_recipes_are_refused_never_planned_as_sft(monkeypatch):
+    """Every DPO, ORPO, KTO, reward-model and GRPO file of the corpus (TRL recipes, LLaMA-Factory,
+    axolotl) is refused with the method it names, never given an SFT verdict; no SFT file is."""
+    from planner.check import CheckRequest, check
+    from planner.check.methods import REFUSAL, REFUSAL_HINT
+    from planner.core.errors import PlannerInputError
+
+    rows = _rows("trl_recipe") + _rows("llamafactory") + _rows("axolotl")
+    refused = []
+    for row in rows:
+        path = ROOT / row["local_path"]
+        monkeypatch.chdir(ROOT / row["local_path"].split("/")[0])
+        try:
+            check(CheckRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", alternatives=0, training_args=path))
+        except PlannerInputError as e:
+            if any(REFUSAL in p for p in e.problems):
+                assert e.hint == REFUSAL_HINT and _preference_or_rl(path), (row["local_path"], e.problems)
+                refused.append(path.name)
+                continue
+            raise
+        assert not _preference_or_rl(path), f"{row['local_path']} was planned as supervised fine-tuning"
+    assert len(refused) == 13, refused
+
+
 def test_every_trl_recipe_is_read_without_a_refusal():
     """Each TRL-style recipe (alignment-handbook, open-r1, TRL's CLI example) as the Trainer
     arguments of a check: no key refused (TrlParser's dataclasses: TRL configs, ModelConfig, the
@@ -40,6 +74,8 @@ def test_every_trl_recipe_is_read_without_a_refusal():
     assert len(rows) >= 18
     for row in rows:
         path = ROOT / row["local_path"]
+        if _preference_or_rl(path):
+            continue  # refused: test_preference_and_rl_recipes_are_refused_never_planned_as_sft
         result = check(CheckRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", alternatives=0,
                                     training_args=path))
         for key, field in (("per_device_train_batch_size", "micro_batch_size"), ("gradient_accumulation_steps",
@@ -96,6 +132,8 @@ def test_every_llamafactory_and_axolotl_file_is_read_as_its_framework(monkeypatc
     assert len(rows) >= 24
     for row in rows:  # run from the repository's root, as the frameworks' CLIs are (relative DeepSpeed paths)
         path = ROOT / row["local_path"]
+        if _preference_or_rl(path):
+            continue  # refused: test_preference_and_rl_recipes_are_refused_never_planned_as_sft
         monkeypatch.chdir(ROOT / row["local_path"].split("/")[0])
         result = check(CheckRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", alternatives=0,
                                     training_args=path))
@@ -183,15 +221,8 @@ AX_FIRST = "axolotl-ai-cloud__axolotl__15f7910d3/examples/"
 VERDICTS = [
     (HB + "zephyr-7b-beta/sft/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "mistralai/Mistral-7B-v0.1",
      "8xA100-80", {}, True),
-    (HB + "zephyr-7b-beta/dpo/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "mistralai/Mistral-7B-v0.1",
-     "8xA100-80", {}, True),
     (HB + "zephyr-7b-beta/sft/config_qlora.yaml", None, "mistralai/Mistral-7B-v0.1", "1xA100-80", {}, True),
-    (HB + "zephyr-7b-beta/dpo/config_qlora.yaml", None, "mistralai/Mistral-7B-v0.1", "1xA100-80", {}, True),
-    (HB + "zephyr-141b-A35b/orpo/config_full.yaml", HB + "accelerate_configs/fsdp.yaml", "mistralai/Mixtral-8x22B-v0.1",
-     "4x8xH100-80", {}, True),
     (HB + "zephyr-7b-gemma/sft/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "google/gemma-7b",
-     "8xA100-80", {}, True),
-    (HB + "zephyr-7b-gemma/dpo/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "google/gemma-7b",
      "8xA100-80", {}, True),
     (HB + "smollm3/sft/sft.yaml", HB + "accelerate_configs/zero3.yaml", "HuggingFaceTB/SmolLM3-3B", "8xA100-80", {},
      True),
@@ -199,7 +230,6 @@ VERDICTS = [
     (HB + "starchat2-15b/sft/config_v0.1.yaml", HB + "accelerate_configs/zero3.yaml", "bigcode/starcoder2-15b",
      "8xA100-80", {}, True),
     (HB + "smollm2/sft/config.yaml", None, "HuggingFaceTB/SmolLM2-1.7B", "8xH100-80", {}, True),
-    (HB + "smollm2/dpo/config.yaml", None, "HuggingFaceTB/SmolLM2-1.7B", "8xH100-80", {}, True),
     (OR + "OpenR1-Distill-7B/sft/config_distill.yaml", OR + "accelerate_configs/zero3.yaml", "Qwen/Qwen2.5-7B",
      "8xH100-80", {}, True),
     (OR + "OlympicCoder-7B/sft/config_v00.00.yaml", OR + "accelerate_configs/zero3.yaml", "Qwen/Qwen2.5-7B",
@@ -209,8 +239,6 @@ VERDICTS = [
     # the recipe's own comment: "we were unable to train at 32k due to OOM"
     (OR + "OlympicCoder-32B/sft/config_v00.00.yaml", OR + "accelerate_configs/fsdp.yaml", "Qwen/Qwen2.5-32B",
      "16x8xH100-80", {"seq_len": 32768}, False),
-    (OR + "Qwen2.5-Coder-7B-Instruct/grpo/config_codeforces.yaml", OR + "accelerate_configs/zero3.yaml",
-     "Qwen/Qwen2.5-7B", "8xH100-80", {}, True),
     (AX + "llama-2/qlora.yml", None, "meta-llama/Llama-2-7b-hf", "1xRTX4090-24", {}, True),
     (AX + "llama-2/lora.yml", None, "meta-llama/Llama-2-7b-hf", "1xRTX4090-24", {}, True),
     # LoRA over an LLM.int8() base (load_in_8bit): "Single GPU @ 11GB VRAM", on any 24 GB GPU

@@ -38,6 +38,7 @@ off (utils/schemas/training.py, config.py), reentrant when on unless
 ``fsdp2_prepare_model`` keeps bf16 parameters (monkeypatch/accelerate/fsdp2.py).
 """
 
+from planner.check.methods import framework_method
 from planner.check.recipe_keys import recipe_keys, suggestion
 
 LLAMAFACTORY, AXOLOTL = "llamafactory", "axolotl"
@@ -45,8 +46,6 @@ NAMES = {LLAMAFACTORY: "LLaMA-Factory", AXOLOTL: "axolotl"}
 #: Keys only a LLaMA-Factory / an axolotl file has (transformers, TRL and the other has none).
 MARKERS = {LLAMAFACTORY: ("finetuning_type", "stage", "cutoff_len", "template", "lora_target", "quantization_bit"),
            AXOLOTL: ("base_model", "sequence_len", "micro_batch_size", "lora_target_linear", "adapter")}
-#: Preference tuning and RL: the reference model, paired or sampled sequences are not modelled.
-TUNING = {"dpo", "kto", "rm", "ppo", "orpo", "ipo", "simpo", "grpo", "gdpo", "ebft"}
 LF_ATTENTION = {"disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_3"}
 AX_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager",
                 "xformers_attention": "xformers", "flex_attention": "flex_attention", "sage_attention": "sage"}
@@ -94,10 +93,9 @@ class Translation:
 def translate(framework: str, d: dict, where: str) -> Translation:
     t = Translation(framework, d, where)
     (_llamafactory if framework == LLAMAFACTORY else _axolotl)(t)
-    key = "stage" if framework == LLAMAFACTORY else "rl"
-    if isinstance(d.get(key), str) and d[key].lower() in TUNING:
-        t.warnings.append(f"{where}: {key} {d[key]}: its reference model and paired or sampled sequences are not "
-                          "modelled (memory is a lower bound)")
+    refusal = framework_method(framework == LLAMAFACTORY, d, where)
+    if refusal:
+        t.problems.append(refusal)
     return t
 
 

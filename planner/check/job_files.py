@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from planner.catalog import DATA_DIR
 from planner.catalog.files import read_mapping
 from planner.check.frameworks import check_keys, detect, translate
+from planner.check.methods import REFUSAL, REFUSAL_HINT, trl_method
 from planner.check.recipe_keys import read_recipe_keys, suggestion
 from planner.core.errors import PlannerInputError
 from planner.core.job import FsdpSettings, JobFiles, Reading
@@ -87,8 +88,10 @@ def read_job(paths: Mapping[str, Path | None]) -> Reading:
         strategy.read(job, r)
     _name_origins(r, origins)
     if errors or r.problems:  # (several readers may trip over one malformed section: each said once)
-        raise PlannerInputError(list(dict.fromkeys(errors + r.problems)),
-                                hint="Fix the files (or the flags) and run planner check again.")
+        problems = list(dict.fromkeys(errors + r.problems))
+        refused = all(REFUSAL in p for p in problems)
+        raise PlannerInputError(problems, hint=REFUSAL_HINT if refused else
+                                "Fix the files (or the flags) and run planner check again.")
     return r
 
 
@@ -284,6 +287,8 @@ def _training_args(path: Path, r: Reading, parts: dict) -> Path | dict | None:
     framework = detect(d)
     if framework is None:
         problems, warnings = read_recipe_keys(d, known_keys()["training_args"], where, extra=SEQ_LEN_KEYS)
+        refusal = trl_method(d, where)
+        problems += [refusal] if refusal else []
         if isinstance(d.get("model_name_or_path"), str):
             r.model = (d["model_name_or_path"], f"{where}: model_name_or_path")
     else:  # a LLaMA-Factory or axolotl YAML, as the Trainer/TRL recipe it becomes

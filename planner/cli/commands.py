@@ -232,7 +232,8 @@ def emit(
 @app.command(help="Will this job fit? Reads the job's own files (accelerate YAML, DeepSpeed JSON, Trainer "
              "arguments JSON/YAML, a planner launch's runtime.json, any subset, or --job-dir); "
              "flags fill gaps or override. Exit codes: 0 fits, "
-             "1 will not fit, 2 bad input (unreadable file, unknown key, contradiction).")
+             "1 will not fit, 2 bad input (unreadable file, unknown key, contradiction) or a job planner does not "
+             "plan (preference or RL training: DPO, KTO, ORPO, GRPO, PPO, reward models).")
 @with_techniques("optional")
 @partial(with_target, model_from_files=True)
 def check(

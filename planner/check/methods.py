@@ -1,0 +1,81 @@
+"""The training method a job's files name where it is not supervised fine-tuning: preference
+optimization (DPO, KTO, ORPO, CPO/SimPO), reward modelling, reinforcement learning with sampled
+generations (GRPO, RLOO, PPO, online DPO) and distillation (GKD).
+
+planner plans supervised fine-tuning. These jobs hold what it does not count: a reference model,
+chosen and rejected sequences on the batch axis, generations and their KV cache (often a vLLM
+engine beside the trainer), a reward model or a teacher. Planned as supervised fine-tuning, their
+verdict would under-count memory, so ``planner check`` refuses them and says why (exit 2).
+"""
+
+#: Keys of TRL's trainer configs that neither ``SFTConfig`` nor ``TrainingArguments`` has, and the
+#: method each names; the first entry with a key the recipe holds decides (the sampling methods
+#: before DPO: their configs have ``beta`` too; GKD and online DPO before GRPO, whose vLLM keys
+#: online DPO shares). From TRL 1.16's dataclasses (tests/test_check_methods.py checks
+#: every key the installed TRL has against its config), older releases' (``max_prompt_length``:
+#: DPO/ORPO/KTO/CPO configs up to 1.14; ``rpo_alpha`` and ``ref_model_init_kwargs``: DPOConfig up
+#: to 1.14) and open-r1's GRPO script arguments (``reward_funcs``).
+TRL_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("GKD (TRL's GKDTrainer: distillation from a teacher model)", ("teacher_model_name_or_path", "lmbda", "seq_kd")),
+    ("online DPO (TRL's OnlineDPOTrainer: completions sampled and judged every step)",
+     ("missing_eos_penalty", "reward_model_path")),
+    ("GRPO or RLOO (TRL's GRPOTrainer or RLOOTrainer: completions sampled every step, a reference model "
+     "unless beta is 0)",
+     ("num_generations", "steps_per_generation", "generation_batch_size", "num_iterations", "use_vllm", "vllm_mode",
+      "vllm_gpu_memory_utilization", "reward_weights", "reward_funcs")),
+    ("KTO (TRL's KTOTrainer: a reference model, desirable and undesirable completions)",
+     ("desirable_weight", "undesirable_weight")),
+    ("CPO or SimPO (TRL's CPOTrainer: chosen and rejected sequences)", ("cpo_alpha", "simpo_gamma")),
+    ("a reward model (TRL's RewardTrainer: chosen and rejected sequences)", ("center_rewards_coefficient",)),
+    ("DPO or ORPO (TRL's DPOTrainer: a reference model, chosen and rejected sequences; ORPOTrainer: the "
+     "pairs)",
+     ("beta", "precompute_ref_log_probs", "precompute_ref_batch_size", "sync_ref_model", "ref_model_sync_steps",
+      "ref_model_mixup_alpha", "f_divergence_type", "use_weighting", "ld_alpha", "discopop_tau", "rpo_alpha",
+      "ref_model_init_kwargs", "max_prompt_length")),
+)
+#: TRL SFTConfig's ``loss_type`` values; any other names a preference or RL loss ("sigmoid", "ipo",
+#: "grpo", "dr_grpo", ...), as the DPO, KTO and GRPO configs use the key.
+SFT_LOSS_TYPES = frozenset({"nll", "dft", "chunked_nll"})
+#: LLaMA-Factory's ``stage`` values other than pre-training and supervised fine-tuning
+#: (src/llamafactory/hparams/finetuning_args.py: pt, sft, rm, ppo, dpo, kto).
+LLAMAFACTORY_STAGES = {"rm": "a reward model (chosen and rejected sequences)",
+                       "ppo": "PPO (a policy, a reference, a reward and a value model; completions sampled every step)",
+                       "dpo": "DPO and its variants (pref_loss: a reference model, chosen and rejected sequences)",
+                       "kto": "KTO (a reference model, desirable and undesirable completions)"}
+#: What every refusal ends with.
+REFUSAL = "planner plans supervised fine-tuning only: planned as that, this job's memory would be under-counted"
+#: What to do next when every problem is such a refusal.
+REFUSAL_HINT = ("Preference and RL training are not planned yet; planner check plans the job's supervised "
+                "fine-tuning stage (a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl).")
+
+
+def trl_method(d: dict, where: str) -> str | None:
+    """The refusal for a Trainer/TRL recipe ``d`` of another method than supervised fine-tuning
+    (None: it is one): the keys that say so and the method they name."""
+    for method, keys in TRL_MARKERS:
+        said = [k for k in keys if k in d]
+        if said:
+            return f"{where}: {', '.join(said)}: {method}: {REFUSAL}"
+    loss = d.get("loss_type")
+    names = loss if isinstance(loss, list) else [loss]
+    if loss is not None and any(str(n) not in SFT_LOSS_TYPES for n in names):
+        return (f"{where}: loss_type {loss}: a preference or RL loss (TRL's SFT trainer takes nll, dft or chunked_nll): "
+                f"{REFUSAL}")
+    return None
+
+
+def framework_method(llamafactory: bool, d: dict, where: str) -> str | None:
+    """The refusal for a LLaMA-Factory file of a stage other than pt and sft, or an axolotl file
+    with ``rl`` or a reward model (None: supervised fine-tuning)."""
+    if llamafactory:
+        stage = d.get("stage")
+        if isinstance(stage, str) and stage.lower() in LLAMAFACTORY_STAGES:
+            return f"{where}: stage {stage}: {LLAMAFACTORY_STAGES[stage.lower()]}: {REFUSAL}"
+        return None
+    rl = d.get("rl")
+    if rl not in (None, False, "", "none"):
+        return f"{where}: rl {rl}: axolotl's {rl} trainer (preference or RL training, through TRL): {REFUSAL}"
+    for key in ("reward_model", "process_reward_model"):
+        if d.get(key) is True:
+            return f"{where}: {key}: a reward model (chosen and rejected sequences): {REFUSAL}"
+    return None

@@ -1,0 +1,84 @@
+"""planner check refuses preference and RL recipes (planner/check/methods.py): the keys it reads
+them by are those trainers' own, checked against the installed TRL's config dataclasses."""
+
+import dataclasses
+import importlib
+
+import pytest
+
+from planner.check.methods import REFUSAL, REFUSAL_HINT, TRL_MARKERS, framework_method, trl_method
+
+trl = pytest.importorskip("trl")
+transformers = pytest.importorskip("transformers")
+
+#: TRL 1.16's trainer configs beside SFTConfig, and a word the refusal of each must name.
+CONFIGS = {"DPOConfig": "DPO", "GRPOConfig": "GRPO", "KTOConfig": "KTO", "RewardConfig": "reward model",
+           "RLOOConfig": "RLOO", "trl.experimental.orpo:ORPOConfig": "ORPO", "trl.experimental.cpo:CPOConfig": "CPO",
+           "trl.experimental.online_dpo:OnlineDPOConfig": "online DPO", "trl.experimental.gkd:GKDConfig": "GKD"}
+#: Marker keys of older releases or of recipe scripts, which the installed TRL's configs lack.
+NOT_IN_TRL_1_16 = {"max_prompt_length", "rpo_alpha", "ref_model_init_kwargs", "reward_funcs"}
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _config(name: str):
+    if ":" in name:
+        module, cls = name.split(":")
+        return getattr(importlib.import_module(module), cls)
+    return getattr(trl, name)
+
+
+SFT = _fields(transformers.TrainingArguments) | _fields(trl.SFTConfig)
+
+
+def test_every_marker_is_a_key_sft_recipes_cannot_hold():
+    """Each marker the installed TRL knows is a field of a preference or RL config and of neither
+    SFTConfig nor TrainingArguments (so an SFT recipe never holds it: TrlParser refuses it)."""
+    known = set().union(*(_fields(_config(n)) for n in CONFIGS))
+    for _, keys in TRL_MARKERS:
+        for key in keys:
+            assert key not in SFT, key
+            assert (key in known) != (key in NOT_IN_TRL_1_16), key
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_recipe_of_every_trl_trainer_config_is_refused_as_its_method(name):
+    """A recipe holding every key of the config that SFT's lack is refused, naming its method."""
+    recipe = dict.fromkeys(_fields(_config(name)) - SFT, 1)
+    refusal = trl_method(recipe, "recipe.yaml")
+    assert refusal and REFUSAL in refusal and CONFIGS[name] in refusal, (name, refusal)
+
+
+def test_sft_recipes_and_sft_loss_types_are_not_refused():
+    recipe = dict.fromkeys(_fields(trl.SFTConfig), 1)
+    for loss in ("nll", "chunked_nll", ["dft"]):
+        assert trl_method(recipe | {"loss_type": loss}, "sft.yaml") is None
+    assert "sigmoid" in trl_method({"loss_type": "sigmoid"}, "dpo.yaml")
+
+
+@pytest.mark.parametrize("llamafactory, d, refused", [
+    (True, {"stage": "sft"}, False), (True, {"stage": "pt"}, False), (True, {}, False),
+    (True, {"stage": "dpo", "pref_loss": "simpo"}, True), (True, {"stage": "kto"}, True), (True, {"stage": "rm"}, True),
+    (True, {"stage": "ppo"}, True), (False, {}, False), (False, {"rl": None}, False), (False, {"rl": "grpo"}, True),
+    (False, {"rl": "orpo"}, True), (False, {"reward_model": True}, True)])
+def test_framework_stages_other_than_sft_are_refused(llamafactory, d, refused):
+    assert bool(framework_method(llamafactory, d, "job.yaml")) is refused
+
+
+def test_check_refuses_a_grpo_recipe_with_the_reason_and_what_to_do(tmp_path):
+    """The command: exit 2, the method and its keys first, the next step last, no verdict."""
+    import subprocess
+    import sys
+
+    recipe = tmp_path / "grpo.yaml"
+    recipe.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 8\nnum_generations: 8\n"
+                      "use_vllm: true\nmax_completion_length: 1024\n")
+    r = subprocess.run([sys.executable, "-m", "planner", "check", "--training-args", str(recipe), "--gpus",
+                        "1xH100-80"], capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "COLUMNS": "80",
+                                                                           "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2, r.stderr
+    text = r.stderr + r.stdout
+    assert "num_generations, use_vllm" in text and "GRPO" in text and "FIT" not in text
+    assert " ".join(text.split()).endswith(" ".join(REFUSAL_HINT.split()))
