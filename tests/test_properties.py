@@ -29,21 +29,26 @@ def required(r) -> int:
     return r.memory["peak"] - (r.paged.resident_bytes if r.paged else 0)
 
 
-def at_peak(r, term: str) -> int:
-    """Bytes of ``term``'s GPU rows alive in the peak's phase (a reserve may be held in some
-    phases only: the whole 4-bit base's load lifts each phase on its own)."""
-    return sum(row.bytes for row in r.ledger if row.term == term and row.location == "gpu" and r.peak_phase in row.phases)
+def reserve_in(r, phase) -> int:
+    """Bytes of the caching allocator's GPU reserve rows alive in ``phase`` (a pool may be held in
+    some phases only: a stream's pool, the whole 4-bit base's load lifting each phase)."""
+    return sum(row.bytes for row in r.ledger if row.term == "allocator_reserve" and row.location == "gpu"
+               and phase in row.phases)
 
 
 def held(r) -> int:
-    """``required`` less the caching allocator's reserve: the tensors and the CUDA context."""
-    return required(r) - at_peak(r, "allocator_reserve")
+    """The tensors and the CUDA context at their own peak: the largest phase less its reserve (the
+    peak's phase may be another one, lifted by a reserve the tensors' phase does not hold)."""
+    paged = r.paged.resident_bytes if r.paged else 0
+    return max(r.phase_peaks[p] - reserve_in(r, p) for p in r.phase_peaks) - paged
 
 
 def reserve_fraction(r) -> float:
-    """The allocator's reserve as a fraction of the allocated peak (the peak less context and reserve)."""
-    reserve = at_peak(r, "allocator_reserve")
-    return reserve / (required(r) - at_peak(r, "cuda_context") - reserve)
+    """The reserve the allocated peak scales (the rows held in every phase: the fragmentation
+    fraction and the techniques' own, strategies.reserve_extra) over the allocated peak."""
+    scaled = sum(row.bytes for row in r.ledger if row.term == "allocator_reserve" and row.location == "gpu"
+                 and set(row.phases) == set(Phase))
+    return scaled / r.allocated_peak_bytes
 
 
 def checkpoint_inputs(r) -> int:
