@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.core.numerics import EXACT, Rung, numerics_key
 from planner.core.vocabulary import config_model
-from planner.strategies import adapter, attention, checkpointing, loss, offload, optimizer, precision, sharding
+from planner.strategies import adapter, attention, checkpointing, loss, method, offload, optimizer, precision, sharding
 from planner.strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
 
 REGISTRY: tuple[Strategy, ...] = (
@@ -29,6 +29,7 @@ REGISTRY: tuple[Strategy, ...] = (
     checkpointing.STRATEGY,
     attention.STRATEGY,
     loss.STRATEGY,
+    method.STRATEGY,
 )
 TECHNIQUES: tuple[Strategy, ...] = tuple(sorted(REGISTRY, key=lambda s: s.order))
 BY_FIELD: dict[str, Strategy] = {s.field: s for s in TECHNIQUES}
@@ -45,7 +46,7 @@ else:
 
 def summary(config, style: str = "plain", sep: str = ", ") -> str:
     """The techniques of ``config`` (a TrainingConfig or a mapping of its fields) in one line, every
-    technique included, vocabulary order.
+    technique included (but one whose ``describe`` leaves its plain value unsaid), vocabulary order.
 
     Styles: ``plain`` "adamw, bf16-mixed, checkpointing full, sharding zero3, ..." (a strategy whose
     value reads alone is bare); ``named`` "optimizer adamw | ..." (every value named); ``compact``
@@ -54,6 +55,8 @@ def summary(config, style: str = "plain", sep: str = ", ") -> str:
     get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
     for s in TECHNIQUES:
         value = s.describe(get) if s.describe is not None else get(s.field)
+        if value == "":  # a technique whose plain value goes without saying (method sft)
+            continue
         if style == "named":
             parts.append(f"{s.field} {value}")
         elif style == "markdown":

@@ -10,7 +10,7 @@ from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
 from planner.core.units import DTYPE_BYTES
 from planner.core.vocabulary import Setting
-from planner.cost import activations, params
+from planner.cost import activations, params, preference
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.fsdp_schedule import Instant, gathered_bytes
@@ -116,10 +116,36 @@ def held_output_bytes_per_token(ctx: PlanContext) -> int:
     alone) or the chunked loss returns no logits. Source: transformers Trainer.compute_loss; PEFT
     method_comparison/MetaMathQA/run.py and Answer.AI fsdp_qlora train.py hold ``outputs``."""
     cfg, m = ctx.config, ctx.model
-    if cfg.loss != Loss.STANDARD or cfg.model_output != ModelOutput.HELD:
+    if cfg.loss != Loss.STANDARD or cfg.model_output != ModelOutput.HELD or cfg.method == "dpo":
         return 0
     per = activations.FP32 if cfg.loss_path == LossPath.FP32_LOGITS else ctx.layout.dtypes.compute
     return per * m.vocab_size
+
+
+DPO_FORWARD = "DPO's fused LM head (forward): projection buffer, per-token statistics, the hidden states' copy"
+DPO_BACKWARD = "DPO's fused LM head (backward): projection buffer, fp32 hidden-state and head gradients"
+
+
+def dpo_moments(ctx: PlanContext, cached: int, norm: float, norm_label: str) -> dict[str, float]:
+    """DPO's log-probabilities as TRL >= 1.15 computes them, without logits
+    (planner/cost/preference.py): the fused head's forward (the projection buffer, the per-token
+    statistics and the scored positions' hidden states gathered by the label mask, with the cache-
+    only casts and, under autocast, one vocabulary chunk of the head's weight cast to the compute
+    dtype) and its backward at the start of backward (the buffer again, the hidden states'
+    gradient and, when the head trains, its weight gradient, both accumulated in fp32 and cast
+    back to their tensors' dtypes on return: V*h*(4 + w) where the weight is not fp32), then the
+    final norm's backward as for the other losses. Unit: bytes."""
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
+    tokens, c, h = cfg.tokens_per_micro_batch, lay.dtypes.compute, m.hidden_size
+    chunk_cast = min(m.vocab_size, preference.VOCAB_CHUNK) * h * c if lay.autocast else 0
+    trained = lay.adapter is None
+    w = head_gradient_bytes_per_element(ctx)
+    head_cast = m.vocab_size * h * w if trained and w != activations.FP32 else 0
+    return {
+        DPO_FORWARD: cached + chunk_cast + preference.fused_forward_bytes(tokens, h, c, c),
+        DPO_BACKWARD: chunk_cast + preference.fused_backward_bytes(m, tokens, c, trained) + head_cast + tokens * h * c,
+        norm_label: norm,
+    }
 
 
 def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
@@ -158,8 +184,10 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     norm_label = "final norm backward: the head's gradient and the norm's fp32 temporaries"
     held = {True: gathered_bytes(ctx, Instant.LOSS_FORWARD), False: gathered_bytes(ctx, Instant.LOSS_BACKWARD)}
     forward = ("chunked loss: one chunk, the head weight gradient made in forward, weight casts",
-               "loss forward inside autocast")
-    if cfg.loss == Loss.CHUNKED:
+               "loss forward inside autocast", DPO_FORWARD)
+    if cfg.method == "dpo":
+        moments = dpo_moments(ctx, cached, norm, norm_label)
+    elif cfg.loss == Loss.CHUNKED:
         moments = {
             forward[0]: cached + 2 * hc + vh * w + activations.chunked_loss_bytes(m, lay.dtypes, tokens),
             norm_label: norm,
@@ -221,6 +249,8 @@ def loss_saved_bytes(ctx: PlanContext) -> int:
     input's (r*h per token)."""
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     tokens, vh = cfg.tokens_per_micro_batch, m.vocab_size * m.hidden_size
+    if cfg.method == "dpo":  # the fused head keeps the scored hidden states' copy and each token's log-normaliser
+        return tokens * (m.hidden_size * lay.dtypes.compute + 4)
     if cfg.loss == Loss.CHUNKED:
         return vh * head_gradient_bytes_per_element(ctx) + lay.dtypes.residual * m.hidden_size * tokens
     softcap = lay.dtypes.compute if m.final_logit_softcapping else 0
@@ -242,7 +272,7 @@ def logits_hole_bytes_per_token(ctx: PlanContext) -> int:
     and 1.20 / 2.40 GiB for Qwen2.5-0.5B (V=151,936; 4,096 / 8,192 tokens: 1.16 / 2.32 GiB),
     whatever the allocated peak (19.5-32.6 GiB); 0.01 GiB under Liger's chunked loss."""
     c = ctx.layout.dtypes.compute
-    if ctx.config.loss != Loss.STANDARD or c >= activations.FP32:
+    if ctx.config.loss != Loss.STANDARD or c >= activations.FP32 or ctx.config.method == "dpo":
         return 0
     if held_output_bytes_per_token(ctx) and ctx.config.loss_path != LossPath.FP32_LOGITS:
         return 0  # the loop holds the 16-bit logits: not freed, no hole
@@ -306,8 +336,22 @@ def chunked_head_gradient_traffic(ctx: PlanContext) -> tuple[float, int]:
     return 2.0 * m.vocab_size * m.hidden_size * w * chunks, chunks
 
 
+#: Bytes per token x vocabulary DPO's fused LM head moves per compute-dtype byte c: forward, the
+#: projection tile written by the matmul and read by the fold (2c); backward, the tile recomputed
+#: and read, turned into the logits' gradient in place and read by the two gradient matmuls (~5c).
+#: From the kernel's structure (trl/kernels/chunked_logprob.py, TRL 1.16); not measured.
+DPO_TRAFFIC_FORWARD_PER_BYTE, DPO_TRAFFIC_BACKWARD_PER_BYTE = 2, 5
+
+
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     per = ctx.model.vocab_size * rates.tokens(ctx) / rates.bandwidth(ctx)
+    if ctx.config.method == "dpo":  # the fused LM head: no logits; its backward projects the head again
+        c = ctx.layout.dtypes.compute
+        draft.compute("loss", "DPO's fused LM head: projection tiles (forward)", DPO_TRAFFIC_FORWARD_PER_BYTE * c * per,
+                      Window.FORWARD)
+        draft.compute("loss", "DPO's fused LM head: tiles recomputed, gradients (backward)",
+                      DPO_TRAFFIC_BACKWARD_PER_BYTE * c * per + rates.head_matmul_forward_seconds(ctx), Window.BACKWARD)
+        return
     draft.compute("loss", "cross-entropy over the vocabulary (forward)", LOSS_TRAFFIC_FORWARD_PER_VOCAB * per, Window.FORWARD)
     draft.compute("loss", "cross-entropy over the vocabulary (backward)", LOSS_TRAFFIC_BACKWARD_PER_VOCAB * per, Window.BACKWARD)
     if ctx.config.loss == Loss.CHUNKED and head_gradient_bytes_per_element(ctx):

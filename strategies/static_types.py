@@ -14,6 +14,7 @@ from planner.strategies.adapter import Adapter, AdapterDtype, KbitPrep, LoraTarg
 from planner.strategies.attention import Attention
 from planner.strategies.checkpointing import CheckpointImpl, Checkpointing
 from planner.strategies.loss import Loss, LossPath, ModelOutput
+from planner.strategies.method import DpoReference, Method
 from planner.strategies.offload import Offload
 from planner.strategies.optimizer import Optimizer
 from planner.strategies.precision import Precision
@@ -29,6 +30,7 @@ class TrainingConfig(ConfigBase):
     loss: Loss = Loss.STANDARD
     attention: Attention = Attention.SDPA
     adapter: Adapter = Adapter.NONE
+    method: Method = Method.SFT
     checkpoint_impl: CheckpointImpl = CheckpointImpl.NON_REENTRANT
     fsdp_version: int = 2
     gradient_sync: GradientSync = GradientSync.MICRO_BATCH
@@ -45,6 +47,7 @@ class TrainingConfig(ConfigBase):
     adapter_dtype: AdapterDtype = AdapterDtype.AUTO
     nf4_matmul: Nf4Matmul = Nf4Matmul.FREES_INPUT
     kbit_prep: KbitPrep = KbitPrep.NONE
+    dpo_reference: DpoReference = DpoReference.MODEL
     micro_batch_size: int = 1
     grad_accum: int = 1
     seq_len: int = 2048
@@ -63,6 +66,7 @@ class TechniqueChoices(Record):
     loss: Loss | None = None
     attention: Attention | None = None
     adapter: Adapter | None = None
+    method: Method | None = None
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
@@ -79,6 +83,7 @@ class TechniqueChoices(Record):
     adapter_dtype: AdapterDtype | None = None
     nf4_matmul: Nf4Matmul | None = None
     kbit_prep: KbitPrep | None = None
+    dpo_reference: DpoReference | None = None
 
 
 class TechniqueLists(Record):
@@ -90,6 +95,7 @@ class TechniqueLists(Record):
     loss: list[Loss] = Field(default_factory=list)
     attention: list[Attention] = Field(default_factory=list)
     adapter: list[Adapter] = Field(default_factory=list)
+    method: list[Method] = Field(default_factory=list)
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
@@ -106,3 +112,4 @@ class TechniqueLists(Record):
     adapter_dtype: AdapterDtype | None = None
     nf4_matmul: Nf4Matmul | None = None
     kbit_prep: KbitPrep | None = None
+    dpo_reference: DpoReference | None = None

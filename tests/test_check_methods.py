@@ -16,7 +16,7 @@ CONFIGS = {"DPOConfig": "DPO", "GRPOConfig": "GRPO", "KTOConfig": "KTO", "Reward
            "RLOOConfig": "RLOO", "trl.experimental.orpo:ORPOConfig": "ORPO", "trl.experimental.cpo:CPOConfig": "CPO",
            "trl.experimental.online_dpo:OnlineDPOConfig": "online DPO", "trl.experimental.gkd:GKDConfig": "GKD"}
 #: Marker keys of older releases or of recipe scripts, which the installed TRL's configs lack.
-NOT_IN_TRL_1_16 = {"max_prompt_length", "rpo_alpha", "ref_model_init_kwargs", "reward_funcs"}
+NOT_IN_TRL_1_16 = {"max_prompt_length", "reward_funcs"}
 
 
 def _fields(cls) -> set[str]:
@@ -43,12 +43,27 @@ def test_every_marker_is_a_key_sft_recipes_cannot_hold():
             assert (key in known) != (key in NOT_IN_TRL_1_16), key
 
 
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "DPOConfig"])
 def test_a_recipe_of_every_trl_trainer_config_is_refused_as_its_method(name):
     """A recipe holding every key of the config that SFT's lack is refused, naming its method."""
     recipe = dict.fromkeys(_fields(_config(name)) - SFT, 1)
     refusal = trl_method(recipe, "recipe.yaml")
     assert refusal and REFUSAL in refusal and CONFIGS[name] in refusal, (name, refusal)
+
+
+def test_dpo_is_planned_when_its_own_keys_say_so_under_a_fused_head_trl(monkeypatch):
+    """A recipe with a key only DPOConfig has is planned (strategies/method.py reads it) under TRL
+    >= 1.15 or none installed; under an older TRL (full logits) it is refused; one whose keys DPO
+    shares with ORPO (beta alone) is refused as ambiguous."""
+    from planner.core import job as job_module
+    from planner.strategies.method import DPO_ONLY
+
+    own = dict.fromkeys(_fields(trl.DPOConfig) - SFT, 1)
+    assert set(DPO_ONLY) & set(own) and trl_method(own, "dpo.yaml") is None
+    for installed, refused in (((1, 14), True), ((1, 15), False), (None, False)):
+        monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2, v=installed: v)
+        assert bool(trl_method({"f_divergence_type": "reverse_kl"}, "dpo.yaml")) is refused
+    assert "DPO or ORPO" in trl_method({"beta": 0.1}, "dpo.yaml")
 
 
 def test_sft_recipes_and_sft_loss_types_are_not_refused():

@@ -63,13 +63,18 @@ ALL_CASES = [
     ("single-padded", "1xA100-80", dict(batching="padded"), 1),  # one document a row, padded to the batch's longest
     # a QLoRA base prepared as TRL <= 0.25 prepares it (fp32 norms): the launch applies what runtime.json says
     ("single-qlora-kbit-prep", "1xA100-80", dict(adapter="qlora", kbit_prep="fp32-norms", checkpointing="full"), 1),
+    # DPO through TRL's DPOTrainer: a reference copy; LoRA's adapter-disabled base; precomputed log-probabilities
+    ("single-dpo", "1xA100-80", dict(method="dpo", batching="padded"), 1),
+    ("ddp-dpo-lora", "2xA100-80", dict(method="dpo", batching="padded", sharding="ddp", adapter="lora"), 2),
+    ("zero2-dpo-precomputed", "2xA100-80", dict(method="dpo", batching="padded", sharding="zero2",
+                                                 dpo_reference="precomputed"), 2),
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
 #: CI's launches: one per distributed engine (DDP, FSDP2, ZeRO-3), each with an adapter (DoRA,
 #: QLoRA, LoRA), and ZeRO-3 QLoRA (its 4-bit base in the 16-bit quant storage); the CPU launch of tests/test_gpu_validate.py runs one process (AdamW, full
 #: checkpointing). The full suite (helpers.FULL) launches every case: each other optimizer, fp16
 #: and fp8, offload (DeepSpeed's CPU Adam is a C++ build of minutes), hybrid FSDP over two
 #: machines, padded batching, the adapter plans suggested for an RTX 4090.
-CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full")
+CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full", "single-dpo")
 CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in CI_CASES else FULL) for c in ALL_CASES]
 
 
@@ -163,6 +168,9 @@ def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int,
             assert report["live"]["gradient_sync"] == plan.config.gradient_sync, report["live"]
         if plan.config.adapter != "none":  # peft's trainable tensors are the ones the plan counts
             assert report["live"]["details"]["trainable_parameters"] == plan.model.num_trainable_parameters
+        if plan.config.method == "dpo":  # a reference model exactly where the plan holds one
+            kept = any(r.label.startswith("the reference model") for r in plan.ledger)
+            assert report["live"]["details"]["reference_model"] is kept, report["live"]
         if plan.config.checkpointing == "selective":  # torchtitan's policy on a Llama layer: q, v, gate, down + SDPA
             saved = report["live"]["details"]["selective_saved_ops_per_layer_forward"]
             assert saved.get("mm.default") == 4 and sum(v for k, v in saved.items() if "attention" in k) == 1, saved

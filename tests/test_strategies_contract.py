@@ -50,7 +50,9 @@ CONTEXTS = [
 ]
 PLANNING_COMMANDS = ("estimate", "suggest", "check", "probe", "tune")
 GPUS = ("1xH100-80", "8xH100-80", "2x8xH100-80")
-BASES = ({}, {"sharding": "zero3"}, {"sharding": "fsdp"}, {"sharding": "zero2"})
+#: the other techniques' values a candidate starts from (padded batching: the batching TRL's DPO
+#: trainer runs, which a DPO plan requires)
+BASES = ({}, {"sharding": "zero3"}, {"sharding": "fsdp"}, {"sharding": "zero2"}, {"batching": "padded"})
 IDS = [s.field for s in TECHNIQUES]
 
 

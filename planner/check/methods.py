@@ -8,13 +8,17 @@ engine beside the trainer), a reward model or a teacher. Planned as supervised f
 verdict would under-count memory, so ``planner check`` refuses them and says why (exit 2).
 """
 
+from planner.core import job as job_module
+from planner.cost.preference import fused_logprobs
+from planner.strategies.method import DPO_ONLY
+
 #: Keys of TRL's trainer configs that neither ``SFTConfig`` nor ``TrainingArguments`` has, and the
 #: method each names; the first entry with a key the recipe holds decides (the sampling methods
 #: before DPO: their configs have ``beta`` too; GKD and online DPO before GRPO, whose vLLM keys
 #: online DPO shares). From TRL 1.16's dataclasses (tests/test_check_methods.py checks
 #: every key the installed TRL has against its config), older releases' (``max_prompt_length``:
-#: DPO/ORPO/KTO/CPO configs up to 1.14; ``rpo_alpha`` and ``ref_model_init_kwargs``: DPOConfig up
-#: to 1.14) and open-r1's GRPO script arguments (``reward_funcs``).
+#: DPO/ORPO/KTO/CPO configs up to 1.14) and open-r1's GRPO script arguments (``reward_funcs``).
+#: A key only DPOConfig has (strategies/method.py ``DPO_ONLY``) is read as DPO, which is planned.
 TRL_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("GKD (TRL's GKDTrainer: distillation from a teacher model)", ("teacher_model_name_or_path", "lmbda", "seq_kd")),
     ("online DPO (TRL's OnlineDPOTrainer: completions sampled and judged every step)",
@@ -28,10 +32,9 @@ TRL_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("CPO or SimPO (TRL's CPOTrainer: chosen and rejected sequences)", ("cpo_alpha", "simpo_gamma")),
     ("a reward model (TRL's RewardTrainer: chosen and rejected sequences)", ("center_rewards_coefficient",)),
     ("DPO or ORPO (TRL's DPOTrainer: a reference model, chosen and rejected sequences; ORPOTrainer: the "
-     "pairs)",
+     "pairs; the keys do not say which: a DPO recipe with f_divergence_type, DPOConfig's own key, is planned)",
      ("beta", "precompute_ref_log_probs", "precompute_ref_batch_size", "sync_ref_model", "ref_model_sync_steps",
-      "ref_model_mixup_alpha", "f_divergence_type", "use_weighting", "ld_alpha", "discopop_tau", "rpo_alpha",
-      "ref_model_init_kwargs", "max_prompt_length")),
+      "ref_model_mixup_alpha", "max_prompt_length")),
 )
 #: TRL SFTConfig's ``loss_type`` values; any other names a preference or RL loss ("sigmoid", "ipo",
 #: "grpo", "dr_grpo", ...), as the DPO, KTO and GRPO configs use the key.
@@ -50,8 +53,17 @@ REFUSAL_HINT = ("Preference and RL training are not planned yet; planner check p
 
 
 def trl_method(d: dict, where: str) -> str | None:
-    """The refusal for a Trainer/TRL recipe ``d`` of another method than supervised fine-tuning
-    (None: it is one): the keys that say so and the method they name."""
+    """The refusal for a Trainer/TRL recipe ``d`` of a method planner does not plan (None: SFT, or
+    DPO named by a key only DPOConfig has, which strategies/method.py reads, under a TRL that
+    computes its log-probabilities with the fused head, the one modelled): the keys that say so
+    and the method they name."""
+    if any(k in d for k in DPO_ONLY):
+        trl = job_module.installed_release("trl")
+        if trl is None or fused_logprobs(trl):
+            return None
+        return (f"{where}: a DPO recipe under the TRL installed here ({'.'.join(map(str, trl))}), whose DPOTrainer "
+                "computes log-probabilities from the full logits (before 1.15): not modelled; " + REFUSAL.replace(
+                    "planner plans supervised fine-tuning only", "planner plans DPO as TRL >= 1.15 runs it"))
     for method, keys in TRL_MARKERS:
         said = [k for k in keys if k in d]
         if said:

@@ -67,6 +67,15 @@ class Setting:
         return kind, Field(None if optional else self.default, ge=self.ge, le=self.le)
 
 
+#: Sequences the model runs per sample of a micro-batch, by training method (the ``method``
+#: technique, strategies/method.py): a preference pair runs two, prompt + chosen and prompt +
+#: rejected on the batch axis (TRL's DataCollatorForPreference); any other sample one.
+ROWS_PER_SAMPLE = {"dpo": 2}
+#: Methods whose trainer pads each micro-batch to its longest sequence and never packs: TRL's
+#: DataCollatorForPreference (DPOConfig's padding_free falls back to padding in TRL 1.16).
+PADDED_METHODS = frozenset({"dpo"})
+
+
 class ConfigBase(Record):
     """One fully specified training configuration, in vocabulary terms (a frozen value)."""
 
@@ -80,14 +89,20 @@ class ConfigBase(Record):
         real_seq_len: float | None
 
     @property
+    def rows_per_micro_batch(self) -> int:
+        """Sequences the model runs per micro-batch: ``micro_batch_size`` samples (a DPO sample is a
+        pair: ``ROWS_PER_SAMPLE``)."""
+        return self.micro_batch_size * ROWS_PER_SAMPLE.get(str(getattr(self, "method", "")), 1)
+
+    @property
     def tokens_per_micro_batch(self) -> int:
         """Tokens of the longest micro-batch (what memory holds at the peak)."""
-        return self.micro_batch_size * self.seq_len
+        return self.rows_per_micro_batch * self.seq_len
 
     @property
     def kernel_tokens_per_micro_batch(self) -> float:
         """Tokens the kernels run in the expected micro-batch, padding included (what time reads)."""
-        return self.micro_batch_size * (self.kernel_seq_len or self.seq_len)
+        return self.rows_per_micro_batch * (self.kernel_seq_len or self.seq_len)
 
     @property
     def attention_len(self) -> float:
@@ -96,8 +111,9 @@ class ConfigBase(Record):
 
     @property
     def real_tokens_per_micro_batch(self) -> float:
-        """The samples' own tokens in the expected micro-batch (what tokens/s counts)."""
-        return self.micro_batch_size * (self.real_seq_len or self.seq_len)
+        """The samples' own tokens in the expected micro-batch (what tokens/s counts: a pair's both
+        sequences)."""
+        return self.rows_per_micro_batch * (self.real_seq_len or self.seq_len)
 
     @classmethod
     def defaults(cls) -> dict[str, Any] | None:

@@ -29,10 +29,11 @@ trl/kernels/chunked_logprob.py, trl/models/utils.py; releases 1.10.0-1.16.0, and
 """
 
 from planner.core.specs import ModelSpec
+from planner.core.vocabulary import ROWS_PER_SAMPLE
 
 #: Sequences per preference pair in a micro-batch: prompt + chosen and prompt + rejected
 #: (trl DataCollatorForPreference.torch_call: ``input_ids = prompt_chosen_ids + prompt_rejected_ids``).
-ROWS_PER_PAIR = 2
+ROWS_PER_PAIR = ROWS_PER_SAMPLE["dpo"]
 
 #: The first TRL release whose DPOTrainer computes log-probabilities with the fused, chunked LM
 #: head (``add_fused_lm_head``; 1.14.0's dpo_trainer.py still calls ``selective_log_softmax``).
@@ -48,7 +49,7 @@ VOCAB_CHUNK = 32768
 STATS_PER_TOKEN = 7
 
 
-def fused_logprobs(trl_version: tuple[int, int]) -> bool:
+def fused_logprobs(trl_version: tuple[int, ...]) -> bool:
     """Whether TRL ``trl_version`` (major, minor) computes DPO's log-probabilities with the fused
     LM head (no logits; ``FUSED_LOGPROBS_SINCE``)."""
     return trl_version >= FUSED_LOGPROBS_SINCE

@@ -27,6 +27,7 @@ from planner.core.emitted import EmitDraft
 from planner.core.errors import PlannerInputError
 from planner.core.launch_contract import LAUNCH_ENV, RUNTIME_FILE
 from planner.core.numerics import NumericsPolicy
+from planner.core.vocabulary import PADDED_METHODS
 from planner.emit import writer
 from planner.emit.plan_doc import render_plan_doc
 from planner.emit.writer import Written
@@ -150,7 +151,9 @@ def _draft(ctx: PlanContext) -> EmitDraft:
             "steps_per_print": 100,
             "wall_clock_breakdown": False,
         }
-    files.runtime = {"planner_version": __version__, "seq_len": cfg.seq_len, "batching": str(cfg.batching)}
+    files.runtime = {"planner_version": __version__, "seq_len": cfg.seq_len}
+    if str(cfg.method) not in PADDED_METHODS:  # (a DPO plan's trainer pads its pairs itself)
+        files.runtime["batching"] = str(cfg.batching)
     files.extras.add("train")
     files.training_args = {
         "output_dir": "outputs",

@@ -105,7 +105,7 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
                        f"{r.time.tokens_per_second:,.0f} tokens/s")
     else:
         out.append("No single change of this plan lowers its peak further; use more or larger GPUs.")
-    out += ["", *how_to_run(draft, files, c.seq_len, c.batching)]
+    out += ["", *how_to_run(draft, files, c.seq_len, c.batching, dpo=str(c.method) == "dpo")]
     if notes or plan.warnings:
         out += ["", "Notes:", ""] + [f"- {shell.visible(n)}" for n in notes + plan.warnings]
     return "\n".join(out) + "\n"
@@ -121,7 +121,14 @@ DATA_WORDS = {
 }
 
 
-def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batching = Batching.PACKED) -> list[str]:
+#: What a DPO plan's launch trains on (planner/launch/data.py ``preference_pairs``).
+DPO_DATA_WORDS = ("`DATA`: a JSONL file of preference pairs, each line with string `prompt`, `chosen` and `rejected` "
+                  "fields; TRL's DPOTrainer tokenises each pair as two sequences (prompt + chosen, prompt + rejected) "
+                  "cut at {n:,} tokens, and pads each micro-batch to its longest.")
+
+
+def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batching = Batching.PACKED,
+               dpo: bool = False) -> list[str]:
     """Commands that work from the plan folder after ``pip install llm-train-planner[...]``: the extras this
     plan needs, the real launch on the user's model and data, a smoke test named as one, and what a
     user's own script must apply (runtime.json beyond the libraries' defaults)."""
@@ -141,9 +148,10 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batch
         "```",
         "",
         "`MODEL`: a local model folder (config, weights, tokenizer) or a Hugging Face id already in the local "
-        "cache (nothing is downloaded). `DATA`: a JSONL file with a `text` field (`--text-field` names "
+        "cache (nothing is downloaded). " + (DPO_DATA_WORDS.format(n=seq_len) if dpo else
+        "`DATA`: a JSONL file with a `text` field (`--text-field` names "
         f"another), a `.txt` file, or a folder written by `datasets`' `save_to_disk`; "
-        f"{DATA_WORDS[batching].format(n=seq_len)}. `python -m planner.launch --help` lists every option "
+        f"{DATA_WORDS[batching].format(n=seq_len)}.") + " `python -m planner.launch --help` lists every option "
         "(output folder, steps, learning rate).",
         "",
         "Smoke test (checks the launch on your GPUs, not a training run): `DATA=sample` trains 20 steps on a "
@@ -153,7 +161,8 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batch
         "MODEL=/path/to/your/model DATA=sample ./launch.sh --max-steps 20",
         "```",
         "",
-        "The entry point runs the Hugging Face Trainer with `training_args.json` under `accelerate launch` "
+        "The entry point runs " + ("TRL's DPOTrainer" if dpo else "the Hugging Face Trainer")
+        + " with `training_args.json` under `accelerate launch` "
         f"with `accelerate_config.yaml`{' and `deepspeed_config.json`' if draft.deepspeed is not None else ''}, "
         f"applies `{RUNTIME_FILE}`, and at the end compares the live run (optimizer, dtypes, checkpointing, "
         "sharding, offload) with this plan.",
@@ -165,6 +174,7 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batch
                    + ", ".join(f"`{k}={v}`" for k, v in applied.items()) + ".")
     else:
         out.append("Your own Trainer script instead (`TRAIN_SCRIPT=train.py ./launch.sh`, reading `training_args.json` "
-                   "with `HfArgumentParser(TrainingArguments).parse_json_file`) runs this plan as it is: nothing in "
+                   f"with `HfArgumentParser({'trl.DPOConfig' if dpo else 'TrainingArguments'}).parse_json_file`"
+                   f"{', and training with trl.DPOTrainer' if dpo else ''}) runs this plan as it is: nothing in "
                    f"`{RUNTIME_FILE}` differs from the libraries' defaults but the sequence length ({seq_len:,}).")
     return out

@@ -7,6 +7,11 @@ Local only: a JSONL file (one object per line, the text in ``text_field``), a ``
 document per blank-line-separated paragraph), or a folder written by ``datasets``' ``save_to_disk``.
 ``sample``: a small text shipped with planner, repeated as needed: for smoke tests of a launch,
 never for training.
+
+A DPO plan trains on preference pairs: JSONL objects with string ``prompt``, ``chosen`` and
+``rejected`` fields (TRL's standard preference format), or ``sample``: pairs cut from the sample
+text, each sequence longer than the plan's length (so TRL truncates every row to it, the plan's
+worst case).
 """
 
 import json
@@ -135,3 +140,37 @@ class Padded:
             ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
             mask[i, :len(r)] = 1
         return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+PAIR_FIELDS = ("prompt", "chosen", "rejected")
+
+
+def preference_pairs(source: str, seq_len: int, at_least: int) -> list[dict[str, str]]:
+    """The preference pairs of ``source`` (the module docstring), at least ``at_least`` of them for
+    ``sample`` (repeated: a smoke test)."""
+    if source != SAMPLE:
+        path = Path(source)
+        if path.suffix not in (".jsonl", ".json") or not path.is_file():
+            raise PlannerInputError(f"--data {source}: a DPO plan trains on a JSONL file of preference pairs",
+                                    hint="Pass a JSONL file whose lines hold prompt, chosen and rejected strings, "
+                                         "or 'sample' for a smoke test.")
+        rows = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PlannerInputError(f"--data {source}: line {n} is not JSON: {e}") from None
+            if not isinstance(row, dict) or not all(isinstance(row.get(f), str) for f in PAIR_FIELDS):
+                raise PlannerInputError(f"--data {source}: line {n} needs string fields {', '.join(PAIR_FIELDS)}")
+            rows.append({f: row[f] for f in PAIR_FIELDS})
+        return rows
+    text = " ".join(read_texts(SAMPLE))
+    span = max(8 * seq_len, 64)  # characters: several per token, so every row exceeds seq_len tokens
+    pairs: list[dict[str, str]] = []
+    while len(pairs) < max(at_least, 1):
+        i = (len(pairs) * 97) % max(len(text) - 3 * span, 1)
+        pairs.append({"prompt": text[i:i + 64], "chosen": text[i + 64:i + 64 + span],
+                      "rejected": text[i + 64 + span:i + 64 + 2 * span]})
+    return pairs

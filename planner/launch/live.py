@@ -7,6 +7,7 @@ FSDP2's reshard and offload policies or FSDP1's strategy, the loss the model's f
 implementation, and the shape of the batches the model saw.
 """
 
+from planner.core.vocabulary import ROWS_PER_SAMPLE
 from planner.runtime.model import decoder_layers
 from planner.strategies import FIELDS
 from planner.strategies.optimizer import CHOICES
@@ -251,12 +252,29 @@ def _batching(trainer, session, width: int | None) -> tuple[str, int | None]:
 
     collator = trainer.data_collator
     collator = getattr(collator, "data_collator", collator)  # (the Trainer's column-removing wrapper)
+    if type(collator).__name__ == "DataCollatorForPreference":  # TRL's: pads each batch to its longest
+        return str(Batching.PADDED), width
     if not isinstance(collator, Padded):
         return str(Batching.PACKED), width
     if collator.length is not None:
         return str(Batching.PADDED_MAX), width
     cap = session.config.seq_len
     return str(Batching.PADDED), cap if width is not None and width <= cap else width
+
+
+def _method(trainer) -> str:
+    """The training method the live trainer runs: TRL's DPOTrainer (or a subclass of it) is dpo,
+    any other Trainer sft."""
+    return "dpo" if any(c.__name__ == "DPOTrainer" for c in type(trainer).__mro__) else "sft"
+
+
+def _dpo(trainer) -> tuple[dict, dict]:
+    """A DPO run's reference (``dpo_reference``: precomputed log-probabilities or a reference
+    forward), and whether it holds a reference model (none with an adapter or precomputed)."""
+    if _method(trainer) != "dpo":
+        return {}, {}
+    reference = "precomputed" if trainer.precompute_ref_logps else "model"
+    return {"dpo_reference": reference}, {"reference_model": trainer.ref_model is not None}
 
 
 def observe(trainer, session) -> dict:
@@ -280,11 +298,14 @@ def observe(trainer, session) -> dict:
         fsdp["gradient_sync"] = "micro-batch" if each else "step"
     live = {
         "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing, "sharding": sharding,
-        "offload": offload, "loss": loss, "attention": model.config._attn_implementation,
-        "micro_batch_size": shape[0], "grad_accum": accum, "seq_len": rows, "batching": batching,
+        "offload": offload, "loss": loss, "attention": model.config._attn_implementation, "method": _method(trainer),
+        "micro_batch_size": shape[0] // ROWS_PER_SAMPLE.get(_method(trainer), 1) if shape[0] else shape[0],
+        "grad_accum": accum, "seq_len": rows, "batching": batching,
     } | adapter | fsdp
+    dpo, dpo_detail = _dpo(trainer)
+    live |= dpo
     assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
-    return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | adapter_detail
+    return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | adapter_detail | dpo_detail
                    | {"compiled": trainer.args.torch_compile}}
 
 

@@ -4,15 +4,18 @@ accelerate are imported here, when a launch runs)."""
 
 import argparse
 import importlib
+import json
+from pathlib import Path
 
 from planner.catalog.files import read_mapping
 from planner.check.job_files import beside
 from planner.core.errors import PlannerInputError
 from planner.core.lengths import Batching
 from planner.launch import cpu
-from planner.launch.data import SAMPLE, Padded, packed_blocks, read_texts, samples
+from planner.launch.data import SAMPLE, Padded, packed_blocks, preference_pairs, read_texts, samples
 from planner.strategies import TrainingConfig
 from planner.strategies.adapter import Adapter, quantization_config
+from planner.strategies.method import Method
 from planner.strategies.optimizer import CHOICES, RUNTIME_BUILT, TRAINER_READS
 from planner.strategies.precision import Precision
 from planner.strategies.sharding import FSDP
@@ -36,10 +39,13 @@ class Session:
             importlib.import_module(module)
         if isinstance(values.get("deepspeed"), str):  # as planner check finds it: beside the file first
             values["deepspeed"] = str(beside(path, values["deepspeed"]))
+        arguments = TrainingArguments
+        if self.config.method == Method.DPO:  # a TRL DPOConfig (a TrainingArguments subclass)
+            from trl import DPOConfig as arguments
         try:
-            (training,) = HfArgumentParser(TrainingArguments).parse_dict(values)
+            (training,) = HfArgumentParser(arguments).parse_dict(values)
         except (ValueError, TypeError) as e:
-            raise PlannerInputError(f"{path}: transformers.TrainingArguments refuses it: {e}") from None
+            raise PlannerInputError(f"{path}: {arguments.__module__}.{arguments.__name__} refuses it: {e}") from None
         updates = {"output_dir": str(self.args.output_dir or self.args.job_dir / training.output_dir)}
         for flag, field in (("max_steps", "max_steps"), ("epochs", "num_train_epochs"),
                             ("learning_rate", "learning_rate"), ("seed", "seed")):
@@ -64,6 +70,7 @@ class Session:
             ("bitsandbytes", quantization_config(c) is not None),
             ("torchao", c.precision == Precision.FP8_MIXED),
             ("peft", c.adapter != Adapter.NONE),
+            ("trl", c.method == Method.DPO),
             (impl.module.split(".")[0], bool(impl.library)),
         ) if needed]
         return list(dict.fromkeys(modules))
@@ -122,19 +129,36 @@ class Session:
         except (OSError, ValueError) as e:
             raise PlannerInputError(f"--model {self.args.model}: no tokenizer found locally: {str(e)[:300]}") from None
         model = self.model()
+        if self.config.method == Method.DPO:  # TRL's trainer, its own paired collator and reference
+            import datasets
+            from trl import DPOTrainer
+
+            per_step = training.per_device_train_batch_size * training.gradient_accumulation_steps * training.world_size
+            pairs = preference_pairs(self.args.data, self.config.seq_len, per_step * max(training.max_steps, 1))
+            # one file each machine's processes load: TRL caches precomputed reference log-probabilities
+            # beside the dataset's own cache files, which an in-memory dataset has per process only
+            path = Path(training.output_dir) / "planner-pairs.jsonl"
+            with training.main_process_first(local=True, desc="preference pairs"):
+                if training.local_process_index == 0:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+                data = datasets.load_dataset("json", data_files=str(path), split="train")
+            return _trainer_class(DPOTrainer)(session=self, model=model, args=training, train_dataset=data,
+                                              processing_class=tokenizer)
         return _trainer_class()(
             session=self, model=model, args=training, train_dataset=self.dataset(tokenizer, training),
             data_collator=self.collator(tokenizer), processing_class=tokenizer)
 
 
-def _trainer_class():
-    """The Trainer, building the plan's optimizer where the Trainer has no optim name for it
-    (runtime.json), and with the CPU stand-ins of planner/launch/cpu.py on machines without CUDA."""
+def _trainer_class(base=None):
+    """The Trainer (or ``base``, a Trainer subclass: TRL's DPOTrainer), building the plan's
+    optimizer where the Trainer has no optim name for it (runtime.json), and with the CPU stand-ins
+    of planner/launch/cpu.py on machines without CUDA."""
     from transformers import Trainer
 
     from planner.runtime.optimizer import build
 
-    class PlanTrainer(Trainer):
+    class PlanTrainer(base or Trainer):
         def __init__(self, *a, session: Session, **kw):
             self.session = session
             super().__init__(*a, **kw)

@@ -8,7 +8,7 @@ from planner.catalog.gpus import parse_gpus
 from planner.core.lengths import Batching
 from planner.core.record import Record
 from planner.core.specs import HardwareSpec
-from planner.core.vocabulary import MAX_SEQ_LEN
+from planner.core.vocabulary import MAX_SEQ_LEN, PADDED_METHODS
 from planner.cost import overheads
 
 
@@ -54,6 +54,12 @@ class DataShape(Record):
 
     @property
     def batching_used(self) -> Batching:
+        """The batching asked for; else padded where lengths are given or the method pads
+        (``PADDED_METHODS``: a request's method, or every method it names), else packed."""
         if self.batching is not None:
             return self.batching
+        method = getattr(self, "method", None)
+        named = [str(m) for m in (method if isinstance(method, list) else [method]) if m is not None]
+        if named and all(m in PADDED_METHODS for m in named):
+            return Batching.PADDED
         return Batching.PACKED if self.lengths is None else Batching.PADDED

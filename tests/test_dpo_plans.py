@@ -1,0 +1,91 @@
+"""DPO plans (strategies/method.py): the paired batch, the reference model, TRL's fused log-probability
+head in place of the logits, and what is refused, as estimate, suggest and check plan them."""
+
+import json
+
+import pytest
+
+from planner.cost import preference
+
+from helpers import run
+
+MODEL, GPUS = "meta-llama/Llama-3.2-1B", "1xH100-80"
+BASE = dict(precision="bf16-mixed", checkpointing="full", batching="padded", seq_len=1024)
+
+
+def rows(plan, *labels) -> dict[str, int]:
+    return {r.label: r.bytes for r in plan.ledger if any(r.label.startswith(x) for x in labels)}
+
+
+def test_a_pair_runs_two_sequences_through_every_activation_row():
+    """A micro-batch of k pairs holds the activations of 2k sequences: every saved-activation row
+    of DPO at k equals SFT's at 2k (same model, same techniques)."""
+    dpo, sft = run(MODEL, GPUS, method="dpo", micro_batch_size=2, **BASE), run(MODEL, GPUS, micro_batch_size=4, **BASE)
+    assert dpo.feasible and sft.feasible
+    saved = ("saved activations", "final norm and head input")
+    assert rows(dpo, *saved) == rows(sft, *saved) and rows(dpo, *saved)
+    assert dpo.config.tokens_per_micro_batch == sft.config.tokens_per_micro_batch  # (both sequences of a pair)
+
+
+def test_the_reference_model_is_a_whole_frozen_copy_unless_an_adapter_or_precomputation():
+    m = run(MODEL, GPUS, method="dpo", **BASE)
+    n = m.model.num_parameters
+    [(label, held)] = rows(m, "the reference model").items()
+    assert held == preference.reference_weight_bytes(n, 4, 1)  # bf16-mixed: the policy's fp32 weights
+    ddp = run(MODEL, "2xH100-80", method="dpo", sharding="ddp", **BASE)
+    assert rows(ddp, "the reference model") == {label: held}  # whole on each GPU
+    # ZeRO-2 runs it at stage 0, whole on each GPU, in the 16-bit dtype DeepSpeed casts its modules to
+    zero2 = run(MODEL, "2xH100-80", method="dpo", sharding="zero2", **BASE)
+    assert rows(zero2, "the reference model") == {label: preference.reference_weight_bytes(n, 2, 1)}
+    assert not rows(run(MODEL, GPUS, method="dpo", adapter="lora", **BASE), "the reference model")
+    pre = run(MODEL, GPUS, method="dpo", dpo_reference="precomputed", **BASE)
+    assert not rows(pre, "the reference model", "reference forward")
+    assert m.memory["peak"] > pre.memory["peak"] and m.time.step_seconds > pre.time.step_seconds
+
+
+def test_no_logits_the_fused_head_instead():
+    """TRL >= 1.15 never materialises the logits: no cross-entropy row, the fused head's moment
+    instead, and at a long context DPO holds far less at its loss than SFT at the same rows."""
+    dpo = run(MODEL, GPUS, method="dpo", micro_batch_size=1, **(BASE | {"checkpointing": "full", "seq_len": 8192}))
+    sft = run(MODEL, GPUS, micro_batch_size=2, **(BASE | {"checkpointing": "full", "seq_len": 8192}))
+    labels = [r.label for r in dpo.ledger]
+    assert not any("log-softmax" in x or "logits' hole" in x for x in labels)
+    fused = rows(dpo, "DPO's fused LM head")
+    assert fused and max(fused.values()) < min(v for k, v in rows(sft, "start of backward", "loss forward").items())
+
+
+@pytest.mark.parametrize("change", [dict(sharding="fsdp"), dict(sharding="zero3"), dict(loss="chunked"),
+                                    dict(batching="packed"), dict(batching="padded-max")])
+def test_what_dpo_does_not_model_is_refused_with_the_reason(change):
+    gpus = "2xH100-80" if "sharding" in change else GPUS
+    plan = run(MODEL, gpus, method="dpo", **(BASE | change))
+    [(field, value)] = change.items()
+    assert not plan.feasible and any(f"dpo with {field} {value}" in r or f"dpo with {value} {field}" in r
+                                     for r in plan.reasons), plan.reasons
+
+
+def test_suggest_plans_dpo_only_when_named():
+    from planner.engine.suggest import suggest
+    from planner.schema.suggest import SuggestRequest
+
+    plain = suggest(SuggestRequest(model=MODEL, gpus="8xH100-80"))
+    dpo = suggest(SuggestRequest(model=MODEL, gpus="8xH100-80", method=["dpo"]))
+    assert {p.config.method for p in plain.plans} == {"sft"}
+    assert {p.config.method for p in dpo.plans} == {"dpo"} and dpo.plans[0].config.batching == "padded"
+    assert {p.config.sharding for p in dpo.plans} <= {"none", "ddp", "zero1", "zero2"}
+
+
+def test_check_plans_a_trl_dpo_recipe_as_dpo(tmp_path):
+    """A recipe with a key only DPOConfig has (here f_divergence_type) is checked as DPO: its pairs,
+    padded, and its reference."""
+    from planner.check import CheckRequest, check
+
+    recipe = tmp_path / "dpo.json"
+    recipe.write_text(json.dumps({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "bf16": True,
+                                  "max_length": 1024, "beta": 0.1, "f_divergence_type": "reverse_kl",
+                                  "gradient_checkpointing": True}))
+    result = check(CheckRequest(model=MODEL, gpus=GPUS, training_args=recipe, alternatives=0))
+    c = result.estimate.config
+    assert (c.method, c.batching, c.dpo_reference, c.micro_batch_size) == ("dpo", "padded", "model", 2)
+    assert "f_divergence_type" in result.sources["method"]
+    assert rows(result.estimate, "the reference model")
