@@ -284,6 +284,9 @@ class Strategy:
     #: the flag of a searching command also takes "any": let the search try every choice
     #: (the strategy's ``searched`` is what it tries when the flag is not given)
     any_choice: bool = False
+    #: the user names the choice (the training method): no search varies it, no change a command
+    #: offers swaps it, and a suggested next command keeps it
+    named: bool = False
     #: Given a combination of every technique's value (field -> value), another value of this
     #: technique whose plan dominates it: at every micro-batch no larger on the GPU or the host, at
     #: least as fast, of lower complexity, with the same numerics and ranking family; None when

@@ -183,5 +183,5 @@ STRATEGY = Strategy(
     help="training method: sft (supervised fine-tuning) or dpo (TRL's DPOTrainer: chosen and rejected sequences, "
          "a frozen reference); named, never searched",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, settings=SETTINGS, describe=describe,
-    records=CHOICES,
+    records=CHOICES, named=True,
 )

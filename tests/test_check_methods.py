@@ -97,3 +97,11 @@ def test_check_refuses_a_grpo_recipe_with_the_reason_and_what_to_do(tmp_path):
     text = r.stderr + r.stdout
     assert "num_generations, use_vllm" in text and "GRPO" in text and "FIT" not in text
     assert " ".join(text.split()).endswith(" ".join(REFUSAL_HINT.split()))
+
+
+def test_method_dpo_settles_only_the_keys_dpo_shares_with_orpo():
+    shared = {"beta": 0.1, "max_prompt_length": 512}
+    assert "DPO or ORPO" in trl_method(shared, "dpo.yaml")
+    assert trl_method(shared, "dpo.yaml", named="dpo") is None
+    assert "GRPO" in trl_method(shared | {"num_generations": 8}, "grpo.yaml", named="dpo")
+    assert "KTO" in trl_method(shared | {"desirable_weight": 1.0}, "kto.yaml", named="dpo")

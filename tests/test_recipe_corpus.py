@@ -222,6 +222,10 @@ VERDICTS = [
     (HB + "zephyr-7b-beta/sft/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "mistralai/Mistral-7B-v0.1",
      "8xA100-80", {}, True),
     (HB + "zephyr-7b-beta/sft/config_qlora.yaml", None, "mistralai/Mistral-7B-v0.1", "1xA100-80", {}, True),
+    # DPO recipes whose keys DPO shares with ORPO: the handbook runs them with run_dpo.py (--method dpo);
+    # the full ones run under ZeRO-3, whose sharded reference forward is not modelled yet (refused)
+    (HB + "zephyr-7b-beta/dpo/config_qlora.yaml", None, "mistralai/Mistral-7B-v0.1", "1xA100-80", {"method": "dpo"},
+     True),
     (HB + "zephyr-7b-gemma/sft/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "google/gemma-7b",
      "8xA100-80", {}, True),
     (HB + "smollm3/sft/sft.yaml", HB + "accelerate_configs/zero3.yaml", "HuggingFaceTB/SmolLM3-3B", "8xA100-80", {},
@@ -230,6 +234,7 @@ VERDICTS = [
     (HB + "starchat2-15b/sft/config_v0.1.yaml", HB + "accelerate_configs/zero3.yaml", "bigcode/starcoder2-15b",
      "8xA100-80", {}, True),
     (HB + "smollm2/sft/config.yaml", None, "HuggingFaceTB/SmolLM2-1.7B", "8xH100-80", {}, True),
+    (HB + "smollm2/dpo/config.yaml", None, "HuggingFaceTB/SmolLM2-1.7B", "8xH100-80", {"method": "dpo"}, True),
     (OR + "OpenR1-Distill-7B/sft/config_distill.yaml", OR + "accelerate_configs/zero3.yaml", "Qwen/Qwen2.5-7B",
      "8xH100-80", {}, True),
     (OR + "OlympicCoder-7B/sft/config_v00.00.yaml", OR + "accelerate_configs/zero3.yaml", "Qwen/Qwen2.5-7B",

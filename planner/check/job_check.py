@@ -24,7 +24,7 @@ from planner.core.formatting import gib
 from planner.core.job import Reading
 from planner.core.lengths import Batching
 from planner.core.record import Record
-from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN, SHAPE_FIELDS
+from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN, PADDED_METHODS, SHAPE_FIELDS
 from planner.engine.alternatives import faster_changes, memory_savers
 from planner.engine.estimate import default_seq_len, estimate_config
 from planner.engine.lengths_file import lengths_of
@@ -162,7 +162,7 @@ def _read_files(request: CheckRequest) -> tuple[Reading, dict | None]:
         raise PlannerInputError("no job files given",
                                 hint="Pass --accelerate-config, --deepspeed-config, --training-args, --runtime-args "
                                      "or --job-dir.")
-    return read_job(paths), plan_config
+    return read_job(paths, method=str(request.method) if request.method is not None else None), plan_config
 
 
 def _plan_config(path: Path) -> dict | None:
@@ -202,6 +202,8 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
             sources[name] = "default"
     if sources["batching"] == "default" and request.lengths is not None:
         values["batching"], sources["batching"] = request.batching_used, "--lengths (samples one per sequence)"
+    elif sources["batching"] == "default" and str(values.get("method")) in PADDED_METHODS:
+        values["batching"], sources["batching"] = Batching.PADDED, f"method {values['method']}: its trainer pads"
     if values["batching"] in (Batching.PADDED, Batching.PADDED_MAX) and all(
             isinstance(values[k], int) and values[k] >= 1 for k in ("seq_len", "micro_batch_size")):
         cap = values["seq_len"]  # (rows of the samples' own lengths: core/lengths.py)
@@ -252,6 +254,8 @@ def _one_field_fixes(model, hardware, config, margin) -> list[Change]:
     without its ZeRO stage)."""
     out = []
     for s in TECHNIQUES:
+        if s.named:  # (the training method is the job's: never offered as a fix)
+            continue
         old = getattr(config, s.field)
         for value in s.searched or tuple(s.enum):
             if value == old:

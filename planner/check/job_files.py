@@ -17,7 +17,7 @@ that disagree on a field are a contradiction (bad input), not silently resolved.
 import json
 import re
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -50,14 +50,16 @@ def known_keys() -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in data.items() if k != "source"}
 
 
-def read_job(paths: Mapping[str, Path | None]) -> Reading:
+def read_job(paths: Mapping[str, Path | None], method: str | None = None) -> Reading:
     """Read the files at ``paths`` (JOB_FILES keys; None: not given) and every technique in them.
-    Unreadable files and what the files get wrong are raised together as one PlannerInputError."""
+    Unreadable files and what the files get wrong are raised together as one PlannerInputError.
+    ``method``: the training method the user names (``--method``), which settles a recipe whose
+    keys two methods share (planner/check/methods.py)."""
     r = Reading()
     errors: list[str] = []
     parts: dict = {}
     ds_source: Path | dict | None = paths.get("deepspeed_config")
-    for key, reader in (("accelerate_config", _accelerate), ("training_args", _training_args)):
+    for key, reader in (("accelerate_config", _accelerate), ("training_args", partial(_training_args, method=method))):
         path = paths.get(key)
         if path is None:
             continue
@@ -279,7 +281,7 @@ def _deepspeed(d: dict, where: str, r: Reading) -> None:
         r.train_batch = (total, f"{where}: train_batch_size")
 
 
-def _training_args(path: Path, r: Reading, parts: dict) -> Path | dict | None:
+def _training_args(path: Path, r: Reading, parts: dict, method: str | None = None) -> Path | dict | None:
     """Trainer arguments: their own keys, the workload, the FSDP settings for the strategies; returns
     the DeepSpeed config they name (a path or an inline dict)."""
     d = read_mapping(path, "training arguments")
@@ -287,7 +289,7 @@ def _training_args(path: Path, r: Reading, parts: dict) -> Path | dict | None:
     framework = detect(d)
     if framework is None:
         problems, warnings = read_recipe_keys(d, known_keys()["training_args"], where, extra=SEQ_LEN_KEYS)
-        refusal = trl_method(d, where)
+        refusal = trl_method(d, where, named=method)
         problems += [refusal] if refusal else []
         if isinstance(d.get("model_name_or_path"), str):
             r.model = (d["model_name_or_path"], f"{where}: model_name_or_path")

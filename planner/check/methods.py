@@ -32,10 +32,13 @@ TRL_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("CPO or SimPO (TRL's CPOTrainer: chosen and rejected sequences)", ("cpo_alpha", "simpo_gamma")),
     ("a reward model (TRL's RewardTrainer: chosen and rejected sequences)", ("center_rewards_coefficient",)),
     ("DPO or ORPO (TRL's DPOTrainer: a reference model, chosen and rejected sequences; ORPOTrainer: the "
-     "pairs; the keys do not say which: a DPO recipe with f_divergence_type, DPOConfig's own key, is planned)",
+     "pairs; the keys do not say which: --method dpo, or f_divergence_type, DPOConfig's own key, plans it "
+     "as DPO)",
      ("beta", "precompute_ref_log_probs", "precompute_ref_batch_size", "sync_ref_model", "ref_model_sync_steps",
       "ref_model_mixup_alpha", "max_prompt_length")),
 )
+#: The marker entry of the keys DPO and ORPO share (``--method dpo`` settles it).
+DPO_OR_ORPO = next(method for method, _ in TRL_MARKERS if method.startswith("DPO or ORPO"))
 #: TRL SFTConfig's ``loss_type`` values; any other names a preference or RL loss ("sigmoid", "ipo",
 #: "grpo", "dr_grpo", ...), as the DPO, KTO and GRPO configs use the key.
 SFT_LOSS_TYPES = frozenset({"nll", "dft", "chunked_nll"})
@@ -52,22 +55,23 @@ REFUSAL_HINT = ("Preference and RL training are not planned yet; planner check p
                 "fine-tuning stage (a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl).")
 
 
-def trl_method(d: dict, where: str) -> str | None:
+def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
     """The refusal for a Trainer/TRL recipe ``d`` of a method planner does not plan (None: SFT, or
-    DPO named by a key only DPOConfig has, which strategies/method.py reads, under a TRL that
+    DPO named by a key only DPOConfig has, which strategies/method.py reads, or by ``named``
+    (``--method dpo``) where the recipe's keys are those DPO and ORPO share, under a TRL that
     computes its log-probabilities with the fused head, the one modelled): the keys that say so
     and the method they name."""
-    if any(k in d for k in DPO_ONLY):
+    found = next(((method, [k for k in keys if k in d]) for method, keys in TRL_MARKERS if any(k in d for k in keys)),
+                 None)
+    if any(k in d for k in DPO_ONLY) or (named == "dpo" and found is not None and found[0] == DPO_OR_ORPO):
         trl = job_module.installed_release("trl")
         if trl is None or fused_logprobs(trl):
             return None
         return (f"{where}: a DPO recipe under the TRL installed here ({'.'.join(map(str, trl))}), whose DPOTrainer "
                 "computes log-probabilities from the full logits (before 1.15): not modelled; " + REFUSAL.replace(
                     "planner plans supervised fine-tuning only", "planner plans DPO as TRL >= 1.15 runs it"))
-    for method, keys in TRL_MARKERS:
-        said = [k for k in keys if k in d]
-        if said:
-            return f"{where}: {', '.join(said)}: {method}: {REFUSAL}"
+    if found is not None:
+        return f"{where}: {', '.join(found[1])}: {found[0]}: {REFUSAL}"
     loss = d.get("loss_type")
     names = loss if isinstance(loss, list) else [loss]
     if loss is not None and any(str(n) not in SFT_LOSS_TYPES for n in names):

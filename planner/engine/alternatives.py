@@ -55,7 +55,7 @@ def _neighbours(c: TrainingConfig) -> list[dict]:
     per_gpu = c.micro_batch_size * c.grad_accum
     batches: list[dict] = [{}] + [{"micro_batch_size": b, "grad_accum": per_gpu // b}
                       for b in range(1, per_gpu + 1) if per_gpu % b == 0 and b != c.micro_batch_size]
-    techniques: list[dict] = [{}] + [{s.field: v} for s in TECHNIQUES if not s.any_choice
+    techniques: list[dict] = [{}] + [{s.field: v} for s in TECHNIQUES if not (s.any_choice or s.named)
                          for v in (s.searched or tuple(s.enum)) if v != getattr(c, s.field)]
     return [t | b for t, b in product(techniques, batches) if t or b]
 

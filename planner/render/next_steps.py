@@ -101,7 +101,7 @@ def method_words(config) -> list[str]:
 
     words = []
     for s in TECHNIQUES:
-        if s.any_choice and str(getattr(config, s.field)) != str(s.default):
+        if (s.any_choice or s.named) and str(getattr(config, s.field)) != str(s.default):
             words += [s.flag, str(getattr(config, s.field))]
             words += [w for x in s.settings if getattr(config, x.name) != TrainingConfig.model_fields[x.name].default
                       for w in (x.flag, str(getattr(config, x.name)))]
