@@ -89,3 +89,11 @@ def test_check_plans_a_trl_dpo_recipe_as_dpo(tmp_path):
     assert (c.method, c.batching, c.dpo_reference, c.micro_batch_size) == ("dpo", "padded", "model", 2)
     assert "f_divergence_type" in result.sources["method"]
     assert rows(result.estimate, "the reference model")
+
+
+def test_suggest_states_the_global_batch_in_pairs_and_sequences():
+    from planner.engine.suggest import suggest
+    from planner.schema.suggest import SuggestRequest
+
+    r = suggest(SuggestRequest(model=MODEL, gpus="8xH100-80", method=["dpo"], global_batch_size=64, seq_len=1024))
+    assert any(a.startswith("global batch 64 pairs = 128 seq = 131,072 tokens") for a in r.assumptions), r.assumptions

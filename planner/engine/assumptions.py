@@ -6,6 +6,7 @@ from planner.core.lengths import BATCHING_WORDS, Batching, Lengths
 from planner.core.specs import HardwareSpec
 from planner.core.timing import ASSUMED_RATE_TERMS
 from planner.core.units import GB
+from planner.core.vocabulary import ROWS_PER_SAMPLE
 from planner.cost.overheads import HOST_RESERVE_FRACTION, PAGE_MIGRATION_LINK_FRACTION
 from planner.engine.lengths_file import lengths_of
 from planner.strategies.rates import ASSUMED, FLAG, MEASURED, cpu_optimizer_rate, page_migration_rate, rate_origin
@@ -24,8 +25,10 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
     source = ("--seq-len" if given == seq_len else f"the longest sample; --seq-len {given:,}" if given
               else "the longest sample" if seen else "default")
     out = [f"seq {cap}{seq_len:,} tokens ({source})"]
-    tokens = f"{global_batch * seq_len:,}" if seen is None else f"~{round(global_batch * seen.mean):,} real"
-    batch = batch_words or f"global batch {global_batch:,} seq = {tokens} tokens"
+    rows = rows_per_sample(target)
+    tokens = f"{global_batch * rows * seq_len:,}" if seen is None else f"~{round(global_batch * rows * seen.mean):,} real"
+    samples = f"{global_batch:,} seq" if rows == 1 else f"{global_batch:,} pairs = {global_batch * rows:,} seq"
+    batch = batch_words or f"global batch {samples} = {tokens} tokens"
     default = "default" if batch_words else "default: >= 131,072 tokens"
     out.append(f"{batch} ({'flags' if batch_given else default})")
     out.append(data_words(batching, lengths, seen, seq_len))
@@ -38,6 +41,14 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
                                                             else "(assumed; --inter-node-gbps)"))
     out.append(f"margin {target.margin:.0%} of GPU memory kept free")
     return out
+
+
+def rows_per_sample(target) -> int:
+    """Sequences per sample of the method(s) ``target`` names (``ROWS_PER_SAMPLE``: a DPO pair is
+    two); 1 where it names none, or methods of different shapes."""
+    method = getattr(target, "method", None)
+    named = {ROWS_PER_SAMPLE.get(str(m), 1) for m in (method if isinstance(method, list) else [method]) if m is not None}
+    return named.pop() if len(named) == 1 else 1
 
 
 #: Per assumed-rate time term, in ``ASSUMED_RATE_TERMS``' order: its words, its flag.
