@@ -382,6 +382,14 @@ def dora_norm_bytes(shape: tuple[int, ...], adapter_bytes: int, compute_bytes: i
     return d_in * d_in * adapter_bytes + d_out * d_in * (compute_bytes + 2 * adapter_bytes)
 
 
+def nf4_dequantize_seconds(ctx: PlanContext) -> float:
+    """One pass of dequantizing every NF4 decoder weight (each matmul's own, per forward): read
+    0.5 B + scales, write c B per element, memory bound. Unit: seconds."""
+    m = ctx.model
+    elements = sum(t.numel for t in adapters.layer_quantized(m)) * m.num_layers
+    return elements * (0.5 + ctx.layout.dtypes.compute) / rates.bandwidth(ctx)
+
+
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """The adapters' own matmuls (forward and backward), the memory traffic of peft's LoRA path
     around them (planner.cost.adapters ``adapter_path_traffic``; DoRA takes LoRA's, less its own
@@ -416,8 +424,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
                   (path.backward + recompute * path.forward) * per_layer, Window.BACKWARD,
                   note="memory bound, per wrapped module")
     if spec.nf4:
-        elements = sum(t.numel for t in adapters.layer_quantized(m)) * m.num_layers
-        once = elements * (0.5 + c) / rates.bandwidth(ctx)
+        once = nf4_dequantize_seconds(ctx)
         draft.compute("elementwise", "QLoRA dequantization (forward)", once, Window.FORWARD)
         draft.compute("elementwise", "QLoRA dequantization (backward" + (", recompute)" if recompute else ")"),
                       once * (2 if recompute else 1), Window.BACKWARD)

@@ -25,7 +25,9 @@ from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
 from planner.cost import activations, overheads, params, preference
 from planner.strategies import rates
+from planner.strategies.adapter import nf4_dequantize_seconds
 from planner.strategies.base import Check, Choice, PlanContext, Strategy
+from planner.strategies.checkpointing import layer_saved_bytes
 from planner.strategies.moments import FROZEN_EVERY_RANK
 
 
@@ -120,13 +122,15 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """The reference forward of every micro-batch: one forward pass of the model over the pairs'
-    rows (matmuls with the head, attention, the elementwise ops), under no_grad."""
+    rows (matmuls with the head, attention, the elementwise ops; over a QLoRA base, its
+    dequantization too), under no_grad."""
     if not reference_forward(ctx):
         return
-    from planner.strategies.checkpointing import layer_saved_bytes
-
     forward = (rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
                + rates.attention_forward_seconds(ctx) + rates.elementwise_forward_seconds(ctx, layer_saved_bytes(ctx)))
+    spec = ctx.layout.adapter
+    if spec is not None and spec.nf4:  # the adapter-disabled 4-bit base dequantizes every weight again
+        forward += nf4_dequantize_seconds(ctx)
     draft.compute("matmul", "DPO reference forward (no_grad)", forward, Window.FORWARD,
                   note="every micro-batch, after the policy's forward")
     draft.dispatch(ctx.model.num_layers * overheads.layer_forward_dispatch_seconds(ctx.layout.fused_attention), 0.0)

@@ -97,3 +97,21 @@ def test_suggest_states_the_global_batch_in_pairs_and_sequences():
 
     r = suggest(SuggestRequest(model=MODEL, gpus="8xH100-80", method=["dpo"], global_batch_size=64, seq_len=1024))
     assert any(a.startswith("global batch 64 pairs = 128 seq = 131,072 tokens") for a in r.assumptions), r.assumptions
+
+
+def test_the_reference_forward_over_a_4bit_base_dequantizes_it_again():
+    """With QLoRA the reference is the adapter-disabled 4-bit base: its forward dequantizes every
+    NF4 weight as the policy's forward does (one more pass than LoRA's reference forward)."""
+    from planner.catalog.models import resolve_model
+    from planner.catalog.gpus import parse_gpus
+    from planner.strategies import PlanContext, TrainingConfig
+    from planner.strategies.adapter import nf4_dequantize_seconds
+
+    def reference_seconds(plan):
+        [row] = [r for r in plan.time.rows if r.label == "DPO reference forward (no_grad)"]
+        return row.seconds
+
+    lora = run(MODEL, GPUS, method="dpo", adapter="lora", **BASE)
+    qlora = run(MODEL, GPUS, method="dpo", adapter="qlora", **BASE)
+    ctx = PlanContext(resolve_model(MODEL), parse_gpus(GPUS), TrainingConfig(method="dpo", adapter="qlora", **BASE))
+    assert reference_seconds(qlora) - reference_seconds(lora) == pytest.approx(nf4_dequantize_seconds(ctx), rel=1e-9)
