@@ -115,3 +115,15 @@ def test_the_reference_forward_over_a_4bit_base_dequantizes_it_again():
     qlora = run(MODEL, GPUS, method="dpo", adapter="qlora", **BASE)
     ctx = PlanContext(resolve_model(MODEL), parse_gpus(GPUS), TrainingConfig(method="dpo", adapter="qlora", **BASE))
     assert reference_seconds(qlora) - reference_seconds(lora) == pytest.approx(nf4_dequantize_seconds(ctx), rel=1e-9)
+
+
+def test_a_dpo_recipes_evaluation_is_said_in_pairs_through_the_fused_head(tmp_path):
+    from planner.check import CheckRequest, check
+
+    recipe = tmp_path / "dpo.json"
+    recipe.write_text(json.dumps({"per_device_train_batch_size": 2, "bf16": True, "max_length": 512,
+                                  "f_divergence_type": "reverse_kl", "eval_strategy": "steps",
+                                  "per_device_eval_batch_size": 4}))
+    result = check(CheckRequest(model=MODEL, gpus=GPUS, training_args=recipe, alternatives=0))
+    [said] = [w for w in result.warnings if "evaluation is not planned" in w]
+    assert "4 pairs (8 sequences" in said and "no logits" in said

@@ -116,6 +116,10 @@ def _evaluation_warning(model, result: EstimateResult, rows: int, where: str, lo
     batch = f"{where}: evaluation is not planned; an eval micro-batch of {rows} x {result.config.seq_len:,} tokens"
     if result.config.loss == "chunked" and "loss_type" in loss_source:
         return f"{batch} goes through TRL's chunked loss, as training does (its layers' temporaries not counted)"
+    if result.config.method == "dpo":
+        return (f"{where}: evaluation is not planned; an eval micro-batch of {rows} pairs ({2 * rows} sequences of up "
+                f"to {result.config.seq_len:,} tokens) goes through TRL's fused log-probability head (no logits), as "
+                "training does (its layers' temporaries and the reference forward not counted)")
     logits = evaluation_logits_bytes(model, result.config, rows)
     states = sum(result.memory.get(t, 0) for t in EVAL_RESIDENT)
     total, usable = logits + states, result.usable_bytes
