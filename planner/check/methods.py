@@ -2,10 +2,11 @@
 optimization (DPO, KTO, ORPO, CPO/SimPO), reward modelling, reinforcement learning with sampled
 generations (GRPO, RLOO, PPO, online DPO) and distillation (GKD).
 
-planner plans supervised fine-tuning. These jobs hold what it does not count: a reference model,
-chosen and rejected sequences on the batch axis, generations and their KV cache (often a vLLM
-engine beside the trainer), a reward model or a teacher. Planned as supervised fine-tuning, their
-verdict would under-count memory, so ``planner check`` refuses them and says why (exit 2).
+planner plans supervised fine-tuning and DPO as TRL >= 1.15 runs it (strategies/method.py). The
+other methods hold what it does not count: a reference model beside other batches, generations and
+their KV cache (often a vLLM engine beside the trainer), a reward model or a teacher. Planned as
+supervised fine-tuning, their verdict would under-count memory, so ``planner check`` refuses them
+and says why (exit 2).
 """
 
 from planner.core import job as job_module
@@ -49,10 +50,12 @@ LLAMAFACTORY_STAGES = {"rm": "a reward model (chosen and rejected sequences)",
                        "dpo": "DPO and its variants (pref_loss: a reference model, chosen and rejected sequences)",
                        "kto": "KTO (a reference model, desirable and undesirable completions)"}
 #: What every refusal ends with.
-REFUSAL = "planner plans supervised fine-tuning only: planned as that, this job's memory would be under-counted"
+REFUSAL = ("planner plans supervised fine-tuning and TRL's DPO only: planned as either, this job's memory "
+           "would be under-counted")
 #: What to do next when every problem is such a refusal.
-REFUSAL_HINT = ("Preference and RL training are not planned yet; planner check plans the job's supervised "
-                "fine-tuning stage (a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl).")
+REFUSAL_HINT = ("Other preference and RL training is not planned yet; planner check plans supervised fine-tuning "
+                "(a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl) and TRL's DPO (a "
+                "DPOConfig recipe, or --method dpo).")
 
 
 def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
@@ -68,8 +71,7 @@ def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
         if trl is None or fused_logprobs(trl):
             return None
         return (f"{where}: a DPO recipe under the TRL installed here ({'.'.join(map(str, trl))}), whose DPOTrainer "
-                "computes log-probabilities from the full logits (before 1.15): not modelled; " + REFUSAL.replace(
-                    "planner plans supervised fine-tuning only", "planner plans DPO as TRL >= 1.15 runs it"))
+                f"computes log-probabilities from the full logits (before 1.15): not modelled; {REFUSAL}")
     if found is not None:
         return f"{where}: {', '.join(found[1])}: {found[0]}: {REFUSAL}"
     loss = d.get("loss_type")
