@@ -2,12 +2,13 @@
 run the model's own loss in their own training loop, not a trainer of another method."""
 
 from planner.core.errors import PlannerInputError
+from planner.strategies.method import dpo
 
 
 def refuse_method(config) -> None:
     """A DPO plan: its reference forward and TRL's fused LM head run only inside TRL's DPOTrainer,
     which neither probe builds (PlannerInputError)."""
-    if str(getattr(config, "method", "sft")) == "dpo":
+    if dpo(config):
         raise PlannerInputError("--method dpo is not probed: the probes run the model's own loss in their own loop, "
                                 "not TRL's DPOTrainer (its reference forward and fused LM head)",
                                 hint="Check a DPO plan by launching it (its live check compares the run with the "

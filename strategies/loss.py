@@ -14,6 +14,7 @@ from planner.cost import activations, params, preference
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.fsdp_schedule import Instant, gathered_bytes
+from planner.strategies.method import dpo
 from planner.strategies.moments import LOSS_MOMENT, ROOT_REGATHER
 from planner.strategies.precision import CHOICES as PRECISIONS
 from planner.strategies.precision import cache_only_casts
@@ -116,7 +117,7 @@ def held_output_bytes_per_token(ctx: PlanContext) -> int:
     alone) or the chunked loss returns no logits. Source: transformers Trainer.compute_loss; PEFT
     method_comparison/MetaMathQA/run.py and Answer.AI fsdp_qlora train.py hold ``outputs``."""
     cfg, m = ctx.config, ctx.model
-    if cfg.loss != Loss.STANDARD or cfg.model_output != ModelOutput.HELD or cfg.method == "dpo":
+    if cfg.loss != Loss.STANDARD or cfg.model_output != ModelOutput.HELD or dpo(cfg):
         return 0
     per = activations.FP32 if cfg.loss_path == LossPath.FP32_LOGITS else ctx.layout.dtypes.compute
     return per * m.vocab_size
@@ -185,7 +186,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     held = {True: gathered_bytes(ctx, Instant.LOSS_FORWARD), False: gathered_bytes(ctx, Instant.LOSS_BACKWARD)}
     forward = ("chunked loss: one chunk, the head weight gradient made in forward, weight casts",
                "loss forward inside autocast", DPO_FORWARD)
-    if cfg.method == "dpo":
+    if dpo(cfg):
         moments = dpo_moments(ctx, cached, norm, norm_label)
     elif cfg.loss == Loss.CHUNKED:
         moments = {
@@ -249,7 +250,7 @@ def loss_saved_bytes(ctx: PlanContext) -> int:
     input's (r*h per token)."""
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     tokens, vh = cfg.tokens_per_micro_batch, m.vocab_size * m.hidden_size
-    if cfg.method == "dpo":  # the fused head keeps the scored hidden states' copy and each token's log-normaliser
+    if dpo(cfg):  # the fused head keeps the scored hidden states' copy and each token's log-normaliser
         return tokens * (m.hidden_size * lay.dtypes.compute + 4)
     if cfg.loss == Loss.CHUNKED:
         return vh * head_gradient_bytes_per_element(ctx) + lay.dtypes.residual * m.hidden_size * tokens
@@ -272,7 +273,7 @@ def logits_hole_bytes_per_token(ctx: PlanContext) -> int:
     and 1.20 / 2.40 GiB for Qwen2.5-0.5B (V=151,936; 4,096 / 8,192 tokens: 1.16 / 2.32 GiB),
     whatever the allocated peak (19.5-32.6 GiB); 0.01 GiB under Liger's chunked loss."""
     c = ctx.layout.dtypes.compute
-    if ctx.config.loss != Loss.STANDARD or c >= activations.FP32 or ctx.config.method == "dpo":
+    if ctx.config.loss != Loss.STANDARD or c >= activations.FP32 or dpo(ctx.config):
         return 0
     if held_output_bytes_per_token(ctx) and ctx.config.loss_path != LossPath.FP32_LOGITS:
         return 0  # the loop holds the 16-bit logits: not freed, no hole
@@ -345,7 +346,7 @@ DPO_TRAFFIC_FORWARD_PER_BYTE, DPO_TRAFFIC_BACKWARD_PER_BYTE = 2, 5
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     per = ctx.model.vocab_size * rates.tokens(ctx) / rates.bandwidth(ctx)
-    if ctx.config.method == "dpo":  # the fused LM head: no logits; its backward projects the head again
+    if dpo(ctx.config):  # the fused LM head: no logits; its backward projects the head again
         c = ctx.layout.dtypes.compute
         draft.compute("loss", "DPO's fused LM head: projection tiles (forward)", DPO_TRAFFIC_FORWARD_PER_BYTE * c * per,
                       Window.FORWARD)

@@ -25,9 +25,7 @@ from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
 from planner.cost import activations, overheads, params, preference
 from planner.strategies import rates
-from planner.strategies.adapter import nf4_dequantize_seconds
 from planner.strategies.base import Check, Choice, PlanContext, Strategy
-from planner.strategies.checkpointing import layer_saved_bytes
 from planner.strategies.moments import FROZEN_EVERY_RANK
 
 
@@ -70,6 +68,7 @@ DPO_ALLOWS = (
 
 
 def dpo(config) -> bool:
+    """Whether ``config`` (a TrainingConfig) plans DPO: the one test every layer asks."""
     return config.method == Method.DPO
 
 
@@ -126,6 +125,10 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     dequantization too), under no_grad."""
     if not reference_forward(ctx):
         return
+    # (imported here: the loss strategy, which adapter and checkpointing import, reads ``dpo``)
+    from planner.strategies.adapter import nf4_dequantize_seconds
+    from planner.strategies.checkpointing import layer_saved_bytes
+
     forward = (rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
                + rates.attention_forward_seconds(ctx) + rates.elementwise_forward_seconds(ctx, layer_saved_bytes(ctx)))
     spec = ctx.layout.adapter

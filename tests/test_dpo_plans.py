@@ -127,3 +127,20 @@ def test_a_dpo_recipes_evaluation_is_said_in_pairs_through_the_fused_head(tmp_pa
     result = check(CheckRequest(model=MODEL, gpus=GPUS, training_args=recipe, alternatives=0))
     [said] = [w for w in result.warnings if "evaluation is not planned" in w]
     assert "4 pairs (8 sequences" in said and "no logits" in said
+
+
+def test_the_launch_reads_preference_pairs_and_refuses_bad_ones_with_the_line(tmp_path):
+    from planner.core.errors import PlannerInputError
+    from planner.launch.data import preference_pairs
+
+    good = tmp_path / "pairs.jsonl"
+    good.write_text('{"prompt": "p", "chosen": "c", "rejected": "r", "id": 1}\n\n')
+    assert preference_pairs(str(good), 64, 1) == [{"prompt": "p", "chosen": "c", "rejected": "r"}]
+    for text, said in (('{"prompt": "p"\n', "line 1 is not JSON"),
+                       ('{"prompt": "p", "chosen": "c"}\n', "line 1 needs string fields prompt, chosen, rejected")):
+        good.write_text(text)
+        with pytest.raises(PlannerInputError, match=said):
+            preference_pairs(str(good), 64, 1)
+    with pytest.raises(PlannerInputError, match="a JSONL file of preference pairs"):
+        preference_pairs(str(tmp_path / "pairs.txt"), 64, 1)
+    assert len(preference_pairs("sample", 64, 5)) == 5

@@ -34,6 +34,7 @@ from planner.schema.estimate import EstimateResult
 from planner.schema.target import DataShape, Target
 from planner.strategies import BY_FIELD, TECHNIQUES, TrainingConfig, approximation_note, ladder_key
 from planner.strategies.loss import evaluation_logits_bytes
+from planner.strategies.method import dpo
 from planner.strategies.request_fields import TechniqueChoices
 
 #: every technique and the workload, but what the batching and the samples' lengths derive
@@ -116,7 +117,7 @@ def _evaluation_warning(model, result: EstimateResult, rows: int, where: str, lo
     batch = f"{where}: evaluation is not planned; an eval micro-batch of {rows} x {result.config.seq_len:,} tokens"
     if result.config.loss == "chunked" and "loss_type" in loss_source:
         return f"{batch} goes through TRL's chunked loss, as training does (its layers' temporaries not counted)"
-    if result.config.method == "dpo":
+    if dpo(result.config):
         return (f"{where}: evaluation is not planned; an eval micro-batch of {rows} pairs ({2 * rows} sequences of up "
                 f"to {result.config.seq_len:,} tokens) goes through TRL's fused log-probability head (no logits), as "
                 "training does (its layers' temporaries and the reference forward not counted)")

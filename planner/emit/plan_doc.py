@@ -11,6 +11,7 @@ from planner.core.lengths import Batching
 from planner.engine.ranking import TIE_BAND
 from planner.schema.estimate import Alternative, EstimateResult
 from planner.strategies import approximation_words, summary
+from planner.strategies.method import dpo
 
 
 def _gib(n: float) -> str:
@@ -105,7 +106,7 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
                        f"{r.time.tokens_per_second:,.0f} tokens/s")
     else:
         out.append("No single change of this plan lowers its peak further; use more or larger GPUs.")
-    out += ["", *how_to_run(draft, files, c.seq_len, c.batching, dpo=str(c.method) == "dpo")]
+    out += ["", *how_to_run(draft, files, c.seq_len, c.batching, dpo=dpo(c))]
     if notes or plan.warnings:
         out += ["", "Notes:", ""] + [f"- {shell.visible(n)}" for n in notes + plan.warnings]
     return "\n".join(out) + "\n"

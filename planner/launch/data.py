@@ -31,24 +31,33 @@ def read_texts(source: str, text_field: str = "text") -> list[str]:
     if not path.is_file():
         raise PlannerInputError(f"--data {source}: no such file or folder",
                                 hint="Pass a JSONL file, a .txt file, a datasets folder, or 'sample' for a smoke test.")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlannerInputError(f"--data {source}: cannot read it: {e}") from None
+    text = _read(path, source)
     if path.suffix in (".jsonl", ".json"):
         return _jsonl(text, source, text_field)
     return [p.strip() for p in text.split("\n\n") if p.strip()]
 
 
-def _jsonl(text: str, source: str, field: str) -> list[str]:
-    out = []
+def _read(path: Path, source: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlannerInputError(f"--data {source}: cannot read it: {e}") from None
+
+
+def _json_lines(text: str, source: str):
+    """(line number, parsed value) of every non-blank line of a JSONL text."""
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield n, json.loads(line)
         except json.JSONDecodeError as e:
             raise PlannerInputError(f"--data {source}: line {n} is not JSON: {e}") from None
+
+
+def _jsonl(text: str, source: str, field: str) -> list[str]:
+    out = []
+    for n, row in _json_lines(text, source):
         if not isinstance(row, dict) or not isinstance(row.get(field), str):
             raise PlannerInputError(f"--data {source}: line {n} has no string field {field!r}",
                                     hint="Name the text field with --text-field.")
@@ -155,13 +164,7 @@ def preference_pairs(source: str, seq_len: int, at_least: int) -> list[dict[str,
                                     hint="Pass a JSONL file whose lines hold prompt, chosen and rejected strings, "
                                          "or 'sample' for a smoke test.")
         rows = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PlannerInputError(f"--data {source}: line {n} is not JSON: {e}") from None
+        for n, row in _json_lines(_read(path, source), source):
             if not isinstance(row, dict) or not all(isinstance(row.get(f), str) for f in PAIR_FIELDS):
                 raise PlannerInputError(f"--data {source}: line {n} needs string fields {', '.join(PAIR_FIELDS)}")
             rows.append({f: row[f] for f in PAIR_FIELDS})
