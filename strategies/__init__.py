@@ -17,7 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 from planner.core.numerics import EXACT, Rung, numerics_key
 from planner.core.vocabulary import config_model
-from planner.strategies import adapter, attention, checkpointing, loss, method, offload, optimizer, precision, sharding
+from planner.strategies import (
+    adapter,
+    attention,
+    checkpointing,
+    generation,
+    loss,
+    method,
+    offload,
+    optimizer,
+    precision,
+    sharding,
+)
 from planner.strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
 
 REGISTRY: tuple[Strategy, ...] = (
@@ -30,6 +41,7 @@ REGISTRY: tuple[Strategy, ...] = (
     attention.STRATEGY,
     loss.STRATEGY,
     method.STRATEGY,
+    generation.STRATEGY,
 )
 TECHNIQUES: tuple[Strategy, ...] = tuple(sorted(REGISTRY, key=lambda s: s.order))
 BY_FIELD: dict[str, Strategy] = {s.field: s for s in TECHNIQUES}

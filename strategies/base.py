@@ -284,6 +284,12 @@ class Strategy:
     #: the flag of a searching command also takes "any": let the search try every choice
     #: (the strategy's ``searched`` is what it tries when the flag is not given)
     any_choice: bool = False
+    #: Settings the strategy decides for a plan where the request leaves them to it (colocated
+    #: vLLM's share): field -> value, pinned in the plan's configuration before it is evaluated
+    pin: Callable[[PlanContext], dict] | None = None
+    #: What the search tries given the request's named fields (field -> values), where it differs
+    #: from ``searched`` (GRPO's generations for --method grpo); None: ``searched``
+    searched_for: Callable[[Mapping[str, Any]], tuple[str, ...] | None] | None = None
     #: the user names the choice (the training method): no search varies it, no change a command
     #: offers swaps it, and a suggested next command keeps it
     named: bool = False

@@ -8,13 +8,14 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.specs import HardwareSpec
 from planner.core.timing import TimeDraft, Window
+from planner.core.trl_recipes import grpo_recipe
 from planner.core.units import DTYPE_BYTES
 from planner.core.vocabulary import Setting
 from planner.cost import activations, params, preference
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.fsdp_schedule import Instant, gathered_bytes
-from planner.strategies.method import dpo
+from planner.strategies.method import fused_head
 from planner.strategies.moments import LOSS_MOMENT, ROOT_REGATHER
 from planner.strategies.precision import CHOICES as PRECISIONS
 from planner.strategies.precision import cache_only_casts
@@ -117,18 +118,18 @@ def held_output_bytes_per_token(ctx: PlanContext) -> int:
     alone) or the chunked loss returns no logits. Source: transformers Trainer.compute_loss; PEFT
     method_comparison/MetaMathQA/run.py and Answer.AI fsdp_qlora train.py hold ``outputs``."""
     cfg, m = ctx.config, ctx.model
-    if cfg.loss != Loss.STANDARD or cfg.model_output != ModelOutput.HELD or dpo(cfg):
+    if cfg.loss != Loss.STANDARD or cfg.model_output != ModelOutput.HELD or fused_head(cfg):
         return 0
     per = activations.FP32 if cfg.loss_path == LossPath.FP32_LOGITS else ctx.layout.dtypes.compute
     return per * m.vocab_size
 
 
-DPO_FORWARD = "DPO's fused LM head (forward): projection buffer, per-token statistics, the hidden states' copy"
-DPO_BACKWARD = "DPO's fused LM head (backward): projection buffer, fp32 hidden-state and head gradients"
+FUSED_FORWARD = "TRL's fused LM head (forward): projection buffer, per-token statistics, the hidden states' copy"
+FUSED_BACKWARD = "TRL's fused LM head (backward): projection buffer, fp32 hidden-state and head gradients"
 
 
-def dpo_moments(ctx: PlanContext, cached: int, norm: float, norm_label: str) -> dict[str, float]:
-    """DPO's log-probabilities as TRL >= 1.15 computes them, without logits
+def fused_head_moments(ctx: PlanContext, cached: int, norm: float, norm_label: str) -> dict[str, float]:
+    """DPO's and GRPO's log-probabilities as TRL >= 1.15 computes them, without logits
     (planner/cost/preference.py): the fused head's forward (the projection buffer, the per-token
     statistics and the scored positions' hidden states gathered by the label mask, with the cache-
     only casts and, under autocast, one vocabulary chunk of the head's weight cast to the compute
@@ -143,8 +144,8 @@ def dpo_moments(ctx: PlanContext, cached: int, norm: float, norm_label: str) -> 
     w = head_gradient_bytes_per_element(ctx)
     head_cast = m.vocab_size * h * w if trained and w != activations.FP32 else 0
     return {
-        DPO_FORWARD: cached + chunk_cast + preference.fused_forward_bytes(tokens, h, c, c),
-        DPO_BACKWARD: chunk_cast + preference.fused_backward_bytes(m, tokens, c, trained) + head_cast + tokens * h * c,
+        FUSED_FORWARD: cached + chunk_cast + preference.fused_forward_bytes(tokens, h, c, c),
+        FUSED_BACKWARD: chunk_cast + preference.fused_backward_bytes(m, tokens, c, trained) + head_cast + tokens * h * c,
         norm_label: norm,
     }
 
@@ -185,9 +186,9 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     norm_label = "final norm backward: the head's gradient and the norm's fp32 temporaries"
     held = {True: gathered_bytes(ctx, Instant.LOSS_FORWARD), False: gathered_bytes(ctx, Instant.LOSS_BACKWARD)}
     forward = ("chunked loss: one chunk, the head weight gradient made in forward, weight casts",
-               "loss forward inside autocast", DPO_FORWARD)
-    if dpo(cfg):
-        moments = dpo_moments(ctx, cached, norm, norm_label)
+               "loss forward inside autocast", FUSED_FORWARD)
+    if fused_head(cfg):
+        moments = fused_head_moments(ctx, cached, norm, norm_label)
     elif cfg.loss == Loss.CHUNKED:
         moments = {
             forward[0]: cached + 2 * hc + vh * w + activations.chunked_loss_bytes(m, lay.dtypes, tokens),
@@ -250,7 +251,7 @@ def loss_saved_bytes(ctx: PlanContext) -> int:
     input's (r*h per token)."""
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     tokens, vh = cfg.tokens_per_micro_batch, m.vocab_size * m.hidden_size
-    if dpo(cfg):  # the fused head keeps the scored hidden states' copy and each token's log-normaliser
+    if fused_head(cfg):  # the fused head keeps the scored hidden states' copy and each token's log-normaliser
         return tokens * (m.hidden_size * lay.dtypes.compute + 4)
     if cfg.loss == Loss.CHUNKED:
         return vh * head_gradient_bytes_per_element(ctx) + lay.dtypes.residual * m.hidden_size * tokens
@@ -273,7 +274,7 @@ def logits_hole_bytes_per_token(ctx: PlanContext) -> int:
     and 1.20 / 2.40 GiB for Qwen2.5-0.5B (V=151,936; 4,096 / 8,192 tokens: 1.16 / 2.32 GiB),
     whatever the allocated peak (19.5-32.6 GiB); 0.01 GiB under Liger's chunked loss."""
     c = ctx.layout.dtypes.compute
-    if ctx.config.loss != Loss.STANDARD or c >= activations.FP32 or dpo(ctx.config):
+    if ctx.config.loss != Loss.STANDARD or c >= activations.FP32 or fused_head(ctx.config):
         return 0
     if held_output_bytes_per_token(ctx) and ctx.config.loss_path != LossPath.FP32_LOGITS:
         return 0  # the loop holds the 16-bit logits: not freed, no hole
@@ -337,21 +338,21 @@ def chunked_head_gradient_traffic(ctx: PlanContext) -> tuple[float, int]:
     return 2.0 * m.vocab_size * m.hidden_size * w * chunks, chunks
 
 
-#: Bytes per token x vocabulary DPO's fused LM head moves per compute-dtype byte c: forward, the
+#: Bytes per token x vocabulary TRL's fused LM head (DPO, GRPO) moves per compute-dtype byte c: forward, the
 #: projection tile written by the matmul and read by the fold (2c); backward, the tile recomputed
 #: and read, turned into the logits' gradient in place and read by the two gradient matmuls (~5c).
 #: From the kernel's structure (trl/kernels/chunked_logprob.py, TRL 1.16); not measured.
-DPO_TRAFFIC_FORWARD_PER_BYTE, DPO_TRAFFIC_BACKWARD_PER_BYTE = 2, 5
+FUSED_TRAFFIC_FORWARD_PER_BYTE, FUSED_TRAFFIC_BACKWARD_PER_BYTE = 2, 5
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     per = ctx.model.vocab_size * rates.tokens(ctx) / rates.bandwidth(ctx)
-    if dpo(ctx.config):  # the fused LM head: no logits; its backward projects the head again
+    if fused_head(ctx.config):  # the fused LM head: no logits; its backward projects the head again
         c = ctx.layout.dtypes.compute
-        draft.compute("loss", "DPO's fused LM head: projection tiles (forward)", DPO_TRAFFIC_FORWARD_PER_BYTE * c * per,
+        draft.compute("loss", "TRL's fused LM head: projection tiles (forward)", FUSED_TRAFFIC_FORWARD_PER_BYTE * c * per,
                       Window.FORWARD)
-        draft.compute("loss", "DPO's fused LM head: tiles recomputed, gradients (backward)",
-                      DPO_TRAFFIC_BACKWARD_PER_BYTE * c * per + rates.head_matmul_forward_seconds(ctx), Window.BACKWARD)
+        draft.compute("loss", "TRL's fused LM head: tiles recomputed, gradients (backward)",
+                      FUSED_TRAFFIC_BACKWARD_PER_BYTE * c * per + rates.head_matmul_forward_seconds(ctx), Window.BACKWARD)
         return
     draft.compute("loss", "cross-entropy over the vocabulary (forward)", LOSS_TRAFFIC_FORWARD_PER_VOCAB * per, Window.FORWARD)
     draft.compute("loss", "cross-entropy over the vocabulary (backward)", LOSS_TRAFFIC_BACKWARD_PER_VOCAB * per, Window.BACKWARD)
@@ -429,6 +430,11 @@ def _read(job: JobFiles, r: Reading) -> None:
     r.set("model_output", ModelOutput.DROPPED, f"the Trainer that runs {job.training_args_where}: its compute_loss keeps "
                                                "the loss alone")
     d, where = job.training_args, job.training_args_where
+    if grpo_recipe(d):  # GRPOTrainer turns Liger's fused linear cross-entropy off for its own fused head
+        r.set("loss", Loss.STANDARD, f"{where}: a GRPO recipe: TRL's fused LM head"
+              + (" (GRPOTrainer turns use_liger_kernel's fused linear cross-entropy off)" if d.get("use_liger_kernel")
+                 else ""))
+        return
     liger = r.typed(d, "use_liger_kernel", (bool,), where)
     if liger is not None:
         r.set("loss", Loss.CHUNKED if liger else Loss.STANDARD, f"{where}: use_liger_kernel")

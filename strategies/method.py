@@ -1,5 +1,6 @@
-"""Training method: supervised fine-tuning (sft) or direct preference optimization (dpo), as TRL's
-trainers run them. A method is named, never searched: ``--method dpo`` plans a DPO job.
+"""Training method: supervised fine-tuning (sft), direct preference optimization (dpo) or group
+relative policy optimization (grpo), as TRL's trainers run them. A method is named, never
+searched: ``--method dpo`` plans a DPO job.
 
 DPO as TRL >= 1.15's DPOTrainer runs it (planner/cost/preference.py holds the facts, with sources):
 - each sample of a micro-batch is a pair, its chosen and rejected sequences on the batch axis: the
@@ -13,6 +14,15 @@ DPO as TRL >= 1.15's DPOTrainer runs it (planner/cost/preference.py holds the fa
 - log-probabilities from TRL's fused LM head, never the logits (strategies/loss.py).
 Sharded engines (ZeRO-3, FSDP), whose reference forward all-gathers its own units while the
 policy's activations wait, are refused until modelled.
+
+GRPO as TRL 1.16's GRPOTrainer runs it (planner/cost/rollout.py): each row a prompt and its
+completion (``--seq-len`` the longest prompt plus ``--completion-len``), padded, never packed;
+completions generated every optimizer step (strategies/generation.py) and scored by no-grad
+forwards of the micro-batch (the policy's for vLLM's importance-sampling correction, the
+reference's when ``--kl-beta`` is not 0); a reference model only then, and not with an adapter;
+the loss through the same fused LM head as DPO's. The global batch (completions) is a multiple
+of ``--num-generations``. Sharded engines (ZeRO-3, FSDP: the whole model gathered for
+generation) are refused until modelled.
 """
 
 from enum import StrEnum
@@ -22,16 +32,19 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.lengths import Batching
 from planner.core.timing import TimeDraft, Window
+from planner.core.trl_recipes import grpo_recipe
 from planner.core.vocabulary import Setting
 from planner.cost import activations, overheads, params, preference
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, PlanContext, Strategy
+from planner.strategies.generation import SCORING, VLLM
 from planner.strategies.moments import FROZEN_EVERY_RANK
 
 
 class Method(StrEnum):
     SFT = "sft"
     DPO = "dpo"
+    GRPO = "grpo"
 
 
 class DpoReference(StrEnum):
@@ -46,6 +59,8 @@ CHOICES: dict[Method, Choice] = {
     # (not convex in the micro-batch: the fused head's projection buffer stops growing at 4,096 tokens)
     Method.DPO: Choice("direct preference optimization (TRL's DPOTrainer): chosen and rejected, a reference",
                        searched=False, convex=False),
+    Method.GRPO: Choice("group relative policy optimization (TRL's GRPOTrainer): completions generated and scored "
+                        "each step", searched=False, convex=False),
 }
 
 SETTINGS = (
@@ -53,17 +68,24 @@ SETTINGS = (
             "DPO's reference log-probabilities: model (a reference forward every step; a frozen copy of the "
             "policy unless an adapter trains) or precomputed (TRL's precompute_ref_log_probs: one pass before "
             "training, no reference model kept)", used_at=("dpo",)),
+    Setting("num_generations", int, 8, "GRPO's completions per prompt (GRPOConfig num_generations): the global "
+            "batch of completions is a multiple of it", ge=2, used_at=("grpo",)),
+    Setting("completion_len", int, 512, "GRPO's max_completion_length: the tokens generated per completion, part of "
+            "--seq-len (the longest prompt plus this)", ge=1, used_at=("grpo",)),
+    Setting("kl_beta", float, 0.0, "GRPO's beta (the KL coefficient): 0 (TRL's default) keeps no reference model; "
+            "above 0, a reference forward per micro-batch and, without an adapter, a frozen copy", ge=0.0,
+            used_at=("grpo",)),
 )
 
 #: The forward phase's moment of DPO's reference forward (planner.core.ledger.resident).
 REFERENCE_FORWARD = "the reference forward"
-#: What a DPO plan needs of the other techniques: (field, allowed values, rejection code, why).
-DPO_ALLOWS = (
-    ("sharding", ("none", "ddp", "zero1", "zero2"), "dpo with a sharded engine",
-     "the sharded reference forward (its all-gathers while the policy's activations are saved) is not "
-     "modelled yet; use sharding ddp, zero1 or zero2 (the reference whole on every GPU)"),
-    ("loss", ("standard",), "dpo with the chunked loss",
-     "TRL's DPOTrainer computes its log-probabilities with its own fused LM head (no logits); plan loss standard"),
+#: What a DPO or GRPO plan needs of the other techniques: (field, allowed values, rejection code, why).
+TRL_ALLOWS = (
+    ("sharding", ("none", "ddp", "zero1", "zero2"), "with a sharded engine",
+     "the sharded engine's all-gathers around TRL's extra forwards (DPO's reference forward beside the saved "
+     "activations, GRPO's generation and scoring) are not modelled yet; use sharding ddp, zero1 or zero2"),
+    ("loss", ("standard",), "with the chunked loss",
+     "TRL's trainer computes its log-probabilities with its own fused LM head (no logits); plan loss standard"),
 )
 
 
@@ -72,59 +94,100 @@ def dpo(config) -> bool:
     return config.method == Method.DPO
 
 
+def grpo(config) -> bool:
+    """Whether ``config`` (a TrainingConfig) plans GRPO."""
+    return config.method == Method.GRPO
+
+
+def fused_head(config) -> bool:
+    """Whether the plan's log-probabilities come from TRL's fused LM head (DPO, GRPO): no logits."""
+    return config.method != Method.SFT
+
+
 def reference_kept(ctx: PlanContext) -> bool:
-    """Whether the plan holds a reference model (preference.reference_kept)."""
-    return dpo(ctx.config) and preference.reference_kept(ctx.layout.adapter is not None,
-                                                         ctx.config.dpo_reference == DpoReference.PRECOMPUTED)
+    """Whether the plan holds a reference model (preference.reference_kept): DPO's unless
+    precomputed, GRPO's when its beta is not 0; neither with an adapter."""
+    cfg, adapter = ctx.config, ctx.layout.adapter is not None
+    if grpo(cfg):
+        return cfg.kl_beta > 0 and not adapter
+    return dpo(cfg) and preference.reference_kept(adapter, cfg.dpo_reference == DpoReference.PRECOMPUTED)
 
 
 def reference_forward(ctx: PlanContext) -> bool:
-    """Whether each step runs a reference forward (not with precomputed log-probabilities)."""
+    """Whether each DPO step runs a reference forward with the policy's activations saved (not with
+    precomputed log-probabilities)."""
     return dpo(ctx.config) and ctx.config.dpo_reference == DpoReference.MODEL
 
 
+def scoring_forwards(ctx: PlanContext) -> int:
+    """GRPO's no-grad forwards of each micro-batch of completions before training on it: the
+    policy's when vLLM generated them (importance sampling, TRL's default) and the reference's
+    when beta is not 0 (planner/cost/rollout.py). With transformers' generation aligned with the
+    optimizer steps (``steps_per_generation`` the accumulation steps), no policy forward."""
+    cfg = ctx.config
+    return (cfg.generation in VLLM) + (cfg.kl_beta > 0) if grpo(cfg) else 0
+
+
 def _check(ctx: PlanContext, out: Check) -> None:
-    if not dpo(ctx.config):
+    cfg = ctx.config
+    if not fused_head(cfg):
         return
-    for field, allowed, code, why in DPO_ALLOWS:
-        value = str(getattr(ctx.config, field))
+    for field, allowed, code, why in TRL_ALLOWS:
+        value = str(getattr(cfg, field))
         if value not in allowed:
-            out.reject(code, f"dpo with {field} {value}: {why}")
+            out.reject(f"{cfg.method} {code}", f"{cfg.method} with {field} {value}: {why}")
             return
-    if ctx.config.batching != Batching.PADDED:
-        out.reject(f"dpo with {ctx.config.batching} batching", f"dpo with {ctx.config.batching} batching: TRL's "
-                   "DPOTrainer pads each micro-batch of pairs to its longest sequence (cut at max_length) and never "
-                   "packs; use --batching padded")
+    if cfg.batching != Batching.PADDED:
+        out.reject(f"{cfg.method} with {cfg.batching} batching", f"{cfg.method} with {cfg.batching} batching: TRL's "
+                   f"{'DPOTrainer' if dpo(cfg) else 'GRPOTrainer'} pads each micro-batch to its longest sequence and "
+                   "never packs; use --batching padded")
+        return
+    if not grpo(cfg):
+        return
+    if cfg.completion_len >= cfg.seq_len:
+        out.reject("grpo completion too long", f"--completion-len {cfg.completion_len:,} leaves no prompt in rows of "
+                   f"--seq-len {cfg.seq_len:,} (the longest prompt plus the completion)")
+    completions = cfg.samples_per_gpu_step * ctx.layout.data_parallel
+    if completions % cfg.num_generations:
+        out.reject("grpo batch not whole groups", f"a global batch of {completions} completions is not a multiple of "
+                   f"--num-generations {cfg.num_generations} (GRPOConfig requires whole groups of one prompt's "
+                   "completions)")
+
+
+def _no_grad_forward(ctx: PlanContext, ledger: LedgerDraft, phases: frozenset, moment: str, what: str) -> None:
+    """A forward of the micro-batch under ``no_grad`` through the fused LM head: one decoder layer's
+    tensors at most (a layer frees its intermediates as it goes: bounded by what it would save),
+    the backbone's output and the fused head's forward (projection buffer, per-token statistics)."""
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
+    tokens, c = cfg.tokens_per_micro_batch, lay.dtypes.compute
+    layer = activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
+    ledger.add("activations", f"{what}: one decoder layer's tensors (at most its saved list)", layer,
+               tokens, phases=phases, moment=moment, note="under no_grad")
+    ledger.add("logits", f"{what}: the fused LM head (projection buffer, per-token statistics)",
+               preference.fused_forward_bytes(tokens, m.hidden_size, c, c) + tokens * m.hidden_size * c, 1,
+               phases=phases, moment=moment, note="and the backbone's output; no logits")
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
-    """The reference model's weights (every phase) and the reference forward's moment: one decoder
-    layer's tensors at most (under ``no_grad`` a layer frees its intermediates as it goes: bounded
-    by what it would save), the backbone's output and the fused LM head's forward."""
-    if not dpo(ctx.config):
+    """The reference model's weights (every phase); DPO's reference forward, a moment of the forward
+    phase beside the policy's saved activations; GRPO's scoring forwards, a moment of the rollout."""
+    if not fused_head(ctx.config):
         return
-    m, lay, cfg = ctx.model, ctx.layout, ctx.config
+    m, lay = ctx.model, ctx.layout
     if reference_kept(ctx):
-        ledger.add("weights", "the reference model (frozen copy, DPO)", params.total_parameters(m), lay.weight_bytes,
+        ledger.add("weights", f"the reference model (frozen copy, {ctx.config.method.upper()})",
+                   params.total_parameters(m), lay.weight_bytes,
                    shard=preference.reference_divisor(False, lay.data_parallel), tag=FROZEN_EVERY_RANK,
                    note="in the policy's dtype, whole on every GPU (DeepSpeed runs it at ZeRO stage 0)")
-    if not reference_forward(ctx):
-        return
-    tokens, c, fwd = cfg.tokens_per_micro_batch, lay.dtypes.compute, frozenset({Phase.FORWARD})
-    layer = activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
-    ledger.add("activations", "reference forward: one decoder layer's tensors (at most its saved list)", layer,
-               tokens, phases=fwd, moment=REFERENCE_FORWARD, note="under no_grad, after the policy's forward")
-    ledger.add("logits", "reference forward: the fused LM head (projection buffer, per-token statistics)",
-               preference.fused_forward_bytes(tokens, m.hidden_size, c, c) + tokens * m.hidden_size * c, 1,
-               phases=fwd, moment=REFERENCE_FORWARD, note="and the backbone's output; no logits")
+    if reference_forward(ctx):
+        _no_grad_forward(ctx, ledger, frozenset({Phase.FORWARD}), REFERENCE_FORWARD, "reference forward")
+    elif scoring_forwards(ctx):
+        _no_grad_forward(ctx, ledger, frozenset({Phase.ROLLOUT}), SCORING, "scoring forward")
 
 
-def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
-    """The reference forward of every micro-batch: one forward pass of the model over the pairs'
-    rows (matmuls with the head, attention, the elementwise ops; over a QLoRA base, its
-    dequantization too), under no_grad."""
-    if not reference_forward(ctx):
-        return
+def forward_seconds(ctx: PlanContext) -> float:
+    """One forward pass of the model over the micro-batch under no_grad (matmuls with the head,
+    attention, the elementwise ops; over a QLoRA base, its dequantization too). Unit: seconds."""
     # (imported here: the loss strategy, which adapter and checkpointing import, reads ``dpo``)
     from planner.strategies.adapter import nf4_dequantize_seconds
     from planner.strategies.checkpointing import layer_saved_bytes
@@ -134,23 +197,42 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     spec = ctx.layout.adapter
     if spec is not None and spec.nf4:  # the adapter-disabled 4-bit base dequantizes every weight again
         forward += nf4_dequantize_seconds(ctx)
-    draft.compute("matmul", "DPO reference forward (no_grad)", forward, Window.FORWARD,
-                  note="every micro-batch, after the policy's forward")
-    draft.dispatch(ctx.model.num_layers * overheads.layer_forward_dispatch_seconds(ctx.layout.fused_attention), 0.0)
+    return forward
 
 
-#: DPOConfig keys the emitted Trainer arguments state (DPO's own: no SFT recipe holds them).
-EMITTED = ("precompute_ref_log_probs", "f_divergence_type")
+def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    """DPO's reference forward of every micro-batch, after the policy's; GRPO's scoring forwards of
+    every micro-batch, before training on it (serial: nothing overlaps them)."""
+    dispatch = ctx.model.num_layers * overheads.layer_forward_dispatch_seconds(ctx.layout.fused_attention)
+    if reference_forward(ctx):
+        draft.compute("matmul", "DPO reference forward (no_grad)", forward_seconds(ctx), Window.FORWARD,
+                      note="every micro-batch, after the policy's forward")
+        draft.dispatch(dispatch, 0.0)
+    elif n := scoring_forwards(ctx):
+        draft.serial("matmul", f"GRPO scoring forwards (no_grad, {n} per micro-batch)",
+                     n * max(forward_seconds(ctx), dispatch), per_micro_batch=True,
+                     note="the policy's (importance sampling) and the reference's (beta > 0)")
+
+
+#: DPOConfig and GRPOConfig keys the emitted Trainer arguments state (no SFT recipe holds them).
+EMITTED = ("precompute_ref_log_probs", "f_divergence_type", "num_generations", "max_completion_length", "beta")
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     """A DPO plan's Trainer arguments are a TRL DPOConfig: its own keys (``f_divergence_type``
-    reverse_kl: standard DPO, DPOConfig's default), the precomputation and the length."""
-    if not dpo(ctx.config):
+    reverse_kl: standard DPO, DPOConfig's default), the precomputation and the length. A GRPO
+    plan's are a GRPOConfig: the group size, the completion's length and beta."""
+    cfg = ctx.config
+    if dpo(cfg):
+        files.training_args["precompute_ref_log_probs"] = cfg.dpo_reference == DpoReference.PRECOMPUTED
+        files.training_args["f_divergence_type"] = "reverse_kl"
+        files.training_args["max_length"] = cfg.seq_len
+    elif grpo(cfg):
+        files.training_args["num_generations"] = cfg.num_generations
+        files.training_args["max_completion_length"] = cfg.completion_len
+        files.training_args["beta"] = cfg.kl_beta
+    else:
         return
-    files.training_args["precompute_ref_log_probs"] = ctx.config.dpo_reference == DpoReference.PRECOMPUTED
-    files.training_args["f_divergence_type"] = "reverse_kl"
-    files.training_args["max_length"] = ctx.config.seq_len
     files.extras.add("trl")
 
 
@@ -159,10 +241,14 @@ DPO_ONLY = ("f_divergence_type", "use_weighting", "ld_alpha", "discopop_tau", "r
 
 
 def _read(job: JobFiles, r: Reading) -> None:
-    """A Trainer/TRL recipe with a key only DPOConfig has is DPO; its reference from
-    ``precompute_ref_log_probs``."""
+    """A Trainer/TRL recipe with a key only DPOConfig has is DPO, its reference from
+    ``precompute_ref_log_probs``; one with GRPOConfig's keys is GRPO, with its group, lengths and
+    beta (planner/core/trl_recipes.py ``grpo_recipe``)."""
     d, where = job.training_args, job.training_args_where
     if not where:
+        return
+    if grpo_recipe(d):
+        _read_grpo(d, where, r)
         return
     said = [k for k in DPO_ONLY if k in d] if not job.framework else []
     if not said:  # (a framework file of another method, or a TRL recipe of one, is refused: planner/check/methods.py)
@@ -177,18 +263,42 @@ def _read(job: JobFiles, r: Reading) -> None:
               f"{where}: no precompute_ref_log_probs (DPOConfig's default, false)")
 
 
+#: GRPOConfig's defaults (TRL 1.16 grpo_config.py) for the keys a plan reads.
+GRPO_DEFAULTS = {"num_generations": 8, "max_completion_length": 512, "beta": 0.0}
+
+
+def _read_grpo(d: dict, where: str, r: Reading) -> None:
+    r.set("method", Method.GRPO, f"{where}: GRPOConfig keys")
+    r.set("batching", Batching.PADDED, f"{where}: GRPOTrainer pads prompts and completions, never packs")
+    for key, field, kinds in (("num_generations", "num_generations", (int,)),
+                              ("max_completion_length", "completion_len", (int,)),
+                              ("beta", "kl_beta", (int, float))):
+        value = r.typed(d, key, kinds, where)
+        said = f"{where}: {key}" if value is not None else f"{where}: no {key} (GRPOConfig's default, {GRPO_DEFAULTS[key]})"
+        r.set(field, value if value is not None else GRPO_DEFAULTS[key], said)
+    prompt = r.typed(d, "max_prompt_length", (int,), where)
+    completion = d.get("max_completion_length", GRPO_DEFAULTS["max_completion_length"])
+    if prompt is not None and isinstance(completion, int):
+        r.set("seq_len", prompt + completion, f"{where}: max_prompt_length + max_completion_length")
+
+
 def describe(get) -> str:
     """'' for sft (supervised fine-tuning goes without saying in a summary), else the method with
-    its reference ("dpo", "dpo precomputed")."""
-    if get("method") != Method.DPO:
-        return ""
-    return "dpo" + (" precomputed" if get("dpo_reference") == DpoReference.PRECOMPUTED else "")
+    its reference ("dpo", "dpo precomputed", "grpo G8 c512", "grpo G8 c512 beta 0.04")."""
+    method = get("method")
+    if method == Method.DPO:
+        return "dpo" + (" precomputed" if get("dpo_reference") == DpoReference.PRECOMPUTED else "")
+    if method == Method.GRPO:
+        beta = get("kl_beta") or 0
+        return f"grpo G{get('num_generations')} c{get('completion_len')}" + (f" beta {beta:g}" if beta else "")
+    return ""
 
 
 STRATEGY = Strategy(
     "method", Method, Method.SFT, order=8, short="method",
-    help="training method: sft (supervised fine-tuning) or dpo (TRL's DPOTrainer: chosen and rejected sequences, "
-         "a frozen reference); named, never searched",
+    help="training method: sft (supervised fine-tuning), dpo (TRL's DPOTrainer: chosen and rejected sequences, "
+         "a frozen reference) or grpo (TRL's GRPOTrainer: completions generated and scored each step); named, "
+         "never searched",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, settings=SETTINGS, describe=describe,
     records=CHOICES, named=True,
 )

@@ -13,6 +13,7 @@ from planner.core.vocabulary import ConfigBase
 from planner.strategies.adapter import Adapter, AdapterDtype, KbitPrep, LoraTargets, Nf4Matmul
 from planner.strategies.attention import Attention
 from planner.strategies.checkpointing import CheckpointImpl, Checkpointing
+from planner.strategies.generation import Generation
 from planner.strategies.loss import Loss, LossPath, ModelOutput
 from planner.strategies.method import DpoReference, Method
 from planner.strategies.offload import Offload
@@ -31,6 +32,7 @@ class TrainingConfig(ConfigBase):
     attention: Attention = Attention.SDPA
     adapter: Adapter = Adapter.NONE
     method: Method = Method.SFT
+    generation: Generation = Generation.NONE
     checkpoint_impl: CheckpointImpl = CheckpointImpl.NON_REENTRANT
     fsdp_version: int = 2
     gradient_sync: GradientSync = GradientSync.MICRO_BATCH
@@ -48,6 +50,11 @@ class TrainingConfig(ConfigBase):
     nf4_matmul: Nf4Matmul = Nf4Matmul.FREES_INPUT
     kbit_prep: KbitPrep = KbitPrep.NONE
     dpo_reference: DpoReference = DpoReference.MODEL
+    num_generations: int = 8
+    completion_len: int = 512
+    kl_beta: float = 0.0
+    vllm_share: float = 0.0
+    vllm_gpus: int = 1
     micro_batch_size: int = 1
     grad_accum: int = 1
     seq_len: int = 2048
@@ -67,6 +74,7 @@ class TechniqueChoices(Record):
     attention: Attention | None = None
     adapter: Adapter | None = None
     method: Method | None = None
+    generation: Generation | None = None
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
@@ -84,6 +92,11 @@ class TechniqueChoices(Record):
     nf4_matmul: Nf4Matmul | None = None
     kbit_prep: KbitPrep | None = None
     dpo_reference: DpoReference | None = None
+    num_generations: int | None = None
+    completion_len: int | None = None
+    kl_beta: float | None = None
+    vllm_share: float | None = None
+    vllm_gpus: int | None = None
 
 
 class TechniqueLists(Record):
@@ -96,6 +109,7 @@ class TechniqueLists(Record):
     attention: list[Attention] = Field(default_factory=list)
     adapter: list[Adapter] = Field(default_factory=list)
     method: list[Method] = Field(default_factory=list)
+    generation: list[Generation] = Field(default_factory=list)
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
@@ -113,3 +127,8 @@ class TechniqueLists(Record):
     nf4_matmul: Nf4Matmul | None = None
     kbit_prep: KbitPrep | None = None
     dpo_reference: DpoReference | None = None
+    num_generations: int | None = None
+    completion_len: int | None = None
+    kl_beta: float | None = None
+    vllm_share: float | None = None
+    vllm_gpus: int | None = None

@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-from planner.check.methods import REFUSAL, REFUSAL_HINT, TRL_MARKERS, framework_method, trl_method
+from planner.check.methods import REFUSAL, REFUSAL_HINT, TRL_MARKERS, framework_method, grpo_recipe, trl_method
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
@@ -43,7 +43,7 @@ def test_every_marker_is_a_key_sft_recipes_cannot_hold():
             assert (key in known) != (key in NOT_IN_TRL_1_16), key
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "DPOConfig"])
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in ("DPOConfig", "GRPOConfig")])  # (both planned)
 def test_a_recipe_of_every_trl_trainer_config_is_refused_as_its_method(name):
     """A recipe holding every key of the config that SFT's lack is refused, naming its method."""
     recipe = dict.fromkeys(_fields(_config(name)) - SFT, 1)
@@ -82,26 +82,39 @@ def test_framework_stages_other_than_sft_are_refused(llamafactory, d, refused):
     assert bool(framework_method(llamafactory, d, "job.yaml")) is refused
 
 
-def test_check_refuses_a_grpo_recipe_with_the_reason_and_what_to_do(tmp_path):
+def test_check_refuses_an_rloo_recipe_with_the_reason_and_what_to_do(tmp_path):
     """The command: exit 2, the method and its keys first, the next step last, no verdict."""
     import subprocess
     import sys
 
-    recipe = tmp_path / "grpo.yaml"
+    recipe = tmp_path / "rloo.yaml"
     recipe.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 8\nnum_generations: 8\n"
-                      "use_vllm: true\nmax_completion_length: 1024\n")
+                      "use_vllm: true\nmax_completion_length: 1024\nnormalize_advantages: true\n")
     r = subprocess.run([sys.executable, "-m", "planner", "check", "--training-args", str(recipe), "--gpus",
                         "1xH100-80"], capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "COLUMNS": "80",
                                                                            "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2, r.stderr
     text = r.stderr + r.stdout
-    assert "num_generations, use_vllm" in text and "GRPO" in text and "FIT" not in text
+    assert "num_generations, use_vllm" in text and "RLOO" in text and "FIT" not in text
     assert " ".join(text.split()).endswith(" ".join(REFUSAL_HINT.split()))
+
+
+def test_a_grpo_recipe_is_planned_as_grpo_and_what_grpo_cannot_be_is_refused():
+    """GRPOConfig's keys are GRPO (planned); RLOO's own keys, vLLM's tensor parallelism and a
+    generation batch apart from the optimizer step are refused with the reason."""
+    grpo = {"num_generations": 8, "use_vllm": True, "max_completion_length": 1024}
+    assert grpo_recipe(grpo) and trl_method(grpo, "grpo.yaml") is None
+    assert not grpo_recipe(grpo | {"normalize_advantages": True})
+    assert not grpo_recipe(grpo | {"teacher_model_name_or_path": "t"})  # GKD's keys come first
+    for extra, words in (({"vllm_tensor_parallel_size": 2}, "tensor parallelism"),
+                         ({"steps_per_generation": 8}, "generation batch"),
+                         ({"generation_batch_size": 256}, "generation batch")):
+        assert words in trl_method(grpo | extra, "grpo.yaml")
 
 
 def test_method_dpo_settles_only_the_keys_dpo_shares_with_orpo():
     shared = {"beta": 0.1, "max_prompt_length": 512}
     assert "DPO or ORPO" in trl_method(shared, "dpo.yaml")
     assert trl_method(shared, "dpo.yaml", named="dpo") is None
-    assert "GRPO" in trl_method(shared | {"num_generations": 8}, "grpo.yaml", named="dpo")
+    assert "RLOO" in trl_method(shared | {"num_generations": 8, "reward_clip_range": [0, 1]}, "rloo.yaml", named="dpo")
     assert "KTO" in trl_method(shared | {"desirable_weight": 1.0}, "kto.yaml", named="dpo")

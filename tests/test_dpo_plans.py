@@ -50,7 +50,7 @@ def test_no_logits_the_fused_head_instead():
     sft = run(MODEL, GPUS, micro_batch_size=2, **(BASE | {"checkpointing": "full", "seq_len": 8192}))
     labels = [r.label for r in dpo.ledger]
     assert not any("log-softmax" in x or "logits' hole" in x for x in labels)
-    fused = rows(dpo, "DPO's fused LM head")
+    fused = rows(dpo, "TRL's fused LM head")
     assert fused and max(fused.values()) < min(v for k, v in rows(sft, "start of backward", "loss forward").items())
 
 

@@ -38,28 +38,35 @@ def _preference_or_rl(path: Path) -> bool:
     return bool(PREFERENCE_OR_RL.search(str(path.relative_to(ROOT))))
 
 
-def test_preference_and_rl_recipes_are_refused_never_planned_as_sft(monkeypatch):
-    """Every DPO, ORPO, KTO, reward-model and GRPO file of the corpus (TRL recipes, LLaMA-Factory,
-    axolotl) is refused with the method it names, never given an SFT verdict; no SFT file is."""
+def test_preference_and_rl_recipes_are_refused_or_planned_as_what_they_are(monkeypatch):
+    """Every DPO, ORPO, KTO and reward-model file of the corpus (TRL recipes, LLaMA-Factory, axolotl)
+    is refused with the method it names, never given an SFT verdict; no SFT file is; open-r1's GRPO
+    recipes are planned as GRPO."""
     from planner.check import CheckRequest, check
     from planner.check.methods import REFUSAL, REFUSAL_HINT
     from planner.core.errors import PlannerInputError
 
     rows = _rows("trl_recipe") + _rows("llamafactory") + _rows("axolotl")
-    refused = []
+    refused, grpo = [], []
     for row in rows:
         path = ROOT / row["local_path"]
         monkeypatch.chdir(ROOT / row["local_path"].split("/")[0])
         try:
-            check(CheckRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", alternatives=0, training_args=path))
+            result = check(CheckRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", alternatives=0,
+                                        training_args=path))
         except PlannerInputError as e:
             if any(REFUSAL in p for p in e.problems):
                 assert e.hint == REFUSAL_HINT and _preference_or_rl(path), (row["local_path"], e.problems)
                 refused.append(path.name)
                 continue
             raise
-        assert not _preference_or_rl(path), f"{row['local_path']} was planned as supervised fine-tuning"
-    assert len(refused) == 13, refused
+        method = str(result.estimate.config.method)
+        if "/grpo/" in row["local_path"]:  # planned, as GRPO
+            assert method == "grpo", row["local_path"]
+            grpo.append(path.name)
+            continue
+        assert not _preference_or_rl(path) and method == "sft", f"{row['local_path']} was planned as {method}"
+    assert len(refused) == 10 and len(grpo) == 3, (refused, grpo)
 
 
 def test_every_trl_recipe_is_read_without_a_refusal():
@@ -244,6 +251,13 @@ VERDICTS = [
     # the recipe's own comment: "we were unable to train at 32k due to OOM"
     (OR + "OlympicCoder-32B/sft/config_v00.00.yaml", OR + "accelerate_configs/fsdp.yaml", "Qwen/Qwen2.5-32B",
      "16x8xH100-80", {"seq_len": 32768}, False),
+    # open-r1's README: "we use one GPU to run vLLM for faster generation and the remaining GPUs for
+    # training ... on 8 GPUs, zero2.yaml ... --num_processes=7" (TRL 0.14-0.16's vllm_device; a
+    # vLLM server on one GPU in today's TRL: the flags say so)
+    (OR + "Qwen2.5-1.5B-Instruct/grpo/config_demo.yaml", OR + "accelerate_configs/zero2.yaml", "Qwen/Qwen2.5-1.5B",
+     "7xH100-80", {"generation": "vllm-server", "vllm_gpus": 1}, True),
+    (OR + "DeepSeek-R1-Distill-Qwen-1.5B/grpo/config_demo.yaml", OR + "accelerate_configs/zero2.yaml",
+     "Qwen/Qwen2.5-1.5B", "7xH100-80", {"generation": "vllm-server", "vllm_gpus": 1}, True),
     (AX + "llama-2/qlora.yml", None, "meta-llama/Llama-2-7b-hf", "1xRTX4090-24", {}, True),
     (AX + "llama-2/lora.yml", None, "meta-llama/Llama-2-7b-hf", "1xRTX4090-24", {}, True),
     # LoRA over an LLM.int8() base (load_in_8bit): "Single GPU @ 11GB VRAM", on any 24 GB GPU

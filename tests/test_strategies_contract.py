@@ -52,7 +52,9 @@ PLANNING_COMMANDS = ("estimate", "suggest", "check", "probe", "tune")
 GPUS = ("1xH100-80", "8xH100-80", "2x8xH100-80")
 #: the other techniques' values a candidate starts from (padded batching: the batching TRL's DPO
 #: trainer runs, which a DPO plan requires)
-BASES = ({}, {"sharding": "zero3"}, {"sharding": "fsdp"}, {"sharding": "zero2"}, {"batching": "padded"})
+BASES = ({}, {"sharding": "zero3"}, {"sharding": "fsdp"}, {"sharding": "zero2"}, {"batching": "padded"},
+         {"batching": "padded", "method": "grpo", "generation": "transformers", "completion_len": 128,
+          "num_generations": 2, "grad_accum": 2})
 IDS = [s.field for s in TECHNIQUES]
 
 

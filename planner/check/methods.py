@@ -2,42 +2,18 @@
 optimization (DPO, KTO, ORPO, CPO/SimPO), reward modelling, reinforcement learning with sampled
 generations (GRPO, RLOO, PPO, online DPO) and distillation (GKD).
 
-planner plans supervised fine-tuning and DPO as TRL >= 1.15 runs it (strategies/method.py). The
-other methods hold what it does not count: a reference model beside other batches, generations and
-their KV cache (often a vLLM engine beside the trainer), a reward model or a teacher. Planned as
+planner plans supervised fine-tuning, and DPO and GRPO as TRL >= 1.15 runs them
+(strategies/method.py, strategies/generation.py). The other methods hold what it does not count:
+a reference model beside other batches, a reward or value model, or a teacher. Planned as
 supervised fine-tuning, their verdict would under-count memory, so ``planner check`` refuses them
 and says why (exit 2).
 """
 
 from planner.core import job as job_module
+from planner.core.trl_recipes import TRL_MARKERS, grpo_recipe, marker
 from planner.cost.preference import fused_logprobs
 from planner.strategies.method import DPO_ONLY
 
-#: Keys of TRL's trainer configs that neither ``SFTConfig`` nor ``TrainingArguments`` has, and the
-#: method each names; the first entry with a key the recipe holds decides (the sampling methods
-#: before DPO: their configs have ``beta`` too; GKD and online DPO before GRPO, whose vLLM keys
-#: online DPO shares). From TRL 1.16's dataclasses (tests/test_check_methods.py checks
-#: every key the installed TRL has against its config), older releases' (``max_prompt_length``:
-#: DPO/ORPO/KTO/CPO configs up to 1.14) and open-r1's GRPO script arguments (``reward_funcs``).
-#: A key only DPOConfig has (strategies/method.py ``DPO_ONLY``) is read as DPO, which is planned.
-TRL_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("GKD (TRL's GKDTrainer: distillation from a teacher model)", ("teacher_model_name_or_path", "lmbda", "seq_kd")),
-    ("online DPO (TRL's OnlineDPOTrainer: completions sampled and judged every step)",
-     ("missing_eos_penalty", "reward_model_path")),
-    ("GRPO or RLOO (TRL's GRPOTrainer or RLOOTrainer: completions sampled every step, a reference model "
-     "unless beta is 0)",
-     ("num_generations", "steps_per_generation", "generation_batch_size", "num_iterations", "use_vllm", "vllm_mode",
-      "vllm_gpu_memory_utilization", "reward_weights", "reward_funcs")),
-    ("KTO (TRL's KTOTrainer: a reference model, desirable and undesirable completions)",
-     ("desirable_weight", "undesirable_weight")),
-    ("CPO or SimPO (TRL's CPOTrainer: chosen and rejected sequences)", ("cpo_alpha", "simpo_gamma")),
-    ("a reward model (TRL's RewardTrainer: chosen and rejected sequences)", ("center_rewards_coefficient",)),
-    ("DPO or ORPO (TRL's DPOTrainer: a reference model, chosen and rejected sequences; ORPOTrainer: the "
-     "pairs; the keys do not say which: --method dpo, or f_divergence_type, DPOConfig's own key, plans it "
-     "as DPO)",
-     ("beta", "precompute_ref_log_probs", "precompute_ref_batch_size", "sync_ref_model", "ref_model_sync_steps",
-      "ref_model_mixup_alpha", "max_prompt_length")),
-)
 #: The marker entry of the keys DPO and ORPO share (``--method dpo`` settles it).
 DPO_OR_ORPO = next(method for method, _ in TRL_MARKERS if method.startswith("DPO or ORPO"))
 #: TRL SFTConfig's ``loss_type`` values; any other names a preference or RL loss ("sigmoid", "ipo",
@@ -50,12 +26,12 @@ LLAMAFACTORY_STAGES = {"rm": "a reward model (chosen and rejected sequences)",
                        "dpo": "DPO and its variants (pref_loss: a reference model, chosen and rejected sequences)",
                        "kto": "KTO (a reference model, desirable and undesirable completions)"}
 #: What every refusal ends with.
-REFUSAL = ("planner plans supervised fine-tuning and TRL's DPO only: planned as either, this job's memory "
-           "would be under-counted")
+REFUSAL = ("planner plans supervised fine-tuning and TRL's DPO and GRPO only: planned as one of them, this "
+           "job's memory would be under-counted")
 #: What to do next when every problem is such a refusal.
 REFUSAL_HINT = ("Other preference and RL training is not planned yet; planner check plans supervised fine-tuning "
-                "(a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl) and TRL's DPO (a "
-                "DPOConfig recipe, or --method dpo).")
+                "(a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl), TRL's DPO (a "
+                "DPOConfig recipe, or --method dpo) and TRL's GRPO (a GRPOConfig recipe).")
 
 
 def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
@@ -64,8 +40,9 @@ def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
     (``--method dpo``) where the recipe's keys are those DPO and ORPO share, under a TRL that
     computes its log-probabilities with the fused head, the one modelled): the keys that say so
     and the method they name."""
-    found = next(((method, [k for k in keys if k in d]) for method, keys in TRL_MARKERS if any(k in d for k in keys)),
-                 None)
+    found = marker(d)
+    if grpo_recipe(d):
+        return _unmodelled_grpo(d, where)
     if any(k in d for k in DPO_ONLY) or (named == "dpo" and found is not None and found[0] == DPO_OR_ORPO):
         trl = job_module.installed_release("trl")
         if trl is None or fused_logprobs(trl):
@@ -79,6 +56,24 @@ def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
     if loss is not None and any(str(n) not in SFT_LOSS_TYPES for n in names):
         return (f"{where}: loss_type {loss}: a preference or RL loss (TRL's SFT trainer takes nll, dft or chunked_nll): "
                 f"{REFUSAL}")
+    return None
+
+
+def _unmodelled_grpo(d: dict, where: str) -> str | None:
+    """The refusal for a GRPO recipe planner does not model (None: planned): under a TRL before the
+    fused LM head, with vLLM's tensor parallelism, or several iterations or generations per step
+    (the generation batch decoupled from the optimizer step)."""
+    trl = job_module.installed_release("trl")
+    if trl is not None and not fused_logprobs(trl):
+        return (f"{where}: a GRPO recipe under the TRL installed here ({'.'.join(map(str, trl))}), whose GRPOTrainer "
+                f"computes log-probabilities from the logits (before 1.15): not modelled; {REFUSAL}")
+    tp = d.get("vllm_tensor_parallel_size", 1)
+    if tp not in (1, None):
+        return f"{where}: vllm_tensor_parallel_size {tp}: vLLM's tensor parallelism is not modelled yet; {REFUSAL}"
+    for key in ("steps_per_generation", "generation_batch_size"):
+        if d.get(key) is not None:
+            return (f"{where}: {key}: a generation batch other than the optimizer step's is not modelled yet "
+                    f"(remove it: TRL then generates once per step); {REFUSAL}")
     return None
 
 

@@ -15,6 +15,9 @@ Phases of one optimizer step (activations and gradients are never all resident a
 - ``backward_end``: the embeddings' backward. Every gradient exists; a tied embedding's gradient
   meets the head's, and sharded engines reduce the root unit's gradients.
 - ``step``: the optimizer step: gradients, states and the step's own temporaries.
+- ``rollout`` (GRPO only): generating completions and scoring them between two optimizer steps:
+  the persistent rows, the generation engine (vLLM's share of the GPU, or transformers' KV cache)
+  and the no-grad forwards' transients; no activations, no gradients.
 """
 
 from dataclasses import dataclass, field, replace
@@ -31,6 +34,9 @@ class Phase(StrEnum):
     BACKWARD = "backward"
     BACKWARD_END = "backward_end"
     STEP = "step"
+    #: GRPO's generation and scoring between two optimizer steps (strategies/generation.py):
+    #: the persistent rows (``ALL_PHASES``) and the rollout's own; no activations, no gradients
+    ROLLOUT = "rollout"
 
 
 ALL_PHASES = frozenset(Phase)
@@ -57,6 +63,7 @@ TERMS: tuple[str, ...] = (
     "logits",
     "cuda_context",
     "allocator_reserve",
+    "generation_engine",
 )
 
 
@@ -242,8 +249,10 @@ class PagedInfo(Record):
 
 
 #: Ledger terms that are not tensors torch allocates: the CUDA context and NCCL's buffers, the
-#: caching allocator's reserve and the engines' stream pools (reserved, not allocated).
-NOT_ALLOCATED = ("cuda_context", "allocator_reserve")
+#: caching allocator's reserve and the engines' stream pools (reserved, not allocated), and a
+#: colocated vLLM engine's share of the GPU (one budget vLLM fills itself: no fragmentation of
+#: the training's allocations applies to it).
+NOT_ALLOCATED = ("cuda_context", "allocator_reserve", "generation_engine")
 #: Ledger terms outside torch's caching allocator: what the driver shows beyond its reserved peak.
 NOT_RESERVED = ("cuda_context",)
 

@@ -36,6 +36,7 @@ TIME_TERMS: tuple[str, ...] = (
     "cpu_optimizer_step",
     "optimizer_step",
     "paged_migration",
+    "generation",
 )
 
 

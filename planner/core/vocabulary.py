@@ -72,8 +72,9 @@ class Setting:
 #: rejected on the batch axis (TRL's DataCollatorForPreference); any other sample one.
 ROWS_PER_SAMPLE = {"dpo": 2}
 #: Methods whose trainer pads each micro-batch to its longest sequence and never packs: TRL's
-#: DataCollatorForPreference (DPOConfig's padding_free falls back to padding in TRL 1.16).
-PADDED_METHODS = frozenset({"dpo"})
+#: DataCollatorForPreference (DPOConfig's padding_free falls back to padding in TRL 1.16) and
+#: GRPOTrainer (prompts padded left, completions right: grpo_trainer.py ``_generate_and_score_completions``).
+PADDED_METHODS = frozenset({"dpo", "grpo"})
 
 
 class ConfigBase(Record):
@@ -82,6 +83,7 @@ class ConfigBase(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
     if TYPE_CHECKING:  # fields of every configuration model (the workload's, last: config_model)
         micro_batch_size: int
+        grad_accum: int
         seq_len: int
         batching: Batching
         kernel_seq_len: float | None
@@ -93,6 +95,13 @@ class ConfigBase(Record):
         """Sequences the model runs per micro-batch: ``micro_batch_size`` samples (a DPO sample is a
         pair: ``ROWS_PER_SAMPLE``)."""
         return self.micro_batch_size * ROWS_PER_SAMPLE.get(str(getattr(self, "method", "")), 1)
+
+    @property
+    def samples_per_gpu_step(self) -> int:
+        """Samples each data-parallel GPU trains per optimizer step: micro-batch x accumulation,
+        the global batch over the data-parallel GPUs. The same at every micro-batch size of a
+        search's space (its global batch is fixed), so a check may read it (not a size field)."""
+        return self.micro_batch_size * self.grad_accum
 
     @property
     def tokens_per_micro_batch(self) -> int:

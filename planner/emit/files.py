@@ -183,6 +183,10 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
         "#   TRAIN_SCRIPT=your_script.py ./launch.sh [its arguments]",
         "#     (your script reads training_args.json; runtime.json is what it must apply itself)",
     ]
+    if str(c.method) == "grpo":
+        lines += ["#   GRPO: planner.launch does not run it (your reward functions): TRAIN_SCRIPT=your TRL GRPO script"]
+        if str(c.generation) == "vllm-server":
+            lines += [f"#   (start trl vllm-serve on {c.vllm_gpus} other GPU(s) first: PLAN.md)"]
     if hw.nodes > 1:
         lines += [
             f"#   Run it on each of the {hw.nodes} machines with MACHINE_RANK=0..{hw.nodes - 1} and MAIN_ADDR set to",

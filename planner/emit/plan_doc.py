@@ -11,7 +11,7 @@ from planner.core.lengths import Batching
 from planner.engine.ranking import TIE_BAND
 from planner.schema.estimate import Alternative, EstimateResult
 from planner.strategies import approximation_words, summary
-from planner.strategies.method import dpo
+from planner.strategies.method import dpo, grpo
 
 
 def _gib(n: float) -> str:
@@ -106,7 +106,8 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
                        f"{r.time.tokens_per_second:,.0f} tokens/s")
     else:
         out.append("No single change of this plan lowers its peak further; use more or larger GPUs.")
-    out += ["", *how_to_run(draft, files, c.seq_len, c.batching, dpo=dpo(c))]
+    out += ["", *(how_to_run_grpo(draft, files, c) if grpo(c) else
+                  how_to_run(draft, files, c.seq_len, c.batching, dpo=dpo(c)))]
     if notes or plan.warnings:
         out += ["", "Notes:", ""] + [f"- {shell.visible(n)}" for n in notes + plan.warnings]
     return "\n".join(out) + "\n"
@@ -128,6 +129,12 @@ DPO_DATA_WORDS = ("`DATA`: a JSONL file of preference pairs, each line with stri
                   "cut at {n:,} tokens, and pads each micro-batch to its longest.")
 
 
+def _files_heading(files: list[str]) -> list[str]:
+    """"How to run"'s heading and the folder's files."""
+    return ["## How to run", "", "Files: " + ", ".join(f"`{f}`" for f in files) + ". `plan.json` is this plan as "
+            "planner ranked it; no launch reads it.", ""]
+
+
 def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batching = Batching.PACKED,
                dpo: bool = False) -> list[str]:
     """Commands that work from the plan folder after ``pip install llm-train-planner[...]``: the extras this
@@ -135,11 +142,7 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batch
     user's own script must apply (runtime.json beyond the libraries' defaults)."""
     applied = {k: v for k, v in draft.runtime.items() if k in RuntimeArgs.neutral() and v != RuntimeArgs.neutral()[k]}
     out = [
-        "## How to run",
-        "",
-        "Files: " + ", ".join(f"`{f}`" for f in files) + ". `plan.json` is this plan as planner ranked it; no "
-        "launch reads it.",
-        "",
+        *_files_heading(files),
         "From this folder, after installing planner with the extras this plan needs (torch first, the build "
         "for your CUDA):",
         "",
@@ -179,3 +182,26 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batch
                    f"{', and training with trl.DPOTrainer' if dpo else ''}) runs this plan as it is: nothing in "
                    f"`{RUNTIME_FILE}` differs from the libraries' defaults but the sequence length ({seq_len:,}).")
     return out
+
+
+def how_to_run_grpo(draft: EmitDraft, files: list[str], c) -> list[str]:
+    """A GRPO plan's commands: planner's launch does not run GRPO (it needs the user's reward
+    functions), so the user's own TRL GRPO script runs the files; a server plan starts
+    ``trl vllm-serve`` on its own GPUs first."""
+    out = [
+        *_files_heading(files),
+        "planner's own launch does not run GRPO (it needs your reward functions). Run the files with your TRL "
+        "GRPO script: it reads `training_args.json` with `HfArgumentParser(trl.GRPOConfig).parse_json_file` and "
+        "trains with `trl.GRPOTrainer(model=MODEL, reward_funcs=..., args=..., train_dataset=...)` on prompts of "
+        f"at most {c.seq_len - c.completion_len:,} tokens (the plan's rows are {c.seq_len:,}: prompt plus "
+        f"{c.completion_len:,} generated).",
+        "",
+        "```bash",
+        install_line(draft.extras),
+    ]
+    if str(c.generation) == "vllm-server":
+        out.append(f"trl vllm-serve --model $MODEL --data_parallel_size {c.vllm_gpus} &  # on {c.vllm_gpus} other "
+                   "GPU(s): CUDA_VISIBLE_DEVICES")
+    out += ["MODEL=/path/to/your/model TRAIN_SCRIPT=grpo.py ./launch.sh", "```", ""]
+    return out
+

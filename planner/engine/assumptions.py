@@ -7,8 +7,10 @@ from planner.core.specs import HardwareSpec
 from planner.core.timing import ASSUMED_RATE_TERMS
 from planner.core.units import GB
 from planner.core.vocabulary import ROWS_PER_SAMPLE
+from planner.cost import rollout
 from planner.cost.overheads import HOST_RESERVE_FRACTION, PAGE_MIGRATION_LINK_FRACTION
 from planner.engine.lengths_file import lengths_of
+from planner.strategies.method import GRPO_DEFAULTS
 from planner.strategies.rates import ASSUMED, FLAG, MEASURED, cpu_optimizer_rate, page_migration_rate, rate_origin
 
 
@@ -28,10 +30,20 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
     rows = rows_per_sample(target)
     tokens = f"{global_batch * rows * seq_len:,}" if seen is None else f"~{round(global_batch * rows * seen.mean):,} real"
     samples = f"{global_batch:,} seq" if rows == 1 else f"{global_batch:,} pairs = {global_batch * rows:,} seq"
+    if grpo_named(target):
+        groups = getattr(target, "num_generations", None) or GRPO_DEFAULTS["num_generations"]
+        samples = f"{global_batch:,} completions" + (f" = {global_batch // groups:,} prompts x {groups}"
+                                                      if global_batch % groups == 0 else "")
     batch = batch_words or f"global batch {samples} = {tokens} tokens"
     default = "default" if batch_words else "default: >= 131,072 tokens"
     out.append(f"{batch} ({'flags' if batch_given else default})")
     out.append(data_words(batching, lengths, seen, seq_len))
+    if grpo_named(target):
+        completion = getattr(target, "completion_len", None) or GRPO_DEFAULTS["max_completion_length"]
+        out.append(f"each row a prompt of up to {max(0, seq_len - completion):,} tokens and a completion of "
+                   f"{completion:,} (--completion-len): every completion generated to its full length, "
+                   "one generation per optimizer step, decoding bound by memory bandwidth; vLLM's CUDA graphs "
+                   f"and workspace {rollout.ENGINE_OVERHEAD_BYTES / 2**30:g} GiB (assumed)")
     host = hardware.host_memory_bytes_per_node / GB
     out.append(f"host RAM {host:,.0f} GB/node, {HOST_RESERVE_FRACTION:.0%} kept free "
                + ("(--host-memory-gb)" if target.host_memory_gb is not None else "(assumed: 2x GPU memory; --host-memory-gb)"))
@@ -41,6 +53,13 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
                                                             else "(assumed; --inter-node-gbps)"))
     out.append(f"margin {target.margin:.0%} of GPU memory kept free")
     return out
+
+
+def grpo_named(target) -> bool:
+    """Whether ``target`` names GRPO (its one method)."""
+    method = getattr(target, "method", None)
+    named = {str(m) for m in (method if isinstance(method, list) else [method]) if m is not None}
+    return named == {"grpo"}
 
 
 def rows_per_sample(target) -> int:

@@ -11,6 +11,7 @@ from operator import itemgetter
 from planner.catalog.models import resolve_model
 from planner.core.formatting import gib
 from planner.core.ledger import (
+    ALL_PHASES,
     PHASES,
     Ledger,
     LedgerDraft,
@@ -249,6 +250,10 @@ class Shared:
 _SIZE_FREE = itemgetter(*(f for f in TrainingConfig.model_fields if f not in SIZE_FIELDS))
 
 
+#: The strategies that pin settings of a plan (``Strategy.pin``).
+PINNING = tuple(s for s in REGISTRY if s.pin is not None)
+
+
 def size_free_key(config: TrainingConfig) -> tuple:
     """``config``'s fields but the micro-batch size's (``SIZE_FIELDS``), in field order."""
     return _SIZE_FREE(config.__dict__)
@@ -270,6 +275,10 @@ def evaluate(
     reused, and added to. ``timed=False``: returned
     once its memory is written, without its step time (``time_evaluation`` adds it)."""
     ctx = PlanContext(model, hardware, config)
+    for strategy in PINNING:  # the settings a strategy decides: the plan states them
+        if strategy.pin is not None and (pinned := strategy.pin(ctx)):
+            config = config.model_copy(update=pinned)
+            ctx = PlanContext(model, hardware, config)
     if shared is None:
         check = check_config(ctx, first_only=skip_infeasible)
     else:
@@ -367,7 +376,8 @@ def result_of(ev: Evaluation, margin: float) -> EstimateResult:
     """The full, documented result of an evaluation."""
     ctx, draft = ev.ctx, ev.ledger
     model, hardware, config = ctx.model, ctx.hardware, ctx.config
-    phase_peaks = {p: phase_sum(draft.rows, p, Location.GPU) for p in Phase}
+    rollout = any(Phase.ROLLOUT in r.phases and r.phases is not ALL_PHASES for r in draft.rows)
+    phase_peaks = {p: phase_sum(draft.rows, p, Location.GPU) for p in Phase if p != Phase.ROLLOUT or rollout}
     peak = peak_phase(draft.rows)
     memory = terms_at(draft.rows, peak) | {"peak": ev.peak}
     time = assemble(

@@ -13,7 +13,7 @@ of the per-GPU share.
 import itertools
 from collections.abc import Callable, Iterator
 from functools import cached_property
-from math import prod
+from math import gcd, prod
 from typing import Any
 
 from pydantic import ConfigDict
@@ -23,6 +23,7 @@ from planner.core.launch_contract import Launcher
 from planner.core.lengths import Batching, Lengths, shape
 from planner.core.record import Record
 from planner.strategies import REGISTRY, SETTINGS, TrainingConfig
+from planner.strategies.method import GRPO_DEFAULTS
 from planner.strategies.optimizer import QUANTIZED
 
 DEFAULT_GLOBAL_BATCH_TOKENS = 131_072  # 2^17 = 64 x 2048
@@ -158,13 +159,15 @@ class SearchSpace(Record):
         return TrainingConfig.trusted(self.values(techniques, micro_batch_size))
 
 
-def default_global_batch(data_parallel: int, seq_len: float) -> int:
+def default_global_batch(data_parallel: int, seq_len: float, groups: int = 1) -> int:
     """Sequences per step: the smallest dp x 2^k with at least DEFAULT_GLOBAL_BATCH_TOKENS tokens
-    (``seq_len``: the real tokens of a sequence, on average)."""
+    (``seq_len``: the real tokens of a sequence, on average), times the least factor that makes it
+    whole ``groups`` (GRPO's completions per prompt)."""
     per_gpu = 1
     while per_gpu * data_parallel * seq_len < DEFAULT_GLOBAL_BATCH_TOKENS:
         per_gpu *= 2
-    return per_gpu * data_parallel
+    total = per_gpu * data_parallel
+    return total * (groups // gcd(total, groups))
 
 
 def settings_of(request) -> dict[str, Any]:
@@ -196,7 +199,8 @@ def build_space(
     choices: dict[str, tuple[str, ...]] = {}
     for strategy in REGISTRY:
         allowed = tuple(str(c) for c in strategy.choices)
-        default = tuple(map(str, strategy.searched or strategy.choices))
+        given = strategy.searched_for(fixed) if strategy.searched_for is not None else None
+        default = given or tuple(map(str, strategy.searched or strategy.choices))
         wanted = tuple(str(v) for v in fixed.get(strategy.field, default))
         unknown = [v for v in wanted if v not in allowed]
         if unknown:
@@ -214,11 +218,12 @@ def build_space(
         choices[strategy.field] = tuple(dict.fromkeys(wanted))
     rows = shape(batching, seq_len, lengths, 1) if seq_len >= 1 else None
     real = rows.real if rows else seq_len
-    gbs = global_batch_size if global_batch_size is not None else default_global_batch(data_parallel, real)
+    groups = (settings or {}).get("num_generations", GRPO_DEFAULTS["num_generations"]) if "grpo" in fixed.get("method", ()) else 1
+    gbs = global_batch_size if global_batch_size is not None else default_global_batch(data_parallel, real, groups)
     if gbs < 1 or gbs % data_parallel:
         problems.append(
             f"--global-batch-size {gbs} must be a positive multiple of the {data_parallel} data-parallel GPUs "
-            f"(e.g. {default_global_batch(data_parallel, real)})"
+            f"(e.g. {default_global_batch(data_parallel, real, groups)})"
         )
     per_gpu = gbs // data_parallel if gbs > 0 else 1
     divisors = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0] if per_gpu <= 1 << 20 else [1]

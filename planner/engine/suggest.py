@@ -26,6 +26,7 @@ from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import AdapterOption, HostOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
 from planner.strategies import FIELDS, REGISTRY, PlanContext, approximation_words, summary
 from planner.strategies.adapter import ALLOWS, Adapter
+from planner.strategies.generation import Generation
 from planner.strategies.optimizer import STRATEGY as OPTIMIZER
 from planner.strategies.sharding import engine_of
 
@@ -36,6 +37,62 @@ ADAPTER_HINT_GAIN = 0.25
 
 
 def suggest(request: SuggestRequest) -> SuggestResult:
+    """The answer for ``request``; for GRPO with its generation left to planner, on one machine
+    of several GPUs, also a vLLM server on some of them beside training on the rest
+    (``server_splits``), the faster answer given with the others' speeds."""
+    result = _suggest_one(request)
+    splits = server_splits(request)
+    if not splits:
+        return result
+    speeds: list[tuple[str, SuggestRequest | None, float | None]] = [
+        (f"generating in the training processes on all {request.hardware().num_gpus} GPUs", None,
+         result.plans[0].time.tokens_per_second if result.plans else None)]
+    for k, split in splits:
+        speeds.append((f"a vLLM server on {k}, training on {split.hardware().num_gpus}", split, _best_speed(split)))
+    _, asked, best = max(speeds, key=lambda x: x[2] or 0.0)
+    if best is None:
+        return result
+    chosen = result if asked is None else _suggest_one(asked)
+    line = "GRPO's generation, fastest first: " + "; ".join(
+        f"{w} {s:,.0f} tokens/s" if s else f"{w}: nothing fits"
+        for w, _, s in sorted(speeds, key=lambda x: -(x[2] or 0.0)))
+    return chosen.model_copy(update={"reasons": [*chosen.reasons, line]})
+
+
+#: vLLM servers suggest weighs against colocated generation: GPUs of one machine (TRL's
+#: ``trl vllm-serve --data_parallel_size``), at most half of it.
+SERVER_GPUS = (1, 2, 4)
+
+
+def server_splits(request: SuggestRequest) -> list[tuple[int, SuggestRequest]]:
+    """For a GRPO request that leaves the generation to planner, on one machine of N >= 2 GPUs
+    named as ``NxGPU``: a request per server size k (``SERVER_GPUS``, k <= N / 2) that trains on
+    N - k GPUs with ``vllm-server`` on k."""
+    if [str(m) for m in request.method] != ["grpo"] or request.generation:
+        return []
+    count, _, gpu = request.gpus.partition("x")
+    if not count.isdigit() or "x" in gpu or int(count) < 2:
+        return []
+    n = int(count)
+    return [(k, request.model_copy(update={"gpus": f"{n - k}x{gpu}", "generation": [Generation.SERVER],
+                                           "vllm_gpus": k}))
+            for k in SERVER_GPUS if 2 * k <= n]
+
+
+def _best_speed(request: SuggestRequest) -> float | None:
+    """The tokens/s of the fastest plan of ``request`` (its search and ranking alone), or None."""
+    model, hardware = resolve_model(request.model), request.hardware()
+    if request.seq_len is None:
+        request = request.model_copy(update={"seq_len": default_seq_len(model, request)})
+    try:
+        space = _space(request, hardware.num_gpus, request.global_batch_size)
+    except PlannerInputError:
+        return None
+    plans = _rank(request, _search(request, model, hardware, space)).plans
+    return plans[0].tokens_per_second if plans else None
+
+
+def _suggest_one(request: SuggestRequest) -> SuggestResult:
     if request.engine not in ENGINES:
         raise PlannerInputError(f"--engine {request.engine!r}: one of {', '.join(ENGINES)}")
     model = resolve_model(request.model)

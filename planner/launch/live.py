@@ -299,6 +299,7 @@ def observe(trainer, session) -> dict:
     live = {
         "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing, "sharding": sharding,
         "offload": offload, "loss": loss, "attention": model.config._attn_implementation, "method": _method(trainer),
+        "generation": "none",  # (the launch runs SFT and DPO, which generate nothing)
         "micro_batch_size": shape[0] // ROWS_PER_SAMPLE.get(_method(trainer), 1) if shape[0] else shape[0],
         "grad_accum": accum, "seq_len": rows, "batching": batching,
     } | adapter | fsdp

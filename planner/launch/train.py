@@ -13,6 +13,7 @@ from planner.check.job_files import JOB_FILES, read_job
 from planner.core.distribution import DIST, install_line
 from planner.core.errors import PlannerInputError
 from planner.strategies import BY_FIELD, TrainingConfig
+from planner.strategies.method import grpo
 
 TRAINING_ARGS = JOB_FILES["training_args"]
 
@@ -124,8 +125,17 @@ def _smallest_extra_installing(dist: str) -> str | None:
                key=lambda x: len(installs(x)), default=None)
 
 
+#: What the launch says of a GRPO plan, which it does not run yet.
+GRPO_UNLAUNCHED = ("planner.launch runs supervised fine-tuning and DPO; a GRPO plan needs a reward function and "
+                   "TRL's GRPOTrainer, which it does not run yet")
+GRPO_HINT = ("Run the plan with your own TRL GRPO script: its training_args.json is the GRPOConfig and "
+             "accelerate_config.yaml the launch configuration (PLAN.md, \"How to run\").")
+
+
 def run(args: argparse.Namespace) -> int:
     config = plan_config(args.job_dir)
+    if grpo(config):
+        raise PlannerInputError(GRPO_UNLAUNCHED, hint=GRPO_HINT)
     from planner.launch.session import Session
 
     session = Session(args, config)

@@ -20,6 +20,7 @@ PHASE_WORDS = {
     "backward": "the decoder layers' backward",
     "backward_end": "the embeddings' backward, end of backward",
     "step": "optimizer step",
+    "rollout": "GRPO's generation and scoring",
 }
 
 

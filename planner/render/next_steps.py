@@ -48,6 +48,19 @@ def suggest_next(result, asked: Asked | None, console: Console) -> None:
             return
         asked = Asked.of(result.plans[0])
     console.print()
+    if result.fits and result.plans and str(result.plans[0].config.method) == "grpo":
+        where, plan = asked.out or Path(PLAN_DIR), result.plans[0]
+        line(console, "next: write the winner's files and run them with your TRL GRPO script (planner's launch "
+                      "does not run GRPO: PLAN.md says how), re-check them after an edit:")
+        if asked.out is None:
+            command(console, ["planner", "suggest", *asked.target_words(), *asked.options, "--out", PLAN_DIR])
+        command(console, ["MODEL=path/to/model", "TRAIN_SCRIPT=grpo.py", str(where / "launch.sh")])
+        # a server plan trains on the GPUs the server leaves; check reads its files on those
+        server = str(plan.config.generation) == "vllm-server"
+        extra = ["--vllm-gpus", str(plan.config.vllm_gpus)] if server else []
+        command(console, ["planner", "check", "--job-dir", str(where),
+                          *asked.target_words(plan.hardware.spec if server else None), *extra])
+        return
     if result.fits:
         where = asked.out or Path(PLAN_DIR)
         if asked.out is None:

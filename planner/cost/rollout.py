@@ -1,0 +1,153 @@
+"""GRPO's rollout as TRL's GRPOTrainer runs it: generating completions (transformers' ``generate``
+or vLLM, colocated in the training process or as a separate server) and scoring them, per GPU.
+
+Facts read from TRL's code (trl/trainer/grpo_trainer.py, trl/trainer/grpo_config.py,
+trl/generation/vllm_generation.py; release 1.16.0) and vLLM's (vllm/v1/worker/gpu_worker.py):
+
+- **The generation batch.** Every ``steps_per_generation`` micro-batches (default: the gradient
+  accumulation steps, so once per optimizer step) each process generates completions for its
+  share of the generation batch: ``per_device_train_batch_size x steps_per_generation`` rows, all
+  at once (``GRPOConfig.__post_init__``); the rows are then split into micro-batches for training.
+- **transformers' generate** runs the training model itself (``unwrap_model_for_generation``,
+  under ``no_grad``): a KV cache of every row, prompt and completion (``DynamicCache``: per layer
+  a key and a value of ``n_kv_heads x head_dim`` per token in the compute dtype), and per decode
+  step the last position's logits in fp32 with their softmax for sampling.
+- **vLLM colocate** (``vllm_mode="colocate"``): an ``LLM`` in each training process with
+  ``gpu_memory_utilization`` (TRL's ``vllm_gpu_memory_utilization``, default 0.3) of the GPU's
+  total memory as its budget: its own copy of the weights (16-bit; 4-bit when the policy is a
+  bitsandbytes 4-bit model), its profiled activations, CUDA graphs, and a KV cache filling the
+  rest (vLLM v1 ``determine_available_memory``: requested memory less the non-KV-cache memory).
+  ``max_num_seqs = per_device_train_batch_size x vllm_tensor_parallel_size x steps_per_generation``
+  and ``max_num_batched_tokens = 4096``. With ``vllm_enable_sleep_mode`` the engine sleeps at
+  level 2 (weights and KV cache discarded) outside generation; TRL wakes it, pushes the weights
+  and generates.
+- **vLLM server** (``vllm_mode="server"``): ``trl vllm-serve`` on GPUs of its own (its
+  ``--gpu_memory_utilization`` defaults to 0.9); the training processes send prompts and, after
+  each optimizer step, the main process broadcasts the weights over NCCL.
+- **Scoring.** Under ``no_grad`` each process runs forwards of ``per_device_train_batch_size``
+  rows over its generation batch: the policy's (``old_per_token_logps``) whenever vLLM generated
+  (``vllm_importance_sampling_correction``, default true) or the generation is not aligned with
+  the optimizer steps, and the reference's when ``beta`` is not 0 (TRL 1.16's default ``beta`` is
+  0.0: no reference). Both through the fused LM head (planner/cost/preference.py).
+"""
+
+from math import ceil
+
+from planner.core.specs import ModelSpec
+
+#: TRL's default ``vllm_gpu_memory_utilization`` in colocate mode (grpo_config.py, TRL 1.16).
+COLOCATE_SHARE_DEFAULT = 0.3
+#: ``trl vllm-serve``'s default ``--gpu_memory_utilization`` (trl/scripts/vllm_serve.py).
+SERVER_SHARE_DEFAULT = 0.9
+#: The token budget of one vLLM scheduler step TRL sets in colocate mode (``max_num_batched_tokens``).
+BATCHED_TOKENS = 4096
+#: vLLM's KV-cache block: the KV cache is allocated and shared in blocks of this many tokens
+#: (vLLM's default ``block_size`` on CUDA).
+BLOCK_TOKENS = 16
+#: Bytes vLLM holds beyond its weights and KV cache: CUDA graphs of the decode batch sizes and the
+#: compile/sampler workspace. Assumption, from vLLM's start-up logs of 1.5B-8B models ("Graph
+#: capturing finished ..., took 0.3-1.0 GiB"); a GPU run calibrates it (benchmarks/gpu_validate.sh).
+ENGINE_OVERHEAD_BYTES = 1 << 30
+#: What a colocated engine still holds while asleep at level 2 (weights and KV cache discarded):
+#: its CUDA graph pool and workspace. Assumption, the same source as ``ENGINE_OVERHEAD_BYTES``.
+ASLEEP_BYTES = 1 << 30
+
+
+def kv_bytes_per_token(m: ModelSpec, dtype_bytes: float) -> float:
+    """KV-cache bytes per token of one sequence: a key and a value per layer, ``n_kv_heads x
+    head_dim`` elements each, in ``dtype_bytes``. Unit: bytes per token. Source: transformers'
+    ``DynamicCache`` layers (``torch.cat`` of the new keys and values) and vLLM's
+    ``FullAttentionSpec.page_size_bytes`` (2 x block x kv heads x head size x dtype bytes per
+    layer). Assumption: full attention in every layer (a sliding window would cap vLLM's)."""
+    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * dtype_bytes
+
+
+def generation_rows(micro_batch: int, steps_per_generation: int) -> int:
+    """Rows each process generates at once: ``per_device_train_batch_size x steps_per_generation``
+    (GRPOConfig ``generation_batch_size`` over the processes). Unit: sequences."""
+    return micro_batch * steps_per_generation
+
+
+def transformers_kv_bytes(m: ModelSpec, rows: int, seq_len: int, dtype_bytes: float) -> int:
+    """Bytes of transformers' KV cache at the end of a generation: every row's prompt (left-padded
+    to the longest) and completion. Unit: bytes."""
+    return ceil(rows * seq_len * kv_bytes_per_token(m, dtype_bytes))
+
+
+def sampling_bytes(m: ModelSpec, rows: int) -> int:
+    """Bytes of one decode step's sampling in transformers' ``generate``: the last position's
+    logits cast to fp32, the processed scores and the softmax probabilities (three rows x V fp32
+    tensors). Unit: bytes. Source: transformers ``GenerationMixin._sample`` (``outputs.logits[:,
+    -1, :].to(copy=True, dtype=torch.float32)``, ``logits_processor``, ``softmax``)."""
+    return 3 * rows * m.vocab_size * 4
+
+
+def engine_activation_bytes(m: ModelSpec, max_num_seqs: int, dtype_bytes: float) -> int:
+    """Bytes of vLLM's profiled forward (its dummy run at ``BATCHED_TOKENS`` tokens and a sampler
+    run of ``max_num_seqs`` rows), kept out of the KV cache: one layer's widest intermediates (the
+    MLP's gate and up projections and their product, the attention's q, k, v) for the token budget,
+    and fp32 logits with their probabilities for the sampled rows. Unit: bytes. Assumption: the
+    layer's intermediates freed as it goes (no_grad, inference mode)."""
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    layer = BATCHED_TOKENS * (3 * m.intermediate_size + q + 2 * kv + 2 * m.hidden_size) * dtype_bytes
+    return ceil(layer + 2 * min(max_num_seqs, BATCHED_TOKENS) * m.vocab_size * 4)
+
+
+def engine_fixed_bytes(weight_bytes: int, m: ModelSpec, max_num_seqs: int, dtype_bytes: float) -> int:
+    """Bytes of a vLLM engine before its KV cache: its weights, its profiled activations and its
+    CUDA graphs and workspace (``ENGINE_OVERHEAD_BYTES``). Unit: bytes."""
+    return weight_bytes + engine_activation_bytes(m, max_num_seqs, dtype_bytes) + ENGINE_OVERHEAD_BYTES
+
+
+def kv_capacity_tokens(budget: int, fixed: int, m: ModelSpec, dtype_bytes: float) -> int:
+    """Tokens of KV cache a vLLM engine of ``budget`` bytes (``gpu_memory_utilization`` x the
+    GPU's memory) holds after its fixed bytes (``engine_fixed_bytes``), in whole blocks. Unit:
+    tokens; 0 when the budget does not cover the fixed bytes."""
+    free = budget - fixed
+    per_block = BLOCK_TOKENS * kv_bytes_per_token(m, dtype_bytes)
+    return max(0, int(free // per_block)) * BLOCK_TOKENS
+
+
+def concurrent_rows(capacity_tokens: int, seq_len: int, max_num_seqs: int) -> int:
+    """Sequences vLLM decodes at once: its ``max_num_seqs``, or fewer where the KV cache cannot
+    hold that many full sequences (``seq_len`` tokens each, rounded up to blocks). Unit: sequences;
+    0 when not even one fits (vLLM refuses to start)."""
+    per_row = -(-seq_len // BLOCK_TOKENS) * BLOCK_TOKENS
+    return min(max_num_seqs, capacity_tokens // per_row)
+
+
+def share_for(fixed: int, rows: int, seq_len: int, m: ModelSpec, dtype_bytes: float, gpu_bytes: int,
+              step: float = 0.05) -> float:
+    """The smallest ``gpu_memory_utilization``, in steps of ``step``, whose budget holds the
+    engine's fixed bytes and the KV cache of ``rows`` full sequences at once. Unit: a fraction of
+    the GPU's memory (may exceed 1: no share holds them)."""
+    per_row = -(-seq_len // BLOCK_TOKENS) * BLOCK_TOKENS * kv_bytes_per_token(m, dtype_bytes)
+    need = fixed + rows * per_row
+    return ceil(round(need / gpu_bytes / step, 9)) * step
+
+
+def decode_seconds(weight_bytes: float, m: ModelSpec, rows: int, concurrent: int, prompt: int, completion: int,
+                   dtype_bytes: float, bandwidth: float, flops_rate: float, parameters: int,
+                   per_step_seconds: float = 0.0) -> float:
+    """Seconds to generate ``completion`` tokens for each of ``rows`` sequences, ``concurrent`` at a
+    time: per decode step the weights and every live sequence's KV cache are read once (memory
+    bound) unless the step's matmuls (2 x parameters FLOPs per sequence) take longer, plus
+    ``per_step_seconds`` of host work per step; the context grows from ``prompt`` to ``prompt +
+    completion``, taken at its mean. Prefill not included (``prefill_seconds``). Unit: seconds.
+    Assumption: every completion runs to ``completion`` tokens (the longest a step can wait for:
+    the batch ends with its longest completion)."""
+    if rows <= 0 or concurrent <= 0:
+        return 0.0
+    waves, seconds = ceil(rows / concurrent), 0.0
+    for wave in range(waves):
+        live = min(concurrent, rows - wave * concurrent)
+        kv = live * (prompt + completion / 2) * kv_bytes_per_token(m, dtype_bytes)
+        step = max((weight_bytes + kv) / bandwidth, 2 * parameters * live / flops_rate) + per_step_seconds
+        seconds += completion * step
+    return seconds
+
+
+def prefill_seconds(parameters: int, rows: int, prompt: int, flops_rate: float) -> float:
+    """Seconds of the prompts' forward (compute bound: 2 x parameters FLOPs per token). Unit:
+    seconds."""
+    return 2 * parameters * rows * prompt / flops_rate

@@ -1,0 +1,296 @@
+"""Generation: how a GRPO plan generates its completions (TRL's GRPOTrainer): transformers'
+``generate`` with the training model, vLLM colocated in each training process (awake, or asleep
+outside generation) or vLLM as a server on GPUs of its own. ``none`` for every other method.
+
+The search tries the in-process ways for ``--method grpo`` (a server needs GPUs of its own: name
+it, with ``--vllm-gpus``). planner/cost/rollout.py holds TRL's and vLLM's facts with sources. Rows
+of the ``rollout`` phase (planner/core/ledger.py): the generation's (transformers' KV cache and
+sampling; the colocated engine awake) and the scoring forwards' (one decoder layer's tensors and
+the fused LM head's, under ``no_grad``); a colocated engine that stays awake holds its share in
+every phase. Time: one generation per optimizer step (``steps_per_generation``: the accumulation
+steps), decode-bound; the scoring forwards per micro-batch.
+"""
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from planner.core.emitted import EmitDraft
+from planner.core.job import JobFiles, Reading
+from planner.core.ledger import LedgerDraft, PagedInfo, Phase
+from planner.core.timing import TimeDraft
+from planner.core.trl_recipes import grpo_recipe
+from planner.core.vocabulary import Setting
+from planner.cost import adapters, params, rollout
+from planner.strategies import rates
+from planner.strategies.base import Check, Choice, PlanContext, Strategy
+
+
+class Generation(StrEnum):
+    NONE = "none"  # no generation: sft, dpo
+    TRANSFORMERS = "transformers"  # model.generate with the training model
+    COLOCATE = "vllm-colocate"  # vLLM in each training process, awake throughout
+    COLOCATE_SLEEP = "vllm-colocate-sleep"  # ... asleep (level 2) outside generation
+    SERVER = "vllm-server"  # trl vllm-serve on GPUs of its own
+
+
+COLOCATED = (Generation.COLOCATE, Generation.COLOCATE_SLEEP)
+VLLM = (*COLOCATED, Generation.SERVER)
+
+#: (the generation rows grow with the micro-batch and the colocated share in steps of 0.05: not convex)
+CHOICES: dict[Generation, Choice] = {
+    Generation.NONE: Choice("no generation (sft, dpo)"),
+    Generation.TRANSFORMERS: Choice("transformers' generate with the training model (a KV cache per row)",
+                                    searched=False, convex=False),
+    Generation.COLOCATE: Choice("vLLM in each training process, its share of the GPU held throughout",
+                                searched=False, complexity=1, convex=False),
+    Generation.COLOCATE_SLEEP: Choice("vLLM in each training process, asleep (level 2) outside generation",
+                                      searched=False, complexity=2, convex=False),
+    Generation.SERVER: Choice("trl vllm-serve on GPUs of its own (--vllm-gpus), weights broadcast each step",
+                              searched=False, complexity=2),
+}
+
+SETTINGS = (
+    Setting("vllm_share", float, 0.0,
+            "colocated vLLM's gpu_memory_utilization (a fraction of each GPU); 0: the smallest that holds the whole "
+            "generation batch at once, in steps of 0.05", ge=0.0, le=0.95, used_at=tuple(map(str, COLOCATED))),
+    Setting("vllm_gpus", int, 1, "GPUs of the vLLM server, beside the training GPUs of --gpus (one engine each)",
+            ge=1, used_at=(str(Generation.SERVER),)),
+)
+
+#: The rollout phase's moments: generating, and scoring the completions (planner.core.ledger.resident).
+GENERATING = "generating the completions"
+SCORING = "scoring the completions (no_grad forwards)"
+
+
+def _grpo(ctx: PlanContext) -> bool:
+    from planner.strategies.method import grpo  # (method imports this module's names)
+
+    return grpo(ctx.config)
+
+
+def rows_per_generation(ctx: PlanContext) -> int:
+    """Rows each training process generates at once (``rollout.generation_rows``): with
+    ``steps_per_generation`` the accumulation steps (TRL's default), the samples of a GPU's step."""
+    return ctx.config.samples_per_gpu_step
+
+
+def prompt_len(ctx: PlanContext) -> int:
+    """Tokens of a row's prompt: the row's length less the completion's."""
+    return max(0, ctx.config.seq_len - ctx.config.completion_len)
+
+
+def engine_weight_bytes(ctx: PlanContext) -> int:
+    """vLLM's copy of the weights: 16-bit, or bitsandbytes 4-bit when the policy's base is
+    (TRL passes ``quantization="bitsandbytes"`` for a model of ``Linear4bit`` modules). Unit: bytes."""
+    spec, m = ctx.layout.adapter, ctx.model
+    if spec is not None and spec.nf4:
+        return adapters.qlora_weight_bytes(m, True)
+    return params.total_parameters(m) * 2
+
+
+def engine_fixed(ctx: PlanContext, max_num_seqs: int) -> int:
+    """A vLLM engine's bytes before its KV cache (``rollout.engine_fixed_bytes``)."""
+    return rollout.engine_fixed_bytes(engine_weight_bytes(ctx), ctx.model, max_num_seqs, 2)
+
+
+def colocated_share(ctx: PlanContext) -> float:
+    """The colocated engine's ``gpu_memory_utilization``: ``--vllm-share``, or the smallest that
+    holds every row of the generation batch at once (``rollout.share_for``), at least 0.05."""
+    if ctx.config.vllm_share:
+        return ctx.config.vllm_share
+    rows = rows_per_generation(ctx)
+    return max(0.05, rollout.share_for(engine_fixed(ctx, rows), rows, ctx.config.seq_len, ctx.model, 2,
+                                       ctx.hardware.gpu.memory_bytes))
+
+
+def engine_concurrency(ctx: PlanContext, share: float, max_num_seqs: int) -> int:
+    """Sequences an engine of ``share`` of a GPU decodes at once (``rollout.concurrent_rows``)."""
+    budget = int(share * ctx.hardware.gpu.memory_bytes)
+    tokens = rollout.kv_capacity_tokens(budget, engine_fixed(ctx, max_num_seqs), ctx.model, 2)
+    return rollout.concurrent_rows(tokens, ctx.config.seq_len, max_num_seqs)
+
+
+def server_rows(ctx: PlanContext) -> int:
+    """Rows each server GPU generates per step: the whole generation batch over its engines."""
+    return -(-rows_per_generation(ctx) * ctx.layout.data_parallel // ctx.config.vllm_gpus)
+
+
+def _check(ctx: PlanContext, out: Check) -> None:
+    g, cfg = ctx.config.generation, ctx.config
+    if _grpo(ctx) != (g != Generation.NONE):
+        if g == Generation.NONE:
+            out.reject("grpo without generation", "grpo generates its completions: --generation transformers, "
+                       "vllm-colocate, vllm-colocate-sleep or vllm-server")
+        else:
+            out.reject("generation without grpo", f"--generation {g} generates completions for GRPO only: "
+                       "--method grpo, or --generation none")
+        return
+    # (the rows per generation are the per-GPU batch, the same at every micro-batch of a search's
+    # space: these answers hold for every size the check cache serves them to)
+    if g in COLOCATED:
+        share = colocated_share(ctx)
+        if share > 0.95 or engine_concurrency(ctx, share, rows_per_generation(ctx)) < 1:
+            out.reject("vllm share too small", f"a vLLM share of {share:.2f} of the {ctx.hardware.gpu.name} cannot hold "
+                       f"its weights, workspace and one sequence of {cfg.seq_len:,} tokens: a larger --vllm-share, "
+                       "a shorter --seq-len, or --generation vllm-server")
+    elif g == Generation.SERVER:
+        rows = server_rows(ctx)
+        if engine_concurrency(ctx, rollout.SERVER_SHARE_DEFAULT, rows) < 1:
+            out.reject("vllm server too small", f"trl vllm-serve on one {ctx.hardware.gpu.name} (gpu_memory_utilization "
+                       f"{rollout.SERVER_SHARE_DEFAULT}) cannot hold the weights and one sequence of "
+                       f"{cfg.seq_len:,} tokens: the server's tensor parallelism is not planned yet")
+
+
+def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    """The generation engine's memory on each training GPU (``rollout`` phase unless it stays
+    awake); transformers' KV cache and sampling at the end of decoding."""
+    g = ctx.config.generation
+    if g == Generation.NONE or g == Generation.SERVER:
+        return
+    m, rows, roll = ctx.model, rows_per_generation(ctx), frozenset({Phase.ROLLOUT})
+    if g == Generation.TRANSFORMERS:
+        c = ctx.layout.dtypes.compute
+        ledger.add("activations", "generation: KV cache of the generation batch (transformers)",
+                   rollout.transformers_kv_bytes(m, rows, ctx.config.seq_len, c), 1, phases=roll, moment=GENERATING,
+                   note=f"{rows} rows x {ctx.config.seq_len:,} tokens, every layer's keys and values")
+        ledger.add("activations", "generation: the last position's fp32 logits, scores and probabilities",
+                   rollout.sampling_bytes(m, rows), 1, phases=roll, moment=GENERATING)
+        return
+    budget = int(colocated_share(ctx) * ctx.hardware.gpu.memory_bytes)
+    if g == Generation.COLOCATE:
+        ledger.add("generation_engine", "vLLM engine (colocated): weights, workspace, KV cache", budget, 1,
+                   note=f"gpu_memory_utilization {colocated_share(ctx):.2f}, held in every phase")
+        return
+    ledger.add("generation_engine", "vLLM engine asleep: CUDA graphs and workspace", rollout.ASLEEP_BYTES, 1,
+               note="sleep level 2: weights and KV cache discarded outside generation")
+    ledger.add("generation_engine", "vLLM engine awake: weights and KV cache", budget - rollout.ASLEEP_BYTES, 1,
+               phases=roll, moment=GENERATING, note=f"gpu_memory_utilization {colocated_share(ctx):.2f}")
+
+
+def generation_seconds(ctx: PlanContext) -> tuple[float, str]:
+    """Seconds of one generation of the step's completions (prefill, decode, the weights moved to
+    the engine) as the training GPUs wait for it, and how it was reckoned."""
+    g, cfg, m = ctx.config.generation, ctx.config, ctx.model
+    bw, flops = rates.bandwidth(ctx), rates.matmul_rate(ctx, "bf16")
+    n, prompt, completion = params.total_parameters(m), prompt_len(ctx), cfg.completion_len
+    rows = rows_per_generation(ctx)
+    if g == Generation.TRANSFORMERS:
+        from planner.cost.overheads import layer_forward_dispatch_seconds
+
+        c, spec = ctx.layout.dtypes.compute, ctx.layout.adapter
+        weights = n * c
+        if spec is not None and spec.nf4:  # each step dequantizes every NF4 weight: write and read it again
+            quantized = sum(t.numel for t in adapters.layer_quantized(m)) * m.num_layers
+            weights = engine_weight_bytes(ctx) + 2 * c * quantized
+        host = m.num_layers * layer_forward_dispatch_seconds(ctx.layout.fused_attention)
+        seconds = rollout.prefill_seconds(n, rows, prompt, flops) + rollout.decode_seconds(
+            weights, m, rows, rows, prompt, completion, c, bw, flops, n, per_step_seconds=host)
+        return seconds, f"{rows} rows at once, {completion} decode steps, each launching every kernel"
+    weights = engine_weight_bytes(ctx)
+    if g == Generation.SERVER:
+        rows = server_rows(ctx)
+        live = engine_concurrency(ctx, rollout.SERVER_SHARE_DEFAULT, rows)
+        sync = weights / ctx.hardware.gpu.gpu_link_bytes_per_s
+        how = f"{rows} rows per server GPU, {live} at once; weights broadcast over NCCL"
+    else:
+        live = engine_concurrency(ctx, colocated_share(ctx), rows)
+        sync = 2 * weights / bw
+        how = f"{rows} rows, {live} at once; weights copied into the engine"
+    seconds = rollout.prefill_seconds(n, rows, prompt, flops) + rollout.decode_seconds(
+        weights, m, rows, live, prompt, completion, 2, bw, flops, n)
+    return seconds + sync, how
+
+
+def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
+    """One generation per optimizer step, serial (the training GPUs wait for it)."""
+    if ctx.config.generation == Generation.NONE:
+        return
+    seconds, how = generation_seconds(ctx)
+    draft.serial("generation", f"generation ({ctx.config.generation})", seconds, note=how)
+
+
+#: GRPOConfig keys of the generation (TRL 1.16).
+EMITTED = ("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+
+
+def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    g = ctx.config.generation
+    if g == Generation.NONE:
+        return
+    args = files.training_args
+    args["use_vllm"] = g in VLLM
+    if g in VLLM:
+        args["vllm_mode"] = "server" if g == Generation.SERVER else "colocate"
+    if g in COLOCATED:
+        args["vllm_gpu_memory_utilization"] = round(colocated_share(ctx), 4)
+        args["vllm_enable_sleep_mode"] = g == Generation.COLOCATE_SLEEP
+        files.extras.add("vllm")
+
+
+def _read(job: JobFiles, r: Reading) -> None:
+    """A GRPOConfig recipe's generation: ``use_vllm``, ``vllm_mode``, the share and sleep mode."""
+    d, where = job.training_args, job.training_args_where
+    if not where:
+        return
+    if not grpo_recipe(d):
+        r.set("generation", Generation.NONE, f"{where}: no GRPOConfig key: no generation")
+        return
+    if "vllm_device" in d:
+        r.warnings.append(f"{where}: vllm_device is a key of TRL 0.16 and older (vLLM on a GPU of its own, beside the "
+                          "training processes); the TRL of today runs this recipe with vLLM colocated on each training "
+                          "GPU (vllm_mode's default): planned so")
+    vllm = r.typed(d, "use_vllm", (bool,), where)
+    if not vllm:
+        r.set("generation", Generation.TRANSFORMERS, f"{where}: use_vllm false (GRPOConfig's default): "
+              "transformers' generate")
+        return
+    mode = d.get("vllm_mode", "colocate")
+    said = f"vllm_mode {mode}" if "vllm_mode" in d else "no vllm_mode (GRPOConfig's default, colocate)"
+    if mode not in ("colocate", "server"):
+        r.problems.append(f"{where}: vllm_mode {mode!r}: GRPOConfig takes colocate or server")
+        return
+    if mode == "server":
+        r.set("generation", Generation.SERVER, f"{where}: vllm_mode server")
+        return
+    sleep = r.typed(d, "vllm_enable_sleep_mode", (bool,), where)
+    r.set("generation", Generation.COLOCATE_SLEEP if sleep else Generation.COLOCATE,
+          f"{where}: use_vllm, {said}" + (", vllm_enable_sleep_mode" if sleep else ""))
+    share = r.typed(d, "vllm_gpu_memory_utilization", (int, float), where)
+    r.set("vllm_share", float(share) if share is not None else rollout.COLOCATE_SHARE_DEFAULT,
+          f"{where}: vllm_gpu_memory_utilization" if share is not None
+          else f"{where}: no vllm_gpu_memory_utilization (GRPOConfig's default, {rollout.COLOCATE_SHARE_DEFAULT})")
+
+
+def pin(ctx: PlanContext) -> dict:
+    """A colocated plan states its share (``colocated_share``) where the request left it to planner."""
+    if ctx.config.generation in COLOCATED and not ctx.config.vllm_share:
+        return {"vllm_share": colocated_share(ctx)}
+    return {}
+
+
+def searched_for(fixed: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The generations a search tries: the in-process ones for a GRPO request (a server needs GPUs
+    the request did not count), none otherwise."""
+    if "grpo" in fixed.get("method", ()):
+        return tuple(map(str, (Generation.TRANSFORMERS, *COLOCATED)))
+    return None
+
+
+def describe(get) -> str:
+    g = get("generation")
+    if g in (None, Generation.NONE):
+        return ""
+    if g in COLOCATED and get("vllm_share"):
+        return f"{g} {get('vllm_share'):.2f}"
+    if g == Generation.SERVER:
+        return f"{g} x{get('vllm_gpus')}"
+    return str(g)
+
+
+STRATEGY = Strategy(
+    "generation", Generation, Generation.NONE, order=9, short="gen",
+    help="GRPO's generation: transformers, vllm-colocate, vllm-colocate-sleep or vllm-server (none for sft, dpo)",
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, settings=SETTINGS, describe=describe,
+    records=CHOICES, searched_for=searched_for, pin=pin,
+)

@@ -1,0 +1,125 @@
+"""GRPO plans (strategies/method.py, strategies/generation.py): the rollout phase, vLLM's share of
+each GPU, the reference model, the rows of a completion, and what is refused, as estimate,
+suggest and check plan them."""
+
+import pytest
+
+from planner.core.ledger import ALL_PHASES, Phase
+from planner.cost import params, rollout
+
+from helpers import run
+
+from planner.catalog.gpus import parse_gpus
+from planner.catalog.models import resolve_model
+
+MODEL, GPUS = "Qwen/Qwen2.5-1.5B", "8xH100-80"
+BASE = dict(precision="bf16-mixed", checkpointing="full", sharding="zero2", batching="padded", seq_len=1536,
+            completion_len=1024, method="grpo", micro_batch_size=4, grad_accum=4)
+
+
+def rows(plan, *labels) -> dict[str, int]:
+    return {r.label: r.bytes for r in plan.ledger if any(r.label.startswith(x) for x in labels)}
+
+
+def test_a_completion_is_one_row_as_in_sft():
+    """A micro-batch of k completions holds what SFT's k rows hold: every saved-activation row
+    equal (same model, same techniques)."""
+    grpo = run(MODEL, GPUS, generation="transformers", **BASE)
+    sft = run(MODEL, GPUS, **(BASE | {"method": "sft", "completion_len": 512}))
+    assert grpo.feasible and sft.feasible
+    saved = ("saved activations", "final norm and head input")
+    assert rows(grpo, *saved) == rows(sft, *saved) and rows(grpo, *saved)
+
+
+def test_a_colocated_engine_holds_its_share_in_every_phase_or_only_while_generating():
+    awake = run(MODEL, GPUS, generation="vllm-colocate", vllm_share=0.3, **BASE)
+    asleep = run(MODEL, GPUS, generation="vllm-colocate-sleep", vllm_share=0.3, **BASE)
+    memory = awake.hardware.gpu_memory_bytes
+    engine = [r for r in awake.ledger if r.term == "generation_engine"]
+    assert [r.bytes for r in engine] == [int(0.3 * memory)] and set(engine[0].phases) == set(Phase)
+    sleeping = {r.label: (r.bytes, set(r.phases)) for r in asleep.ledger if r.term == "generation_engine"}
+    assert sum(b for b, _ in sleeping.values()) == int(0.3 * memory)
+    assert {frozenset(p) for _, p in sleeping.values()} == {frozenset(Phase), frozenset({Phase.ROLLOUT})}
+    # asleep, the training phases hold the engine's residue only: the forward peak is lower by the rest
+    assert awake.phase_peaks[Phase.FORWARD] - asleep.phase_peaks[Phase.FORWARD] == int(0.3 * memory) - rollout.ASLEEP_BYTES
+
+
+def test_the_rollout_holds_no_activations_or_gradients_of_training():
+    plan = run(MODEL, GPUS, generation="vllm-colocate-sleep", **BASE)
+    here = [r for r in plan.ledger if Phase.ROLLOUT in r.phases and set(r.phases) != set(ALL_PHASES)]
+    assert {r.term for r in here} <= {"activations", "logits", "generation_engine", "allocator_reserve"}
+    assert not any(r.label.startswith("saved activations") for r in here)
+    persistent = sum(r.bytes for r in plan.ledger if set(r.phases) == set(ALL_PHASES) and not r.moment)
+    awake = sum(r.bytes for r in here if r.term == "generation_engine")
+    assert plan.phase_peaks[Phase.ROLLOUT] == persistent + awake  # generating: the engine beside the states
+    sft = run(MODEL, GPUS, **(BASE | {"method": "sft"}))
+    assert Phase.ROLLOUT not in sft.phase_peaks  # (no generation: the phase is not reported)
+
+
+def test_transformers_generation_holds_a_kv_cache_of_the_whole_generation_batch():
+    plan = run(MODEL, GPUS, generation="transformers", **BASE)
+    [(_, kv)] = rows(plan, "generation: KV cache").items()
+    spec = resolve_model(MODEL)
+    generated = BASE["micro_batch_size"] * BASE["grad_accum"]  # steps_per_generation: the accumulation steps
+    assert kv == rollout.transformers_kv_bytes(spec, generated, BASE["seq_len"], 2)
+    assert kv == generated * BASE["seq_len"] * 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2
+
+
+def test_the_reference_model_only_with_beta_and_without_an_adapter():
+    none = run(MODEL, GPUS, generation="vllm-colocate", **BASE)
+    beta = run(MODEL, GPUS, generation="vllm-colocate", kl_beta=0.04, **BASE)
+    lora = run(MODEL, GPUS, generation="vllm-colocate", kl_beta=0.04, adapter="lora", **BASE)
+    assert not rows(none, "the reference model") and not rows(lora, "the reference model")
+    [(_, held)] = rows(beta, "the reference model").items()
+    assert held == params.total_parameters(resolve_model(MODEL)) * 2  # ZeRO-2 runs it at stage 0, 16-bit
+    # beta adds the reference's scoring forward to the policy's (vLLM's importance sampling)
+    scoring = {r.label: r.seconds for r in beta.time.rows if r.label.startswith("GRPO scoring")}
+    assert "2 per micro-batch" in next(iter(scoring)) and beta.time.step_seconds > none.time.step_seconds
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(sharding="zero3"), "not modelled"), (dict(sharding="fsdp"), "not modelled"),
+    (dict(loss="chunked"), "fused LM head"), (dict(batching="packed"), "never packs"),
+    (dict(completion_len=1536), "leaves no prompt"), (dict(num_generations=3), "whole groups"),
+    (dict(generation="none"), "generates its completions"), (dict(vllm_share=0.05), "cannot hold"),
+])
+def test_what_grpo_does_not_model_is_refused_with_the_reason(change, words):
+    plan = run(MODEL, GPUS, **({"generation": "vllm-colocate"} | BASE | change))
+    assert not plan.feasible and any(words in x for x in plan.reasons), plan.reasons
+
+
+def test_generation_without_grpo_is_refused():
+    plan = run(MODEL, GPUS, **(BASE | {"method": "sft", "generation": "transformers", "completion_len": 512}))
+    assert not plan.feasible and any("--method grpo" in x for x in plan.reasons)
+
+
+def test_an_unstated_share_is_the_smallest_that_holds_the_generation_batch_and_the_plan_states_it():
+    plan = run(MODEL, GPUS, generation="vllm-colocate", **BASE)
+    share = plan.config.vllm_share
+    assert share > 0 and round(share / 0.05, 6) == round(share / 0.05)
+    memory, spec = plan.hardware.gpu_memory_bytes, resolve_model(MODEL)
+    generated = BASE["micro_batch_size"] * BASE["grad_accum"]
+    fixed = rollout.engine_fixed_bytes(params.total_parameters(spec) * 2, spec, generated, 2)
+
+    def holds(s):
+        tokens = rollout.kv_capacity_tokens(int(s * memory), fixed, spec, 2)
+        return rollout.concurrent_rows(tokens, BASE["seq_len"], generated) == generated
+
+    assert holds(share) and not holds(share - 0.05)
+
+
+def test_a_larger_share_decodes_more_rows_at_once_and_so_sooner():
+    """Where the KV cache bounds the rows decoded at once, a larger share shortens the generation."""
+    long = BASE | {"seq_len": 16384, "completion_len": 15360, "micro_batch_size": 8}
+    small = run(MODEL, GPUS, generation="vllm-colocate-sleep", vllm_share=0.2, **long)
+    large = run(MODEL, GPUS, generation="vllm-colocate-sleep", vllm_share=0.5, **long)
+    seconds = [sum(r.seconds for r in p.time.rows if r.term == "generation") for p in (small, large)]
+    assert seconds[0] > seconds[1] > 0
+
+
+def test_a_server_plan_holds_no_engine_and_waits_for_the_weights_broadcast():
+    server = run(MODEL, GPUS, generation="vllm-server", vllm_gpus=2, **BASE)
+    assert not [r for r in server.ledger if r.term == "generation_engine"]
+    [row] = [r for r in server.time.rows if r.term == "generation"]
+    broadcast = params.total_parameters(resolve_model(MODEL)) * 2 / parse_gpus(GPUS).gpu.gpu_link_bytes_per_s
+    assert row.seconds > broadcast and "per server GPU" in row.note

@@ -1,0 +1,146 @@
+"""GRPO's rollout terms (planner/cost/rollout.py) against the libraries themselves on the CPU:
+transformers' KV cache after ``generate``, TRL's GRPOConfig and GRPOTrainer (the generation batch,
+the reference model, the defaults planner reads), and the emitted GRPOConfig."""
+
+import dataclasses
+import inspect
+import json
+import warnings
+
+import pytest
+
+from planner.cost import rollout
+from planner.strategies.method import GRPO_DEFAULTS
+
+trl = pytest.importorskip("trl")
+torch = pytest.importorskip("torch")
+
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 512,
+        "tie_word_embeddings": False}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from planner.launch.model_folder import make_model_folder
+
+    return make_model_folder(TINY, tmp_path_factory.mktemp("tiny"), dtype="float32")
+
+
+def test_transformers_kv_cache_is_the_bytes_per_token_times_the_tokens_cached(tiny):
+    """After generating n tokens for r rows of p prompt tokens, the DynamicCache holds p + n - 1
+    tokens per row (the last token is sampled, never fed back): kv_bytes_per_token each. The plan
+    counts p + n (an upper bound by one token)."""
+    import transformers
+
+    from planner.catalog.models import resolve_model
+
+    spec = resolve_model(str(tiny))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    rows, prompt, new = 3, 10, 7
+    ids = torch.randint(5, 4000, (rows, prompt))
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                         do_sample=True, return_dict_in_generate=True, pad_token_id=0)
+    cache = out.past_key_values
+    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert held == rows * (prompt + new - 1) * rollout.kv_bytes_per_token(spec, 4)
+    assert rollout.transformers_kv_bytes(spec, rows, prompt + new, 4) - held == rows * rollout.kv_bytes_per_token(spec, 4)
+
+
+def test_the_defaults_planner_reads_are_trls():
+    defaults = {f.name: f.default for f in dataclasses.fields(trl.GRPOConfig)}
+    assert {k: defaults[k] for k in GRPO_DEFAULTS} == GRPO_DEFAULTS
+    assert defaults["vllm_gpu_memory_utilization"] == rollout.COLOCATE_SHARE_DEFAULT
+    assert defaults["vllm_importance_sampling_correction"] is True  # the policy's scoring forward under vLLM
+    from trl.scripts.vllm_serve import ScriptArguments
+
+    serve = {f.name: f.default for f in dataclasses.fields(ScriptArguments)}
+    assert serve["gpu_memory_utilization"] == rollout.SERVER_SHARE_DEFAULT
+    from trl.generation import vllm_generation
+
+    source = inspect.getsource(vllm_generation)
+    assert f"max_num_batched_tokens={rollout.BATCHED_TOKENS}" in source and "self.llm.sleep(level=2)" in source
+
+
+def _grpo_trainer(path, tmp_path, **kwargs):
+    import datasets
+    import transformers
+
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                          num_generations=4, max_completion_length=6, max_steps=1, report_to=[], use_cpu=True,
+                          bf16=False, save_strategy="no", dataloader_num_workers=0, logging_steps=1,
+                          model_init_kwargs={"dtype": "float32"}, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+        data = datasets.Dataset.from_list([{"prompt": f"count to {i} and then stop"} for i in range(16)])
+        return trl.GRPOTrainer(model=str(path), reward_funcs=lambda completions, **_: [float(len(c)) for c in completions],
+                               args=args, train_dataset=data, processing_class=tokenizer)
+
+
+def test_the_reference_model_only_with_beta_and_never_with_an_adapter(tiny, tmp_path):
+    from peft import LoraConfig
+
+    from planner.cost import params, preference
+
+    assert _grpo_trainer(tiny, tmp_path).ref_model is None  # beta 0.0: TRL's default
+    ref = _grpo_trainer(tiny, tmp_path, beta=0.04).ref_model
+    policy_parameters = sum(p.numel() for p in ref.parameters())
+    held = sum(p.numel() * p.element_size() for p in ref.parameters())
+    assert held == preference.reference_weight_bytes(policy_parameters, 4, 1)
+    from planner.catalog.models import resolve_model
+
+    assert policy_parameters == params.total_parameters(resolve_model(str(tiny)))
+    import datasets  # noqa: F401  (the trainer's)
+    import transformers
+
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "o2"), per_device_train_batch_size=4, num_generations=4,
+                          beta=0.04, use_cpu=True, bf16=False, report_to=[], model_init_kwargs={"dtype": "float32"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adapter = trl.GRPOTrainer(model=str(tiny), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                                  args=args, train_dataset=datasets.Dataset.from_list([{"prompt": "a"}] * 8),
+                                  processing_class=transformers.AutoTokenizer.from_pretrained(tiny),
+                                  peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert adapter.ref_model is None
+
+
+def test_each_process_generates_the_micro_batch_times_the_accumulation_steps_at_once(tiny, tmp_path):
+    """transformers' generation: one generate call per optimizer step over
+    ``rollout.generation_rows(per_device_train_batch_size, gradient_accumulation_steps)`` rows."""
+    trainer = _grpo_trainer(tiny, tmp_path)
+    calls = []
+    generate = trainer.model.generate
+
+    def recorded(*a, **kw):
+        calls.append(tuple((kw.get("input_ids") if "input_ids" in kw else a[0]).shape))
+        return generate(*a, **kw)
+
+    trainer.model.generate = recorded
+    trainer.train()
+    assert [rows for rows, _ in calls] == [rollout.generation_rows(4, 2)]
+
+
+def test_the_emitted_grpo_config_is_the_plan(tmp_path):
+    """training_args.json of a GRPO plan, read by TRL's GRPOConfig: the group, the completion's
+    length, beta, vLLM's mode, share and sleep, and one generation per optimizer step."""
+    from transformers import HfArgumentParser
+
+    from planner.emit import build_files, single_plan_result
+
+    from helpers import run
+
+    plan = run("Qwen/Qwen2.5-1.5B", "1xH100-80", method="grpo", generation="vllm-colocate-sleep", batching="padded",
+               seq_len=1536, completion_len=1024, micro_batch_size=4, grad_accum=4, checkpointing="full",
+               num_generations=8, kl_beta=0.04)
+    assert plan.feasible
+    values = json.loads(build_files(single_plan_result(plan))["training_args.json"])
+    values |= {"bf16": False, "use_cpu": True, "output_dir": str(tmp_path)}  # (this machine has no bf16 GPU)
+    (args,) = HfArgumentParser(trl.GRPOConfig).parse_dict(values)
+    c = plan.config
+    assert (args.num_generations, args.max_completion_length, args.beta) == (8, 1024, 0.04)
+    assert (args.use_vllm, args.vllm_mode, args.vllm_enable_sleep_mode) == (True, "colocate", True)
+    assert args.vllm_gpu_memory_utilization == c.vllm_share > 0
+    assert args.steps_per_generation == c.grad_accum
+    assert args.generation_batch_size == rollout.generation_rows(c.micro_batch_size, c.grad_accum)
