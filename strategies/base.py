@@ -183,10 +183,15 @@ class Check:
     infeasible: list[str] = field(default_factory=list)
     codes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: the refusals of what the job may well run but planner does not model yet (``planner check``
+    #: refuses such a job, exit 2, rather than calling it one that does not fit)
+    unmodelled: list[str] = field(default_factory=list)
 
-    def reject(self, code: str, message: str) -> None:
+    def reject(self, code: str, message: str, unmodelled: bool = False) -> None:
         self.codes.append(code)
         self.infeasible.append(message)
+        if unmodelled:
+            self.unmodelled.append(message)
 
 
 def no_check(ctx: PlanContext, out: Check) -> None:

@@ -79,13 +79,14 @@ SETTINGS = (
 
 #: The forward phase's moment of DPO's reference forward (planner.core.ledger.resident).
 REFERENCE_FORWARD = "the reference forward"
-#: What a DPO or GRPO plan needs of the other techniques: (field, allowed values, rejection code, why).
+#: What a DPO or GRPO plan needs of the other techniques: (field, allowed values, rejection code,
+#: why, whether the job may run and planner does not model it yet).
 TRL_ALLOWS = (
     ("sharding", ("none", "ddp", "zero1", "zero2"), "with a sharded engine",
      "the sharded engine's all-gathers around TRL's extra forwards (DPO's reference forward beside the saved "
-     "activations, GRPO's generation and scoring) are not modelled yet; use sharding ddp, zero1 or zero2"),
+     "activations, GRPO's generation and scoring) are not modelled yet; use sharding ddp, zero1 or zero2", True),
     ("loss", ("standard",), "with the chunked loss",
-     "TRL's trainer computes its log-probabilities with its own fused LM head (no logits); plan loss standard"),
+     "TRL's trainer computes its log-probabilities with its own fused LM head (no logits); plan loss standard", False),
 )
 
 
@@ -132,10 +133,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
     cfg = ctx.config
     if not fused_head(cfg):
         return
-    for field, allowed, code, why in TRL_ALLOWS:
+    for field, allowed, code, why, unmodelled in TRL_ALLOWS:
         value = str(getattr(cfg, field))
         if value not in allowed:
-            out.reject(f"{cfg.method} {code}", f"{cfg.method} with {field} {value}: {why}")
+            out.reject(f"{cfg.method} {code}", f"{cfg.method} with {field} {value}: {why}", unmodelled)
             return
     if cfg.batching != Batching.PADDED:
         out.reject(f"{cfg.method} with {cfg.batching} batching", f"{cfg.method} with {cfg.batching} batching: TRL's "

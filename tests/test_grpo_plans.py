@@ -123,3 +123,20 @@ def test_a_server_plan_holds_no_engine_and_waits_for_the_weights_broadcast():
     [row] = [r for r in server.time.rows if r.term == "generation"]
     broadcast = params.total_parameters(resolve_model(MODEL)) * 2 / parse_gpus(GPUS).gpu.gpu_link_bytes_per_s
     assert row.seconds > broadcast and "per server GPU" in row.note
+
+
+def test_check_refuses_a_job_it_cannot_model_rather_than_calling_it_too_big():
+    """open-r1's GRPO demo under its ZeRO-3 config: the sharded generation is not modelled, so
+    check refuses it (exit 2) with the reason, never "will not fit"."""
+    from pathlib import Path
+
+    from planner.check import CheckRequest, check
+    from planner.core.errors import PlannerInputError
+
+    root = Path(__file__).parent / "data" / "recipes" / "huggingface__open-r1" / "recipes"
+    with pytest.raises(PlannerInputError) as e:
+        check(CheckRequest(model=MODEL, gpus=GPUS, alternatives=0,
+                           training_args=root / "Qwen2.5-1.5B-Instruct/grpo/config_demo.yaml",
+                           accelerate_config=root / "accelerate_configs/zero3.yaml"))
+    assert any("zero3" in p and "not modelled" in p for p in e.value.problems)
+    assert "cannot give this job a verdict" in e.value.hint

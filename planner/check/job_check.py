@@ -26,13 +26,13 @@ from planner.core.lengths import Batching
 from planner.core.record import Record
 from planner.core.vocabulary import MAX_BATCH, MAX_SEQ_LEN, PADDED_METHODS, SHAPE_FIELDS
 from planner.engine.alternatives import faster_changes, memory_savers
-from planner.engine.estimate import default_seq_len, estimate_config
+from planner.engine.estimate import check_config, default_seq_len, estimate_config
 from planner.engine.lengths_file import lengths_of
 from planner.engine.search import search_plans
 from planner.engine.space import build_space, padded_workload
 from planner.schema.estimate import EstimateResult
 from planner.schema.target import DataShape, Target
-from planner.strategies import BY_FIELD, TECHNIQUES, TrainingConfig, approximation_note, ladder_key
+from planner.strategies import BY_FIELD, TECHNIQUES, PlanContext, TrainingConfig, approximation_note, ladder_key
 from planner.strategies.loss import evaluation_logits_bytes
 from planner.strategies.method import dpo
 from planner.strategies.request_fields import TechniqueChoices
@@ -84,6 +84,10 @@ def check(request: CheckRequest) -> CheckResult:
     model, model_source = _model(request, reading)
     hardware = request.hardware()
     config, sources = _resolve(request, reading, plan_config, model, hardware)
+    if refused := check_config(PlanContext(model, hardware, config)).unmodelled:
+        raise PlannerInputError([f"the job as read: {x}" for x in refused],
+                                hint="planner cannot give this job a verdict: it may run, but what it holds is not "
+                                     "modelled yet. Check it with the change the reason names, or measure it.")
     result = estimate_config(model, hardware, config, request.margin)
     if reading.time_as:  # the job runs slower than its memory reading: time it as it runs
         timed = estimate_config(model, hardware, config.model_copy(update=reading.time_as), request.margin)
