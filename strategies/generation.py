@@ -157,22 +157,27 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         ledger.add("activations", "generation: the last position's fp32 logits, scores and probabilities",
                    rollout.sampling_bytes(m, rows), 1, phases=roll, moment=GENERATING)
         return
-    budget = int(colocated_share(ctx) * ctx.hardware.gpu.memory_bytes)
+    share = colocated_share(ctx)
+    budget = int(share * ctx.hardware.gpu.memory_bytes)
     if g == Generation.COLOCATE:
-        ledger.add("generation_engine", "vLLM engine (colocated): weights, workspace, KV cache", budget, 1,
-                   note=f"gpu_memory_utilization {colocated_share(ctx):.2f}, held in every phase")
+        ledger.add("generation_engine", "vLLM engine (colocated): weights, KV cache, CUDA graphs",
+                   rollout.engine_bytes(share, ctx.hardware.gpu.memory_bytes), 1,
+                   note=f"gpu_memory_utilization {share:.2f} and the graphs beyond it, held in every phase")
         return
-    ledger.add("generation_engine", "vLLM engine asleep: CUDA graphs and workspace", rollout.ASLEEP_BYTES, 1,
+    ledger.add("generation_engine", "vLLM engine asleep: its CUDA graphs", rollout.CUDA_GRAPH_BYTES, 1,
                note="sleep level 2: weights and KV cache discarded outside generation")
-    ledger.add("generation_engine", "vLLM engine awake: weights and KV cache", budget - rollout.ASLEEP_BYTES, 1,
-               phases=roll, moment=GENERATING, note=f"gpu_memory_utilization {colocated_share(ctx):.2f}")
+    ledger.add("generation_engine", "vLLM engine awake: weights, KV cache", budget, 1,
+               phases=roll, moment=GENERATING, note=f"gpu_memory_utilization {share:.2f}")
 
 
 def generation_seconds(ctx: PlanContext) -> tuple[float, str]:
     """Seconds of one generation of the step's completions (prefill, decode, the weights moved to
     the engine) as the training GPUs wait for it, and how it was reckoned."""
     g, cfg, m = ctx.config.generation, ctx.config, ctx.model
-    bw, flops = rates.bandwidth(ctx), rates.matmul_rate(ctx, "bf16")
+    # (vLLM's decode: its measured fraction of the datasheet bandwidth; transformers' the training's)
+    flops = rates.matmul_rate(ctx, "bf16")
+    bw = (ctx.hardware.gpu.memory_bandwidth_bytes_per_s * rollout.DECODE_BANDWIDTH_EFFICIENCY if g in VLLM
+          else rates.bandwidth(ctx))
     n, prompt, completion = params.total_parameters(m), prompt_len(ctx), cfg.completion_len
     rows = rows_per_generation(ctx)
     if g == Generation.TRANSFORMERS:

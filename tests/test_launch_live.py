@@ -65,6 +65,13 @@ ALL_CASES = [
     ("single-qlora-kbit-prep", "1xA100-80", dict(adapter="qlora", kbit_prep="fp32-norms", checkpointing="full"), 1),
     # DPO through TRL's DPOTrainer: a reference copy; LoRA's adapter-disabled base; precomputed log-probabilities
     ("single-dpo", "1xA100-80", dict(method="dpo", batching="padded"), 1),
+    ("single-grpo", "1xA100-80", dict(method="grpo", batching="padded", generation="transformers", completion_len=16,
+                                      num_generations=2), 1),
+    ("ddp-grpo-lora-beta", "2xA100-80", dict(method="grpo", batching="padded", sharding="ddp", adapter="lora",
+                                             generation="transformers", completion_len=16, num_generations=4,
+                                             kl_beta=0.04), 2),
+    ("zero2-grpo-beta", "2xA100-80", dict(method="grpo", batching="padded", sharding="zero2", kl_beta=0.04,
+                                          generation="transformers", completion_len=16, num_generations=2), 2),
     ("ddp-dpo-lora", "2xA100-80", dict(method="dpo", batching="padded", sharding="ddp", adapter="lora"), 2),
     ("zero2-dpo-precomputed", "2xA100-80", dict(method="dpo", batching="padded", sharding="zero2",
                                                  dpo_reference="precomputed"), 2),
@@ -74,7 +81,7 @@ ALL_CASES = [
 #: checkpointing). The full suite (helpers.FULL) launches every case: each other optimizer, fp16
 #: and fp8, offload (DeepSpeed's CPU Adam is a C++ build of minutes), hybrid FSDP over two
 #: machines, padded batching, the adapter plans suggested for an RTX 4090.
-CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full", "single-dpo")
+CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full", "single-dpo", "single-grpo")
 CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in CI_CASES else FULL) for c in ALL_CASES]
 
 
@@ -168,9 +175,13 @@ def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int,
             assert report["live"]["gradient_sync"] == plan.config.gradient_sync, report["live"]
         if plan.config.adapter != "none":  # peft's trainable tensors are the ones the plan counts
             assert report["live"]["details"]["trainable_parameters"] == plan.model.num_trainable_parameters
-        if plan.config.method == "dpo":  # a reference model exactly where the plan holds one
+        if plan.config.method in ("dpo", "grpo"):  # a reference model exactly where the plan holds one
             kept = any(r.label.startswith("the reference model") for r in plan.ledger)
             assert report["live"]["details"]["reference_model"] is kept, report["live"]
+        if plan.config.method == "grpo":  # one generation per step: the samples of each GPU's step
+            c = plan.config
+            assert report["live"]["details"]["steps_per_generation"] == c.grad_accum
+            assert report["live"]["details"]["generation_batch_size"] == c.samples_per_gpu_step * processes
         if plan.config.checkpointing == "selective":  # torchtitan's policy on a Llama layer: q, v, gate, down + SDPA
             saved = report["live"]["details"]["selective_saved_ops_per_layer_forward"]
             assert saved.get("mm.default") == 4 and sum(v for k, v in saved.items() if "attention" in k) == 1, saved

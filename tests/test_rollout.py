@@ -144,3 +144,31 @@ def test_the_emitted_grpo_config_is_the_plan(tmp_path):
     assert args.vllm_gpu_memory_utilization == c.vllm_share > 0
     assert args.steps_per_generation == c.grad_accum
     assert args.generation_batch_size == rollout.generation_rows(c.micro_batch_size, c.grad_accum)
+
+
+def test_the_launch_cuts_grpo_prompts_to_the_plans_length_and_refuses_bad_lines(tiny, tmp_path):
+    import transformers
+
+    from planner.core.errors import PlannerInputError
+    from planner.launch.data import grpo_prompts
+    from planner.launch.rewards import completion_length, load
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny)
+    good = tmp_path / "prompts.jsonl"
+    good.write_text('{"prompt": "' + "word " * 200 + '", "answer": "4"}\n\n{"prompt": "short"}\n')
+    rows = grpo_prompts(str(good), tokenizer, 32, 1)
+    assert [r.get("answer") for r in rows] == ["4", None]  # (the other fields reach the reward function)
+    assert all(len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) <= 32 for r in rows)
+    assert rows[1]["prompt"] == "short"
+    sample = grpo_prompts("sample", tokenizer, 32, 5)
+    assert len(sample) == 5 and all(28 <= len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) <= 32
+                                    for r in sample)
+    good.write_text('{"text": "no prompt"}\n')
+    with pytest.raises(PlannerInputError, match="line 1 needs string fields prompt"):
+        grpo_prompts(str(good), tokenizer, 32, 1)
+    with pytest.raises(PlannerInputError, match="a JSONL file of prompts"):
+        grpo_prompts(str(tmp_path / "prompts.txt"), tokenizer, 32, 1)
+    assert load("planner.launch.rewards:completion_length") is completion_length
+    for spec, said in (("nocolon", "not module:function"), ("no_such_module_x:f", "cannot import")):
+        with pytest.raises(PlannerInputError, match=said):
+            load(spec)

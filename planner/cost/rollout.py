@@ -44,13 +44,21 @@ BATCHED_TOKENS = 4096
 #: vLLM's KV-cache block: the KV cache is allocated and shared in blocks of this many tokens
 #: (vLLM's default ``block_size`` on CUDA).
 BLOCK_TOKENS = 16
-#: Bytes vLLM holds beyond its weights and KV cache: CUDA graphs of the decode batch sizes and the
-#: compile/sampler workspace. Assumption, from vLLM's start-up logs of 1.5B-8B models ("Graph
-#: capturing finished ..., took 0.3-1.0 GiB"); a GPU run calibrates it (benchmarks/gpu_validate.sh).
-ENGINE_OVERHEAD_BYTES = 1 << 30
-#: What a colocated engine still holds while asleep at level 2 (weights and KV cache discarded):
-#: its CUDA graph pool and workspace. Assumption, the same source as ``ENGINE_OVERHEAD_BYTES``.
-ASLEEP_BYTES = 1 << 30
+#: Bytes of vLLM's non-torch allocations inside its budget (NCCL, cuBLAS workspaces of its own).
+#: Source: vLLM PR #11743's profile of a standalone engine on an 80 GB GPU ("non_torch 0.67GiB").
+NON_TORCH_BYTES = round(0.67 * 2**30)
+#: Bytes of vLLM's CUDA graphs (the decode batch sizes it captures), outside its
+#: ``gpu_memory_utilization`` budget: vllm/v1/worker/gpu_worker.py, "memory_profiling does not
+#: consider CUDAGraph memory size" (vLLM < 0.21, which starts to estimate it). Kept through sleep
+#: (PR #11743: "cudagraph memory pool is not released"). Assumption from start-up logs: Qwen2.5-7B,
+#: vLLM 0.8.4 V1, TP 1, 67 sizes: "Graph capturing finished in 24 secs, took 1.44 GiB"; Qwen2-7B
+#: 1.56 GiB; Gemma-3-4B 0.65 GiB. A GPU run calibrates it (benchmarks/gpu_validate.sh).
+CUDA_GRAPH_BYTES = round(1.5 * 2**30)
+#: Fraction of the GPU's datasheet memory bandwidth a vLLM decode step reaches. Source:
+#: LambdaLabsML/vllm-benchmark, 1xH100-80GB-SXM, Meta-Llama-3-8B-Instruct, TP 1, 10 concurrent
+#: requests: median time per output token 7.56 ms (about 7.2 ms a step) against 16 GB of weights
+#: over 3.35 TB/s = 4.8 ms: about 0.65. Assumption for every GPU until calibrated.
+DECODE_BANDWIDTH_EFFICIENCY = 0.65
 
 
 def kv_bytes_per_token(m: ModelSpec, dtype_bytes: float) -> float:
@@ -94,9 +102,17 @@ def engine_activation_bytes(m: ModelSpec, max_num_seqs: int, dtype_bytes: float)
 
 
 def engine_fixed_bytes(weight_bytes: int, m: ModelSpec, max_num_seqs: int, dtype_bytes: float) -> int:
-    """Bytes of a vLLM engine before its KV cache: its weights, its profiled activations and its
-    CUDA graphs and workspace (``ENGINE_OVERHEAD_BYTES``). Unit: bytes."""
-    return weight_bytes + engine_activation_bytes(m, max_num_seqs, dtype_bytes) + ENGINE_OVERHEAD_BYTES
+    """Bytes of a vLLM engine's budget before its KV cache: its weights, its profiled activations
+    and its non-torch allocations (vLLM v1 ``determine_available_memory``: the requested memory less
+    these is the KV cache). Unit: bytes."""
+    return weight_bytes + engine_activation_bytes(m, max_num_seqs, dtype_bytes) + NON_TORCH_BYTES
+
+
+def engine_bytes(share: float, gpu_bytes: int) -> int:
+    """Bytes a vLLM engine of ``share`` (``gpu_memory_utilization``) holds on its GPU: the share of
+    the GPU's total memory (its budget, which its KV cache fills) and its CUDA graphs beyond it.
+    Unit: bytes."""
+    return int(share * gpu_bytes) + CUDA_GRAPH_BYTES
 
 
 def kv_capacity_tokens(budget: int, fixed: int, m: ModelSpec, dtype_bytes: float) -> int:
@@ -130,8 +146,9 @@ def decode_seconds(weight_bytes: float, m: ModelSpec, rows: int, concurrent: int
                    dtype_bytes: float, bandwidth: float, flops_rate: float, parameters: int,
                    per_step_seconds: float = 0.0) -> float:
     """Seconds to generate ``completion`` tokens for each of ``rows`` sequences, ``concurrent`` at a
-    time: per decode step the weights and every live sequence's KV cache are read once (memory
-    bound) unless the step's matmuls (2 x parameters FLOPs per sequence) take longer, plus
+    time: per decode step the weights and every live sequence's KV cache are read once at
+    ``bandwidth`` (memory bound; a vLLM engine's: ``DECODE_BANDWIDTH_EFFICIENCY`` of the
+    datasheet's) unless the step's matmuls (2 x parameters FLOPs per sequence) take longer, plus
     ``per_step_seconds`` of host work per step; the context grows from ``prompt`` to ``prompt +
     completion``, taken at its mean. Prefill not included (``prefill_seconds``). Unit: seconds.
     Assumption: every completion runs to ``completion`` tokens (the longest a step can wait for:

@@ -184,7 +184,7 @@ def launch_script(plan: EstimateResult, files: EmitDraft) -> str:
         "#     (your script reads training_args.json; runtime.json is what it must apply itself)",
     ]
     if str(c.method) == "grpo":
-        lines += ["#   GRPO: planner.launch does not run it (your reward functions): TRAIN_SCRIPT=your TRL GRPO script"]
+        lines += ["#   GRPO: DATA=prompts.jsonl (a prompt field) and --reward module:function (yours)"]
         if str(c.generation) == "vllm-server":
             lines += [f"#   (start trl vllm-serve on {c.vllm_gpus} other GPU(s) first: PLAN.md)"]
     if hw.nodes > 1:

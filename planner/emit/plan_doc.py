@@ -185,23 +185,41 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batch
 
 
 def how_to_run_grpo(draft: EmitDraft, files: list[str], c) -> list[str]:
-    """A GRPO plan's commands: planner's launch does not run GRPO (it needs the user's reward
-    functions), so the user's own TRL GRPO script runs the files; a server plan starts
+    """A GRPO plan's commands: the launch on the user's prompts with the user's reward function
+    (``--reward``), a smoke test, the user's own TRL script instead; a server plan starts
     ``trl vllm-serve`` on its own GPUs first."""
+    prompt = c.seq_len - c.completion_len
     out = [
         *_files_heading(files),
-        "planner's own launch does not run GRPO (it needs your reward functions). Run the files with your TRL "
-        "GRPO script: it reads `training_args.json` with `HfArgumentParser(trl.GRPOConfig).parse_json_file` and "
-        "trains with `trl.GRPOTrainer(model=MODEL, reward_funcs=..., args=..., train_dataset=...)` on prompts of "
-        f"at most {c.seq_len - c.completion_len:,} tokens (the plan's rows are {c.seq_len:,}: prompt plus "
-        f"{c.completion_len:,} generated).",
+        "From this folder, after installing planner with the extras this plan needs (torch first, the build "
+        "for your CUDA):",
         "",
         "```bash",
         install_line(draft.extras),
     ]
     if str(c.generation) == "vllm-server":
-        out.append(f"trl vllm-serve --model $MODEL --data_parallel_size {c.vllm_gpus} &  # on {c.vllm_gpus} other "
-                   "GPU(s): CUDA_VISIBLE_DEVICES")
-    out += ["MODEL=/path/to/your/model TRAIN_SCRIPT=grpo.py ./launch.sh", "```", ""]
+        out.append(f"CUDA_VISIBLE_DEVICES=<{c.vllm_gpus} other GPU(s)> trl vllm-serve --model $MODEL "
+                   f"--data_parallel_size {c.vllm_gpus} &")
+    out += [
+        "MODEL=/path/to/your/model DATA=/path/to/prompts.jsonl ./launch.sh --reward my_rewards:accuracy "
+        "--max-steps 1000",
+        "```",
+        "",
+        f"`DATA`: a JSONL file whose lines hold a string `prompt` (the other fields reach the reward function), each "
+        f"cut to {prompt:,} tokens (the plan's rows are {c.seq_len:,}: the prompt and {c.completion_len:,} "
+        "generated). `--reward module:function`: your reward function, importable from the working directory, "
+        "with TRL's signature. TRL's GRPOTrainer runs it with `training_args.json` (a GRPOConfig) and at the end "
+        "the live run is compared with this plan (its generation, group, reference model too).",
+        "",
+        "Smoke test (checks the launch, not a training run): `DATA=sample` generates from prompts cut from a "
+        "small text shipped with planner, rewarded by their length:",
+        "",
+        "```bash",
+        "MODEL=/path/to/your/model DATA=sample ./launch.sh --max-steps 2",
+        "```",
+        "",
+        "Your own TRL script instead (`TRAIN_SCRIPT=grpo.py ./launch.sh`) reads `training_args.json` with "
+        "`HfArgumentParser(trl.GRPOConfig).parse_json_file` and trains with `trl.GRPOTrainer`.",
+        "",
+    ]
     return out
-

@@ -42,8 +42,9 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
         completion = getattr(target, "completion_len", None) or GRPO_DEFAULTS["max_completion_length"]
         out.append(f"each row a prompt of up to {max(0, seq_len - completion):,} tokens and a completion of "
                    f"{completion:,} (--completion-len): every completion generated to its full length, "
-                   "one generation per optimizer step, decoding bound by memory bandwidth; vLLM's CUDA graphs "
-                   f"and workspace {rollout.ENGINE_OVERHEAD_BYTES / 2**30:g} GiB (assumed)")
+                   "one generation per optimizer step, decoding bound by memory bandwidth (vLLM's at "
+                   f"{rollout.DECODE_BANDWIDTH_EFFICIENCY:.0%} of the datasheet's); vLLM's CUDA graphs "
+                   f"{rollout.CUDA_GRAPH_BYTES / 2**30:g} GiB beyond its share (assumed)")
     host = hardware.host_memory_bytes_per_node / GB
     out.append(f"host RAM {host:,.0f} GB/node, {HOST_RESERVE_FRACTION:.0%} kept free "
                + ("(--host-memory-gb)" if target.host_memory_gb is not None else "(assumed: 2x GPU memory; --host-memory-gb)"))

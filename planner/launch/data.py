@@ -12,6 +12,10 @@ A DPO plan trains on preference pairs: JSONL objects with string ``prompt``, ``c
 ``rejected`` fields (TRL's standard preference format), or ``sample``: pairs cut from the sample
 text, each sequence longer than the plan's length (so TRL truncates every row to it, the plan's
 worst case).
+
+A GRPO plan trains on prompts: JSONL objects with a string ``prompt`` (TRL's prompt-only format;
+the other fields go to the reward function), each cut to the plan's prompt length (its rows less
+the completion), or ``sample``: prompts cut from the sample text at that length (the worst case).
 """
 
 import json
@@ -154,21 +158,28 @@ class Padded:
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 
 
+def _records(source: str, fields: tuple[str, ...], what: str, holds: str) -> list[dict]:
+    """The JSONL objects of ``source``, each with a string in every one of ``fields``; ``what`` the
+    file must be, ``holds`` what its lines hold (for the messages)."""
+    path = Path(source)
+    if path.suffix not in (".jsonl", ".json") or not path.is_file():
+        raise PlannerInputError(f"--data {source}: {what}",
+                                hint=f"Pass a JSONL file whose lines hold {holds}, or 'sample' for a smoke test.")
+    rows = []
+    for n, row in _json_lines(_read(path, source), source):
+        if not isinstance(row, dict) or not all(isinstance(row.get(f), str) for f in fields):
+            raise PlannerInputError(f"--data {source}: line {n} needs string fields {', '.join(fields)}")
+        rows.append(row)
+    return rows
+
+
 def preference_pairs(source: str, seq_len: int, at_least: int) -> list[dict[str, str]]:
     """The preference pairs of ``source`` (the module docstring), at least ``at_least`` of them for
     ``sample`` (repeated: a smoke test)."""
     if source != SAMPLE:
-        path = Path(source)
-        if path.suffix not in (".jsonl", ".json") or not path.is_file():
-            raise PlannerInputError(f"--data {source}: a DPO plan trains on a JSONL file of preference pairs",
-                                    hint="Pass a JSONL file whose lines hold prompt, chosen and rejected strings, "
-                                         "or 'sample' for a smoke test.")
-        rows = []
-        for n, row in _json_lines(_read(path, source), source):
-            if not isinstance(row, dict) or not all(isinstance(row.get(f), str) for f in PAIR_FIELDS):
-                raise PlannerInputError(f"--data {source}: line {n} needs string fields {', '.join(PAIR_FIELDS)}")
-            rows.append({f: row[f] for f in PAIR_FIELDS})
-        return rows
+        return [{f: row[f] for f in PAIR_FIELDS}
+                for row in _records(source, PAIR_FIELDS, "a DPO plan trains on a JSONL file of preference pairs",
+                                    "prompt, chosen and rejected strings")]
     text = " ".join(read_texts(SAMPLE))
     span = max(8 * seq_len, 64)  # characters: several per token, so every row exceeds seq_len tokens
     pairs: list[dict[str, str]] = []
@@ -177,3 +188,27 @@ def preference_pairs(source: str, seq_len: int, at_least: int) -> list[dict[str,
         pairs.append({"prompt": text[i:i + 64], "chosen": text[i + 64:i + 64 + span],
                       "rejected": text[i + 64 + span:i + 64 + 2 * span]})
     return pairs
+
+
+def grpo_prompts(source: str, tokenizer, prompt_tokens: int, at_least: int) -> list[dict]:
+    """The prompts of ``source`` (the module docstring), each cut to ``prompt_tokens`` tokens less
+    two (a prompt decoded and tokenised again by TRL may take a token more); at least ``at_least``
+    of them for ``sample`` (repeated: a smoke test)."""
+    keep = max(prompt_tokens - 2, 1)
+
+    def cut(text: str) -> str:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return text if len(ids) <= keep else tokenizer.decode(ids[:keep])
+
+    if source != SAMPLE:
+        return [row | {"prompt": cut(row["prompt"])}
+                for row in _records(source, ("prompt",), "a GRPO plan trains on a JSONL file of prompts",
+                                    "a string prompt")]
+    text = " ".join(read_texts(SAMPLE))
+    span = max(8 * prompt_tokens, 64)  # characters: several per token, so every prompt is cut to length
+    rows: list[dict] = []
+    while len(rows) < max(at_least, 1):
+        i = (len(rows) * 97) % max(len(text) - span, 1)
+        rows.append({"prompt": cut(text[i:i + span])})
+    return rows
+

@@ -254,6 +254,9 @@ def _batching(trainer, session, width: int | None) -> tuple[str, int | None]:
     collator = getattr(collator, "data_collator", collator)  # (the Trainer's column-removing wrapper)
     if type(collator).__name__ == "DataCollatorForPreference":  # TRL's: pads each batch to its longest
         return str(Batching.PADDED), width
+    if _method(trainer) == "grpo":  # prompts padded left, completions right, to the micro-batch's longest
+        cap = session.config.seq_len
+        return str(Batching.PADDED), cap if width is not None and width <= cap else width
     if not isinstance(collator, Padded):
         return str(Batching.PACKED), width
     if collator.length is not None:
@@ -264,8 +267,30 @@ def _batching(trainer, session, width: int | None) -> tuple[str, int | None]:
 
 def _method(trainer) -> str:
     """The training method the live trainer runs: TRL's DPOTrainer (or a subclass of it) is dpo,
-    any other Trainer sft."""
-    return "dpo" if any(c.__name__ == "DPOTrainer" for c in type(trainer).__mro__) else "sft"
+    its GRPOTrainer grpo, any other Trainer sft."""
+    names = {c.__name__ for c in type(trainer).__mro__}
+    return "dpo" if "DPOTrainer" in names else "grpo" if "GRPOTrainer" in names else "sft"
+
+
+def _grpo(trainer) -> tuple[dict, dict]:
+    """A GRPO run's generation (transformers, or vLLM colocated, asleep, or a server) and group,
+    completion length and beta, as the running trainer holds them; whether it holds a reference
+    model."""
+    if _method(trainer) != "grpo":
+        return {"generation": "none"}, {}
+    args = trainer.args
+    if not trainer.use_vllm:
+        generation = "transformers"
+    elif args.vllm_mode == "server":
+        generation = "vllm-server"
+    else:
+        generation = "vllm-colocate-sleep" if args.vllm_enable_sleep_mode else "vllm-colocate"
+    live = {"generation": generation, "num_generations": trainer.num_generations,
+            "completion_len": trainer.max_completion_length, "kl_beta": trainer.beta}
+    if generation in ("vllm-colocate", "vllm-colocate-sleep"):
+        live["vllm_share"] = args.vllm_gpu_memory_utilization
+    return live, {"reference_model": trainer.ref_model is not None,
+                  "generation_batch_size": args.generation_batch_size, "steps_per_generation": args.steps_per_generation}
 
 
 def _dpo(trainer) -> tuple[dict, dict]:
@@ -299,15 +324,15 @@ def observe(trainer, session) -> dict:
     live = {
         "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing, "sharding": sharding,
         "offload": offload, "loss": loss, "attention": model.config._attn_implementation, "method": _method(trainer),
-        "generation": "none",  # (the launch runs SFT and DPO, which generate nothing)
         "micro_batch_size": shape[0] // ROWS_PER_SAMPLE.get(_method(trainer), 1) if shape[0] else shape[0],
         "grad_accum": accum, "seq_len": rows, "batching": batching,
     } | adapter | fsdp
     dpo, dpo_detail = _dpo(trainer)
-    live |= dpo
+    grpo, grpo_detail = _grpo(trainer)
+    live |= dpo | grpo
     assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
     return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | adapter_detail | dpo_detail
-                   | {"compiled": trainer.args.torch_compile}}
+                   | grpo_detail | {"compiled": trainer.args.torch_compile}}
 
 
 def differences(config, live: dict) -> list[str]:

@@ -12,7 +12,7 @@ from planner.check.job_files import beside
 from planner.core.errors import PlannerInputError
 from planner.core.lengths import Batching
 from planner.launch import cpu
-from planner.launch.data import SAMPLE, Padded, packed_blocks, preference_pairs, read_texts, samples
+from planner.launch.data import SAMPLE, Padded, grpo_prompts, packed_blocks, preference_pairs, read_texts, samples
 from planner.strategies import TrainingConfig
 from planner.strategies.adapter import Adapter, quantization_config
 from planner.strategies.method import Method
@@ -42,6 +42,8 @@ class Session:
         arguments = TrainingArguments
         if self.config.method == Method.DPO:  # a TRL DPOConfig (a TrainingArguments subclass)
             from trl import DPOConfig as arguments
+        elif self.config.method == Method.GRPO:  # a TRL GRPOConfig
+            from trl import GRPOConfig as arguments
         try:
             (training,) = HfArgumentParser(arguments).parse_dict(values)
         except (ValueError, TypeError) as e:
@@ -70,7 +72,8 @@ class Session:
             ("bitsandbytes", quantization_config(c) is not None),
             ("torchao", c.precision == Precision.FP8_MIXED),
             ("peft", c.adapter != Adapter.NONE),
-            ("trl", c.method == Method.DPO),
+            ("trl", c.method in (Method.DPO, Method.GRPO)),
+            ("vllm", training_args.get("use_vllm") is True),
             (impl.module.split(".")[0], bool(impl.library)),
         ) if needed]
         return list(dict.fromkeys(modules))
@@ -97,6 +100,8 @@ class Session:
         return model
 
     def _record_batch(self, module, args, kwargs):
+        if self.config.method == Method.GRPO and not kwargs.get("fused_lm_head"):
+            return  # generation's forwards: the batch is the first scored (or trained) micro-batch
         ids = kwargs.get("input_ids", args[0] if args else None)
         if self.batch_shape is None and ids is not None:
             self.batch_shape = tuple(ids.shape)
@@ -145,6 +150,23 @@ class Session:
                 data = datasets.load_dataset("json", data_files=str(path), split="train")
             return _trainer_class(DPOTrainer)(session=self, model=model, args=training, train_dataset=data,
                                               processing_class=tokenizer)
+        if self.config.method == Method.GRPO:  # TRL's trainer: prompts, the user's reward, its generation
+            import datasets
+            from trl import GRPOTrainer
+
+            from planner.launch.rewards import completion_length, load
+
+            if self.args.reward is None and self.args.data != SAMPLE:
+                raise PlannerInputError("a GRPO plan needs a reward function: --reward module:function",
+                                        hint="Name your reward function (TRL's signature: completions and the "
+                                             "dataset's columns as keyword arguments), e.g. --reward my_rewards:accuracy.")
+            reward = load(self.args.reward) if self.args.reward else completion_length
+            prompts_per_step = training.generation_batch_size // self.config.num_generations
+            prompts = grpo_prompts(self.args.data, tokenizer, self.config.seq_len - self.config.completion_len,
+                                   prompts_per_step * max(training.max_steps, 1))
+            return _trainer_class(GRPOTrainer)(session=self, model=model, reward_funcs=[reward], args=training,
+                                               train_dataset=datasets.Dataset.from_list(prompts),
+                                               processing_class=tokenizer)
         return _trainer_class()(
             session=self, model=model, args=training, train_dataset=self.dataset(tokenizer, training),
             data_collator=self.collator(tokenizer), processing_class=tokenizer)

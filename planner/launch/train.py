@@ -13,7 +13,6 @@ from planner.check.job_files import JOB_FILES, read_job
 from planner.core.distribution import DIST, install_line
 from planner.core.errors import PlannerInputError
 from planner.strategies import BY_FIELD, TrainingConfig
-from planner.strategies.method import grpo
 
 TRAINING_ARGS = JOB_FILES["training_args"]
 
@@ -36,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, help="peak learning rate (default: the Trainer's)")
     p.add_argument("--seed", type=int, help="random seed (default: the Trainer's)")
     p.add_argument("--no-save", action="store_true", help="do not save the trained model at the end")
+    p.add_argument("--reward", help="GRPO plans: the reward function, module:function (importable from the working "
+                                    "directory; TRL's reward function signature); with --data sample a smoke-test "
+                                    "reward when not given")
     return p.parse_args(argv)
 
 
@@ -125,17 +127,8 @@ def _smallest_extra_installing(dist: str) -> str | None:
                key=lambda x: len(installs(x)), default=None)
 
 
-#: What the launch says of a GRPO plan, which it does not run yet.
-GRPO_UNLAUNCHED = ("planner.launch runs supervised fine-tuning and DPO; a GRPO plan needs a reward function and "
-                   "TRL's GRPOTrainer, which it does not run yet")
-GRPO_HINT = ("Run the plan with your own TRL GRPO script: its training_args.json is the GRPOConfig and "
-             "accelerate_config.yaml the launch configuration (PLAN.md, \"How to run\").")
-
-
 def run(args: argparse.Namespace) -> int:
     config = plan_config(args.job_dir)
-    if grpo(config):
-        raise PlannerInputError(GRPO_UNLAUNCHED, hint=GRPO_HINT)
     from planner.launch.session import Session
 
     session = Session(args, config)

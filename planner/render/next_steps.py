@@ -50,11 +50,12 @@ def suggest_next(result, asked: Asked | None, console: Console) -> None:
     console.print()
     if result.fits and result.plans and str(result.plans[0].config.method) == "grpo":
         where, plan = asked.out or Path(PLAN_DIR), result.plans[0]
-        line(console, "next: write the winner's files and run them with your TRL GRPO script (planner's launch "
-                      "does not run GRPO: PLAN.md says how), re-check them after an edit:")
+        line(console, "next: write the winner's files, run them on your prompts with your reward function "
+                      "(PLAN.md says how), re-check them after an edit:")
         if asked.out is None:
             command(console, ["planner", "suggest", *asked.target_words(), *asked.options, "--out", PLAN_DIR])
-        command(console, ["MODEL=path/to/model", "TRAIN_SCRIPT=grpo.py", str(where / "launch.sh")])
+        command(console, ["MODEL=path/to/model", "DATA=path/to/prompts.jsonl", str(where / "launch.sh"),
+                          "--reward", "my_rewards:accuracy"])
         # a server plan trains on the GPUs the server leaves; check reads its files on those
         server = str(plan.config.generation) == "vllm-server"
         extra = ["--vllm-gpus", str(plan.config.vllm_gpus)] if server else []
