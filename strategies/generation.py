@@ -174,10 +174,9 @@ def generation_seconds(ctx: PlanContext) -> tuple[float, str]:
     """Seconds of one generation of the step's completions (prefill, decode, the weights moved to
     the engine) as the training GPUs wait for it, and how it was reckoned."""
     g, cfg, m = ctx.config.generation, ctx.config, ctx.model
-    # (vLLM's decode: its measured fraction of the datasheet bandwidth; transformers' the training's)
+    # (decoding at vLLM's measured fraction of the datasheet bandwidth: transformers' at best as fast)
     flops = rates.matmul_rate(ctx, "bf16")
-    bw = (ctx.hardware.gpu.memory_bandwidth_bytes_per_s * rollout.DECODE_BANDWIDTH_EFFICIENCY if g in VLLM
-          else rates.bandwidth(ctx))
+    bw = ctx.hardware.gpu.memory_bandwidth_bytes_per_s * rollout.DECODE_BANDWIDTH_EFFICIENCY
     n, prompt, completion = params.total_parameters(m), prompt_len(ctx), cfg.completion_len
     rows = rows_per_generation(ctx)
     if g == Generation.TRANSFORMERS:
@@ -190,8 +189,10 @@ def generation_seconds(ctx: PlanContext) -> tuple[float, str]:
             weights = engine_weight_bytes(ctx) + 2 * c * quantized
         host = m.num_layers * layer_forward_dispatch_seconds(ctx.layout.fused_attention)
         seconds = rollout.prefill_seconds(n, rows, prompt, flops) + rollout.decode_seconds(
-            weights, m, rows, rows, prompt, completion, c, bw, flops, n, per_step_seconds=host)
-        return seconds, f"{rows} rows at once, {completion} decode steps, each launching every kernel"
+            weights, m, rows, rows, prompt, completion, c, bw, flops, n, per_step_seconds=host,
+            kv_passes=rollout.KV_PASSES["transformers"])
+        return seconds, (f"{rows} rows at once, {completion} decode steps, each launching every kernel and "
+                         "copying the KV cache")
     weights = engine_weight_bytes(ctx)
     if g == Generation.SERVER:
         rows = server_rows(ctx)
@@ -203,7 +204,7 @@ def generation_seconds(ctx: PlanContext) -> tuple[float, str]:
         sync = 2 * weights / bw
         how = f"{rows} rows, {live} at once; weights copied into the engine"
     seconds = rollout.prefill_seconds(n, rows, prompt, flops) + rollout.decode_seconds(
-        weights, m, rows, live, prompt, completion, 2, bw, flops, n)
+        weights, m, rows, live, prompt, completion, 2, bw, flops, n, kv_passes=rollout.KV_PASSES["vllm"])
     return seconds + sync, how
 
 

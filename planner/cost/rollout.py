@@ -142,11 +142,18 @@ def share_for(fixed: int, rows: int, seq_len: int, m: ModelSpec, dtype_bytes: fl
     return ceil(round(need / gpu_bytes / step, 9)) * step
 
 
+#: Passes over the KV cache per decode step: vLLM's paged cache is read once by attention;
+#: transformers' ``DynamicCache`` grows by ``torch.cat`` of every layer's keys and values each step
+#: (cache_utils.py ``DynamicLayer.update``: the whole cache read and written again) before
+#: attention reads it.
+KV_PASSES = {"vllm": 1, "transformers": 3}
+
+
 def decode_seconds(weight_bytes: float, m: ModelSpec, rows: int, concurrent: int, prompt: int, completion: int,
                    dtype_bytes: float, bandwidth: float, flops_rate: float, parameters: int,
-                   per_step_seconds: float = 0.0) -> float:
+                   per_step_seconds: float = 0.0, kv_passes: int = 1) -> float:
     """Seconds to generate ``completion`` tokens for each of ``rows`` sequences, ``concurrent`` at a
-    time: per decode step the weights and every live sequence's KV cache are read once at
+    time: per decode step the weights are read and every live sequence's KV cache ``kv_passes`` times at
     ``bandwidth`` (memory bound; a vLLM engine's: ``DECODE_BANDWIDTH_EFFICIENCY`` of the
     datasheet's) unless the step's matmuls (2 x parameters FLOPs per sequence) take longer, plus
     ``per_step_seconds`` of host work per step; the context grows from ``prompt`` to ``prompt +
@@ -158,7 +165,7 @@ def decode_seconds(weight_bytes: float, m: ModelSpec, rows: int, concurrent: int
     waves, seconds = ceil(rows / concurrent), 0.0
     for wave in range(waves):
         live = min(concurrent, rows - wave * concurrent)
-        kv = live * (prompt + completion / 2) * kv_bytes_per_token(m, dtype_bytes)
+        kv = kv_passes * live * (prompt + completion / 2) * kv_bytes_per_token(m, dtype_bytes)
         step = max((weight_bytes + kv) / bandwidth, 2 * parameters * live / flops_rate) + per_step_seconds
         seconds += completion * step
     return seconds
