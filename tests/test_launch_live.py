@@ -140,7 +140,31 @@ def _skip_where_deepspeed_refuses_fp16(plan, monkeypatch) -> None:
                     "(AVX512-FP16 or AVX-NE-CONVERT on x86); the case runs on CPUs with it and on CUDA GPUs")
 
 
-def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int, processes: int) -> None:
+@pytest.mark.heavy
+def test_the_launch_trains_a_chat_dataset_with_the_models_template(tmp_path, tmp_path_factory, tiny_model):
+    """TRL's conversational format (messages) and prompt-completion lines in one JSONL, rendered by
+    the model's chat template, padded as planned: the run equals the plan."""
+    import shutil
+
+    import transformers
+
+    model = tmp_path / "chat-model"
+    shutil.copytree(tiny_model, model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tokenizer.save_pretrained(model)
+    data = tmp_path / "chat.jsonl"
+    lines = [json.dumps({"messages": [{"role": "user", "content": f"question {i} " * 6},
+                                      {"role": "assistant", "content": f"answer {i} " * 9}]}) for i in range(12)]
+    lines += [json.dumps({"prompt": f"say {i} " * 5, "completion": f" done {i} " * 7}) for i in range(4)]
+    data.write_text("\n".join(lines) + "\n")
+    plan = run(TINY, "1xA100-80", **(dict(precision="bf16-mixed", batching="padded") | SHAPE))
+    _launch_equals_plan(plan, tmp_path, tmp_path_factory, model, 29960, 1, data=str(data))
+
+
+def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int, processes: int,
+                        data: str = "sample") -> None:
     """Write ``plan``'s files, run its launch.sh (one per machine) for two steps on the tiny model,
     and hold every rank's live objects to the plan."""
     import torch
@@ -148,7 +172,7 @@ def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int,
     out = tmp_path / "plan"
     write_files(build_files(single_plan_result(plan)), out, force=False)
     env = os.environ | {
-        "MODEL": str(tiny_model), "DATA": "sample",
+        "MODEL": str(tiny_model), "DATA": data,
         "MAIN_PORT": str(port),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "OMP_NUM_THREADS": "1",

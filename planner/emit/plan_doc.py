@@ -154,7 +154,9 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batch
         "`MODEL`: a local model folder (config, weights, tokenizer) or a Hugging Face id already in the local "
         "cache (nothing is downloaded). " + (DPO_DATA_WORDS.format(n=seq_len) if dpo else
         "`DATA`: a JSONL file with a `text` field (`--text-field` names "
-        f"another), a `.txt` file, or a folder written by `datasets`' `save_to_disk`; "
+        "another), TRL's conversational `messages` (rendered with the model's chat template; only the assistants' "
+        "turns train) or a `prompt` and `completion` (only the completion trains); a `.txt` file, or a folder "
+        "written by `datasets`' `save_to_disk`; "
         f"{DATA_WORDS[batching].format(n=seq_len)}.") + " `python -m planner.launch --help` lists every option "
         "(output folder, steps, learning rate).",
         "",

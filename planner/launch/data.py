@@ -3,8 +3,11 @@
 padding), or one document per sequence, truncated to the plan's length and padded to the
 micro-batch's longest (or to the plan's length), the padding masked out of attention and loss.
 
-Local only: a JSONL file (one object per line, the text in ``text_field``), a ``.txt`` file (one
-document per blank-line-separated paragraph), or a folder written by ``datasets``' ``save_to_disk``.
+Local only: a JSONL file, a ``.txt`` file (one document per blank-line-separated paragraph), or a
+folder written by ``datasets``' ``save_to_disk`` (the text in ``text_field``). A JSONL line holds
+the text in ``text_field`` (every token trains), or TRL's conversational ``messages`` (role and
+content; rendered with the tokenizer's chat template, and only the assistants' turns train), or a
+``prompt`` and a ``completion`` (only the completion trains).
 ``sample``: a small text shipped with planner, repeated as needed: for smoke tests of a launch,
 never for training.
 
@@ -27,8 +30,9 @@ SAMPLE = "sample"
 SAMPLE_FILE = Path(__file__).with_name("sample.txt")
 
 
-def read_texts(source: str, text_field: str = "text") -> list[str]:
-    """The documents of ``source`` (see the module docstring)."""
+def read_texts(source: str, text_field: str = "text") -> list:
+    """The examples of ``source`` (see the module docstring): texts, or conversations and
+    prompt-completion pairs (dicts) from JSONL."""
     path = SAMPLE_FILE if source == SAMPLE else Path(source)
     if path.is_dir():
         return _saved_dataset(path, text_field)
@@ -59,14 +63,65 @@ def _json_lines(text: str, source: str):
             raise PlannerInputError(f"--data {source}: line {n} is not JSON: {e}") from None
 
 
-def _jsonl(text: str, source: str, field: str) -> list[str]:
-    out = []
+def _jsonl(text: str, source: str, field: str) -> list:
+    """Each line's example: its text (a string), or its ``messages`` or ``prompt`` and
+    ``completion`` (a dict, tokenised by ``example_tokens``)."""
+    out: list = []
     for n, row in _json_lines(text, source):
-        if not isinstance(row, dict) or not isinstance(row.get(field), str):
-            raise PlannerInputError(f"--data {source}: line {n} has no string field {field!r}",
-                                    hint="Name the text field with --text-field.")
-        out.append(row[field])
+        if isinstance(row, dict) and isinstance(row.get(field), str):
+            out.append(row[field])
+        elif isinstance(row, dict) and isinstance(row.get("messages"), list):
+            bad = [m for m in row["messages"] if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                      and isinstance(m.get("content"), str))]
+            if bad or not any(m["role"] == "assistant" for m in row["messages"]):
+                raise PlannerInputError(f"--data {source}: line {n}: messages need string role and content, and an "
+                                        "assistant turn to train on")
+            out.append({"messages": row["messages"], "line": n})
+        elif isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
+            out.append({"prompt": row["prompt"], "completion": row["completion"]})
+        else:
+            raise PlannerInputError(f"--data {source}: line {n} has no string field {field!r}, no messages and no "
+                                    "prompt and completion",
+                                    hint="Name the text field with --text-field, or use TRL's conversational "
+                                         "(messages) or prompt-completion format.")
     return out
+
+
+def example_tokens(example, tokenizer, eos: list[int]) -> tuple[list[int], list[int]]:
+    """An example's token ids and labels (-100 where no loss): a text trains every token and its
+    end-of-sequence token; a prompt and completion only the completion and that token; a
+    conversation only its assistants' turns, each the tokens its chat template adds for the turn
+    after the generation prompt (the prefix up to the turn, rendered alone, must begin the whole
+    conversation's: true of templates that do not rewrite earlier turns)."""
+    if isinstance(example, str):
+        ids = tokenizer(example, add_special_tokens=False)["input_ids"] + eos
+        return ids, ids
+    if "prompt" in example:
+        prompt = tokenizer(example["prompt"], add_special_tokens=False)["input_ids"]
+        completion = tokenizer(example["completion"], add_special_tokens=False)["input_ids"] + eos
+        return prompt + completion, [-100] * len(prompt) + completion
+    if tokenizer.chat_template is None:
+        raise PlannerInputError("--data: conversational messages need the model's chat template, and its tokenizer "
+                                "has none", hint="Use a model folder whose tokenizer has a chat template, or "
+                                                 "prompt and completion fields.")
+    messages = example["messages"]
+
+    def render(upto: int, prompt: bool) -> list[int]:
+        return list(tokenizer.apply_chat_template(messages[:upto], tokenize=True, add_generation_prompt=prompt,
+                                                  return_dict=False))
+
+    ids = render(len(messages), False)
+    labels = [-100] * len(ids)
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        start, end = render(i, True), render(i + 1, False)
+        if ids[:len(end)] != end or end[:len(start)] != start:
+            raise PlannerInputError(f"--data: line {example['line']}: the chat template renders the turns before an "
+                                    "assistant's differently once it follows, so its tokens cannot be told apart",
+                                    hint="Use prompt and completion fields for this data.")
+        labels[len(start):len(end)] = ids[len(start):len(end)]
+    return ids, labels
 
 
 def _saved_dataset(path: Path, field: str) -> list[str]:
@@ -92,31 +147,36 @@ def packed_blocks(texts: list[str], tokenizer, seq_len: int, at_least: int = 0, 
 
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     stream: list[int] = []
+    targets: list[int] = []
     for text in texts:
-        stream += tokenizer(text, add_special_tokens=False)["input_ids"] + eos
+        ids, labels = example_tokens(text, tokenizer, eos)
+        stream += ids
+        targets += labels
     if not stream:
         raise PlannerInputError("the training data has no text")
     if repeat and len(stream) < at_least * seq_len:
-        stream = stream * -(-at_least * seq_len // len(stream))
+        times = -(-at_least * seq_len // len(stream))
+        stream, targets = stream * times, targets * times
     n = len(stream) // seq_len
     if n < max(1, at_least):
         raise PlannerInputError(f"the training data has {len(stream):,} tokens: {n} sequence(s) of {seq_len:,}, "
                                 f"fewer than one optimizer step needs ({max(1, at_least)})")
     blocks = torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
-    return _Blocks(blocks)
+    labels = torch.tensor(targets[: n * seq_len], dtype=torch.long).view(n, seq_len)
+    return _Blocks(blocks, labels)
 
 
 class _Blocks:
     """Packed sequences as a map-style dataset."""
 
-    def __init__(self, blocks):
-        self.blocks = blocks
+    def __init__(self, blocks, labels):
+        self.blocks, self.labels = blocks, labels
 
     def __len__(self) -> int:
         return self.blocks.shape[0]
 
     def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
+        return {"input_ids": self.blocks[i], "labels": self.labels[i]}
 
 
 def samples(texts: list[str], tokenizer, seq_len: int, at_least: int = 0, repeat: bool = False):
@@ -124,7 +184,8 @@ def samples(texts: list[str], tokenizer, seq_len: int, at_least: int = 0, repeat
     ``seq_len``. ``repeat``: cycle the documents until there are ``at_least`` (the smoke-test
     sample). A map-style dataset of {"input_ids"} lists (``Padded`` pads each micro-batch)."""
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    rows = [ids[:seq_len] for text in texts if (ids := tokenizer(text, add_special_tokens=False)["input_ids"] + eos)]
+    rows = [{"input_ids": ids[:seq_len], "labels": labels[:seq_len]}
+            for ids, labels in (example_tokens(t, tokenizer, eos) for t in texts) if ids]
     if not rows:
         raise PlannerInputError("the training data has no text")
     if repeat and len(rows) < at_least:
@@ -132,7 +193,7 @@ def samples(texts: list[str], tokenizer, seq_len: int, at_least: int = 0, repeat
     if len(rows) < max(1, at_least):
         raise PlannerInputError(f"the training data has {len(rows):,} document(s), fewer than one optimizer step "
                                 f"needs ({max(1, at_least)})")
-    return [{"input_ids": r} for r in rows]
+    return rows
 
 
 class Padded:
@@ -148,11 +209,13 @@ class Padded:
         rows = [list(f["input_ids"]) for f in features]
         width = self.length or max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(rows), width), -100, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
+        for i, (r, f) in enumerate(zip(rows, features, strict=True)):
             ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            labels[i, :len(r)] = torch.tensor(list(f.get("labels", r)), dtype=torch.long)
             mask[i, :len(r)] = 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")

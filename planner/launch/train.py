@@ -27,7 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the plan folder (planner suggest --out); default: $PLANNER_JOB_DIR, set by launch.sh")
     p.add_argument("--model", required=True, help="a local model folder, or a Hugging Face id in the local cache")
     p.add_argument("--data", required=True,
-                   help="a JSONL file, a .txt file, a datasets save_to_disk folder, or 'sample' (a smoke test)")
+                   help="a JSONL file (text, TRL's messages or prompt/completion; GRPO: prompt; DPO: prompt/chosen/"
+                        "rejected), a .txt file, a datasets save_to_disk folder, or 'sample' (a smoke test)")
     p.add_argument("--text-field", default="text", help="the JSONL field / dataset column holding the text")
     p.add_argument("--output-dir", type=Path, help="where checkpoints and the model go (default: the plan's outputs/)")
     p.add_argument("--max-steps", type=int, help="optimizer steps (default: one epoch of the data)")
