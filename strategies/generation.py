@@ -54,11 +54,16 @@ SETTINGS = (
     Setting("vllm_share", float, 0.0,
             "colocated vLLM's gpu_memory_utilization (a fraction of each GPU); 0: the smallest that holds the whole "
             "generation batch at once, in steps of 0.05", ge=0.0, le=0.95, used_at=tuple(map(str, COLOCATED))),
-    Setting("vllm_gpus", int, 1, "GPUs of the vLLM server, beside the training GPUs of --gpus (one engine each)",
-            ge=1, used_at=(str(Generation.SERVER),)),
+    Setting("vllm_gpus", int, 1, "GPUs of the vLLM server, beside the training GPUs of --gpus (one engine per "
+            "--vllm-tp of them)", ge=1, used_at=(str(Generation.SERVER),)),
+    Setting("vllm_tp", int, 0, "vLLM's tensor parallelism (vllm_tensor_parallel_size, trl vllm-serve's "
+            "--tensor_parallel_size); 0: the smallest power of two whose weight shard takes at most a quarter of a "
+            "training GPU (half of a server's)", ge=0, le=64, used_at=tuple(map(str, VLLM))),
 )
 
-#: The rollout phase's moments: generating, and scoring the completions (planner.core.ledger.resident).
+#: The rollout phase's moments: pushing the weights to vLLM, generating, and scoring the
+#: completions (planner.core.ledger.resident).
+SYNCING = "pushing the weights to vLLM"
 GENERATING = "generating the completions"
 SCORING = "scoring the completions (no_grad forwards)"
 
@@ -89,31 +94,52 @@ def engine_weight_bytes(ctx: PlanContext) -> int:
     return params.total_parameters(m) * 2
 
 
+def engine_tp(ctx: PlanContext) -> int:
+    """The engine's tensor parallelism: ``--vllm-tp``, or planner's rule (``rollout.tensor_parallel``):
+    the smallest split whose weight shard takes at most a quarter of a training GPU (colocated;
+    within the training processes of one machine) or half of a server GPU (within its GPUs)."""
+    if ctx.config.vllm_tp:
+        return ctx.config.vllm_tp
+    server = ctx.config.generation == Generation.SERVER
+    most = ctx.config.vllm_gpus if server else min(ctx.hardware.gpus_per_node, ctx.layout.data_parallel)
+    share = rollout.SERVER_WEIGHT_SHARE if server else rollout.COLOCATED_WEIGHT_SHARE
+    return rollout.tensor_parallel(engine_weight_bytes(ctx), ctx.hardware.gpu.memory_bytes, max(1, most), share,
+                                   ctx.model)
+
+
+def engine_rows(ctx: PlanContext) -> int:
+    """Rows one engine generates at once: its GPUs' shares of the generation batch (colocated:
+    the tensor-parallel group's processes gather their prompts; TRL's ``max_num_seqs``
+    per_device x tp x steps_per_generation); a server's engines share the whole batch."""
+    if ctx.config.generation == Generation.SERVER:
+        engines = max(1, ctx.config.vllm_gpus // engine_tp(ctx))
+        return -(-rows_per_generation(ctx) * ctx.layout.data_parallel // engines)
+    return rows_per_generation(ctx) * engine_tp(ctx)
+
+
 def engine_fixed(ctx: PlanContext, max_num_seqs: int) -> int:
-    """A vLLM engine's bytes before its KV cache (``rollout.engine_fixed_bytes``)."""
-    return rollout.engine_fixed_bytes(engine_weight_bytes(ctx), ctx.model, max_num_seqs, 2)
+    """A vLLM engine's bytes per GPU before its KV cache (``rollout.engine_fixed_bytes``, the
+    weights its tensor parallelism shards)."""
+    return rollout.engine_fixed_bytes(-(-engine_weight_bytes(ctx) // engine_tp(ctx)), ctx.model, max_num_seqs, 2)
 
 
 def colocated_share(ctx: PlanContext) -> float:
     """The colocated engine's ``gpu_memory_utilization``: ``--vllm-share``, or the smallest that
-    holds every row of the generation batch at once (``rollout.share_for``), at least 0.05."""
+    holds every row of its generation batch at once (``rollout.share_for``), at least 0.05."""
     if ctx.config.vllm_share:
         return ctx.config.vllm_share
-    rows = rows_per_generation(ctx)
+    rows, tp = engine_rows(ctx), engine_tp(ctx)
     return max(0.05, rollout.share_for(engine_fixed(ctx, rows), rows, ctx.config.seq_len, ctx.model, 2,
-                                       ctx.hardware.gpu.memory_bytes))
+                                       ctx.hardware.gpu.memory_bytes, tp=tp))
 
 
-def engine_concurrency(ctx: PlanContext, share: float, max_num_seqs: int) -> int:
-    """Sequences an engine of ``share`` of a GPU decodes at once (``rollout.concurrent_rows``)."""
+def engine_concurrency(ctx: PlanContext, share: float) -> int:
+    """Sequences an engine of ``share`` of each of its GPUs decodes at once
+    (``rollout.concurrent_rows``), of its ``engine_rows``."""
+    rows = engine_rows(ctx)
     budget = int(share * ctx.hardware.gpu.memory_bytes)
-    tokens = rollout.kv_capacity_tokens(budget, engine_fixed(ctx, max_num_seqs), ctx.model, 2)
-    return rollout.concurrent_rows(tokens, ctx.config.seq_len, max_num_seqs)
-
-
-def server_rows(ctx: PlanContext) -> int:
-    """Rows each server GPU generates per step: the whole generation batch over its engines."""
-    return -(-rows_per_generation(ctx) * ctx.layout.data_parallel // ctx.config.vllm_gpus)
+    tokens = rollout.kv_capacity_tokens(budget, engine_fixed(ctx, rows), ctx.model, 2, engine_tp(ctx))
+    return rollout.concurrent_rows(tokens, ctx.config.seq_len, rows)
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -128,18 +154,24 @@ def _check(ctx: PlanContext, out: Check) -> None:
         return
     # (the rows per generation are the per-GPU batch, the same at every micro-batch of a search's
     # space: these answers hold for every size the check cache serves them to)
+    if g not in VLLM:
+        return
+    tp = engine_tp(ctx)
+    gpus = cfg.vllm_gpus if g == Generation.SERVER else ctx.layout.data_parallel
+    if not rollout.tp_divides(ctx.model, tp) or gpus % tp or (g != Generation.SERVER and tp > ctx.hardware.gpus_per_node):
+        out.reject("vllm tp", f"vLLM's tensor parallelism {tp} must divide the {ctx.model.num_heads} attention heads "
+                   f"(and the KV heads, or they it) and its {gpus} GPUs, within one machine: another --vllm-tp")
+        return
     if g in COLOCATED:
         share = colocated_share(ctx)
-        if share > 0.95 or engine_concurrency(ctx, share, rows_per_generation(ctx)) < 1:
+        if share > 0.95 or engine_concurrency(ctx, share) < 1:
             out.reject("vllm share too small", f"a vLLM share of {share:.2f} of the {ctx.hardware.gpu.name} cannot hold "
-                       f"its weights, workspace and one sequence of {cfg.seq_len:,} tokens: a larger --vllm-share, "
-                       "a shorter --seq-len, or --generation vllm-server")
-    elif g == Generation.SERVER:
-        rows = server_rows(ctx)
-        if engine_concurrency(ctx, rollout.SERVER_SHARE_DEFAULT, rows) < 1:
-            out.reject("vllm server too small", f"trl vllm-serve on one {ctx.hardware.gpu.name} (gpu_memory_utilization "
-                       f"{rollout.SERVER_SHARE_DEFAULT}) cannot hold the weights and one sequence of "
-                       f"{cfg.seq_len:,} tokens: the server's tensor parallelism is not planned yet")
+                       f"its weights (over {tp} GPU(s)), workspace and one sequence of {cfg.seq_len:,} tokens: a larger "
+                       "--vllm-share or --vllm-tp, a shorter --seq-len, or --generation vllm-server")
+    elif engine_concurrency(ctx, rollout.SERVER_SHARE_DEFAULT) < 1:
+        out.reject("vllm server too small", f"trl vllm-serve over {tp} {ctx.hardware.gpu.name} (gpu_memory_utilization "
+                   f"{rollout.SERVER_SHARE_DEFAULT}) cannot hold the weights and one sequence of {cfg.seq_len:,} "
+                   "tokens: more --vllm-gpus, or a larger --vllm-tp")
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
@@ -149,6 +181,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     if g == Generation.NONE or g == Generation.SERVER:
         return
     m, rows, roll = ctx.model, rows_per_generation(ctx), frozenset({Phase.ROLLOUT})
+    _zero3_gathers(ctx, ledger)
     if g == Generation.TRANSFORMERS:
         c = ctx.layout.dtypes.compute
         ledger.add("activations", "generation: KV cache of the generation batch (transformers)",
@@ -168,6 +201,33 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                note="sleep level 2: weights and KV cache discarded outside generation")
     ledger.add("generation_engine", "vLLM engine awake: weights, KV cache", budget, 1,
                phases=roll, moment=GENERATING, note=f"gpu_memory_utilization {share:.2f}")
+
+
+def _zero3_gathers(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    """Under ZeRO-3, what the rollout gathers of the partitioned model: transformers' generation
+    every parameter for the whole generation (TRL's ``ds3_gather_for_generation``, default true:
+    ``unwrap_model_for_generation``); the push to vLLM one parameter at a time, or with an adapter
+    every parameter at once to merge it (``VLLMGeneration._iter_named_params``), beside the
+    engine's weights where it sleeps (woken for the push)."""
+    from planner.strategies.method import zero3_plan
+
+    g, m, lay, roll = ctx.config.generation, ctx.model, ctx.layout, frozenset({Phase.ROLLOUT})
+    if not zero3_plan(ctx) or lay.data_parallel == 1:
+        return
+    every = params.total_parameters(m)
+    if g == Generation.TRANSFORMERS:
+        ledger.add("gathered_parameters", "ZeRO-3: every parameter gathered for generation", every, lay.gathered_bytes,
+                   phases=roll, moment=GENERATING, note="ds3_gather_for_generation (GRPOConfig's default)")
+        return
+    if g == Generation.SERVER or g == Generation.COLOCATE or g == Generation.COLOCATE_SLEEP:
+        adapter = lay.adapter is not None
+        ledger.add("gathered_parameters", "ZeRO-3: " + ("every parameter gathered to merge the adapter" if adapter
+                                                         else "the largest parameter gathered"),
+                   every if adapter else m.vocab_size * m.hidden_size, lay.gathered_bytes, phases=roll, moment=SYNCING,
+                   note="while the weights are pushed to vLLM")
+    if g == Generation.COLOCATE_SLEEP:
+        ledger.add("generation_engine", "vLLM engine's weights, woken for the push",
+                   -(-engine_weight_bytes(ctx) // engine_tp(ctx)), 1, phases=roll, moment=SYNCING)
 
 
 def generation_seconds(ctx: PlanContext) -> tuple[float, str]:
@@ -193,18 +253,18 @@ def generation_seconds(ctx: PlanContext) -> tuple[float, str]:
             kv_passes=rollout.KV_PASSES["transformers"])
         return seconds, (f"{rows} rows at once, {completion} decode steps, each launching every kernel and "
                          "copying the KV cache")
-    weights = engine_weight_bytes(ctx)
+    weights, tp, rows = engine_weight_bytes(ctx), engine_tp(ctx), engine_rows(ctx)
+    split = f" over {tp} GPUs" if tp > 1 else ""
     if g == Generation.SERVER:
-        rows = server_rows(ctx)
-        live = engine_concurrency(ctx, rollout.SERVER_SHARE_DEFAULT, rows)
+        live = engine_concurrency(ctx, rollout.SERVER_SHARE_DEFAULT)
         sync = weights / ctx.hardware.gpu.gpu_link_bytes_per_s
-        how = f"{rows} rows per server GPU, {live} at once; weights broadcast over NCCL"
+        how = f"{rows} rows per server engine{split}, {live} at once; weights broadcast over NCCL"
     else:
-        live = engine_concurrency(ctx, colocated_share(ctx), rows)
-        sync = 2 * weights / bw
-        how = f"{rows} rows, {live} at once; weights copied into the engine"
-    seconds = rollout.prefill_seconds(n, rows, prompt, flops) + rollout.decode_seconds(
-        weights, m, rows, live, prompt, completion, 2, bw, flops, n, kv_passes=rollout.KV_PASSES["vllm"])
+        live = engine_concurrency(ctx, colocated_share(ctx))
+        sync = 2 * weights / tp / bw
+        how = f"{rows} rows{split}, {live} at once; weights copied into the engine"
+    seconds = rollout.prefill_seconds(n, rows, prompt, flops * tp) + rollout.decode_seconds(
+        -(-weights // tp), m, rows, live, prompt, completion, 2, bw, flops, n, kv_passes=rollout.KV_PASSES["vllm"], tp=tp)
     return seconds + sync, how
 
 
@@ -214,10 +274,16 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         return
     seconds, how = generation_seconds(ctx)
     draft.serial("generation", f"generation ({ctx.config.generation})", seconds, note=how)
+    from planner.strategies.method import zero3_plan
+    from planner.strategies.sharding import zero3_gather_seconds
+
+    if zero3_plan(ctx) and (gather := zero3_gather_seconds(ctx)):
+        draft.serial("communication", "ZeRO-3 all-gather of the model for generation", gather,
+                     note="transformers' generation, or the push to vLLM, once per step")
 
 
 #: GRPOConfig keys of the generation (TRL 1.16).
-EMITTED = ("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+EMITTED = ("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_tensor_parallel_size")
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
@@ -231,6 +297,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     if g in COLOCATED:
         args["vllm_gpu_memory_utilization"] = round(colocated_share(ctx), 4)
         args["vllm_enable_sleep_mode"] = g == Generation.COLOCATE_SLEEP
+        args["vllm_tensor_parallel_size"] = engine_tp(ctx)
         files.extras.add("vllm")
 
 
@@ -262,6 +329,9 @@ def _read(job: JobFiles, r: Reading) -> None:
     sleep = r.typed(d, "vllm_enable_sleep_mode", (bool,), where)
     r.set("generation", Generation.COLOCATE_SLEEP if sleep else Generation.COLOCATE,
           f"{where}: use_vllm, {said}" + (", vllm_enable_sleep_mode" if sleep else ""))
+    tp = r.typed(d, "vllm_tensor_parallel_size", (int,), where)
+    r.set("vllm_tp", tp if tp is not None else 1, f"{where}: vllm_tensor_parallel_size" if tp is not None
+          else f"{where}: no vllm_tensor_parallel_size (GRPOConfig's default, 1)")
     share = r.typed(d, "vllm_gpu_memory_utilization", (int, float), where)
     r.set("vllm_share", float(share) if share is not None else rollout.COLOCATE_SHARE_DEFAULT,
           f"{where}: vllm_gpu_memory_utilization" if share is not None
@@ -269,10 +339,14 @@ def _read(job: JobFiles, r: Reading) -> None:
 
 
 def pin(ctx: PlanContext) -> dict:
-    """A colocated plan states its share (``colocated_share``) where the request left it to planner."""
+    """A vLLM plan states its tensor parallelism (``engine_tp``) and a colocated one its share
+    (``colocated_share``) where the request left them to planner."""
+    out: dict = {}
+    if ctx.config.generation in VLLM and not ctx.config.vllm_tp:
+        out["vllm_tp"] = engine_tp(ctx)
     if ctx.config.generation in COLOCATED and not ctx.config.vllm_share:
-        return {"vllm_share": colocated_share(ctx)}
-    return {}
+        out["vllm_share"] = colocated_share(ctx)
+    return out
 
 
 def searched_for(fixed: Mapping[str, Any]) -> tuple[str, ...] | None:

@@ -7,13 +7,14 @@ DPO as TRL >= 1.15's DPOTrainer runs it (planner/cost/preference.py holds the fa
   configuration's ``rows_per_micro_batch`` (planner/core/vocabulary.py), which every activation
   and time row reads;
 - a frozen reference model in the policy's stored dtype, whole on every GPU (DDP; ZeRO-1/2 run it
-  at stage 0), unless an adapter trains (the adapter-disabled base is the reference) or the
+  at stage 0; ZeRO-3 partitions it like the policy), unless an adapter trains (the adapter-disabled base is the reference) or the
   log-probabilities are precomputed before training (``--dpo-reference precomputed``);
 - the reference forward after the policy's, under ``no_grad``, while the policy's activations are
   saved (its own moment of the forward phase), when no precomputation replaces it;
 - log-probabilities from TRL's fused LM head, never the logits (strategies/loss.py).
-Sharded engines (ZeRO-3, FSDP), whose reference forward all-gathers its own units while the
-policy's activations wait, are refused until modelled.
+Under ZeRO-3 the reference forward gathers the head and a prefetch bucket as a training forward
+does, beside the policy's saved activations; FSDP, whose units gather differently, is refused
+until modelled.
 
 GRPO as TRL 1.16's GRPOTrainer runs it (planner/cost/rollout.py): each row a prompt and its
 completion (``--seq-len`` the longest prompt plus ``--completion-len``), padded, never packed;
@@ -21,8 +22,8 @@ completions generated every optimizer step (strategies/generation.py) and scored
 forwards of the micro-batch (the policy's for vLLM's importance-sampling correction, the
 reference's when ``--kl-beta`` is not 0); a reference model only then, and not with an adapter;
 the loss through the same fused LM head as DPO's. The global batch (completions) is a multiple
-of ``--num-generations``. Sharded engines (ZeRO-3, FSDP: the whole model gathered for
-generation) are refused until modelled.
+of ``--num-generations``. Under ZeRO-3 the scoring forwards gather as a training forward, and the
+generation gathers the whole model (strategies/generation.py); FSDP is refused until modelled.
 """
 
 from enum import StrEnum
@@ -82,9 +83,9 @@ REFERENCE_FORWARD = "the reference forward"
 #: What a DPO or GRPO plan needs of the other techniques: (field, allowed values, rejection code,
 #: why, whether the job may run and planner does not model it yet).
 TRL_ALLOWS = (
-    ("sharding", ("none", "ddp", "zero1", "zero2"), "with a sharded engine",
-     "the sharded engine's all-gathers around TRL's extra forwards (DPO's reference forward beside the saved "
-     "activations, GRPO's generation and scoring) are not modelled yet; use sharding ddp, zero1 or zero2", True),
+    ("sharding", ("none", "ddp", "zero1", "zero2", "zero3"), "with FSDP",
+     "FSDP's unit gathers around TRL's extra forwards (DPO's reference forward beside the saved activations, "
+     "GRPO's generation and scoring) are not modelled yet; use sharding ddp or zero1/2/3", True),
     ("loss", ("standard",), "with the chunked loss",
      "TRL's trainer computes its log-probabilities with its own fused LM head (no logits); plan loss standard", False),
 )
@@ -167,6 +168,16 @@ def _no_grad_forward(ctx: PlanContext, ledger: LedgerDraft, phases: frozenset, m
     ledger.add("logits", f"{what}: the fused LM head (projection buffer, per-token statistics)",
                preference.fused_forward_bytes(tokens, m.hidden_size, c, c) + tokens * m.hidden_size * c, 1,
                phases=phases, moment=moment, note="and the backbone's output; no logits")
+    if zero3_plan(ctx):  # its own gathers: the head at its end and the prefetch bucket, as a training forward's
+        from planner.strategies.sharding import zero3_forward_gathered
+
+        ledger.add("gathered_parameters", f"{what}: ZeRO-3 gathered head + prefetch", zero3_forward_gathered(ctx),
+                   lay.gathered_bytes, phases=phases, moment=moment)
+
+
+def zero3_plan(ctx: PlanContext) -> bool:
+    """Whether the plan's parameters are partitioned by ZeRO-3 (its extra forwards gather them)."""
+    return str(ctx.config.sharding) == "zero3"
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
@@ -176,10 +187,12 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         return
     m, lay = ctx.model, ctx.layout
     if reference_kept(ctx):
+        zero3 = zero3_plan(ctx)
         ledger.add("weights", f"the reference model (frozen copy, {ctx.config.method.upper()})",
                    params.total_parameters(m), lay.weight_bytes,
-                   shard=preference.reference_divisor(False, lay.data_parallel), tag=FROZEN_EVERY_RANK,
-                   note="in the policy's dtype, whole on every GPU (DeepSpeed runs it at ZeRO stage 0)")
+                   shard=preference.reference_divisor(zero3, lay.data_parallel), tag=FROZEN_EVERY_RANK,
+                   note="partitioned by ZeRO-3 as the policy (prepare_deepspeed)" if zero3 else
+                   "in the policy's dtype, whole on every GPU (DeepSpeed runs it at ZeRO stage 0)")
     if reference_forward(ctx):
         _no_grad_forward(ctx, ledger, frozenset({Phase.FORWARD}), REFERENCE_FORWARD, "reference forward")
     elif scoring_forwards(ctx):
@@ -205,14 +218,20 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     """DPO's reference forward of every micro-batch, after the policy's; GRPO's scoring forwards of
     every micro-batch, before training on it (serial: nothing overlaps them)."""
     dispatch = ctx.model.num_layers * overheads.layer_forward_dispatch_seconds(ctx.layout.fused_attention)
+    from planner.strategies.sharding import zero3_gather_seconds
+
+    gather = zero3_gather_seconds(ctx) if zero3_plan(ctx) else 0.0
     if reference_forward(ctx):
         draft.compute("matmul", "DPO reference forward (no_grad)", forward_seconds(ctx), Window.FORWARD,
                       note="every micro-batch, after the policy's forward")
         draft.dispatch(dispatch, 0.0)
+        if gather:
+            draft.overlapped("communication", "ZeRO-3 all-gather of the reference forward", gather, Window.FORWARD, True)
     elif n := scoring_forwards(ctx):
         draft.serial("matmul", f"GRPO scoring forwards (no_grad, {n} per micro-batch)",
-                     n * max(forward_seconds(ctx), dispatch), per_micro_batch=True,
-                     note="the policy's (importance sampling) and the reference's (beta > 0)")
+                     n * max(forward_seconds(ctx) + gather, dispatch), per_micro_batch=True,
+                     note="the policy's (importance sampling) and the reference's (beta > 0)"
+                     + ("; ZeRO-3 gathers each" if gather else ""))
 
 
 #: DPOConfig and GRPOConfig keys the emitted Trainer arguments state (no SFT recipe holds them).

@@ -316,11 +316,10 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, h: int) -> No
         place=lay.placement("weights").replicated,
         note=f"tensors <= stage3_param_persistence_threshold ({threshold:,} elements)",
     )
-    head = m.vocab_size * h
     prefetch = b["stage3_prefetch_bucket_size"]
     live = b["stage3_max_live_parameters"]
     ledger.add(
-        "gathered_parameters", "ZeRO-3 gathered head + prefetch", min(live, head + prefetch), lay.gathered_bytes,
+        "gathered_parameters", "ZeRO-3 gathered head + prefetch", zero3_forward_gathered(ctx), lay.gathered_bytes,
         phases=FWD, note=f"the output head is gathered at the loss; prefetch bucket {prefetch:,}",
     )
     ledger.add(
@@ -329,6 +328,24 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, h: int) -> No
     )
     ledger.add("gathered_parameters", "ZeRO-3 unpartitioned layer gradients", lay.layer_trained, lay.grad_bytes,
                phases=BWD)
+
+
+def zero3_forward_gathered(ctx: PlanContext) -> int:
+    """Elements a ZeRO-3 forward holds gathered at its peak: the output head at the loss and the
+    prefetch bucket, at most ``stage3_max_live_parameters``. Unit: elements (of gathered_bytes)."""
+    b = deepspeed_buckets(ctx.model.hidden_size, ctx.config)
+    return min(b["stage3_max_live_parameters"], ctx.model.vocab_size * ctx.model.hidden_size
+               + b["stage3_prefetch_bucket_size"])
+
+
+def zero3_gather_seconds(ctx: PlanContext) -> float:
+    """Seconds of one ZeRO-3 all-gather of every parameter (a forward's, layer by layer) over the
+    slowest link the data-parallel group spans. Unit: seconds (0 on one GPU)."""
+    lay = ctx.layout
+    if lay.data_parallel == 1:
+        return 0.0
+    volume = comms.all_gather_bytes(gathered_model_elements(ctx) * lay.weight_bytes, lay.data_parallel)
+    return _seconds(volume, _link(ctx, ctx.hardware.nodes > 1), ctx.model.num_layers)
 
 
 def _link(ctx: PlanContext, spans_nodes: bool) -> tuple[float, float]:
@@ -374,7 +391,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
                          per_micro_batch=False, note="once per step, bucketed under the last backward")
         return
     if ctx.engine == Engine.DEEPSPEED:
-        gather = _seconds(comms.all_gather_bytes(gathered * lay.weight_bytes, n), world, layers)
+        gather = zero3_gather_seconds(ctx)
         reduce = _seconds(comms.all_gather_bytes(trained * lay.grad_bytes, n), world, layers)
         if s == Sharding.ZERO3:
             draft.overlapped("communication", "ZeRO-3 parameter all-gather (forward)", gather, Window.FORWARD, True)

@@ -55,6 +55,7 @@ class TrainingConfig(ConfigBase):
     kl_beta: float = 0.0
     vllm_share: float = 0.0
     vllm_gpus: int = 1
+    vllm_tp: int = 0
     micro_batch_size: int = 1
     grad_accum: int = 1
     seq_len: int = 2048
@@ -97,6 +98,7 @@ class TechniqueChoices(Record):
     kl_beta: float | None = None
     vllm_share: float | None = None
     vllm_gpus: int | None = None
+    vllm_tp: int | None = None
 
 
 class TechniqueLists(Record):
@@ -132,3 +134,4 @@ class TechniqueLists(Record):
     kl_beta: float | None = None
     vllm_share: float | None = None
     vllm_gpus: int | None = None
+    vllm_tp: int | None = None

@@ -78,9 +78,9 @@ def round_trip(plan, out, gpus: str | None = None):
                               host_memory_gb=plan.hardware.host_memory_bytes_per_node / 1e9))
 
 
-#: Fields no training job's files hold: the vLLM server's GPUs (``trl vllm-serve`` runs beside the
-#: training processes; ``planner check --vllm-gpus`` says how many).
-OUTSIDE_THE_FILES = frozenset({"vllm_gpus"})
+#: Fields no training job's files hold: the vLLM server's GPUs and tensor parallelism (``trl
+#: vllm-serve`` runs beside the training processes; ``planner check --vllm-gpus`` says how many).
+OUTSIDE_THE_FILES = frozenset({"vllm_gpus", "vllm_tp"})
 
 
 def round_trip_errors(plan, result) -> list[str]:

@@ -54,7 +54,7 @@ def test_no_logits_the_fused_head_instead():
     assert fused and max(fused.values()) < min(v for k, v in rows(sft, "start of backward", "loss forward").items())
 
 
-@pytest.mark.parametrize("change", [dict(sharding="fsdp"), dict(sharding="zero3"), dict(loss="chunked"),
+@pytest.mark.parametrize("change", [dict(sharding="fsdp"), dict(loss="chunked"),
                                     dict(batching="packed"), dict(batching="padded-max")])
 def test_what_dpo_does_not_model_is_refused_with_the_reason(change):
     gpus = "2xH100-80" if "sharding" in change else GPUS
@@ -62,6 +62,19 @@ def test_what_dpo_does_not_model_is_refused_with_the_reason(change):
     [(field, value)] = change.items()
     assert not plan.feasible and any(f"dpo with {field} {value}" in r or f"dpo with {value} {field}" in r
                                      for r in plan.reasons), plan.reasons
+
+
+def test_under_zero3_the_reference_is_partitioned_and_its_forward_gathers():
+    """prepare_deepspeed partitions the reference under ZeRO-3 as the policy; its forward, beside
+    the policy's saved activations, gathers the head and a prefetch bucket as a training forward."""
+    zero3 = run(MODEL, "2xH100-80", method="dpo", sharding="zero3", **BASE)
+    assert zero3.feasible, zero3.reasons
+    n = zero3.model.num_parameters
+    [(_, held)] = rows(zero3, "the reference model").items()
+    assert held == preference.reference_weight_bytes(n, 2, preference.reference_divisor(True, 2))
+    [gathered] = [r for r in zero3.ledger if r.label.startswith("reference forward: ZeRO-3 gathered")]
+    assert gathered.moment == "the reference forward"
+    assert any(r.label == "ZeRO-3 all-gather of the reference forward" for r in zero3.time.rows)
 
 
 def test_suggest_plans_dpo_only_when_named():
@@ -72,7 +85,7 @@ def test_suggest_plans_dpo_only_when_named():
     dpo = suggest(SuggestRequest(model=MODEL, gpus="8xH100-80", method=["dpo"]))
     assert {p.config.method for p in plain.plans} == {"sft"}
     assert {p.config.method for p in dpo.plans} == {"dpo"} and dpo.plans[0].config.batching == "padded"
-    assert {p.config.sharding for p in dpo.plans} <= {"none", "ddp", "zero1", "zero2"}
+    assert {p.config.sharding for p in dpo.plans} <= {"none", "ddp", "zero1", "zero2", "zero3"}  # (FSDP refused)
 
 
 def test_check_plans_a_trl_dpo_recipe_as_dpo(tmp_path):

@@ -80,7 +80,7 @@ def test_the_reference_model_only_with_beta_and_without_an_adapter():
 
 
 @pytest.mark.parametrize("change, words", [
-    (dict(sharding="zero3"), "not modelled"), (dict(sharding="fsdp"), "not modelled"),
+    (dict(sharding="fsdp"), "not modelled"),
     (dict(loss="chunked"), "fused LM head"), (dict(batching="packed"), "never packs"),
     (dict(completion_len=1536), "leaves no prompt"), (dict(num_generations=3), "whole groups"),
     (dict(generation="none"), "generates its completions"), (dict(vllm_share=0.04), "cannot hold"),
@@ -124,12 +124,12 @@ def test_a_server_plan_holds_no_engine_and_waits_for_the_weights_broadcast():
     assert not [r for r in server.ledger if r.term == "generation_engine"]
     [row] = [r for r in server.time.rows if r.term == "generation"]
     broadcast = params.total_parameters(resolve_model(MODEL)) * 2 / parse_gpus(GPUS).gpu.gpu_link_bytes_per_s
-    assert row.seconds > broadcast and "per server GPU" in row.note
+    assert row.seconds > broadcast and "per server engine" in row.note
 
 
 def test_check_refuses_a_job_it_cannot_model_rather_than_calling_it_too_big():
-    """open-r1's GRPO demo under its ZeRO-3 config: the sharded generation is not modelled, so
-    check refuses it (exit 2) with the reason, never "will not fit"."""
+    """open-r1's GRPO demo under its FSDP config: FSDP's gathers around generation are not
+    modelled, so check refuses it (exit 2) with the reason, never "will not fit"."""
     from pathlib import Path
 
     from planner.check import CheckRequest, check
@@ -139,6 +139,45 @@ def test_check_refuses_a_job_it_cannot_model_rather_than_calling_it_too_big():
     with pytest.raises(PlannerInputError) as e:
         check(CheckRequest(model=MODEL, gpus=GPUS, alternatives=0,
                            training_args=root / "Qwen2.5-1.5B-Instruct/grpo/config_demo.yaml",
-                           accelerate_config=root / "accelerate_configs/zero3.yaml"))
-    assert any("zero3" in p and "not modelled" in p for p in e.value.problems)
+                           accelerate_config=root / "accelerate_configs/fsdp.yaml"))
+    assert any("fsdp" in p and "not modelled" in p for p in e.value.problems)
     assert "cannot give this job a verdict" in e.value.hint
+
+
+def test_vllm_splits_a_large_model_over_gpus_and_each_gpu_holds_its_shard():
+    """Qwen2.5-32B's 65 GB of bf16 weights: the colocated engine's rule splits them four ways on
+    H100s (16 GB each, at most a quarter of a GPU); each GPU's KV cache holds its share of the KV
+    heads, and its group's rows (TRL's max_num_seqs: per_device x tp x steps_per_generation)."""
+    spec = resolve_model("Qwen/Qwen2.5-32B")
+    weights = params.total_parameters(spec) * 2
+    assert rollout.tensor_parallel(weights, 80 * 10**9, 8, rollout.COLOCATED_WEIGHT_SHARE, spec) == 4
+    assert rollout.kv_bytes_per_token(spec, 2, 4) * 4 == rollout.kv_bytes_per_token(spec, 2)
+    assert rollout.kv_bytes_per_token(spec, 2, 16) == rollout.kv_bytes_per_token(spec, 2, 8)  # heads replicated
+    plan = run("Qwen/Qwen2.5-32B", GPUS, **(BASE | {"generation": "vllm-colocate-sleep", "adapter": "lora",
+                                                   "micro_batch_size": 2}))
+    assert plan.config.vllm_tp == 4 and plan.feasible
+    [row] = [r for r in plan.time.rows if r.term == "generation"]
+    assert row.note.startswith(f"{2 * BASE['grad_accum'] * 4} rows over 4 GPUs")
+    bad = run("Qwen/Qwen2.5-32B", GPUS, **(BASE | {"generation": "vllm-colocate", "adapter": "lora", "vllm_tp": 3}))
+    assert not bad.feasible and any("tensor parallelism 3" in r for r in bad.reasons)
+
+
+def test_under_zero3_the_rollout_gathers_what_trl_gathers():
+    """transformers' generation gathers every parameter for the whole generation
+    (ds3_gather_for_generation); the push to vLLM one parameter at a time, or every one with an
+    adapter to merge; the scoring forwards gather as a training forward; the reference is
+    partitioned like the policy."""
+    every = params.total_parameters(resolve_model(MODEL))
+    zero3 = BASE | {"sharding": "zero3"}
+    hf = run(MODEL, GPUS, generation="transformers", **zero3)
+    [row] = [r for r in hf.ledger if r.label.startswith("ZeRO-3: every parameter gathered for generation")]
+    assert row.bytes == every * 2 and row.moment.startswith("generating")
+    full = run(MODEL, GPUS, generation="vllm-colocate-sleep", kl_beta=0.04, **zero3)
+    assert rows(full, "ZeRO-3: the largest parameter")
+    assert rows(full, "scoring forward: ZeRO-3 gathered head + prefetch")
+    [(_, reference)] = rows(full, "the reference model").items()
+    assert reference == -(-every * 2 // 8)  # 16-bit, partitioned over the 8 GPUs
+    lora = run(MODEL, GPUS, generation="vllm-colocate-sleep", adapter="lora", **zero3)
+    [(_, merged)] = rows(lora, "ZeRO-3: every parameter gathered to merge").items()
+    assert merged == every * 2
+    assert any(r.label == "ZeRO-3 all-gather of the model for generation" for r in lora.time.rows)

@@ -230,9 +230,13 @@ VERDICTS = [
      "8xA100-80", {}, True),
     (HB + "zephyr-7b-beta/sft/config_qlora.yaml", None, "mistralai/Mistral-7B-v0.1", "1xA100-80", {}, True),
     # DPO recipes whose keys DPO shares with ORPO: the handbook runs them with run_dpo.py (--method dpo);
-    # the full ones run under ZeRO-3, whose sharded reference forward is not modelled yet (refused)
+    # README: "full DPO needs 8 GPUs (80GB)", under ZeRO-3 (the reference partitioned like the policy)
     (HB + "zephyr-7b-beta/dpo/config_qlora.yaml", None, "mistralai/Mistral-7B-v0.1", "1xA100-80", {"method": "dpo"},
      True),
+    (HB + "zephyr-7b-beta/dpo/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "mistralai/Mistral-7B-v0.1",
+     "8xA100-80", {"method": "dpo"}, True),
+    (HB + "zephyr-7b-gemma/dpo/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "google/gemma-7b",
+     "8xA100-80", {"method": "dpo"}, True),
     (HB + "zephyr-7b-gemma/sft/config_full.yaml", HB + "accelerate_configs/zero3.yaml", "google/gemma-7b",
      "8xA100-80", {}, True),
     (HB + "smollm3/sft/sft.yaml", HB + "accelerate_configs/zero3.yaml", "HuggingFaceTB/SmolLM3-3B", "8xA100-80", {},

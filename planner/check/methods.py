@@ -61,15 +61,11 @@ def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
 
 def _unmodelled_grpo(d: dict, where: str) -> str | None:
     """The refusal for a GRPO recipe planner does not model (None: planned): under a TRL before the
-    fused LM head, with vLLM's tensor parallelism, or several iterations or generations per step
-    (the generation batch decoupled from the optimizer step)."""
+    fused LM head, or with a generation batch decoupled from the optimizer step."""
     trl = job_module.installed_release("trl")
     if trl is not None and not fused_logprobs(trl):
         return (f"{where}: a GRPO recipe under the TRL installed here ({'.'.join(map(str, trl))}), whose GRPOTrainer "
                 f"computes log-probabilities from the logits (before 1.15): not modelled; {REFUSAL}")
-    tp = d.get("vllm_tensor_parallel_size", 1)
-    if tp not in (1, None):
-        return f"{where}: vllm_tensor_parallel_size {tp}: vLLM's tensor parallelism is not modelled yet; {REFUSAL}"
     for key in ("steps_per_generation", "generation_batch_size"):
         if d.get(key) is not None:
             return (f"{where}: {key}: a generation batch other than the optimizer step's is not modelled yet "

@@ -61,13 +61,47 @@ CUDA_GRAPH_BYTES = round(1.5 * 2**30)
 DECODE_BANDWIDTH_EFFICIENCY = 0.65
 
 
-def kv_bytes_per_token(m: ModelSpec, dtype_bytes: float) -> float:
-    """KV-cache bytes per token of one sequence: a key and a value per layer, ``n_kv_heads x
-    head_dim`` elements each, in ``dtype_bytes``. Unit: bytes per token. Source: transformers'
-    ``DynamicCache`` layers (``torch.cat`` of the new keys and values) and vLLM's
-    ``FullAttentionSpec.page_size_bytes`` (2 x block x kv heads x head size x dtype bytes per
-    layer). Assumption: full attention in every layer (a sliding window would cap vLLM's)."""
-    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * dtype_bytes
+def kv_bytes_per_token(m: ModelSpec, dtype_bytes: float, tp: int = 1) -> float:
+    """KV-cache bytes per token of one sequence on one GPU of a ``tp``-way tensor-parallel engine:
+    a key and a value per layer, ``n_kv_heads / tp`` heads of ``head_dim`` elements each (at
+    least one: vLLM replicates the KV heads where ``tp`` exceeds them), in ``dtype_bytes``. Unit:
+    bytes per token. Source: transformers' ``DynamicCache`` layers (``torch.cat`` of the new keys
+    and values) and vLLM's ``FullAttentionSpec.page_size_bytes`` (2 x block x kv heads x head size
+    x dtype bytes per layer; ``get_num_kv_heads``: ``max(1, total_num_kv_heads // tp)``).
+    Assumption: full attention in every layer (a sliding window would cap vLLM's)."""
+    return 2 * m.num_layers * max(1, m.num_kv_heads // tp) * m.head_dim * dtype_bytes
+
+
+#: Seconds of one small all-reduce between a tensor-parallel engine's GPUs (two per decoder
+#: layer per decode step). Assumption (a few microseconds of NCCL or vLLM's custom all-reduce on
+#: NVLink, at decode's message sizes); a GPU run calibrates it.
+TP_ALLREDUCE_SECONDS = 15e-6
+#: The largest share of a GPU a colocated engine's weights may take before planner splits them
+#: over more GPUs (``tensor_parallel``): three quarters of each GPU left to training. planner's
+#: rule, not TRL's (whose default tensor parallelism is 1); ``--vllm-tp`` sets it.
+COLOCATED_WEIGHT_SHARE = 0.25
+#: The same for a server's GPUs: half of each left to the KV cache.
+SERVER_WEIGHT_SHARE = 0.5
+
+
+def tensor_parallel(weight_bytes: int, gpu_bytes: int, most: int, share: float, m: ModelSpec) -> int:
+    """The smallest power of two ``t`` (at most ``most``) whose shard of the weights,
+    ``weight_bytes / t``, is at most ``share`` of a GPU, among those vLLM can split the model by (the
+    attention heads a multiple of ``t``; the KV heads a multiple of it, or it of them); ``most`` when
+    none is. Unit: GPUs."""
+    t = 1
+    while t < most:
+        if weight_bytes / t <= share * gpu_bytes and tp_divides(m, t):
+            return t
+        t *= 2
+    return t
+
+
+def tp_divides(m: ModelSpec, tp: int) -> bool:
+    """Whether vLLM can split ``m`` over ``tp`` GPUs: its attention heads a multiple of ``tp`` and its
+    KV heads a multiple of ``tp`` or ``tp`` of them (vLLM ``ModelConfig.verify_with_parallel_config``,
+    ``get_num_kv_heads``)."""
+    return m.num_heads % tp == 0 and (m.num_kv_heads % tp == 0 or tp % m.num_kv_heads == 0)
 
 
 def generation_rows(micro_batch: int, steps_per_generation: int) -> int:
@@ -115,12 +149,12 @@ def engine_bytes(share: float, gpu_bytes: int) -> int:
     return int(share * gpu_bytes) + CUDA_GRAPH_BYTES
 
 
-def kv_capacity_tokens(budget: int, fixed: int, m: ModelSpec, dtype_bytes: float) -> int:
-    """Tokens of KV cache a vLLM engine of ``budget`` bytes (``gpu_memory_utilization`` x the
-    GPU's memory) holds after its fixed bytes (``engine_fixed_bytes``), in whole blocks. Unit:
-    tokens; 0 when the budget does not cover the fixed bytes."""
+def kv_capacity_tokens(budget: int, fixed: int, m: ModelSpec, dtype_bytes: float, tp: int = 1) -> int:
+    """Tokens of KV cache a vLLM engine of ``budget`` bytes per GPU (``gpu_memory_utilization`` x
+    the GPU's memory) holds after its fixed bytes (``engine_fixed_bytes``, per GPU), in whole
+    blocks. Unit: tokens; 0 when the budget does not cover the fixed bytes."""
     free = budget - fixed
-    per_block = BLOCK_TOKENS * kv_bytes_per_token(m, dtype_bytes)
+    per_block = BLOCK_TOKENS * kv_bytes_per_token(m, dtype_bytes, tp)
     return max(0, int(free // per_block)) * BLOCK_TOKENS
 
 
@@ -133,11 +167,11 @@ def concurrent_rows(capacity_tokens: int, seq_len: int, max_num_seqs: int) -> in
 
 
 def share_for(fixed: int, rows: int, seq_len: int, m: ModelSpec, dtype_bytes: float, gpu_bytes: int,
-              step: float = 0.05) -> float:
+              step: float = 0.05, tp: int = 1) -> float:
     """The smallest ``gpu_memory_utilization``, in steps of ``step``, whose budget holds the
-    engine's fixed bytes and the KV cache of ``rows`` full sequences at once. Unit: a fraction of
-    the GPU's memory (may exceed 1: no share holds them)."""
-    per_row = -(-seq_len // BLOCK_TOKENS) * BLOCK_TOKENS * kv_bytes_per_token(m, dtype_bytes)
+    engine's fixed bytes (per GPU) and the KV cache of ``rows`` full sequences at once. Unit: a
+    fraction of the GPU's memory (may exceed 1: no share holds them)."""
+    per_row = -(-seq_len // BLOCK_TOKENS) * BLOCK_TOKENS * kv_bytes_per_token(m, dtype_bytes, tp)
     need = fixed + rows * per_row
     return ceil(round(need / gpu_bytes / step, 9)) * step
 
@@ -151,13 +185,16 @@ KV_PASSES = {"vllm": 1, "transformers": 3}
 
 def decode_seconds(weight_bytes: float, m: ModelSpec, rows: int, concurrent: int, prompt: int, completion: int,
                    dtype_bytes: float, bandwidth: float, flops_rate: float, parameters: int,
-                   per_step_seconds: float = 0.0, kv_passes: int = 1) -> float:
+                   per_step_seconds: float = 0.0, kv_passes: int = 1, tp: int = 1) -> float:
     """Seconds to generate ``completion`` tokens for each of ``rows`` sequences, ``concurrent`` at a
     time: per decode step the weights are read and every live sequence's KV cache ``kv_passes`` times at
     ``bandwidth`` (memory bound; a vLLM engine's: ``DECODE_BANDWIDTH_EFFICIENCY`` of the
     datasheet's) unless the step's matmuls (2 x parameters FLOPs per sequence) take longer, plus
     ``per_step_seconds`` of host work per step; the context grows from ``prompt`` to ``prompt +
-    completion``, taken at its mean. Prefill not included (``prefill_seconds``). Unit: seconds.
+    completion``, taken at its mean. On a ``tp``-way engine ``weight_bytes`` is one GPU's shard,
+    each GPU reads its KV heads (``kv_bytes_per_token``) and does 1/tp of the FLOPs, and each step
+    adds two all-reduces per layer (``TP_ALLREDUCE_SECONDS``). Prefill not included
+    (``prefill_seconds``). Unit: seconds.
     Assumption: every completion runs to ``completion`` tokens (the longest a step can wait for:
     the batch ends with its longest completion)."""
     if rows <= 0 or concurrent <= 0:
@@ -165,8 +202,9 @@ def decode_seconds(weight_bytes: float, m: ModelSpec, rows: int, concurrent: int
     waves, seconds = ceil(rows / concurrent), 0.0
     for wave in range(waves):
         live = min(concurrent, rows - wave * concurrent)
-        kv = kv_passes * live * (prompt + completion / 2) * kv_bytes_per_token(m, dtype_bytes)
-        step = max((weight_bytes + kv) / bandwidth, 2 * parameters * live / flops_rate) + per_step_seconds
+        kv = kv_passes * live * (prompt + completion / 2) * kv_bytes_per_token(m, dtype_bytes, tp)
+        allreduce = 2 * m.num_layers * TP_ALLREDUCE_SECONDS if tp > 1 else 0.0
+        step = max((weight_bytes + kv) / bandwidth, 2 * parameters * live / tp / flops_rate) + per_step_seconds + allreduce
         seconds += completion * step
     return seconds
 

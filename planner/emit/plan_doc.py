@@ -201,7 +201,7 @@ def how_to_run_grpo(draft: EmitDraft, files: list[str], c) -> list[str]:
     ]
     if str(c.generation) == "vllm-server":
         out.append(f"CUDA_VISIBLE_DEVICES=<{c.vllm_gpus} other GPU(s)> trl vllm-serve --model $MODEL "
-                   f"--data_parallel_size {c.vllm_gpus} &")
+                   f"--tensor_parallel_size {c.vllm_tp} --data_parallel_size {max(1, c.vllm_gpus // c.vllm_tp)} &")
     out += [
         "MODEL=/path/to/your/model DATA=/path/to/prompts.jsonl ./launch.sh --reward my_rewards:accuracy "
         "--max-steps 1000",
