@@ -150,10 +150,16 @@ def test_the_launch_reads_preference_pairs_and_refuses_bad_ones_with_the_line(tm
     good.write_text('{"prompt": "p", "chosen": "c", "rejected": "r", "id": 1}\n\n')
     assert preference_pairs(str(good), 64, 1) == [{"prompt": "p", "chosen": "c", "rejected": "r"}]
     for text, said in (('{"prompt": "p"\n', "line 1 is not JSON"),
-                       ('{"prompt": "p", "chosen": "c"}\n', "line 1 needs string fields prompt, chosen, rejected")):
+                       ('{"prompt": "p", "chosen": "c"}\n', "line 1 needs fields prompt, chosen, rejected"),
+                       ('{"prompt": [{"role": "user", "content": "p"}], "chosen": "c", "rejected": "r"}\n',
+                        "all strings or all lists of messages")):
         good.write_text(text)
         with pytest.raises(PlannerInputError, match=said):
             preference_pairs(str(good), 64, 1)
     with pytest.raises(PlannerInputError, match="a JSONL file of preference pairs"):
         preference_pairs(str(tmp_path / "pairs.txt"), 64, 1)
     assert len(preference_pairs("sample", 64, 5)) == 5
+    chat = [{"role": "user", "content": "p"}]
+    good.write_text(json.dumps({"prompt": chat, "chosen": [{"role": "assistant", "content": "c"}],
+                                "rejected": [{"role": "assistant", "content": "r"}]}) + "\n")
+    assert preference_pairs(str(good), 64, 1)[0]["prompt"] == chat  # (TRL renders them with the chat template)

@@ -163,8 +163,16 @@ def test_the_launch_cuts_grpo_prompts_to_the_plans_length_and_refuses_bad_lines(
     sample = grpo_prompts("sample", tokenizer, 32, 5)
     assert len(sample) == 5 and all(28 <= len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) <= 32
                                     for r in sample)
+    tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    good.write_text('{"prompt": [{"role": "user", "content": "short"}]}\n'
+                    '{"prompt": [{"role": "user", "content": "' + "word " * 200 + '"}]}\n')
+    with pytest.raises(PlannerInputError, match="line 2: the prompt's messages render to"):
+        grpo_prompts(str(good), tokenizer, 32, 1)
+    good.write_text('{"prompt": [{"role": "user", "content": "short"}]}\n')
+    assert grpo_prompts(str(good), tokenizer, 32, 1) == [{"prompt": [{"role": "user", "content": "short"}]}]
     good.write_text('{"text": "no prompt"}\n')
-    with pytest.raises(PlannerInputError, match="line 1 needs string fields prompt"):
+    with pytest.raises(PlannerInputError, match="line 1 needs fields prompt"):
         grpo_prompts(str(good), tokenizer, 32, 1)
     with pytest.raises(PlannerInputError, match="a JSONL file of prompts"):
         grpo_prompts(str(tmp_path / "prompts.txt"), tokenizer, 32, 1)

@@ -11,14 +11,16 @@ content; rendered with the tokenizer's chat template, and only the assistants' t
 ``sample``: a small text shipped with planner, repeated as needed: for smoke tests of a launch,
 never for training.
 
-A DPO plan trains on preference pairs: JSONL objects with string ``prompt``, ``chosen`` and
-``rejected`` fields (TRL's standard preference format), or ``sample``: pairs cut from the sample
+A DPO plan trains on preference pairs: JSONL objects with ``prompt``, ``chosen`` and ``rejected``
+fields, all strings or all lists of messages (TRL's standard and conversational preference
+formats: TRL renders the latter with the chat template), or ``sample``: pairs cut from the sample
 text, each sequence longer than the plan's length (so TRL truncates every row to it, the plan's
 worst case).
 
-A GRPO plan trains on prompts: JSONL objects with a string ``prompt`` (TRL's prompt-only format;
-the other fields go to the reward function), each cut to the plan's prompt length (its rows less
-the completion), or ``sample``: prompts cut from the sample text at that length (the worst case).
+A GRPO plan trains on prompts: JSONL objects with a ``prompt`` (TRL's prompt-only format; the
+other fields go to the reward function), a string cut to the plan's prompt length (its rows less
+the completion) or a list of messages (rendered by TRL with the chat template; refused where it
+renders longer), or ``sample``: prompts cut from the sample text at that length (the worst case).
 """
 
 import json
@@ -221,28 +223,41 @@ class Padded:
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 
 
+def _messages(value) -> bool:
+    """Whether ``value`` is a conversation in TRL's format: role and content strings."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+
+
 def _records(source: str, fields: tuple[str, ...], what: str, holds: str) -> list[dict]:
-    """The JSONL objects of ``source``, each with a string in every one of ``fields``; ``what`` the
-    file must be, ``holds`` what its lines hold (for the messages)."""
+    """The JSONL objects of ``source``, each with a string, or a conversation (TRL's
+    conversational format, which TRL's trainers render with the chat template), in every one of
+    ``fields``; ``what`` the file must be, ``holds`` what its lines hold (for the messages)."""
     path = Path(source)
     if path.suffix not in (".jsonl", ".json") or not path.is_file():
         raise PlannerInputError(f"--data {source}: {what}",
                                 hint=f"Pass a JSONL file whose lines hold {holds}, or 'sample' for a smoke test.")
     rows = []
     for n, row in _json_lines(_read(path, source), source):
-        if not isinstance(row, dict) or not all(isinstance(row.get(f), str) for f in fields):
-            raise PlannerInputError(f"--data {source}: line {n} needs string fields {', '.join(fields)}")
-        rows.append(row)
+        if not isinstance(row, dict) or not all(isinstance(row.get(f), str) or _messages(row.get(f)) for f in fields):
+            raise PlannerInputError(f"--data {source}: line {n} needs fields {', '.join(fields)}, each a string or "
+                                    "a list of messages (role and content)")
+        rows.append(row | {"line": n})
     return rows
 
 
-def preference_pairs(source: str, seq_len: int, at_least: int) -> list[dict[str, str]]:
-    """The preference pairs of ``source`` (the module docstring), at least ``at_least`` of them for
-    ``sample`` (repeated: a smoke test)."""
+def preference_pairs(source: str, seq_len: int, at_least: int) -> list[dict]:
+    """The preference pairs of ``source`` (the module docstring; all three fields strings, or all
+    three conversations, TRL's conversational preference format), at least ``at_least`` of them
+    for ``sample`` (repeated: a smoke test)."""
     if source != SAMPLE:
-        return [{f: row[f] for f in PAIR_FIELDS}
-                for row in _records(source, PAIR_FIELDS, "a DPO plan trains on a JSONL file of preference pairs",
-                                    "prompt, chosen and rejected strings")]
+        rows = _records(source, PAIR_FIELDS, "a DPO plan trains on a JSONL file of preference pairs",
+                        "prompt, chosen and rejected strings (or lists of messages)")
+        for row in rows:
+            if len({isinstance(row[f], str) for f in PAIR_FIELDS}) > 1:
+                raise PlannerInputError(f"--data {source}: line {row['line']}: prompt, chosen and rejected are all "
+                                        "strings or all lists of messages (TRL's two preference formats)")
+        return [{f: row[f] for f in PAIR_FIELDS} for row in rows]
     text = " ".join(read_texts(SAMPLE))
     span = max(8 * seq_len, 64)  # characters: several per token, so every row exceeds seq_len tokens
     pairs: list[dict[str, str]] = []
@@ -259,19 +274,28 @@ def grpo_prompts(source: str, tokenizer, prompt_tokens: int, at_least: int) -> l
     of them for ``sample`` (repeated: a smoke test)."""
     keep = max(prompt_tokens - 2, 1)
 
-    def cut(text: str) -> str:
+    def cut(row: dict) -> dict:
+        """A string prompt cut to length; a conversation (rendered by TRL with the chat template,
+        and not cut) refused where it renders longer."""
+        line, text = row.pop("line", None), row["prompt"]
+        if not isinstance(text, str):
+            ids = tokenizer.apply_chat_template(text, tokenize=True, add_generation_prompt=True, return_dict=False)
+            if len(ids) > prompt_tokens:
+                raise PlannerInputError(f"--data: line {line}: the prompt's messages render to {len(ids):,} tokens, "
+                                        f"more than the plan's prompt ({prompt_tokens:,}: its rows less the completion)",
+                                        hint="Shorten the conversation, or plan a longer --seq-len.")
+            return row
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        return text if len(ids) <= keep else tokenizer.decode(ids[:keep])
+        return row if len(ids) <= keep else row | {"prompt": tokenizer.decode(ids[:keep])}
 
     if source != SAMPLE:
-        return [row | {"prompt": cut(row["prompt"])}
-                for row in _records(source, ("prompt",), "a GRPO plan trains on a JSONL file of prompts",
-                                    "a string prompt")]
+        return [cut(row) for row in _records(source, ("prompt",), "a GRPO plan trains on a JSONL file of prompts",
+                                             "a prompt")]
     text = " ".join(read_texts(SAMPLE))
     span = max(8 * prompt_tokens, 64)  # characters: several per token, so every prompt is cut to length
     rows: list[dict] = []
     while len(rows) < max(at_least, 1):
         i = (len(rows) * 97) % max(len(text) - span, 1)
-        rows.append({"prompt": cut(text[i:i + span])})
+        rows.append(cut({"prompt": text[i:i + span]}))
     return rows
 
