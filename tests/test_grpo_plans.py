@@ -181,3 +181,23 @@ def test_under_zero3_the_rollout_gathers_what_trl_gathers():
     [(_, merged)] = rows(lora, "ZeRO-3: every parameter gathered to merge").items()
     assert merged == every * 2
     assert any(r.label == "ZeRO-3 all-gather of the model for generation" for r in lora.time.rows)
+
+
+def test_suggest_weighs_a_vllm_server_against_colocating_and_names_the_split():
+    """On one machine with the generation left to it, suggest also plans a server on 1, 2 or 4 of
+    its GPUs (training on the rest), answers with the fastest and lists every split's speed; where
+    colocating cannot fit (Qwen2.5-32B LoRA on 4xH100-80), a server plan on fewer training GPUs."""
+    from planner.engine.suggest import suggest
+    from planner.schema.suggest import SuggestRequest
+
+    seven = suggest(SuggestRequest(model="Qwen/Qwen2.5-7B", gpus="8xH100-80", method=["grpo"], seq_len=1536,
+                                   completion_len=1024))
+    [line] = [r for r in seven.reasons if r.startswith("GRPO's generation, fastest first")]
+    assert line.count("tokens/s") == 4 and all(f"a vLLM server on {k}, training on {8 - k}" in line for k in (1, 2, 4))
+    named = suggest(SuggestRequest(model="Qwen/Qwen2.5-7B", gpus="8xH100-80", method=["grpo"], seq_len=1536,
+                                   completion_len=1024, generation=["transformers"]))
+    assert not any(r.startswith("GRPO's generation") for r in named.reasons)
+    big = suggest(SuggestRequest(model="Qwen/Qwen2.5-32B", gpus="4xH100-80", method=["grpo"], seq_len=1536,
+                                 completion_len=1024, adapter=["lora"]))
+    plan = big.plans[0]
+    assert plan.config.generation == "vllm-server" and plan.hardware.num_gpus + plan.config.vllm_gpus == 4

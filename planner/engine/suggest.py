@@ -40,15 +40,21 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     """The answer for ``request``; for GRPO with its generation left to planner, on one machine
     of several GPUs, also a vLLM server on some of them beside training on the rest
     (``server_splits``), the faster answer given with the others' speeds."""
-    result = _suggest_one(request)
     splits = server_splits(request)
     if not splits:
-        return result
+        return _suggest_one(request)
+    # the splits' searches in a child, on the second core, while this process answers the request
+    beside = Forked(_best_speeds, [split for _, split in splits], in_child=_one_worker)
+    try:
+        result = _suggest_one(request)
+        split_speeds = beside.result()
+    finally:
+        beside.close()
     speeds: list[tuple[str, SuggestRequest | None, float | None]] = [
         (f"generating in the training processes on all {request.hardware().num_gpus} GPUs", None,
          result.plans[0].time.tokens_per_second if result.plans else None)]
-    for k, split in splits:
-        speeds.append((f"a vLLM server on {k}, training on {split.hardware().num_gpus}", split, _best_speed(split)))
+    for (k, split), speed in zip(splits, split_speeds, strict=True):
+        speeds.append((f"a vLLM server on {k}, training on {split.hardware().num_gpus}", split, speed))
     _, asked, best = max(speeds, key=lambda x: x[2] or 0.0)
     if best is None:
         return result
@@ -77,6 +83,10 @@ def server_splits(request: SuggestRequest) -> list[tuple[int, SuggestRequest]]:
     return [(k, request.model_copy(update={"gpus": f"{n - k}x{gpu}", "generation": [Generation.SERVER],
                                            "vllm_gpus": k}))
             for k in SERVER_GPUS if 2 * k <= n]
+
+
+def _best_speeds(requests: list[SuggestRequest]) -> list[float | None]:
+    return [_best_speed(r) for r in requests]
 
 
 def _best_speed(request: SuggestRequest) -> float | None:
