@@ -201,3 +201,24 @@ def test_suggest_weighs_a_vllm_server_against_colocating_and_names_the_split():
                                  completion_len=1024, adapter=["lora"]))
     plan = big.plans[0]
     assert plan.config.generation == "vllm-server" and plan.hardware.num_gpus + plan.config.vllm_gpus == 4
+
+
+def test_check_reads_a_server_job_on_one_machine_as_training_beside_the_server(tmp_path):
+    """open-r1's layout: accelerate runs 7 processes on an 8-GPU machine, the eighth serving vLLM:
+    check plans training on 7 GPUs and a one-GPU server, says where that came from, and no
+    warning of a process count that differs from --gpus."""
+    from pathlib import Path
+
+    from planner.check import CheckRequest, check
+
+    root = Path(__file__).parent / "data" / "recipes" / "huggingface__open-r1" / "recipes"
+    accelerate = tmp_path / "zero2.yaml"
+    accelerate.write_text((root / "accelerate_configs/zero2.yaml").read_text().replace("num_processes: 8",
+                                                                                      "num_processes: 7"))
+    recipe = tmp_path / "grpo.yaml"
+    recipe.write_text((root / "Qwen2.5-1.5B-Instruct/grpo/config_demo.yaml").read_text() + "vllm_mode: server\n")
+    result = check(CheckRequest(model=MODEL, gpus="8xH100-80", alternatives=0, training_args=recipe,
+                                accelerate_config=accelerate))
+    assert result.estimate.hardware.num_gpus == 7 and result.estimate.config.vllm_gpus == 1
+    assert "the other GPUs serve vLLM" in result.sources["vllm_gpus"] and result.fits
+    assert not any("num_processes" in w for w in result.warnings)

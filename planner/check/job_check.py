@@ -82,7 +82,7 @@ class CheckResult(Record):
 def check(request: CheckRequest) -> CheckResult:
     reading, plan_config = _read_files(request)
     model, model_source = _model(request, reading)
-    hardware = request.hardware()
+    hardware = _server_split(request, reading, request.hardware())
     config, sources = _resolve(request, reading, plan_config, model, hardware)
     if refused := check_config(PlanContext(model, hardware, config)).unmodelled:
         raise PlannerInputError([f"the job as read: {x}" for x in refused],
@@ -180,6 +180,24 @@ def _plan_config(path: Path) -> dict | None:
     from planner.emit import load_plan_file
 
     return load_plan_file(path).plans[0].config.model_dump(mode="json")
+
+
+def _server_split(request: CheckRequest, reading: Reading, hardware):
+    """A GRPO job with a vLLM server on one machine whose accelerate config runs fewer processes
+    than --gpus has GPUs (open-r1's layout: ``--num_processes 7`` on 8, the eighth serving vLLM):
+    training on the processes' GPUs, the rest the server's (``vllm_gpus``), unless --vllm-gpus
+    says otherwise. Other jobs: ``hardware`` as given."""
+    generation = reading.values.get("generation", (None, ""))[0]
+    count, _, gpu = request.gpus.partition("x")
+    if (str(generation) != "vllm-server" or reading.processes is None or hardware.nodes != 1
+            or request.vllm_gpus is not None or not count.isdigit() or "x" in gpu):
+        return hardware
+    processes, where = reading.processes
+    if not 0 < processes < hardware.num_gpus:
+        return hardware
+    reading.values["vllm_gpus"] = (hardware.num_gpus - processes, f"{where} = {processes} of --gpus {request.gpus}: "
+                                   "the other GPUs serve vLLM")
+    return request.hardware(f"{processes}x{gpu}")
 
 
 def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[TrainingConfig, dict]:
