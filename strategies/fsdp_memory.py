@@ -36,6 +36,18 @@ _GATHER_WORDS = {
 }
 
 
+def forward_gathered_elements(ctx: PlanContext) -> int:
+    """Elements an FSDP2 forward holds gathered at its largest instant: the unsharded root unit
+    and the layers (and the root's all-gather output) of its largest forward instant, as
+    ``fsdp_rows`` writes them. Unit: elements (of gathered_bytes)."""
+    root, layer = params.root_parameters(ctx.model), ctx.layout.layer_gathered
+    if not ctx.layout.resharding:
+        return gathered_model_elements(ctx)
+    instants = [i for i in forward_instants(ctx) if (True, i) in _GATHER_WORDS]
+    return root + max((gathered_layers(ctx, i) * layer + (root if i == Instant.FIRST_LAYER_GATHER else 0)
+                       for i in instants), default=0)
+
+
 def fsdp_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
     """The FSDP2 rows of every phase, the layers' gathers by the schedule (strategies/fsdp_schedule.py;
     the sharded model states are their writers' rows, placed by the layout)."""

@@ -23,7 +23,7 @@ from planner.core.trl_recipes import grpo_recipe
 from planner.core.vocabulary import Setting
 from planner.cost import adapters, params, rollout
 from planner.strategies import rates
-from planner.strategies.base import Check, Choice, PlanContext, Strategy
+from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 
 
 class Generation(StrEnum):
@@ -156,6 +156,11 @@ def _check(ctx: PlanContext, out: Check) -> None:
     # space: these answers hold for every size the check cache serves them to)
     if g not in VLLM:
         return
+    if ctx.engine == Engine.FSDP and ctx.layout.adapter is not None:
+        out.reject("vllm with an fsdp adapter", f"{g} with an adapter under FSDP: merging the adapter into sharded "
+                   "weights for the push to vLLM is not modelled (TRL marks it untested); use ZeRO-3, or "
+                   "--generation transformers", unmodelled=True)
+        return
     tp = engine_tp(ctx)
     gpus = cfg.vllm_gpus if g == Generation.SERVER else ctx.layout.data_parallel
     if not rollout.tp_divides(ctx.model, tp) or gpus % tp or (g != Generation.SERVER and tp > ctx.hardware.gpus_per_node):
@@ -181,7 +186,7 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     if g == Generation.NONE or g == Generation.SERVER:
         return
     m, rows, roll = ctx.model, rows_per_generation(ctx), frozenset({Phase.ROLLOUT})
-    _zero3_gathers(ctx, ledger)
+    _partitioned_gathers(ctx, ledger)
     if g == Generation.TRANSFORMERS:
         c = ctx.layout.dtypes.compute
         ledger.add("activations", "generation: KV cache of the generation batch (transformers)",
@@ -203,28 +208,30 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                phases=roll, moment=GENERATING, note=f"gpu_memory_utilization {share:.2f}")
 
 
-def _zero3_gathers(ctx: PlanContext, ledger: LedgerDraft) -> None:
-    """Under ZeRO-3, what the rollout gathers of the partitioned model: transformers' generation
+def _partitioned_gathers(ctx: PlanContext, ledger: LedgerDraft) -> None:
+    """What the rollout gathers of a partitioned model. transformers' generation: under ZeRO-3
     every parameter for the whole generation (TRL's ``ds3_gather_for_generation``, default true:
-    ``unwrap_model_for_generation``); the push to vLLM one parameter at a time, or with an adapter
-    every parameter at once to merge it (``VLLMGeneration._iter_named_params``), beside the
-    engine's weights where it sleeps (woken for the push)."""
-    from planner.strategies.method import zero3_plan
+    ``unwrap_model_for_generation``); under FSDP2 what each decode step's forward gathers
+    (``summon_full_params`` is a no-op for FSDP2: its hooks gather unit by unit). The push to vLLM:
+    one parameter at a time (ZeRO-3 ``GatheredParameters``; FSDP2 ``full_tensor``), or under
+    ZeRO-3 with an adapter every parameter at once to merge it (``VLLMGeneration._iter_named_params``),
+    beside the engine's weights where it sleeps (woken for the push)."""
+    from planner.strategies.sharding import Sharding, forward_gathered, sharded_parameters
 
     g, m, lay, roll = ctx.config.generation, ctx.model, ctx.layout, frozenset({Phase.ROLLOUT})
-    if not zero3_plan(ctx) or lay.data_parallel == 1:
+    if not sharded_parameters(ctx) or lay.data_parallel == 1:
         return
-    every = params.total_parameters(m)
+    every, zero3 = params.total_parameters(m), ctx.config.sharding == Sharding.ZERO3
     if g == Generation.TRANSFORMERS:
-        ledger.add("gathered_parameters", "ZeRO-3: every parameter gathered for generation", every, lay.gathered_bytes,
-                   phases=roll, moment=GENERATING, note="ds3_gather_for_generation (GRPOConfig's default)")
+        ledger.add("gathered_parameters", "generation: every parameter gathered (ZeRO-3)" if zero3
+                   else "generation: each step's forward gathers (FSDP2)", every if zero3 else forward_gathered(ctx),
+                   lay.gathered_bytes, phases=roll, moment=GENERATING,
+                   note="ds3_gather_for_generation (GRPOConfig's default)" if zero3 else "unit by unit, every step")
         return
-    if g == Generation.SERVER or g == Generation.COLOCATE or g == Generation.COLOCATE_SLEEP:
-        adapter = lay.adapter is not None
-        ledger.add("gathered_parameters", "ZeRO-3: " + ("every parameter gathered to merge the adapter" if adapter
-                                                         else "the largest parameter gathered"),
-                   every if adapter else m.vocab_size * m.hidden_size, lay.gathered_bytes, phases=roll, moment=SYNCING,
-                   note="while the weights are pushed to vLLM")
+    merge = zero3 and lay.adapter is not None
+    ledger.add("gathered_parameters", "the push to vLLM: " + ("every parameter gathered to merge the adapter" if merge
+                                                              else "the largest parameter gathered"),
+               every if merge else m.vocab_size * m.hidden_size, lay.gathered_bytes, phases=roll, moment=SYNCING)
     if g == Generation.COLOCATE_SLEEP:
         ledger.add("generation_engine", "vLLM engine's weights, woken for the push",
                    -(-engine_weight_bytes(ctx) // engine_tp(ctx)), 1, phases=roll, moment=SYNCING)
@@ -274,12 +281,15 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         return
     seconds, how = generation_seconds(ctx)
     draft.serial("generation", f"generation ({ctx.config.generation})", seconds, note=how)
-    from planner.strategies.method import zero3_plan
-    from planner.strategies.sharding import zero3_gather_seconds
+    from planner.strategies.sharding import Sharding, model_gather_seconds
 
-    if zero3_plan(ctx) and (gather := zero3_gather_seconds(ctx)):
-        draft.serial("communication", "ZeRO-3 all-gather of the model for generation", gather,
-                     note="transformers' generation, or the push to vLLM, once per step")
+    if gather := model_gather_seconds(ctx):
+        # every decode step's forward gathers the FSDP2 units again; ZeRO-3 gathers once for
+        # transformers' generation; the push to vLLM gathers once
+        each_step = ctx.config.generation == Generation.TRANSFORMERS and ctx.config.sharding != Sharding.ZERO3
+        times = ctx.config.completion_len if each_step else 1
+        draft.serial("communication", "all-gather of the partitioned model for generation", times * gather,
+                     note="each decode step's forward (FSDP2)" if times > 1 else "once per step")
 
 
 #: GRPOConfig keys of the generation (TRL 1.16).

@@ -13,8 +13,8 @@ DPO as TRL >= 1.15's DPOTrainer runs it (planner/cost/preference.py holds the fa
   saved (its own moment of the forward phase), when no precomputation replaces it;
 - log-probabilities from TRL's fused LM head, never the logits (strategies/loss.py).
 Under ZeRO-3 the reference forward gathers the head and a prefetch bucket as a training forward
-does, beside the policy's saved activations; FSDP, whose units gather differently, is refused
-until modelled.
+does, beside the policy's saved activations; under FSDP2 the reference is one unit, gathered whole;
+FSDP1 is refused until modelled.
 
 GRPO as TRL 1.16's GRPOTrainer runs it (planner/cost/rollout.py): each row a prompt and its
 completion (``--seq-len`` the longest prompt plus ``--completion-len``), padded, never packed;
@@ -23,7 +23,7 @@ forwards of the micro-batch (the policy's for vLLM's importance-sampling correct
 reference's when ``--kl-beta`` is not 0); a reference model only then, and not with an adapter;
 the loss through the same fused LM head as DPO's. The global batch (completions) is a multiple
 of ``--num-generations``. Under ZeRO-3 the scoring forwards gather as a training forward, and the
-generation gathers the whole model (strategies/generation.py); FSDP is refused until modelled.
+generation gathers what TRL gathers (strategies/generation.py); FSDP1 is refused until modelled.
 """
 
 from enum import StrEnum
@@ -83,9 +83,9 @@ REFERENCE_FORWARD = "the reference forward"
 #: What a DPO or GRPO plan needs of the other techniques: (field, allowed values, rejection code,
 #: why, whether the job may run and planner does not model it yet).
 TRL_ALLOWS = (
-    ("sharding", ("none", "ddp", "zero1", "zero2", "zero3"), "with FSDP",
-     "FSDP's unit gathers around TRL's extra forwards (DPO's reference forward beside the saved activations, "
-     "GRPO's generation and scoring) are not modelled yet; use sharding ddp or zero1/2/3", True),
+    ("fsdp_version", (2,), "with FSDP1",
+     "TRL's prepare_fsdp wraps the reference with FSDP1's auto-wrap policy, whose gathers around TRL's extra "
+     "forwards are not modelled yet; use --fsdp-version 2, or ZeRO-3", True),
     ("loss", ("standard",), "with the chunked loss",
      "TRL's trainer computes its log-probabilities with its own fused LM head (no logits); plan loss standard", False),
 )
@@ -135,8 +135,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
     if not fused_head(cfg):
         return
     for field, allowed, code, why, unmodelled in TRL_ALLOWS:
-        value = str(getattr(cfg, field))
-        if value not in allowed:
+        value = getattr(cfg, field)
+        if field == "fsdp_version" and ctx.engine != "fsdp":
+            continue
+        if value not in allowed and str(value) not in allowed:
             out.reject(f"{cfg.method} {code}", f"{cfg.method} with {field} {value}: {why}", unmodelled)
             return
     if cfg.batching != Batching.PADDED:
@@ -159,7 +161,8 @@ def _check(ctx: PlanContext, out: Check) -> None:
 def _no_grad_forward(ctx: PlanContext, ledger: LedgerDraft, phases: frozenset, moment: str, what: str) -> None:
     """A forward of the micro-batch under ``no_grad`` through the fused LM head: one decoder layer's
     tensors at most (a layer frees its intermediates as it goes: bounded by what it would save),
-    the backbone's output and the fused head's forward (projection buffer, per-token statistics)."""
+    the backbone's output and the fused head's forward (projection buffer, per-token statistics);
+    over partitioned parameters, what the forward gathers (``forward_gathered``)."""
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     tokens, c = cfg.tokens_per_micro_batch, lay.dtypes.compute
     layer = activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
@@ -168,16 +171,33 @@ def _no_grad_forward(ctx: PlanContext, ledger: LedgerDraft, phases: frozenset, m
     ledger.add("logits", f"{what}: the fused LM head (projection buffer, per-token statistics)",
                preference.fused_forward_bytes(tokens, m.hidden_size, c, c) + tokens * m.hidden_size * c, 1,
                phases=phases, moment=moment, note="and the backbone's output; no logits")
-    if zero3_plan(ctx):  # its own gathers: the head at its end and the prefetch bucket, as a training forward's
-        from planner.strategies.sharding import zero3_forward_gathered
+    if gathered := forward_gathered(ctx):
+        words = "the whole reference (one FSDP unit)" if gathered == params.total_parameters(m) else "its gathers"
+        ledger.add("gathered_parameters", f"{what}: {words}", gathered, lay.gathered_bytes, phases=phases,
+                   moment=moment)
 
-        ledger.add("gathered_parameters", f"{what}: ZeRO-3 gathered head + prefetch", zero3_forward_gathered(ctx),
-                   lay.gathered_bytes, phases=phases, moment=moment)
+
+def partitioned(ctx: PlanContext) -> bool:
+    """Whether the plan's parameters are partitioned (ZeRO-3, FSDP): its extra forwards gather them."""
+    from planner.strategies.sharding import sharded_parameters  # (sharding imports the loss, which reads dpo)
+
+    return sharded_parameters(ctx)
 
 
-def zero3_plan(ctx: PlanContext) -> bool:
-    """Whether the plan's parameters are partitioned by ZeRO-3 (its extra forwards gather them)."""
-    return str(ctx.config.sharding) == "zero3"
+def forward_gathered(ctx: PlanContext) -> int:
+    """Elements DPO's reference forward or GRPO's scoring forwards hold gathered at their peak: a
+    policy forward's (``sharding.forward_gathered``: ZeRO-3's head and prefetch bucket, FSDP2's
+    root and layers); a reference model's under ZeRO-3 the same, under FSDP2 all of it (TRL's
+    ``prepare_fsdp`` shards it with one ``fully_shard`` of the whole model: one unit, gathered
+    whole by its forward). The largest of the forwards that run. Unit: elements."""
+    from planner.strategies.sharding import forward_gathered as policy_forward
+
+    if not partitioned(ctx):
+        return 0
+    policy = policy_forward(ctx)
+    if reference_kept(ctx) and ctx.engine == "fsdp":
+        return max(policy, params.total_parameters(ctx.model))
+    return policy
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
@@ -187,11 +207,11 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         return
     m, lay = ctx.model, ctx.layout
     if reference_kept(ctx):
-        zero3 = zero3_plan(ctx)
+        shard = partitioned(ctx)
         ledger.add("weights", f"the reference model (frozen copy, {ctx.config.method.upper()})",
                    params.total_parameters(m), lay.weight_bytes,
-                   shard=preference.reference_divisor(zero3, lay.data_parallel), tag=FROZEN_EVERY_RANK,
-                   note="partitioned by ZeRO-3 as the policy (prepare_deepspeed)" if zero3 else
+                   shard=preference.reference_divisor(shard, lay.data_parallel), tag=FROZEN_EVERY_RANK,
+                   note="partitioned like the policy (TRL's prepare_deepspeed / prepare_fsdp)" if shard else
                    "in the policy's dtype, whole on every GPU (DeepSpeed runs it at ZeRO stage 0)")
     if reference_forward(ctx):
         _no_grad_forward(ctx, ledger, frozenset({Phase.FORWARD}), REFERENCE_FORWARD, "reference forward")
@@ -218,20 +238,20 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     """DPO's reference forward of every micro-batch, after the policy's; GRPO's scoring forwards of
     every micro-batch, before training on it (serial: nothing overlaps them)."""
     dispatch = ctx.model.num_layers * overheads.layer_forward_dispatch_seconds(ctx.layout.fused_attention)
-    from planner.strategies.sharding import zero3_gather_seconds
+    from planner.strategies.sharding import model_gather_seconds
 
-    gather = zero3_gather_seconds(ctx) if zero3_plan(ctx) else 0.0
+    gather = model_gather_seconds(ctx)
     if reference_forward(ctx):
         draft.compute("matmul", "DPO reference forward (no_grad)", forward_seconds(ctx), Window.FORWARD,
                       note="every micro-batch, after the policy's forward")
         draft.dispatch(dispatch, 0.0)
         if gather:
-            draft.overlapped("communication", "ZeRO-3 all-gather of the reference forward", gather, Window.FORWARD, True)
+            draft.overlapped("communication", "all-gather of the reference forward", gather, Window.FORWARD, True)
     elif n := scoring_forwards(ctx):
         draft.serial("matmul", f"GRPO scoring forwards (no_grad, {n} per micro-batch)",
                      n * max(forward_seconds(ctx) + gather, dispatch), per_micro_batch=True,
                      note="the policy's (importance sampling) and the reference's (beta > 0)"
-                     + ("; ZeRO-3 gathers each" if gather else ""))
+                     + ("; each gathers the partitioned model" if gather else ""))
 
 
 #: DPOConfig and GRPOConfig keys the emitted Trainer arguments state (no SFT recipe holds them).

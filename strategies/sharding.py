@@ -45,7 +45,7 @@ from planner.core.vocabulary import Setting
 from planner.cost import adapters, comms, overheads, params
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
-from planner.strategies.fsdp_memory import fsdp_rows, gathered_model_elements
+from planner.strategies.fsdp_memory import forward_gathered_elements, fsdp_rows, gathered_model_elements
 from planner.strategies.precision import grads_in_forward
 
 
@@ -330,6 +330,11 @@ def _deepspeed_rows(ctx: PlanContext, ledger: LedgerDraft, n: int, h: int) -> No
                phases=BWD)
 
 
+def sharded_parameters(ctx: PlanContext) -> bool:
+    """Whether the plan's parameters are partitioned (ZeRO-3, FSDP): a forward gathers them."""
+    return ctx.config.sharding == Sharding.ZERO3 or ctx.engine == Engine.FSDP
+
+
 def zero3_forward_gathered(ctx: PlanContext) -> int:
     """Elements a ZeRO-3 forward holds gathered at its peak: the output head at the loss and the
     prefetch bucket, at most ``stage3_max_live_parameters``. Unit: elements (of gathered_bytes)."""
@@ -338,14 +343,29 @@ def zero3_forward_gathered(ctx: PlanContext) -> int:
                + b["stage3_prefetch_bucket_size"])
 
 
-def zero3_gather_seconds(ctx: PlanContext) -> float:
-    """Seconds of one ZeRO-3 all-gather of every parameter (a forward's, layer by layer) over the
-    slowest link the data-parallel group spans. Unit: seconds (0 on one GPU)."""
-    lay = ctx.layout
-    if lay.data_parallel == 1:
+def forward_gathered(ctx: PlanContext) -> int:
+    """Elements a forward of the partitioned model holds gathered at its peak (ZeRO-3:
+    ``zero3_forward_gathered``; FSDP2: ``fsdp_memory.forward_gathered_elements``); 0 unpartitioned."""
+    if ctx.config.sharding == Sharding.ZERO3:
+        return zero3_forward_gathered(ctx)
+    return forward_gathered_elements(ctx) if ctx.engine == Engine.FSDP else 0
+
+
+def model_gather_seconds(ctx: PlanContext) -> float:
+    """Seconds of one all-gather of every parameter (a forward's, unit by unit) over the slowest
+    link its group spans: ZeRO-3's over the data-parallel GPUs, FSDP's over its shard group (a
+    node's under fsdp-hybrid). Unit: seconds (0 unpartitioned or on one GPU)."""
+    lay, hw = ctx.layout, ctx.hardware
+    if lay.data_parallel == 1 or not sharded_parameters(ctx):
         return 0.0
-    volume = comms.all_gather_bytes(gathered_model_elements(ctx) * lay.weight_bytes, lay.data_parallel)
-    return _seconds(volume, _link(ctx, ctx.hardware.nodes > 1), ctx.model.num_layers)
+    world = _link(ctx, hw.nodes > 1)
+    if ctx.config.sharding == Sharding.ZERO3:
+        volume = comms.all_gather_bytes(gathered_model_elements(ctx) * lay.weight_bytes, lay.data_parallel)
+        return _seconds(volume, world, ctx.model.num_layers)
+    hybrid = ctx.config.sharding == Sharding.FSDP_HYBRID
+    ranks = hw.gpus_per_node if hybrid else lay.data_parallel
+    volume = comms.all_gather_bytes(gathered_model_elements(ctx) * lay.gathered_bytes, ranks)
+    return _seconds(volume, _link(ctx, False) if hybrid else world, ctx.model.num_layers + 1)
 
 
 def _link(ctx: PlanContext, spans_nodes: bool) -> tuple[float, float]:
@@ -383,7 +403,6 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     if s == Sharding.NONE or n == 1:
         return
     world = _link(ctx, hw.nodes > 1)
-    g = lay.gathered_bytes
     if s == Sharding.DDP:
         buckets = max(1, int(trained * lay.grad_bytes // DDP_BUCKET_BYTES))
         volume = comms.all_reduce_bytes(trained * lay.grad_bytes, n)
@@ -391,7 +410,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
                          per_micro_batch=False, note="once per step, bucketed under the last backward")
         return
     if ctx.engine == Engine.DEEPSPEED:
-        gather = zero3_gather_seconds(ctx)
+        gather = model_gather_seconds(ctx)
         reduce = _seconds(comms.all_gather_bytes(trained * lay.grad_bytes, n), world, layers)
         if s == Sharding.ZERO3:
             draft.overlapped("communication", "ZeRO-3 parameter all-gather (forward)", gather, Window.FORWARD, True)
@@ -410,7 +429,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     reduce_bytes = lay.reduce_bytes
     group = _link(ctx, False) if s == Sharding.FSDP_HYBRID else world
     ranks = hw.gpus_per_node if s == Sharding.FSDP_HYBRID else n
-    gather = _seconds(comms.all_gather_bytes(gathered * g, ranks), group, layers + 1)
+    gather = model_gather_seconds(ctx)
     reduce = _seconds(comms.all_gather_bytes(trained * reduce_bytes, ranks), group, layers + 1)
     draft.overlapped("communication", "FSDP parameter all-gather (forward)", gather, Window.FORWARD, True)
     each = not ctx.fsdp_defers_reduction  # accumulating, the gradients are reduced on the last micro-batch only

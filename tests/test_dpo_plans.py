@@ -54,12 +54,12 @@ def test_no_logits_the_fused_head_instead():
     assert fused and max(fused.values()) < min(v for k, v in rows(sft, "start of backward", "loss forward").items())
 
 
-@pytest.mark.parametrize("change", [dict(sharding="fsdp"), dict(loss="chunked"),
+@pytest.mark.parametrize("change", [dict(sharding="fsdp", fsdp_version=1), dict(loss="chunked"),
                                     dict(batching="packed"), dict(batching="padded-max")])
 def test_what_dpo_does_not_model_is_refused_with_the_reason(change):
     gpus = "2xH100-80" if "sharding" in change else GPUS
     plan = run(MODEL, gpus, method="dpo", **(BASE | change))
-    [(field, value)] = change.items()
+    field, value = list(change.items())[-1]  # (FSDP: its version is what is refused)
     assert not plan.feasible and any(f"dpo with {field} {value}" in r or f"dpo with {value} {field}" in r
                                      for r in plan.reasons), plan.reasons
 
@@ -72,9 +72,9 @@ def test_under_zero3_the_reference_is_partitioned_and_its_forward_gathers():
     n = zero3.model.num_parameters
     [(_, held)] = rows(zero3, "the reference model").items()
     assert held == preference.reference_weight_bytes(n, 2, preference.reference_divisor(True, 2))
-    [gathered] = [r for r in zero3.ledger if r.label.startswith("reference forward: ZeRO-3 gathered")]
+    [gathered] = [r for r in zero3.ledger if r.label.startswith("reference forward: its gathers")]
     assert gathered.moment == "the reference forward"
-    assert any(r.label == "ZeRO-3 all-gather of the reference forward" for r in zero3.time.rows)
+    assert any(r.label == "all-gather of the reference forward" for r in zero3.time.rows)
 
 
 def test_suggest_plans_dpo_only_when_named():
@@ -85,7 +85,7 @@ def test_suggest_plans_dpo_only_when_named():
     dpo = suggest(SuggestRequest(model=MODEL, gpus="8xH100-80", method=["dpo"]))
     assert {p.config.method for p in plain.plans} == {"sft"}
     assert {p.config.method for p in dpo.plans} == {"dpo"} and dpo.plans[0].config.batching == "padded"
-    assert {p.config.sharding for p in dpo.plans} <= {"none", "ddp", "zero1", "zero2", "zero3"}  # (FSDP refused)
+    assert {p.config.sharding for p in dpo.plans} <= {"none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "fsdp-hybrid"}
 
 
 def test_check_plans_a_trl_dpo_recipe_as_dpo(tmp_path):
@@ -163,3 +163,17 @@ def test_the_launch_reads_preference_pairs_and_refuses_bad_ones_with_the_line(tm
     good.write_text(json.dumps({"prompt": chat, "chosen": [{"role": "assistant", "content": "c"}],
                                 "rejected": [{"role": "assistant", "content": "r"}]}) + "\n")
     assert preference_pairs(str(good), 64, 1)[0]["prompt"] == chat  # (TRL renders them with the chat template)
+
+
+def test_under_fsdp2_the_reference_is_one_unit_gathered_whole_by_its_forward():
+    """TRL's prepare_fsdp shards the reference with one fully_shard of the whole model: partitioned
+    at rest, all of it gathered by its forward (beside the policy's saved activations)."""
+    plan = run(MODEL, "2xH100-80", method="dpo", sharding="fsdp", **BASE)
+    assert plan.feasible, plan.reasons
+    n = plan.model.num_parameters
+    [(_, held)] = rows(plan, "the reference model").items()
+    assert held == preference.reference_weight_bytes(n, 4, 2)  # (its stored dtype, over the 2 GPUs)
+    [whole] = [r for r in plan.ledger if r.label.startswith("reference forward: the whole reference")]
+    assert whole.moment == "the reference forward" and whole.bytes >= n * 2
+    fsdp1 = run(MODEL, "2xH100-80", method="dpo", sharding="fsdp", fsdp_version=1, **BASE)
+    assert not fsdp1.feasible and any("fsdp_version 1" in r for r in fsdp1.reasons)

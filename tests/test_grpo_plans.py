@@ -80,7 +80,7 @@ def test_the_reference_model_only_with_beta_and_without_an_adapter():
 
 
 @pytest.mark.parametrize("change, words", [
-    (dict(sharding="fsdp"), "not modelled"),
+    (dict(sharding="fsdp", fsdp_version=1), "not modelled"),
     (dict(loss="chunked"), "fused LM head"), (dict(batching="packed"), "never packs"),
     (dict(completion_len=1536), "leaves no prompt"), (dict(num_generations=3), "whole groups"),
     (dict(generation="none"), "generates its completions"), (dict(vllm_share=0.04), "cannot hold"),
@@ -170,17 +170,17 @@ def test_under_zero3_the_rollout_gathers_what_trl_gathers():
     every = params.total_parameters(resolve_model(MODEL))
     zero3 = BASE | {"sharding": "zero3"}
     hf = run(MODEL, GPUS, generation="transformers", **zero3)
-    [row] = [r for r in hf.ledger if r.label.startswith("ZeRO-3: every parameter gathered for generation")]
+    [row] = [r for r in hf.ledger if r.label.startswith("generation: every parameter gathered (ZeRO-3)")]
     assert row.bytes == every * 2 and row.moment.startswith("generating")
     full = run(MODEL, GPUS, generation="vllm-colocate-sleep", kl_beta=0.04, **zero3)
-    assert rows(full, "ZeRO-3: the largest parameter")
-    assert rows(full, "scoring forward: ZeRO-3 gathered head + prefetch")
+    assert rows(full, "the push to vLLM: the largest parameter")
+    assert rows(full, "scoring forward: its gathers")
     [(_, reference)] = rows(full, "the reference model").items()
     assert reference == -(-every * 2 // 8)  # 16-bit, partitioned over the 8 GPUs
     lora = run(MODEL, GPUS, generation="vllm-colocate-sleep", adapter="lora", **zero3)
-    [(_, merged)] = rows(lora, "ZeRO-3: every parameter gathered to merge").items()
+    [(_, merged)] = rows(lora, "the push to vLLM: every parameter gathered to merge").items()
     assert merged == every * 2
-    assert any(r.label == "ZeRO-3 all-gather of the model for generation" for r in lora.time.rows)
+    assert any(r.label == "all-gather of the partitioned model for generation" for r in lora.time.rows)
 
 
 def test_suggest_weighs_a_vllm_server_against_colocating_and_names_the_split():
@@ -222,3 +222,19 @@ def test_check_reads_a_server_job_on_one_machine_as_training_beside_the_server(t
     assert result.estimate.hardware.num_gpus == 7 and result.estimate.config.vllm_gpus == 1
     assert "the other GPUs serve vLLM" in result.sources["vllm_gpus"] and result.fits
     assert not any("num_processes" in w for w in result.warnings)
+
+
+def test_under_fsdp2_each_decode_step_gathers_and_an_adapter_push_is_refused():
+    """summon_full_params is a no-op for FSDP2: transformers' generation gathers unit by unit in
+    every decode step's forward (memory of a forward's gathers, an all-gather of the model per
+    step); merging an adapter into sharded weights for vLLM is not modelled (refused)."""
+    fsdp = BASE | {"sharding": "fsdp"}
+    hf = run(MODEL, GPUS, generation="transformers", **fsdp)
+    assert hf.feasible, hf.reasons
+    assert rows(hf, "generation: each step's forward gathers (FSDP2)")
+    [comm] = [r for r in hf.time.rows if r.label == "all-gather of the partitioned model for generation"]
+    one = run(MODEL, GPUS, generation="vllm-colocate", **fsdp)
+    [once] = [r for r in one.time.rows if r.label == "all-gather of the partitioned model for generation"]
+    assert comm.seconds == pytest.approx(BASE["completion_len"] * once.seconds)
+    lora = run(MODEL, GPUS, generation="vllm-colocate", adapter="lora", **fsdp)
+    assert not lora.feasible and any("not modelled" in r for r in lora.reasons)
