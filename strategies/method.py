@@ -37,7 +37,7 @@ from planner.core.trl_recipes import grpo_recipe
 from planner.core.vocabulary import Setting
 from planner.cost import activations, overheads, params, preference
 from planner.strategies import rates
-from planner.strategies.base import Check, Choice, PlanContext, Strategy
+from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.generation import SCORING, VLLM
 from planner.strategies.moments import FROZEN_EVERY_RANK
 
@@ -195,7 +195,7 @@ def forward_gathered(ctx: PlanContext) -> int:
     if not partitioned(ctx):
         return 0
     policy = policy_forward(ctx)
-    if reference_kept(ctx) and ctx.engine == "fsdp":
+    if reference_kept(ctx) and ctx.engine == Engine.FSDP:
         return max(policy, params.total_parameters(ctx.model))
     return policy
 

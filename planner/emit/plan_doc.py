@@ -129,10 +129,13 @@ DPO_DATA_WORDS = ("`DATA`: a JSONL file of preference pairs, each line with stri
                   "cut at {n:,} tokens, and pads each micro-batch to its longest.")
 
 
-def _files_heading(files: list[str]) -> list[str]:
-    """"How to run"'s heading and the folder's files."""
+def _install_heading(files: list[str], extras) -> list[str]:
+    """"How to run"'s heading, the folder's files, and an open bash block that installs planner
+    with the plan's extras."""
     return ["## How to run", "", "Files: " + ", ".join(f"`{f}`" for f in files) + ". `plan.json` is this plan as "
-            "planner ranked it; no launch reads it.", ""]
+            "planner ranked it; no launch reads it.", "",
+            "From this folder, after installing planner with the extras this plan needs (torch first, the build "
+            "for your CUDA):", "", "```bash", install_line(extras)]
 
 
 def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batching = Batching.PACKED,
@@ -142,12 +145,7 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batch
     user's own script must apply (runtime.json beyond the libraries' defaults)."""
     applied = {k: v for k, v in draft.runtime.items() if k in RuntimeArgs.neutral() and v != RuntimeArgs.neutral()[k]}
     out = [
-        *_files_heading(files),
-        "From this folder, after installing planner with the extras this plan needs (torch first, the build "
-        "for your CUDA):",
-        "",
-        "```bash",
-        install_line(draft.extras),
+        *_install_heading(files, draft.extras),
         "MODEL=/path/to/your/model DATA=/path/to/train.jsonl ./launch.sh --max-steps 1000",
         "```",
         "",
@@ -192,12 +190,7 @@ def how_to_run_grpo(draft: EmitDraft, files: list[str], c) -> list[str]:
     ``trl vllm-serve`` on its own GPUs first."""
     prompt = c.seq_len - c.completion_len
     out = [
-        *_files_heading(files),
-        "From this folder, after installing planner with the extras this plan needs (torch first, the build "
-        "for your CUDA):",
-        "",
-        "```bash",
-        install_line(draft.extras),
+        *_install_heading(files, draft.extras),
     ]
     if str(c.generation) == "vllm-server":
         out.append(f"CUDA_VISIBLE_DEVICES=<{c.vllm_gpus} other GPU(s)> trl vllm-serve --model $MODEL "
