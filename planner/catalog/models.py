@@ -81,7 +81,13 @@ def _read_config(path: Path) -> dict:
 def resolve_model(ref: str) -> ModelSpec:
     """A ModelSpec for ``--model``: a path, a catalog id, or an id in the local HF cache."""
     config, model_id, source, published = _locate(ref)
-    return spec_from_config(config, model_id=model_id, source=source, published=published)
+    spec = spec_from_config(config, model_id=model_id, source=source, published=published)
+    return _INTERNED.setdefault(spec, spec)
+
+
+#: One instance per distinct ModelSpec resolved in this process: the cost model's formulas are
+#: memoized on the spec, and a hit on the same instance skips pydantic's field-by-field equality.
+_INTERNED: dict[ModelSpec, ModelSpec] = {}
 
 
 def model_config(ref: str) -> dict:

@@ -257,36 +257,58 @@ NOT_ALLOCATED = ("cuda_context", "allocator_reserve", "generation_engine")
 NOT_RESERVED = ("cuda_context",)
 
 
+class GpuPeaks:
+    """The GPU peak and the peak without the ``outside`` terms (before paged state), over rows
+    added in batches: per phase the rows of no moment plus those of its largest moment
+    (``resident``). An evaluation adds its floor's rows, reads the floor, then adds the rest: each
+    row is walked once (the hot path of every evaluation)."""
+
+    __slots__ = ("outside", "base", "base_allocated", "moments", "moments_allocated", "everywhere",
+                 "everywhere_allocated")
+
+    def __init__(self, outside: tuple[str, ...] = NOT_ALLOCATED) -> None:
+        self.outside = outside
+        self.base, self.base_allocated = dict.fromkeys(PHASES, 0), dict.fromkeys(PHASES, 0)
+        self.moments: dict[Phase, dict[str, int]] = {p: {} for p in PHASES}
+        self.moments_allocated: dict[Phase, dict[str, int]] = {p: {} for p in PHASES}
+        self.everywhere = self.everywhere_allocated = 0  # rows of no moment in every phase: most of them
+
+    def add(self, rows) -> "GpuPeaks":
+        outside, moments, moments_allocated = self.outside, self.moments, self.moments_allocated
+        base, base_allocated = self.base, self.base_allocated
+        for r in rows:
+            if r.location != Location.GPU:
+                continue
+            n, allocated = r.bytes, r.term not in outside
+            if not r.moment and r.phases is ALL_PHASES:
+                self.everywhere += n
+                if allocated:
+                    self.everywhere_allocated += n
+                continue
+            for p in r.phases:
+                if r.moment:
+                    moments[p][r.moment] = moments[p].get(r.moment, 0) + n
+                    if allocated:
+                        moments_allocated[p][r.moment] = moments_allocated[p].get(r.moment, 0) + n
+                else:
+                    base[p] += n
+                    if allocated:
+                        base_allocated[p] += n
+        return self
+
+    @property
+    def peaks(self) -> tuple[int, int]:
+        """(the GPU peak, the peak without the ``outside`` terms) of the rows added so far."""
+        return (self.everywhere + max(self.base[p] + max(self.moments[p].values(), default=0) for p in PHASES),
+                self.everywhere_allocated + max(self.base_allocated[p] + max(self.moments_allocated[p].values(),
+                                                                             default=0) for p in PHASES))
+
+
 def gpu_peaks(rows, outside: tuple[str, ...] = NOT_ALLOCATED) -> tuple[int, int]:
     """(the GPU peak, the peak without the ``outside`` terms, before paged state) in one pass over
-    the rows: per phase the rows of no moment plus those of its largest moment (``resident``); by
-    default the second is torch's allocated peak (``allocated_peak``). The GPU peak equals
-    ``LedgerDraft.peak_bytes()``, in one walk: the hot path of every evaluation."""
-    base, base_allocated = dict.fromkeys(PHASES, 0), dict.fromkeys(PHASES, 0)
-    moments: dict[Phase, dict[str, int]] = {p: {} for p in PHASES}
-    moments_allocated: dict[Phase, dict[str, int]] = {p: {} for p in PHASES}
-    everywhere = everywhere_allocated = 0  # rows of no moment in every phase: most of them
-    for r in rows:
-        if r.location != Location.GPU:
-            continue
-        n, allocated = r.bytes, r.term not in outside
-        if not r.moment and r.phases is ALL_PHASES:
-            everywhere += n
-            if allocated:
-                everywhere_allocated += n
-            continue
-        for p in r.phases:
-            if r.moment:
-                moments[p][r.moment] = moments[p].get(r.moment, 0) + n
-                if allocated:
-                    moments_allocated[p][r.moment] = moments_allocated[p].get(r.moment, 0) + n
-            else:
-                base[p] += n
-                if allocated:
-                    base_allocated[p] += n
-    return (everywhere + max(base[p] + max(moments[p].values(), default=0) for p in PHASES),
-            everywhere_allocated + max(base_allocated[p] + max(moments_allocated[p].values(), default=0)
-                                       for p in PHASES))
+    the rows (``GpuPeaks``); by default the second is torch's allocated peak (``allocated_peak``).
+    The GPU peak equals ``LedgerDraft.peak_bytes()``."""
+    return GpuPeaks(outside).add(rows).peaks
 
 
 def allocated_peak(rows, paged: PagedInfo | None = None) -> int:

@@ -13,12 +13,12 @@ from planner.core.formatting import gib
 from planner.core.ledger import (
     ALL_PHASES,
     PHASES,
+    GpuPeaks,
     Ledger,
     LedgerDraft,
     Location,
     PagedInfo,
     Phase,
-    gpu_peaks,
     peak_phase,
     phase_sum,
     terms_at,
@@ -31,7 +31,7 @@ from planner.cost import adapters, overheads, params
 from planner.engine.assumptions import assumptions, rate_assumptions, rate_warning
 from planner.engine.lengths_file import lengths_of
 from planner.engine.ranking import TIE_BAND
-from planner.engine.recorded import RowMemo
+from planner.engine.recorded import HookMemo, RowMemo
 from planner.engine.space import padded_workload
 from planner.schema.estimate import EstimateRequest, EstimateResult, HardwareInfo, ModelInfo
 from planner.strategies import (
@@ -238,6 +238,7 @@ class Shared:
     checks: dict[tuple, Check] = field(default_factory=dict)
     layouts: dict[tuple, PlanLayout] = field(default_factory=dict)
     rows: dict[str, RowMemo] = field(default_factory=dict)
+    pins: dict[str, HookMemo] = field(default_factory=dict)
 
     def write(self, strategy: Strategy, ctx: PlanContext, draft: LedgerDraft) -> None:
         """``strategy``'s rows for ``ctx`` into ``draft``: remembered, or written and remembered."""
@@ -245,6 +246,14 @@ class Shared:
         if memo is None:
             memo = self.rows[strategy.field] = RowMemo(strategy, ctx.model, ctx.hardware, self.layouts)
         draft.rows.extend(memo.rows(ctx.config))
+
+    def pin(self, strategy: Strategy, ctx: PlanContext) -> dict:
+        """``strategy.pin``'s settings for ``ctx``: remembered, or decided and remembered."""
+        memo = self.pins.get(strategy.field)
+        if memo is None:
+            assert strategy.pin is not None
+            memo = self.pins[strategy.field] = HookMemo(strategy.pin, ctx.model, ctx.hardware, self.layouts)
+        return memo.answer(ctx.config)
 
 
 _SIZE_FREE = itemgetter(*(f for f in TrainingConfig.model_fields if f not in SIZE_FIELDS))
@@ -257,6 +266,20 @@ PINNING = tuple(s for s in REGISTRY if s.pin is not None)
 def size_free_key(config: TrainingConfig) -> tuple:
     """``config``'s fields but the micro-batch size's (``SIZE_FIELDS``), in field order."""
     return _SIZE_FREE(config.__dict__)
+
+
+def _context(model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, shared: Shared | None) -> PlanContext:
+    """The plan context of ``config``, its layout the one ``shared`` holds for its ``LAYOUT_INPUTS``
+    (resolved now, and kept there, when it holds none)."""
+    ctx = PlanContext(model, hardware, config)
+    if shared is not None:
+        fields = config.__dict__
+        layout_key = tuple(fields[f] for f in LAYOUT_INPUTS)
+        if layout_key in shared.layouts:  # (a cached_property's value lives in the instance's __dict__)
+            ctx.__dict__["layout"] = shared.layouts[layout_key]
+        else:
+            shared.layouts[layout_key] = ctx.layout
+    return ctx
 
 
 def evaluate(
@@ -274,20 +297,14 @@ def evaluate(
     layouts of the configurations evaluated so far for this model and hardware (``Shared``):
     reused, and added to. ``timed=False``: returned
     once its memory is written, without its step time (``time_evaluation`` adds it)."""
-    ctx = PlanContext(model, hardware, config)
+    ctx = _context(model, hardware, config, shared)
     for strategy in PINNING:  # the settings a strategy decides: the plan states them
-        if strategy.pin is not None and (pinned := strategy.pin(ctx)):
+        if strategy.pin is not None and (pinned := shared.pin(strategy, ctx) if shared else strategy.pin(ctx)):
             config = config.model_copy(update=pinned)
-            ctx = PlanContext(model, hardware, config)
+            ctx = _context(model, hardware, config, shared)
     if shared is None:
         check = check_config(ctx, first_only=skip_infeasible)
     else:
-        fields = config.__dict__
-        layout_key = tuple(fields[f] for f in LAYOUT_INPUTS)
-        if layout_key in shared.layouts:  # (a cached_property's value lives in the instance's __dict__)
-            ctx.__dict__["layout"] = shared.layouts[layout_key]
-        else:
-            shared.layouts[layout_key] = ctx.layout
         key = size_free_key(config)
         known = shared.checks.get(key)
         check = known if known is not None else check_config(ctx, first_only=skip_infeasible)
@@ -300,8 +317,10 @@ def evaluate(
     write = shared.write if shared is not None else _apply
     for strategy in FLOOR_WRITERS if cut_misses else REGISTRY:  # (the registry's order: the ledger's rows)
         write(strategy, ctx, draft)
+    peaks, counted = GpuPeaks(), 0  # the rows walked so far: draft.rows[:counted]
     if cut_misses:
-        ev.floor = gpu_peaks(draft.rows)[0] + context
+        counted = len(draft.rows)
+        ev.floor = peaks.add(draft.rows).peaks[0] + context
         if ev.floor > max(ev.usable, cut_above):
             ev.peak, ev.cut = ev.floor, True
             return ev
@@ -314,7 +333,7 @@ def evaluate(
         draft.add("cuda_context", "NCCL buffers and communicators", overheads.nccl_bytes(hardware.gpu, hardware.nodes), 1,
                   note="channel buffers in host memory (no peer access: SHM transport)"
                   if overheads.nccl_shm(hardware.gpu, hardware.nodes) else "")
-    peak, allocated = gpu_peaks(draft.rows)  # context, NCCL and stream pools: resident in every phase
+    peak, allocated = peaks.add(draft.rows[counted:]).peaks  # context, NCCL, stream pools: in every phase
     reserve = draft.add(
         "allocator_reserve", FRAGMENTATION_LABEL, allocated, fragmentation,
         note=f"{fragmentation:.1%} of the allocated peak" + (", measured" if measured["fragmentation"] else "")

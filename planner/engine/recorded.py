@@ -14,7 +14,7 @@ turns the trie off.
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from planner.core.ledger import LedgerDraft, RowDraft
@@ -121,25 +121,42 @@ class SharedLayoutContext(PlanContext):
         return self.layouts[key]
 
 
-class RowMemo:
-    """One strategy's ledger rows (its ``apply`` hook), remembered by the configuration values the
-    hook read, for one model on one hardware. Rows are final as written and no hook reads
-    another's (tests/test_strategies_contract.py), so a remembered tuple of rows is the hook's
-    answer wherever the same values are read; the rows are shared, never edited."""
+class HookMemo:
+    """One hook's answers (a function of a plan context), remembered by the configuration values
+    the hook read, for one model on one hardware; ``answer`` gives the remembered one, or computes
+    it over a recording view. Answers are shared, never edited."""
 
-    def __init__(self, strategy: Strategy, model: ModelSpec, hardware: HardwareSpec, layouts: dict) -> None:
-        self.strategy, self.model, self.hardware, self.layouts = strategy, model, hardware, layouts
+    def __init__(self, hook: Callable[[PlanContext], Any], model: ModelSpec, hardware: HardwareSpec,
+                 layouts: dict) -> None:
+        self.hook, self.model, self.hardware, self.layouts = hook, model, hardware, layouts
         self.trie = ReadTrie()
 
-    def rows(self, config: TrainingConfig) -> tuple[RowDraft, ...]:
-        """The strategy's rows for ``config``: remembered, or written now over a recording view."""
+    def answer(self, config: TrainingConfig) -> Any:
         known = self.trie.lookup(config.__getattribute__)
         if known is not None:
             return known
         view = Recording(config)
-        draft = LedgerDraft()
-        self.strategy.apply(SharedLayoutContext(self.model, self.hardware, view, self.layouts), draft)
-        rows = tuple(draft.rows)
+        value = self.hook(SharedLayoutContext(self.model, self.hardware, view, self.layouts))
         if view.safe and self.trie.on:
-            self.trie.record(view.reads, rows)
-        return rows
+            self.trie.record(view.reads, value)
+        return value
+
+
+class RowMemo(HookMemo):
+    """One strategy's ledger rows (its ``apply`` hook), remembered by the configuration values the
+    hook read. Rows are final as written and no hook reads another's
+    (tests/test_strategies_contract.py), so a remembered tuple of rows is the hook's answer
+    wherever the same values are read."""
+
+    def __init__(self, strategy: Strategy, model: ModelSpec, hardware: HardwareSpec, layouts: dict) -> None:
+        super().__init__(partial(_rows, strategy), model, hardware, layouts)
+
+    def rows(self, config: TrainingConfig) -> tuple[RowDraft, ...]:
+        """The strategy's rows for ``config``: remembered, or written now over a recording view."""
+        return self.answer(config)
+
+
+def _rows(strategy: Strategy, ctx: PlanContext) -> tuple[RowDraft, ...]:
+    draft = LedgerDraft()
+    strategy.apply(ctx, draft)
+    return tuple(draft.rows)
