@@ -4,13 +4,12 @@ suggest and check plan them."""
 
 import pytest
 
+from planner.catalog.gpus import parse_gpus
+from planner.catalog.models import resolve_model
 from planner.core.ledger import ALL_PHASES, Phase
 from planner.cost import params, rollout
 
 from helpers import run
-
-from planner.catalog.gpus import parse_gpus
-from planner.catalog.models import resolve_model
 
 MODEL, GPUS = "Qwen/Qwen2.5-1.5B", "8xH100-80"
 BASE = dict(precision="bf16-mixed", checkpointing="full", sharding="zero2", batching="padded", seq_len=1536,
@@ -194,6 +193,8 @@ def test_suggest_weighs_a_vllm_server_against_colocating_and_names_the_split():
                                    completion_len=1024))
     [line] = [r for r in seven.reasons if r.startswith("GRPO's generation, fastest first")]
     assert line.count("tokens/s") == 4 and all(f"a vLLM server on {k}, training on {8 - k}" in line for k in (1, 2, 4))
+    # a split whose generation alone is slower than colocating is given its bound, unsearched
+    assert "at most" in line and line.index("at most") > line.index("a vLLM server on 4, training on 4 ")
     named = suggest(SuggestRequest(model="Qwen/Qwen2.5-7B", gpus="8xH100-80", method=["grpo"], seq_len=1536,
                                    completion_len=1024, generation=["transformers"]))
     assert not any(r.startswith("GRPO's generation") for r in named.reasons)
@@ -238,3 +239,41 @@ def test_under_fsdp2_each_decode_step_gathers_and_an_adapter_push_is_refused():
     assert comm.seconds == pytest.approx(BASE["completion_len"] * once.seconds)
     lora = run(MODEL, GPUS, generation="vllm-colocate", adapter="lora", **fsdp)
     assert not lora.feasible and any("not modelled" in r for r in lora.reasons)
+
+
+@pytest.mark.parametrize("model, gpus, extra", [
+    ("Qwen/Qwen2.5-7B", "8xH100-80", {}),
+    ("Qwen/Qwen2.5-1.5B", "4xA100-80", {"adapter": ["lora", "qlora"]}),
+    ("Qwen/Qwen2.5-14B", "8xA100-40", {"kl_beta": 0.04}),
+])
+def test_a_server_split_is_never_faster_than_its_generation_bound_and_pruning_keeps_the_answer(model, gpus, extra):
+    """Every fitting plan of each split's full search runs at most the split's bound (a step's
+    tokens over its generation's seconds), and suggest, which searches only the splits whose bound
+    beats colocating, answers with what searching every split gives."""
+    from planner.engine import suggest as engine
+    from planner.engine.grpo_splits import server_splits, worth_searching
+    from planner.schema.suggest import SuggestRequest
+
+    request = SuggestRequest(model=model, gpus=gpus, method=["grpo"], seq_len=1536, completion_len=1024, **extra)
+    splits = server_splits(request, engine._resolved_space)
+    assert [s.server_gpus for s in splits] == [k for k in (1, 2, 4) if 2 * k <= int(gpus.split("x")[0])]
+    m = resolve_model(model)
+    speeds = []
+    for split in splits:
+        space = engine._resolved_space(split.request)
+        outcome = engine._search(split.request, m, split.request.hardware(), space)
+        # each fitting combination's fastest size (planner/engine/search.py ``_scan_sized``)
+        assert all(r.tokens_per_second <= split.bound * (1 + 1e-12) for r in outcome.fitting)
+        speeds.append(outcome.fitting[0].tokens_per_second if outcome.fitting else None)
+    assert any(s is not None for s in speeds)
+    colocated = engine._suggest_one(request)
+    best_colocated = colocated.plans[0].time.tokens_per_second if colocated.plans else 0.0
+    answer = engine.suggest(request)
+    every = max([best_colocated] + [engine._best_speed(s.request) or 0.0 for s in splits])
+    searched = max([best_colocated] + [engine._best_speed(s.request) or 0.0 for s in splits
+                                       if worth_searching(best_colocated or None, s)])
+    assert every == searched
+    if every > best_colocated:
+        assert answer.plans[0].config.generation == "vllm-server"
+    else:
+        assert answer.plans[0].config.generation != "vllm-server"

@@ -17,6 +17,7 @@ from planner.engine.assumptions import assumptions, rate_assumptions
 from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.exact_host import exact_host_option, exact_only
 from planner.engine.forked import Forked
+from planner.engine.grpo_splits import reasons_line, server_splits, worth_searching
 from planner.engine.lengths_file import lengths_of
 from planner.engine.nothing_fits import Fixes, Verdict, explain, hardware_fixes
 from planner.engine.ranking import HEADROOM, TIE_BAND, Candidate, Ranking, distinct, order, rank, searched
@@ -26,7 +27,6 @@ from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import AdapterOption, HostOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
 from planner.strategies import FIELDS, REGISTRY, PlanContext, approximation_words, summary
 from planner.strategies.adapter import ALLOWS, Adapter
-from planner.strategies.generation import Generation
 from planner.strategies.optimizer import STRATEGY as OPTIMIZER
 from planner.strategies.sharding import engine_of
 
@@ -39,54 +39,36 @@ ADAPTER_HINT_GAIN = 0.25
 def suggest(request: SuggestRequest) -> SuggestResult:
     """The answer for ``request``; for GRPO with its generation left to planner, on one machine
     of several GPUs, also a vLLM server on some of them beside training on the rest
-    (``server_splits``), the faster answer given with the others' speeds."""
-    splits = server_splits(request)
+    (planner/engine/grpo_splits.py): the faster answer, with every split's speed or bound."""
+    splits = server_splits(request, _resolved_space)
     if not splits:
         return _suggest_one(request)
-    # the splits' searches in a child, on the second core, while this process answers the request
-    beside = Forked(_best_speeds, [split for _, split in splits], in_child=_one_worker)
+    # the split likeliest to be searched, in a child on the second core, while this process
+    # answers the request; the others once the colocated speed says whether they can win
+    ahead = max(splits, key=lambda s: s.bound or 0.0)
+    beside = Forked(_best_speed, ahead.request, in_child=_one_worker) if ahead.bound else None
     try:
         result = _suggest_one(request)
-        split_speeds = beside.result()
+        colocated = result.plans[0].time.tokens_per_second if result.plans else None
+        speeds = [(beside.result() if split is ahead and beside else _best_speed(split.request))
+                  if worth_searching(colocated, split) else None for split in splits]
     finally:
-        beside.close()
-    speeds: list[tuple[str, SuggestRequest | None, float | None]] = [
-        (f"generating in the training processes on all {request.hardware().num_gpus} GPUs", None,
-         result.plans[0].time.tokens_per_second if result.plans else None)]
-    for (k, split), speed in zip(splits, split_speeds, strict=True):
-        speeds.append((f"a vLLM server on {k}, training on {split.hardware().num_gpus}", split, speed))
-    _, asked, best = max(speeds, key=lambda x: x[2] or 0.0)
-    if best is None:
-        return result
-    chosen = result if asked is None else _suggest_one(asked)
-    line = "GRPO's generation, fastest first: " + "; ".join(
-        f"{w} {s:,.0f} tokens/s" if s else f"{w}: nothing fits"
-        for w, _, s in sorted(speeds, key=lambda x: -(x[2] or 0.0)))
+        if beside is not None:
+            beside.close()
+    fastest = max(((s, split) for s, split in zip(speeds, splits, strict=True) if s is not None),
+                  key=lambda x: x[0], default=None)
+    chosen = result
+    if fastest is not None and (colocated is None or fastest[0] > colocated):
+        chosen = _suggest_one(fastest[1].request)
+    line = reasons_line((request.hardware().num_gpus, colocated), splits, speeds)
     return chosen.model_copy(update={"reasons": [*chosen.reasons, line]})
 
 
-#: vLLM servers suggest weighs against colocated generation: GPUs of one machine (TRL's
-#: ``trl vllm-serve --data_parallel_size``), at most half of it.
-SERVER_GPUS = (1, 2, 4)
-
-
-def server_splits(request: SuggestRequest) -> list[tuple[int, SuggestRequest]]:
-    """For a GRPO request that leaves the generation to planner, on one machine of N >= 2 GPUs
-    named as ``NxGPU``: a request per server size k (``SERVER_GPUS``, k <= N / 2) that trains on
-    N - k GPUs with ``vllm-server`` on k."""
-    if [str(m) for m in request.method] != ["grpo"] or request.generation:
-        return []
-    count, _, gpu = request.gpus.partition("x")
-    if not count.isdigit() or "x" in gpu or int(count) < 2:
-        return []
-    n = int(count)
-    return [(k, request.model_copy(update={"gpus": f"{n - k}x{gpu}", "generation": [Generation.SERVER],
-                                           "vllm_gpus": k}))
-            for k in SERVER_GPUS if 2 * k <= n]
-
-
-def _best_speeds(requests: list[SuggestRequest]) -> list[float | None]:
-    return [_best_speed(r) for r in requests]
+def _resolved_space(request: SuggestRequest) -> SearchSpace:
+    """``request``'s search space, its seq_len resolved as suggest resolves it."""
+    if request.seq_len is None:
+        request = request.model_copy(update={"seq_len": default_seq_len(resolve_model(request.model), request)})
+    return _space(request, request.hardware().num_gpus, request.global_batch_size)
 
 
 def _best_speed(request: SuggestRequest) -> float | None:
@@ -95,7 +77,7 @@ def _best_speed(request: SuggestRequest) -> float | None:
     if request.seq_len is None:
         request = request.model_copy(update={"seq_len": default_seq_len(model, request)})
     try:
-        space = _space(request, hardware.num_gpus, request.global_batch_size)
+        space = _resolved_space(request)
     except PlannerInputError:
         return None
     plans = _rank(request, _search(request, model, hardware, space)).plans
