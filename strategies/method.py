@@ -290,13 +290,16 @@ def _read(job: JobFiles, r: Reading) -> None:
     if grpo_recipe(d):
         _read_grpo(d, where, r)
         return
-    said = [k for k in DPO_ONLY if k in d] if not job.framework else []
+    if job.framework:  # axolotl's rl dpo / ipo, translated (planner/check/frameworks.py)
+        said = [f"rl {d['rl']} (TRL's DPOTrainer)"] if d.get("rl") in ("dpo", "ipo") else []
+    else:
+        said = [f"{k} (a DPOConfig key)" for k in DPO_ONLY if k in d]
     if not said:  # (a framework file of another method, or a TRL recipe of one, is refused: planner/check/methods.py)
         r.set("method", Method.SFT, f"{where}: no DPOConfig key: supervised fine-tuning")
     else:
         r.set("batching", Batching.PADDED, f"{where}: {said[0]}: TRL's preference collator pads each micro-batch "
                                             "of pairs to its longest")
-        r.set("method", Method.DPO, f"{where}: {said[0]} (a DPOConfig key)")
+        r.set("method", Method.DPO, f"{where}: {said[0]}")
         pre = r.typed(d, "precompute_ref_log_probs", (bool,), where)
         r.set("dpo_reference", DpoReference.PRECOMPUTED if pre else DpoReference.MODEL,
               f"{where}: precompute_ref_log_probs" if pre is not None else

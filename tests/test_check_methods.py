@@ -77,9 +77,22 @@ def test_sft_recipes_and_sft_loss_types_are_not_refused():
     (True, {"stage": "sft"}, False), (True, {"stage": "pt"}, False), (True, {}, False),
     (True, {"stage": "dpo", "pref_loss": "simpo"}, True), (True, {"stage": "kto"}, True), (True, {"stage": "rm"}, True),
     (True, {"stage": "ppo"}, True), (False, {}, False), (False, {"rl": None}, False), (False, {"rl": "grpo"}, True),
-    (False, {"rl": "orpo"}, True), (False, {"reward_model": True}, True)])
+    (False, {"rl": "orpo"}, True), (False, {"reward_model": True}, True), (False, {"rl": "dpo"}, False),
+    (False, {"rl": "ipo"}, False), (False, {"rl": "dpo", "dpo_padding_free": True}, True),
+    (False, {"rl": "dpo", "dpo_use_liger_kernel": True}, True), (False, {"rl": "kto"}, True)])
 def test_framework_stages_other_than_sft_are_refused(llamafactory, d, refused):
+    """Refused: what planner does not model, each with its reason; axolotl's rl dpo / ipo run TRL's
+    DPOTrainer, which is planned (under a TRL whose DPOTrainer uses the fused head)."""
     assert bool(framework_method(llamafactory, d, "job.yaml")) is refused
+
+
+def test_axolotl_dpo_is_refused_under_a_trl_that_computes_full_logits(monkeypatch):
+    from planner.core import job as job_module
+
+    monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: (1, 14))
+    refusal = framework_method(False, {"rl": "dpo"}, "job.yaml")
+    assert refusal and "full logits" in refusal and "rl dpo" in refusal
+    assert "full fp32 logits" in framework_method(True, {"stage": "dpo"}, "job.yaml")
 
 
 def test_check_refuses_an_rloo_recipe_with_the_reason_and_what_to_do(tmp_path):

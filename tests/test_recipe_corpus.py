@@ -41,13 +41,13 @@ def _preference_or_rl(path: Path) -> bool:
 def test_preference_and_rl_recipes_are_refused_or_planned_as_what_they_are(monkeypatch):
     """Every DPO, ORPO, KTO and reward-model file of the corpus (TRL recipes, LLaMA-Factory, axolotl)
     is refused with the method it names, never given an SFT verdict; no SFT file is; open-r1's GRPO
-    recipes are planned as GRPO."""
+    recipes are planned as GRPO, axolotl's ``rl: dpo`` (TRL's DPOTrainer) as DPO."""
     from planner.check import CheckRequest, check
     from planner.check.methods import REFUSAL, REFUSAL_HINT
     from planner.core.errors import PlannerInputError
 
     rows = _rows("trl_recipe") + _rows("llamafactory") + _rows("axolotl")
-    refused, grpo = [], []
+    refused, grpo, dpo = [], [], []
     for row in rows:
         path = ROOT / row["local_path"]
         monkeypatch.chdir(ROOT / row["local_path"].split("/")[0])
@@ -65,8 +65,12 @@ def test_preference_and_rl_recipes_are_refused_or_planned_as_what_they_are(monke
             assert method == "grpo", row["local_path"]
             grpo.append(path.name)
             continue
+        if row["kind"] == "axolotl" and "rl: dpo" in path.read_text():  # TRL's DPOTrainer: planned as DPO
+            assert method == "dpo", row["local_path"]
+            dpo.append(path.name)
+            continue
         assert not _preference_or_rl(path) and method == "sft", f"{row['local_path']} was planned as {method}"
-    assert len(refused) == 10 and len(grpo) == 3, (refused, grpo)
+    assert len(refused) == 9 and len(grpo) == 3 and dpo == ["instruct-dpo-lora-8b.yml"], (refused, grpo, dpo)
 
 
 def test_every_trl_recipe_is_read_without_a_refusal():
@@ -364,3 +368,20 @@ def test_fsdp_qlora_70b_against_peft_published_figures():
     assert -0.30 <= offload.host_memory["peak"] / 107e9 - 1 <= 0.10, offload.host_memory["peak"] / 1e9
     # the CPU steps the adapters only (104M parameters), not the 69B frozen base
     assert offload.time.terms["cpu_optimizer_step"] < 1.0
+
+
+def test_axolotl_dpo_is_planned_as_trl_runs_it():
+    """axolotl's instruct-dpo-lora-8b (rl: dpo, LoRA over an LLM.int8() base): TRL's DPOTrainer with
+    the adapter-disabled base as its reference, so no reference copy; pairs of sequence_len rows;
+    each value named by the axolotl key it came from."""
+    from planner.check import CheckRequest, check
+
+    path = ROOT / "axolotl-ai-cloud__axolotl/examples/llama-3/instruct-dpo-lora-8b.yml"
+    result = check(CheckRequest(model="meta-llama/Llama-3.1-8B", gpus="1xA100-80", training_args=path,
+                                alternatives=0))
+    cfg = result.estimate.config
+    assert (str(cfg.method), str(cfg.adapter), cfg.seq_len, cfg.micro_batch_size) == ("dpo", "lora-int8", 4096, 2)
+    assert cfg.rows_per_micro_batch == 4
+    assert not any(r.label.startswith("the reference model") for r in result.estimate.ledger)
+    assert any(r.label.startswith("reference forward") for r in result.estimate.ledger)
+    assert result.sources["method"] == "instruct-dpo-lora-8b.yml: rl dpo (TRL's DPOTrainer)"

@@ -35,10 +35,14 @@ off (utils/schemas/training.py, config.py), reentrant when on unless
 ``normalize_config``); the legacy attention booleans map to ``attn_implementation`` (config.py);
 ``fsdp_config`` keys lose their ``fsdp_`` prefix and a config without a version is FSDP1
 (utils/schemas/validation.py); under FSDP2 axolotl's own
-``fsdp2_prepare_model`` keeps bf16 parameters (monkeypatch/accelerate/fsdp2.py).
+``fsdp2_prepare_model`` keeps bf16 parameters (monkeypatch/accelerate/fsdp2.py). ``rl: dpo`` and
+``rl: ipo`` train with TRL's DPOTrainer (core/trainers/dpo/trainer.py: ``AxolotlDPOTrainer``
+overrides no loss), its DPOConfig built from ``sequence_len`` (``max_length``),
+``precompute_ref_log_probs`` and ``dpo_*`` keys (core/trainers/dpo/__init__.py), an adapter's
+disabled base as the reference (the peft config passed to the trainer: core/builders/rl.py).
 """
 
-from planner.check.methods import framework_method
+from planner.check.methods import AXOLOTL_DPO, framework_method
 from planner.check.recipe_keys import recipe_keys, suggestion
 
 LLAMAFACTORY, AXOLOTL = "llamafactory", "axolotl"
@@ -216,6 +220,10 @@ def _axolotl(t: Translation) -> None:
         t.put("attn_implementation", d["attn_implementation"], "attn_implementation")
     if d.get("fsdp") or d.get("fsdp_config"):
         _axolotl_fsdp(t)
+    if d.get("rl") in AXOLOTL_DPO:  # axolotl builds TRL's DPOConfig (core/trainers/dpo/__init__.py)
+        t.put("rl", d["rl"], "rl")
+        if d.get("precompute_ref_log_probs") is not None:
+            t.put("precompute_ref_log_probs", d["precompute_ref_log_probs"], "precompute_ref_log_probs")
 
 
 def _axolotl_precision(t: Translation) -> None:

@@ -23,8 +23,28 @@ SFT_LOSS_TYPES = frozenset({"nll", "dft", "chunked_nll"})
 #: (src/llamafactory/hparams/finetuning_args.py: pt, sft, rm, ppo, dpo, kto).
 LLAMAFACTORY_STAGES = {"rm": "a reward model (chosen and rejected sequences)",
                        "ppo": "PPO (a policy, a reference, a reward and a value model; completions sampled every step)",
-                       "dpo": "DPO and its variants (pref_loss: a reference model, chosen and rejected sequences)",
+                       "dpo": "DPO and its variants (pref_loss) by LLaMA-Factory's own trainer, which takes "
+                              "log-probabilities from the full fp32 logits (train/dpo/trainer.py concatenated_forward: "
+                              "logits.to(float32), then a log-softmax over the vocabulary), a path planner models for "
+                              "no preference trainer yet",
                        "kto": "KTO (a reference model, desirable and undesirable completions)"}
+#: axolotl's ``rl`` values that train with TRL's DPOTrainer (``rl: ipo`` is DPOConfig's loss_type ipo:
+#: the same log-probabilities, the same memory), planned as DPO (planner/check/frameworks.py).
+AXOLOTL_DPO = ("dpo", "ipo")
+#: axolotl ``dpo_*`` keys of a DPOTrainer path planner does not model: the flag and why.
+AXOLOTL_DPO_UNMODELLED = {
+    "dpo_padding_free": "padding-free DPO (DPOConfig padding_free: the pairs packed into one row)",
+    "dpo_use_liger_kernel": "Liger's fused DPO loss (DPOConfig use_liger_kernel)",
+}
+#: Why axolotl's other ``rl`` trainers are refused (core/builders/rl.py picks each).
+AXOLOTL_RL = {
+    "orpo": "TRL's ORPOTrainer, which takes log-probabilities from the full logits",
+    "simpo": "TRL's CPOTrainer with loss_type simpo, which takes log-probabilities from the full logits",
+    "kto": "TRL's KTOTrainer: unpaired completions, a KL estimate's extra forwards; not modelled yet",
+    "grpo": "TRL's GRPOTrainer from axolotl's trl: and vllm: blocks, which planner does not read yet; the same "
+            "job as a TRL GRPOConfig recipe is planned",
+    "gdpo": "axolotl's GDPO, on TRL's GRPOTrainer",
+}
 #: What every refusal ends with.
 REFUSAL = ("planner plans supervised fine-tuning and TRL's DPO and GRPO only: planned as one of them, this "
            "job's memory would be under-counted")
@@ -44,11 +64,7 @@ def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
     if grpo_recipe(d):
         return _unmodelled_grpo(d, where)
     if any(k in d for k in DPO_ONLY) or (named == "dpo" and found is not None and found[0] == DPO_OR_ORPO):
-        trl = job_module.installed_release("trl")
-        if trl is None or fused_logprobs(trl):
-            return None
-        return (f"{where}: a DPO recipe under the TRL installed here ({'.'.join(map(str, trl))}), whose DPOTrainer "
-                f"computes log-probabilities from the full logits (before 1.15): not modelled; {REFUSAL}")
+        return _unfused_dpo(where)
     if found is not None:
         return f"{where}: {', '.join(found[1])}: {found[0]}: {REFUSAL}"
     loss = d.get("loss_type")
@@ -57,6 +73,16 @@ def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
         return (f"{where}: loss_type {loss}: a preference or RL loss (TRL's SFT trainer takes nll, dft or chunked_nll): "
                 f"{REFUSAL}")
     return None
+
+
+def _unfused_dpo(where: str, what: str = "a DPO recipe") -> str | None:
+    """The refusal for a DPO job under a TRL whose DPOTrainer computes its log-probabilities from the
+    full logits (before 1.15; None: the fused LM head, which is modelled, or no TRL installed)."""
+    trl = job_module.installed_release("trl")
+    if trl is None or fused_logprobs(trl):
+        return None
+    return (f"{where}: {what} under the TRL installed here ({'.'.join(map(str, trl))}), whose DPOTrainer "
+            f"computes log-probabilities from the full logits (before 1.15): not modelled; {REFUSAL}")
 
 
 def _unmodelled_grpo(d: dict, where: str) -> str | None:
@@ -82,8 +108,14 @@ def framework_method(llamafactory: bool, d: dict, where: str) -> str | None:
             return f"{where}: stage {stage}: {LLAMAFACTORY_STAGES[stage.lower()]}: {REFUSAL}"
         return None
     rl = d.get("rl")
+    if rl in AXOLOTL_DPO:
+        for key, what in AXOLOTL_DPO_UNMODELLED.items():
+            if d.get(key) is True:
+                return f"{where}: {key}: {what}: not modelled; {REFUSAL}"
+        return _unfused_dpo(where, f"rl {rl} (TRL's DPOTrainer)")
     if rl not in (None, False, "", "none"):
-        return f"{where}: rl {rl}: axolotl's {rl} trainer (preference or RL training, through TRL): {REFUSAL}"
+        why = AXOLOTL_RL.get(str(rl).lower(), "preference or RL training, through TRL")
+        return f"{where}: rl {rl}: axolotl's {rl} trainer ({why}): {REFUSAL}"
     for key in ("reward_model", "process_reward_model"):
         if d.get(key) is True:
             return f"{where}: {key}: a reward model (chosen and rejected sequences): {REFUSAL}"
