@@ -15,7 +15,7 @@ from planner.cost import activations, params, preference
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.fsdp_schedule import Instant, gathered_bytes
-from planner.strategies.method import fused_head
+from planner.strategies.method import full_logits, fused_head
 from planner.strategies.moments import LOSS_MOMENT, ROOT_REGATHER
 from planner.strategies.precision import CHOICES as PRECISIONS
 from planner.strategies.precision import cache_only_casts
@@ -197,8 +197,11 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     else:
         v_t = m.vocab_size * tokens
         softcap = c * v_t if m.final_logit_softcapping else 0
+        # a full-logits DPO computes no cross-entropy: its own upcast and log-softmax (preference.py)
+        copies = (preference.full_logprobs_forward_bytes(v_t, c, 0) if full_logits(cfg)
+                  else loss_forward_copies(c, cfg.loss_path) * v_t)
         moments = {
-            forward[1]: cached + hc + loss_forward_copies(c, cfg.loss_path) * v_t + softcap,
+            forward[1]: cached + hc + copies + softcap,
             "start of backward: fp32 log-softmax output, its gradient and input gradient":
                 hc + activations.logits_bytes(m, lay.dtypes) * tokens,
             "head backward: logits gradient and head weight gradient":

@@ -29,6 +29,7 @@ generation gathers what TRL gathers (strategies/generation.py); FSDP1 is refused
 from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
+from planner.core.errors import PlannerInputError
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.lengths import Batching
@@ -53,6 +54,14 @@ class DpoReference(StrEnum):
 
     MODEL = "model"  # a reference forward every step (TRL's default)
     PRECOMPUTED = "precomputed"  # precompute_ref_log_probs: one pass over the data before training
+    NONE = "none"  # reference-free losses: ORPO and SimPO as LLaMA-Factory runs them (pref_loss orpo / simpo)
+
+
+class DpoLogprobs(StrEnum):
+    """How a DPO trainer computes its log-probabilities."""
+
+    FUSED = "fused"  # TRL >= 1.15's fused LM head: no logits (planner/cost/preference.py)
+    FULL_LOGITS = "full-logits"  # LLaMA-Factory's trainer: the full logits upcast to fp32, then their log-softmax
 
 
 CHOICES: dict[Method, Choice] = {
@@ -67,8 +76,13 @@ CHOICES: dict[Method, Choice] = {
 SETTINGS = (
     Setting("dpo_reference", DpoReference, DpoReference.MODEL,
             "DPO's reference log-probabilities: model (a reference forward every step; a frozen copy of the "
-            "policy unless an adapter trains) or precomputed (TRL's precompute_ref_log_probs: one pass before "
-            "training, no reference model kept)", used_at=("dpo",)),
+            "policy unless an adapter trains), precomputed (TRL's precompute_ref_log_probs: one pass before "
+            "training, no reference model kept) or none (a reference-free loss: LLaMA-Factory's pref_loss orpo or "
+            "simpo)", used_at=("dpo",)),
+    Setting("dpo_logprobs", DpoLogprobs, DpoLogprobs.FUSED,
+            "how DPO's log-probabilities are computed: fused (TRL >= 1.15's fused LM head: no logits; what planner's "
+            "files run) or full-logits (LLaMA-Factory's DPO trainer: the head's logits upcast to fp32 and their "
+            "log-softmax, for the policy and the reference; planned by check, not emitted)", used_at=("dpo",)),
     Setting("num_generations", int, 8, "GRPO's completions per prompt (GRPOConfig num_generations): the global "
             "batch of completions is a multiple of it", ge=2, used_at=("grpo",)),
     Setting("completion_len", int, 512, "GRPO's max_completion_length: the tokens generated per completion, part of "
@@ -103,7 +117,13 @@ def grpo(config) -> bool:
 
 def fused_head(config) -> bool:
     """Whether the plan's log-probabilities come from TRL's fused LM head (DPO, GRPO): no logits."""
-    return config.method != Method.SFT
+    return config.method != Method.SFT and not full_logits(config)
+
+
+def full_logits(config) -> bool:
+    """Whether the plan is DPO computing its log-probabilities from the full logits (LLaMA-Factory's
+    trainer: the head's logits, their fp32 upcast and log-softmax; planner/cost/preference.py)."""
+    return config.method == Method.DPO and config.dpo_logprobs == DpoLogprobs.FULL_LOGITS
 
 
 def reference_kept(ctx: PlanContext) -> bool:
@@ -112,7 +132,8 @@ def reference_kept(ctx: PlanContext) -> bool:
     cfg, adapter = ctx.config, ctx.layout.adapter is not None
     if grpo(cfg):
         return cfg.kl_beta > 0 and not adapter
-    return dpo(cfg) and preference.reference_kept(adapter, cfg.dpo_reference == DpoReference.PRECOMPUTED)
+    return (dpo(cfg) and cfg.dpo_reference != DpoReference.NONE
+            and preference.reference_kept(adapter, cfg.dpo_reference == DpoReference.PRECOMPUTED))
 
 
 def reference_forward(ctx: PlanContext) -> bool:
@@ -132,7 +153,7 @@ def scoring_forwards(ctx: PlanContext) -> int:
 
 def _check(ctx: PlanContext, out: Check) -> None:
     cfg = ctx.config
-    if not fused_head(cfg):
+    if cfg.method == Method.SFT:
         return
     for field, allowed, code, why, unmodelled in TRL_ALLOWS:
         value = getattr(cfg, field)
@@ -168,9 +189,18 @@ def _no_grad_forward(ctx: PlanContext, ledger: LedgerDraft, phases: frozenset, m
     layer = activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
     ledger.add("activations", f"{what}: one decoder layer's tensors (at most its saved list)", layer,
                tokens, phases=phases, moment=moment, note="under no_grad")
-    ledger.add("logits", f"{what}: the fused LM head (projection buffer, per-token statistics)",
-               preference.fused_forward_bytes(tokens, m.hidden_size, c, c) + tokens * m.hidden_size * c, 1,
-               phases=phases, moment=moment, note="and the backbone's output; no logits")
+    if full_logits(cfg):
+        v_t = m.vocab_size * tokens
+        ledger.add("logits", f"{what}: its logits, upcast to fp32, and their log-softmax",
+                   preference.full_logprobs_forward_bytes(v_t, c, tokens * m.hidden_size * c), 1, phases=phases,
+                   moment=moment, note="LLaMA-Factory's concatenated_forward, under no_grad")
+        ledger.add("logits", "the policy's fp32 logits and log-softmax output, alive beside it",
+                   preference.FULL_LOGPROBS_HELD * v_t, 1, phases=phases, moment=moment,
+                   note="returned to the loss, which the reference forward precedes")
+    else:
+        ledger.add("logits", f"{what}: the fused LM head (projection buffer, per-token statistics)",
+                   preference.fused_forward_bytes(tokens, m.hidden_size, c, c) + tokens * m.hidden_size * c, 1,
+                   phases=phases, moment=moment, note="and the backbone's output; no logits")
     if gathered := forward_gathered(ctx):
         words = "the whole reference (one FSDP unit)" if gathered == params.total_parameters(m) else "its gathers"
         ledger.add("gathered_parameters", f"{what}: {words}", gathered, lay.gathered_bytes, phases=phases,
@@ -203,16 +233,19 @@ def forward_gathered(ctx: PlanContext) -> int:
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     """The reference model's weights (every phase); DPO's reference forward, a moment of the forward
     phase beside the policy's saved activations; GRPO's scoring forwards, a moment of the rollout."""
-    if not fused_head(ctx.config):
+    if ctx.config.method == Method.SFT:
         return
     m, lay = ctx.model, ctx.layout
     if reference_kept(ctx):
         shard = partitioned(ctx)
+        # LLaMA-Factory (the full-logits trainer) loads it untrainable, in the compute dtype, never
+        # upcast (model/adapter.py upcasts trainable parameters only); TRL in the policy's dtype
+        dtype = lay.dtypes.compute if full_logits(ctx.config) else lay.weight_bytes
         ledger.add("weights", f"the reference model (frozen copy, {ctx.config.method.upper()})",
-                   params.total_parameters(m), lay.weight_bytes,
+                   params.total_parameters(m), dtype,
                    shard=preference.reference_divisor(shard, lay.data_parallel), tag=FROZEN_EVERY_RANK,
                    note="partitioned like the policy (TRL's prepare_deepspeed / prepare_fsdp)" if shard else
-                   "in the policy's dtype, whole on every GPU (DeepSpeed runs it at ZeRO stage 0)")
+                   "whole on every GPU (DeepSpeed runs it at ZeRO stage 0)")
     if reference_forward(ctx):
         _no_grad_forward(ctx, ledger, frozenset({Phase.FORWARD}), REFERENCE_FORWARD, "reference forward")
     elif scoring_forwards(ctx):
@@ -263,6 +296,12 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     reverse_kl: standard DPO, DPOConfig's default), the precomputation and the length. A GRPO
     plan's are a GRPOConfig: the group size, the completion's length and beta."""
     cfg = ctx.config
+    if dpo(cfg) and (full_logits(cfg) or cfg.dpo_reference == DpoReference.NONE):
+        raise PlannerInputError(
+            f"a plan of DPO with {'full-logits log-probabilities' if full_logits(cfg) else 'no reference'} (as "
+            "LLaMA-Factory's trainer runs it) is checked, not emitted: planner's files run TRL's DPOTrainer, "
+            "whose fused LM head and reference differ",
+            hint="Run the job with llamafactory-cli, or plan it for TRL: --dpo-logprobs fused --dpo-reference model.")
     if dpo(cfg):
         files.training_args["precompute_ref_log_probs"] = cfg.dpo_reference == DpoReference.PRECOMPUTED
         files.training_args["f_divergence_type"] = "reverse_kl"
@@ -290,6 +329,9 @@ def _read(job: JobFiles, r: Reading) -> None:
     if grpo_recipe(d):
         _read_grpo(d, where, r)
         return
+    if job.framework == "llamafactory" and d.get("stage") == "dpo":
+        _read_llamafactory_dpo(d, where, r)
+        return
     if job.framework:  # axolotl's rl dpo / ipo, translated (planner/check/frameworks.py)
         said = [f"rl {d['rl']} (TRL's DPOTrainer)"] if d.get("rl") in ("dpo", "ipo") else []
     else:
@@ -300,10 +342,32 @@ def _read(job: JobFiles, r: Reading) -> None:
         r.set("batching", Batching.PADDED, f"{where}: {said[0]}: TRL's preference collator pads each micro-batch "
                                             "of pairs to its longest")
         r.set("method", Method.DPO, f"{where}: {said[0]}")
+        r.set("dpo_logprobs", DpoLogprobs.FUSED, f"{where}: {said[0]}: TRL's DPOTrainer computes them with its fused "
+                                                 "LM head")
         pre = r.typed(d, "precompute_ref_log_probs", (bool,), where)
         r.set("dpo_reference", DpoReference.PRECOMPUTED if pre else DpoReference.MODEL,
               f"{where}: precompute_ref_log_probs" if pre is not None else
               f"{where}: no precompute_ref_log_probs (DPOConfig's default, false)")
+
+
+#: LLaMA-Factory's reference-free ``pref_loss`` values (hparams/finetuning_args.py: use_ref_model is
+#: false for them).
+REFERENCE_FREE = ("orpo", "simpo")
+
+
+def _read_llamafactory_dpo(d: dict, where: str, r: Reading) -> None:
+    """LLaMA-Factory's ``stage: dpo`` (translated by planner/check/frameworks.py, which keeps
+    ``stage`` and ``pref_loss``): its own DPO trainer, log-probabilities from the full logits, a
+    reference forward unless the loss is reference-free."""
+    r.set("method", Method.DPO, f"{where}: stage dpo (LLaMA-Factory's DPO trainer)")
+    r.set("batching", Batching.PADDED, f"{where}: stage dpo: the pairwise collator pads each micro-batch of pairs "
+                                        "to its longest")
+    r.set("dpo_logprobs", DpoLogprobs.FULL_LOGITS, f"{where}: stage dpo: LLaMA-Factory's trainer takes "
+                                                    "log-probabilities from the full fp32 logits")
+    loss = d.get("pref_loss", "sigmoid")
+    r.set("dpo_reference", DpoReference.NONE if loss in REFERENCE_FREE else DpoReference.MODEL,
+          f"{where}: pref_loss {loss}" + (": reference-free" if loss in REFERENCE_FREE else ": a reference forward "
+                                          "every step"))
 
 
 #: GRPOConfig's defaults (TRL 1.16 grpo_config.py) for the keys a plan reads.
@@ -330,7 +394,9 @@ def describe(get) -> str:
     its reference ("dpo", "dpo precomputed", "grpo G8 c512", "grpo G8 c512 beta 0.04")."""
     method = get("method")
     if method == Method.DPO:
-        return "dpo" + (" precomputed" if get("dpo_reference") == DpoReference.PRECOMPUTED else "")
+        reference = get("dpo_reference")
+        return ("dpo" + (f" {reference}" if reference in (DpoReference.PRECOMPUTED, DpoReference.NONE) else "")
+                + (" full-logits" if get("dpo_logprobs") == DpoLogprobs.FULL_LOGITS else ""))
     if method == Method.GRPO:
         beta = get("kl_beta") or 0
         return f"grpo G{get('num_generations')} c{get('completion_len')}" + (f" beta {beta:g}" if beta else "")

@@ -15,7 +15,7 @@ from planner.strategies.attention import Attention
 from planner.strategies.checkpointing import CheckpointImpl, Checkpointing
 from planner.strategies.generation import Generation
 from planner.strategies.loss import Loss, LossPath, ModelOutput
-from planner.strategies.method import DpoReference, Method
+from planner.strategies.method import DpoLogprobs, DpoReference, Method
 from planner.strategies.offload import Offload
 from planner.strategies.optimizer import Optimizer
 from planner.strategies.precision import Precision
@@ -50,6 +50,7 @@ class TrainingConfig(ConfigBase):
     nf4_matmul: Nf4Matmul = Nf4Matmul.FREES_INPUT
     kbit_prep: KbitPrep = KbitPrep.NONE
     dpo_reference: DpoReference = DpoReference.MODEL
+    dpo_logprobs: DpoLogprobs = DpoLogprobs.FUSED
     num_generations: int = 8
     completion_len: int = 512
     kl_beta: float = 0.0
@@ -93,6 +94,7 @@ class TechniqueChoices(Record):
     nf4_matmul: Nf4Matmul | None = None
     kbit_prep: KbitPrep | None = None
     dpo_reference: DpoReference | None = None
+    dpo_logprobs: DpoLogprobs | None = None
     num_generations: int | None = None
     completion_len: int | None = None
     kl_beta: float | None = None
@@ -129,6 +131,7 @@ class TechniqueLists(Record):
     nf4_matmul: Nf4Matmul | None = None
     kbit_prep: KbitPrep | None = None
     dpo_reference: DpoReference | None = None
+    dpo_logprobs: DpoLogprobs | None = None
     num_generations: int | None = None
     completion_len: int | None = None
     kl_beta: float | None = None

@@ -75,7 +75,9 @@ def test_sft_recipes_and_sft_loss_types_are_not_refused():
 
 @pytest.mark.parametrize("llamafactory, d, refused", [
     (True, {"stage": "sft"}, False), (True, {"stage": "pt"}, False), (True, {}, False),
-    (True, {"stage": "dpo", "pref_loss": "simpo"}, True), (True, {"stage": "kto"}, True), (True, {"stage": "rm"}, True),
+    (True, {"stage": "dpo", "pref_loss": "simpo"}, False),
+    (True, {"stage": "dpo", "ref_model": "other/model", "ref_model_quantization_bit": 4}, True),
+    (True, {"stage": "dpo", "pref_loss": "dpop"}, True), (True, {"stage": "kto"}, True), (True, {"stage": "rm"}, True),
     (True, {"stage": "ppo"}, True), (False, {}, False), (False, {"rl": None}, False), (False, {"rl": "grpo"}, True),
     (False, {"rl": "orpo"}, True), (False, {"reward_model": True}, True), (False, {"rl": "dpo"}, False),
     (False, {"rl": "ipo"}, False), (False, {"rl": "dpo", "dpo_padding_free": True}, True),
@@ -92,7 +94,6 @@ def test_axolotl_dpo_is_refused_under_a_trl_that_computes_full_logits(monkeypatc
     monkeypatch.setattr(job_module, "installed_release", lambda package, parts=2: (1, 14))
     refusal = framework_method(False, {"rl": "dpo"}, "job.yaml")
     assert refusal and "full logits" in refusal and "rl dpo" in refusal
-    assert "full fp32 logits" in framework_method(True, {"stage": "dpo"}, "job.yaml")
 
 
 def test_check_refuses_an_rloo_recipe_with_the_reason_and_what_to_do(tmp_path):

@@ -63,15 +63,20 @@ def _peaks(path: LossPath, held: bool) -> tuple[int, int]:
             del output
         with record_function("backward"):
             loss.backward()
+    return _span_peaks(prof, ("forward", "backward"))
+
+
+def _span_peaks(prof, names: tuple[str, ...]) -> tuple[int, ...]:
+    """The CPU allocator's peak live bytes (from the profile's start) within each named span."""
     events = prof.profiler.kineto_results.events()
-    spans = {e.name(): (e.start_ns(), e.end_ns()) for e in events if e.name() in ("forward", "backward")}
+    spans = {e.name(): (e.start_ns(), e.end_ns()) for e in events if e.name() in names}
     peaks, live = dict.fromkeys(spans, 0), 0
     for t, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
         live += nbytes
         for phase, (start, end) in spans.items():
             if start <= t <= end:
                 peaks[phase] = max(peaks[phase], live)
-    return peaks["forward"], peaks["backward"]
+    return tuple(peaks[n] for n in names)
 
 
 def _close(measured: int, planned: float) -> bool:
@@ -105,3 +110,45 @@ def test_the_older_paths_hold_more_than_todays():
     backward's start, >= 4.49 the least."""
     fwd = {p: _peaks(p, held=False)[0] for p in LossPath}
     assert fwd[LossPath.SHIFT_LOGITS] > fwd[LossPath.FP32_LOGITS] > fwd[LossPath.PAD_LABELS]
+
+
+def _llamafactory_logps(x, weight, labels):
+    """LLaMA-Factory's DPO log-probabilities over a head's output (train/dpo/trainer.py
+    ``concatenated_forward``, train/trainer_utils.py ``get_batch_logps`` at @ff6d4d12): the
+    logits upcast in one expression (the 16-bit output a temporary), the labels shifted, the
+    log-softmax of the shifted view gathered at them; returns (log-probabilities, the fp32 logits,
+    which the trainer returns beside them)."""
+    all_logits = (x @ weight.t()).to(torch.float32)
+    shifted = labels[:, 1:].clone()
+    logps = torch.gather(all_logits[:, :-1, :].log_softmax(-1), dim=2, index=shifted.unsqueeze(2)).squeeze(2)
+    return logps.sum(-1), all_logits
+
+
+def test_llamafactory_dpo_holds_what_planner_counts():
+    """The full-logits DPO path (strategies/method.py ``full_logits``): the policy's forward
+    leaves its fp32 logits and the log-softmax output (8 V per token: ``FULL_LOGPROBS_HELD``); the
+    reference forward, under no_grad with those alive, peaks at ``full_logprobs_forward_bytes``
+    beside them; the backward starts as the standard loss's (12 V: activations.logits_bytes)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from planner.cost.preference import FULL_LOGPROBS_HELD, full_logprobs_forward_bytes
+
+    torch.manual_seed(0)
+    x = torch.randn(B, S, H, dtype=torch.bfloat16, requires_grad=True)
+    reference_x = torch.randn(B, S, H, dtype=torch.bfloat16)
+    weight = torch.randn(V, H, dtype=torch.bfloat16)
+    labels = torch.randint(0, V, (B, S))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with record_function("policy"):
+            logps, all_logits = _llamafactory_logps(x, weight, labels)
+        with record_function("reference"), torch.no_grad():
+            reference = _llamafactory_logps(reference_x, weight, labels)[0]  # its logits freed on return
+        loss = -torch.nn.functional.logsigmoid(logps - reference).mean()
+        del all_logits  # the trainer's outputs dict, dropped once the loss is computed
+        with record_function("backward"):
+            loss.backward()
+    policy, reference_peak, backward = _span_peaks(prof, ("policy", "reference", "backward"))
+    v_t = V * T
+    assert _close(policy, full_logprobs_forward_bytes(v_t, C, 0)), policy
+    assert _close(reference_peak, FULL_LOGPROBS_HELD * v_t + full_logprobs_forward_bytes(v_t, C, 0)), reference_peak
+    assert _close(backward, logits_bytes_bf16() * T), backward

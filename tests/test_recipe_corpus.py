@@ -41,7 +41,8 @@ def _preference_or_rl(path: Path) -> bool:
 def test_preference_and_rl_recipes_are_refused_or_planned_as_what_they_are(monkeypatch):
     """Every DPO, ORPO, KTO and reward-model file of the corpus (TRL recipes, LLaMA-Factory, axolotl)
     is refused with the method it names, never given an SFT verdict; no SFT file is; open-r1's GRPO
-    recipes are planned as GRPO, axolotl's ``rl: dpo`` (TRL's DPOTrainer) as DPO."""
+    recipes are planned as GRPO, axolotl's ``rl: dpo`` (TRL's DPOTrainer) and LLaMA-Factory's
+    ``stage: dpo`` as DPO."""
     from planner.check import CheckRequest, check
     from planner.check.methods import REFUSAL, REFUSAL_HINT
     from planner.core.errors import PlannerInputError
@@ -65,12 +66,15 @@ def test_preference_and_rl_recipes_are_refused_or_planned_as_what_they_are(monke
             assert method == "grpo", row["local_path"]
             grpo.append(path.name)
             continue
-        if row["kind"] == "axolotl" and "rl: dpo" in path.read_text():  # TRL's DPOTrainer: planned as DPO
-            assert method == "dpo", row["local_path"]
+        text = path.read_text()
+        if (row["kind"], "rl: dpo" in text, "stage: dpo" in text) in (("axolotl", True, False),
+                                                                      ("llamafactory", False, True)):
+            assert method == "dpo", row["local_path"]  # axolotl: TRL's DPOTrainer; LLaMA-Factory's own
             dpo.append(path.name)
             continue
         assert not _preference_or_rl(path) and method == "sft", f"{row['local_path']} was planned as {method}"
-    assert len(refused) == 9 and len(grpo) == 3 and dpo == ["instruct-dpo-lora-8b.yml"], (refused, grpo, dpo)
+    assert len(refused) == 8 and len(grpo) == 3, (refused, grpo)
+    assert sorted(dpo) == ["instruct-dpo-lora-8b.yml", "qwen3_lora_dpo.yaml"], dpo
 
 
 def test_every_trl_recipe_is_read_without_a_refusal():
@@ -385,3 +389,38 @@ def test_axolotl_dpo_is_planned_as_trl_runs_it():
     assert not any(r.label.startswith("the reference model") for r in result.estimate.ledger)
     assert any(r.label.startswith("reference forward") for r in result.estimate.ledger)
     assert result.sources["method"] == "instruct-dpo-lora-8b.yml: rl dpo (TRL's DPOTrainer)"
+
+
+def test_llamafactory_dpo_is_planned_as_its_trainer_runs_it(tmp_path):
+    """LLaMA-Factory's qwen3_lora_dpo (stage dpo, pref_loss sigmoid, LoRA): full-logits
+    log-probabilities, the adapter-disabled base as reference (no copy), its forward beside the
+    policy's fp32 logits; pref_loss orpo: no reference forward at all; a full fine-tune: a frozen
+    copy in the compute dtype (LLaMA-Factory upcasts only trainable parameters); refused to emit."""
+    import yaml
+
+    from planner.check import CheckRequest, check
+    from planner.core.errors import PlannerInputError
+    from planner.emit.files import build_files, single_plan_result
+
+    path = ROOT / "hiyouga__LLaMA-Factory/examples/train_lora/qwen3_lora_dpo.yaml"
+    result = check(CheckRequest(model="Qwen/Qwen2.5-3B", gpus="1xA100-80", training_args=path, alternatives=0))
+    cfg, labels = result.estimate.config, [r.label for r in result.estimate.ledger]
+    assert (str(cfg.method), str(cfg.dpo_logprobs), str(cfg.dpo_reference)) == ("dpo", "full-logits", "model")
+    assert "the policy's fp32 logits and log-softmax output, alive beside it" in labels
+    assert not any(x.startswith("the reference model") for x in labels)
+    assert result.sources["dpo_logprobs"].startswith("qwen3_lora_dpo.yaml: stage dpo")
+
+    def variant(**changes):
+        f = tmp_path / f"{'_'.join(map(str, changes.values()))}.yaml"
+        f.write_text(yaml.safe_dump(yaml.safe_load(path.read_text()) | changes))
+        return check(CheckRequest(model="Qwen/Qwen2.5-3B", gpus="1xA100-80", training_args=f, alternatives=0))
+
+    orpo = variant(pref_loss="orpo")
+    assert str(orpo.estimate.config.dpo_reference) == "none"
+    assert not any(r.label.startswith("reference forward") for r in orpo.estimate.ledger)
+    assert orpo.estimate.memory["peak"] < result.estimate.memory["peak"]
+    full = variant(finetuning_type="full")
+    [copy] = [r for r in full.estimate.ledger if r.label.startswith("the reference model")]
+    assert copy.bytes == full.estimate.model.num_parameters * 2  # bf16, whole on the one GPU
+    with pytest.raises(PlannerInputError, match="checked, not emitted"):
+        build_files(single_plan_result(result.estimate))

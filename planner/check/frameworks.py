@@ -145,6 +145,9 @@ def _llamafactory(t: Translation) -> None:
             t.put("gradient_checkpointing_kwargs", {"use_reentrant": reentrant}, "use_reentrant_gc" if "use_reentrant_gc"
                   in d else "no use_reentrant_gc (LLaMA-Factory's default; FSDP2 sets it false)")
     t.default("max_length", "cutoff_len", 2048)
+    if d.get("stage") == "dpo":  # read by strategies/method.py: LLaMA-Factory's own DPO trainer
+        t.put("stage", "dpo", "stage")
+        t.default("pref_loss", "pref_loss", "sigmoid")
     packed = (d["packing"] if d.get("packing") is not None else d.get("stage") == "pt") is True \
         or d.get("neat_packing") is True
     t.put("packing", packed, next((k for k in ("neat_packing", "packing") if d.get(k) is not None), None)

@@ -19,15 +19,14 @@ DPO_OR_ORPO = next(method for method, _ in TRL_MARKERS if method.startswith("DPO
 #: TRL SFTConfig's ``loss_type`` values; any other names a preference or RL loss ("sigmoid", "ipo",
 #: "grpo", "dr_grpo", ...), as the DPO, KTO and GRPO configs use the key.
 SFT_LOSS_TYPES = frozenset({"nll", "dft", "chunked_nll"})
-#: LLaMA-Factory's ``stage`` values other than pre-training and supervised fine-tuning
-#: (src/llamafactory/hparams/finetuning_args.py: pt, sft, rm, ppo, dpo, kto).
+#: LLaMA-Factory's ``stage`` values planner does not plan (src/llamafactory/hparams/finetuning_args.py:
+#: pt, sft, rm, ppo, dpo, kto; dpo is planned: strategies/method.py).
 LLAMAFACTORY_STAGES = {"rm": "a reward model (chosen and rejected sequences)",
                        "ppo": "PPO (a policy, a reference, a reward and a value model; completions sampled every step)",
-                       "dpo": "DPO and its variants (pref_loss) by LLaMA-Factory's own trainer, which takes "
-                              "log-probabilities from the full fp32 logits (train/dpo/trainer.py concatenated_forward: "
-                              "logits.to(float32), then a log-softmax over the vocabulary), a path planner models for "
-                              "no preference trainer yet",
                        "kto": "KTO (a reference model, desirable and undesirable completions)"}
+#: LLaMA-Factory's ``pref_loss`` values (hparams/finetuning_args.py): each from the same
+#: log-probabilities, orpo and simpo without a reference.
+LLAMAFACTORY_PREF_LOSSES = ("sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo")
 #: axolotl's ``rl`` values that train with TRL's DPOTrainer (``rl: ipo`` is DPOConfig's loss_type ipo:
 #: the same log-probabilities, the same memory), planned as DPO (planner/check/frameworks.py).
 AXOLOTL_DPO = ("dpo", "ipo")
@@ -46,12 +45,13 @@ AXOLOTL_RL = {
     "gdpo": "axolotl's GDPO, on TRL's GRPOTrainer",
 }
 #: What every refusal ends with.
-REFUSAL = ("planner plans supervised fine-tuning and TRL's DPO and GRPO only: planned as one of them, this "
-           "job's memory would be under-counted")
+REFUSAL = ("planner plans supervised fine-tuning, DPO (TRL's, axolotl's, LLaMA-Factory's) and TRL's GRPO "
+           "only: planned as one of them, this job's memory would be under-counted")
 #: What to do next when every problem is such a refusal.
 REFUSAL_HINT = ("Other preference and RL training is not planned yet; planner check plans supervised fine-tuning "
-                "(a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl), TRL's DPO (a "
-                "DPOConfig recipe, or --method dpo) and TRL's GRPO (a GRPOConfig recipe).")
+                "(a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl), DPO (a DPOConfig "
+                "recipe, or --method dpo; axolotl rl dpo or ipo; LLaMA-Factory stage dpo, its pref_loss orpo and "
+                "simpo too) and TRL's GRPO (a GRPOConfig recipe).")
 
 
 def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
@@ -106,6 +106,11 @@ def framework_method(llamafactory: bool, d: dict, where: str) -> str | None:
         stage = d.get("stage")
         if isinstance(stage, str) and stage.lower() in LLAMAFACTORY_STAGES:
             return f"{where}: stage {stage}: {LLAMAFACTORY_STAGES[stage.lower()]}: {REFUSAL}"
+        if stage == "dpo" and d.get("ref_model"):
+            return (f"{where}: ref_model: a reference model other than the policy (its size, and "
+                    f"ref_model_quantization_bit's, are not read): not modelled; {REFUSAL}")
+        if stage == "dpo" and d.get("pref_loss", "sigmoid") not in LLAMAFACTORY_PREF_LOSSES:
+            return f"{where}: pref_loss {d['pref_loss']}: one of {', '.join(LLAMAFACTORY_PREF_LOSSES)}; {REFUSAL}"
         return None
     rl = d.get("rl")
     if rl in AXOLOTL_DPO:

@@ -110,3 +110,21 @@ def fused_backward_bytes(m: ModelSpec, tokens: int, compute_bytes: int, head_tra
     in fp32, even when the inputs are not")."""
     head = m.vocab_size * m.hidden_size * 4 if head_trained else 0
     return projection_buffer_bytes(tokens, compute_bytes) + tokens * m.hidden_size * 4 + head
+
+
+#: Bytes per (token x V) a full-logits DPO forward leaves alive for its loss: the fp32 logits (the
+#: trainer returns them, for its metrics) and log-softmax's saved fp32 output. Source:
+#: LLaMA-Factory train/dpo/trainer.py ``concatenated_forward`` (``model(...).logits.to(torch.float32)``)
+#: and train/trainer_utils.py ``get_batch_logps`` (``logits[:, :-1].log_softmax(-1)`` gathered at the
+#: labels), at hiyouga/LLaMA-Factory@ff6d4d12; tests/test_loss_path.py measures the op sequence.
+FULL_LOGPROBS_HELD = 8
+
+
+def full_logprobs_forward_bytes(v_t: int, c: int, hidden: int) -> int:
+    """Peak bytes of one full-logits log-probability forward (LLaMA-Factory's ``concatenated_forward``
+    and ``get_batch_logps``) over ``v_t`` = tokens x V logits of ``c`` bytes: the upcast, with the
+    head's output and its input (``hidden`` bytes) alive, c + 4 per element (the 16-bit output is a
+    temporary of the expression, freed once upcast); then the log-softmax of the shifted view,
+    which copies it contiguous first: the fp32 logits, the copy and the output, 12. Unit: bytes.
+    Source: as ``FULL_LOGPROBS_HELD``; tests/test_loss_path.py measures it on the CPU allocator."""
+    return max((c + 4) * v_t + hidden, (FULL_LOGPROBS_HELD + 4) * v_t)
