@@ -120,6 +120,12 @@ def fused_head(config) -> bool:
     return config.method != Method.SFT and not full_logits(config)
 
 
+def trl_emittable(config) -> bool:
+    """Whether planner's files (TRL's trainers) run the plan: not a DPO of LLaMA-Factory's trainer
+    (full-logits log-probabilities, or a reference-free loss), which check plans but TRL does not run."""
+    return not (dpo(config) and (full_logits(config) or config.dpo_reference == DpoReference.NONE))
+
+
 def full_logits(config) -> bool:
     """Whether the plan is DPO computing its log-probabilities from the full logits (LLaMA-Factory's
     trainer: the head's logits, their fp32 upcast and log-softmax; planner/cost/preference.py)."""
@@ -296,7 +302,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     reverse_kl: standard DPO, DPOConfig's default), the precomputation and the length. A GRPO
     plan's are a GRPOConfig: the group size, the completion's length and beta."""
     cfg = ctx.config
-    if dpo(cfg) and (full_logits(cfg) or cfg.dpo_reference == DpoReference.NONE):
+    if not trl_emittable(cfg):
         raise PlannerInputError(
             f"a plan of DPO with {'full-logits log-probabilities' if full_logits(cfg) else 'no reference'} (as "
             "LLaMA-Factory's trainer runs it) is checked, not emitted: planner's files run TRL's DPOTrainer, "

@@ -231,3 +231,15 @@ def test_help_cuts_nothing_at_80_columns(command):
     assert r.returncode == 0, r.stderr
     assert "…" not in r.stdout, [line for line in r.stdout.splitlines() if "…" in line]
     assert max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
+def test_a_plan_planner_cannot_emit_ends_with_how_to_run_it_and_the_plan_it_can():
+    """LLaMA-Factory's DPO (full-logits log-probabilities) is planned, not emitted: the screen's
+    last lines say to run it with llamafactory-cli and give the TRL plan's command, never emit."""
+    for verb in ("estimate", "suggest"):
+        text = screen((verb, "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "1xA100-80", "--method", "dpo",
+                       "--dpo-logprobs", "full-logits", "--adapter", "lora", "--batching", "padded"), 80)
+        tail = last_lines(text)
+        assert "llamafactory-cli" in tail and f"planner {verb}" in tail and "--dpo-logprobs fused" in tail, tail
+        assert "emit" not in tail and "--out" not in tail and "full-logits" not in tail.split("Plan the job")[1], tail
+        assert all(len(line) <= 80 for line in text.splitlines())

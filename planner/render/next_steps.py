@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from planner.render.layout import command, line
+from planner.strategies.method import trl_emittable
 
 PLAN_DIR = "plan"  # where the next command writes launch files when the user named no directory
 RUN_WORDS = ["MODEL=path/to/model", "DATA=path/to/train.jsonl"]  # launch.sh needs both
@@ -62,6 +63,9 @@ def suggest_next(result, asked: Asked | None, console: Console) -> None:
         command(console, ["planner", "check", "--job-dir", str(where),
                           *asked.target_words(plan.hardware.spec if server else None), *extra])
         return
+    if result.fits and result.plans and not trl_emittable(result.plans[0].config):
+        _not_emitted(result.plans[0].config, asked, "suggest", console)
+        return
     if result.fits:
         where = asked.out or Path(PLAN_DIR)
         if asked.out is None:
@@ -98,6 +102,9 @@ def estimate_next(result, asked: Asked | None, console: Console) -> None:
     Otherwise: search for a plan that fits."""
     asked = asked or Asked.of(result)
     console.print()
+    if result.fits and not trl_emittable(result.config):
+        _not_emitted(result.config, asked, "estimate", console)
+        return
     if result.fits:
         line(console, "next: write this plan's launch files, or search for faster plans:")
         command(console, ["planner", "estimate", *asked.target_words(), *asked.options, "--json", ">", "plan.json"])
@@ -149,3 +156,13 @@ def _without(words: tuple[str, ...], flag: str) -> list[str]:
         else:
             out.append(w)
     return out
+
+
+def _not_emitted(config, asked: Asked, verb: str, console: Console) -> None:
+    """A plan planner's files cannot run (LLaMA-Factory's DPO): run it with its own trainer, or plan
+    the job as TRL's DPOTrainer runs it, which planner writes files for."""
+    line(console, f"next: run it with llamafactory-cli (per_device_train_batch_size {config.micro_batch_size}, "
+                  f"gradient_accumulation_steps {config.grad_accum}, cutoff_len {config.seq_len}); planner writes "
+                  "files for TRL's DPOTrainer only. Plan the job for TRL:")
+    options = _without(tuple(_without(asked.options, "--dpo-logprobs")), "--dpo-reference")
+    command(console, ["planner", verb, *asked.target_words(), *options, "--dpo-logprobs", "fused"])
