@@ -74,8 +74,6 @@ def _resolved_space(request: SuggestRequest) -> SearchSpace:
 def _best_speed(request: SuggestRequest) -> float | None:
     """The tokens/s of the fastest plan of ``request`` (its search and ranking alone), or None."""
     model, hardware = resolve_model(request.model), request.hardware()
-    if request.seq_len is None:
-        request = request.model_copy(update={"seq_len": default_seq_len(model, request)})
     try:
         space = _resolved_space(request)
     except PlannerInputError:
