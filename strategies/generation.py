@@ -7,8 +7,9 @@ it, with ``--vllm-gpus``). planner/cost/rollout.py holds TRL's and vLLM's facts 
 of the ``rollout`` phase (planner/core/ledger.py): the generation's (transformers' KV cache and
 sampling; the colocated engine awake) and the scoring forwards' (one decoder layer's tensors and
 the fused LM head's, under ``no_grad``); a colocated engine that stays awake holds its share in
-every phase. Time: one generation per optimizer step (``steps_per_generation``: the accumulation
-steps), decode-bound; the scoring forwards per micro-batch.
+every phase. Time: the step's generations (one per step by TRL's default; the generation batch and
+num_iterations set how many: strategies/method.py ``generations_per_step``), decode-bound; the
+scoring forwards per micro-batch of each generation.
 """
 
 from collections.abc import Mapping
@@ -75,9 +76,11 @@ def _grpo(ctx: PlanContext) -> bool:
 
 
 def rows_per_generation(ctx: PlanContext) -> int:
-    """Rows each training process generates at once (``rollout.generation_rows``): with
-    ``steps_per_generation`` the accumulation steps (TRL's default), the samples of a GPU's step."""
-    return ctx.config.samples_per_gpu_step
+    """Rows each training process generates at once: its share of the generation batch
+    (``method.generation_batch``; TRL's per_device_train_batch_size x steps_per_generation)."""
+    from planner.strategies.method import generation_batch
+
+    return generation_batch(ctx.config, ctx.layout.data_parallel) // ctx.layout.data_parallel
 
 
 def prompt_len(ctx: PlanContext) -> int:
@@ -152,8 +155,8 @@ def _check(ctx: PlanContext, out: Check) -> None:
             out.reject("generation without grpo", f"--generation {g} generates completions for GRPO only: "
                        "--method grpo, or --generation none")
         return
-    # (the rows per generation are the per-GPU batch, the same at every micro-batch of a search's
-    # space: these answers hold for every size the check cache serves them to)
+    # (the rows per generation are the per-GPU share of the generation batch, the same at every
+    # micro-batch of a search's space: these answers hold for every size the check cache serves them to)
     if g not in VLLM:
         return
     if ctx.engine == Engine.FSDP and ctx.layout.adapter is not None:
@@ -275,21 +278,37 @@ def generation_seconds(ctx: PlanContext) -> tuple[float, str]:
     return seconds + sync, how
 
 
+def step_generation_seconds(ctx: PlanContext) -> tuple[float, str]:
+    """Seconds of generation per optimizer step: one generation's (``generation_seconds``) times the
+    generations per step (``method.generations_per_step``: one per step by TRL's default, fewer with
+    a larger generation batch or num_iterations), and how it was reckoned."""
+    from planner.strategies.method import generations_per_step
+
+    seconds, how = generation_seconds(ctx)
+    per_step = generations_per_step(ctx)
+    if per_step != 1:
+        how += f"; {per_step:g} generations per step" if per_step > 1 else f"; one generation every {1 / per_step:g} steps"
+    return seconds * per_step, how
+
+
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
-    """One generation per optimizer step, serial (the training GPUs wait for it)."""
+    """The step's generations, serial (the training GPUs wait for them)."""
     if ctx.config.generation == Generation.NONE:
         return
-    seconds, how = generation_seconds(ctx)
+    seconds, how = step_generation_seconds(ctx)
     draft.serial("generation", f"generation ({ctx.config.generation})", seconds, note=how)
     from planner.strategies.sharding import Sharding, model_gather_seconds
 
     if gather := model_gather_seconds(ctx):
         # every decode step's forward gathers the FSDP2 units again; ZeRO-3 gathers once for
         # transformers' generation; the push to vLLM gathers once
+        from planner.strategies.method import generations_per_step
+
         each_step = ctx.config.generation == Generation.TRANSFORMERS and ctx.config.sharding != Sharding.ZERO3
         times = ctx.config.completion_len if each_step else 1
-        draft.serial("communication", "all-gather of the partitioned model for generation", times * gather,
-                     note="each decode step's forward (FSDP2)" if times > 1 else "once per step")
+        draft.serial("communication", "all-gather of the partitioned model for generation",
+                     times * gather * generations_per_step(ctx),
+                     note="each decode step's forward (FSDP2)" if times > 1 else "once per generation")
 
 
 #: GRPOConfig keys of the generation (TRL 1.16).

@@ -18,11 +18,13 @@ FSDP1 is refused until modelled.
 
 GRPO as TRL 1.16's GRPOTrainer runs it (planner/cost/rollout.py): each row a prompt and its
 completion (``--seq-len`` the longest prompt plus ``--completion-len``), padded, never packed;
-completions generated every optimizer step (strategies/generation.py) and scored by no-grad
-forwards of the micro-batch (the policy's for vLLM's importance-sampling correction, the
+completions generated a generation batch at a time (``--generation-batch-size``; by default the
+optimizer step's: one generation per step; strategies/generation.py), trained on
+``--num-iterations`` times, and scored by no-grad forwards of each micro-batch (the policy's for
+vLLM's importance-sampling correction or a generation unaligned with the optimizer steps, the
 reference's when ``--kl-beta`` is not 0); a reference model only then, and not with an adapter;
-the loss through the same fused LM head as DPO's. The global batch (completions) is a multiple
-of ``--num-generations``. Under ZeRO-3 the scoring forwards gather as a training forward, and the
+the loss through the same fused LM head as DPO's. The generation batch is whole groups of
+``--num-generations`` and whole micro-batches of every GPU. Under ZeRO-3 the scoring forwards gather as a training forward, and the
 generation gathers what TRL gathers (strategies/generation.py); FSDP1 is refused until modelled.
 """
 
@@ -90,6 +92,12 @@ SETTINGS = (
     Setting("kl_beta", float, 0.0, "GRPO's beta (the KL coefficient): 0 (TRL's default) keeps no reference model; "
             "above 0, a reference forward per micro-batch and, without an adapter, a frozen copy", ge=0.0,
             used_at=("grpo",)),
+    Setting("generation_batch_size", int, 0, "GRPO's generation batch (GRPOConfig generation_batch_size): "
+            "completions generated at once over the training GPUs, trained on micro-batch by micro-batch over the "
+            "steps that follow; 0: the optimizer step's batch (TRL's default). Whole groups of --num-generations, a "
+            "multiple of micro-batch x GPUs", ge=0, used_at=("grpo",)),
+    Setting("num_iterations", int, 1, "GRPO's num_iterations (the paper's mu): optimization passes over each "
+            "generation batch; one generation per mu of them", ge=1, used_at=("grpo",)),
 )
 
 #: The forward phase's moment of DPO's reference forward (planner.core.ledger.resident).
@@ -148,13 +156,47 @@ def reference_forward(ctx: PlanContext) -> bool:
     return dpo(ctx.config) and ctx.config.dpo_reference == DpoReference.MODEL
 
 
+def generation_batch(config, data_parallel: int) -> int:
+    """GRPO's generation batch: ``generation_batch_size``, or the optimizer step's batch (TRL's
+    default, ``steps_per_generation`` the accumulation steps). Unit: completions, over the
+    ``data_parallel`` training GPUs."""
+    return config.generation_batch_size or config.samples_per_gpu_step * data_parallel
+
+
+def generations_per_step(ctx: PlanContext) -> float:
+    """Generations per optimizer step, on average: TRL generates every ``steps_per_generation x
+    num_iterations`` micro-batches (grpo_trainer.py ``_prepare_inputs``: ``generate_every``), with
+    ``steps_per_generation`` the generation batch over micro-batch x GPUs; so the step's batch over
+    the generation batch times ``num_iterations`` (below 1: one generation every few steps). Unit:
+    generations per step."""
+    cfg, dp = ctx.config, ctx.layout.data_parallel
+    return cfg.samples_per_gpu_step * dp / (generation_batch(cfg, dp) * cfg.num_iterations)
+
+
+def aligned(ctx: PlanContext) -> bool:
+    """Whether every generation falls on an optimizer step's boundary (TRL: the accumulation steps a
+    multiple of ``steps_per_generation x num_iterations``): the step's batch a multiple of the
+    generation batch times ``num_iterations``. Unaligned, the completions may come from an earlier
+    policy, and TRL scores them with the policy before training (``old_per_token_logps``)."""
+    cfg, dp = ctx.config, ctx.layout.data_parallel
+    return cfg.samples_per_gpu_step * dp % (generation_batch(cfg, dp) * cfg.num_iterations) == 0
+
+
 def scoring_forwards(ctx: PlanContext) -> int:
-    """GRPO's no-grad forwards of each micro-batch of completions before training on it: the
-    policy's when vLLM generated them (importance sampling, TRL's default) and the reference's
-    when beta is not 0 (planner/cost/rollout.py). With transformers' generation aligned with the
-    optimizer steps (``steps_per_generation`` the accumulation steps), no policy forward."""
+    """GRPO's no-grad forwards of each micro-batch of completions after their generation: the
+    policy's when vLLM generated them (importance sampling, TRL's default) or the generation is not
+    aligned with the optimizer steps (``aligned``), and the reference's when beta is not 0
+    (planner/cost/rollout.py; grpo_trainer.py ``_generate_and_score_completions``)."""
     cfg = ctx.config
-    return (cfg.generation in VLLM) + (cfg.kl_beta > 0) if grpo(cfg) else 0
+    return ((cfg.generation in VLLM or not aligned(ctx)) + (cfg.kl_beta > 0)) if grpo(cfg) else 0
+
+
+def scoring_words(ctx: PlanContext) -> str:
+    """Which scoring forwards run (``scoring_forwards``), and why."""
+    cfg = ctx.config
+    words = (["the policy's (vLLM's importance sampling)"] if cfg.generation in VLLM
+             else ["the policy's (a generation not aligned with the optimizer steps)"] if not aligned(ctx) else [])
+    return " and ".join(words + (["the reference's (beta > 0)"] if cfg.kl_beta > 0 else []))
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -178,11 +220,18 @@ def _check(ctx: PlanContext, out: Check) -> None:
     if cfg.completion_len >= cfg.seq_len:
         out.reject("grpo completion too long", f"--completion-len {cfg.completion_len:,} leaves no prompt in rows of "
                    f"--seq-len {cfg.seq_len:,} (the longest prompt plus the completion)")
-    completions = cfg.samples_per_gpu_step * ctx.layout.data_parallel
-    if completions % cfg.num_generations:
-        out.reject("grpo batch not whole groups", f"a global batch of {completions} completions is not a multiple of "
+    dp = ctx.layout.data_parallel
+    batch = generation_batch(cfg, dp)
+    if batch % cfg.num_generations:
+        out.reject("grpo batch not whole groups", f"a generation batch of {batch} completions is not a multiple of "
                    f"--num-generations {cfg.num_generations} (GRPOConfig requires whole groups of one prompt's "
                    "completions)")
+    # (a search offers only the micro-batch sizes that divide it (planner/engine/space.py): this
+    # answer holds for every size the search's check cache serves it to)
+    elif batch % (cfg.micro_batch_size * dp):
+        out.reject("grpo generation batch not whole micro-batches",
+                   f"--generation-batch-size {batch} is not a multiple of micro-batch {cfg.micro_batch_size} x {dp} "
+                   "GPUs (GRPOConfig splits it into steps_per_generation micro-batches)")
 
 
 def _no_grad_forward(ctx: PlanContext, ledger: LedgerDraft, phases: frozenset, moment: str, what: str) -> None:
@@ -287,14 +336,17 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         if gather:
             draft.overlapped("communication", "all-gather of the reference forward", gather, Window.FORWARD, True)
     elif n := scoring_forwards(ctx):
+        # (each generation is scored once, micro-batch by micro-batch: num_iterations passes reuse it)
+        mu = ctx.config.num_iterations
         draft.serial("matmul", f"GRPO scoring forwards (no_grad, {n} per micro-batch)",
-                     n * max(forward_seconds(ctx) + gather, dispatch), per_micro_batch=True,
-                     note="the policy's (importance sampling) and the reference's (beta > 0)"
+                     n * max(forward_seconds(ctx) + gather, dispatch) / mu, per_micro_batch=True,
+                     note=scoring_words(ctx) + (f"; once per {mu} passes" if mu > 1 else "")
                      + ("; each gathers the partitioned model" if gather else ""))
 
 
 #: DPOConfig and GRPOConfig keys the emitted Trainer arguments state (no SFT recipe holds them).
-EMITTED = ("precompute_ref_log_probs", "f_divergence_type", "num_generations", "max_completion_length", "beta")
+EMITTED = ("precompute_ref_log_probs", "f_divergence_type", "num_generations", "max_completion_length", "beta",
+           "generation_batch_size", "num_iterations")
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
@@ -316,6 +368,8 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         files.training_args["num_generations"] = cfg.num_generations
         files.training_args["max_completion_length"] = cfg.completion_len
         files.training_args["beta"] = cfg.kl_beta
+        files.training_args["generation_batch_size"] = generation_batch(cfg, ctx.layout.data_parallel)
+        files.training_args["num_iterations"] = cfg.num_iterations
     else:
         return
     files.extras.add("trl")
@@ -389,10 +443,41 @@ def _read_grpo(d: dict, where: str, r: Reading) -> None:
         value = r.typed(d, key, kinds, where)
         said = f"{where}: {key}" if value is not None else f"{where}: no {key} (GRPOConfig's default, {GRPO_DEFAULTS[key]})"
         r.set(field, value if value is not None else GRPO_DEFAULTS[key], said)
+    _read_generation_batch(d, where, r)
     prompt = r.typed(d, "max_prompt_length", (int,), where)
     completion = d.get("max_completion_length", GRPO_DEFAULTS["max_completion_length"])
     if prompt is not None and isinstance(completion, int):
         r.set("seq_len", prompt + completion, f"{where}: max_prompt_length + max_completion_length")
+
+
+def pin(ctx: PlanContext) -> dict:
+    """A GRPO plan states its generation batch (``generation_batch``) where the request left it to
+    TRL's default, the optimizer step's batch."""
+    cfg = ctx.config
+    if grpo(cfg) and not cfg.generation_batch_size:
+        return {"generation_batch_size": generation_batch(cfg, ctx.layout.data_parallel)}
+    return {}
+
+
+def _read_generation_batch(d: dict, where: str, r: Reading) -> None:
+    """GRPOConfig's generation batch (``generation_batch_size``, or ``steps_per_generation``, which
+    the check resolves with the micro-batch and the GPUs: ``Reading.steps_per_generation``; neither:
+    the optimizer step's batch) and ``num_iterations``. Both sizes set is GRPOConfig's error."""
+    size = r.typed(d, "generation_batch_size", (int,), where)
+    steps = r.typed(d, "steps_per_generation", (int,), where)
+    if size is not None and steps is not None:
+        r.problems.append(f"{where}: generation_batch_size and steps_per_generation: GRPOConfig takes one of them "
+                          "(it raises 'can not be both configured'); remove one")
+    elif size is not None:
+        r.set("generation_batch_size", size, f"{where}: generation_batch_size")
+    elif steps is not None:
+        r.steps_per_generation = (steps, f"{where}: steps_per_generation")
+    else:
+        r.set("generation_batch_size", 0, f"{where}: no generation_batch_size or steps_per_generation (GRPOConfig's "
+                                          "default: the optimizer step's batch)")
+    mu = r.typed(d, "num_iterations", (int,), where)
+    r.set("num_iterations", mu if mu is not None else 1, f"{where}: num_iterations" if mu is not None
+          else f"{where}: no num_iterations (GRPOConfig's default, 1)")
 
 
 def describe(get) -> str:
@@ -405,7 +490,9 @@ def describe(get) -> str:
                 + (" full-logits" if get("dpo_logprobs") == DpoLogprobs.FULL_LOGITS else ""))
     if method == Method.GRPO:
         beta = get("kl_beta") or 0
-        return f"grpo G{get('num_generations')} c{get('completion_len')}" + (f" beta {beta:g}" if beta else "")
+        mu = get("num_iterations") or 1
+        return (f"grpo G{get('num_generations')} c{get('completion_len')}" + (f" beta {beta:g}" if beta else "")
+                + (f" mu {mu}" if mu > 1 else ""))
     return ""
 
 
@@ -415,5 +502,5 @@ STRATEGY = Strategy(
          "a frozen reference) or grpo (TRL's GRPOTrainer: completions generated and scored each step); named, "
          "never searched",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, settings=SETTINGS, describe=describe,
-    records=CHOICES, named=True,
+    records=CHOICES, named=True, pin=pin,
 )

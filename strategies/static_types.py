@@ -54,6 +54,8 @@ class TrainingConfig(ConfigBase):
     num_generations: int = 8
     completion_len: int = 512
     kl_beta: float = 0.0
+    generation_batch_size: int = 0
+    num_iterations: int = 1
     vllm_share: float = 0.0
     vllm_gpus: int = 1
     vllm_tp: int = 0
@@ -98,6 +100,8 @@ class TechniqueChoices(Record):
     num_generations: int | None = None
     completion_len: int | None = None
     kl_beta: float | None = None
+    generation_batch_size: int | None = None
+    num_iterations: int | None = None
     vllm_share: float | None = None
     vllm_gpus: int | None = None
     vllm_tp: int | None = None
@@ -135,6 +139,8 @@ class TechniqueLists(Record):
     num_generations: int | None = None
     completion_len: int | None = None
     kl_beta: float | None = None
+    generation_batch_size: int | None = None
+    num_iterations: int | None = None
     vllm_share: float | None = None
     vllm_gpus: int | None = None
     vllm_tp: int | None = None

@@ -66,6 +66,60 @@ def test_transformers_generation_holds_a_kv_cache_of_the_whole_generation_batch(
     assert kv == generated * BASE["seq_len"] * 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2
 
 
+def test_the_generation_batch_sizes_the_rollout_and_num_iterations_spreads_it():
+    """A generation batch of two steps (GRPOConfig generation_batch_size) holds a KV cache of twice
+    the rows and generates every other step; TRL then scores each generation with the policy
+    (``old_per_token_logps``: unaligned with the optimizer steps). num_iterations 2 generates every
+    other step too, and scores each generation once for both passes."""
+    from planner.strategies import PlanContext
+    from planner.strategies.generation import generation_seconds
+    from planner.strategies.method import forward_seconds
+
+    spec, step = resolve_model(MODEL), BASE["micro_batch_size"] * BASE["grad_accum"]
+    plans = {name: run(MODEL, GPUS, generation="transformers", **(BASE | extra)) for name, extra in (
+        ("default", {}), ("two steps", {"generation_batch_size": 2 * step * 8}), ("mu 2", {"num_iterations": 2}))}
+    assert all(p.feasible for p in plans.values())
+    assert plans["default"].config.generation_batch_size == step * 8  # (the plan states TRL's default)
+    for name, generated in (("default", step), ("two steps", 2 * step), ("mu 2", step)):
+        [(_, kv)] = rows(plans[name], "generation: KV cache").items()
+        assert kv == rollout.transformers_kv_bytes(spec, generated, BASE["seq_len"], 2), name
+        ctx = PlanContext(spec, parse_gpus(GPUS), plans[name].config)
+        [row] = [r for r in plans[name].time.rows if r.term == "generation"]
+        assert row.seconds == pytest.approx(generation_seconds(ctx)[0] * (1 if name == "default" else 0.5)), name
+        scoring = [r.seconds for r in plans[name].time.rows if r.label.startswith("GRPO scoring")]
+        # one policy forward per micro-batch of each generation: per step, accumulation / num_iterations
+        passes = 2 if name == "mu 2" else 1
+        assert scoring == ([] if name == "default" else
+                           [pytest.approx(forward_seconds(ctx) * BASE["grad_accum"] / passes, rel=0.05)]), name
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"generation_batch_size": 36}, "not a multiple of --num-generations"),
+    ({"generation_batch_size": 48, "num_generations": 4}, "not a multiple of micro-batch 4 x 8 GPUs"),
+])
+def test_a_generation_batch_trl_refuses_is_refused(extra, words):
+    plan = run(MODEL, GPUS, generation="transformers", **(BASE | extra))
+    assert not plan.feasible and any(words in r for r in plan.reasons), plan.reasons
+
+
+def test_check_resolves_steps_per_generation_with_the_micro_batch_and_the_gpus(tmp_path):
+    """A recipe's steps_per_generation is a generation batch of that many micro-batches of every
+    GPU (GRPOConfig.__post_init__); with generation_batch_size too it is GRPOConfig's error."""
+    from planner.check import CheckRequest, check
+    from planner.core.errors import PlannerInputError
+
+    recipe = tmp_path / "grpo.yaml"
+    recipe.write_text("num_generations: 8\nper_device_train_batch_size: 4\ngradient_accumulation_steps: 2\n"
+                      "max_prompt_length: 512\nmax_completion_length: 1024\nsteps_per_generation: 4\n"
+                      "num_iterations: 2\n")
+    result = check(CheckRequest(model=MODEL, gpus="4xH100-80", alternatives=0, training_args=recipe))
+    assert (result.estimate.config.generation_batch_size, result.estimate.config.num_iterations) == (4 * 4 * 4, 2)
+    assert "steps_per_generation = 4 x micro-batch 4 x 4 GPUs" in result.sources["generation_batch_size"]
+    recipe.write_text(recipe.read_text() + "generation_batch_size: 64\n")
+    with pytest.raises(PlannerInputError, match="can not be both configured"):
+        check(CheckRequest(model=MODEL, gpus="4xH100-80", alternatives=0, training_args=recipe))
+
+
 def test_the_reference_model_only_with_beta_and_without_an_adapter():
     none = run(MODEL, GPUS, generation="vllm-colocate", **BASE)
     beta = run(MODEL, GPUS, generation="vllm-colocate", kl_beta=0.04, **BASE)

@@ -65,8 +65,9 @@ ALL_CASES = [
     ("single-qlora-kbit-prep", "1xA100-80", dict(adapter="qlora", kbit_prep="fp32-norms", checkpointing="full"), 1),
     # DPO through TRL's DPOTrainer: a reference copy; LoRA's adapter-disabled base; precomputed log-probabilities
     ("single-dpo", "1xA100-80", dict(method="dpo", batching="padded"), 1),
+    # GRPO with a generation batch of two steps' completions, each used twice (num_iterations)
     ("single-grpo", "1xA100-80", dict(method="grpo", batching="padded", generation="transformers", completion_len=16,
-                                      num_generations=2), 1),
+                                      num_generations=2, generation_batch_size=8, num_iterations=2), 1),
     ("ddp-grpo-lora-beta", "2xA100-80", dict(method="grpo", batching="padded", sharding="ddp", adapter="lora",
                                              generation="transformers", completion_len=16, num_generations=4,
                                              kl_beta=0.04), 2),
@@ -208,10 +209,10 @@ def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int,
         if plan.config.method in ("dpo", "grpo"):  # a reference model exactly where the plan holds one
             kept = any(r.label.startswith("the reference model") for r in plan.ledger)
             assert report["live"]["details"]["reference_model"] is kept, report["live"]
-        if plan.config.method == "grpo":  # one generation per step: the samples of each GPU's step
+        if plan.config.method == "grpo":  # the plan's generation batch, in whole micro-batches of every GPU
             c = plan.config
-            assert report["live"]["details"]["steps_per_generation"] == c.grad_accum
-            assert report["live"]["details"]["generation_batch_size"] == c.samples_per_gpu_step * processes
+            steps = report["live"]["details"]["steps_per_generation"]
+            assert steps * c.micro_batch_size * processes == c.generation_batch_size > 0
         if plan.config.checkpointing == "selective":  # torchtitan's policy on a Llama layer: q, v, gate, down + SDPA
             saved = report["live"]["details"]["selective_saved_ops_per_layer_forward"]
             assert saved.get("mm.default") == 4 and sum(v for k, v in saved.items() if "attention" in k) == 1, saved

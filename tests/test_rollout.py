@@ -66,9 +66,9 @@ def _grpo_trainer(path, tmp_path, **kwargs):
     import datasets
     import transformers
 
-    args = trl.GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                          num_generations=4, max_completion_length=6, max_steps=1, report_to=[], use_cpu=True,
-                          bf16=False, save_strategy="no", dataloader_num_workers=0, logging_steps=1,
+    kwargs = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=1) | kwargs
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "out"), num_generations=4, max_completion_length=6, report_to=[],
+                          use_cpu=True, bf16=False, save_strategy="no", dataloader_num_workers=0, logging_steps=1,
                           model_init_kwargs={"dtype": "float32"}, **kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -122,6 +122,46 @@ def test_each_process_generates_the_micro_batch_times_the_accumulation_steps_at_
     assert [rows for rows, _ in calls] == [rollout.generation_rows(4, 2)]
 
 
+@pytest.mark.parametrize("mbs, accum, size, mu", [(4, 2, 16, 1), (4, 2, 0, 2), (2, 4, 4, 1)])
+def test_generations_and_scoring_forwards_per_step_are_trls(tiny, tmp_path, mbs, accum, size, mu):
+    """TRL's GRPOTrainer over two optimizer steps (transformers' generation), with a generation
+    batch of two steps, two passes over each generation, and two generations per step: its generate
+    calls (rows each) and its no-grad policy forwards (micro-batches of rows) are the plan's
+    generation rows, generations per step and scoring forwards (``old_per_token_logps`` where the
+    generation is not aligned with the optimizer steps)."""
+    import torch
+
+    from planner.catalog.gpus import parse_gpus
+    from planner.catalog.models import resolve_model
+    from planner.strategies import PlanContext, TrainingConfig
+    from planner.strategies.generation import rows_per_generation
+    from planner.strategies.method import generations_per_step, scoring_forwards
+
+    extra = {"generation_batch_size": size} if size else {}
+    trainer = _grpo_trainer(tiny, tmp_path, per_device_train_batch_size=mbs, gradient_accumulation_steps=accum,
+                            num_iterations=mu, max_steps=2, **extra)
+    generated, scored = [], []
+    generate, logps = trainer.model.generate, trainer._get_per_token_logps_and_entropies
+
+    def recorded_generate(*a, **kw):
+        generated.append((kw.get("input_ids") if "input_ids" in kw else a[0]).shape[0])
+        return generate(*a, **kw)
+
+    def recorded_logps(model, input_ids, *a, **kw):
+        if not torch.is_grad_enabled():
+            scored.append(-(-input_ids.shape[0] // kw["batch_size"]))
+        return logps(model, input_ids, *a, **kw)
+
+    trainer.model.generate, trainer._get_per_token_logps_and_entropies = recorded_generate, recorded_logps
+    trainer.train()
+    config = TrainingConfig(method="grpo", generation="transformers", batching="padded", micro_batch_size=mbs,
+                            grad_accum=accum, seq_len=64, completion_len=6, num_generations=4,
+                            generation_batch_size=size, num_iterations=mu)
+    ctx = PlanContext(resolve_model(str(tiny)), parse_gpus("1xA100-80"), config)
+    assert generated == [rows_per_generation(ctx)] * round(2 * generations_per_step(ctx))
+    assert sum(scored) == 2 * scoring_forwards(ctx) * accum / mu
+
+
 def test_the_emitted_grpo_config_is_the_plan(tmp_path):
     """training_args.json of a GRPO plan, read by TRL's GRPOConfig: the group, the completion's
     length, beta, vLLM's mode, share and sleep, and one generation per optimizer step."""
@@ -142,8 +182,10 @@ def test_the_emitted_grpo_config_is_the_plan(tmp_path):
     assert (args.num_generations, args.max_completion_length, args.beta) == (8, 1024, 0.04)
     assert (args.use_vllm, args.vllm_mode, args.vllm_enable_sleep_mode) == (True, "colocate", True)
     assert args.vllm_gpu_memory_utilization == c.vllm_share > 0
-    assert args.steps_per_generation == c.grad_accum
-    assert args.generation_batch_size == rollout.generation_rows(c.micro_batch_size, c.grad_accum)
+    assert args.steps_per_generation == c.grad_accum  # (TRL's default: one generation per step)
+    assert args.generation_batch_size == c.generation_batch_size == rollout.generation_rows(c.micro_batch_size,
+                                                                                            c.grad_accum)
+    assert args.num_iterations == c.num_iterations == 1
 
 
 def test_the_launch_cuts_grpo_prompts_to_the_plans_length_and_refuses_bad_lines(tiny, tmp_path):

@@ -241,6 +241,11 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
         for x in s.settings:
             if not s.uses_settings(values[s.field], x) and (sources[x.name] == "default" or x.used_at):
                 sources[x.name] = f"unused ({s.field} {values[s.field]})"
+    if reading.steps_per_generation and isinstance(values["micro_batch_size"], int):
+        steps, where = reading.steps_per_generation
+        values["generation_batch_size"] = steps * values["micro_batch_size"] * num_gpus
+        sources["generation_batch_size"] = (f"{where} = {steps} x micro-batch {values['micro_batch_size']} x "
+                                            f"{num_gpus} GPUs")
     if reading.train_batch:
         total = values["micro_batch_size"] * values["grad_accum"] * num_gpus
         if reading.train_batch[0] != total:

@@ -87,15 +87,11 @@ def _unfused_dpo(where: str, what: str = "a DPO recipe") -> str | None:
 
 def _unmodelled_grpo(d: dict, where: str) -> str | None:
     """The refusal for a GRPO recipe planner does not model (None: planned): under a TRL before the
-    fused LM head, or with a generation batch decoupled from the optimizer step."""
+    fused LM head."""
     trl = job_module.installed_release("trl")
     if trl is not None and not fused_logprobs(trl):
         return (f"{where}: a GRPO recipe under the TRL installed here ({'.'.join(map(str, trl))}), whose GRPOTrainer "
                 f"computes log-probabilities from the logits (before 1.15): not modelled; {REFUSAL}")
-    for key in ("steps_per_generation", "generation_batch_size"):
-        if d.get(key) is not None:
-            return (f"{where}: {key}: a generation batch other than the optimizer step's is not modelled yet "
-                    f"(remove it: TRL then generates once per step); {REFUSAL}")
     return None
 
 

@@ -68,6 +68,7 @@ class Reading:
     processes: tuple[int, str] | None = None  # accelerate num_processes (all machines)
     machines: tuple[int, str] | None = None
     train_batch: tuple[int, str] | None = None  # DeepSpeed train_batch_size
+    steps_per_generation: tuple[int, str] | None = None  # GRPOConfig's: generation batch / (micro-batch x GPUs)
     model: tuple[str, str] | None = None  # the model a recipe names (model_name_or_path, base_model), and where
     #: values that price the step time where the job runs slower than its memory reading says (an
     #: eager fp8 job is timed as bf16-mixed): field -> value

@@ -4,10 +4,13 @@ or vLLM, colocated in the training process or as a separate server) and scoring 
 Facts read from TRL's code (trl/trainer/grpo_trainer.py, trl/trainer/grpo_config.py,
 trl/generation/vllm_generation.py; release 1.16.0) and vLLM's (vllm/v1/worker/gpu_worker.py):
 
-- **The generation batch.** Every ``steps_per_generation`` micro-batches (default: the gradient
-  accumulation steps, so once per optimizer step) each process generates completions for its
-  share of the generation batch: ``per_device_train_batch_size x steps_per_generation`` rows, all
-  at once (``GRPOConfig.__post_init__``); the rows are then split into micro-batches for training.
+- **The generation batch.** Every ``steps_per_generation x num_iterations`` micro-batches
+  (``_prepare_inputs``'s ``generate_every``; by default ``steps_per_generation`` is the gradient
+  accumulation steps and ``num_iterations`` 1, so once per optimizer step) each process generates
+  completions for its share of the generation batch: ``per_device_train_batch_size x
+  steps_per_generation`` rows, all at once (``GRPOConfig.__post_init__``: ``generation_batch_size``
+  is that times the processes, whole groups of ``num_generations``); the rows are then split into
+  micro-batches for training, each pass of ``num_iterations`` over them.
 - **transformers' generate** runs the training model itself (``unwrap_model_for_generation``,
   under ``no_grad``): a KV cache of every row, prompt and completion (``DynamicCache``: per layer
   a key and a value of ``n_kv_heads x head_dim`` per token in the compute dtype), and per decode

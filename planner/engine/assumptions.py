@@ -42,7 +42,7 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
         completion = getattr(target, "completion_len", None) or GRPO_DEFAULTS["max_completion_length"]
         out.append(f"each row a prompt of up to {max(0, seq_len - completion):,} tokens and a completion of "
                    f"{completion:,} (--completion-len): every completion generated to its full length, "
-                   "one generation per optimizer step, decoding bound by memory bandwidth (vLLM's at "
+                   f"{generation_words(target, global_batch)}, decoding bound by memory bandwidth (vLLM's at "
                    f"{rollout.DECODE_BANDWIDTH_EFFICIENCY:.0%} of the datasheet's); vLLM's CUDA graphs "
                    f"{rollout.CUDA_GRAPH_BYTES / 2**30:g} GiB beyond its share (assumed)")
     host = hardware.host_memory_bytes_per_node / GB
@@ -54,6 +54,19 @@ def assumptions(target, hardware: HardwareSpec, seq_len: int, global_batch: int,
                                                             else "(assumed; --inter-node-gbps)"))
     out.append(f"margin {target.margin:.0%} of GPU memory kept free")
     return out
+
+
+def generation_words(target, global_batch: int) -> str:
+    """How often a GRPO plan generates: once per optimizer step (TRL's default), or its generation
+    batch and num_iterations (tokens/s counting every pass over a generation)."""
+    size = getattr(target, "generation_batch_size", None) or 0
+    mu = getattr(target, "num_iterations", None) or 1
+    if size in (0, global_batch) and mu == 1:
+        return "one generation per optimizer step"
+    words = f"generation batch {size or global_batch:,} completions (--generation-batch-size)"
+    if mu > 1:
+        words += f", each used for {mu} passes (--num-iterations; tokens/s counts every pass)"
+    return words
 
 
 def grpo_named(target) -> bool:

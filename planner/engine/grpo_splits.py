@@ -18,7 +18,7 @@ from planner.core.errors import PlannerInputError
 from planner.engine.space import SearchSpace
 from planner.schema.suggest import SuggestRequest
 from planner.strategies import PlanContext
-from planner.strategies.generation import Generation, generation_seconds
+from planner.strategies.generation import Generation, step_generation_seconds
 
 #: vLLM servers suggest weighs against colocated generation: GPUs of one machine (TRL's
 #: ``trl vllm-serve --data_parallel_size``), at most half of it.
@@ -61,8 +61,8 @@ def server_splits(request: SuggestRequest, space_of: Callable[[SuggestRequest], 
 
 def generation_bound(request: SuggestRequest, space_of: Callable[[SuggestRequest], SearchSpace]) -> float | None:
     """The most tokens/s a plan of the server split ``request`` can reach: the samples' tokens of
-    a step over the seconds of its generation (``generation.generation_seconds``: prefill, decode
-    and the weight broadcast, serial in the step). What a candidate could change of either is
+    a step over the seconds of its generations (``generation.step_generation_seconds``: prefill,
+    decode and the weight broadcast, serial in the step). What a candidate could change of either is
     tried: each adapter of the space (4-bit engine weights under QLoRA) and each micro-batch size
     (the prefill's rate); the largest quotient is the bound. Unit: tokens/s. None: no space."""
     try:
@@ -76,7 +76,7 @@ def generation_bound(request: SuggestRequest, space_of: Callable[[SuggestRequest
         techniques = first | ({"adapter": type(first["adapter"])(adapter)} if "adapter" in first else {})
         for mbs in space.micro_batch_sizes:
             ctx = PlanContext(model, hardware, space.config(techniques, mbs))
-            seconds, _ = generation_seconds(ctx)
+            seconds, _ = step_generation_seconds(ctx)
             tokens = ctx.config.real_tokens_per_micro_batch * ctx.config.grad_accum * ctx.layout.data_parallel
             best = max(best, tokens / seconds)
     return best or None

@@ -235,6 +235,13 @@ def build_space(
                 f"of the global batch ({gbs} over {data_parallel} GPUs)"
             )
         divisors = sorted(set(micro_batch_sizes))
+    if generation := (settings or {}).get("generation_batch_size") if "grpo" in fixed.get("method", ()) else 0:
+        # GRPOConfig splits the generation batch into whole micro-batches of every GPU
+        share = generation // data_parallel if generation % data_parallel == 0 else 0
+        divisors = [d for d in divisors if share and share % d == 0]
+        if not divisors:
+            problems.append(f"--generation-batch-size {generation} must be a multiple of micro-batch x the "
+                            f"{data_parallel} GPUs for a micro-batch that divides the {per_gpu} sequences per GPU")
     if seq_len < 1:
         problems.append("--seq-len must be at least 1")
     if problems:

@@ -286,7 +286,8 @@ def _grpo(trainer) -> tuple[dict, dict]:
     else:
         generation = "vllm-colocate-sleep" if args.vllm_enable_sleep_mode else "vllm-colocate"
     live = {"generation": generation, "num_generations": trainer.num_generations,
-            "completion_len": trainer.max_completion_length, "kl_beta": trainer.beta}
+            "completion_len": trainer.max_completion_length, "kl_beta": trainer.beta,
+            "generation_batch_size": args.generation_batch_size, "num_iterations": trainer.num_iterations}
     if generation in ("vllm-colocate", "vllm-colocate-sleep"):
         live["vllm_share"] = args.vllm_gpu_memory_utilization
     return live, {"reference_model": trainer.ref_model is not None,
