@@ -24,8 +24,9 @@ optimizer step's: one generation per step; strategies/generation.py), trained on
 vLLM's importance-sampling correction or a generation unaligned with the optimizer steps, the
 reference's when ``--kl-beta`` is not 0); a reference model only then, and not with an adapter;
 the loss through the same fused LM head as DPO's. The generation batch is whole groups of
-``--num-generations`` and whole micro-batches of every GPU. Under ZeRO-3 the scoring forwards gather as a training forward, and the
-generation gathers what TRL gathers (strategies/generation.py); FSDP1 is refused until modelled.
+``--num-generations`` and whole micro-batches of every GPU. Under ZeRO-3 the scoring forwards
+gather as a training forward, and the generation gathers what TRL gathers
+(strategies/generation.py); FSDP1 is refused until modelled.
 """
 
 from enum import StrEnum

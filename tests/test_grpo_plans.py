@@ -2,6 +2,8 @@
 each GPU, the reference model, the rows of a completion, and what is refused, as estimate,
 suggest and check plan them."""
 
+import re
+
 import pytest
 
 from planner.catalog.gpus import parse_gpus
@@ -247,8 +249,11 @@ def test_suggest_weighs_a_vllm_server_against_colocating_and_names_the_split():
                                    completion_len=1024))
     [line] = [r for r in seven.reasons if r.startswith("GRPO's generation, fastest first")]
     assert line.count("tokens/s") == 4 and all(f"a vLLM server on {k}, training on {8 - k}" in line for k in (1, 2, 4))
-    # a split whose generation alone is slower than colocating is given its bound, unsearched
-    assert "at most" in line and line.index("at most") > line.index("a vLLM server on 4, training on 4 ")
+    # a split whose generation and matmuls alone are slower than colocating is given its bound, unsearched
+    assert line.count("at most") == 3
+    default = suggest(SuggestRequest(model="Qwen/Qwen2.5-7B", gpus="8xH100-80", method=["grpo"]))
+    [line] = [r for r in default.reasons if r.startswith("GRPO's generation, fastest first")]
+    assert re.search(r"a vLLM server on 2, training on 6 [\d,]+ tokens/s", line) and line.count("at most") == 2
     named = suggest(SuggestRequest(model="Qwen/Qwen2.5-7B", gpus="8xH100-80", method=["grpo"], seq_len=1536,
                                    completion_len=1024, generation=["transformers"]))
     assert not any(r.startswith("GRPO's generation") for r in named.reasons)
@@ -299,16 +304,18 @@ def test_under_fsdp2_each_decode_step_gathers_and_an_adapter_push_is_refused():
     ("Qwen/Qwen2.5-7B", "8xH100-80", {}),
     ("Qwen/Qwen2.5-1.5B", "4xA100-80", {"adapter": ["lora", "qlora"]}),
     ("Qwen/Qwen2.5-14B", "8xA100-40", {"kl_beta": 0.04}),
+    ("Qwen/Qwen2.5-7B", "8xH100-80", {"seq_len": 2048, "completion_len": 512}),  # (the defaults)
 ])
-def test_a_server_split_is_never_faster_than_its_generation_bound_and_pruning_keeps_the_answer(model, gpus, extra):
+def test_a_server_split_is_never_faster_than_its_speed_bound_and_pruning_keeps_the_answer(model, gpus, extra):
     """Every fitting plan of each split's full search runs at most the split's bound (a step's
-    tokens over its generation's seconds), and suggest, which searches only the splits whose bound
-    beats colocating, answers with what searching every split gives."""
+    tokens over the seconds of its generations and of the matmuls every plan runs), and suggest,
+    which searches only the splits whose bound beats colocating, answers with what searching every
+    split gives."""
     from planner.engine import suggest as engine
     from planner.engine.grpo_splits import server_splits, worth_searching
     from planner.schema.suggest import SuggestRequest
 
-    request = SuggestRequest(model=model, gpus=gpus, method=["grpo"], seq_len=1536, completion_len=1024, **extra)
+    request = SuggestRequest(model=model, gpus=gpus, method=["grpo"], **(dict(seq_len=1536, completion_len=1024) | extra))
     splits = server_splits(request, engine._resolved_space)
     assert [s.server_gpus for s in splits] == [k for k in (1, 2, 4) if 2 * k <= int(gpus.split("x")[0])]
     m = resolve_model(model)

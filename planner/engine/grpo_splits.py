@@ -4,8 +4,9 @@ When a GRPO request leaves its generation to planner, ``suggest`` also plans a s
 machine's N GPUs (``SERVER_GPUS``) with training on the other N - k (``server_splits``). A split is
 searched only when it could beat the colocated answer: every plan of a split waits, each step, for
 a generation that no training choice shortens (the server's engines, weights and batch are the
-split's), so a step's tokens over the generation's seconds bounds the split's tokens/s from above
-(``generation_bound``; tests/test_grpo_plans.py holds every plan of a split below it). A split
+split's) and runs the step's matmuls, so a step's tokens over those seconds bound the split's
+tokens/s from above (``speed_bound``; tests/test_grpo_plans.py holds every plan of a split
+below it). A split
 whose bound does not exceed the colocated speed is reported with its bound, unsearched: the answer
 is the one a search of every split gives.
 """
@@ -55,16 +56,19 @@ def server_splits(request: SuggestRequest, space_of: Callable[[SuggestRequest], 
         if 2 * k <= n:
             split = request.model_copy(update={"gpus": f"{n - k}x{gpu}", "generation": [Generation.SERVER],
                                                "vllm_gpus": k})
-            out.append(Split(k, split, generation_bound(split, space_of)))
+            out.append(Split(k, split, speed_bound(split, space_of)))
     return out
 
 
-def generation_bound(request: SuggestRequest, space_of: Callable[[SuggestRequest], SearchSpace]) -> float | None:
+def speed_bound(request: SuggestRequest, space_of: Callable[[SuggestRequest], SearchSpace]) -> float | None:
     """The most tokens/s a plan of the server split ``request`` can reach: the samples' tokens of
-    a step over the seconds of its generations (``generation.step_generation_seconds``: prefill,
-    decode and the weight broadcast, serial in the step). What a candidate could change of either is
-    tried: each adapter of the space (4-bit engine weights under QLoRA) and each micro-batch size
-    (the prefill's rate); the largest quotient is the bound. Unit: tokens/s. None: no space."""
+    a step over the least seconds a step takes, its generations (``generation.step_generation_seconds``:
+    prefill, decode and the weight broadcast, serial in the step) and the matmuls no plan skips (the
+    forward, the backward's input gradients, and the backward's weight gradients unless an adapter
+    trains: ``training_floor_seconds``). What a candidate could change of either is tried: each adapter
+    and precision of the space (4-bit engine weights under QLoRA; fp8's faster matmuls) and each
+    micro-batch size (the prefill's rate, the kernels' saturation); the largest quotient is the bound.
+    Unit: tokens/s. None: no space."""
     try:
         space = space_of(request)
     except PlannerInputError:
@@ -73,13 +77,32 @@ def generation_bound(request: SuggestRequest, space_of: Callable[[SuggestRequest
     first = space.combo(0)
     best = 0.0
     for adapter in space.choices.get("adapter", (first.get("adapter"),)):
-        techniques = first | ({"adapter": type(first["adapter"])(adapter)} if "adapter" in first else {})
-        for mbs in space.micro_batch_sizes:
-            ctx = PlanContext(model, hardware, space.config(techniques, mbs))
-            seconds, _ = step_generation_seconds(ctx)
-            tokens = ctx.config.real_tokens_per_micro_batch * ctx.config.grad_accum * ctx.layout.data_parallel
-            best = max(best, tokens / seconds)
+        for precision in space.choices.get("precision", (first.get("precision"),)):
+            techniques = first | {k: type(first[k])(v) for k, v in (("adapter", adapter), ("precision", precision))
+                                  if k in first}
+            for mbs in space.micro_batch_sizes:
+                ctx = PlanContext(model, hardware, space.config(techniques, mbs))
+                seconds = step_generation_seconds(ctx)[0] + training_floor_seconds(ctx)
+                tokens = ctx.config.real_tokens_per_micro_batch * ctx.config.grad_accum * ctx.layout.data_parallel
+                best = max(best, tokens / seconds)
     return best or None
+
+
+def training_floor_seconds(ctx: PlanContext) -> float:
+    """Seconds of a step's matmuls that every plan of ``ctx``'s adapter, precision and micro-batch
+    runs, serial in its step: per micro-batch the forward's (``rates``' layer and head matmuls), the
+    backward's input gradients (as many FLOPs), the weight gradients' (as many again, without an
+    adapter), and the scoring forwards' (``method.scoring_forwards`` per micro-batch of each
+    generation: over ``num_iterations``). The precision strategy's matmul rows and the method's
+    scoring rows count at least these; recomputation, attention, communication only add. Unit:
+    seconds."""
+    from planner.strategies import rates
+    from planner.strategies.method import scoring_forwards
+
+    fwd = rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
+    passes = 2 if ctx.layout.adapter else 3
+    cfg = ctx.config
+    return cfg.grad_accum * fwd * (passes + scoring_forwards(ctx) / cfg.num_iterations)
 
 
 def reasons_line(colocated: tuple[int, float | None], splits: list[Split], speeds: list[float | None]) -> str:
@@ -93,7 +116,8 @@ def reasons_line(colocated: tuple[int, float | None], splits: list[Split], speed
         if s is not None:
             rows.append((0, s, f"{split.words} {s:,.0f} tokens/s"))
         elif split.bound is not None and not worth_searching(speed, split):
-            rows.append((1, split.bound, f"{split.words}: at most {split.bound:,.0f} tokens/s (its generation alone)"))
+            rows.append((1, split.bound, f"{split.words}: at most {split.bound:,.0f} tokens/s "
+                                         "(its generation and matmuls alone)"))
         else:
             rows.append((2, 0.0, f"{split.words}: nothing fits"))
     return "GRPO's generation, fastest first: " + "; ".join(w for _, _, w in sorted(rows, key=lambda r: (r[0], -r[1])))

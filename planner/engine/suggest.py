@@ -4,6 +4,7 @@ buy and what was assumed; or, when nothing fits, what the job needs and the smal
 (planner/engine/nothing_fits.py: more host RAM, more GPUs, a larger GPU).
 """
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -43,10 +44,12 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     splits = server_splits(request, _resolved_space)
     if not splits:
         return _suggest_one(request)
-    # the split likeliest to be searched, in a child on the second core, while this process
-    # answers the request; the others once the colocated speed says whether they can win
+    # the split likeliest to be searched, in a child on a spare core while this process answers
+    # the request (at the lowest priority: where the cores are busy it waits for the answer rather
+    # than slow it, and is stopped if its bound loses); the others once the colocated speed says
+    # whether they can win
     ahead = max(splits, key=lambda s: s.bound or 0.0)
-    beside = Forked(_best_speed, ahead.request, in_child=_one_worker) if ahead.bound else None
+    beside = Forked(_best_speed, ahead.request, in_child=_speculative) if ahead.bound else None
     try:
         result = _suggest_one(request)
         colocated = result.plans[0].time.tokens_per_second if result.plans else None
@@ -184,6 +187,17 @@ def _one_worker() -> None:
     """In the child beside the main search: its searches stay in that one process (the
     parent's search has the machine's workers)."""
     search_module.PARALLEL_MIN_CANDIDATES = sys.maxsize
+
+
+def _speculative() -> None:
+    """In a child whose work may not be wanted: one process (``_one_worker``), at the lowest CPU
+    priority (nice 19), so that on a machine whose cores the main search fills it takes their idle
+    time only."""
+    _one_worker()
+    try:
+        os.nice(19)
+    except OSError:  # (a platform without it: the child runs at the parent's priority)
+        pass
 
 
 def _hint_asked(request: SuggestRequest) -> bool:
