@@ -78,13 +78,16 @@ def test_sft_recipes_and_sft_loss_types_are_not_refused():
     (True, {"stage": "dpo", "pref_loss": "simpo"}, False),
     (True, {"stage": "dpo", "ref_model": "other/model", "ref_model_quantization_bit": 4}, True),
     (True, {"stage": "dpo", "pref_loss": "dpop"}, True), (True, {"stage": "kto"}, True), (True, {"stage": "rm"}, True),
-    (True, {"stage": "ppo"}, True), (False, {}, False), (False, {"rl": None}, False), (False, {"rl": "grpo"}, True),
+    (True, {"stage": "ppo"}, True), (False, {}, False), (False, {"rl": None}, False), (False, {"rl": "grpo"}, False),
+    (False, {"rl": "grpo", "trl": {"async_prefetch": True}}, True), (False, {"rl": "grpo", "context_parallel_size": 2}, True),
+    (False, {"rl": "gdpo"}, True),
     (False, {"rl": "orpo"}, True), (False, {"reward_model": True}, True), (False, {"rl": "dpo"}, False),
     (False, {"rl": "ipo"}, False), (False, {"rl": "dpo", "dpo_padding_free": True}, True),
     (False, {"rl": "dpo", "dpo_use_liger_kernel": True}, True), (False, {"rl": "kto"}, True)])
 def test_framework_stages_other_than_sft_are_refused(llamafactory, d, refused):
     """Refused: what planner does not model, each with its reason; axolotl's rl dpo / ipo run TRL's
-    DPOTrainer, which is planned (under a TRL whose DPOTrainer uses the fused head)."""
+    DPOTrainer and rl grpo its GRPOTrainer, which are planned (under a TRL whose trainers use the
+    fused head)."""
     assert bool(framework_method(llamafactory, d, "job.yaml")) is refused
 
 

@@ -41,7 +41,7 @@ def _preference_or_rl(path: Path) -> bool:
 def test_preference_and_rl_recipes_are_refused_or_planned_as_what_they_are(monkeypatch):
     """Every DPO, ORPO, KTO and reward-model file of the corpus (TRL recipes, LLaMA-Factory, axolotl)
     is refused with the method it names, never given an SFT verdict; no SFT file is; open-r1's GRPO
-    recipes are planned as GRPO, axolotl's ``rl: dpo`` (TRL's DPOTrainer) and LLaMA-Factory's
+    recipes and axolotl's ``rl: grpo`` are planned as GRPO, axolotl's ``rl: dpo`` (TRL's DPOTrainer) and LLaMA-Factory's
     ``stage: dpo`` as DPO."""
     from planner.check import CheckRequest, check
     from planner.check.methods import REFUSAL, REFUSAL_HINT
@@ -62,7 +62,7 @@ def test_preference_and_rl_recipes_are_refused_or_planned_as_what_they_are(monke
                 continue
             raise
         method = str(result.estimate.config.method)
-        if "/grpo/" in row["local_path"]:  # planned, as GRPO
+        if "/grpo/" in row["local_path"] or "rl: grpo" in path.read_text():  # planned, as GRPO
             assert method == "grpo", row["local_path"]
             grpo.append(path.name)
             continue
@@ -73,7 +73,7 @@ def test_preference_and_rl_recipes_are_refused_or_planned_as_what_they_are(monke
             dpo.append(path.name)
             continue
         assert not _preference_or_rl(path) and method == "sft", f"{row['local_path']} was planned as {method}"
-    assert len(refused) == 8 and len(grpo) == 3, (refused, grpo)
+    assert len(refused) == 8 and len(grpo) == 4, (refused, grpo)
     assert sorted(dpo) == ["instruct-dpo-lora-8b.yml", "qwen3_lora_dpo.yaml"], dpo
 
 
@@ -389,6 +389,45 @@ def test_axolotl_dpo_is_planned_as_trl_runs_it():
     assert not any(r.label.startswith("the reference model") for r in result.estimate.ledger)
     assert any(r.label.startswith("reference forward") for r in result.estimate.ledger)
     assert result.sources["method"] == "instruct-dpo-lora-8b.yml: rl dpo (TRL's DPOTrainer)"
+
+
+def test_axolotl_grpo_is_planned_as_trl_runs_it(tmp_path):
+    """axolotl's GRPO cookbook recipe (rl: grpo; its trl: block): TRL's GRPOTrainer with a vLLM
+    server (axolotl's default vLLM mode), 16 completions of 512 tokens per prompt in rows of
+    sequence_len, beta 0.001 (a reference copy), each value named by the axolotl key it came from;
+    colocated, the share is the vllm: block's; what leaves TRL's GRPOTrainer is refused, and a
+    completion of unbounded length is a problem."""
+    from planner.check import CheckRequest, check
+    from planner.check.methods import REFUSAL
+    from planner.core.errors import PlannerInputError
+
+    path = ROOT / "axolotl-ai-cloud__grpo_code/r1_acecode.yaml"
+    result = check(CheckRequest(model="Qwen/Qwen2.5-3B-Instruct", gpus="8xH100-80", training_args=path,
+                                alternatives=0))
+    cfg = result.estimate.config
+    assert (str(cfg.method), str(cfg.generation), cfg.num_generations, cfg.completion_len, cfg.kl_beta) == (
+        "grpo", "vllm-server", 16, 512, 0.001)
+    assert (cfg.seq_len, cfg.micro_batch_size, cfg.grad_accum, cfg.generation_batch_size) == (1024, 32, 2, 32 * 2 * 8)
+    assert any(r.label.startswith("the reference model") for r in result.estimate.ledger)
+    assert result.sources["num_generations"] == "r1_acecode.yaml: trl.num_generations"
+    assert "axolotl's default with vLLM, server" in result.sources["generation"]
+    assert any("neither axolotl nor TRL cuts a prompt to sequence_len" in w for w in result.warnings)
+    base = "base_model: Qwen/Qwen2.5-1.5B\nrl: grpo\nsequence_len: 1536\nmicro_batch_size: 4\n"
+    f = tmp_path / "ax.yml"
+    f.write_text(base + "vllm:\n  gpu_memory_utilization: 0.35\n  tensor_parallel_size: 1\ntrl:\n  use_vllm: true\n"
+                 "  vllm_mode: colocate\n  max_completion_length: 1024\n  num_iterations: 2\n")
+    cfg = check(CheckRequest(gpus="2xH100-80", training_args=f, alternatives=0)).estimate.config
+    assert (str(cfg.generation), cfg.vllm_share, cfg.vllm_tp, cfg.num_iterations, cfg.kl_beta) == (
+        "vllm-colocate", 0.35, 1, 2, 0.0)
+    for extra, words in (("  use_data_producer: true\n", "asynchronous GRPO"),
+                         ("  use_liger_loss: true\n", "Liger's fused GRPO loss")):
+        f.write_text(base + "trl:\n  max_completion_length: 512\n" + extra)
+        with pytest.raises(PlannerInputError) as e:
+            check(CheckRequest(gpus="2xH100-80", training_args=f, alternatives=0))
+        assert any(words in p and REFUSAL in p for p in e.value.problems), e.value.problems
+    f.write_text(base + "trl:\n  num_generations: 4\n")
+    with pytest.raises(PlannerInputError, match="without trl.max_completion_length"):
+        check(CheckRequest(gpus="2xH100-80", training_args=f, alternatives=0))
 
 
 def test_llamafactory_dpo_is_planned_as_its_trainer_runs_it(tmp_path):

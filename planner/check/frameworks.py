@@ -40,6 +40,9 @@ off (utils/schemas/training.py, config.py), reentrant when on unless
 overrides no loss), its DPOConfig built from ``sequence_len`` (``max_length``),
 ``precompute_ref_log_probs`` and ``dpo_*`` keys (core/trainers/dpo/__init__.py), an adapter's
 disabled base as the reference (the peft config passed to the trainer: core/builders/rl.py).
+``rl: grpo`` trains with TRL's GRPOTrainer (core/trainers/grpo/trainer.py: ``AxolotlGRPOTrainer``
+adds mixins for the optimizer, scheduler and RNG, no generation or loss of its own), its GRPOConfig
+built from the ``trl:`` and ``vllm:`` blocks (``_axolotl_grpo``).
 """
 
 from planner.check.methods import AXOLOTL_DPO, framework_method
@@ -227,6 +230,64 @@ def _axolotl(t: Translation) -> None:
         t.put("rl", d["rl"], "rl")
         if d.get("precompute_ref_log_probs") is not None:
             t.put("precompute_ref_log_probs", d["precompute_ref_log_probs"], "precompute_ref_log_probs")
+    elif d.get("rl") == "grpo":
+        _axolotl_grpo(t)
+
+
+#: GRPOConfig keys axolotl's ``GRPOStrategy.set_training_args_kwargs`` copies from the ``trl:`` block
+#: when set (core/trainers/grpo/__init__.py).
+AX_GRPO_KEYS = ("generation_batch_size", "num_iterations")
+
+
+def _axolotl_grpo(t: Translation) -> None:
+    """``rl: grpo``: the GRPOConfig axolotl builds (core/trainers/grpo/__init__.py
+    ``GRPOStrategy.set_training_args_kwargs``; core/builders/rl.py): ``trl.num_generations``
+    (GRPOConfig's 8 when unset), ``trl.max_completion_length`` (passed even when unset: None, an
+    unbounded completion, is a problem here), beta from ``trl.beta`` or ``rl_beta`` (else
+    GRPOConfig's 0.0), ``trl.use_vllm`` with ``trl.vllm_mode`` (axolotl's default with vLLM:
+    server, utils/schemas/validation.py ``check_vllm_mode_set``) and, colocated, the ``vllm:``
+    block's ``gpu_memory_utilization`` (0.9 by axolotl's schema) and ``tensor_parallel_size``, and
+    ``trl.vllm_enable_sleep_mode``. Neither TRL nor axolotl cuts a GRPO prompt to ``sequence_len``
+    (axolotl's GRPO blocklist drops ``max_length``; utils/data/rl.py keeps every GRPO sample): the
+    plan takes ``sequence_len`` as the longest prompt plus completion, and says so."""
+    d, where = t.d, t.where
+    trl = d.get("trl") or {}
+    vllm = d.get("vllm") or {}
+    for name, block in (("trl", trl), ("vllm", vllm)):
+        if not isinstance(block, dict):
+            t.problems.append(f"{where}: {name} must be a mapping of options (axolotl's schema refuses "
+                              f"{type(block).__name__})")
+            return
+    t.put("num_generations", trl.get("num_generations") or 8, "trl.num_generations" if trl.get("num_generations")
+          else "no trl.num_generations (GRPOConfig's default, 8)")
+    if trl.get("max_completion_length") is None:
+        t.problems.append(f"{where}: rl grpo without trl.max_completion_length: axolotl passes None, a completion of "
+                          "unbounded length; set trl.max_completion_length")
+    else:
+        t.put("max_completion_length", trl["max_completion_length"], "trl.max_completion_length")
+    beta, said = (trl.get("beta"), "trl.beta") if trl.get("beta") is not None else (d.get("rl_beta"), "rl_beta")
+    t.put("beta", beta if beta is not None else 0.0, said if beta is not None else "no trl.beta or rl_beta "
+          "(GRPOConfig's default, 0.0)")
+    for key in AX_GRPO_KEYS:
+        if trl.get(key) is not None:
+            t.put(key, trl[key], f"trl.{key}")
+    t.put("use_vllm", bool(trl.get("use_vllm")), "trl.use_vllm" if "use_vllm" in trl
+          else "no trl.use_vllm (axolotl's default, false)")
+    if trl.get("use_vllm"):
+        mode = trl.get("vllm_mode") or "server"
+        t.put("vllm_mode", mode, "trl.vllm_mode" if trl.get("vllm_mode") else
+              "no trl.vllm_mode (axolotl's default with vLLM, server)")
+        if mode == "colocate":
+            t.put("vllm_gpu_memory_utilization", vllm.get("gpu_memory_utilization", 0.9),
+                  "vllm.gpu_memory_utilization" if "gpu_memory_utilization" in vllm
+                  else "no vllm.gpu_memory_utilization (axolotl's default, 0.9)")
+            if vllm.get("tensor_parallel_size") is not None:
+                t.put("vllm_tensor_parallel_size", vllm["tensor_parallel_size"], "vllm.tensor_parallel_size")
+            if trl.get("vllm_enable_sleep_mode") is not None:
+                t.put("vllm_enable_sleep_mode", trl["vllm_enable_sleep_mode"], "trl.vllm_enable_sleep_mode")
+    t.warnings.append(f"{where}: rl grpo: neither axolotl nor TRL cuts a prompt to sequence_len "
+                      f"({d.get('sequence_len', 512)}): planned as the longest prompt plus the completion; longer "
+                      "prompts need more memory than planned")
 
 
 def _axolotl_precision(t: Translation) -> None:

@@ -40,18 +40,27 @@ AXOLOTL_RL = {
     "orpo": "TRL's ORPOTrainer, which takes log-probabilities from the full logits",
     "simpo": "TRL's CPOTrainer with loss_type simpo, which takes log-probabilities from the full logits",
     "kto": "TRL's KTOTrainer: unpaired completions, a KL estimate's extra forwards; not modelled yet",
-    "grpo": "TRL's GRPOTrainer from axolotl's trl: and vllm: blocks, which planner does not read yet; the same "
-            "job as a TRL GRPOConfig recipe is planned",
     "gdpo": "axolotl's GDPO, on TRL's GRPOTrainer",
 }
+#: ``rl: grpo``'s ``trl:`` keys and top-level keys that leave TRL's GRPOTrainer (core/builders/rl.py,
+#: core/trainers/grpo/__init__.py ``GRPOStrategy``): the key and what axolotl then runs.
+AXOLOTL_GRPO_UNMODELLED = {
+    "trl.use_data_producer": "axolotl's asynchronous GRPO trainer (FastAsyncGRPOTrainer: generation overlapped with "
+                             "training, a replay buffer)",
+    "trl.async_prefetch": "axolotl's asynchronous GRPO trainer (generation of the next batch during this one)",
+    "trl.use_liger_loss": "Liger's fused GRPO loss",
+    "trl.vllm_lora_sync": "the adapter synced to vLLM's LoRA slots instead of merged weights",
+    "batch_flattening": "padding-free rows (batch_flattening)",
+    "context_parallel_size": "axolotl's sequence-parallel GRPO trainer (context_parallel_size above 1)",
+}
 #: What every refusal ends with.
-REFUSAL = ("planner plans supervised fine-tuning, DPO (TRL's, axolotl's, LLaMA-Factory's) and TRL's GRPO "
-           "only: planned as one of them, this job's memory would be under-counted")
+REFUSAL = ("planner plans supervised fine-tuning, DPO (TRL's, axolotl's, LLaMA-Factory's) and GRPO "
+           "(TRL's, axolotl's) only: planned as one of them, this job's memory would be under-counted")
 #: What to do next when every problem is such a refusal.
 REFUSAL_HINT = ("Other preference and RL training is not planned yet; planner check plans supervised fine-tuning "
                 "(a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl), DPO (a DPOConfig "
                 "recipe, or --method dpo; axolotl rl dpo or ipo; LLaMA-Factory stage dpo, its pref_loss orpo and "
-                "simpo too) and TRL's GRPO (a GRPOConfig recipe).")
+                "simpo too) and GRPO (a GRPOConfig recipe; axolotl rl grpo).")
 
 
 def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
@@ -95,6 +104,19 @@ def _unmodelled_grpo(d: dict, where: str) -> str | None:
     return None
 
 
+def _axolotl_grpo(d: dict, where: str) -> str | None:
+    """The refusal for axolotl's ``rl: grpo`` where it does not run TRL's GRPOTrainer as modelled
+    (``AXOLOTL_GRPO_UNMODELLED``), or under a TRL before the fused LM head; None: planned."""
+    block = d.get("trl")
+    trl: dict = block if isinstance(block, dict) else {}
+    for key, what in AXOLOTL_GRPO_UNMODELLED.items():
+        nested, _, name = key.rpartition(".")
+        value = (trl if nested else d).get(name)
+        if value is True or (name == "context_parallel_size" and isinstance(value, int) and value > 1):
+            return f"{where}: {key}: {what}: not modelled; {REFUSAL}"
+    return _unmodelled_grpo(d, where)
+
+
 def framework_method(llamafactory: bool, d: dict, where: str) -> str | None:
     """The refusal for a LLaMA-Factory file of a stage other than pt and sft, or an axolotl file
     with ``rl`` or a reward model (None: supervised fine-tuning)."""
@@ -109,6 +131,8 @@ def framework_method(llamafactory: bool, d: dict, where: str) -> str | None:
             return f"{where}: pref_loss {d['pref_loss']}: one of {', '.join(LLAMAFACTORY_PREF_LOSSES)}; {REFUSAL}"
         return None
     rl = d.get("rl")
+    if rl == "grpo":
+        return _axolotl_grpo(d, where)
     if rl in AXOLOTL_DPO:
         for key, what in AXOLOTL_DPO_UNMODELLED.items():
             if d.get(key) is True:
