@@ -42,6 +42,8 @@ PKGS=(
   # the planner's own CLI dependencies and the measured extra's
   typer==0.20.0 click==8.3.1 shellingham==1.5.4 rich==14.2.0 markdown-it-py==4.0.0 mdurl==0.1.2
   pygments==2.19.2 pyyaml==6.0.3 adam-mini==1.1.1 nvidia-ml-py==13.580.82
+  # TRL's trainers for the DPO and GRPO launches, and datasets with its own dependencies
+  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 )
 DEEPSPEED=deepspeed==0.19.8
 
@@ -54,6 +56,7 @@ BOX_HAS=(
   triton==3.6.0 torch==2.11.0 transformers==5.17.0
   typer rich pyyaml tqdm packaging filelock psutil jinja2 markupsafe sympy networkx fsspec requests
   nvidia-ml-py click pygments markdown-it-py mdurl shellingham typing-extensions regex
+  pyarrow pandas xxhash
 )
 # Never carry these: they are on the box, and a second copy would shadow the box's own build.
 NEVER_CARRY=(torch triton accelerate numpy tokenizers safetensors huggingface-hub)

@@ -10,7 +10,8 @@ Within each tier, the cases an earlier window measured on this GPU (benchmarks/r
 run last, so that successive windows cover the whole list:
 - A. setup: facts, a smoke test per library (setup.py), the device's ceilings;
 - B. probes, tier 1 (validation/cases.py);
-- C. two launches (launches.py): the suggested plan and its QLoRA twin, run by their launch.sh;
+- C. launches (launches.py): the suggested plan, its QLoRA twin, a DPO and a GRPO plan, run by
+  their launch.sh (the ones no earlier window ran first);
 - D. probes, tiers 2 and 3;
 - E. the calibration fitted from the runs, the figure, the summary table (printed last).
 
@@ -45,11 +46,14 @@ HOST_RATES_GRACE = 60.0
 TIMEOUT_FACTOR, MIN_TIMEOUT = 4.0, 60.0
 CPU_EXPECTED_SECONDS = 4.0
 #: One launch's seconds on an H100 (imports, load, 3 steps), the slowest of the H100 runs in
-#: benchmarks/results/H100-SXM-80 (suggested 64.1, 58.0, 65.4 s; suggested-qlora 45.3, 42.7 s).
-#: A launch is skipped when its phase has less left, so time running out reads as skipped.
-LAUNCH_EXPECTED = {"suggested": 66.0, "suggested-qlora": 46.0}
-#: The model folder (12 s) and both launches.
-LAUNCH_SECONDS = 12.0 + sum(LAUNCH_EXPECTED.values())
+#: benchmarks/results/H100-SXM-80 (suggested 64.1, 58.0, 65.4 s; suggested-qlora 45.3, 42.7 s);
+#: DPO's and GRPO's are assumed (the suggested plan's, and GRPO's three generations of 64
+#: completions of 128 tokens on top) until a window measures them. A launch is skipped when its
+#: phase has less left, so time running out reads as skipped; the launches an earlier window ran
+#: on this GPU go last (``measured_launches``), so that successive windows cover them all.
+LAUNCH_EXPECTED = {"suggested": 66.0, "suggested-qlora": 46.0, "suggested-dpo": 70.0, "suggested-grpo": 90.0}
+#: The model folder (12 s) and the two launches a window has time for.
+LAUNCH_SECONDS = 12.0 + 2 * max(LAUNCH_EXPECTED.values())
 
 
 class Clock:
@@ -96,7 +100,7 @@ def main() -> int:
     ap.add_argument("--started", type=float, default=None, help="epoch seconds the run began (the shell's)")
     ap.add_argument("--budget", type=float, default=None, help="seconds from --started to the last deadline")
     ap.add_argument("--only", default="", help="comma-separated: the cases whose key contains one of them; "
-                                                "'launch' (both launches) or 'launch=NAME' (one); nothing: all")
+                                                "'launch' (every launch) or 'launch=NAME' (one); nothing: all")
     ap.add_argument("--skip-launches", action="store_true", help="no phase C (the launches)")
     ap.add_argument("--dry-run", metavar="GPU", help="list the cases, their predictions on this catalog GPU and "
                                                      "their expected seconds; run nothing")
@@ -211,6 +215,18 @@ def measured_before(device_gpu: str) -> set[str]:
     return keys
 
 
+def measured_launches(device_gpu: str) -> set[str]:
+    """Names of the launches an earlier window ran to the end on this GPU (rc 0 in a committed
+    benchmarks/results/<gpu>/<date>/launch.json)."""
+    names: set[str] = set()
+    for path in (Path(__file__).resolve().parent / "results" / device_gpu).rglob("launch.json"):
+        try:
+            names |= {x["name"] for x in json.loads(path.read_text()) if x.get("rc") == 0}
+        except (ValueError, KeyError, TypeError):
+            continue
+    return names
+
+
 def _import_once(device: str) -> float:
     """torch and planner, imported before any child is forked; on a GPU the children import the
     libraries a case needs (on the H100 an import under transformers' model code started CUDA,
@@ -310,7 +326,7 @@ class CaseRunner:
 
 class Only:
     """``--only``: comma-separated tokens; a case runs when its key contains one that is not a
-    launch token; ``launch`` runs both launches, ``launch=NAME`` the one named. Empty: everything."""
+    launch token; ``launch`` runs every launch, ``launch=NAME`` the one named. Empty: everything."""
 
     def __init__(self, text: str) -> None:
         tokens = [t.strip() for t in text.split(",") if t.strip()]
@@ -356,11 +372,13 @@ def _launch_both(launches, device: str, device_gpu: str, clock: Clock, work: Pat
         _write(path, results)
         return
     gpus = f"1x{'H100-SXM-80' if device == 'cpu' else device_gpu}"
-    for name, adapter in (("suggested", None), ("suggested-qlora", "qlora")):
+    before = measured_launches(device_gpu)
+    named = not only.everything and "" not in only.launch_names
+    for name in sorted(launches.LAUNCHES, key=lambda n: n in before):
         if not only.launch(name):
             results.append({"name": name, "rc": None, "error": "skipped: not in --only"})
             continue
-        if device == "cpu" and adapter:  # (the CPU's QLoRA launch: tests/test_launch_live.py)
+        if device == "cpu" and name != "suggested" and not named:  # (the others on the CPU: tests/test_launch_live.py)
             results.append({"name": name, "rc": None, "error": "skipped: --cpu runs one launch"})
             continue
         left = min(clock.left("C"), clock.hard_stop() - time.monotonic())
@@ -370,7 +388,7 @@ def _launch_both(launches, device: str, device_gpu: str, clock: Clock, work: Pat
             print(f"  launch {name}: skipped, needs ~{want:.0f} s, phase C has {left:.0f} s", flush=True)
             continue
         job = work / name
-        plan = launches.write_plan(ref, gpus, job, device, adapter)
+        plan = launches.write_plan(ref, gpus, job, device, name)
         result = {"name": name, "plan": plan}
         if plan["rc"] != 0:
             result |= {"rc": None, "error": f"planner suggest exited {plan['rc']}: {plan['stderr'][-300:]}"}
