@@ -390,6 +390,35 @@ def nf4_dequantize_seconds(ctx: PlanContext) -> float:
     return elements * (0.5 + ctx.layout.dtypes.compute) / rates.bandwidth(ctx)
 
 
+def _adapter_passes(ctx: PlanContext) -> tuple[float, float, float, str]:
+    """Per micro-batch: the adapters' matmuls in one forward (a third of their forward and backward
+    FLOPs beyond the frozen base's), peft's LoRA path in the forward and in the backward, each in
+    seconds, and the adapters' matmul dtype."""
+    spec, m, lay = ctx.layout.adapter, ctx.model, ctx.layout
+    assert spec is not None
+    c = lay.dtypes.compute
+    cast = adapters.casts_adapter_input(spec, lay.weight_bytes, c)
+    full = adapters.adapter_matmul_flops_per_token(m, spec.targets, spec.rank)
+    base = 2 * compute.matmul_flops_per_token(m)  # the frozen forward and input gradients (precision's rows)
+    # fp32 adapters without autocast multiply in fp32: torch's default matmul precision ("highest")
+    # runs them on the fp32 units, not as TF32
+    dtype = "fp32" if cast and not lay.autocast else lay.compute_dtype
+    forward = max(0.0, full - base) * rates.tokens(ctx) / rates.matmul_rate(ctx, dtype) / 3
+    path = adapters.adapter_path_traffic(m, spec.targets, c, lay.weight_bytes, cast, lay.autocast, spec.dropout)
+    per_layer = rates.tokens(ctx) * m.num_layers / rates.bandwidth(ctx)
+    return forward, path.forward * per_layer, path.backward * per_layer, dtype
+
+
+def adapter_forward_seconds(ctx: PlanContext) -> float:
+    """The adapters' share of one forward pass of the policy over the micro-batch (their matmuls
+    and peft's LoRA path: the forward rows ``_time`` writes); 0 without an adapter, or for a
+    forward with the adapters disabled (a reference). Unit: seconds."""
+    if ctx.layout.adapter is None:
+        return 0.0
+    forward, path, _, _ = _adapter_passes(ctx)
+    return forward + path
+
+
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
     """The adapters' own matmuls (forward and backward), the memory traffic of peft's LoRA path
     around them (planner.cost.adapters ``adapter_path_traffic``; DoRA takes LoRA's, less its own
@@ -401,28 +430,17 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     spec, m = ctx.layout.adapter, ctx.model
     if spec is None:
         return
-    lay = ctx.layout
-    c = lay.dtypes.compute
-    cast = adapters.casts_adapter_input(spec, lay.weight_bytes, c)
-    full = adapters.adapter_matmul_flops_per_token(m, spec.targets, spec.rank)
-    base = 2 * compute.matmul_flops_per_token(m)  # the frozen forward and input gradients (precision's rows)
-    # fp32 adapters without autocast multiply in fp32: torch's default matmul precision ("highest")
-    # runs them on the fp32 units, not as TF32
-    dtype = "fp32" if cast and not lay.autocast else lay.compute_dtype
-    rate = rates.matmul_rate(ctx, dtype)
-    adapter = max(0.0, full - base) * rates.tokens(ctx) / rate
-    draft.compute("matmul", f"adapter matmuls ({ctx.config.adapter} r{spec.rank}, {dtype})", adapter / 3,
+    c = ctx.layout.dtypes.compute
+    forward, path_forward, path_backward, dtype = _adapter_passes(ctx)
+    draft.compute("matmul", f"adapter matmuls ({ctx.config.adapter} r{spec.rank}, {dtype})", forward,
                   Window.FORWARD, note="2 r (in + out) FLOPs per wrapped weight per token")
-    draft.compute("matmul", "adapter matmuls, backward", 2 * adapter / 3, Window.BACKWARD,
+    draft.compute("matmul", "adapter matmuls, backward", 2 * forward, Window.BACKWARD,
                   note="A and B weight and input gradients")
-    path = adapters.adapter_path_traffic(m, spec.targets, c, lay.weight_bytes, cast, lay.autocast, spec.dropout)
-    per_layer = rates.tokens(ctx) * m.num_layers / rates.bandwidth(ctx)
     recompute = ctx.config.checkpointing == "full"
-    draft.compute("elementwise", "LoRA path: casts, dropout, scaling, sum (forward)", path.forward * per_layer,
+    draft.compute("elementwise", "LoRA path: casts, dropout, scaling, sum (forward)", path_forward,
                   Window.FORWARD, note="memory bound, per wrapped module")
     draft.compute("elementwise", "LoRA path, backward" + (" and recompute" if recompute else ""),
-                  (path.backward + recompute * path.forward) * per_layer, Window.BACKWARD,
-                  note="memory bound, per wrapped module")
+                  path_backward + recompute * path_forward, Window.BACKWARD, note="memory bound, per wrapped module")
     if spec.nf4:
         once = nf4_dequantize_seconds(ctx)
         draft.compute("elementwise", "QLoRA dequantization (forward)", once, Window.FORWARD)
@@ -445,6 +463,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
         wrapped = adapters.wrapped(m, spec.targets)
         flops = sum(2 * t.shape[0] * t.shape[1] * spec.rank for t in wrapped) * m.num_layers
         traffic = sum(dora_norm_bytes(t.shape, ctx.layout.weight_bytes, c) for t in wrapped) * m.num_layers
+        rate = rates.matmul_rate(ctx, dtype)
         draft.compute("elementwise", "DoRA weight norms (forward)", flops / rate + traffic / rates.bandwidth(ctx),
                       Window.FORWARD, note="B A and W + s B A per wrapped weight")
 

@@ -1,6 +1,6 @@
-"""Training method: supervised fine-tuning (sft), direct preference optimization (dpo) or group
-relative policy optimization (grpo), as TRL's trainers run them. A method is named, never
-searched: ``--method dpo`` plans a DPO job.
+"""Training method: supervised fine-tuning (sft), direct preference optimization (dpo), group
+relative policy optimization (grpo) or Kahneman-Tversky optimization (kto), as TRL's trainers run
+them. A method is named, never searched: ``--method dpo`` plans a DPO job.
 
 DPO as TRL >= 1.15's DPOTrainer runs it (planner/cost/preference.py holds the facts, with sources):
 - each sample of a micro-batch is a pair, its chosen and rejected sequences on the batch axis: the
@@ -15,6 +15,17 @@ DPO as TRL >= 1.15's DPOTrainer runs it (planner/cost/preference.py holds the fa
 Under ZeRO-3 the reference forward gathers the head and a prefetch bucket as a training forward
 does, beside the policy's saved activations; under FSDP2 the reference is one unit, gathered whole;
 FSDP1 is refused until modelled.
+
+KTO as TRL >= 1.15's KTOTrainer runs it (kto_trainer.py): one row per sample (a prompt and its
+completion, desirable or not), through the same fused LM head; DPO's reference (a frozen copy
+unless an adapter trains or the log-probabilities are precomputed: ``--dpo-reference``); with the
+KL estimate (``--kto-loss kto``, KTOConfig's default) each micro-batch's completions cycled onto
+the other prompts make a KL batch of as many rows, run by the policy under ``no_grad`` before its
+own forward and by the reference before the batch's reference forward. The reference forwards
+(sequential, each freeing its tensors) are one moment of the forward phase beside the policy's
+saved activations, as DPO's; the policy's KL forward comes before any activation is saved and
+holds what that moment holds less them, so it never sets the peak and has no row. Time: each of
+these forwards per micro-batch. Micro-batches of at least 2 with the KL estimate (TRL refuses 1).
 
 GRPO as TRL 1.16's GRPOTrainer runs it (planner/cost/rollout.py): each row a prompt and its
 completion (``--seq-len`` the longest prompt plus ``--completion-len``), padded, never packed;
@@ -50,6 +61,18 @@ class Method(StrEnum):
     SFT = "sft"
     DPO = "dpo"
     GRPO = "grpo"
+    KTO = "kto"
+
+
+class KtoLoss(StrEnum):
+    """TRL's KTOConfig ``loss_type``."""
+
+    KTO = "kto"  # the KTO paper's loss: a KL estimate from mismatched completions (extra forwards)
+    APO_ZERO_UNPAIRED = "apo-zero-unpaired"  # TRL's apo_zero_unpaired: no KL estimate
+
+
+#: The trainer that runs each method other than SFT (TRL's).
+TRAINERS = {"dpo": "DPOTrainer", "grpo": "GRPOTrainer", "kto": "KTOTrainer"}
 
 
 class DpoReference(StrEnum):
@@ -74,18 +97,24 @@ CHOICES: dict[Method, Choice] = {
                        searched=False, convex=False),
     Method.GRPO: Choice("group relative policy optimization (TRL's GRPOTrainer): completions generated and scored "
                         "each step", searched=False, convex=False),
+    Method.KTO: Choice("Kahneman-Tversky optimization (TRL's KTOTrainer): unpaired completions, a KL estimate, a "
+                       "reference", searched=False, convex=False),
 }
 
 SETTINGS = (
     Setting("dpo_reference", DpoReference, DpoReference.MODEL,
-            "DPO's reference log-probabilities: model (a reference forward every step; a frozen copy of the "
-            "policy unless an adapter trains), precomputed (TRL's precompute_ref_log_probs: one pass before "
-            "training, no reference model kept) or none (a reference-free loss: LLaMA-Factory's pref_loss orpo or "
-            "simpo)", used_at=("dpo",)),
+            "DPO's and KTO's reference log-probabilities: model (a reference forward every step; a frozen copy of "
+            "the policy unless an adapter trains), precomputed (TRL's precompute_ref_log_probs: one pass before "
+            "training, no reference model kept) or none (DPO only, a reference-free loss: LLaMA-Factory's pref_loss "
+            "orpo or simpo)", used_at=("dpo", "kto")),
     Setting("dpo_logprobs", DpoLogprobs, DpoLogprobs.FUSED,
             "how DPO's log-probabilities are computed: fused (TRL >= 1.15's fused LM head: no logits; what planner's "
             "files run) or full-logits (LLaMA-Factory's DPO trainer: the head's logits upcast to fp32 and their "
             "log-softmax, for the policy and the reference; planned by check, not emitted)", used_at=("dpo",)),
+    Setting("kto_loss", KtoLoss, KtoLoss.KTO,
+            "KTO's loss (KTOConfig loss_type): kto (the KL estimate: each micro-batch's completions cycled onto "
+            "other prompts, a no-grad forward of the policy and of the reference over them; micro-batches of at "
+            "least 2) or apo-zero-unpaired (no KL estimate)", used_at=("kto",)),
     Setting("num_generations", int, 8, "GRPO's completions per prompt (GRPOConfig num_generations): the global "
             "batch of completions is a multiple of it", ge=2, used_at=("grpo",)),
     Setting("completion_len", int, 512, "GRPO's max_completion_length: the tokens generated per completion, part of "
@@ -119,6 +148,22 @@ def dpo(config) -> bool:
     return config.method == Method.DPO
 
 
+def kto(config) -> bool:
+    """Whether ``config`` (a TrainingConfig) plans KTO."""
+    return config.method == Method.KTO
+
+
+def referenced(config) -> bool:
+    """Whether ``config`` plans a method whose reference is DPO's (``dpo_reference``): DPO or KTO."""
+    return config.method in (Method.DPO, Method.KTO)
+
+
+def kl_estimate(config) -> bool:
+    """Whether ``config`` plans KTO with its KL estimate (KTOConfig loss_type kto: TRL's
+    ``calculate_KL``, every loss type but apo_zero_unpaired)."""
+    return kto(config) and config.kto_loss == KtoLoss.KTO
+
+
 def grpo(config) -> bool:
     """Whether ``config`` (a TrainingConfig) plans GRPO."""
     return config.method == Method.GRPO
@@ -147,14 +192,24 @@ def reference_kept(ctx: PlanContext) -> bool:
     cfg, adapter = ctx.config, ctx.layout.adapter is not None
     if grpo(cfg):
         return cfg.kl_beta > 0 and not adapter
-    return (dpo(cfg) and cfg.dpo_reference != DpoReference.NONE
+    return (referenced(cfg) and cfg.dpo_reference != DpoReference.NONE
             and preference.reference_kept(adapter, cfg.dpo_reference == DpoReference.PRECOMPUTED))
 
 
 def reference_forward(ctx: PlanContext) -> bool:
-    """Whether each DPO step runs a reference forward with the policy's activations saved (not with
-    precomputed log-probabilities)."""
-    return dpo(ctx.config) and ctx.config.dpo_reference == DpoReference.MODEL
+    """Whether each DPO or KTO micro-batch runs a reference forward with the policy's activations
+    saved (not with precomputed log-probabilities)."""
+    return referenced(ctx.config) and ctx.config.dpo_reference == DpoReference.MODEL
+
+
+def no_grad_forwards(ctx: PlanContext) -> tuple[int, int]:
+    """DPO's and KTO's no-grad forwards per micro-batch, each of the micro-batch's rows: (the
+    policy's, the reference's). DPO's reference forward; KTO's reference forward and, with the KL
+    estimate, the policy's and the reference's over the KL batch (kto_trainer.py ``_compute_loss``:
+    ``_compute_kl_logps`` of the policy before its forward, of the reference before the
+    reference's forward)."""
+    kl = kl_estimate(ctx.config)
+    return int(kl), reference_forward(ctx) * (1 + kl)
 
 
 def generation_batch(config, data_parallel: int) -> int:
@@ -184,12 +239,20 @@ def aligned(ctx: PlanContext) -> bool:
 
 
 def scoring_forwards(ctx: PlanContext) -> int:
-    """GRPO's no-grad forwards of each micro-batch of completions after their generation: the
-    policy's when vLLM generated them (importance sampling, TRL's default) or the generation is not
-    aligned with the optimizer steps (``aligned``), and the reference's when beta is not 0
+    """GRPO's no-grad forwards of each micro-batch of completions after their generation
+    (``scoring_passes``, the policy's and the reference's together)."""
+    return sum(scoring_passes(ctx))
+
+
+def scoring_passes(ctx: PlanContext) -> tuple[int, int]:
+    """GRPO's no-grad forwards of each micro-batch of completions after their generation: (the
+    policy's, when vLLM generated them (importance sampling, TRL's default) or the generation is not
+    aligned with the optimizer steps (``aligned``); the reference's, when beta is not 0)
     (planner/cost/rollout.py; grpo_trainer.py ``_generate_and_score_completions``)."""
     cfg = ctx.config
-    return ((cfg.generation in VLLM or not aligned(ctx)) + (cfg.kl_beta > 0)) if grpo(cfg) else 0
+    if not grpo(cfg):
+        return 0, 0
+    return int(cfg.generation in VLLM or not aligned(ctx)), int(cfg.kl_beta > 0)
 
 
 def scoring_words(ctx: PlanContext) -> str:
@@ -213,8 +276,11 @@ def _check(ctx: PlanContext, out: Check) -> None:
             return
     if cfg.batching != Batching.PADDED:
         out.reject(f"{cfg.method} with {cfg.batching} batching", f"{cfg.method} with {cfg.batching} batching: TRL's "
-                   f"{'DPOTrainer' if dpo(cfg) else 'GRPOTrainer'} pads each micro-batch to its longest sequence and "
-                   "never packs; use --batching padded")
+                   f"{TRAINERS[str(cfg.method)]} pads each micro-batch to its longest sequence and never packs; use "
+                   "--batching padded")
+        return
+    if kto(cfg):
+        _check_kto(cfg, out)
         return
     if not grpo(cfg):
         return
@@ -233,6 +299,18 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("grpo generation batch not whole micro-batches",
                    f"--generation-batch-size {batch} is not a multiple of micro-batch {cfg.micro_batch_size} x {dp} "
                    "GPUs (GRPOConfig splits it into steps_per_generation micro-batches)")
+
+
+def _check_kto(cfg, out: Check) -> None:
+    if cfg.dpo_reference == DpoReference.NONE:
+        out.reject("kto without a reference", "kto with --dpo-reference none: TRL's KTOTrainer has no reference-free "
+                   "loss; --dpo-reference model or precomputed")
+    # (a search offers only the sizes of at least 2 here (planner/engine/space.py): this answer
+    # holds for every size the search's check cache serves it to)
+    elif kl_estimate(cfg) and cfg.micro_batch_size < 2:
+        out.reject("kto kl with one row", "kto's KL estimate with a micro-batch of 1: TRL's KTOTrainer refuses it (the "
+                   "KL term would equal the implied reward); --micro-batch-size 2 or more, or --kto-loss "
+                   "apo-zero-unpaired")
 
 
 def _no_grad_forward(ctx: PlanContext, ledger: LedgerDraft, phases: frozenset, moment: str, what: str) -> None:
@@ -303,16 +381,18 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
                    note="partitioned like the policy (TRL's prepare_deepspeed / prepare_fsdp)" if shard else
                    "whole on every GPU (DeepSpeed runs it at ZeRO stage 0)")
     if reference_forward(ctx):
-        _no_grad_forward(ctx, ledger, frozenset({Phase.FORWARD}), REFERENCE_FORWARD, "reference forward")
+        what = "reference forwards (the KL batch's, then the batch's)" if kl_estimate(ctx.config) else "reference forward"
+        _no_grad_forward(ctx, ledger, frozenset({Phase.FORWARD}), REFERENCE_FORWARD, what)
     elif scoring_forwards(ctx):
         _no_grad_forward(ctx, ledger, frozenset({Phase.ROLLOUT}), SCORING, "scoring forward")
 
 
-def forward_seconds(ctx: PlanContext) -> float:
+def forward_seconds(ctx: PlanContext, policy: bool = False) -> float:
     """One forward pass of the model over the micro-batch under no_grad (matmuls with the head,
-    attention, the elementwise ops; over a QLoRA base, its dequantization too). Unit: seconds."""
+    attention, the elementwise ops; over a QLoRA base, its dequantization too); ``policy``: the
+    policy's, through its adapters too (a reference's runs with them disabled). Unit: seconds."""
     # (imported here: the loss strategy, which adapter and checkpointing import, reads ``dpo``)
-    from planner.strategies.adapter import nf4_dequantize_seconds
+    from planner.strategies.adapter import adapter_forward_seconds, nf4_dequantize_seconds
     from planner.strategies.checkpointing import layer_saved_bytes
 
     forward = (rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
@@ -320,34 +400,44 @@ def forward_seconds(ctx: PlanContext) -> float:
     spec = ctx.layout.adapter
     if spec is not None and spec.nf4:  # the adapter-disabled 4-bit base dequantizes every weight again
         forward += nf4_dequantize_seconds(ctx)
-    return forward
+    return forward + (adapter_forward_seconds(ctx) if policy else 0.0)
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
-    """DPO's reference forward of every micro-batch, after the policy's; GRPO's scoring forwards of
-    every micro-batch, before training on it (serial: nothing overlaps them)."""
+    """DPO's reference forward of every micro-batch, after the policy's; KTO's with its KL forwards
+    (``no_grad_forwards``); GRPO's scoring forwards of every micro-batch, before training on it
+    (serial: nothing overlaps them)."""
     dispatch = ctx.model.num_layers * overheads.layer_forward_dispatch_seconds(ctx.layout.fused_attention)
     from planner.strategies.sharding import model_gather_seconds
 
     gather = model_gather_seconds(ctx)
-    if reference_forward(ctx):
-        draft.compute("matmul", "DPO reference forward (no_grad)", forward_seconds(ctx), Window.FORWARD,
-                      note="every micro-batch, after the policy's forward")
-        draft.dispatch(dispatch, 0.0)
+    policy, reference = no_grad_forwards(ctx)
+    if n := policy + reference:
+        method, only_reference = str(ctx.config.method).upper(), not kl_estimate(ctx.config)
+        what = "reference forward" if only_reference else f"no-grad forwards, {n} per micro-batch"
+        parts = ([] if only_reference else ["the policy's over the KL batch, before its forward"]) + (
+            [("the reference's" if only_reference else "the reference's over the KL batch and the batch")
+             + ", after the policy's forward"] if reference_forward(ctx) else [])
+        seconds = policy * forward_seconds(ctx, policy=True) + reference * forward_seconds(ctx)
+        draft.compute("matmul", f"{method} {what}" + (" (no_grad)" if only_reference else ""), seconds, Window.FORWARD,
+                      note="every micro-batch: " + "; ".join(parts))
+        draft.dispatch(n * dispatch, 0.0)
         if gather:
-            draft.overlapped("communication", "all-gather of the reference forward", gather, Window.FORWARD, True)
+            draft.overlapped("communication", f"all-gather of the {what}", n * gather, Window.FORWARD, True)
     elif n := scoring_forwards(ctx):
         # (each generation is scored once, micro-batch by micro-batch: num_iterations passes reuse it)
-        mu = ctx.config.num_iterations
-        draft.serial("matmul", f"GRPO scoring forwards (no_grad, {n} per micro-batch)",
-                     n * max(forward_seconds(ctx) + gather, dispatch) / mu, per_micro_batch=True,
+        mu, (policy, reference) = ctx.config.num_iterations, scoring_passes(ctx)
+        passes = (policy * max(forward_seconds(ctx, policy=True) + gather, dispatch)
+                  + reference * max(forward_seconds(ctx) + gather, dispatch))
+        draft.serial("matmul", f"GRPO scoring forwards (no_grad, {n} per micro-batch)", passes / mu,
+                     per_micro_batch=True,
                      note=scoring_words(ctx) + (f"; once per {mu} passes" if mu > 1 else "")
                      + ("; each gathers the partitioned model" if gather else ""))
 
 
 #: DPOConfig and GRPOConfig keys the emitted Trainer arguments state (no SFT recipe holds them).
 EMITTED = ("precompute_ref_log_probs", "f_divergence_type", "num_generations", "max_completion_length", "beta",
-           "generation_batch_size", "num_iterations")
+           "generation_batch_size", "num_iterations", "loss_type", "desirable_weight", "undesirable_weight")
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
@@ -365,6 +455,12 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         files.training_args["precompute_ref_log_probs"] = cfg.dpo_reference == DpoReference.PRECOMPUTED
         files.training_args["f_divergence_type"] = "reverse_kl"
         files.training_args["max_length"] = cfg.seq_len
+    elif kto(cfg):  # (KTOConfig's train_sampling_strategy is sequential, as its KL estimate needs)
+        # its default weights, written: the keys only KTOConfig has say the file is KTO's (check reads it back)
+        files.training_args |= dict.fromkeys(KTO_ONLY, 1.0)
+        files.training_args["precompute_ref_log_probs"] = cfg.dpo_reference == DpoReference.PRECOMPUTED
+        files.training_args["loss_type"] = TRL_KTO_LOSS[cfg.kto_loss]
+        files.training_args["max_length"] = cfg.seq_len
     elif grpo(cfg):
         files.training_args["num_generations"] = cfg.num_generations
         files.training_args["max_completion_length"] = cfg.completion_len
@@ -374,6 +470,12 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     else:
         return
     files.extras.add("trl")
+
+
+#: KTOConfig's ``loss_type`` for each ``kto_loss``.
+TRL_KTO_LOSS = {KtoLoss.KTO: "kto", KtoLoss.APO_ZERO_UNPAIRED: "apo_zero_unpaired"}
+#: Keys only TRL's KTOConfig has (planner/core/trl_recipes.py's KTO marker): a recipe holding one is KTO.
+KTO_ONLY = ("desirable_weight", "undesirable_weight")
 
 
 #: Keys only TRL's DPOConfig has (not KTO's, ORPO's or SFT's): a recipe holding one is DPO.
@@ -393,6 +495,9 @@ def _read(job: JobFiles, r: Reading) -> None:
     if job.framework == "llamafactory" and d.get("stage") == "dpo":
         _read_llamafactory_dpo(d, where, r)
         return
+    if not job.framework and any(k in d for k in KTO_ONLY):
+        _read_kto(d, where, r)
+        return
     if job.framework:  # axolotl's rl dpo / ipo, translated (planner/check/frameworks.py)
         said = [f"rl {d['rl']} (TRL's DPOTrainer)"] if d.get("rl") in ("dpo", "ipo") else []
     else:
@@ -409,6 +514,25 @@ def _read(job: JobFiles, r: Reading) -> None:
         r.set("dpo_reference", DpoReference.PRECOMPUTED if pre else DpoReference.MODEL,
               f"{where}: precompute_ref_log_probs" if pre is not None else
               f"{where}: no precompute_ref_log_probs (DPOConfig's default, false)")
+
+
+def _read_kto(d: dict, where: str, r: Reading) -> None:
+    """A KTOConfig recipe (a key only KTOConfig has): TRL's KTOTrainer, its ``loss_type`` (kto or
+    apo_zero_unpaired; KTOConfig's default kto) and ``precompute_ref_log_probs``."""
+    said = next(f"{k} (a KTOConfig key)" for k in KTO_ONLY if k in d)
+    r.set("method", Method.KTO, f"{where}: {said}")
+    r.set("batching", Batching.PADDED, f"{where}: {said}: TRL's unpaired collator pads each micro-batch to its longest")
+    loss = d.get("loss_type", "kto")
+    by_trl = {v: k for k, v in TRL_KTO_LOSS.items()}
+    if loss not in by_trl:
+        r.problems.append(f"{where}: loss_type {loss!r}: KTOConfig takes {' or '.join(by_trl)}")
+    else:
+        r.set("kto_loss", by_trl[loss], f"{where}: loss_type {loss}" if "loss_type" in d
+              else f"{where}: no loss_type (KTOConfig's default, kto)")
+    pre = r.typed(d, "precompute_ref_log_probs", (bool,), where)
+    r.set("dpo_reference", DpoReference.PRECOMPUTED if pre else DpoReference.MODEL,
+          f"{where}: precompute_ref_log_probs" if pre is not None else
+          f"{where}: no precompute_ref_log_probs (KTOConfig's default, false)")
 
 
 #: LLaMA-Factory's reference-free ``pref_loss`` values (hparams/finetuning_args.py: use_ref_model is
@@ -489,6 +613,10 @@ def describe(get) -> str:
         reference = get("dpo_reference")
         return ("dpo" + (f" {reference}" if reference in (DpoReference.PRECOMPUTED, DpoReference.NONE) else "")
                 + (" full-logits" if get("dpo_logprobs") == DpoLogprobs.FULL_LOGITS else ""))
+    if method == Method.KTO:
+        reference, loss = get("dpo_reference"), get("kto_loss")
+        return ("kto" + (" precomputed" if reference == DpoReference.PRECOMPUTED else "")
+                + (f" {loss}" if loss == KtoLoss.APO_ZERO_UNPAIRED else ""))
     if method == Method.GRPO:
         beta = get("kl_beta") or 0
         mu = get("num_iterations") or 1
@@ -500,8 +628,8 @@ def describe(get) -> str:
 STRATEGY = Strategy(
     "method", Method, Method.SFT, order=8, short="method",
     help="training method: sft (supervised fine-tuning), dpo (TRL's DPOTrainer: chosen and rejected sequences, "
-         "a frozen reference) or grpo (TRL's GRPOTrainer: completions generated and scored each step); named, "
-         "never searched",
+         "a frozen reference), grpo (TRL's GRPOTrainer: completions generated and scored each step) or kto (TRL's "
+         "KTOTrainer: unpaired completions, a KL estimate, a reference); named, never searched",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, settings=SETTINGS, describe=describe,
     records=CHOICES, named=True, pin=pin,
 )

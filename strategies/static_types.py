@@ -15,7 +15,7 @@ from planner.strategies.attention import Attention
 from planner.strategies.checkpointing import CheckpointImpl, Checkpointing
 from planner.strategies.generation import Generation
 from planner.strategies.loss import Loss, LossPath, ModelOutput
-from planner.strategies.method import DpoLogprobs, DpoReference, Method
+from planner.strategies.method import DpoLogprobs, DpoReference, KtoLoss, Method
 from planner.strategies.offload import Offload
 from planner.strategies.optimizer import Optimizer
 from planner.strategies.precision import Precision
@@ -51,6 +51,7 @@ class TrainingConfig(ConfigBase):
     kbit_prep: KbitPrep = KbitPrep.NONE
     dpo_reference: DpoReference = DpoReference.MODEL
     dpo_logprobs: DpoLogprobs = DpoLogprobs.FUSED
+    kto_loss: KtoLoss = KtoLoss.KTO
     num_generations: int = 8
     completion_len: int = 512
     kl_beta: float = 0.0
@@ -97,6 +98,7 @@ class TechniqueChoices(Record):
     kbit_prep: KbitPrep | None = None
     dpo_reference: DpoReference | None = None
     dpo_logprobs: DpoLogprobs | None = None
+    kto_loss: KtoLoss | None = None
     num_generations: int | None = None
     completion_len: int | None = None
     kl_beta: float | None = None
@@ -136,6 +138,7 @@ class TechniqueLists(Record):
     kbit_prep: KbitPrep | None = None
     dpo_reference: DpoReference | None = None
     dpo_logprobs: DpoLogprobs | None = None
+    kto_loss: KtoLoss | None = None
     num_generations: int | None = None
     completion_len: int | None = None
     kl_beta: float | None = None

@@ -27,9 +27,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(NO_CPP_BUILD), os.env
 _hook = importlib.util.spec_from_file_location("planner_tests_no_cpp_build", NO_CPP_BUILD / "sitecustomize.py")
 _hook.loader.exec_module(importlib.util.module_from_spec(_hook))
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from helpers import FULL_SUITE, HYPOTHESIS_PROFILE  # noqa: E402
+from helpers import FULL_SUITE, HYPOTHESIS_PROFILE, TINY_TRL  # noqa: E402
 
 settings.register_profile("ci", deadline=None, suppress_health_check=list(HealthCheck))
 settings.register_profile("thorough", deadline=None, suppress_health_check=list(HealthCheck))
@@ -50,3 +51,11 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_header(config):
     return ("suite: full (PLANNER_FULL_SUITE=1)" if FULL_SUITE
             else "suite: CI's covering subset; benchmarks/full_suite.sh runs the tests marked full too")
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """The fp32 model folder of ``TINY_TRL`` (helpers.py), which TRL's trainers load in the CPU tests."""
+    from planner.launch.model_folder import make_model_folder
+
+    return make_model_folder(TINY_TRL, tmp_path_factory.mktemp("tiny"), dtype="float32")

@@ -21,6 +21,10 @@ HYPOTHESIS_PROFILE = os.environ.get("PLANNER_HYPOTHESIS", "ci")
 #: those marked ``FULL`` (tests/conftest.py), each the slower twin of a CI test that covers the same
 #: capability: CI stays inside its time on a 2-core machine.
 FULL_SUITE = os.environ.get("PLANNER_FULL_SUITE") == "1"
+#: The tiny Llama TRL's trainers run in the CPU tests (conftest.py's ``tiny``: its fp32 model folder).
+TINY_TRL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 512,
+            "tie_word_embeddings": False}
 FULL = pytest.mark.full
 
 

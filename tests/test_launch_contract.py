@@ -97,7 +97,11 @@ def test_the_live_check_sees_liger_applied_as_the_trainer_applies_it():
     else:
         _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
     assert _loss(model) == "chunked"
-    # bf16 mixed precision: accelerate wraps that forward in autocast and an fp32 output cast
+    # bf16 mixed precision: accelerate wraps that forward in autocast and an fp32 output cast (a
+    # trainer an earlier test built in this process set accelerate's process-wide state: reset it)
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = accelerate.Accelerator(mixed_precision="bf16", cpu=True)
     prepared = accelerator.prepare_model(model)
     assert prepared.forward.__func__.__module__.startswith("accelerate"), prepared.forward

@@ -65,6 +65,10 @@ ALL_CASES = [
     ("single-qlora-kbit-prep", "1xA100-80", dict(adapter="qlora", kbit_prep="fp32-norms", checkpointing="full"), 1),
     # DPO through TRL's DPOTrainer: a reference copy; LoRA's adapter-disabled base; precomputed log-probabilities
     ("single-dpo", "1xA100-80", dict(method="dpo", batching="padded"), 1),
+    # KTO through TRL's KTOTrainer: a reference copy, the KL estimate's forwards; LoRA's disabled base
+    ("single-kto", "1xA100-80", dict(method="kto", batching="padded"), 1),
+    ("ddp-kto-lora-precomputed", "2xA100-80", dict(method="kto", batching="padded", sharding="ddp", adapter="lora",
+                                                   dpo_reference="precomputed", kto_loss="apo-zero-unpaired"), 2),
     # GRPO with a generation batch of two steps' completions, each used twice (num_iterations)
     ("single-grpo", "1xA100-80", dict(method="grpo", batching="padded", generation="transformers", completion_len=16,
                                       num_generations=2, generation_batch_size=8, num_iterations=2), 1),
@@ -88,7 +92,8 @@ ALL_CASES = [
 #: checkpointing). The full suite (helpers.FULL) launches every case: each other optimizer, fp16
 #: and fp8, offload (DeepSpeed's CPU Adam is a C++ build of minutes), hybrid FSDP over two
 #: machines, padded batching, the adapter plans suggested for an RTX 4090.
-CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full", "single-dpo", "single-grpo")
+CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full", "single-dpo", "single-grpo",
+            "single-kto")
 CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in CI_CASES else FULL) for c in ALL_CASES]
 
 
@@ -206,7 +211,7 @@ def _launch_equals_plan(plan, tmp_path, tmp_path_factory, tiny_model, port: int,
             assert report["live"]["gradient_sync"] == plan.config.gradient_sync, report["live"]
         if plan.config.adapter != "none":  # peft's trainable tensors are the ones the plan counts
             assert report["live"]["details"]["trainable_parameters"] == plan.model.num_trainable_parameters
-        if plan.config.method in ("dpo", "grpo"):  # a reference model exactly where the plan holds one
+        if plan.config.method in ("dpo", "grpo", "kto"):  # a reference model exactly where the plan holds one
             kept = any(r.label.startswith("the reference model") for r in plan.ledger)
             assert report["live"]["details"]["reference_model"] is kept, report["live"]
         if plan.config.method == "grpo":  # the plan's generation batch, in whole micro-batches of every GPU

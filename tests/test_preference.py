@@ -9,20 +9,12 @@ import pytest
 
 from planner.cost import preference
 
+from helpers import TINY_TRL as TINY
+
 trl = pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
-TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 512,
-        "tie_word_embeddings": False}
 MAX_LENGTH = 64
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from planner.launch.model_folder import make_model_folder
-
-    return make_model_folder(TINY, tmp_path_factory.mktemp("tiny"), dtype="float32")
 
 
 def _trainer(path, tmp_path, pairs: int = 2, dtype: str = "float32", peft_config=None, **kwargs):

@@ -15,17 +15,6 @@ from planner.strategies.method import GRPO_DEFAULTS
 trl = pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
-TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 512,
-        "tie_word_embeddings": False}
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from planner.launch.model_folder import make_model_folder
-
-    return make_model_folder(TINY, tmp_path_factory.mktemp("tiny"), dtype="float32")
-
 
 def test_transformers_kv_cache_is_the_bytes_per_token_times_the_tokens_cached(tiny):
     """After generating n tokens for r rows of p prompt tokens, the DynamicCache holds p + n - 1

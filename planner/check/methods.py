@@ -2,7 +2,7 @@
 optimization (DPO, KTO, ORPO, CPO/SimPO), reward modelling, reinforcement learning with sampled
 generations (GRPO, RLOO, PPO, online DPO) and distillation (GKD).
 
-planner plans supervised fine-tuning, and DPO and GRPO as TRL >= 1.15 runs them
+planner plans supervised fine-tuning, and DPO, GRPO and KTO as TRL >= 1.15 runs them
 (strategies/method.py, strategies/generation.py). The other methods hold what it does not count:
 a reference model beside other batches, a reward or value model, or a teacher. Planned as
 supervised fine-tuning, their verdict would under-count memory, so ``planner check`` refuses them
@@ -12,7 +12,7 @@ and says why (exit 2).
 from planner.core import job as job_module
 from planner.core.trl_recipes import TRL_MARKERS, grpo_recipe, marker
 from planner.cost.preference import fused_logprobs
-from planner.strategies.method import DPO_ONLY
+from planner.strategies.method import DPO_ONLY, KTO_ONLY
 
 #: The marker entry of the keys DPO and ORPO share (``--method dpo`` settles it).
 DPO_OR_ORPO = next(method for method, _ in TRL_MARKERS if method.startswith("DPO or ORPO"))
@@ -23,7 +23,8 @@ SFT_LOSS_TYPES = frozenset({"nll", "dft", "chunked_nll"})
 #: pt, sft, rm, ppo, dpo, kto; dpo is planned: strategies/method.py).
 LLAMAFACTORY_STAGES = {"rm": "a reward model (chosen and rejected sequences)",
                        "ppo": "PPO (a policy, a reference, a reward and a value model; completions sampled every step)",
-                       "kto": "KTO (a reference model, desirable and undesirable completions)"}
+                       "kto": "LLaMA-Factory's own KTO trainer (full logits, a reference model); TRL's KTOConfig "
+                              "recipes are planned"}
 #: LLaMA-Factory's ``pref_loss`` values (hparams/finetuning_args.py): each from the same
 #: log-probabilities, orpo and simpo without a reference.
 LLAMAFACTORY_PREF_LOSSES = ("sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo")
@@ -39,7 +40,8 @@ AXOLOTL_DPO_UNMODELLED = {
 AXOLOTL_RL = {
     "orpo": "TRL's ORPOTrainer, which takes log-probabilities from the full logits",
     "simpo": "TRL's CPOTrainer with loss_type simpo, which takes log-probabilities from the full logits",
-    "kto": "TRL's KTOTrainer: unpaired completions, a KL estimate's extra forwards; not modelled yet",
+    "kto": "TRL's KTOTrainer through axolotl's KTO strategy, which planner does not read yet (a TRL KTOConfig "
+           "recipe is planned)",
     "gdpo": "axolotl's GDPO, on TRL's GRPOTrainer",
 }
 #: ``rl: grpo``'s ``trl:`` keys and top-level keys that leave TRL's GRPOTrainer (core/builders/rl.py,
@@ -54,13 +56,13 @@ AXOLOTL_GRPO_UNMODELLED = {
     "context_parallel_size": "axolotl's sequence-parallel GRPO trainer (context_parallel_size above 1)",
 }
 #: What every refusal ends with.
-REFUSAL = ("planner plans supervised fine-tuning, DPO (TRL's, axolotl's, LLaMA-Factory's) and GRPO "
-           "(TRL's, axolotl's) only: planned as one of them, this job's memory would be under-counted")
+REFUSAL = ("planner plans supervised fine-tuning, DPO (TRL's, axolotl's, LLaMA-Factory's), GRPO "
+           "(TRL's, axolotl's) and TRL's KTO only: planned as one of them, this job's memory would be under-counted")
 #: What to do next when every problem is such a refusal.
 REFUSAL_HINT = ("Other preference and RL training is not planned yet; planner check plans supervised fine-tuning "
                 "(a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl), DPO (a DPOConfig "
                 "recipe, or --method dpo; axolotl rl dpo or ipo; LLaMA-Factory stage dpo, its pref_loss orpo and "
-                "simpo too) and GRPO (a GRPOConfig recipe; axolotl rl grpo).")
+                "simpo too), GRPO (a GRPOConfig recipe; axolotl rl grpo) and KTO (a KTOConfig recipe).")
 
 
 def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
@@ -74,6 +76,10 @@ def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
         return _unmodelled_grpo(d, where)
     if any(k in d for k in DPO_ONLY) or (named == "dpo" and found is not None and found[0] == DPO_OR_ORPO):
         return _unfused_dpo(where)
+    if kto := [k for k in KTO_ONLY if k in d]:
+        if named not in (None, "kto"):
+            return f"{where}: {', '.join(kto)}: a KTOConfig recipe, not --method {named}: {REFUSAL}"
+        return _unfused_dpo(where, "a KTO recipe", "KTOTrainer")
     if found is not None:
         return f"{where}: {', '.join(found[1])}: {found[0]}: {REFUSAL}"
     loss = d.get("loss_type")
@@ -84,13 +90,14 @@ def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
     return None
 
 
-def _unfused_dpo(where: str, what: str = "a DPO recipe") -> str | None:
-    """The refusal for a DPO job under a TRL whose DPOTrainer computes its log-probabilities from the
-    full logits (before 1.15; None: the fused LM head, which is modelled, or no TRL installed)."""
+def _unfused_dpo(where: str, what: str = "a DPO recipe", trainer: str = "DPOTrainer") -> str | None:
+    """The refusal for a DPO (or KTO: ``trainer``) job under a TRL whose trainer computes its
+    log-probabilities from the full logits (before 1.15, for both; None: the fused LM head, which is
+    modelled, or no TRL installed)."""
     trl = job_module.installed_release("trl")
     if trl is None or fused_logprobs(trl):
         return None
-    return (f"{where}: {what} under the TRL installed here ({'.'.join(map(str, trl))}), whose DPOTrainer "
+    return (f"{where}: {what} under the TRL installed here ({'.'.join(map(str, trl))}), whose {trainer} "
             f"computes log-probabilities from the full logits (before 1.15): not modelled; {REFUSAL}")
 
 

@@ -73,8 +73,9 @@ class Setting:
 ROWS_PER_SAMPLE = {"dpo": 2}
 #: Methods whose trainer pads each micro-batch to its longest sequence and never packs: TRL's
 #: DataCollatorForPreference (DPOConfig's padding_free falls back to padding in TRL 1.16) and
-#: GRPOTrainer (prompts padded left, completions right: grpo_trainer.py ``_generate_and_score_completions``).
-PADDED_METHODS = frozenset({"dpo", "grpo"})
+#: GRPOTrainer (prompts padded left, completions right: grpo_trainer.py ``_generate_and_score_completions``)
+#: and KTOTrainer (DataCollatorForUnpairedPreference).
+PADDED_METHODS = frozenset({"dpo", "grpo", "kto"})
 
 
 class ConfigBase(Record):

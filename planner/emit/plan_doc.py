@@ -11,7 +11,7 @@ from planner.core.lengths import Batching
 from planner.engine.ranking import TIE_BAND
 from planner.schema.estimate import Alternative, EstimateResult
 from planner.strategies import approximation_words, summary
-from planner.strategies.method import dpo, grpo
+from planner.strategies.method import grpo
 
 
 def _gib(n: float) -> str:
@@ -107,7 +107,7 @@ def render_plan_doc(plan: EstimateResult, search, rank: int, notes: list[str], d
     else:
         out.append("No single change of this plan lowers its peak further; use more or larger GPUs.")
     out += ["", *(how_to_run_grpo(draft, files, c) if grpo(c) else
-                  how_to_run(draft, files, c.seq_len, c.batching, dpo=dpo(c)))]
+                  how_to_run(draft, files, c.seq_len, c.batching, method=str(c.method)))]
     if notes or plan.warnings:
         out += ["", "Notes:", ""] + [f"- {shell.visible(n)}" for n in notes + plan.warnings]
     return "\n".join(out) + "\n"
@@ -127,6 +127,13 @@ DATA_WORDS = {
 DPO_DATA_WORDS = ("`DATA`: a JSONL file of preference pairs, each line with string `prompt`, `chosen` and `rejected` "
                   "fields; TRL's DPOTrainer tokenises each pair as two sequences (prompt + chosen, prompt + rejected) "
                   "cut at {n:,} tokens, and pads each micro-batch to its longest.")
+KTO_DATA_WORDS = ("`DATA`: a JSONL file of unpaired completions, each line with `prompt` and `completion` (strings, "
+                  "or lists of messages) and a boolean `label` (desirable or not); TRL's KTOTrainer tokenises each as "
+                  "one sequence cut at {n:,} tokens, pads each micro-batch to its longest, and keeps the file's order "
+                  "(its KL estimate pairs each completion with its neighbour's prompt).")
+#: The TRL trainer each method's launch runs: (data words, the trainer, its config class).
+TRL_RUNS = {"dpo": (DPO_DATA_WORDS, "trl.DPOTrainer", "trl.DPOConfig"),
+            "kto": (KTO_DATA_WORDS, "trl.KTOTrainer", "trl.KTOConfig")}
 
 
 def _install_heading(files: list[str], extras) -> list[str]:
@@ -139,18 +146,19 @@ def _install_heading(files: list[str], extras) -> list[str]:
 
 
 def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batching = Batching.PACKED,
-               dpo: bool = False) -> list[str]:
+               method: str = "sft") -> list[str]:
     """Commands that work from the plan folder after ``pip install llm-train-planner[...]``: the extras this
     plan needs, the real launch on the user's model and data, a smoke test named as one, and what a
     user's own script must apply (runtime.json beyond the libraries' defaults)."""
     applied = {k: v for k, v in draft.runtime.items() if k in RuntimeArgs.neutral() and v != RuntimeArgs.neutral()[k]}
+    trl = TRL_RUNS.get(method)
     out = [
         *_install_heading(files, draft.extras),
         "MODEL=/path/to/your/model DATA=/path/to/train.jsonl ./launch.sh --max-steps 1000",
         "```",
         "",
         "`MODEL`: a local model folder (config, weights, tokenizer) or a Hugging Face id already in the local "
-        "cache (nothing is downloaded). " + (DPO_DATA_WORDS.format(n=seq_len) if dpo else
+        "cache (nothing is downloaded). " + (trl[0].format(n=seq_len) if trl else
         "`DATA`: a JSONL file with a `text` field (`--text-field` names "
         "another), TRL's conversational `messages` (rendered with the model's chat template; only the assistants' "
         "turns train) or a `prompt` and `completion` (only the completion trains); a `.txt` file, or a folder "
@@ -165,7 +173,7 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batch
         "MODEL=/path/to/your/model DATA=sample ./launch.sh --max-steps 20",
         "```",
         "",
-        "The entry point runs " + ("TRL's DPOTrainer" if dpo else "the Hugging Face Trainer")
+        "The entry point runs " + (f"TRL's {trl[1].removeprefix('trl.')}" if trl else "the Hugging Face Trainer")
         + " with `training_args.json` under `accelerate launch` "
         f"with `accelerate_config.yaml`{' and `deepspeed_config.json`' if draft.deepspeed is not None else ''}, "
         f"applies `{RUNTIME_FILE}`, and at the end compares the live run (optimizer, dtypes, checkpointing, "
@@ -178,8 +186,8 @@ def how_to_run(draft: EmitDraft, files: list[str], seq_len: int, batching: Batch
                    + ", ".join(f"`{k}={v}`" for k, v in applied.items()) + ".")
     else:
         out.append("Your own Trainer script instead (`TRAIN_SCRIPT=train.py ./launch.sh`, reading `training_args.json` "
-                   f"with `HfArgumentParser({'trl.DPOConfig' if dpo else 'TrainingArguments'}).parse_json_file`"
-                   f"{', and training with trl.DPOTrainer' if dpo else ''}) runs this plan as it is: nothing in "
+                   f"with `HfArgumentParser({trl[2] if trl else 'TrainingArguments'}).parse_json_file`"
+                   f"{f', and training with {trl[1]}' if trl else ''}) runs this plan as it is: nothing in "
                    f"`{RUNTIME_FILE}` differs from the libraries' defaults but the sequence length ({seq_len:,}).")
     return out
 

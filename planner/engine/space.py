@@ -235,6 +235,15 @@ def build_space(
                 f"of the global batch ({gbs} over {data_parallel} GPUs)"
             )
         divisors = sorted(set(micro_batch_sizes))
+    if "kto" in fixed.get("method", ()) and str((settings or {}).get("kto_loss", "kto")) == "kto":
+        # KTO's KL estimate needs micro-batches of at least 2 (TRL's KTOTrainer refuses 1)
+        divisors = [d for d in divisors if d >= 2]
+        if not divisors:
+            sizes = (f"--micro-batch-size {', '.join(map(str, micro_batch_sizes))}" if micro_batch_sizes else
+                     f"a global batch of {gbs} over {data_parallel} GPUs")
+            problems.append(f"--method kto (its KL estimate) needs micro-batches of at least 2 (TRL's KTOTrainer "
+                            f"refuses 1), and {sizes} has none; a larger micro-batch or --global-batch-size, or "
+                            "--kto-loss apo-zero-unpaired")
     if generation := (settings or {}).get("generation_batch_size") if "grpo" in fixed.get("method", ()) else 0:
         # GRPOConfig splits the generation batch into whole micro-batches of every GPU
         share = generation // data_parallel if generation % data_parallel == 0 else 0

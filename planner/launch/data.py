@@ -17,6 +17,12 @@ formats: TRL renders the latter with the chat template), or ``sample``: pairs cu
 text, each sequence longer than the plan's length (so TRL truncates every row to it, the plan's
 worst case).
 
+A KTO plan trains on unpaired completions: JSONL objects with ``prompt`` and ``completion`` (both
+strings or both lists of messages: TRL's unpaired preference formats) and a boolean ``label``
+(desirable or not), in the file's order (KTOConfig samples sequentially: its KL estimate pairs each
+completion with the next row's prompt), or ``sample``: rows cut from the sample text, each longer
+than the plan's length, labels alternating.
+
 A GRPO plan trains on prompts: JSONL objects with a ``prompt`` (TRL's prompt-only format; the
 other fields go to the reward function), a string cut to the plan's prompt length (its rows less
 the completion) or a list of messages (rendered by TRL with the chat template; refused where it
@@ -221,6 +227,7 @@ class Padded:
 
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
+UNPAIRED_FIELDS = ("prompt", "completion")
 
 
 def _messages(value) -> bool:
@@ -266,6 +273,30 @@ def preference_pairs(source: str, seq_len: int, at_least: int) -> list[dict]:
         pairs.append({"prompt": text[i:i + 64], "chosen": text[i + 64:i + 64 + span],
                       "rejected": text[i + 64 + span:i + 64 + 2 * span]})
     return pairs
+
+
+def unpaired_completions(source: str, seq_len: int, at_least: int) -> list[dict]:
+    """The unpaired completions of ``source`` (the module docstring), at least ``at_least`` of them
+    for ``sample`` (repeated: a smoke test)."""
+    if source != SAMPLE:
+        rows = _records(source, UNPAIRED_FIELDS, "a KTO plan trains on a JSONL file of unpaired completions",
+                        "prompt and completion strings (or lists of messages) and a boolean label")
+        for row in rows:
+            if not isinstance(row.get("label"), bool):
+                raise PlannerInputError(f"--data {source}: line {row['line']}: label must be true or false (a "
+                                        "desirable completion or not)")
+            if len({isinstance(row[f], str) for f in UNPAIRED_FIELDS}) > 1:
+                raise PlannerInputError(f"--data {source}: line {row['line']}: prompt and completion are both strings "
+                                        "or both lists of messages (TRL's two unpaired preference formats)")
+        return [{f: row[f] for f in (*UNPAIRED_FIELDS, "label")} for row in rows]
+    text = " ".join(read_texts(SAMPLE))
+    span = max(8 * seq_len, 64)  # characters: several per token, so every row exceeds seq_len tokens
+    rows_: list[dict] = []
+    while len(rows_) < max(at_least, 1):
+        i = (len(rows_) * 97) % max(len(text) - 2 * span, 1)
+        rows_.append({"prompt": text[i:i + 64], "completion": text[i + 64:i + 64 + span],
+                      "label": len(rows_) % 2 == 0})
+    return rows_
 
 
 def grpo_prompts(source: str, tokenizer, prompt_tokens: int, at_least: int) -> list[dict]:

@@ -10,6 +10,7 @@ implementation, and the shape of the batches the model saw.
 from planner.core.vocabulary import ROWS_PER_SAMPLE
 from planner.runtime.model import decoder_layers
 from planner.strategies import FIELDS
+from planner.strategies.method import TRAINERS
 from planner.strategies.optimizer import CHOICES
 from planner.strategies.sharding import FSDP1_STRATEGIES
 
@@ -252,7 +253,8 @@ def _batching(trainer, session, width: int | None) -> tuple[str, int | None]:
 
     collator = trainer.data_collator
     collator = getattr(collator, "data_collator", collator)  # (the Trainer's column-removing wrapper)
-    if type(collator).__name__ == "DataCollatorForPreference":  # TRL's: pads each batch to its longest
+    if type(collator).__name__ in ("DataCollatorForPreference", "DataCollatorForUnpairedPreference"):  # TRL's:
+        # DPO's and KTO's pad each batch to its longest
         return str(Batching.PADDED), width
     if _method(trainer) == "grpo":  # prompts padded left, completions right, to the micro-batch's longest
         cap = session.config.seq_len
@@ -267,9 +269,9 @@ def _batching(trainer, session, width: int | None) -> tuple[str, int | None]:
 
 def _method(trainer) -> str:
     """The training method the live trainer runs: TRL's DPOTrainer (or a subclass of it) is dpo,
-    its GRPOTrainer grpo, any other Trainer sft."""
+    its GRPOTrainer grpo, its KTOTrainer kto (``method.TRAINERS``), any other Trainer sft."""
     names = {c.__name__ for c in type(trainer).__mro__}
-    return "dpo" if "DPOTrainer" in names else "grpo" if "GRPOTrainer" in names else "sft"
+    return next((method for method, cls in TRAINERS.items() if cls in names), "sft")
 
 
 def _grpo(trainer) -> tuple[dict, dict]:
@@ -295,12 +297,16 @@ def _grpo(trainer) -> tuple[dict, dict]:
 
 
 def _dpo(trainer) -> tuple[dict, dict]:
-    """A DPO run's reference (``dpo_reference``: precomputed log-probabilities or a reference
-    forward), and whether it holds a reference model (none with an adapter or precomputed)."""
-    if _method(trainer) != "dpo":
+    """A DPO or KTO run's reference (``dpo_reference``: precomputed log-probabilities or a
+    reference forward), KTO's loss, and whether it holds a reference model (none with an adapter
+    or precomputed)."""
+    method = _method(trainer)
+    if method not in ("dpo", "kto"):
         return {}, {}
-    reference = "precomputed" if trainer.precompute_ref_logps else "model"
-    return {"dpo_reference": reference}, {"reference_model": trainer.ref_model is not None}
+    live = {"dpo_reference": "precomputed" if trainer.precompute_ref_logps else "model"}
+    if method == "kto":
+        live["kto_loss"] = trainer.loss_type.replace("_", "-")
+    return live, {"reference_model": trainer.ref_model is not None}
 
 
 def observe(trainer, session) -> dict:

@@ -12,7 +12,16 @@ from planner.check.job_files import beside
 from planner.core.errors import PlannerInputError
 from planner.core.lengths import Batching
 from planner.launch import cpu
-from planner.launch.data import SAMPLE, Padded, grpo_prompts, packed_blocks, preference_pairs, read_texts, samples
+from planner.launch.data import (
+    SAMPLE,
+    Padded,
+    grpo_prompts,
+    packed_blocks,
+    preference_pairs,
+    read_texts,
+    samples,
+    unpaired_completions,
+)
 from planner.strategies import TrainingConfig
 from planner.strategies.adapter import Adapter, quantization_config
 from planner.strategies.method import Method
@@ -44,6 +53,8 @@ class Session:
             from trl import DPOConfig as arguments
         elif self.config.method == Method.GRPO:  # a TRL GRPOConfig
             from trl import GRPOConfig as arguments
+        elif self.config.method == Method.KTO:  # a TRL KTOConfig
+            from trl import KTOConfig as arguments
         try:
             (training,) = HfArgumentParser(arguments).parse_dict(values)
         except (ValueError, TypeError) as e:
@@ -72,7 +83,7 @@ class Session:
             ("bitsandbytes", quantization_config(c) is not None),
             ("torchao", c.precision == Precision.FP8_MIXED),
             ("peft", c.adapter != Adapter.NONE),
-            ("trl", c.method in (Method.DPO, Method.GRPO)),
+            ("trl", c.method != Method.SFT),
             ("vllm", training_args.get("use_vllm") is True),
             (impl.module.split(".")[0], bool(impl.library)),
         ) if needed]
@@ -134,22 +145,18 @@ class Session:
         except (OSError, ValueError) as e:
             raise PlannerInputError(f"--model {self.args.model}: no tokenizer found locally: {str(e)[:300]}") from None
         model = self.model()
-        if self.config.method == Method.DPO:  # TRL's trainer, its own paired collator and reference
-            import datasets
-            from trl import DPOTrainer
+        if self.config.method in (Method.DPO, Method.KTO):  # TRL's trainer, its own collator and reference
+            from trl import DPOTrainer, KTOTrainer
 
             per_step = training.per_device_train_batch_size * training.gradient_accumulation_steps * training.world_size
-            pairs = preference_pairs(self.args.data, self.config.seq_len, per_step * max(training.max_steps, 1))
-            # one file each machine's processes load: TRL caches precomputed reference log-probabilities
-            # beside the dataset's own cache files, which an in-memory dataset has per process only
-            path = Path(training.output_dir) / "planner-pairs.jsonl"
-            with training.main_process_first(local=True, desc="preference pairs"):
-                if training.local_process_index == 0:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
-                data = datasets.load_dataset("json", data_files=str(path), split="train")
-            return _trainer_class(DPOTrainer)(session=self, model=model, args=training, train_dataset=data,
-                                              processing_class=tokenizer)
+            at_least = per_step * max(training.max_steps, 1)
+            if self.config.method == Method.DPO:
+                rows, trainer = preference_pairs(self.args.data, self.config.seq_len, at_least), DPOTrainer
+            else:
+                rows, trainer = unpaired_completions(self.args.data, self.config.seq_len, at_least), KTOTrainer
+            return _trainer_class(trainer)(session=self, model=model, args=training,
+                                           train_dataset=_shared_dataset(rows, training, str(self.config.method)),
+                                           processing_class=tokenizer)
         if self.config.method == Method.GRPO:  # TRL's trainer: prompts, the user's reward, its generation
             import datasets
             from trl import GRPOTrainer
@@ -170,6 +177,20 @@ class Session:
         return _trainer_class()(
             session=self, model=model, args=training, train_dataset=self.dataset(tokenizer, training),
             data_collator=self.collator(tokenizer), processing_class=tokenizer)
+
+
+def _shared_dataset(rows: list[dict], training, name: str):
+    """``rows`` as a ``datasets`` dataset from one file each machine's processes load: TRL caches
+    precomputed reference log-probabilities beside the dataset's own cache files, which an
+    in-memory dataset has per process only."""
+    import datasets
+
+    path = Path(training.output_dir) / f"planner-{name}-rows.jsonl"
+    with training.main_process_first(local=True, desc=f"{name} rows"):
+        if training.local_process_index == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return datasets.load_dataset("json", data_files=str(path), split="train")
 
 
 def _trainer_class(base=None):
