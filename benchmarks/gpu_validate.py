@@ -10,8 +10,8 @@ Within each tier, the cases an earlier window measured on this GPU (benchmarks/r
 run last, so that successive windows cover the whole list:
 - A. setup: facts, a smoke test per library (setup.py), the device's ceilings;
 - B. probes, tier 1 (validation/cases.py);
-- C. launches (launches.py): the suggested plan, its QLoRA twin, a DPO and a GRPO plan, run by
-  their launch.sh (the ones no earlier window ran first);
+- C. launches (launches.py): the suggested plan, its QLoRA twin, a DPO, a KTO and a GRPO plan,
+  run by their launch.sh (the ones no earlier window ran first);
 - D. probes, tiers 2 and 3;
 - E. the calibration fitted from the runs, the figure, the summary table (printed last).
 
@@ -47,11 +47,12 @@ TIMEOUT_FACTOR, MIN_TIMEOUT = 4.0, 60.0
 CPU_EXPECTED_SECONDS = 4.0
 #: One launch's seconds on an H100 (imports, load, 3 steps), the slowest of the H100 runs in
 #: benchmarks/results/H100-SXM-80 (suggested 64.1, 58.0, 65.4 s; suggested-qlora 45.3, 42.7 s);
-#: DPO's and GRPO's are assumed (the suggested plan's, and GRPO's three generations of 64
-#: completions of 128 tokens on top) until a window measures them. A launch is skipped when its
+#: DPO's, KTO's and GRPO's are assumed (the suggested plan's; KTO's three no-grad forwards and
+#: GRPO's three generations of 64 completions of 128 tokens on top) until a window measures them. A launch is skipped when its
 #: phase has less left, so time running out reads as skipped; the launches an earlier window ran
 #: on this GPU go last (``measured_launches``), so that successive windows cover them all.
-LAUNCH_EXPECTED = {"suggested": 66.0, "suggested-qlora": 46.0, "suggested-dpo": 70.0, "suggested-grpo": 90.0}
+LAUNCH_EXPECTED = {"suggested": 66.0, "suggested-qlora": 46.0, "suggested-dpo": 70.0, "suggested-kto": 80.0,
+                   "suggested-grpo": 90.0}
 #: The model folder (12 s) and the two launches a window has time for.
 LAUNCH_SECONDS = 12.0 + 2 * max(LAUNCH_EXPECTED.values())
 

@@ -435,7 +435,7 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
                      + ("; each gathers the partitioned model" if gather else ""))
 
 
-#: DPOConfig and GRPOConfig keys the emitted Trainer arguments state (no SFT recipe holds them).
+#: DPOConfig, KTOConfig and GRPOConfig keys the emitted Trainer arguments state (no SFT recipe holds them).
 EMITTED = ("precompute_ref_log_probs", "f_divergence_type", "num_generations", "max_completion_length", "beta",
            "generation_batch_size", "num_iterations", "loss_type", "desirable_weight", "undesirable_weight")
 

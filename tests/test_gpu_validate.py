@@ -78,7 +78,8 @@ def test_the_cpu_mode_runs_its_cases_and_the_launch(cpu_run):
     records = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
     assert len(records) == len(cases)
     launches = json.loads((out / "launch.json").read_text())
-    assert [x["name"] for x in launches] == ["suggested", "suggested-qlora", "suggested-dpo", "suggested-grpo"]
+    assert [x["name"] for x in launches] == ["suggested", "suggested-qlora", "suggested-dpo", "suggested-kto",
+                                             "suggested-grpo"]
     launch, *others = launches
     assert launch["rc"] == 0 and launch["differences"] == [], launch.get("log_tail", launch)
     assert "the live run is the plan" in launch["live_verdict"]
@@ -181,7 +182,8 @@ def test_a_launch_its_phase_cannot_hold_is_skipped_not_started(tmp_path):
     gpu_validate._launch_both(Launches(), "cuda", "H100-SXM-80", clock, tmp_path, results,
                               tmp_path / "launch.json", gpu_validate.Only(""))
     # (the launches an earlier H100 window ran, benchmarks/results/H100-SXM-80, go last)
-    assert [r["name"] for r in results] == ["suggested-dpo", "suggested-grpo", "suggested", "suggested-qlora"]
+    assert [r["name"] for r in results] == ["suggested-dpo", "suggested-kto", "suggested-grpo", "suggested",
+                                            "suggested-qlora"]
     assert all(r["error"].startswith("skipped: needs ~") for r in results)
     assert not any(gpu_validate._launch_failed(r) for r in results)
 

@@ -3,7 +3,7 @@
 A model folder is built on the box (the catalog's Llama-3.2-1B config.json, random bf16 weights,
 a tokenizer trained on the shipped sample text; ``--cpu``: the tiny model), plans are written
 through the CLI (``planner suggest --out``: the winner on this GPU, its ``--adapter qlora`` twin,
-a DPO and a GRPO plan: ``LAUNCHES``), and each ``launch.sh`` trains 3 steps on the sample text
+a DPO, a KTO and a GRPO plan: ``LAUNCHES``), and each ``launch.sh`` trains 3 steps on the sample text
 while nvidia-smi is polled every 100 ms. Recorded per launch: exit code, wall seconds, the Trainer's steps per second, the polled
 peak beside the plan's, and the live report's differences from the plan.
 """
@@ -58,14 +58,15 @@ def planner_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess
 
 
 #: The launches, in order: name -> the suggest flags beyond the model and GPU (on the GPU, on the
-#: CPU's tiny model). The suggested plan, its QLoRA twin, and a DPO and a GRPO plan through TRL's
-#: trainers (GRPO with transformers' generation: vLLM is not in the carried bundle), each small
-#: enough for a few steps: the methods' memory rows (the reference forward, the rollout's KV cache)
-#: and their time against a real GPU.
+#: CPU's tiny model). The suggested plan, its QLoRA twin, and a DPO, a KTO and a GRPO plan through
+#: TRL's trainers (GRPO with transformers' generation: vLLM is not in the carried bundle), each
+#: small enough for a few steps: the methods' memory rows (the reference forward, the rollout's KV
+#: cache) and their time against a real GPU.
 LAUNCHES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "suggested": ((), ()),
     "suggested-qlora": (("--adapter", "qlora"), ("--adapter", "qlora")),
     "suggested-dpo": (("--method", "dpo", "--seq-len", "1024"), ("--method", "dpo")),
+    "suggested-kto": (("--method", "kto", "--seq-len", "1024"), ("--method", "kto")),
     "suggested-grpo": (("--method", "grpo", "--generation", "transformers", "--seq-len", "640", "--completion-len",
                         "128", "--global-batch-size", "64"),
                        ("--method", "grpo", "--generation", "transformers", "--completion-len", "16",
