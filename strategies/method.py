@@ -495,7 +495,7 @@ def _read(job: JobFiles, r: Reading) -> None:
     if job.framework == "llamafactory" and d.get("stage") == "dpo":
         _read_llamafactory_dpo(d, where, r)
         return
-    if not job.framework and any(k in d for k in KTO_ONLY):
+    if any(k in d for k in KTO_ONLY):  # (axolotl's rl kto, translated, writes them: planner/check/frameworks.py)
         _read_kto(d, where, r)
         return
     if job.framework:  # axolotl's rl dpo / ipo, translated (planner/check/frameworks.py)
@@ -519,7 +519,8 @@ def _read(job: JobFiles, r: Reading) -> None:
 def _read_kto(d: dict, where: str, r: Reading) -> None:
     """A KTOConfig recipe (a key only KTOConfig has): TRL's KTOTrainer, its ``loss_type`` (kto or
     apo_zero_unpaired; KTOConfig's default kto) and ``precompute_ref_log_probs``."""
-    said = next(f"{k} (a KTOConfig key)" for k in KTO_ONLY if k in d)
+    said = ("rl kto (TRL's KTOTrainer)" if d.get("rl") == "kto" else
+            next(f"{k} (a KTOConfig key)" for k in KTO_ONLY if k in d))
     r.set("method", Method.KTO, f"{where}: {said}")
     r.set("batching", Batching.PADDED, f"{where}: {said}: TRL's unpaired collator pads each micro-batch to its longest")
     loss = d.get("loss_type", "kto")

@@ -83,7 +83,7 @@ def test_sft_recipes_and_sft_loss_types_are_not_refused():
     (False, {"rl": "gdpo"}, True),
     (False, {"rl": "orpo"}, True), (False, {"reward_model": True}, True), (False, {"rl": "dpo"}, False),
     (False, {"rl": "ipo"}, False), (False, {"rl": "dpo", "dpo_padding_free": True}, True),
-    (False, {"rl": "dpo", "dpo_use_liger_kernel": True}, True), (False, {"rl": "kto"}, True)])
+    (False, {"rl": "dpo", "dpo_use_liger_kernel": True}, True), (False, {"rl": "kto"}, False)])
 def test_framework_stages_other_than_sft_are_refused(llamafactory, d, refused):
     """Refused: what planner does not model, each with its reason; axolotl's rl dpo / ipo run TRL's
     DPOTrainer and rl grpo its GRPOTrainer, which are planned (under a TRL whose trainers use the

@@ -41,14 +41,14 @@ def _preference_or_rl(path: Path) -> bool:
 def test_preference_and_rl_recipes_are_refused_or_planned_as_what_they_are(monkeypatch):
     """Every DPO, ORPO, KTO and reward-model file of the corpus (TRL recipes, LLaMA-Factory, axolotl)
     is refused with the method it names, never given an SFT verdict; no SFT file is; open-r1's GRPO
-    recipes and axolotl's ``rl: grpo`` are planned as GRPO, axolotl's ``rl: dpo`` (TRL's DPOTrainer) and LLaMA-Factory's
+    recipes and axolotl's ``rl: grpo`` are planned as GRPO, axolotl's ``rl: kto`` as KTO, axolotl's ``rl: dpo`` (TRL's DPOTrainer) and LLaMA-Factory's
     ``stage: dpo`` as DPO."""
     from planner.check import CheckRequest, check
     from planner.check.methods import REFUSAL, REFUSAL_HINT
     from planner.core.errors import PlannerInputError
 
     rows = _rows("trl_recipe") + _rows("llamafactory") + _rows("axolotl")
-    refused, grpo, dpo = [], [], []
+    refused, grpo, dpo, kto = [], [], [], []
     for row in rows:
         path = ROOT / row["local_path"]
         monkeypatch.chdir(ROOT / row["local_path"].split("/")[0])
@@ -72,9 +72,14 @@ def test_preference_and_rl_recipes_are_refused_or_planned_as_what_they_are(monke
             assert method == "dpo", row["local_path"]  # axolotl: TRL's DPOTrainer; LLaMA-Factory's own
             dpo.append(path.name)
             continue
+        if row["kind"] == "axolotl" and "rl: kto" in text:
+            assert method == "kto", row["local_path"]  # TRL's KTOTrainer
+            kto.append(path.name)
+            continue
         assert not _preference_or_rl(path) and method == "sft", f"{row['local_path']} was planned as {method}"
     assert len(refused) == 8 and len(grpo) == 4, (refused, grpo)
     assert sorted(dpo) == ["instruct-dpo-lora-8b.yml", "qwen3_lora_dpo.yaml"], dpo
+    assert kto == ["qlora-1b-kto.yaml"], kto
 
 
 def test_every_trl_recipe_is_read_without_a_refusal():
@@ -428,6 +433,21 @@ def test_axolotl_grpo_is_planned_as_trl_runs_it(tmp_path):
     f.write_text(base + "trl:\n  num_generations: 4\n")
     with pytest.raises(PlannerInputError, match="without trl.max_completion_length"):
         check(CheckRequest(gpus="2xH100-80", training_args=f, alternatives=0))
+
+
+def test_axolotl_kto_is_planned_as_trl_runs_it():
+    """axolotl's qlora-1b-kto (rl: kto): TRL's KTOTrainer over a QLoRA base, the adapter-disabled
+    base as its reference (no copy), its KL estimate's forwards, rows of sequence_len."""
+    from planner.check import CheckRequest, check
+
+    path = ROOT / "axolotl-ai-cloud__axolotl/examples/llama-3/qlora-1b-kto.yaml"
+    result = check(CheckRequest(gpus="1xA100-80", training_args=path, alternatives=0))
+    cfg = result.estimate.config
+    assert (str(cfg.method), str(cfg.kto_loss), str(cfg.adapter), cfg.seq_len, cfg.micro_batch_size) == (
+        "kto", "kto", "qlora", 2048, 2)
+    assert not any(r.label.startswith("the reference model") for r in result.estimate.ledger)
+    assert any(r.label.startswith("reference forwards (the KL batch's") for r in result.estimate.ledger)
+    assert result.sources["method"] == "qlora-1b-kto.yaml: rl kto (TRL's KTOTrainer)"
 
 
 def test_llamafactory_dpo_is_planned_as_its_trainer_runs_it(tmp_path):

@@ -40,6 +40,9 @@ off (utils/schemas/training.py, config.py), reentrant when on unless
 overrides no loss), its DPOConfig built from ``sequence_len`` (``max_length``),
 ``precompute_ref_log_probs`` and ``dpo_*`` keys (core/trainers/dpo/__init__.py), an adapter's
 disabled base as the reference (the peft config passed to the trainer: core/builders/rl.py).
+``rl: kto`` trains with TRL's KTOTrainer (core/trainers/trl.py: ``AxolotlKTOTrainer``, mixins
+only), its KTOConfig built from ``sequence_len`` (``max_length``), ``rl_beta`` and the
+``kto_*_weight`` keys (core/builders/rl.py: no ``precompute_ref_log_probs``, KTOConfig's loss).
 ``rl: grpo`` trains with TRL's GRPOTrainer (core/trainers/grpo/trainer.py: ``AxolotlGRPOTrainer``
 adds mixins for the optimizer, scheduler and RNG, no generation or loss of its own), its GRPOConfig
 built from the ``trl:`` and ``vllm:`` blocks (``_axolotl_grpo``).
@@ -232,6 +235,10 @@ def _axolotl(t: Translation) -> None:
             t.put("precompute_ref_log_probs", d["precompute_ref_log_probs"], "precompute_ref_log_probs")
     elif d.get("rl") == "grpo":
         _axolotl_grpo(t)
+    elif d.get("rl") == "kto":  # axolotl builds TRL's KTOConfig (core/builders/rl.py), the weights always
+        t.put("rl", "kto", "rl")
+        for key in ("desirable_weight", "undesirable_weight"):
+            t.default(key, f"kto_{key}", 1.0)
 
 
 #: GRPOConfig keys axolotl's ``GRPOStrategy.set_training_args_kwargs`` copies from the ``trl:`` block

@@ -40,8 +40,6 @@ AXOLOTL_DPO_UNMODELLED = {
 AXOLOTL_RL = {
     "orpo": "TRL's ORPOTrainer, which takes log-probabilities from the full logits",
     "simpo": "TRL's CPOTrainer with loss_type simpo, which takes log-probabilities from the full logits",
-    "kto": "TRL's KTOTrainer through axolotl's KTO strategy, which planner does not read yet (a TRL KTOConfig "
-           "recipe is planned)",
     "gdpo": "axolotl's GDPO, on TRL's GRPOTrainer",
 }
 #: ``rl: grpo``'s ``trl:`` keys and top-level keys that leave TRL's GRPOTrainer (core/builders/rl.py,
@@ -57,12 +55,13 @@ AXOLOTL_GRPO_UNMODELLED = {
 }
 #: What every refusal ends with.
 REFUSAL = ("planner plans supervised fine-tuning, DPO (TRL's, axolotl's, LLaMA-Factory's), GRPO "
-           "(TRL's, axolotl's) and TRL's KTO only: planned as one of them, this job's memory would be under-counted")
+           "and KTO (TRL's, axolotl's) only: planned as one of them, this job's memory would be under-counted")
 #: What to do next when every problem is such a refusal.
 REFUSAL_HINT = ("Other preference and RL training is not planned yet; planner check plans supervised fine-tuning "
                 "(a TRL SFT or Trainer recipe, LLaMA-Factory stage sft or pt, axolotl without rl), DPO (a DPOConfig "
                 "recipe, or --method dpo; axolotl rl dpo or ipo; LLaMA-Factory stage dpo, its pref_loss orpo and "
-                "simpo too), GRPO (a GRPOConfig recipe; axolotl rl grpo) and KTO (a KTOConfig recipe).")
+                "simpo too), GRPO (a GRPOConfig recipe; axolotl rl grpo) and KTO (a KTOConfig recipe; axolotl rl "
+                "kto).")
 
 
 def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
@@ -140,6 +139,8 @@ def framework_method(llamafactory: bool, d: dict, where: str) -> str | None:
     rl = d.get("rl")
     if rl == "grpo":
         return _axolotl_grpo(d, where)
+    if rl == "kto":
+        return _unfused_dpo(where, "rl kto (TRL's KTOTrainer)", "KTOTrainer")
     if rl in AXOLOTL_DPO:
         for key, what in AXOLOTL_DPO_UNMODELLED.items():
             if d.get(key) is True:
