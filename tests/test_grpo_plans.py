@@ -104,6 +104,23 @@ def test_a_generation_batch_trl_refuses_is_refused(extra, words):
     assert not plan.feasible and any(words in r for r in plan.reasons), plan.reasons
 
 
+def test_suggest_refuses_a_batch_of_partial_groups_as_bad_input():
+    """A generation batch (named, or the global batch) that is not whole groups is bad input naming
+    the flag; a named one whole groups but not whole micro-batches of every GPU leaves only the
+    sizes that divide it."""
+    from planner.core.errors import PlannerInputError
+    from planner.engine.suggest import suggest
+    from planner.schema.suggest import SuggestRequest
+
+    base = dict(model=MODEL, gpus=GPUS, method=["grpo"], seq_len=1536, completion_len=1024)
+    with pytest.raises(PlannerInputError, match="--generation-batch-size 36 must be whole groups"):
+        suggest(SuggestRequest(**base, generation_batch_size=36))
+    with pytest.raises(PlannerInputError, match="the global batch 12 must be whole groups"):
+        suggest(SuggestRequest(**base, global_batch_size=12))
+    plans = suggest(SuggestRequest(**base, generation_batch_size=8 * 8 * 3, global_batch_size=8 * 16)).plans
+    assert plans and all((8 * 3) % p.config.micro_batch_size == 0 for p in plans)
+
+
 def test_check_resolves_steps_per_generation_with_the_micro_batch_and_the_gpus(tmp_path):
     """A recipe's steps_per_generation is a generation batch of that many micro-batches of every
     GPU (GRPOConfig.__post_init__); with generation_batch_size too it is GRPOConfig's error."""

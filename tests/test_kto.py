@@ -144,3 +144,19 @@ def test_check_reads_a_kto_recipe_and_the_emitted_one_back(tmp_path):
     (args,) = HfArgumentParser(trl.KTOConfig).parse_dict(values)
     assert (args.loss_type, args.precompute_ref_log_probs, args.max_length) == ("apo_zero_unpaired", True, 1024)
     assert args.train_sampling_strategy == "sequential"
+
+
+def test_suggest_refuses_what_trl_refuses_for_every_candidate_as_bad_input():
+    """A KTO request without a reference, or whose batch leaves only one-row micro-batches to the KL
+    estimate, is bad input (the message names the flag), not a search where nothing fits."""
+    from planner.core.errors import PlannerInputError
+    from planner.engine.suggest import suggest
+    from planner.schema.suggest import SuggestRequest
+
+    base = dict(model="Qwen/Qwen2.5-0.5B", gpus="1xA100-80", method=["kto"])
+    with pytest.raises(PlannerInputError, match="no reference-free loss"):
+        suggest(SuggestRequest(**base, dpo_reference="none"))
+    with pytest.raises(PlannerInputError, match="micro-batches of at least 2"):
+        suggest(SuggestRequest(**base, micro_batch_size=[1]))
+    plan = suggest(SuggestRequest(**base, micro_batch_size=[1], kto_loss="apo-zero-unpaired")).plans[0]
+    assert plan.config.micro_batch_size == 1

@@ -235,22 +235,8 @@ def build_space(
                 f"of the global batch ({gbs} over {data_parallel} GPUs)"
             )
         divisors = sorted(set(micro_batch_sizes))
-    if "kto" in fixed.get("method", ()) and str((settings or {}).get("kto_loss", "kto")) == "kto":
-        # KTO's KL estimate needs micro-batches of at least 2 (TRL's KTOTrainer refuses 1)
-        divisors = [d for d in divisors if d >= 2]
-        if not divisors:
-            sizes = (f"--micro-batch-size {', '.join(map(str, micro_batch_sizes))}" if micro_batch_sizes else
-                     f"a global batch of {gbs} over {data_parallel} GPUs")
-            problems.append(f"--method kto (its KL estimate) needs micro-batches of at least 2 (TRL's KTOTrainer "
-                            f"refuses 1), and {sizes} has none; a larger micro-batch or --global-batch-size, or "
-                            "--kto-loss apo-zero-unpaired")
-    if generation := (settings or {}).get("generation_batch_size") if "grpo" in fixed.get("method", ()) else 0:
-        # GRPOConfig splits the generation batch into whole micro-batches of every GPU
-        share = generation // data_parallel if generation % data_parallel == 0 else 0
-        divisors = [d for d in divisors if share and share % d == 0]
-        if not divisors:
-            problems.append(f"--generation-batch-size {generation} must be a multiple of micro-batch x the "
-                            f"{data_parallel} GPUs for a micro-batch that divides the {per_gpu} sequences per GPU")
+    divisors = _method_sizes(fixed.get("method", ()), settings or {}, divisors, micro_batch_sizes, gbs, data_parallel,
+                             problems)
     if seq_len < 1:
         problems.append("--seq-len must be at least 1")
     if problems:
@@ -260,6 +246,41 @@ def build_space(
         global_batch_size=gbs, data_parallel=data_parallel, settings=settings or {}, batching=batching,
         shapes={} if batching == Batching.PACKED else {b: shape_fields(batching, seq_len, lengths, b) for b in divisors},
     )
+
+
+def _method_sizes(methods, settings: dict[str, Any], divisors: list[int], micro_batch_sizes: list[int] | None,
+                  gbs: int, data_parallel: int, problems: list[str]) -> list[int]:
+    """The micro-batch sizes a named method's trainer takes, and the request-wide rules it breaks
+    (``problems``): KTO's KL estimate refuses micro-batches of 1 and KTO takes a reference; GRPO's
+    generation batch (``--generation-batch-size``, else the global batch) is whole groups of
+    ``--num-generations`` and whole micro-batches of every GPU (TRL's KTOTrainer and GRPOConfig;
+    the check rules of strategies/method.py say the same of one configuration)."""
+    if "kto" in methods:
+        if str(settings.get("dpo_reference", "model")) == "none":
+            problems.append("--method kto takes --dpo-reference model or precomputed: TRL's KTOTrainer has no "
+                            "reference-free loss")
+        if str(settings.get("kto_loss", "kto")) == "kto":  # the KL estimate: micro-batches of 2 or more
+            divisors = [d for d in divisors if d >= 2]
+            if not divisors:
+                sizes = (f"--micro-batch-size {', '.join(map(str, micro_batch_sizes))}" if micro_batch_sizes else
+                         f"a global batch of {gbs} over {data_parallel} GPUs")
+                problems.append(f"--method kto (its KL estimate) needs micro-batches of at least 2 (TRL's "
+                                f"KTOTrainer refuses 1), and {sizes} has none; a larger micro-batch or "
+                                "--global-batch-size, or --kto-loss apo-zero-unpaired")
+    if "grpo" in methods:
+        named = settings.get("generation_batch_size") or 0
+        batch, groups = named or gbs, settings.get("num_generations", GRPO_DEFAULTS["num_generations"])
+        if batch % groups:
+            problems.append(f"{'--generation-batch-size' if named else 'the global batch'} {batch} must be whole groups "
+                            f"of --num-generations {groups} (GRPOConfig)")
+        if named:  # GRPOConfig splits it into whole micro-batches of every GPU
+            share = named // data_parallel if named % data_parallel == 0 else 0
+            divisors = [d for d in divisors if share and share % d == 0]
+            if not divisors:
+                problems.append(f"--generation-batch-size {named} must be a multiple of micro-batch x the "
+                                f"{data_parallel} GPUs for a micro-batch that divides the {gbs // data_parallel} "
+                                "sequences per GPU")
+    return divisors
 
 
 def shape_fields(batching: Batching, cap: int, lengths: Lengths | None, micro_batch_size: int) -> dict[str, float | None]:
