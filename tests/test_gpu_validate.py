@@ -121,8 +121,13 @@ def test_a_case_that_cannot_finish_in_its_phase_is_skipped_with_the_reason(tmp_p
     assert clock.expect(10.0) == 30.0
 
 
+#: The grandchild's sleep, a duration no other process on the machine is likely to sleep for
+#: (``pgrep`` sees every process: a plain ``sleep 300`` elsewhere would read as a survivor).
+GRANDCHILD_SLEEP = "300.0713"
+
+
 def _sleep_forever(_: str) -> None:
-    subprocess.Popen(["sleep", "300"])  # a grandchild in the child's process group
+    subprocess.Popen(["sleep", GRANDCHILD_SLEEP])  # a grandchild in the child's process group
     time.sleep(300)
 
 
@@ -139,7 +144,8 @@ def test_forked_children_answer_fail_and_time_out():
     # the group was signalled; the kernel delivers the signal and init reaps the orphaned grandchild
     # on its own time (a loaded machine takes a moment): it must be gone within seconds
     gone_by = time.perf_counter() + 5
-    while (leftover := subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()) \
+    while (leftover := subprocess.run(["pgrep", "-f", f"sleep {GRANDCHILD_SLEEP}"], capture_output=True,
+                                      text=True).stdout.split()) \
             and time.perf_counter() < gone_by:
         time.sleep(0.05)
     assert not leftover, "the timed-out child's process group was not killed"
@@ -163,7 +169,6 @@ def test_a_launch_that_could_not_start_fails_the_run_and_one_skipped_for_time_do
 
 def test_a_launch_its_phase_cannot_hold_is_skipped_not_started(tmp_path):
     import gpu_validate
-
     from validation import launches
 
     class Launches:  # the folder is built; no plan may be written for a launch that cannot finish
