@@ -219,6 +219,15 @@ def generation_batch(config, data_parallel: int) -> int:
     return config.generation_batch_size or config.samples_per_gpu_step * data_parallel
 
 
+def generation_batch_faults(size: int, micro_batch: int | None, data_parallel: int, groups: int) -> tuple[str, ...]:
+    """What GRPOConfig.__post_init__ raises for a generation batch of ``size`` completions:
+    "micro-batches" where it is not whole micro-batches of every process (``micro_batch`` None: not
+    asked), "groups" where it is not whole groups of ``groups`` (num_generations)."""
+    return tuple(fault for fault, bad in (
+        ("micro-batches", micro_batch is not None and size % (micro_batch * data_parallel) != 0),
+        ("groups", size % groups != 0)) if bad)
+
+
 def generations_per_step(ctx: PlanContext) -> float:
     """Generations per optimizer step, on average: TRL generates every ``steps_per_generation x
     num_iterations`` micro-batches (grpo_trainer.py ``_prepare_inputs``: ``generate_every``), with
@@ -289,13 +298,14 @@ def _check(ctx: PlanContext, out: Check) -> None:
                    f"--seq-len {cfg.seq_len:,} (the longest prompt plus the completion)")
     dp = ctx.layout.data_parallel
     batch = generation_batch(cfg, dp)
-    if batch % cfg.num_generations:
+    faults = generation_batch_faults(batch, cfg.micro_batch_size, dp, cfg.num_generations)
+    if "groups" in faults:
         out.reject("grpo batch not whole groups", f"a generation batch of {batch} completions is not a multiple of "
                    f"--num-generations {cfg.num_generations} (GRPOConfig requires whole groups of one prompt's "
                    "completions)")
     # (a search offers only the micro-batch sizes that divide it (planner/engine/space.py): this
     # answer holds for every size the search's check cache serves it to)
-    elif batch % (cfg.micro_batch_size * dp):
+    elif faults:
         out.reject("grpo generation batch not whole micro-batches",
                    f"--generation-batch-size {batch} is not a multiple of micro-batch {cfg.micro_batch_size} x {dp} "
                    "GPUs (GRPOConfig splits it into steps_per_generation micro-batches)")

@@ -123,7 +123,8 @@ def test_suggest_refuses_a_batch_of_partial_groups_as_bad_input():
 
 def test_check_resolves_steps_per_generation_with_the_micro_batch_and_the_gpus(tmp_path):
     """A recipe's steps_per_generation is a generation batch of that many micro-batches of every
-    GPU (GRPOConfig.__post_init__); with generation_batch_size too it is GRPOConfig's error."""
+    GPU (GRPOConfig.__post_init__); with generation_batch_size too it is GRPOConfig's error, and so
+    is a generation_batch_size of partial micro-batches or groups."""
     from planner.check import CheckRequest, check
     from planner.core.errors import PlannerInputError
 
@@ -137,6 +138,11 @@ def test_check_resolves_steps_per_generation_with_the_micro_batch_and_the_gpus(t
     recipe.write_text(recipe.read_text() + "generation_batch_size: 64\n")
     with pytest.raises(PlannerInputError, match="can not be both configured"):
         check(CheckRequest(model=MODEL, gpus="4xH100-80", alternatives=0, training_args=recipe))
+    recipe.write_text(recipe.read_text().replace("steps_per_generation: 4\n", "").replace(": 64", ": 36"))
+    with pytest.raises(PlannerInputError) as e:  # 36 is neither 4 x 4 x k nor 8 x k: both, as GRPOConfig raises
+        check(CheckRequest(model=MODEL, gpus="4xH100-80", alternatives=0, training_args=recipe))
+    assert [p.split(" is not a multiple of ")[1].split(":")[0] for p in e.value.problems] == [
+        "micro-batch 4 x 4 GPUs", "num_generations 8"]
 
 
 def test_the_reference_model_only_with_beta_and_without_an_adapter():

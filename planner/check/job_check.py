@@ -34,7 +34,7 @@ from planner.schema.estimate import EstimateResult
 from planner.schema.target import DataShape, Target
 from planner.strategies import BY_FIELD, TECHNIQUES, PlanContext, TrainingConfig, approximation_note, ladder_key
 from planner.strategies.loss import evaluation_logits_bytes
-from planner.strategies.method import dpo
+from planner.strategies.method import dpo, generation_batch_faults
 from planner.strategies.request_fields import TechniqueChoices
 
 #: every technique and the workload, but what the batching and the samples' lengths derive
@@ -200,6 +200,21 @@ def _server_split(request: CheckRequest, reading: Reading, hardware):
     return request.hardware(f"{processes}x{gpu}")
 
 
+def _generation_batch_problems(values: dict, sources: dict, num_gpus: int) -> list[str]:
+    """What GRPOConfig.__post_init__ raises for a generation batch the files name: not whole
+    micro-batches of every process, or not whole groups of ``num_generations``."""
+    size, mbs, groups = (values.get(k) for k in ("generation_batch_size", "micro_batch_size", "num_generations"))
+    if (str(values.get("method")) != "grpo" or not isinstance(size, int) or not isinstance(mbs, int)
+            or not isinstance(groups, int) or size < 1 or mbs < 1 or groups < 1):
+        return []
+    where = sources.get("generation_batch_size", "generation_batch_size")
+    words = {"micro-batches": f"micro-batch {mbs} x {num_gpus} GPUs: GRPOConfig raises (it must be divisible by the "
+                              "global batch)",
+             "groups": f"num_generations {groups}: GRPOConfig raises"}
+    return [f"{where} = {size} is not a multiple of {words[fault]}"
+            for fault in generation_batch_faults(size, mbs, num_gpus, groups)]
+
+
 def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[TrainingConfig, dict]:
     num_gpus, nodes = hardware.num_gpus, hardware.nodes
     problems = []
@@ -246,6 +261,7 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
         values["generation_batch_size"] = steps * values["micro_batch_size"] * num_gpus
         sources["generation_batch_size"] = (f"{where} = {steps} x micro-batch {values['micro_batch_size']} x "
                                             f"{num_gpus} GPUs")
+    problems += _generation_batch_problems(values, sources, num_gpus)
     if reading.train_batch:
         total = values["micro_batch_size"] * values["grad_accum"] * num_gpus
         if reading.train_batch[0] != total:

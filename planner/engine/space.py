@@ -23,7 +23,7 @@ from planner.core.launch_contract import Launcher
 from planner.core.lengths import Batching, Lengths, shape
 from planner.core.record import Record
 from planner.strategies import REGISTRY, SETTINGS, TrainingConfig
-from planner.strategies.method import GRPO_DEFAULTS
+from planner.strategies.method import GRPO_DEFAULTS, generation_batch_faults
 from planner.strategies.optimizer import QUANTIZED
 
 DEFAULT_GLOBAL_BATCH_TOKENS = 131_072  # 2^17 = 64 x 2048
@@ -270,12 +270,12 @@ def _method_sizes(methods, settings: dict[str, Any], divisors: list[int], micro_
     if "grpo" in methods:
         named = settings.get("generation_batch_size") or 0
         batch, groups = named or gbs, settings.get("num_generations", GRPO_DEFAULTS["num_generations"])
-        if batch % groups:
+        if generation_batch_faults(batch, None, data_parallel, groups):
             problems.append(f"{'--generation-batch-size' if named else 'the global batch'} {batch} must be whole groups "
                             f"of --num-generations {groups} (GRPOConfig)")
         if named:  # GRPOConfig splits it into whole micro-batches of every GPU
-            share = named // data_parallel if named % data_parallel == 0 else 0
-            divisors = [d for d in divisors if share and share % d == 0]
+            divisors = [d for d in divisors if "micro-batches" not in generation_batch_faults(named, d, data_parallel,
+                                                                                             groups)]
             if not divisors:
                 problems.append(f"--generation-batch-size {named} must be a multiple of micro-batch x the "
                                 f"{data_parallel} GPUs for a micro-batch that divides the {gbs // data_parallel} "
