@@ -340,21 +340,29 @@ def _gradient_rows(ctx: PlanContext, ledger: LedgerDraft) -> None:
                place=place, note=f"{trainable:,} params x {lay.grad_bytes} B")
 
 
+def matmul_seconds(ctx: PlanContext) -> tuple[float, float]:
+    """The model's matmuls per micro-batch, (forward, backward): the forward's layer and head matmuls
+    (``rates``; 2 FLOPs per parameter per token), the backward's input gradients as many again and,
+    unless the base is frozen under an adapter, the weight gradients as many more (the 6N rule,
+    Kaplan et al. 2020). Unit: seconds."""
+    fwd = rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
+    return fwd, fwd if ctx.layout.adapter else 2 * fwd
+
+
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
-    """The matmuls (6N rule), and under autocast the casts of the weights it makes: every matmul
+    """The matmuls (6N rule: ``matmul_seconds``), and under autocast the casts of the weights it makes: every matmul
     weight read in its stored dtype and written in the compute dtype once per micro-batch (torch
     autocast caches a leaf weight's cast until its region exits), again for the layers a full
     checkpoint recomputes (the recompute enters autocast afresh), and the cast's backward turning
     each weight gradient back into the weight's dtype. Memory bound. Unit: seconds per micro-batch.
     Source: torch autocast (``cached_cast``; its cache is cleared on leaving the outermost region)."""
     lay, m = ctx.layout, ctx.model
-    fwd = rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
+    fwd, bwd = matmul_seconds(ctx)
     dtype = "fp8 layers" if ctx.config.precision == Precision.FP8_MIXED else lay.compute_dtype
     draft.compute("matmul", f"forward matmuls ({dtype})", fwd, Window.FORWARD, note="6N rule: 2 FLOPs/param/token")
-    if lay.adapter:  # a frozen base: input gradients only (the adapter strategy times the adapters)
-        draft.compute("matmul", f"backward matmuls ({dtype})", fwd, Window.BACKWARD, note="input gradients only (frozen)")
-    else:
-        draft.compute("matmul", f"backward matmuls ({dtype})", 2 * fwd, Window.BACKWARD, note="input and weight gradients")
+    # (a frozen base under an adapter: input gradients only; the adapter strategy times the adapters)
+    draft.compute("matmul", f"backward matmuls ({dtype})", bwd, Window.BACKWARD,
+                  note="input gradients only (frozen)" if lay.adapter else "input and weight gradients")
     if not lay.autocast or lay.weight_bytes == DTYPE_BYTES[lay.compute_dtype]:
         return
     per = (lay.weight_bytes + DTYPE_BYTES[lay.compute_dtype]) / rates.bandwidth(ctx)

@@ -97,7 +97,7 @@ def test_the_reference_model_only_with_beta_and_never_with_an_adapter(tiny, tmp_
 
 def test_each_process_generates_the_micro_batch_times_the_accumulation_steps_at_once(tiny, tmp_path):
     """transformers' generation: one generate call per optimizer step over
-    ``rollout.generation_rows(per_device_train_batch_size, gradient_accumulation_steps)`` rows."""
+    per_device_train_batch_size x gradient_accumulation_steps rows (TRL's default generation batch)."""
     trainer = _grpo_trainer(tiny, tmp_path)
     calls = []
     generate = trainer.model.generate
@@ -108,7 +108,7 @@ def test_each_process_generates_the_micro_batch_times_the_accumulation_steps_at_
 
     trainer.model.generate = recorded
     trainer.train()
-    assert [rows for rows, _ in calls] == [rollout.generation_rows(4, 2)]
+    assert [rows for rows, _ in calls] == [4 * 2]
 
 
 @pytest.mark.parametrize("mbs, accum, size, mu", [(4, 2, 16, 1), (4, 2, 0, 2), (2, 4, 4, 1)])
@@ -172,8 +172,7 @@ def test_the_emitted_grpo_config_is_the_plan(tmp_path):
     assert (args.use_vllm, args.vllm_mode, args.vllm_enable_sleep_mode) == (True, "colocate", True)
     assert args.vllm_gpu_memory_utilization == c.vllm_share > 0
     assert args.steps_per_generation == c.grad_accum  # (TRL's default: one generation per step)
-    assert args.generation_batch_size == c.generation_batch_size == rollout.generation_rows(c.micro_batch_size,
-                                                                                            c.grad_accum)
+    assert args.generation_batch_size == c.generation_batch_size == c.micro_batch_size * c.grad_accum  # (one GPU)
     assert args.num_iterations == c.num_iterations == 1
 
 

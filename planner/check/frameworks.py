@@ -50,6 +50,7 @@ built from the ``trl:`` and ``vllm:`` blocks (``_axolotl_grpo``).
 
 from planner.check.methods import AXOLOTL_DPO, framework_method
 from planner.check.recipe_keys import recipe_keys, suggestion
+from planner.strategies.method import GRPO_DEFAULTS
 
 LLAMAFACTORY, AXOLOTL = "llamafactory", "axolotl"
 NAMES = {LLAMAFACTORY: "LLaMA-Factory", AXOLOTL: "axolotl"}
@@ -265,16 +266,18 @@ def _axolotl_grpo(t: Translation) -> None:
             t.problems.append(f"{where}: {name} must be a mapping of options (axolotl's schema refuses "
                               f"{type(block).__name__})")
             return
-    t.put("num_generations", trl.get("num_generations") or 8, "trl.num_generations" if trl.get("num_generations")
-          else "no trl.num_generations (GRPOConfig's default, 8)")
+    groups = GRPO_DEFAULTS["num_generations"]
+    t.put("num_generations", trl.get("num_generations") or groups, "trl.num_generations" if trl.get("num_generations")
+          else f"no trl.num_generations (GRPOConfig's default, {groups})")
     if trl.get("max_completion_length") is None:
         t.problems.append(f"{where}: rl grpo without trl.max_completion_length: axolotl passes None, a completion of "
                           "unbounded length; set trl.max_completion_length")
     else:
         t.put("max_completion_length", trl["max_completion_length"], "trl.max_completion_length")
     beta, said = (trl.get("beta"), "trl.beta") if trl.get("beta") is not None else (d.get("rl_beta"), "rl_beta")
-    t.put("beta", beta if beta is not None else 0.0, said if beta is not None else "no trl.beta or rl_beta "
-          "(GRPOConfig's default, 0.0)")
+    default = GRPO_DEFAULTS["beta"]
+    t.put("beta", beta if beta is not None else default, said if beta is not None else "no trl.beta or rl_beta "
+          f"(GRPOConfig's default, {default})")
     for key in AX_GRPO_KEYS:
         if trl.get(key) is not None:
             t.put(key, trl[key], f"trl.{key}")

@@ -74,11 +74,11 @@ def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
     if grpo_recipe(d):
         return _unmodelled_grpo(d, where)
     if any(k in d for k in DPO_ONLY) or (named == "dpo" and found is not None and found[0] == DPO_OR_ORPO):
-        return _unfused_dpo(where)
+        return _unfused_trainer(where)
     if kto := [k for k in KTO_ONLY if k in d]:
         if named not in (None, "kto"):
             return f"{where}: {', '.join(kto)}: a KTOConfig recipe, not --method {named}: {REFUSAL}"
-        return _unfused_dpo(where, "a KTO recipe", "KTOTrainer")
+        return _unfused_trainer(where, "a KTO recipe", "KTOTrainer")
     if found is not None:
         return f"{where}: {', '.join(found[1])}: {found[0]}: {REFUSAL}"
     loss = d.get("loss_type")
@@ -89,7 +89,7 @@ def trl_method(d: dict, where: str, named: str | None = None) -> str | None:
     return None
 
 
-def _unfused_dpo(where: str, what: str = "a DPO recipe", trainer: str = "DPOTrainer") -> str | None:
+def _unfused_trainer(where: str, what: str = "a DPO recipe", trainer: str = "DPOTrainer") -> str | None:
     """The refusal for a DPO (or KTO: ``trainer``) job under a TRL whose trainer computes its
     log-probabilities from the full logits (before 1.15, for both; None: the fused LM head, which is
     modelled, or no TRL installed)."""
@@ -140,12 +140,12 @@ def framework_method(llamafactory: bool, d: dict, where: str) -> str | None:
     if rl == "grpo":
         return _axolotl_grpo(d, where)
     if rl == "kto":
-        return _unfused_dpo(where, "rl kto (TRL's KTOTrainer)", "KTOTrainer")
+        return _unfused_trainer(where, "rl kto (TRL's KTOTrainer)", "KTOTrainer")
     if rl in AXOLOTL_DPO:
         for key, what in AXOLOTL_DPO_UNMODELLED.items():
             if d.get(key) is True:
                 return f"{where}: {key}: {what}: not modelled; {REFUSAL}"
-        return _unfused_dpo(where, f"rl {rl} (TRL's DPOTrainer)")
+        return _unfused_trainer(where, f"rl {rl} (TRL's DPOTrainer)")
     if rl not in (None, False, "", "none"):
         why = AXOLOTL_RL.get(str(rl).lower(), "preference or RL training, through TRL")
         return f"{where}: rl {rl}: axolotl's {rl} trainer ({why}): {REFUSAL}"

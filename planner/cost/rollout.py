@@ -107,12 +107,6 @@ def tp_divides(m: ModelSpec, tp: int) -> bool:
     return m.num_heads % tp == 0 and (m.num_kv_heads % tp == 0 or tp % m.num_kv_heads == 0)
 
 
-def generation_rows(micro_batch: int, steps_per_generation: int) -> int:
-    """Rows each process generates at once: ``per_device_train_batch_size x steps_per_generation``
-    (GRPOConfig ``generation_batch_size`` over the processes). Unit: sequences."""
-    return micro_batch * steps_per_generation
-
-
 def transformers_kv_bytes(m: ModelSpec, rows: int, seq_len: int, dtype_bytes: float) -> int:
     """Bytes of transformers' KV cache at the end of a generation: every row's prompt (left-padded
     to the longest) and completion. Unit: bytes."""

@@ -5,10 +5,9 @@ machine's N GPUs (``SERVER_GPUS``) with training on the other N - k (``server_sp
 searched only when it could beat the colocated answer: every plan of a split waits, each step, for
 a generation that no training choice shortens (the server's engines, weights and batch are the
 split's) and runs the step's matmuls, so a step's tokens over those seconds bound the split's
-tokens/s from above (``speed_bound``; tests/test_grpo_plans.py holds every plan of a split
-below it). A split
-whose bound does not exceed the colocated speed is reported with its bound, unsearched: the answer
-is the one a search of every split gives.
+tokens/s from above (``speed_bound``; tests/test_grpo_plans.py holds every plan of a split below
+it). A split whose bound does not exceed the colocated speed is reported with its bound,
+unsearched: the answer is the one a search of every split gives.
 """
 
 from collections.abc import Callable
@@ -90,19 +89,16 @@ def speed_bound(request: SuggestRequest, space_of: Callable[[SuggestRequest], Se
 
 def training_floor_seconds(ctx: PlanContext) -> float:
     """Seconds of a step's matmuls that every plan of ``ctx``'s adapter, precision and micro-batch
-    runs, serial in its step: per micro-batch the forward's (``rates``' layer and head matmuls), the
-    backward's input gradients (as many FLOPs), the weight gradients' (as many again, without an
-    adapter), and the scoring forwards' (``method.scoring_forwards`` per micro-batch of each
-    generation: over ``num_iterations``). The precision strategy's matmul rows and the method's
-    scoring rows count at least these; recomputation, attention, communication only add. Unit:
-    seconds."""
-    from planner.strategies import rates
+    runs, serial in its step: per micro-batch the forward's and the backward's
+    (``precision.matmul_seconds``, the precision strategy's rows) and the scoring forwards' matmuls
+    (``method.scoring_forwards`` per micro-batch of each generation: over ``num_iterations``; each
+    at least a forward's). Recomputation, attention, communication only add. Unit: seconds."""
     from planner.strategies.method import scoring_forwards
+    from planner.strategies.precision import matmul_seconds
 
-    fwd = rates.layer_matmul_forward_seconds(ctx) + rates.head_matmul_forward_seconds(ctx)
-    passes = 2 if ctx.layout.adapter else 3
+    fwd, bwd = matmul_seconds(ctx)
     cfg = ctx.config
-    return cfg.grad_accum * fwd * (passes + scoring_forwards(ctx) / cfg.num_iterations)
+    return cfg.grad_accum * (fwd + bwd + fwd * scoring_forwards(ctx) / cfg.num_iterations)
 
 
 def reasons_line(colocated: tuple[int, float | None], splits: list[Split], speeds: list[float | None]) -> str:
