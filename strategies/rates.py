@@ -8,7 +8,7 @@ reading the weights). Unit: seconds per micro-batch.
 
 from planner.core.timing import ASSUMED_RATE_TERMS
 from planner.core.units import DTYPE_BYTES
-from planner.cost import compute, overheads, params
+from planner.cost import comms, compute, overheads, params
 from planner.strategies.base import PlanContext
 
 
@@ -155,3 +155,18 @@ def elementwise_forward_seconds(ctx: PlanContext, saved_bytes_per_token_per_laye
     (reads them, writes their gradients). Not fitted separately: ``planner calibrate``'s FLOP/s factor
     absorbs its error on the measured GPU."""
     return saved_bytes_per_token_per_layer * ctx.model.num_layers * tokens(ctx) / bandwidth(ctx)
+
+
+def link(ctx: PlanContext, spans_nodes: bool) -> tuple[float, float]:
+    """(bytes/s, latency per collective) of a group's collectives: the slowest link it spans (the
+    GPU link inside a node; across nodes, each GPU's share of the node's network)."""
+    hw = ctx.hardware
+    if spans_nodes:
+        return min(hw.gpu.gpu_link_bytes_per_s, hw.inter_node_bytes_per_s_per_gpu), overheads.COLLECTIVE_LATENCY_INTER_S
+    return hw.gpu.gpu_link_bytes_per_s, overheads.COLLECTIVE_LATENCY_INTRA_S
+
+
+def collective_seconds(n_bytes: float, over: tuple[float, float], calls: int) -> float:
+    """Seconds to send ``n_bytes`` per rank over ``over`` (``link``) in ``calls`` collectives, at
+    planner/cost/overheads.py ``LINK_EFFICIENCY``, each call paying the link's latency."""
+    return comms.transfer_seconds(n_bytes, over[0], overheads.LINK_EFFICIENCY, calls * over[1])

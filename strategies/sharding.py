@@ -358,27 +358,14 @@ def model_gather_seconds(ctx: PlanContext) -> float:
     lay, hw = ctx.layout, ctx.hardware
     if lay.data_parallel == 1 or not sharded_parameters(ctx):
         return 0.0
-    world = _link(ctx, hw.nodes > 1)
+    world = rates.link(ctx, hw.nodes > 1)
     if ctx.config.sharding == Sharding.ZERO3:
         volume = comms.all_gather_bytes(gathered_model_elements(ctx) * lay.weight_bytes, lay.data_parallel)
-        return _seconds(volume, world, ctx.model.num_layers)
+        return rates.collective_seconds(volume, world, ctx.model.num_layers)
     hybrid = ctx.config.sharding == Sharding.FSDP_HYBRID
     ranks = hw.gpus_per_node if hybrid else lay.data_parallel
     volume = comms.all_gather_bytes(gathered_model_elements(ctx) * lay.gathered_bytes, ranks)
-    return _seconds(volume, _link(ctx, False) if hybrid else world, ctx.model.num_layers + 1)
-
-
-def _link(ctx: PlanContext, spans_nodes: bool) -> tuple[float, float]:
-    """(bytes/s, latency per collective) of a ring: the slowest link it spans (the GPU link
-    inside a node; across nodes, each GPU's share of the node's network)."""
-    hw = ctx.hardware
-    if spans_nodes:
-        return min(hw.gpu.gpu_link_bytes_per_s, hw.inter_node_bytes_per_s_per_gpu), overheads.COLLECTIVE_LATENCY_INTER_S
-    return hw.gpu.gpu_link_bytes_per_s, overheads.COLLECTIVE_LATENCY_INTRA_S
-
-
-def _seconds(n_bytes: float, link: tuple[float, float], calls: int) -> float:
-    return comms.transfer_seconds(n_bytes, link[0], overheads.LINK_EFFICIENCY, calls * link[1])
+    return rates.collective_seconds(volume, rates.link(ctx, False) if hybrid else world, ctx.model.num_layers + 1)
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
@@ -402,16 +389,16 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
             _fsdp2_copies(ctx, draft, gathered, trained)
     if s == Sharding.NONE or n == 1:
         return
-    world = _link(ctx, hw.nodes > 1)
+    world = rates.link(ctx, hw.nodes > 1)
     if s == Sharding.DDP:
         buckets = max(1, int(trained * lay.grad_bytes // DDP_BUCKET_BYTES))
         volume = comms.all_reduce_bytes(trained * lay.grad_bytes, n)
-        draft.overlapped("communication", "DDP gradient all-reduce", _seconds(volume, world, buckets), Window.BACKWARD,
-                         per_micro_batch=False, note="once per step, bucketed under the last backward")
+        draft.overlapped("communication", "DDP gradient all-reduce", rates.collective_seconds(volume, world, buckets),
+                         Window.BACKWARD, per_micro_batch=False, note="once per step, bucketed under the last backward")
         return
     if ctx.engine == Engine.DEEPSPEED:
         gather = model_gather_seconds(ctx)
-        reduce = _seconds(comms.all_gather_bytes(trained * lay.grad_bytes, n), world, layers)
+        reduce = rates.collective_seconds(comms.all_gather_bytes(trained * lay.grad_bytes, n), world, layers)
         if s == Sharding.ZERO3:
             draft.overlapped("communication", "ZeRO-3 parameter all-gather (forward)", gather, Window.FORWARD, True)
             draft.overlapped("communication", "ZeRO-3 all-gather + gradient reduce-scatter (backward)", gather + reduce,
@@ -422,15 +409,15 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
                              note="overlap_comm, every micro-batch")
         else:
             draft.serial("communication", "ZeRO-1 gradient reduce-scatter at the step", reduce)
-        updated = _seconds(comms.all_gather_bytes(trained * lay.weight_bytes, n), world, layers)
+        updated = rates.collective_seconds(comms.all_gather_bytes(trained * lay.weight_bytes, n), world, layers)
         draft.serial("communication", "updated 16-bit parameter all-gather", updated)
         return
     # FSDP2: all-gather params in param_dtype, reduce-scatter grads in reduce_dtype
     reduce_bytes = lay.reduce_bytes
-    group = _link(ctx, False) if s == Sharding.FSDP_HYBRID else world
+    group = rates.link(ctx, False) if s == Sharding.FSDP_HYBRID else world
     ranks = hw.gpus_per_node if s == Sharding.FSDP_HYBRID else n
     gather = model_gather_seconds(ctx)
-    reduce = _seconds(comms.all_gather_bytes(trained * reduce_bytes, ranks), group, layers + 1)
+    reduce = rates.collective_seconds(comms.all_gather_bytes(trained * reduce_bytes, ranks), group, layers + 1)
     draft.overlapped("communication", "FSDP parameter all-gather (forward)", gather, Window.FORWARD, True)
     each = not ctx.fsdp_defers_reduction  # accumulating, the gradients are reduced on the last micro-batch only
     if each:
@@ -443,8 +430,8 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
                          False, note="gradient sync off until the accumulation boundary")
     if s == Sharding.FSDP_HYBRID:
         across = comms.all_reduce_bytes(trained / ranks * reduce_bytes, hw.nodes)
-        draft.overlapped("communication", "HSDP gradient all-reduce across nodes", _seconds(across, world, layers + 1),
-                         Window.BACKWARD, each)
+        draft.overlapped("communication", "HSDP gradient all-reduce across nodes",
+                         rates.collective_seconds(across, world, layers + 1), Window.BACKWARD, each)
 
 
 def _fsdp2_copies(ctx: PlanContext, draft: TimeDraft, gathered: int, trained: int) -> None:
