@@ -27,6 +27,7 @@ from planner.strategies import (
     offload,
     optimizer,
     precision,
+    sequence_parallel,
     sharding,
 )
 from planner.strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
@@ -42,6 +43,7 @@ REGISTRY: tuple[Strategy, ...] = (
     loss.STRATEGY,
     method.STRATEGY,
     generation.STRATEGY,
+    sequence_parallel.STRATEGY,
 )
 TECHNIQUES: tuple[Strategy, ...] = tuple(sorted(REGISTRY, key=lambda s: s.order))
 BY_FIELD: dict[str, Strategy] = {s.field: s for s in TECHNIQUES}

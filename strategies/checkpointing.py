@@ -38,6 +38,7 @@ from planner.strategies.moments import (
     LAST_LAYER_FORWARD,
     LOSS_MOMENT,
 )
+from planner.strategies.sequence_parallel import exchange_bytes
 
 
 class Checkpointing(StrEnum):
@@ -286,6 +287,8 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
     sets it against the layer's saved set), or None where the saved set is the most:
     - eager attention's softmax: the attention half's saved tensors made before it and the scores
       in flight (``eager_attention_instants``);
+    - Ulysses sequence parallelism: the attention half's saved tensors and the all-to-alls' copies
+      (strategies/sequence_parallel.py ``exchange_bytes``);
     - MoE: where the experts' outputs are combined, the layer's saved tensors so far (without
       checkpointing, its whole set; checkpointed, the layer input, the experts' gathered input and
       output, the python locals the forward still holds) and the fp32 routing-weighted outputs in
@@ -296,6 +299,9 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
     if not ctx.layout.fused_attention:
         instants["eager attention's masked scores and softmax in flight"] = (
             activations.eager_attention_instants(m, dt, cfg.seq_len)["forward"])
+    if exchange := exchange_bytes(ctx):
+        instants["Ulysses' all-to-all copies of q, k and v"] = (
+            activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len)) + exchange)
     if m.is_moe:
         kept = (activations.total(activations.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
                 if cfg.checkpointing == Checkpointing.NONE
@@ -309,12 +315,13 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
 
 def _attention_backward(ctx: PlanContext) -> float:
     """Bytes per token of one layer's attention half at its backward's largest instant: its saved
-    tensors and gradient temporaries (eager: ``eager_attention_instants``)."""
+    tensors and gradient temporaries (eager: ``eager_attention_instants``), and Ulysses'
+    all-to-all copies of their gradients (``exchange_bytes``)."""
     m, dt, s = ctx.model, ctx.layout.dtypes, ctx.config.seq_len
     if not ctx.layout.fused_attention:
         return activations.eager_attention_instants(m, dt, s)["backward"]
     return (activations.total(activations.attention_saved(m, dt, True, s))
-            + activations.attention_backward_transient_bytes(m, dt, True, s))
+            + activations.attention_backward_transient_bytes(m, dt, True, s) + exchange_bytes(ctx))
 
 
 def _fp8_gradient_casts(ctx: PlanContext) -> float:

@@ -19,6 +19,7 @@ from planner.strategies.method import DpoLogprobs, DpoReference, KtoLoss, Method
 from planner.strategies.offload import Offload
 from planner.strategies.optimizer import Optimizer
 from planner.strategies.precision import Precision
+from planner.strategies.sequence_parallel import SequenceParallel
 from planner.strategies.sharding import GradientSync, Sharding
 
 
@@ -33,6 +34,7 @@ class TrainingConfig(ConfigBase):
     adapter: Adapter = Adapter.NONE
     method: Method = Method.SFT
     generation: Generation = Generation.NONE
+    sequence_parallel: SequenceParallel = SequenceParallel.NONE
     checkpoint_impl: CheckpointImpl = CheckpointImpl.NON_REENTRANT
     fsdp_version: int = 2
     gradient_sync: GradientSync = GradientSync.MICRO_BATCH
@@ -60,6 +62,7 @@ class TrainingConfig(ConfigBase):
     vllm_share: float = 0.0
     vllm_gpus: int = 1
     vllm_tp: int = 0
+    sp_size: int = 2
     micro_batch_size: int = 1
     grad_accum: int = 1
     seq_len: int = 2048
@@ -80,6 +83,7 @@ class TechniqueChoices(Record):
     adapter: Adapter | None = None
     method: Method | None = None
     generation: Generation | None = None
+    sequence_parallel: SequenceParallel | None = None
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
@@ -107,6 +111,7 @@ class TechniqueChoices(Record):
     vllm_share: float | None = None
     vllm_gpus: int | None = None
     vllm_tp: int | None = None
+    sp_size: int | None = None
 
 
 class TechniqueLists(Record):
@@ -120,6 +125,7 @@ class TechniqueLists(Record):
     adapter: list[Adapter] = Field(default_factory=list)
     method: list[Method] = Field(default_factory=list)
     generation: list[Generation] = Field(default_factory=list)
+    sequence_parallel: list[SequenceParallel] = Field(default_factory=list)
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
@@ -147,3 +153,4 @@ class TechniqueLists(Record):
     vllm_share: float | None = None
     vllm_gpus: int | None = None
     vllm_tp: int | None = None
+    sp_size: int | None = None

@@ -262,18 +262,17 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
         sources["generation_batch_size"] = (f"{where} = {steps} x micro-batch {values['micro_batch_size']} x "
                                             f"{num_gpus} GPUs")
     problems += _generation_batch_problems(values, sources, num_gpus)
-    if reading.train_batch:
-        total = values["micro_batch_size"] * values["grad_accum"] * num_gpus
-        if reading.train_batch[0] != total:
-            problems.append(
-                f"{reading.train_batch[1]} = {reading.train_batch[0]}, but micro-batch {values['micro_batch_size']} x "
-                f"accumulation {values['grad_accum']} x {num_gpus} GPUs = {total}"
-            )
     try:
         config = TrainingConfig(**values)
     except ValidationError as e:
         problems += [f"{'.'.join(map(str, er['loc']))} ({sources.get(str(er['loc'][0]), '?')}): {er['msg']}"
                      for er in e.errors()]
+    else:
+        if reading.train_batch and reading.train_batch[0] != (total := config.sequences_per_step(num_gpus)):
+            shards = config.sequence_shards
+            gpus = f"{num_gpus} GPUs" if shards == 1 else f"{num_gpus} GPUs / sp_size {shards}"
+            problems.append(f"{reading.train_batch[1]} = {reading.train_batch[0]}, but micro-batch "
+                            f"{config.micro_batch_size} x accumulation {config.grad_accum} x {gpus} = {total}")
     if problems:
         raise PlannerInputError(problems, hint="The files, the flags and --gpus must describe the same job.")
     return config, sources
@@ -342,7 +341,7 @@ def _faster_plans(model, hardware, config, margin, result, limit, lengths=None) 
 
 def _plans(model, hardware, config, margin, limit, lengths=None) -> list[Change]:
     """The fastest fitting plans with this job's sequence length, batching and global batch."""
-    global_batch = config.micro_batch_size * config.grad_accum * hardware.num_gpus
+    global_batch = config.sequences_per_step(hardware.num_gpus)
     try:
         space = build_space(hardware.num_gpus, config.seq_len, global_batch_size=global_batch,
                             batching=config.batching, lengths=lengths)

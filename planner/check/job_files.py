@@ -187,10 +187,10 @@ def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
             r.problems.append(f"{where}: deepspeed_config.deepspeed_config_file must be a path")
             ds_file = None
     par = r.section(d, "parallelism_config", where)
-    for key in ("parallelism_config_tp_size", "parallelism_config_cp_size", "parallelism_config_sp_size"):
+    for key in ("parallelism_config_tp_size", "parallelism_config_cp_size"):  # (sp_size: strategies/sequence_parallel.py)
         size = par.get(key, 1)
         if isinstance(size, int) and not isinstance(size, bool) and size > 1:
-            r.warnings.append(f"{where}: {key} {size}: tensor / context / sequence parallelism is not modelled yet "
+            r.warnings.append(f"{where}: {key} {size}: tensor / context parallelism is not modelled yet "
                               "(planned as data parallelism over every GPU)")
     if dt == "FSDP":
         replicas = par.get("parallelism_config_dp_replicate_size", 1)

@@ -76,6 +76,9 @@ ROWS_PER_SAMPLE = {"dpo": 2}
 #: GRPOTrainer (prompts padded left, completions right: grpo_trainer.py ``_generate_and_score_completions``)
 #: and KTOTrainer (DataCollatorForUnpairedPreference).
 PADDED_METHODS = frozenset({"dpo", "grpo", "kto"})
+#: The ``sequence_parallel`` values that split each sequence over ``sp_size`` ranks
+#: (strategies/sequence_parallel.py): every token count of a rank is its share of the sequence.
+SEQUENCE_SHARDED = frozenset({"ulysses"})
 
 
 class ConfigBase(Record):
@@ -98,6 +101,19 @@ class ConfigBase(Record):
         return self.micro_batch_size * ROWS_PER_SAMPLE.get(str(getattr(self, "method", "")), 1)
 
     @property
+    def sequence_shards(self) -> int:
+        """Ranks one sequence is split over (``sp_size`` under Ulysses sequence parallelism; else 1):
+        each holds ``seq_len / sequence_shards`` of its positions."""
+        if str(getattr(self, "sequence_parallel", "")) in SEQUENCE_SHARDED:
+            return int(getattr(self, "sp_size", 1))
+        return 1
+
+    def sequences_per_step(self, num_gpus: int) -> int:
+        """Samples one optimizer step trains over ``num_gpus`` GPUs: micro-batch x accumulation x
+        the data-parallel replicas, each replica ``sequence_shards`` GPUs."""
+        return self.micro_batch_size * self.grad_accum * num_gpus // self.sequence_shards
+
+    @property
     def samples_per_gpu_step(self) -> int:
         """Samples each data-parallel GPU trains per optimizer step: micro-batch x accumulation,
         the global batch over the data-parallel GPUs. The same at every micro-batch size of a
@@ -106,13 +122,14 @@ class ConfigBase(Record):
 
     @property
     def tokens_per_micro_batch(self) -> int:
-        """Tokens of the longest micro-batch (what memory holds at the peak)."""
-        return self.rows_per_micro_batch * self.seq_len
+        """Tokens of the longest micro-batch a rank holds (what memory holds at the peak): its share
+        of each sequence under sequence parallelism."""
+        return self.rows_per_micro_batch * self.seq_len // self.sequence_shards
 
     @property
     def kernel_tokens_per_micro_batch(self) -> float:
-        """Tokens the kernels run in the expected micro-batch, padding included (what time reads)."""
-        return self.rows_per_micro_batch * (self.kernel_seq_len or self.seq_len)
+        """Tokens a rank's kernels run in the expected micro-batch, padding included (what time reads)."""
+        return self.rows_per_micro_batch * (self.kernel_seq_len or self.seq_len) / self.sequence_shards
 
     @property
     def attention_len(self) -> float:
@@ -121,9 +138,9 @@ class ConfigBase(Record):
 
     @property
     def real_tokens_per_micro_batch(self) -> float:
-        """The samples' own tokens in the expected micro-batch (what tokens/s counts: a pair's both
-        sequences)."""
-        return self.rows_per_micro_batch * (self.real_seq_len or self.seq_len)
+        """The samples' own tokens in a rank's expected micro-batch (what tokens/s counts: a pair's
+        both sequences; a rank's share of them under sequence parallelism)."""
+        return self.rows_per_micro_batch * (self.real_seq_len or self.seq_len) / self.sequence_shards
 
     @classmethod
     def defaults(cls) -> dict[str, Any] | None:

@@ -72,7 +72,7 @@ def single_plan_result(plan: EstimateResult, search: SuggestResult | None = None
         rejected=search.rejected if search else {},
         evaluated=search.evaluated if search else 1,
         engine=search.engine if search else "estimate",
-        global_batch_size=plan.config.micro_batch_size * plan.config.grad_accum * plan.hardware.num_gpus,
+        global_batch_size=plan.config.sequences_per_step(plan.hardware.num_gpus),
         seq_len=plan.config.seq_len,
         fits=plan.fits,
         nearest=[],
@@ -146,7 +146,7 @@ def _draft(ctx: PlanContext) -> EmitDraft:
         files.deepspeed = {
             "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
             "gradient_accumulation_steps": cfg.grad_accum,
-            "train_batch_size": cfg.micro_batch_size * cfg.grad_accum * ctx.layout.data_parallel,
+            "train_batch_size": cfg.sequences_per_step(ctx.layout.data_parallel),
             "gradient_clipping": 1.0,
             "steps_per_print": 100,
             "wall_clock_breakdown": False,

@@ -136,11 +136,12 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     hardware = request.hardware()
     config = resolve_config(request, model, hardware)
     result = estimate_config(model, hardware, config, request.margin)
-    dp = result.hardware.num_gpus
-    said = assumptions(request, hardware, config.seq_len, config.micro_batch_size * config.grad_accum * dp,
+    n, shards = result.hardware.num_gpus, config.sequence_shards
+    replicas = f"{n} GPUs" if shards == 1 else f"{n // shards} replica(s) of {shards} GPUs (one sequence each)"
+    said = assumptions(request, hardware, config.seq_len, config.sequences_per_step(n),
                        seq_given=request.seq_len is not None, batch_given="micro_batch_size" in request.model_fields_set,
-                       batch_words=f"micro-batch {config.micro_batch_size} x accum {config.grad_accum} x {dp} GPUs = "
-                                   + _step_tokens(config.real_tokens_per_micro_batch * config.grad_accum * dp,
+                       batch_words=f"micro-batch {config.micro_batch_size} x accum {config.grad_accum} x {replicas} = "
+                                   + _step_tokens(config.real_tokens_per_micro_batch * config.grad_accum * n,
                                                   config.real_seq_len is not None))
     said += rate_assumptions(hardware, result.time.terms, engine_of(config.sharding))
     return result.model_copy(update={"assumptions": said + [f"MFU of the {result.time.mfu_basis}"],

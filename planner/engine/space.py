@@ -22,6 +22,7 @@ from planner.core.errors import PlannerInputError
 from planner.core.launch_contract import Launcher
 from planner.core.lengths import Batching, Lengths, shape
 from planner.core.record import Record
+from planner.core.vocabulary import SEQUENCE_SHARDED
 from planner.strategies import REGISTRY, SETTINGS, TrainingConfig
 from planner.strategies.method import GRPO_DEFAULTS, generation_batch_faults
 from planner.strategies.optimizer import QUANTIZED
@@ -216,6 +217,7 @@ def build_space(
                 problems.append(f"{strategy.flag} {', '.join(fixed[strategy.field])}: no standard file can say it, so "
                                 "--launcher trainer cannot run it; use the planner launch (the default)")
         choices[strategy.field] = tuple(dict.fromkeys(wanted))
+    data_parallel = _replicas(choices.get("sequence_parallel", ()), settings or {}, data_parallel, problems)
     rows = shape(batching, seq_len, lengths, 1) if seq_len >= 1 else None
     real = rows.real if rows else seq_len
     groups = (settings or {}).get("num_generations", GRPO_DEFAULTS["num_generations"]) if "grpo" in fixed.get("method", ()) else 1
@@ -246,6 +248,23 @@ def build_space(
         global_batch_size=gbs, data_parallel=data_parallel, settings=settings or {}, batching=batching,
         shapes={} if batching == Batching.PACKED else {b: shape_fields(batching, seq_len, lengths, b) for b in divisors},
     )
+
+
+def _replicas(sequence_parallel: tuple[str, ...], settings: dict[str, Any], gpus: int, problems: list[str]) -> int:
+    """The data-parallel replicas of ``gpus`` GPUs (what the global batch is divided over): each
+    replica ``--sp-size`` GPUs under Ulysses (strategies/sequence_parallel.py), else one. A space
+    holds one degree: its micro-batch sizes and accumulation follow from it."""
+    sharded = [v for v in sequence_parallel if v in SEQUENCE_SHARDED]
+    if not sharded:
+        return gpus
+    if len(sequence_parallel) > 1:
+        problems.append(f"--sequence-parallel {', '.join(sequence_parallel)}: name one value (a search holds one "
+                        "degree of sequence parallelism)")
+    p = int(settings.get("sp_size", TrainingConfig.model_fields["sp_size"].default))
+    if gpus % p:
+        problems.append(f"--sp-size {p} must divide the {gpus} GPUs")
+        return gpus
+    return gpus // p
 
 
 def _method_sizes(methods, settings: dict[str, Any], divisors: list[int], micro_batch_sizes: list[int] | None,

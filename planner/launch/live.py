@@ -309,6 +309,14 @@ def _dpo(trainer) -> tuple[dict, dict]:
     return live, {"reference_model": trainer.ref_model is not None}
 
 
+def _sequence_parallel(trainer) -> dict:
+    """The run's sequence parallelism, as its accelerator holds it (accelerate's ParallelismConfig:
+    sp_size above 1 is DeepSpeed's Ulysses, its only sp_backend)."""
+    pc = getattr(getattr(trainer, "accelerator", None), "parallelism_config", None)
+    sp = getattr(pc, "sp_size", 1) or 1
+    return {"sequence_parallel": "ulysses", "sp_size": sp} if sp > 1 else {"sequence_parallel": "none"}
+
+
 def observe(trainer, session) -> dict:
     """The live configuration: one value per TrainingConfig field, and the facts behind them."""
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped) if hasattr(trainer, "accelerator") else trainer.model
@@ -336,7 +344,7 @@ def observe(trainer, session) -> dict:
     } | adapter | fsdp
     dpo, dpo_detail = _dpo(trainer)
     grpo, grpo_detail = _grpo(trainer)
-    live |= dpo | grpo
+    live |= dpo | grpo | _sequence_parallel(trainer)
     assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
     return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | adapter_detail | dpo_detail
                    | grpo_detail | {"compiled": trainer.args.torch_compile}}

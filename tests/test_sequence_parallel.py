@@ -1,0 +1,151 @@
+"""Ulysses sequence parallelism (strategies/sequence_parallel.py, planner/cost/sequence.py): the
+rules DeepSpeed's UlyssesSPAttentionHF enforces, a rank's share of the tokens, the rows that follow
+from it, and the files accelerate's own launcher and ParallelismConfig read back."""
+
+import pytest
+
+from planner.catalog.gpus import parse_gpus
+from planner.catalog.models import resolve_model
+from planner.cost import comms, compute, sequence
+from planner.engine.estimate import check_config, estimate_config
+from planner.strategies import PlanContext, TrainingConfig, rates
+from planner.strategies.sequence_parallel import exchange_seconds
+
+LLAMA8 = "meta-llama/Llama-3.1-8B"
+
+
+def _config(seq_len: int, sp: int | None, **over) -> TrainingConfig:
+    values = {"sharding": "zero3", "checkpointing": "full", "seq_len": seq_len} | over
+    if sp:
+        values |= {"sequence_parallel": "ulysses", "sp_size": sp}
+    return TrainingConfig(**values)
+
+
+def _ctx(seq_len: int, sp: int | None, gpus: str = "8xH100-80", model: str = LLAMA8, **over) -> PlanContext:
+    return PlanContext(resolve_model(model), parse_gpus(gpus), _config(seq_len, sp, **over))
+
+
+@pytest.mark.parametrize("model, p, refused", [
+    (LLAMA8, 8, None),  # 32 heads, 8 key/value heads
+    (LLAMA8, 16, None),  # key/value heads repeated to one a rank
+    (LLAMA8, 3, "32 attention heads are not divisible by --sp-size 3"),
+    ("Qwen/Qwen2.5-7B", 4, None),  # 28 heads, 4 key/value heads
+    ("Qwen/Qwen2.5-7B", 8, "28 attention heads are not divisible by --sp-size 8"),
+])
+def test_the_head_rules_are_ulysses_own(model, p, refused):
+    """UlyssesSPAttentionHF.__init__ (DeepSpeed 0.19): heads divisible by p; key/value heads and p,
+    one dividing the other."""
+    assert sequence.ulysses_refusal(resolve_model(model), p) == refused
+
+
+def test_key_value_heads_fewer_than_the_degree_are_repeated_to_one_a_rank():
+    m = resolve_model(LLAMA8)
+    assert sequence.kv_elements(m, 8) == 8 * 128
+    assert sequence.kv_elements(m, 16) == 16 * 128  # kv_replication_factor 2
+    assert sequence.exchanged_elements(m, 8) == (4096, 1024, 1024, 4096)
+
+
+def test_a_rank_holds_its_share_of_each_sequence_and_a_step_counts_replicas():
+    c = _config(32768, 8, micro_batch_size=1, grad_accum=4)
+    assert c.sequence_shards == 8 and c.tokens_per_micro_batch == 4096
+    assert c.kernel_tokens_per_micro_batch == c.real_tokens_per_micro_batch == 4096
+    assert c.sequences_per_step(16) == 1 * 4 * 2  # two replicas of 8 GPUs
+    assert _config(32768, None, micro_batch_size=1, grad_accum=4).sequences_per_step(16) == 64
+
+
+def _rows(ctx: PlanContext, term: str) -> dict[str, int]:
+    plan = estimate_config(ctx.model, ctx.hardware, ctx.config)
+    return {r.label: r.bytes for r in plan.ledger if r.term == term}
+
+
+def test_a_ranks_activations_and_loss_are_those_of_its_share_of_the_sequence():
+    """Outside attention a rank computes seq/p positions of every sequence: its saved activations
+    and its loss rows equal a plan of seq/p tokens without sequence parallelism; the all-to-alls'
+    copies are the one row beyond them."""
+    sp, plain = _ctx(65536, 8), _ctx(8192, None)
+    for term in ("activations", "logits"):
+        with_sp, without = _rows(sp, term), _rows(plain, term)
+        extra = {k: v for k, v in with_sp.items() if k not in without}
+        assert {k: with_sp[k] for k in without} == without
+        assert all("Ulysses" in k for k in extra), extra
+
+
+def test_attention_flops_per_rank_are_the_whole_sequences_over_the_degree():
+    """Each rank attends over every position for heads/p heads: p times the attention of a plan of
+    seq/p tokens (whose rows are seq/p long), at the same tokens per rank."""
+    sp, plain = _ctx(65536, 8), _ctx(8192, None)
+    assert rates.tokens(sp) == rates.tokens(plain)
+    assert rates.attention_forward_seconds(sp) == pytest.approx(8 * rates.attention_forward_seconds(plain), rel=1e-9)
+    m = sp.model
+    assert compute.attention_flops_per_token(m, 65536) == pytest.approx(8 * compute.attention_flops_per_token(m, 8192))
+
+
+def test_the_all_to_alls_move_q_k_v_and_the_output_of_every_layer():
+    """Per layer and pass: four all-to-alls, each rank sending (p-1)/p of its local tensors, over
+    NVLink inside a node, each paying the link's latency."""
+    ctx = _ctx(32768, 8)
+    m, hw = ctx.model, ctx.hardware
+    message = (4096 + 1024 + 1024 + 4096) * 2 * 4096  # elements per local token x bf16 x local tokens
+    sent = comms.all_to_all_bytes(message, 8)
+    assert sent == pytest.approx(7 / 8 * message)
+    from planner.cost import overheads
+    one = sent / (hw.gpu.gpu_link_bytes_per_s * overheads.LINK_EFFICIENCY) + 4 * overheads.COLLECTIVE_LATENCY_INTRA_S
+    assert exchange_seconds(ctx) == pytest.approx(m.num_layers * one)
+    assert exchange_seconds(_ctx(32768, None)) == 0.0
+
+
+@pytest.mark.parametrize("over, code", [
+    ({"sharding": "fsdp"}, "ulysses without zero"),
+    ({"attention": "eager"}, "ulysses with eager attention"),
+    ({"method": "dpo"}, "ulysses with this method"),
+    ({"seq_len": 32769}, "seq len not a multiple of sp size"),
+])
+def test_what_accelerate_or_deepspeed_refuse_is_refused(over, code):
+    ctx = PlanContext(resolve_model(LLAMA8), parse_gpus("8xH100-80"), _config(32768, 8) .model_copy(update=over))
+    assert code in check_config(ctx).codes
+
+
+def test_a_degree_that_does_not_divide_the_gpus_is_refused():
+    ctx = _ctx(32768, 16, gpus="12xH100-80")
+    codes = check_config(ctx).codes
+    assert "sp size does not divide the gpus" in codes
+
+
+def test_the_emitted_block_is_what_accelerates_launcher_and_parallelism_config_read(monkeypatch):
+    """accelerate's own launch parser reads the YAML block's keys as its arguments, its launcher
+    turns them into the environment, and ParallelismConfig built from that environment has the
+    plan's degree, backend, attention and data-parallel size (the one DeepSpeed's train_batch_size
+    is computed over in accelerate's _prepare_deepspeed)."""
+    pytest.importorskip("accelerate")
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils.launch import prepare_extend_env_parallelism_config
+
+    from planner.emit.files import _draft
+
+    ctx = _ctx(32768, 4, micro_batch_size=2, grad_accum=3)
+    files = _draft(ctx)
+    block = files.accelerate["parallelism_config"]
+    args = launch_command_parser().parse_args(["train.py"])
+    for key, value in block.items():
+        assert hasattr(args, key), key
+        setattr(args, key, value)
+    env = prepare_extend_env_parallelism_config(args, {})
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pc = ParallelismConfig()
+    assert (pc.sp_size, pc.sp_backend, pc.sp_handler.sp_attn_implementation) == (4, "deepspeed", "sdpa")
+    assert pc.total_size == 8 and pc.data_parallel_size == 2
+    ds = files.deepspeed_config()
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * \
+        pc.data_parallel_size == 12
+
+
+def test_a_search_with_ulysses_divides_the_batch_over_the_replicas():
+    from planner.engine.space import build_space
+
+    space = build_space(8, 32768, {"sequence_parallel": ["ulysses"], "sharding": ["zero3"]}, settings={"sp_size": 8})
+    assert space.data_parallel == 1 and space.global_batch_size == 4  # 4 x 32,768 = 131,072 tokens
+    assert space.grad_accum(1) == 4
+    with pytest.raises(Exception, match="name one value"):
+        build_space(8, 32768, {"sequence_parallel": ["none", "ulysses"]}, settings={"sp_size": 8})
