@@ -1,0 +1,74 @@
+"""planner against published Ulysses (ALST) runs: the longest sequence that fits, the peak and the
+step time, beside the published figure. Prints a markdown table; the provenance of each row is in
+``CASES`` (source, quote, configuration, caveat). Run: python benchmarks/sequence_world.py"""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from planner.catalog.gpus import parse_gpus  # noqa: E402
+from planner.catalog.models import resolve_model  # noqa: E402
+from planner.engine.estimate import estimate_config  # noqa: E402
+from planner.strategies import TrainingConfig  # noqa: E402
+
+ALST = ("https://arxiv.org/abs/2506.13996 (v1) Table 1, configs in snowflakedb/ArcticTraining "
+        "projects/sequence-parallelism; ZeRO-3, optimizer states on the CPU (DeepSpeed CPU Adam), activation "
+        "checkpointing, flash_attention_2, bf16, micro-batch 1, no TiledMLP, no checkpoint offload")
+BLOG = ("https://huggingface.co/blog/ulysses-sp (2026-03-09, huggingface/blog ulysses-sp.md @5feb9948): "
+        "Qwen3-4B, TRL SFTTrainer, ZeRO-3, CPU optimizer offload, gradient checkpointing, flash-attn2, SP=4 DP=1, "
+        "GAS 8; loss not stated (TRL's chunked loss came later: the plain loss), memory reading not stated")
+
+#: (name, model, gpus, fields, published, what, source)
+CASES = [
+    ("alst-llama8b-sp8-liger-max", "meta-llama/Llama-3.1-8B", "8xH100-80",
+     {"loss": "chunked", "sequence_parallel": "ulysses", "sp_size": 8}, 1_100_000, "longest", ALST
+     + "; Liger (fused linear cross-entropy): '1.1M ... 9:24 ... 576.1' TFLOPS"),
+    ("alst-llama8b-dp8-liger-max", "meta-llama/Llama-3.1-8B", "8xH100-80",
+     {"loss": "chunked"}, 160_000, "longest", ALST + "; Liger, no sequence parallelism: '160K ... 2:03'"),
+    ("alst-llama8b-dp8-max", "meta-llama/Llama-3.1-8B", "8xH100-80",
+     {"loss": "standard"}, 32_000, "longest", ALST + "; no Liger, no sequence parallelism: '32K ... 17'"),
+] + [(f"hf-blog-qwen3-4b-sp4-{k}k-peak", "Qwen/Qwen3-4B", "4xH100-80",
+      {"loss": "standard", "sequence_parallel": "ulysses", "sp_size": 4, "seq_len": k * 1024, "grad_accum": 8},
+      gb, "peak GB", BLOG) for k, gb in ((8, 23.4), (32, 35.0), (64, 50.5), (96, 66.0))] + [
+    ("hf-blog-qwen3-4b-1gpu-8k-peak", "Qwen/Qwen3-4B", "1xH100-80",
+     {"loss": "standard", "seq_len": 8192, "grad_accum": 8}, 76.4, "peak GB", BLOG + "; the 1-GPU baseline, no SP"),
+]
+
+BASE = {"sharding": "zero3", "offload": "optimizer", "checkpointing": "full", "precision": "bf16-mixed",
+        "attention": "sdpa", "micro_batch_size": 1}
+
+
+def plan(model: str, gpus: str, fields: dict):
+    return estimate_config(resolve_model(model), parse_gpus(gpus), TrainingConfig(**(BASE | fields)))
+
+
+def longest(model: str, gpus: str, fields: dict, step: int = 8192, ceiling: int = 4_194_304) -> int:
+    """The longest multiple of ``step`` tokens whose plan fits (bisection: memory grows with it)."""
+    lo, hi = 0, ceiling // step
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if plan(model, gpus, fields | {"seq_len": mid * step}).fits:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * step
+
+
+def main() -> None:
+    print("| case | published | planner | error | planner's step at it |")
+    print("|---|---|---|---|---|")
+    for name, model, gpus, fields, published, what, _ in CASES:
+        if what == "longest":
+            got = longest(model, gpus, fields)
+            at = plan(model, gpus, fields | {"seq_len": got}) if got else None
+            step = f"{at.time.step_seconds:,.0f} s, {at.time.tokens_per_second:,.0f} tok/s" if at else ""
+            print(f"| {name} | {published:,} tokens | {got:,} tokens | {got / published - 1:+.1%} | {step} |")
+        else:
+            p = plan(model, gpus, fields)
+            gb = p.memory["peak"] / 1e9
+            print(f"| {name} | {published} GB | {gb:.1f} GB | {gb / published - 1:+.1%} | "
+                  f"{p.time.step_seconds:,.1f} s, {p.time.tokens_per_second:,.0f} tok/s |")
+
+
+if __name__ == "__main__":
+    main()
