@@ -49,7 +49,7 @@ def exchange_transient_elements(m: ModelSpec, p: int) -> int:
     (``[b, h/p, s, d]`` copies the kernel reads; the originals stay referenced by the model's
     attention forward until it returns) and two copies of the largest in flight (the contiguous
     ``[p, s/p, ...]`` input of an all-to-all and its output). Backward mirrors it with the
-    gradients. An upper reading of ``UlyssesSPAttentionHF.forward``; the traced probe checks it."""
+    gradients. An upper reading of ``UlyssesSPAttentionHF.forward``, not yet traced."""
     q, k, v, _ = exchanged_elements(m, p)
     return q + k + v + 2 * max(q, k)
 
