@@ -149,3 +149,19 @@ def test_a_search_with_ulysses_divides_the_batch_over_the_replicas():
     assert space.grad_accum(1) == 4
     with pytest.raises(Exception, match="name one value"):
         build_space(8, 32768, {"sequence_parallel": ["none", "ulysses"]}, settings={"sp_size": 8})
+
+
+def test_nothing_fits_a_long_sequence_says_what_ulysses_fits():
+    """Llama-3.1-8B at 131,072 tokens fits on no plan of 8xH100-80 without sequence parallelism;
+    suggest says the Ulysses plan over the node's 8 GPUs that fits, with the flags to add."""
+    from planner.engine.suggest import suggest
+    from planner.schema.suggest import SuggestRequest
+
+    result = suggest(SuggestRequest(model=LLAMA8, gpus="8xH100-80", seq_len=131072))
+    assert not result.plans
+    line = [r for r in result.reasons if "Ulysses" in r]
+    assert len(line) == 1 and line[0].endswith("add --sequence-parallel ulysses --sp-size 8")
+    named = suggest(SuggestRequest(model=LLAMA8, gpus="8xH100-80", seq_len=131072, sequence_parallel=["ulysses"],
+                                   sp_size=8))
+    assert named.plans and named.plans[0].config.sequence_shards == 8
+    assert f"{named.plans[0].time.tokens_per_second:,.0f} tokens/s" in line[0]

@@ -13,6 +13,7 @@ from planner.core.errors import PlannerInputError
 from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
+from planner.cost.sequence import ulysses_refusal
 from planner.engine import search as search_module
 from planner.engine.assumptions import assumptions, rate_assumptions
 from planner.engine.estimate import default_seq_len, evaluate, result_of
@@ -29,7 +30,7 @@ from planner.schema.suggest import AdapterOption, HostOption, SuggestRequest, Su
 from planner.strategies import FIELDS, REGISTRY, PlanContext, approximation_words, summary
 from planner.strategies.adapter import ALLOWS, Adapter
 from planner.strategies.optimizer import STRATEGY as OPTIMIZER
-from planner.strategies.sharding import engine_of
+from planner.strategies.sharding import ZERO, engine_of
 
 #: Full fine-tuning counts as "far slower" than an adapter when the adapter plan is this much faster
 #: (on 1xRTX4090-24, Llama-3.1-8B in full needs CPU offload: at a batch of 16 sequences QLoRA is about
@@ -43,7 +44,7 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     (planner/engine/grpo_splits.py): the faster answer, with every split's speed or bound."""
     splits = server_splits(request, _resolved_space)
     if not splits:
-        return _suggest_one(request)
+        return _with_sequence_parallel(request, _suggest_one(request))
     # the split likeliest to be searched, in a child on a spare core while this process answers
     # the request (at the lowest priority: where the cores are busy it waits for the answer rather
     # than slow it, and is stopped if its bound loses); the others once the colocated speed says
@@ -65,6 +66,38 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         chosen = _suggest_one(fastest[1].request)
     line = reasons_line((request.hardware().num_gpus, colocated), splits, speeds)
     return chosen.model_copy(update={"reasons": [*chosen.reasons, line]})
+
+
+#: The sequence length from which a long sequence that fits nowhere is tried with Ulysses (tokens).
+SEQUENCE_HINT_MIN_TOKENS = 16_384
+
+
+def _with_sequence_parallel(request: SuggestRequest, result: SuggestResult) -> SuggestResult:
+    """When nothing fits and the request leaves sequence parallelism unnamed: the fastest plan with
+    Ulysses over the most GPUs of one node its rules allow (strategies/sequence_parallel.py), found
+    by one more search, said as a reason with its command. Only then: the search does not try
+    degrees by itself yet."""
+    if result.plans or request.sequence_parallel or result.seq_len < SEQUENCE_HINT_MIN_TOKENS:
+        return result
+    hardware, model = request.hardware(), resolve_model(request.model)
+    zero = [s for s in (request.sharding or ZERO) if s in ZERO]
+    degrees = [p for p in range(min(hardware.gpus_per_node, hardware.num_gpus), 1, -1)
+               if hardware.num_gpus % p == 0 and result.seq_len % p == 0 and not ulysses_refusal(model, p)]
+    if not zero or not degrees:
+        return result
+    p = degrees[0]
+    try:
+        other = _suggest_one(request.model_copy(update={"sequence_parallel": ["ulysses"], "sp_size": p,
+                                                        "sharding": zero, "seq_len": result.seq_len}))
+    except PlannerInputError:
+        return result
+    if not other.plans:
+        return result
+    best = other.plans[0]
+    line = (f"with Ulysses sequence parallelism over {p} GPUs a plan fits: {best.time.tokens_per_second:,.0f} "
+            f"tokens/s at {best.memory['peak'] / 2**30:.1f} GiB ({summary(best.config, 'compact')}); add "
+            f"--sequence-parallel ulysses --sp-size {p}")
+    return result.model_copy(update={"reasons": [*result.reasons, line]})
 
 
 def _resolved_space(request: SuggestRequest) -> SearchSpace:
