@@ -57,9 +57,13 @@ SETTINGS = (
 SP_METHODS = ("sft",)
 
 
-def degree(config) -> int:
-    """Ranks one sequence is split over (1 without sequence parallelism)."""
-    return config.sequence_shards
+def largest_degree(m, hardware, seq_len: int) -> int | None:
+    """The most GPUs of one node Ulysses can split a ``seq_len``-token sequence over for ``m`` on
+    ``hardware`` (``_check``'s rules: dividing the GPUs and the sequence, the heads'
+    ``ulysses_refusal``), or None where no degree of 2 or more does."""
+    n = hardware.num_gpus
+    return next((p for p in range(min(hardware.gpus_per_node, n), 1, -1)
+                 if n % p == 0 and seq_len % p == 0 and not sequence.ulysses_refusal(m, p)), None)
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -97,7 +101,7 @@ def exchange_bytes(ctx: PlanContext) -> float:
     """Bytes per local token one layer's attention holds for Ulysses' all-to-alls beyond its
     tensors without them (planner/cost/sequence.py ``exchange_transient_elements``, in the compute
     dtype); 0 without sequence parallelism."""
-    p = degree(ctx.config)
+    p = ctx.config.sequence_shards
     if p == 1:
         return 0.0
     return sequence.exchange_transient_elements(ctx.model, p) * ctx.layout.dtypes.compute
@@ -108,7 +112,7 @@ def exchange_seconds(ctx: PlanContext) -> float:
     the same of their gradients), each rank sending all but its ``1/p`` of each, over the link the
     group spans (consecutive ranks: one node where ``p`` fits in it), not overlapped with compute
     (the attention waits for its inputs). Unit: seconds per micro-batch."""
-    p = degree(ctx.config)
+    p = ctx.config.sequence_shards
     if p == 1:
         return 0.0
     m = ctx.model
@@ -134,7 +138,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     dp_shard_size, sp over the rest), which ``accelerate launch`` turns into the environment its
     Accelerator reads; the Trainer then wraps the data loader and computes the loss over the shards."""
     cfg = ctx.config
-    p = degree(cfg)
+    p = cfg.sequence_shards
     if p == 1:
         return
     files.accelerate["parallelism_config"] = {

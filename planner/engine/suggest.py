@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
+from planner.core.formatting import gib
 from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
-from planner.cost.sequence import ulysses_refusal
 from planner.engine import search as search_module
 from planner.engine.assumptions import assumptions, rate_assumptions
 from planner.engine.estimate import default_seq_len, evaluate, result_of
@@ -30,6 +30,7 @@ from planner.schema.suggest import AdapterOption, HostOption, SuggestRequest, Su
 from planner.strategies import FIELDS, REGISTRY, PlanContext, approximation_words, summary
 from planner.strategies.adapter import ALLOWS, Adapter
 from planner.strategies.optimizer import STRATEGY as OPTIMIZER
+from planner.strategies.sequence_parallel import largest_degree
 from planner.strategies.sharding import ZERO, engine_of
 
 #: Full fine-tuning counts as "far slower" than an adapter when the adapter plan is this much faster
@@ -81,11 +82,9 @@ def _with_sequence_parallel(request: SuggestRequest, result: SuggestResult) -> S
         return result
     hardware, model = request.hardware(), resolve_model(request.model)
     zero = [s for s in (request.sharding or ZERO) if s in ZERO]
-    degrees = [p for p in range(min(hardware.gpus_per_node, hardware.num_gpus), 1, -1)
-               if hardware.num_gpus % p == 0 and result.seq_len % p == 0 and not ulysses_refusal(model, p)]
-    if not zero or not degrees:
+    p = largest_degree(model, hardware, result.seq_len)
+    if not zero or p is None:
         return result
-    p = degrees[0]
     try:
         other = _suggest_one(request.model_copy(update={"sequence_parallel": ["ulysses"], "sp_size": p,
                                                         "sharding": zero, "seq_len": result.seq_len}))
@@ -95,7 +94,7 @@ def _with_sequence_parallel(request: SuggestRequest, result: SuggestResult) -> S
         return result
     best = other.plans[0]
     line = (f"with Ulysses sequence parallelism over {p} GPUs a plan fits: {best.time.tokens_per_second:,.0f} "
-            f"tokens/s at {best.memory['peak'] / 2**30:.1f} GiB ({summary(best.config, 'compact')}); add "
+            f"tokens/s at {gib(best.memory['peak'], 1)} ({summary(best.config, 'compact')}); add "
             f"--sequence-parallel ulysses --sp-size {p}")
     return result.model_copy(update={"reasons": [*result.reasons, line]})
 
