@@ -66,9 +66,8 @@ def summary(config, style: str = "plain", sep: str = ", ") -> str:
     value reads alone is bare); ``named`` "optimizer adamw | ..." (every value named); ``compact``
     the short names ("ckpt full"); ``markdown`` values in backticks."""
     parts = []
-    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
     for s in TECHNIQUES:
-        value = s.describe(get) if s.describe is not None else get(s.field)
+        value = _described(s, config)
         if value == "":  # a technique whose plain value goes without saying (method sft)
             continue
         if style == "named":
@@ -80,6 +79,20 @@ def summary(config, style: str = "plain", sep: str = ", ") -> str:
         else:
             parts.append(str(value) if s.bare else f"{s.field} {value}")
     return sep.join(parts)
+
+
+def _described(s: Strategy, config) -> Any:
+    """``config``'s value of ``s`` as its ``describe`` says it ("ulysses x4"; "" where it goes
+    without saying), else the value itself."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    return s.describe(get) if s.describe is not None else get(s.field)
+
+
+def value_words(s: Strategy, config) -> str:
+    """``config``'s value of ``s`` for a table cell: as ``describe`` says it, the plain value where
+    that goes without saying."""
+    value = _described(s, config)
+    return str(value) if value != "" else str(getattr(config, s.field))
 
 
 #: The numerics ladder: every rung a choice of the registry sits on, least quality risk first.

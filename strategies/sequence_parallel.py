@@ -42,7 +42,8 @@ class SequenceParallel(StrEnum):
 
 CHOICES: dict[SequenceParallel, Choice] = {
     SequenceParallel.NONE: Choice("every rank holds whole sequences"),
-    # (named, not searched: a degree changes the data-parallel replicas, which one search holds fixed)
+    # (not in a space's searched values: a degree changes the data-parallel replicas, which one
+    # space holds fixed; suggest searches a space per degree: planner/engine/degrees.py)
     SequenceParallel.ULYSSES: Choice("DeepSpeed Ulysses (ALST): each sequence split over --sp-size ranks, heads "
                                      "split for attention", complexity=2, searched=False),
 }
@@ -57,13 +58,21 @@ SETTINGS = (
 SP_METHODS = ("sft",)
 
 
-def largest_degree(m, hardware, seq_len: int) -> int | None:
-    """The most GPUs of one node Ulysses can split a ``seq_len``-token sequence over for ``m`` on
-    ``hardware`` (``_check``'s rules: dividing the GPUs and the sequence, the heads'
-    ``ulysses_refusal``), or None where no degree of 2 or more does."""
+def degrees(m, hardware, seq_len: int) -> list[int]:
+    """The degrees Ulysses can split a ``seq_len``-token sequence of ``m`` over on ``hardware``,
+    ascending: 2 up to the GPUs of one node (across nodes every layer's all-to-alls would cross the
+    network), each dividing the GPUs and the sequence and passing the heads' ``ulysses_refusal``
+    (``_check``'s rules)."""
     n = hardware.num_gpus
-    return next((p for p in range(min(hardware.gpus_per_node, n), 1, -1)
-                 if n % p == 0 and seq_len % p == 0 and not sequence.ulysses_refusal(m, p)), None)
+    return [p for p in range(2, min(hardware.gpus_per_node, n) + 1)
+            if n % p == 0 and seq_len % p == 0 and not sequence.ulysses_refusal(m, p)]
+
+
+def sequence_searchable(m, methods, batching) -> bool:
+    """Whether plans of ``m`` under the training ``methods`` and ``batching`` can take Ulysses at
+    all: the rules of ``_check`` that no degree or technique changes (the methods whose loss is
+    modelled, packed rows, no sliding window)."""
+    return all(str(x) in SP_METHODS for x in methods) and batching == Batching.PACKED and m.sliding_window is None
 
 
 def _check(ctx: PlanContext, out: Check) -> None:

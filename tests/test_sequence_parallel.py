@@ -8,8 +8,10 @@ from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import resolve_model
 from planner.cost import comms, compute, overheads, sequence
 from planner.engine.estimate import check_config, estimate_config
+from planner.engine.ranking import TIE_BAND
 from planner.strategies import PlanContext, TrainingConfig, rates
 from planner.strategies.sequence_parallel import exchange_seconds
+from planner.strategies.sharding import ZERO
 
 LLAMA8 = "meta-llama/Llama-3.1-8B"
 
@@ -151,17 +153,63 @@ def test_a_search_with_ulysses_divides_the_batch_over_the_replicas():
         build_space(8, 32768, {"sequence_parallel": ["none", "ulysses"]}, settings={"sp_size": 8})
 
 
-def test_nothing_fits_a_long_sequence_says_what_ulysses_fits():
-    """Llama-3.1-8B at 131,072 tokens fits on no plan of 8xH100-80 without sequence parallelism;
-    suggest says the Ulysses plan over the node's 8 GPUs that fits, with the flags to add."""
+def _suggest(**over):
     from planner.engine.suggest import suggest
     from planner.schema.suggest import SuggestRequest
 
-    result = suggest(SuggestRequest(model=LLAMA8, gpus="8xH100-80", seq_len=131072))
-    assert not result.plans
-    line = [r for r in result.reasons if "Ulysses" in r]
-    assert len(line) == 1 and line[0].endswith("add --sequence-parallel ulysses --sp-size 8")
-    named = suggest(SuggestRequest(model=LLAMA8, gpus="8xH100-80", seq_len=131072, sequence_parallel=["ulysses"],
-                                   sp_size=8))
-    assert named.plans and named.plans[0].config.sequence_shards == 8
-    assert f"{named.plans[0].time.tokens_per_second:,.0f} tokens/s" in line[0]
+    return suggest(SuggestRequest(**({"model": LLAMA8, "gpus": "8xH100-80"} | over)))
+
+
+def test_a_long_sequence_searches_every_degree_and_ranks_them_with_the_rest():
+    """At 32,768 tokens the 8B's fastest plan on 8xH100-80 without sequence parallelism recomputes
+    every layer; suggest searches Ulysses over 2, 4 and 8 GPUs (with the ZeRO stages) beside it at
+    the same global batch,
+    and its winner is the best of the four searches run one by one (ties to the simpler plan)."""
+    merged = _suggest(seq_len=32768)
+    gbs = merged.global_batch_size
+    alone = {1: _suggest(seq_len=32768, sequence_parallel=["none"])}
+    alone |= {p: _suggest(seq_len=32768, sequence_parallel=["ulysses"], sp_size=p, global_batch_size=gbs,
+                          sharding=list(ZERO)) for p in (2, 4, 8)}
+    assert all(r.global_batch_size == gbs for r in alone.values())
+    assert alone[1].plans[0].config.checkpointing == "full"
+    winner = merged.plans[0]
+    assert winner.config.sequence_shards > 1 and winner.config.checkpointing != "full"
+    fastest = max(r.plans[0].time.tokens_per_second for r in alone.values())
+    assert winner.time.tokens_per_second >= fastest * (1 - TIE_BAND)
+    assert (winner.config, winner.time.tokens_per_second) in {
+        (p.config, p.time.tokens_per_second) for r in alone.values() for p in r.plans}
+    assert merged.considered == sum(r.considered for r in alone.values())
+    line = [r for r in merged.reasons if r.startswith("sequence parallelism")]
+    assert len(line) == 1 and all(f"ulysses x{p} " in line[0] for p in (2, 4, 8)) and "none 3" in line[0]
+
+
+def test_a_sequence_no_plan_fits_without_is_answered_with_ulysses():
+    """131,072 tokens of the 8B fit no plan of 8xH100-80 without sequence parallelism; the search
+    over degrees answers with one, and says that none fits without."""
+    assert not _suggest(seq_len=131072, sequence_parallel=["none"]).plans
+    result = _suggest(seq_len=131072)
+    assert result.plans and result.plans[0].config.sequence_shards > 1
+    assert any("none: nothing fits" in r for r in result.reasons)
+
+
+@pytest.mark.parametrize("over, layouts", [
+    ({"seq_len": 4096}, None),  # short: no degree unasked
+    ({"seq_len": 4096, "sequence_parallel": ["ulysses"]}, [2, 4, 8]),  # named without a degree: every one
+    ({"seq_len": 32768, "sequence_parallel": ["none", "ulysses"], "sp_size": 4}, [1, 4]),
+    ({"seq_len": 32768, "sequence_parallel": ["ulysses"], "sp_size": 4}, None),
+    ({"seq_len": 32768, "sharding": ["fsdp"]}, None),  # no ZeRO stage: Ulysses cannot run
+    ({"seq_len": 32768, "method": ["dpo"]}, None),  # its loss under Ulysses is not modelled
+    ({"seq_len": 32768, "model": "Qwen/Qwen2.5-7B"}, [1, 2, 4]),  # 28 heads: not 8
+])
+def test_which_degrees_are_searched(over, layouts):
+    from planner.engine.degrees import sequence_requests
+    from planner.engine.suggest import _space_of
+    from planner.schema.suggest import SuggestRequest
+
+    request = SuggestRequest(**({"model": LLAMA8, "gpus": "8xH100-80"} | over))
+    found = sequence_requests(request, _space_of)
+    if layouts is None:
+        assert found == [request]
+        return
+    assert [r.sp_size if "ulysses" in r.sequence_parallel else 1 for r in found] == layouts
+    assert len({_space_of(r).global_batch_size for r in found}) == 1

@@ -20,7 +20,8 @@
    (its records hold each combination's largest micro-batch that fits), so both engines'
    answers stay the same; the suggest step applies it to what they list.
 4. **Distinct alternatives.** Each family (optimizer, precision with bf16/fp16-mixed as one,
-   checkpointing, sharding engine, offload) is represented by its best plan; near-copies (another loss, micro-batch, or FSDP
+   checkpointing, sharding engine, offload, sequence-parallel degree) is represented by its best
+   plan; near-copies (another loss, micro-batch, or FSDP
    reshard setting of the same family) are not listed twice.
 
 Why 5 %: the step-time model is held to published throughput within ±10 % (tests/
@@ -65,9 +66,10 @@ class Candidate:
 
 def family(c) -> tuple:
     """Plans a user would call the same: bf16- and fp16-mixed are one family (the same states and
-    speed; the tie-break prefers bf16 where it exists)."""
+    speed; the tie-break prefers bf16 where it exists); each sequence-parallel degree is a family
+    of its own (another layout of the GPUs)."""
     precision = "16-bit mixed" if c.precision in SIXTEEN_BIT_MIXED else c.precision
-    return (c.optimizer, precision, c.checkpointing, engine_of(c.sharding), c.offload)
+    return (c.optimizer, precision, c.checkpointing, engine_of(c.sharding), c.offload, c.sequence_shards)
 
 
 def pick(cands: list[Candidate], band: float = TIE_BAND) -> Candidate:

@@ -29,7 +29,7 @@ import os
 from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from math import prod
 
@@ -61,9 +61,10 @@ class Record:
     shortfall: int  # bytes short (GPU + host), 0 when it fits
     reason: str | None  # None: fits
     rests: float = 0.0  # the fraction of its step at rates planner assumes (Evaluation.assumed_share)
+    space: int = 0  # which of its outcome's spaces (``SearchOutcome.spaces``) ``combo`` indexes
 
     def rank_key(self) -> tuple:
-        return (-self.tokens_per_second, self.peak, self.combo, self.micro_batch_size)
+        return (-self.tokens_per_second, self.peak, self.space, self.combo, self.micro_batch_size)
 
 
 @dataclass
@@ -81,9 +82,41 @@ class SearchOutcome:
     engine: str = "exhaustive"
     dominated: int = 0  # candidates not evaluated: their simpler twin is feasible (``_scan``)
     fit_count: int = 0  # candidates that fit, each micro-batch size counted
+    others: tuple[SearchSpace, ...] = ()  # further spaces searched with ``space`` (``merged``)
+
+    @property
+    def spaces(self) -> tuple[SearchSpace, ...]:
+        return (self.space, *self.others)
+
+    def space_of(self, record: Record) -> SearchSpace:
+        return self.spaces[record.space]
 
     def config(self, record: Record) -> TrainingConfig:
-        return self.space.config(self.space.combo(record.combo), record.micro_batch_size)
+        space = self.space_of(record)
+        return space.config(space.combo(record.combo), record.micro_batch_size)
+
+
+def merged(outcomes: list[SearchOutcome]) -> SearchOutcome:
+    """One outcome of several spaces' searches (one per sequence-parallel degree:
+    planner/engine/degrees.py), ranked as one: every fitting record, best first; the nearest misses
+    of distinct families over all of them (each space's own are its nearest, so the nearest of all
+    are among them); counts summed. A record names its space (``Record.space``)."""
+    if len(outcomes) == 1:
+        return outcomes[0]
+    fitting = [replace(r, space=i) for i, o in enumerate(outcomes) for r in o.fitting]
+    misses = [replace(r, space=i) for i, o in enumerate(outcomes) for r in o.nearest]
+    first = outcomes[0]
+    out = SearchOutcome(first.space, sorted(fitting, key=Record.rank_key),
+                        sum(o.considered for o in outcomes), sum(o.evaluated for o in outcomes),
+                        sum((o.rejected for o in outcomes), Counter()), [], first.engine,
+                        sum(o.dominated for o in outcomes), sum(o.fit_count for o in outcomes),
+                        tuple(o.space for o in outcomes[1:]))
+    nearest: dict[tuple, Record] = {}
+    for r in sorted(misses, key=lambda r: (r.shortfall, complexity(out.config(r)), r.space, r.combo,
+                                           r.micro_batch_size)):
+        nearest.setdefault(family(out.config(r)), r)
+    out.nearest = list(nearest.values())[:NEAREST]
+    return out
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
-from planner.core.formatting import gib
 from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.engine import search as search_module
 from planner.engine.assumptions import assumptions, rate_assumptions
+from planner.engine.degrees import degrees_line, searchable, sequence_requests
 from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.exact_host import exact_host_option, exact_only
 from planner.engine.forked import Forked
@@ -23,15 +23,14 @@ from planner.engine.grpo_splits import reasons_line, server_splits, worth_search
 from planner.engine.lengths_file import lengths_of
 from planner.engine.nothing_fits import Fixes, Verdict, explain, hardware_fixes
 from planner.engine.ranking import HEADROOM, TIE_BAND, Candidate, Ranking, distinct, order, rank, searched
-from planner.engine.search import ENGINES, SearchOutcome, search_plans
+from planner.engine.search import ENGINES, SearchOutcome, merged, search_plans
 from planner.engine.space import SearchSpace, build_space, settings_of
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import AdapterOption, HostOption, SuggestRequest, SuggestResult, TradeOff, TrainingTime
 from planner.strategies import FIELDS, REGISTRY, PlanContext, approximation_words, summary
 from planner.strategies.adapter import ALLOWS, Adapter
 from planner.strategies.optimizer import STRATEGY as OPTIMIZER
-from planner.strategies.sequence_parallel import largest_degree
-from planner.strategies.sharding import ZERO, engine_of
+from planner.strategies.sharding import engine_of
 
 #: Full fine-tuning counts as "far slower" than an adapter when the adapter plan is this much faster
 #: (on 1xRTX4090-24, Llama-3.1-8B in full needs CPU offload: at a batch of 16 sequences QLoRA is about
@@ -45,7 +44,7 @@ def suggest(request: SuggestRequest) -> SuggestResult:
     (planner/engine/grpo_splits.py): the faster answer, with every split's speed or bound."""
     splits = server_splits(request, _resolved_space)
     if not splits:
-        return _with_sequence_parallel(request, _suggest_one(request))
+        return _suggest_one(request)
     # the split likeliest to be searched, in a child on a spare core while this process answers
     # the request (at the lowest priority: where the cores are busy it waits for the answer rather
     # than slow it, and is stopped if its bound loses); the others once the colocated speed says
@@ -67,36 +66,6 @@ def suggest(request: SuggestRequest) -> SuggestResult:
         chosen = _suggest_one(fastest[1].request)
     line = reasons_line((request.hardware().num_gpus, colocated), splits, speeds)
     return chosen.model_copy(update={"reasons": [*chosen.reasons, line]})
-
-
-#: The sequence length from which a long sequence that fits nowhere is tried with Ulysses (tokens).
-SEQUENCE_HINT_MIN_TOKENS = 16_384
-
-
-def _with_sequence_parallel(request: SuggestRequest, result: SuggestResult) -> SuggestResult:
-    """When nothing fits and the request leaves sequence parallelism unnamed: the fastest plan with
-    Ulysses over the most GPUs of one node its rules allow (strategies/sequence_parallel.py), found
-    by one more search, said as a reason with its command. Only then: the search does not try
-    degrees by itself yet."""
-    if result.plans or request.sequence_parallel or result.seq_len < SEQUENCE_HINT_MIN_TOKENS:
-        return result
-    hardware, model = request.hardware(), resolve_model(request.model)
-    zero = [s for s in (request.sharding or ZERO) if s in ZERO]
-    p = largest_degree(model, hardware, result.seq_len)
-    if not zero or p is None:
-        return result
-    try:
-        other = _suggest_one(request.model_copy(update={"sequence_parallel": ["ulysses"], "sp_size": p,
-                                                        "sharding": zero, "seq_len": result.seq_len}))
-    except PlannerInputError:
-        return result
-    if not other.plans:
-        return result
-    best = other.plans[0]
-    line = (f"with Ulysses sequence parallelism over {p} GPUs a plan fits: {best.time.tokens_per_second:,.0f} "
-            f"tokens/s at {gib(best.memory['peak'], 1)} ({summary(best.config, 'compact')}); add "
-            f"--sequence-parallel ulysses --sp-size {p}")
-    return result.model_copy(update={"reasons": [*result.reasons, line]})
 
 
 def _resolved_space(request: SuggestRequest) -> SearchSpace:
@@ -125,13 +94,13 @@ def _suggest_one(request: SuggestRequest) -> SuggestResult:
     seq_given = request.seq_len is not None
     if request.seq_len is None:
         request = request.model_copy(update={"seq_len": default_seq_len(model, request)})
-    space = _space(request, hardware.num_gpus, request.global_batch_size)
+    searched = searchable(sequence_requests(request, _space_of), _space_of)
     # in two children while the main search runs: what to change when nothing fits (or, when a
     # plan does, the host RAM an exact plan needs), and the adapter line's plan
     beside = Beside(Forked(_fixes_or_host, request, model, hardware, in_child=_one_worker),
                     Forked(_adapter_line, request, model, hardware, in_child=_one_worker))
     try:
-        return _suggest(request, model, hardware, space, seq_given, beside)
+        return _suggest(request, model, hardware, searched, seq_given, beside)
     finally:
         beside.close()
 
@@ -172,11 +141,14 @@ def _adapter_line(request: SuggestRequest, model: ModelSpec, hardware: HardwareS
     return _adapter_plan(request, model, hardware, True) if _hint_asked(request) else None
 
 
-def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,
-             seq_given: bool, beside: Beside) -> SuggestResult:
-    outcome = _search(request, model, hardware, space, _main_workers(request, hardware))
+def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec,
+             searched_spaces: list[tuple[SuggestRequest, SearchSpace]], seq_given: bool, beside: Beside) -> SuggestResult:
+    """``searched_spaces``: the request's spaces (planner/engine/degrees.py), their plans ranked as one."""
+    workers = _main_workers(request, hardware)
+    outcome = merged([_search(r, model, hardware, s, workers) for r, s in searched_spaces])
+    space = outcome.space
     ranking = _rank(request, outcome)
-    plans = _with_room(request, model, hardware, space, outcome, ranking)
+    plans = _with_room(request, model, hardware, outcome, ranking)
     trade_offs = [_trade_off(_result(request, model, hardware, outcome, c.item), plans[0]) for c in ranking.trade_offs]
     nearest, hw_suggestions, verdict = [], [], None
     if not plans and ranking.least:  # --numerics exact, and only approximations fit
@@ -199,6 +171,7 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, 
         nearest=nearest,
         hardware_suggestions=hw_suggestions,
         reasons=(_reasons(outcome, verdict, hardware) if plans or not ranking.least else [])
+        + degrees_line(outcome, request.numerics)
         + _numerics_note(request, ranking, plans)
         + _launcher_note(request),
         numerics=request.numerics,
@@ -320,13 +293,15 @@ def _rank(request: SuggestRequest, outcome: SearchOutcome) -> Ranking:
     return rank(searched(outcome), request.numerics, request.top)
 
 
-def _with_room(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, space: SearchSpace,
-               outcome: SearchOutcome, ranking: Ranking) -> list[EstimateResult]:
-    """The listed plans, each given room where a tie allows (``_roomier``), ordered again with the
-    thin ones after every tied plan with room (planner/engine/ranking.py, 3)."""
+def _with_room(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, outcome: SearchOutcome,
+               ranking: Ranking) -> list[EstimateResult]:
+    """The listed plans, each given room where a tie allows (``_roomier``, among its own space's
+    micro-batch sizes), ordered again with the thin ones after every tied plan with room
+    (planner/engine/ranking.py, 3)."""
     listed = []
     for c in ranking.plans:
-        plan = _roomier(request, model, hardware, space, _result(request, model, hardware, outcome, c.item))
+        plan = _roomier(request, model, hardware, outcome.space_of(c.item),
+                        _result(request, model, hardware, outcome, c.item))
         listed.append(Candidate(plan, plan.config, plan.time.tokens_per_second, plan.memory["peak"], c.rests, _thin(plan)))
     return [c.item for c in order(listed)]
 
@@ -385,6 +360,11 @@ def _launcher_note(request: SuggestRequest) -> list[str]:
     left = ", ".join(f"{s.field} {v}" for s in REGISTRY for v in s.runtime_only)
     return [f"--launcher trainer: not ranked: {left} (no standard file can say them; the planner launch, "
             "the default, runs them)"]
+
+
+def _space_of(request: SuggestRequest) -> SearchSpace:
+    """``request``'s space (its seq_len resolved) on its GPUs, at its global batch."""
+    return _space(request, request.hardware().num_gpus, request.global_batch_size)
 
 
 def _space(request: SuggestRequest, num_gpus: int, global_batch_size: int | None) -> SearchSpace:

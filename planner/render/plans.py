@@ -21,7 +21,7 @@ from planner.render.breakdown import (
 )
 from planner.render.layout import fits, heading, line, paragraph, table, verdict
 from planner.render.next_steps import Asked, suggest_next
-from planner.strategies import TECHNIQUES
+from planner.strategies import TECHNIQUES, value_words
 
 MFU_NOTE = "MFU: model FLOPs over the GPU's 16-bit dense peak (bf16; fp16 where it has none), for every plan"
 
@@ -144,10 +144,10 @@ def _top(result, console: Console) -> None:
     plans = result.plans
     heading(console, f"Top {len(plans)} of {result.considered:,} candidates (global batch {result.global_batch_size} "
                      f"x {result.seq_len} tokens, {result.engine})")
-    varying = [s for s in TECHNIQUES if len({getattr(p.config, s.field) for p in plans}) > 1]
+    varying = [s for s in TECHNIQUES if len({value_words(s, p.config) for p in plans}) > 1]
     same = [s for s in TECHNIQUES if s not in varying]
     first = plans[0].config
-    line(console, "all plans: " + ", ".join(f"{s.short} {getattr(first, s.field)}" for s in same)
+    line(console, "all plans: " + ", ".join(f"{s.short} {value_words(s, first)}" for s in same)
          + ("; " if same else "") + f"{plans[0].hardware.gpu_memory_bytes / GIB:,.1f} GiB per GPU")
     grid = _table(plans, varying)
     if fits(console, grid):
@@ -162,7 +162,7 @@ def _table(plans, varying) -> Table:
     t = table(("#", "right"), *((s.short, "left") for s in varying), *((name, "right") for name in right))
     for i, p in enumerate(plans, 1):
         c = p.config
-        t.add_row(str(i), *(str(getattr(c, s.field)) for s in varying), f"{c.micro_batch_size} x {c.grad_accum}",
+        t.add_row(str(i), *(value_words(s, c) for s in varying), f"{c.micro_batch_size} x {c.grad_accum}",
                   peak_cell(p), f"{p.host_memory['peak'] / GIB:,.0f}", f"{p.time.tokens_per_second:,.0f}",
                   f"{p.time.mfu:.1%}", f"{p.time.step_seconds:,.2f}")
     return t
@@ -175,7 +175,7 @@ def _two_lines(plans, varying, console: Console) -> None:
         c = p.config
         figures = (f"{tokens(p)} · peak {peak_cell(p)} GiB · host {p.host_memory['peak'] / GIB:,.0f} GiB · "
                    f"MFU {p.time.mfu:.1%} · {p.time.step_seconds:,.2f} s/step")
-        apart = ", ".join([*(f"{s.short} {getattr(c, s.field)}" for s in varying),
+        apart = ", ".join([*(f"{s.short} {value_words(s, c)}" for s in varying),
                            f"mbs {c.micro_batch_size} x {c.grad_accum}"])
         line(console, figures, indent=width, first=f"{i}.".rjust(width - 1) + " ")
         line(console, apart, indent=width, style="dim")
