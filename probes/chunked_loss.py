@@ -59,12 +59,13 @@ def chunked_causal_lm_forward(model):
 
     Installed as the instance's ``forward`` so module hooks (FSDP's unshard of the root) still run.
     Labels are shifted as transformers does (pad with -100 on the right, drop the first), and the
-    ignored positions are mapped to class 0: the allocations do not depend on them.
+    ignored positions are mapped to class 0: the allocations do not depend on them. Position ids
+    (a Ulysses rank's) go to the decoder.
     """
     body, head = model.get_decoder(), model.get_output_embeddings()
 
-    def forward(input_ids, labels):
-        hidden = body(input_ids=input_ids).last_hidden_state
+    def forward(input_ids, labels, position_ids=None):
+        hidden = body(input_ids=input_ids, position_ids=position_ids).last_hidden_state
         shifted = torch.nn.functional.pad(labels, (0, 1), value=0)[..., 1:]
         flat = hidden.reshape(-1, hidden.shape[-1])
         return ChunkedLinearCrossEntropy.apply(flat, head.weight, shifted.reshape(-1))

@@ -1,4 +1,5 @@
-"""What only the probes need around the runtime's model (planner/runtime/): a fake process group,
+"""What only the probes need around the runtime's model (planner/runtime/): a fake process group
+(and Ulysses' attention over it),
 optimizer states computed where fake tensors cannot run the optimizer, and the GPU kernels'
 allocations stood in for on the CPU. The model, its checkpointing, attention, loss, FSDP2 wrapping
 and optimizer are the runtime's, as every user of a plan applies them."""
@@ -15,6 +16,32 @@ def fake_process_group(world: int) -> None:
 
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+
+
+def ulysses_attention(model, config):
+    """DeepSpeed's Ulysses attention on ``model`` as accelerate registers it for a Trainer run
+    (``UlyssesSPAttentionHF.register_with_transformers``: transformers' attention function of the
+    model's implementation replaced by the wrapper that exchanges q, k, v and the output) over the
+    fake process group of ``config.sp_size`` ranks (``fake_process_group`` first), deepspeed.comm
+    bound to it. Under fake tensors the exchange is its registered fake (an empty tensor of the
+    input's shape, as the real one allocates). Returns the undo (the attention function and
+    DeepSpeed's sequence-parallel groups)."""
+    import deepspeed.comm as dcomm
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp as mpu
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    dcomm.init_distributed(dist_backend="fake", auto_mpi_discovery=False, verbose=False)
+    impl = model.config._attn_implementation
+    before = ALL_ATTENTION_FUNCTIONS[impl]
+    UlyssesSPAttentionHF.register_with_transformers(model, impl, config.sp_size, config.micro_batch_size,
+                                                    seq_length_is_variable=True)
+
+    def undo() -> None:
+        ALL_ATTENTION_FUNCTIONS[impl] = before
+        mpu._release_sequence_parallel_groups()
+
+    return undo
 
 
 def computed_state_bytes(model, c) -> tuple[int, int]:

@@ -11,8 +11,8 @@ child's: every patch a trace makes is undone when it ends (``run_trace``'s ExitS
 and the model are per trace, and ``trace_many`` already runs a batch of requests in one child. One
 process-wide fact is not per trace: the fake process group of sharded plans has one world size per
 process (probes/model_setup.py ``fake_process_group``), so the worker restarts its child when a
-sharded request needs another world size. tests/test_trace_worker.py checks a reused child's results
-equal fresh children's.
+sharded or Ulysses request needs another world size (``traced.fake_world``).
+tests/test_trace_worker.py checks a reused child's results equal fresh children's.
 
 Failures stay per trial, as ``trace``'s: a request the child answers with an error is raised as
 ProbeFailedError; a child that dies, or overruns the timeout (its process group killed, as
@@ -34,7 +34,7 @@ from typing import IO
 
 from planner.core.errors import ProbeFailedError
 from planner.probes.child import RESULT_PREFIX, _kill_group
-from planner.probes.traced import TraceRequest, TraceResult
+from planner.probes.traced import TraceRequest, TraceResult, fake_world
 
 _EOF = None  # the reader's mark: the child's stdout closed
 
@@ -55,7 +55,7 @@ class TraceWorker:
             return self._trace(req, timeout)
 
     def _trace(self, req: TraceRequest, timeout: float) -> TraceResult:
-        world = req.world_size if req.config.sharding.startswith("fsdp") else None
+        world = fake_world(req)
         if world is not None and self._world not in (None, world):
             self.close()
         proc = self._ensure()

@@ -4,7 +4,9 @@ torch's FakeTensorMode runs the model without allocating memory; the step tracke
 MemTracker, or FSDPMemTracker for sharded plans, plus the planner's phases: probes/tracker.py)
 attributes every tensor to parameters, gradients, optimizer state, activations or temporaries,
 and records each phase's peak. One process sees one rank: sharded plans run FSDP2
-(``fully_shard``) under a fake process group of the plan's world size.
+(``fully_shard``) under a fake process group of the plan's world size; Ulysses plans run
+DeepSpeed's Ulysses attention under one of their degree, rank 0 holding its share of the positions
+(probes/model_setup.py ``ulysses_attention``).
 
 What is traced and what is computed (reported in ``TraceResult.notes``):
 - traced: parameters, gradients, activations, temporaries, each phase's peak; optimizer state
@@ -86,6 +88,7 @@ def run_trace(req: TraceRequest) -> TraceResult:
     c = req.config
     cfg = build_config(req.config_json, req.layers)
     fsdp = c.sharding.startswith("fsdp")
+    sp = c.sequence_shards
     notes = ["real CPU tensors" if req.real else "traced on CPU fake tensors: CPU attention kernels and CPU autocast lists"]
     mesh = None
     if fsdp:  # the mesh holds a real rank tensor: build it outside fake mode
@@ -93,6 +96,8 @@ def run_trace(req: TraceRequest) -> TraceResult:
 
         model_setup.fake_process_group(req.world_size)
         mesh = init_device_mesh("cpu", (req.world_size,))
+    if sp > 1:
+        model_setup.fake_process_group(sp)
     mode = contextlib.nullcontext() if req.real else FakeTensorMode(allow_non_fake_inputs=True)
     undo = (lambda: None) if req.real else model_setup.gpu_kernels()
     with mode, contextlib.ExitStack() as cleanup:
@@ -105,6 +110,10 @@ def run_trace(req: TraceRequest) -> TraceResult:
             cleanup.callback(model_setup.bnb_lora_casts())
         model, wrapped = runtime.wrap(model, c, runtime.Site.TRACED)
         notes += wrapped
+        if sp > 1:
+            cleanup.callback(model_setup.ulysses_attention(model, c))
+            notes.append(f"Ulysses: DeepSpeed's UlyssesSPAttentionHF under a fake process group of {sp} ranks (rank 0 "
+                         f"traced, its {c.seq_len // sp:,} positions of each sequence)")
         nf4_saving = model_setup.nf4_saving_bytes(model) if c.adapter == "qlora" else 0
         if nf4_saving:
             notes.append("qlora: traced over the 16-bit base; the NF4 weights computed (bitsandbytes does not run on "
@@ -115,7 +124,9 @@ def run_trace(req: TraceRequest) -> TraceResult:
         elif c.sharding.startswith("zero"):
             notes.append("ZeRO is not traced (DeepSpeed does not run under fake tensors): model states are computed")
         optimizer = build_optimizer(c.optimizer, model, cfg, fused=True, fake=True)
-        ids = torch.randint(0, cfg.vocab_size, (c.micro_batch_size, c.seq_len))
+        ids = torch.randint(0, cfg.vocab_size, (c.micro_batch_size, c.seq_len // sp))  # a rank's positions
+        # (Ulysses gathers each rank's position ids; accelerate's data loader adapter passes them)
+        positions = {"position_ids": torch.arange(c.seq_len // sp).expand(c.micro_batch_size, -1)} if sp > 1 else {}
         if fsdp:
             tracker = fsdp_step_tracker(model, optimizer, explain=req.explain)
         else:
@@ -130,7 +141,7 @@ def run_trace(req: TraceRequest) -> TraceResult:
                     baseline = _categories(tracker.get_tracker_snapshot("current"), None)
                 tracker.phase = "forward"
                 with autocast:
-                    loss = model(input_ids=ids, labels=ids)
+                    loss = model(input_ids=ids, labels=ids, **positions)
                     loss = loss if isinstance(loss, torch.Tensor) else loss.loss
                 tracker.start_backward()
                 loss.backward()
@@ -178,6 +189,14 @@ def run_trace(req: TraceRequest) -> TraceResult:
     )
 
 
+def fake_world(req: TraceRequest) -> int | None:
+    """The ranks of the fake process group ``req``'s trace runs under (one per process): the world
+    of an FSDP plan, the degree of a Ulysses one; None where it runs none."""
+    if req.config.sharding.startswith("fsdp"):
+        return req.world_size
+    return req.config.sequence_shards if req.config.sequence_shards > 1 else None
+
+
 def _categories(snapshot: dict, names: set[str] | None) -> int:
     """Bytes of the named categories in a tracker snapshot (None: the total)."""
     total = 0
@@ -197,7 +216,7 @@ def trace_many(requests: list[TraceRequest], timeout: float = 600, workers: int 
 
     by_world: dict[int, list[int]] = {}
     for i, r in enumerate(requests):
-        by_world.setdefault(r.world_size if r.config.sharding.startswith("fsdp") else 1, []).append(i)
+        by_world.setdefault(fake_world(r) or 1, []).append(i)
     chunks = [indices[k::workers] for indices in by_world.values() for k in range(workers) if indices[k::workers]]
     out: list[TraceResult | str] = [""] * len(requests)
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -145,7 +145,8 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     spec = lay.adapter
     if spec is None or m.is_moe:  # (a MoE adapter plan is refused: strategies/adapter.py)
-        return activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len))
+        return activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len,
+                                                         ctx.config.sequence_shards))
     cast = adapters.casts_adapter_input(spec, lay.weight_bytes, lay.dtypes.compute)
     # (a prepared base on a layer it is not modelled for is refused: strategies/adapter.py; its
     # figure is then the unprepared list's)
@@ -153,7 +154,8 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
     dt = lay.dtypes if prepared or not spec.fp32_norms else activations.DTypes(lay.dtypes.compute, lay.dtypes.compute)
     return activations.total(adapters.adapter_layer_saved(m, dt, lay.fused_attention, cfg.seq_len, spec.targets,
                                                           spec.rank, spec.dropout, cast, spec.dora, spec.base_keeps_inputs,
-                                                          copy_bytes=lay.adapter_copy_bytes, prepared=prepared))
+                                                          copy_bytes=lay.adapter_copy_bytes, prepared=prepared,
+                                                          sp=ctx.config.sequence_shards))
 
 
 def mlp_backward_bytes(ctx: PlanContext) -> float:
@@ -301,9 +303,11 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
             activations.eager_attention_instants(m, dt, cfg.seq_len)["forward"])
     if exchange := exchange_bytes(ctx):
         instants["Ulysses' all-to-all copies of q, k and v"] = (
-            activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len)) + exchange)
+            activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len,
+                                                          cfg.sequence_shards)) + exchange)
     if m.is_moe:
-        kept = (activations.total(activations.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
+        kept = (activations.total(activations.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len,
+                                                          ctx.config.sequence_shards))
                 if cfg.checkpointing == Checkpointing.NONE
                 else activations.layer_input_bytes(m, dt) + 2 * dt.compute * m.hidden_size * m.experts_per_token)
         instants["the experts' fp32 weighted outputs in flight"] = kept + activations.moe_combine_transient_bytes(m)
@@ -320,7 +324,7 @@ def _attention_backward(ctx: PlanContext) -> float:
     m, dt, s = ctx.model, ctx.layout.dtypes, ctx.config.seq_len
     if not ctx.layout.fused_attention:
         return activations.eager_attention_instants(m, dt, s)["backward"]
-    return (activations.total(activations.attention_saved(m, dt, True, s))
+    return (activations.total(activations.attention_saved(m, dt, True, s, ctx.config.sequence_shards))
             + activations.attention_backward_transient_bytes(m, dt, True, s) + exchange_bytes(ctx))
 
 
@@ -446,7 +450,8 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     cast = c if lay.autocast else 0
     # the layer computing, unsharded; resharding, also the prefetched layer's all-gather output held
     gathered = gathered_bytes(ctx, Instant.LAYER_BACKWARD)
-    attention = activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len))
+    attention = activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len,
+                                                              ctx.config.sequence_shards))
     mlp_grads, big = _trained(ctx, params.layer_block_parameters(m, "mlp")), params.largest_mlp_matrix(m)
     attention_casts = params.layer_block_parameters(m, "self_attn", matmul_only=True) * cast
     intermediate = (2 if params.fused_gate_up(m) else 1) * c * m.intermediate_size * m.experts_per_token

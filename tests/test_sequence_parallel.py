@@ -62,13 +62,18 @@ def _rows(ctx: PlanContext, term: str) -> dict[str, int]:
 
 def test_a_ranks_activations_and_loss_are_those_of_its_share_of_the_sequence():
     """Outside attention a rank computes seq/p positions of every sequence: its saved activations
-    and its loss rows equal a plan of seq/p tokens without sequence parallelism; the all-to-alls'
-    copies are the one row beyond them."""
+    and its loss rows equal a plan of seq/p tokens without sequence parallelism, but for o_proj's
+    input, a copy of its own (the output's all-to-all back), in the recomputed layer's saved set
+    (full checkpointing: the top layer's backward); the all-to-alls' copies are the one row beyond
+    them."""
     sp, plain = _ctx(65536, 8), _ctx(8192, None)
+    regrouped = 2 * 4096 * 8192  # bf16 x heads x head_dim x a rank's tokens (8 key/value heads: none repeated)
     for term in ("activations", "logits"):
         with_sp, without = _rows(sp, term), _rows(plain, term)
         extra = {k: v for k, v in with_sp.items() if k not in without}
-        assert {k: with_sp[k] for k in without} == without
+        differ = {k: with_sp[k] - v for k, v in without.items() if with_sp[k] != v}
+        assert differ == ({"top layer's backward, start: activations and gradient temporaries": regrouped}
+                          if term == "activations" else {})
         assert list(extra) == (["the top layer's forward: Ulysses' all-to-all copies of q, k and v"]
                                if term == "activations" else []), extra
 

@@ -343,3 +343,44 @@ def test_a_kbit_prepared_plan_is_not_traced():
     probe it (exit 2), before any trace starts."""
     code, out = probe_cli("--gpus", "1xH100-80", "--adapter", "qlora", "--kbit-prep", "fp32-norms")
     assert code == 2 and "--kbit-prep fp32-norms is not traced" in out and "--fidelity measured" in out
+
+
+LLAMA1 = "meta-llama/Llama-3.2-1B"  # 32 heads, 8 key/value heads
+
+
+@pytest.mark.parametrize("seq_len, p", [(4096, 2), pytest.param(32768, 16, marks=FULL)])  # 16: k, v repeated
+def test_ulysses_rank_traced_agrees_with_the_analytic_rows(seq_len, p):
+    """A Ulysses rank traced under a fake process group of p ranks (DeepSpeed's own
+    UlyssesSPAttentionHF, its exchange's registered fake) agrees with the ledger in every term and
+    phase; and what it holds beyond a plan of seq/p tokens without Ulysses, in the traced forward
+    (the output's all-to-all copy, one q-sized tensor a layer; with fewer key/value heads than p
+    their repeated copies too), is the analytic difference to 2 %."""
+    cfg = dict(sharding="none", precision="bf16-pure", loss="chunked", micro_batch_size=1)
+    ulysses = request(LLAMA1, **cfg, seq_len=seq_len, sequence_parallel="ulysses", sp_size=p)
+    plain = request(LLAMA1, **cfg, seq_len=seq_len // p)
+    traced = dict(zip(("ulysses", "plain"), trace_many([ulysses, plain], timeout=900), strict=True))
+    compared = {k: compare_result(LLAMA1, r.config, 1, LAYERS, traced[k]) for k, r in
+                (("ulysses", ulysses), ("plain", plain))}
+    bad = [f"{t.term}: {t.analytic:,} vs {t.traced:,}" for t in compared["ulysses"].terms if not t.agrees]
+    assert not bad, bad
+    assert any("UlyssesSPAttentionHF" in n for n in compared["ulysses"].notes)
+
+    def forward(side):
+        return {k: getattr(next(t for t in c.terms if t.term == "forward_phase"), side)
+                for k, c in compared.items()}
+
+    analytic, real = forward("analytic"), forward("traced")
+    assert real["ulysses"] > real["plain"]
+    assert analytic["ulysses"] - analytic["plain"] == pytest.approx(real["ulysses"] - real["plain"], rel=0.02)
+
+
+def test_probe_cli_traces_a_zero3_ulysses_plan():
+    """`planner probe` of a ZeRO-3 Ulysses plan: model states from the partition rules, a rank's
+    activations traced with Ulysses, and they agree."""
+    code, out = probe_cli("--gpus", "8xH100-80", "--sharding", "zero3", "--sequence-parallel", "ulysses",
+                          "--sp-size", "2", "--loss", "chunked", "--json")
+    assert code == 0, out
+    terms = {t["term"]: t for t in out["comparison"]["terms"]}
+    assert terms["activations"]["source"] == "traced" and abs(terms["activations"]["analytic"]
+                                                              / terms["activations"]["traced"] - 1) < 0.05
+    assert any("UlyssesSPAttentionHF" in n for n in out["comparison"]["notes"])

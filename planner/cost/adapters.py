@@ -470,7 +470,7 @@ def _readers(m: ModelSpec) -> tuple[tuple[params.ParamTensor, ...], ...]:
 
 
 @cache
-def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, ...]]:
+def _weight_gradient_inputs(m: ModelSpec, fused: bool, sp: int = 1) -> dict[str, tuple[str, ...]]:
     """The tensors of planner.cost.activations' layer list that a decoder layer saves only for its
     matmuls' weight gradients, each with the weights of the matmuls that read it (a frozen matmul
     needs its weight, not its input, for the input gradient: ``linear``'s backward saves the input
@@ -490,8 +490,8 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, .
         return inputs
     if not fused:
         inputs["attn out (contiguous)"] = (attn_out,)
-    elif m.fused_qkv:
-        inputs["attn out made contiguous"] = (attn_out,)
+    elif m.fused_qkv or sp > 1:  # (``sp``: Ulysses' degree; o_proj reads the output's all-to-all back)
+        inputs[activations.O_PROJ_COPY] = (attn_out,)
     return inputs
 
 
@@ -499,7 +499,7 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool) -> dict[str, tuple[str, .
 def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: str, rank: int,
                         dropout: float, cast: bool, dora: bool = False,
                         keeps_inputs: bool = False, copy_bytes: int | None = None,
-                        prepared: bool = False) -> tuple[tuple[str, float], ...]:
+                        prepared: bool = False, sp: int = 1) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves (no checkpointing) when its weights are frozen and
     the target set's matmuls carry LoRA adapters (peft ``LoraLayer.forward``: ``base(x) +
     B(A(dropout(x.to(A's dtype)))) * scaling``), in the activation dtypes ``dt``.
@@ -549,8 +549,8 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     copy = copy_bytes or c  # A's input copy and output: the compute dtype, or fp32 without autocast
     on = {t.name: t for t in wrapped(m, targets)}
     own_copy = dropout > 0 or cast
-    inputs = {} if keeps_inputs else _weight_gradient_inputs(m, fused)
-    full = activations.layer_saved(m, activations.DTypes(c, c), fused, seq_len)
+    inputs = {} if keeps_inputs else _weight_gradient_inputs(m, fused, sp)
+    full = activations.layer_saved(m, activations.DTypes(c, c), fused, seq_len, sp)
     fp32_inputs: set[str] = set()
     if prepared:  # the MLP's intermediates in fp32, the rest of the list as at 16 bit
         mlp32 = dict(activations.mlp_saved(m, activations.DTypes(activations.FP32, activations.FP32)))
