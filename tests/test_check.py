@@ -337,8 +337,9 @@ def test_accelerate_refuses_deepspeed_keys_beside_a_deepspeed_file(tmp_path):
 
 
 def test_what_is_not_modelled_or_ignored_is_named(tmp_path):
-    """A DeepSpeed top-level typo (DeepSpeed ignores it), DeepSpeed compile and Ulysses sequence
-    parallelism, accelerate's tensor / context parallelism: each a warning naming it."""
+    """A DeepSpeed top-level typo (DeepSpeed ignores it), DeepSpeed compile and its own Ulysses
+    sequence parallelism: each a warning naming it; accelerate's tensor / context parallelism: a
+    refusal naming it (planning them as data parallelism would be planning another job)."""
     ds = write(tmp_path / "ds.json", {"zero_optimisation": {"stage": 3}, "bf16": {"enabled": True},
                                       "compile": {"deepcompile": True}, "sequence_parallel_size": 4,
                                       "train_micro_batch_size_per_gpu": 1})
@@ -346,11 +347,16 @@ def test_what_is_not_modelled_or_ignored_is_named(tmp_path):
                                       "fsdp_config": {"fsdp_version": 2},
                                       "parallelism_config": {"parallelism_config_tp_size": 2,
                                                              "parallelism_config_cp_size": 2}})
-    warned = " ".join(check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=ds, alternatives=0)).warnings
-                      + check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, alternatives=0)).warnings)
+    warned = " ".join(check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=ds, alternatives=0)).warnings)
     assert "zero_optimisation (did you mean zero_optimization?)" in warned
-    for needle in ("compile: DeepSpeed's torch.compile", "Ulysses", "parallelism_config_tp_size 2", "parallelism_config_cp_size 2"):
+    for needle in ("compile: DeepSpeed's torch.compile", "Ulysses"):
         assert needle in warned, needle
+    with pytest.raises(PlannerInputError) as refused:
+        check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, alternatives=0))
+    said = " ".join(refused.value.problems)
+    for needle in ("parallelism_config_tp_size 2: tensor parallelism is not modelled",
+                   "parallelism_config_cp_size 2: ring context parallelism is not modelled"):
+        assert needle in said, needle
     auto = write(tmp_path / "auto.json", {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True},
                                           "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})
     warned = " ".join(check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=auto, alternatives=0)).warnings)

@@ -79,7 +79,7 @@ def test_sft_recipes_and_sft_loss_types_are_not_refused():
     (True, {"stage": "dpo", "ref_model": "other/model", "ref_model_quantization_bit": 4}, True),
     (True, {"stage": "dpo", "pref_loss": "dpop"}, True), (True, {"stage": "kto"}, True), (True, {"stage": "rm"}, True),
     (True, {"stage": "ppo"}, True), (False, {}, False), (False, {"rl": None}, False), (False, {"rl": "grpo"}, False),
-    (False, {"rl": "grpo", "trl": {"async_prefetch": True}}, True), (False, {"rl": "grpo", "context_parallel_size": 2}, True),
+    (False, {"rl": "grpo", "trl": {"async_prefetch": True}}, True),
     (False, {"rl": "gdpo"}, True),
     (False, {"rl": "orpo"}, True), (False, {"reward_model": True}, True), (False, {"rl": "dpo"}, False),
     (False, {"rl": "ipo"}, False), (False, {"rl": "dpo", "dpo_padding_free": True}, True),
@@ -89,6 +89,29 @@ def test_framework_stages_other_than_sft_are_refused(llamafactory, d, refused):
     DPOTrainer and rl grpo its GRPOTrainer, which are planned (under a TRL whose trainers use the
     fused head)."""
     assert bool(framework_method(llamafactory, d, "job.yaml")) is refused
+
+
+@pytest.mark.parametrize("framework, d, key", [
+    ("axolotl", {"base_model": "m", "context_parallel_size": 2}, "context_parallel_size 2"),
+    ("axolotl", {"base_model": "m", "rl": "grpo", "context_parallel_size": 4}, "context_parallel_size 4"),
+    ("axolotl", {"base_model": "m", "sequence_parallel_degree": 4}, "sequence_parallel_degree 4"),
+    ("axolotl", {"base_model": "m", "tensor_parallel_size": 2}, "tensor_parallel_size 2"),
+    ("llamafactory", {"stage": "sft", "sequence_parallel_size": 8}, "sequence_parallel_size 8"),
+    ("axolotl", {"base_model": "m", "context_parallel_size": 1}, None),
+])
+def test_framework_degrees_are_refused_not_planned_as_data_parallelism(framework, d, key):
+    """A file that splits sequences or layers over GPUs with its framework's own implementation
+    (ring-flash-attn, 360-LLaMA-Factory's attention, axolotl's TP) is refused with what it is; a
+    degree of 1 is plain data parallelism; LLaMA-Factory's key is not called unknown."""
+    from planner.check.frameworks import check_keys, translate
+
+    problems, warnings = check_keys(framework, d, frozenset(), "job.yaml")
+    assert not any("unknown" in x for x in problems + warnings)
+    said = " ".join(translate(framework, d, "job.yaml").problems)
+    if key is None:
+        assert "parallel" not in said
+    else:
+        assert f"{key}: " in said and "not modelled yet" in said and "unknown" not in said
 
 
 def test_axolotl_dpo_is_refused_under_a_trl_that_computes_full_logits(monkeypatch):

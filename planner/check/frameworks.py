@@ -101,9 +101,28 @@ class Translation:
             self.model = (self.d[key], f"{self.where}: {key}")
 
 
+#: File keys that split a sequence or a layer over GPUs, per framework, with what realises them:
+#: none is the Ulysses planner models (DeepSpeed's, through accelerate), so a degree above 1 is
+#: refused rather than planned as data parallelism (axolotl: utils/schemas/config.py and
+#: ring-flash-attn; 360-LLaMA-Factory, Qihoo360/360-LLaMA-Factory: ``sequence_parallel_size``
+#: with its own zigzag-ring or Ulysses attention).
+DEGREE_KEYS = {
+    AXOLOTL: {"context_parallel_size": "axolotl's ring-attention context parallelism (ring-flash-attn)",
+              "sequence_parallel_degree": "axolotl's ring-attention sequence parallelism (ring-flash-attn)",
+              "tensor_parallel_size": "axolotl's tensor parallelism"},
+    LLAMAFACTORY: {"sequence_parallel_size": "360-LLaMA-Factory's sequence parallelism (its own ring or Ulysses "
+                                             "attention, not DeepSpeed's)"},
+}
+
+
 def translate(framework: str, d: dict, where: str) -> Translation:
     t = Translation(framework, d, where)
     (_llamafactory if framework == LLAMAFACTORY else _axolotl)(t)
+    for key, what in DEGREE_KEYS[framework].items():
+        value = d.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            t.problems.append(f"{where}: {key} {value}: {what} is not modelled yet, so planner cannot give this job "
+                              "a verdict (it would be planned as data parallelism over every GPU, which it is not)")
     refusal = framework_method(framework == LLAMAFACTORY, d, where)
     if refusal:
         t.problems.append(refusal)
@@ -344,7 +363,7 @@ def check_keys(framework: str, d: dict, installed: frozenset[str], where: str) -
     sets = recipe_keys()
     versions, keys = sets[framework]
     own = set(keys) | (set(installed) | set(sets["transformers"][1]) if framework == LLAMAFACTORY else set())
-    unknown = [k for k in sorted(map(str, d)) if k not in own]
+    unknown = [k for k in sorted(map(str, d)) if k not in own and k not in DEGREE_KEYS[framework]]
     older = [k for k in sorted(map(str, d)) if k in keys and len(versions) - 1 not in keys[k]]
     problems, warnings, name = [], [], NAMES[framework]
     named = ", ".join(k + suggestion(k, own) for k in unknown)

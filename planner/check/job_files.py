@@ -187,11 +187,12 @@ def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
             r.problems.append(f"{where}: deepspeed_config.deepspeed_config_file must be a path")
             ds_file = None
     par = r.section(d, "parallelism_config", where)
-    for key in ("parallelism_config_tp_size", "parallelism_config_cp_size"):  # (sp_size: strategies/sequence_parallel.py)
+    for key, what in (("parallelism_config_tp_size", "tensor parallelism"),
+                      ("parallelism_config_cp_size", "ring context parallelism")):  # (sp_size: sequence_parallel.py)
         size = par.get(key, 1)
         if isinstance(size, int) and not isinstance(size, bool) and size > 1:
-            r.warnings.append(f"{where}: {key} {size}: tensor / context parallelism is not modelled yet "
-                              "(planned as data parallelism over every GPU)")
+            r.problems.append(f"{where}: {key} {size}: {what} is not modelled yet, so planner cannot give this job "
+                              "a verdict (it would be planned as data parallelism over every GPU, which it is not)")
     if dt == "FSDP":
         replicas = par.get("parallelism_config_dp_replicate_size", 1)
         hybrid = isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1

@@ -51,7 +51,6 @@ AXOLOTL_GRPO_UNMODELLED = {
     "trl.use_liger_loss": "Liger's fused GRPO loss",
     "trl.vllm_lora_sync": "the adapter synced to vLLM's LoRA slots instead of merged weights",
     "batch_flattening": "padding-free rows (batch_flattening)",
-    "context_parallel_size": "axolotl's sequence-parallel GRPO trainer (context_parallel_size above 1)",
 }
 #: What every refusal ends with.
 REFUSAL = ("planner plans supervised fine-tuning, DPO (TRL's, axolotl's, LLaMA-Factory's), GRPO "
@@ -118,7 +117,7 @@ def _axolotl_grpo(d: dict, where: str) -> str | None:
     for key, what in AXOLOTL_GRPO_UNMODELLED.items():
         nested, _, name = key.rpartition(".")
         value = (trl if nested else d).get(name)
-        if value is True or (name == "context_parallel_size" and isinstance(value, int) and value > 1):
+        if value is True:
             return f"{where}: {key}: {what}: not modelled; {REFUSAL}"
     return _unmodelled_grpo(d, where)
 
