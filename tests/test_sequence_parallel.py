@@ -218,3 +218,13 @@ def test_which_degrees_are_searched(over, layouts):
         return
     assert [r.sp_size if "ulysses" in r.sequence_parallel else 1 for r in found] == layouts
     assert len({_space_of(r).global_batch_size for r in found}) == 1
+
+
+def test_a_layout_the_flags_rule_out_is_named_not_dropped():
+    """--micro-batch-size 4 of a global batch of 8 at 32,768 tokens divides the share of a replica
+    of 4 or 8 GPUs only: those are searched, the others named with why."""
+    result = _suggest(seq_len=32768, micro_batch_size=[4])
+    assert {p.config.sequence_shards for p in result.plans} <= {4, 8} and result.plans
+    line = next(r for r in result.reasons if r.startswith("sequence parallelism"))
+    assert "not searched: none: --micro-batch-size 4 must divide" in line
+    assert "not searched: ulysses x2: --micro-batch-size 4 must divide" in line

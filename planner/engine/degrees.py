@@ -72,29 +72,40 @@ def _each_named(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestReque
 
 
 def _none_space(request: SuggestRequest, space_of: SpaceOf) -> SearchSpace:
-    return space_of(request.model_copy(update={"sequence_parallel": [SequenceParallel.NONE], "sp_size": None}))
+    """The space without sequence parallelism whose default global batch every space trains (any
+    named micro-batch left out: a degree's replicas may divide it where all the GPUs do not)."""
+    return space_of(request.model_copy(update={"sequence_parallel": [SequenceParallel.NONE], "sp_size": None,
+                                               "micro_batch_size": []}))
 
 
-def searchable(requests: list[SuggestRequest], space_of: SpaceOf) -> list[tuple[SuggestRequest, SearchSpace]]:
-    """Each request with its space; a degree whose space the request's flags rule out (a named
-    micro-batch that does not divide its replicas' share) is left out, and when every one is, the
-    first's reason is raised."""
-    out, first = [], None
+def searchable(requests: list[SuggestRequest],
+               space_of: SpaceOf) -> tuple[list[tuple[SuggestRequest, SearchSpace]], list[str]]:
+    """Each request with its space, and the layouts (``layout_words``) whose space the request's
+    flags rule out (a named micro-batch that does not divide its replicas' share), each with the
+    first reason: left out of the search, said in ``degrees_line``; when every one is, the first's
+    error is raised."""
+    out, left, first = [], [], None
     for r in requests:
         try:
             out.append((r, space_of(r)))
         except PlannerInputError as e:
             first = first or e
+            left.append(f"{layout_words((r.sp_size or 1) if 'ulysses' in r.sequence_parallel else 1)}: {e.problems[0]}")
     if not out and first is not None:
         raise first
-    return out
+    return out, left if len(requests) > 1 else []
 
 
-def degrees_line(outcome: SearchOutcome, policy: NumericsPolicy) -> list[str]:
+def layout_words(p: int) -> str:
+    """A layout as the tables say it: ``ulysses xP``, or ``none``."""
+    return f"ulysses x{p}" if p > 1 else "none"
+
+
+def degrees_line(outcome: SearchOutcome, policy: NumericsPolicy, left: list[str]) -> list[str]:
     """Where several layouts were searched: each one's fastest fitting plan of the numerics
     ``policy`` offers (planner/engine/ranking.py ``allowed_levels``), fastest first, or that none
-    fits; and the flag that leaves sequence parallelism out."""
-    if not outcome.others:
+    fits; those ``left`` out, with why; and the flag that leaves sequence parallelism out."""
+    if not outcome.others and not left:
         return []
     cands = searched(outcome)
     allowed = allowed_levels(cands, policy)
@@ -105,7 +116,7 @@ def degrees_line(outcome: SearchOutcome, policy: NumericsPolicy) -> list[str]:
     rows = []
     for i, space in enumerate(outcome.spaces):
         p = int(space.settings.get("sp_size", 1)) if "ulysses" in space.choices.get("sequence_parallel", ()) else 1
-        words = f"ulysses x{p}" if p > 1 else "none"
+        words = layout_words(p)
         rows.append((best.get(i, 0.0), f"{words} {best[i]:,.0f}" if i in best else f"{words}: nothing fits"))
-    text = ", ".join(w for _, w in sorted(rows, key=lambda r: -r[0]))
+    text = ", ".join([w for _, w in sorted(rows, key=lambda r: -r[0])] + [f"not searched: {w}" for w in left])
     return [f"sequence parallelism, each layout's fastest tokens/s: {text} (--sequence-parallel none: without it)"]

@@ -94,13 +94,13 @@ def _suggest_one(request: SuggestRequest) -> SuggestResult:
     seq_given = request.seq_len is not None
     if request.seq_len is None:
         request = request.model_copy(update={"seq_len": default_seq_len(model, request)})
-    searched = searchable(sequence_requests(request, _space_of), _space_of)
+    searched, left = searchable(sequence_requests(request, _space_of), _space_of)
     # in two children while the main search runs: what to change when nothing fits (or, when a
     # plan does, the host RAM an exact plan needs), and the adapter line's plan
     beside = Beside(Forked(_fixes_or_host, request, model, hardware, in_child=_one_worker),
                     Forked(_adapter_line, request, model, hardware, in_child=_one_worker))
     try:
-        return _suggest(request, model, hardware, searched, seq_given, beside)
+        return _suggest(request, model, hardware, searched, left, seq_given, beside)
     finally:
         beside.close()
 
@@ -142,8 +142,10 @@ def _adapter_line(request: SuggestRequest, model: ModelSpec, hardware: HardwareS
 
 
 def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec,
-             searched_spaces: list[tuple[SuggestRequest, SearchSpace]], seq_given: bool, beside: Beside) -> SuggestResult:
-    """``searched_spaces``: the request's spaces (planner/engine/degrees.py), their plans ranked as one."""
+             searched_spaces: list[tuple[SuggestRequest, SearchSpace]], left: list[str], seq_given: bool,
+             beside: Beside) -> SuggestResult:
+    """``searched_spaces``: the request's spaces (planner/engine/degrees.py), their plans ranked as
+    one; ``left``: the layouts its flags rule out, with why."""
     workers = _main_workers(request, hardware)
     outcome = merged([_search(r, model, hardware, s, workers) for r, s in searched_spaces])
     space = outcome.space
@@ -171,7 +173,7 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec,
         nearest=nearest,
         hardware_suggestions=hw_suggestions,
         reasons=(_reasons(outcome, verdict, hardware) if plans or not ranking.least else [])
-        + degrees_line(outcome, request.numerics)
+        + degrees_line(outcome, request.numerics, left)
         + _numerics_note(request, ranking, plans)
         + _launcher_note(request),
         numerics=request.numerics,
