@@ -26,12 +26,21 @@ def ulysses_attention(model, config):
     bound to it. Under fake tensors the exchange is its registered fake (an empty tensor of the
     input's shape, as the real one allocates). Returns the undo (the attention function and
     DeepSpeed's sequence-parallel groups)."""
+    import importlib
+
     import deepspeed.comm as dcomm
     from deepspeed.runtime.sequence_parallel import parallel_state_sp as mpu
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    dcomm.init_distributed(dist_backend="fake", auto_mpi_discovery=False, verbose=False)
+    # (the fake group needs no shared-memory collective: DeepSpeed's own answer where the op is
+    # unavailable, None, so nothing is compiled on a machine without a GPU)
+    dcomm_torch = importlib.import_module("deepspeed.comm.torch")  # (``deepspeed.comm.torch`` the attribute is torch)
+    build, dcomm_torch.build_shm_op = dcomm_torch.build_shm_op, lambda: None
+    try:
+        dcomm.init_distributed(dist_backend="fake", auto_mpi_discovery=False, verbose=False)
+    finally:
+        dcomm_torch.build_shm_op = build
     impl = model.config._attn_implementation
     before = ALL_ATTENTION_FUNCTIONS[impl]
     UlyssesSPAttentionHF.register_with_transformers(model, impl, config.sp_size, config.micro_batch_size,
