@@ -68,11 +68,26 @@ def degrees(m, hardware, seq_len: int) -> list[int]:
             if n % p == 0 and seq_len % p == 0 and not sequence.ulysses_refusal(m, p)]
 
 
+def _unmodelled(m, method, batching) -> list[tuple[str, str]]:
+    """The rules no degree or technique changes, as (code, reason): the methods whose loss under
+    Ulysses is modelled, no sliding window (a 4D mask), packed rows."""
+    out = []
+    if str(method) not in SP_METHODS:
+        out.append(("ulysses with this method", f"--method {method} under Ulysses (its trainer's loss over "
+                    "sequence shards) is not modelled yet; plan sft"))
+    if m.sliding_window is not None:
+        out.append(("ulysses with a sliding window", f"{m.family}'s sliding-window attention needs a 4D mask, which "
+                    "Ulysses does not pass: not modelled"))
+    if batching != Batching.PACKED:
+        out.append(("ulysses with padded batches", "padded batches under Ulysses are padded to a multiple of "
+                    "--sp-size by the collator, which planner's launch does not do yet: plan packed batches"))
+    return out
+
+
 def sequence_searchable(m, methods, batching) -> bool:
     """Whether plans of ``m`` under the training ``methods`` and ``batching`` can take Ulysses at
-    all: the rules of ``_check`` that no degree or technique changes (the methods whose loss is
-    modelled, packed rows, no sliding window)."""
-    return all(str(x) in SP_METHODS for x in methods) and batching == Batching.PACKED and m.sliding_window is None
+    all (``_unmodelled`` refuses none of them)."""
+    return not any(_unmodelled(m, x, batching) for x in methods)
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -93,15 +108,8 @@ def _check(ctx: PlanContext, out: Check) -> None:
     if cfg.attention != "sdpa":
         out.reject("ulysses with eager attention", "Ulysses passes position ids, not a 4D mask: accelerate refuses "
                    "eager attention (DeepSpeedSequenceParallelConfig); use --attention sdpa")
-    if str(cfg.method) not in SP_METHODS:
-        out.reject("ulysses with this method", f"--method {cfg.method} under Ulysses (its trainer's loss over "
-                   "sequence shards) is not modelled yet; plan sft", unmodelled=True)
-    if m.sliding_window is not None:
-        out.reject("ulysses with a sliding window", f"{m.family}'s sliding-window attention needs a 4D mask, which "
-                   "Ulysses does not pass: not modelled", unmodelled=True)
-    if cfg.batching != Batching.PACKED:
-        out.reject("ulysses with padded batches", "padded batches under Ulysses are padded to a multiple of --sp-size "
-                   "by the collator, which planner's launch does not do yet: plan packed batches", unmodelled=True)
+    for code, reason in _unmodelled(m, cfg.method, cfg.batching):
+        out.reject(code, reason, unmodelled=True)
     if p > ctx.hardware.gpus_per_node:
         out.warnings.append(f"--sp-size {p} spans nodes: every layer's all-to-alls cross the network")
 

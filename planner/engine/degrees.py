@@ -28,7 +28,7 @@ from collections.abc import Callable
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.core.numerics import NumericsPolicy
-from planner.engine.ranking import allowed_levels, searched
+from planner.engine.ranking import Candidate, allowed_levels
 from planner.engine.search import SearchOutcome
 from planner.engine.space import SearchSpace
 from planner.schema.suggest import SuggestRequest
@@ -101,13 +101,14 @@ def layout_words(p: int) -> str:
     return f"ulysses x{p}" if p > 1 else "none"
 
 
-def degrees_line(outcome: SearchOutcome, policy: NumericsPolicy, left: list[str]) -> list[str]:
+def degrees_line(outcome: SearchOutcome, cands: list[Candidate], policy: NumericsPolicy,
+                 left: list[str]) -> list[str]:
     """Where several layouts were searched: each one's fastest fitting plan of the numerics
-    ``policy`` offers (planner/engine/ranking.py ``allowed_levels``), fastest first, or that none
-    fits; those ``left`` out, with why; and the flag that leaves sequence parallelism out."""
+    ``policy`` offers (planner/engine/ranking.py ``allowed_levels``; ``cands``: the outcome's
+    fitting records as the ranking saw them, fastest first), or that none fits; those ``left`` out,
+    with why; and the flag that leaves sequence parallelism out."""
     if not outcome.others and not left:
         return []
-    cands = searched(outcome)
     allowed = allowed_levels(cands, policy)
     best: dict[int, float] = {}
     for c in cands:  # (fastest first)

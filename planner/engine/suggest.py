@@ -149,7 +149,8 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec,
     workers = _main_workers(request, hardware)
     outcome = merged([_search(r, model, hardware, s, workers) for r, s in searched_spaces])
     space = outcome.space
-    ranking = _rank(request, outcome)
+    candidates = searched(outcome)
+    ranking = rank(candidates, request.numerics, request.top)
     plans = _with_room(request, model, hardware, outcome, ranking)
     trade_offs = [_trade_off(_result(request, model, hardware, outcome, c.item), plans[0]) for c in ranking.trade_offs]
     nearest, hw_suggestions, verdict = [], [], None
@@ -173,7 +174,7 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec,
         nearest=nearest,
         hardware_suggestions=hw_suggestions,
         reasons=(_reasons(outcome, verdict, hardware) if plans or not ranking.least else [])
-        + degrees_line(outcome, request.numerics, left)
+        + degrees_line(outcome, candidates, request.numerics, left)
         + _numerics_note(request, ranking, plans)
         + _launcher_note(request),
         numerics=request.numerics,
