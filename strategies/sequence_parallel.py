@@ -153,7 +153,8 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     """accelerate's ``parallelism_config`` block (its documented DeepSpeed form: the replicas as
     dp_shard_size, sp over the rest), which ``accelerate launch`` turns into the environment its
-    Accelerator reads; the Trainer then wraps the data loader and computes the loss over the shards."""
+    Accelerator reads; the Trainer then wraps the data loader and computes the loss over the shards.
+    DeepSpeed's ``train_batch_size`` is left to accelerate (below)."""
     cfg = ctx.config
     p = cfg.sequence_shards
     if p == 1:
@@ -166,9 +167,13 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         "parallelism_config_sp_seq_length_is_variable": True,
         "parallelism_config_sp_attn_implementation": str(cfg.attention),
     }
+    # transformers' ZeRO-3 init validates the DeepSpeed file against every rank (no sequence-
+    # parallel groups yet) and refuses the replicas' count; accelerate fills "auto" at prepare with
+    # it (micro-batch x accumulation x processes / sp_size: Accelerator._prepare_deepspeed)
+    files.deepspeed_config()["train_batch_size"] = "auto"
     files.notes.append(f"Ulysses sequence parallelism over {p} GPUs: accelerate's launcher reads the parallelism_config "
-                       "block and the Trainer shards each batch; planner has not yet run such a launch live, so watch the "
-                       "first steps' memory")
+                       "block, the Trainer shards each batch, and planner's launch gives every row its position ids; "
+                       "run live on the CPU only so far (micro-batches of one row), so watch the first steps' memory")
 
 
 def _read(job: JobFiles, r: Reading) -> None:

@@ -86,6 +86,11 @@ ALL_CASES = [
     ("ddp-dpo-lora", "2xA100-80", dict(method="dpo", batching="padded", sharding="ddp", adapter="lora"), 2),
     ("zero2-dpo-precomputed", "2xA100-80", dict(method="dpo", batching="padded", sharding="zero2",
                                                  dpo_reference="precomputed"), 2),
+    # Ulysses sequence parallelism over both ranks (one replica): accelerate's parallelism_config.
+    # Micro-batches of one row: DeepSpeed's data loader adapter slices each row's positions, and
+    # only a move to the GPU makes a slice of several rows contiguous (transformers' loss views it)
+    ("zero3-ulysses", "2xA100-80", dict(sharding="zero3", sequence_parallel="ulysses", sp_size=2,
+                                        micro_batch_size=1, grad_accum=4), 2),
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
 #: CI's launches: one per distributed engine (DDP, FSDP2, ZeRO-3), each with an adapter (DoRA,
 #: QLoRA, LoRA), and ZeRO-3 QLoRA (its 4-bit base in the 16-bit quant storage); the CPU launch of tests/test_gpu_validate.py runs one process (AdamW, full
@@ -93,7 +98,7 @@ ALL_CASES = [
 #: and fp8, offload (DeepSpeed's CPU Adam is a C++ build of minutes), hybrid FSDP over two
 #: machines, padded batching, the adapter plans suggested for an RTX 4090.
 CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full", "single-dpo", "single-grpo",
-            "single-kto")
+            "single-kto", "zero3-ulysses")
 CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in CI_CASES else FULL) for c in ALL_CASES]
 
 

@@ -226,6 +226,23 @@ class Padded:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+class WithPositions:
+    """``collator``'s batches with position ids ``0 .. n-1`` in every row: the positions the model
+    counts when it is given none (a packed block is one sequence). Under Ulysses every rank needs
+    them: it holds a slice of each row and its attention gathers the global positions, and
+    DeepSpeed's ``UlyssesSPDataLoaderAdapter`` refuses a batch without them."""
+
+    def __init__(self, collator):
+        self.collator = collator
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        batch = self.collator(features)
+        rows, width = batch["input_ids"].shape
+        return batch | {"position_ids": torch.arange(width).expand(rows, width).clone()}
+
+
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 UNPAIRED_FIELDS = ("prompt", "completion")
 

@@ -332,6 +332,8 @@ def observe(trainer, session) -> dict:
              else trainer.args.gradient_accumulation_steps)
     adapter = _adapter(model)
     adapter_detail = adapter.pop("details", {})
+    sequence = _sequence_parallel(trainer)  # (Ulysses: a rank's rows hold 1/sp_size of each sequence's positions)
+    shards = sequence.get("sp_size", 1)
     fsdp = {"fsdp_version": shard_detail["fsdp_version"]} if "fsdp_version" in shard_detail else {}  # FSDP runs only
     if fsdp and accum > 1:  # the Trainer reduces every micro-batch only under accelerate's sync_each_batch
         each = trainer.accelerator.gradient_state.plugin_kwargs.get("sync_each_batch", False)
@@ -340,14 +342,15 @@ def observe(trainer, session) -> dict:
         "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing, "sharding": sharding,
         "offload": offload, "loss": loss, "attention": model.config._attn_implementation, "method": _method(trainer),
         "micro_batch_size": shape[0] // ROWS_PER_SAMPLE.get(_method(trainer), 1) if shape[0] else shape[0],
-        "grad_accum": accum, "seq_len": rows, "batching": batching,
+        "grad_accum": accum, "seq_len": rows * shards if rows is not None else rows, "batching": batching,
     } | adapter | fsdp
     dpo, dpo_detail = _dpo(trainer)
     grpo, grpo_detail = _grpo(trainer)
-    live |= dpo | grpo | _sequence_parallel(trainer)
+    live |= dpo | grpo | sequence
+    sequence_detail = {"positions_per_rank": rows} if shards > 1 else {}
     assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
     return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | adapter_detail | dpo_detail
-                   | grpo_detail | {"compiled": trainer.args.torch_compile}}
+                   | grpo_detail | sequence_detail | {"compiled": trainer.args.torch_compile}}
 
 
 def differences(config, live: dict) -> list[str]:

@@ -15,6 +15,7 @@ from planner.launch import cpu
 from planner.launch.data import (
     SAMPLE,
     Padded,
+    WithPositions,
     grpo_prompts,
     packed_blocks,
     preference_pairs,
@@ -130,8 +131,8 @@ class Session:
         """Packed rows are all one length; padded ones are padded per micro-batch (``Padded``)."""
         from transformers import default_data_collator
 
-        if self.config.batching == Batching.PACKED:
-            return default_data_collator
+        if self.config.batching == Batching.PACKED:  # (Ulysses: with the positions its ranks gather)
+            return WithPositions(default_data_collator) if self.config.sequence_shards > 1 else default_data_collator
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         return Padded(pad if pad is not None else 0,
                       self.config.seq_len if self.config.batching == Batching.PADDED_MAX else None)
