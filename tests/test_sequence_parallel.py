@@ -231,3 +231,34 @@ def test_a_layout_the_flags_rule_out_is_named_not_dropped():
     line = next(r for r in result.reasons if r.startswith("sequence parallelism"))
     assert "not searched: none: --micro-batch-size 4 must divide" in line
     assert "not searched: ulysses x2: --micro-batch-size 4 must divide" in line
+
+
+@pytest.mark.parametrize("train_batch, refused", [(8, False), ("auto", False), (4, True)])
+def test_check_counts_deepspeeds_batch_over_every_rank_under_ulysses(tmp_path, train_batch, refused):
+    """DeepSpeed's train_batch_size counts every rank's micro-batches, the sequence-parallel ones
+    included (transformers fills "auto" so; its ZeRO-3 init refuses the replicas' count, which the
+    live Ulysses launch hit): micro-batch 1 x accumulation 4 x 2 GPUs = 8 is read, 4 refused."""
+    import json
+
+    import yaml
+
+    from planner.check import CheckRequest, check
+    from planner.core.errors import PlannerInputError
+
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True},
+                              "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+                              "train_batch_size": train_batch}))
+    acc = tmp_path / "a.yaml"
+    acc.write_text(yaml.safe_dump({"distributed_type": "DEEPSPEED", "num_processes": 2,
+                                   "deepspeed_config": {"deepspeed_config_file": str(ds)},
+                                   "parallelism_config": {"parallelism_config_sp_size": 2,
+                                                          "parallelism_config_sp_backend": "deepspeed"}}))
+    request = CheckRequest(model=LLAMA8, gpus="2xH100-80", accelerate_config=acc, seq_len=32768, alternatives=0)
+    if refused:
+        with pytest.raises(PlannerInputError, match="train_batch_size = 4, but micro-batch 1 x accumulation 4 x 2 "
+                                                    "GPUs = 8"):
+            check(request)
+    else:
+        c = check(request).estimate.config
+        assert (c.sequence_shards, c.micro_batch_size, c.grad_accum) == (2, 1, 4)

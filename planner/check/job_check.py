@@ -268,11 +268,16 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
         problems += [f"{'.'.join(map(str, er['loc']))} ({sources.get(str(er['loc'][0]), '?')}): {er['msg']}"
                      for er in e.errors()]
     else:
-        if reading.train_batch and reading.train_batch[0] != (total := config.sequences_per_step(num_gpus)):
-            shards = config.sequence_shards
-            gpus = f"{num_gpus} GPUs" if shards == 1 else f"{num_gpus} GPUs / sp_size {shards}"
+        # DeepSpeed counts every rank's micro-batches, sequence-parallel ranks included: transformers
+        # fills "auto" so and its ZeRO-3 init refuses another count (a Ulysses launch with the
+        # replicas' count, GPUs / sp_size, dies there; with every rank's it runs:
+        # tests/test_launch_live.py, checked by hand with 8 on two ranks)
+        total = config.micro_batch_size * config.grad_accum * num_gpus
+        if reading.train_batch and reading.train_batch[0] != total:
             problems.append(f"{reading.train_batch[1]} = {reading.train_batch[0]}, but micro-batch "
-                            f"{config.micro_batch_size} x accumulation {config.grad_accum} x {gpus} = {total}")
+                            f"{config.micro_batch_size} x accumulation {config.grad_accum} x {num_gpus} GPUs = {total}"
+                            + (" (DeepSpeed counts every rank's, sequence-parallel ones included)"
+                               if config.sequence_shards > 1 else ""))
     if problems:
         raise PlannerInputError(problems, hint="The files, the flags and --gpus must describe the same job.")
     return config, sources
