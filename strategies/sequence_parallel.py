@@ -10,7 +10,8 @@ their copies are a transient of the attention's forward and backward (strategies
 reads ``exchange_bytes``). ZeRO partitions the model states over every rank, the sequence-parallel
 ones included (DeepSpeed's ``seq_data_parallel_group``), so the model-state rows are those of the
 same ZeRO stage without it; a step trains ``micro-batch x accumulation x GPUs / sp_size`` samples
-(accelerate sets DeepSpeed's ``train_batch_size`` so).
+(the group's ranks share each sample). DeepSpeed's ``train_batch_size`` counts every rank's
+micro-batches instead (transformers fills "auto" so; the replicas' count dies at its ZeRO-3 init).
 
 Sources: accelerate 1.15 ``parallelism_config.py`` (``sp_backend`` deepspeed only; CP and SP
 exclusive), ``accelerator.py`` ``_prepare_deepspeed`` (``UlyssesSPAttentionHF.register_with_
@@ -154,7 +155,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     """accelerate's ``parallelism_config`` block (its documented DeepSpeed form: the replicas as
     dp_shard_size, sp over the rest), which ``accelerate launch`` turns into the environment its
     Accelerator reads; the Trainer then wraps the data loader and computes the loss over the shards.
-    DeepSpeed's ``train_batch_size`` is left to accelerate (below)."""
+    DeepSpeed's ``train_batch_size`` is left to the Trainer (below)."""
     cfg = ctx.config
     p = cfg.sequence_shards
     if p == 1:
@@ -167,9 +168,9 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
         "parallelism_config_sp_seq_length_is_variable": True,
         "parallelism_config_sp_attn_implementation": str(cfg.attention),
     }
-    # transformers' ZeRO-3 init validates the DeepSpeed file against every rank (no sequence-
-    # parallel groups yet) and refuses the replicas' count; accelerate fills "auto" at prepare with
-    # it (micro-batch x accumulation x processes / sp_size: Accelerator._prepare_deepspeed)
+    # "auto": the Trainer fills it with every rank's micro-batches, the count transformers' ZeRO-3
+    # init checks the file against (before the sequence-parallel groups exist); the replicas'
+    # count dies there (tests/test_launch_live.py zero3-ulysses hit it)
     files.deepspeed_config()["train_batch_size"] = "auto"
     files.notes.append(f"Ulysses sequence parallelism over {p} GPUs: accelerate's launcher reads the parallelism_config "
                        "block, the Trainer shards each batch, and planner's launch gives every row its position ids; "
