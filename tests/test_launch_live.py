@@ -8,7 +8,8 @@ equal the plan, field by field, on every rank. QLoRA's 4-bit base runs through b
 backend.
 
 One process, DDP and FSDP2 run over gloo with ACCELERATE_USE_CPU=1; DeepSpeed brings up gloo
-itself (planner/launch/cpu.py). ZeRO-Offload builds DeepSpeed's CPU Adam (a C++ extension, about
+itself (planner/launch/cpu.py), Ulysses sequence parallelism included (accelerate's
+parallelism_config over two ranks: the live sp_size and a rank's positions x sp_size are the plan's). ZeRO-Offload builds DeepSpeed's CPU Adam (a C++ extension, about
 50 s on 2 cores) into the test's own folder, so no build is left behind. Hybrid FSDP runs as two
 machines (a launch.sh per MACHINE_RANK) on this host, 2 x 2 processes. Not run here, because the
 CPU cannot: Liger's chunked loss (Triton kernels, CUDA), paged memory (bitsandbytes falls back to
