@@ -262,3 +262,33 @@ def test_check_counts_deepspeeds_batch_over_every_rank_under_ulysses(tmp_path, t
     else:
         c = check(request).estimate.config
         assert (c.sequence_shards, c.micro_batch_size, c.grad_accum) == (2, 1, 4)
+
+
+def test_a_trainer_arguments_parallelism_config_is_refused_not_ignored(tmp_path):
+    """TrainingArguments' parallelism_config read from a file stays a dict, which accelerate's
+    Accelerator refuses at start (checked here with the installed libraries); check says so rather
+    than plan the job without it."""
+    import json
+
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+    from transformers import HfArgumentParser, TrainingArguments
+
+    from planner.check import CheckRequest, check
+    from planner.core.errors import PlannerInputError
+
+    parsed = HfArgumentParser(TrainingArguments).parse_dict({"output_dir": str(tmp_path / "o"),
+                                                            "parallelism_config": {"sp_size": 1}})[0]
+    assert isinstance(parsed.parallelism_config, dict)
+    from accelerate.state import AcceleratorState
+
+    try:
+        with pytest.raises(AttributeError):
+            Accelerator(parallelism_config=parsed.parallelism_config)
+    finally:
+        AcceleratorState._reset_state(True)  # (the singleton a later test's Accelerator would find)
+    args = tmp_path / "t.json"
+    args.write_text(json.dumps({"output_dir": "o", "per_device_train_batch_size": 1, "bf16": True,
+                                "parallelism_config": {"sp_size": 4}}))
+    with pytest.raises(PlannerInputError, match="parallelism_config in Trainer arguments read from a file stays a dict"):
+        check(CheckRequest(model=LLAMA8, gpus="8xH100-80", training_args=args, seq_len=32768, alternatives=0))

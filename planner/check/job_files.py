@@ -313,6 +313,13 @@ def _training_args(path: Path, r: Reading, parts: dict, method: str | None = Non
         if seq:
             r.set("seq_len", seq, f"{where}: {key}")
     _batching(d, where, r)
+    if d.get("parallelism_config") is not None:
+        # TrainingArguments.parallelism_config is accelerate's ParallelismConfig: parsed from a file it
+        # stays a dict, which the Trainer hands to Accelerator (transformers 5.24, accelerate 1.15:
+        # AttributeError 'dict' object has no attribute 'get_device_mesh')
+        r.problems.append(f"{where}: parallelism_config in Trainer arguments read from a file stays a dict, which "
+                          "accelerate's Accelerator cannot take (the run stops at start): put its sizes in the "
+                          "accelerate config's parallelism_config block, which planner reads")
     if d.get("torch_compile"):
         r.warnings.append(f"{where}: torch_compile is not modelled")
     fsdp = d.get("fsdp")
