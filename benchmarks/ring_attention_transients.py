@@ -1,5 +1,6 @@
 """What torch's ring attention (context parallelism) holds beyond one rank's plain SDPA: measured
-on fake tensors, groundwork for the ring-CP rows planner does not have yet (issue 38).
+on fake tensors, the source of planner's ring rows (planner/cost/sequence.py
+``ring_transient_elements``).
 
 torch's CP dispatcher cannot run on the CPU (DTensor has no sharding strategy for
 ``aten._scaled_dot_product_flash_attention_for_cpu``), but its own ring functions
@@ -7,13 +8,17 @@ torch's CP dispatcher cannot run on the CPU (DTensor has no sharding strategy fo
 _context_parallel/_attention.py, the default all-gather rotater for k/v, the all-to-all one for
 their gradients, fp32 merging and accumulation) run on fake tensors under a fake process group
 with the CUDA flash kernel's fake implementation. torch's MemTracker records the peak live bytes
-of a forward and a backward of one attention call over a rank's ``T`` local tokens, q, k and v of
-``H`` heads each (no GQA: the flash op takes equal heads), against the same call without CP.
+of a forward and a backward of one attention call over a rank's ``T`` local tokens, q of ``H``
+heads and k, v of ``KV`` heads (GQA, as SDPA's enable_gqa passes them: the mask is dropped under
+CP), each strided as transformers makes them (the projection's (b, s, h, d) output transposed),
+against the same call without CP.
 
-    python benchmarks/ring_attention_transients.py           # P = 1 (plain), 2, 4, 8
+    python benchmarks/ring_attention_transients.py
 
-Prints, per degree P, the forward and backward peaks and what stays after the forward, in units
-of one local q (H x head_dim x T x 2 bytes); the inputs q, k, v are not counted.
+Prints, per degree P and head ratio, the forward peak (the inputs not counted), what stays after
+it, the backward peak (the forward's outputs and the incoming gradient counted), whether
+o_proj's input (the output transposed back) is a copy, in units of one local q (H x head_dim x T x
+2 bytes), and planner's formula: the plain kernel's figures plus ``ring_transient_elements``.
 """
 
 import subprocess
@@ -22,7 +27,7 @@ import sys
 CHILD = r"""
 import sys, torch
 from planner.probes.model_setup import fake_process_group
-P, H, D, T = (int(x) for x in sys.argv[1:5])
+P, H, KV, D, T = (int(x) for x in sys.argv[1:6])
 fake_process_group(P)
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -35,7 +40,8 @@ def total(snapshot):
     return sum(v for d in snapshot.values() for k, v in d.items() if str(getattr(k, "value", k)) == "Total")
 
 with FakeTensorMode(allow_non_fake_inputs=True):
-    q, k, v = (torch.randn(1, H, T, D, dtype=torch.bfloat16) for _ in range(3))
+    q = torch.randn(1, T, H, D, dtype=torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(1, T, KV, D, dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
     with tracker:
         if P > 1:
             out, lse, *rest = A._templated_ring_attention(dist.group.WORLD, 2, aten._scaled_dot_product_flash_attention,
@@ -43,6 +49,7 @@ with FakeTensorMode(allow_non_fake_inputs=True):
         else:
             out, lse, *rest = aten._scaled_dot_product_flash_attention(q, k, v, is_causal=True)
         forward, after = total(tracker.get_tracker_snapshot("peak")), total(tracker.get_tracker_snapshot("current"))
+        copied = not out.transpose(1, 2).is_contiguous()
         grad = torch.randn_like(out)
         if P > 1:
             A._templated_ring_attention_backward(
@@ -55,19 +62,42 @@ with FakeTensorMode(allow_non_fake_inputs=True):
                                                               rest[-2], rest[-1])
         backward = total(tracker.get_tracker_snapshot("peak"))
 unit = H * D * T * 2
-print(f"{P} {forward / unit:.2f} {after / unit:.2f} {backward / unit:.2f}")
+print(f"{forward / unit:.3f} {after / unit:.3f} {backward / unit:.3f} {copied}")
 """
+
+HEAD_DIM, TOKENS = 64, 4096
+
+
+def measure(p: int, heads: int, kv_heads: int) -> tuple[float, float, float, bool]:
+    """(forward peak, after the forward, backward peak, o_proj input copied) in local-q units; one
+    process per run (the fake process group is per process)."""
+    out = subprocess.run([sys.executable, "-c", CHILD, str(p), str(heads), str(kv_heads), str(HEAD_DIM), str(TOKENS)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return float(out[-4]), float(out[-3]), float(out[-2]), out[-1] == "True"
+
+
+def formula(p: int, heads: int, kv_heads: int) -> tuple[float, float]:
+    """planner's forward and backward peaks in the same units: the plain kernel's (measured at P=1)
+    plus ``ring_transient_elements`` (16-bit elements per local token, over q's)."""
+    from planner.core.specs import ModelSpec
+    from planner.cost.sequence import ring_transient_elements
+
+    m = ModelSpec.model_construct(num_heads=heads, num_kv_heads=kv_heads, head_dim=HEAD_DIM)
+    plain = measure(1, heads, kv_heads)
+    q = heads * HEAD_DIM
+    return (plain[0] + ring_transient_elements(m, p, False) / q,
+            plain[2] + ring_transient_elements(m, p, True) / q)
 
 
 def main() -> None:
-    heads, head_dim, tokens = 8, 64, 4096
-    print(f"one rank's attention, {heads} heads x {head_dim}, {tokens:,} local tokens; unit: one local q "
-          f"({heads * head_dim * tokens * 2:,} bytes)")
-    print(f"{'P':>3} {'forward peak':>13} {'after forward':>14} {'backward peak':>14}")
-    for p in (1, 2, 4, 8):  # one process per degree: the fake process group is per process
-        out = subprocess.run([sys.executable, "-c", CHILD, str(p), str(heads), str(head_dim), str(tokens)],
-                             capture_output=True, text=True, check=True).stdout.split()
-        print(f"{out[-4]:>3} {out[-3]:>13} {out[-2]:>14} {out[-1]:>14}")
+    print(f"one rank's attention, head_dim {HEAD_DIM}, {TOKENS:,} local tokens; unit: one local q")
+    print(f"{'P':>3} {'heads':>6} {'fwd':>7} {'planner':>8} {'after':>6} {'bwd':>7} {'planner':>8} {'o_proj copy':>12}")
+    for heads, kv_heads in ((8, 8), (8, 4), (8, 2)):
+        for p in (1, 2, 4, 8, 16):
+            fwd, after, bwd, copied = measure(p, heads, kv_heads)
+            f_fwd, f_bwd = formula(p, heads, kv_heads) if p > 1 else (fwd, bwd)
+            print(f"{p:>3} {heads:>3}:{kv_heads:<2} {fwd:7.3f} {f_fwd:8.3f} {after:6.3f} {bwd:7.3f} {f_bwd:8.3f} "
+                  f"{str(copied):>12}")
 
 
 if __name__ == "__main__":

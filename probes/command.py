@@ -67,7 +67,7 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
     from planner.engine.estimate import resolve_config
     from planner.probes.compare import compare_result, compare_zero_result
     from planner.probes.traced import TraceRequest, trace
-    from planner.probes.unprobed import refuse_method
+    from planner.probes.unprobed import refuse_method, refuse_ring
     from planner.runtime.sharding import refuse_fsdp1
 
     spec = resolve_model(req.model)
@@ -75,6 +75,7 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
     config = resolve_config(req, spec, hardware)
     refuse_fsdp1(config)
     refuse_method(config)
+    refuse_ring(config)
     if config.sharding == "fsdp-hybrid":
         raise PlannerInputError("--sharding fsdp-hybrid is not traced",
                                 hint="Trace fsdp on one node's GPU count: one rank's memory is the same.")

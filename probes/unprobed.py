@@ -18,3 +18,17 @@ def refuse_method(config) -> None:
                                 "not TRL's DPOTrainer (its reference forward and fused LM head)",
                                 hint="Check a DPO plan by launching it (its live check compares the run with the "
                                      "plan), or probe its SFT twin (--method sft).")
+
+
+def refuse_ring(config) -> None:
+    """A ring-attention plan (torch context parallelism): its dispatcher has no sharding rule for
+    the CPU attention kernel, so it runs neither on the CPU nor on fake tensors, and a measured
+    probe runs one GPU, not the group whose keys and values it gathers (PlannerInputError). Its rows
+    are analytic (planner/cost/sequence.py, measured on torch's ring functions:
+    benchmarks/ring_attention_transients.py)."""
+    if str(getattr(config, "sequence_parallel", "none")) == "ring":
+        raise PlannerInputError("--sequence-parallel ring is not probed: torch's ring attention has no CPU kernel "
+                                "rule (no trace) and needs its group's GPUs (no one-GPU measurement); its rows are "
+                                "analytic",
+                                hint="Probe the same plan with --sequence-parallel ulysses (ZeRO), whose rank holds "
+                                     "the same tokens, or launch it and watch the first steps' memory.")

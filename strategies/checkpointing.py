@@ -38,7 +38,7 @@ from planner.strategies.moments import (
     LAST_LAYER_FORWARD,
     LOSS_MOMENT,
 )
-from planner.strategies.sequence_parallel import exchange_bytes
+from planner.strategies.sequence_parallel import exchange_bytes, exchange_words
 
 
 class Checkpointing(StrEnum):
@@ -146,7 +146,7 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
     spec = lay.adapter
     if spec is None or m.is_moe:  # (a MoE adapter plan is refused: strategies/adapter.py)
         return activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len,
-                                                         ctx.config.sequence_shards))
+                                                         ctx.config.sequence_shards, ctx.config.heads_shards))
     cast = adapters.casts_adapter_input(spec, lay.weight_bytes, lay.dtypes.compute)
     # (a prepared base on a layer it is not modelled for is refused: strategies/adapter.py; its
     # figure is then the unprepared list's)
@@ -155,7 +155,7 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
     return activations.total(adapters.adapter_layer_saved(m, dt, lay.fused_attention, cfg.seq_len, spec.targets,
                                                           spec.rank, spec.dropout, cast, spec.dora, spec.base_keeps_inputs,
                                                           copy_bytes=lay.adapter_copy_bytes, prepared=prepared,
-                                                          sp=ctx.config.sequence_shards))
+                                                          sp=ctx.config.sequence_shards, heads=ctx.config.heads_shards))
 
 
 def mlp_backward_bytes(ctx: PlanContext) -> float:
@@ -289,8 +289,9 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
     sets it against the layer's saved set), or None where the saved set is the most:
     - eager attention's softmax: the attention half's saved tensors made before it and the scores
       in flight (``eager_attention_instants``);
-    - Ulysses sequence parallelism: the attention half's saved tensors and the all-to-alls' copies
-      (strategies/sequence_parallel.py ``exchange_bytes``);
+    - a split sequence: the attention half's saved tensors and Ulysses' all-to-alls' copies or ring
+      attention's gathered keys and values and fp32 merge (strategies/sequence_parallel.py
+      ``exchange_bytes``);
     - MoE: where the experts' outputs are combined, the layer's saved tensors so far (without
       checkpointing, its whole set; checkpointed, the layer input, the experts' gathered input and
       output, the python locals the forward still holds) and the fp32 routing-weighted outputs in
@@ -302,12 +303,12 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
         instants["eager attention's masked scores and softmax in flight"] = (
             activations.eager_attention_instants(m, dt, cfg.seq_len)["forward"])
     if exchange := exchange_bytes(ctx):
-        instants["Ulysses' all-to-all copies of q, k and v"] = (
+        instants[exchange_words(ctx)] = (
             activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len,
-                                                          cfg.sequence_shards)) + exchange)
+                                                          cfg.sequence_shards, cfg.heads_shards)) + exchange)
     if m.is_moe:
         kept = (activations.total(activations.layer_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len,
-                                                          ctx.config.sequence_shards))
+                                                          ctx.config.sequence_shards, ctx.config.heads_shards))
                 if cfg.checkpointing == Checkpointing.NONE
                 else activations.layer_input_bytes(m, dt) + 2 * dt.compute * m.hidden_size * m.experts_per_token)
         instants["the experts' fp32 weighted outputs in flight"] = kept + activations.moe_combine_transient_bytes(m)
@@ -319,13 +320,14 @@ def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
 
 def _attention_backward(ctx: PlanContext) -> float:
     """Bytes per token of one layer's attention half at its backward's largest instant: its saved
-    tensors and gradient temporaries (eager: ``eager_attention_instants``), and Ulysses'
-    all-to-all copies of their gradients (``exchange_bytes``)."""
+    tensors and gradient temporaries (eager: ``eager_attention_instants``), and a split sequence's
+    exchange in backward (``exchange_bytes``: Ulysses' all-to-all copies of the gradients, ring
+    attention's gathered keys and values and fp32 gradient accumulators)."""
     m, dt, s = ctx.model, ctx.layout.dtypes, ctx.config.seq_len
     if not ctx.layout.fused_attention:
         return activations.eager_attention_instants(m, dt, s)["backward"]
-    return (activations.total(activations.attention_saved(m, dt, True, s, ctx.config.sequence_shards))
-            + activations.attention_backward_transient_bytes(m, dt, True, s) + exchange_bytes(ctx))
+    return (activations.total(activations.attention_saved(m, dt, True, s, ctx.config.sequence_shards, ctx.config.heads_shards))
+            + activations.attention_backward_transient_bytes(m, dt, True, s) + exchange_bytes(ctx, backward=True))
 
 
 def _fp8_gradient_casts(ctx: PlanContext) -> float:
@@ -451,7 +453,7 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     # the layer computing, unsharded; resharding, also the prefetched layer's all-gather output held
     gathered = gathered_bytes(ctx, Instant.LAYER_BACKWARD)
     attention = activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len,
-                                                              ctx.config.sequence_shards))
+                                                              ctx.config.sequence_shards, ctx.config.heads_shards))
     mlp_grads, big = _trained(ctx, params.layer_block_parameters(m, "mlp")), params.largest_mlp_matrix(m)
     attention_casts = params.layer_block_parameters(m, "self_attn", matmul_only=True) * cast
     intermediate = (2 if params.fused_gate_up(m) else 1) * c * m.intermediate_size * m.experts_per_token

@@ -346,7 +346,8 @@ def test_what_is_not_modelled_or_ignored_is_named(tmp_path):
     acc = write(tmp_path / "a.yaml", {"distributed_type": "FSDP", "num_processes": 8,
                                       "fsdp_config": {"fsdp_version": 2},
                                       "parallelism_config": {"parallelism_config_tp_size": 2,
-                                                             "parallelism_config_cp_size": 2}})
+                                                             "parallelism_config_cp_size": 2,
+                                                             "parallelism_config_cp_comm_strategy": "alltoall"}})
     warned = " ".join(check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=ds, alternatives=0)).warnings)
     assert "zero_optimisation (did you mean zero_optimization?)" in warned
     for needle in ("compile: DeepSpeed's torch.compile", "Ulysses"):
@@ -355,7 +356,8 @@ def test_what_is_not_modelled_or_ignored_is_named(tmp_path):
         check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, alternatives=0))
     said = " ".join(refused.value.problems)
     for needle in ("parallelism_config_tp_size 2: tensor parallelism is not modelled",
-                   "parallelism_config_cp_size 2: ring context parallelism is not modelled"):
+                   "parallelism_config_cp_comm_strategy 'alltoall': planner models ring attention's default "
+                   "'allgather' strategy only"):
         assert needle in said, needle
     auto = write(tmp_path / "auto.json", {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True},
                                           "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})

@@ -170,16 +170,19 @@ def _suggest(**over):
 
 def test_a_long_sequence_searches_every_degree_and_ranks_them_with_the_rest():
     """At 32,768 tokens the 8B's fastest plan on 8xH100-80 without sequence parallelism recomputes
-    every layer; suggest searches Ulysses over 2, 4 and 8 GPUs (with the ZeRO stages) beside it at
-    the same global batch,
-    and its winner is the best of the four searches run one by one (ties to the simpler plan)."""
+    every layer; suggest searches Ulysses (with the ZeRO stages) and ring attention (with FSDP2)
+    over 2, 4 and 8 GPUs beside it at the same global batch, and its winner is the best of the
+    seven searches run one by one (ties to the simpler plan)."""
     merged = _suggest(seq_len=32768)
     gbs = merged.global_batch_size
-    alone = {1: _suggest(seq_len=32768, sequence_parallel=["none"])}
-    alone |= {p: _suggest(seq_len=32768, sequence_parallel=["ulysses"], sp_size=p, global_batch_size=gbs,
-                          sharding=list(ZERO)) for p in (2, 4, 8)}
+    alone = {("none", 1): _suggest(seq_len=32768, sequence_parallel=["none"])}
+    alone |= {("ulysses", p): _suggest(seq_len=32768, sequence_parallel=["ulysses"], sp_size=p, global_batch_size=gbs,
+                                       sharding=list(ZERO)) for p in (2, 4, 8)}
+    alone |= {("ring", p): _suggest(seq_len=32768, sequence_parallel=["ring"], sp_size=p, global_batch_size=gbs,
+                                    sharding=["fsdp", "fsdp-grad-op"]) for p in (2, 4, 8)}
     assert all(r.global_batch_size == gbs for r in alone.values())
-    assert alone[1].plans[0].config.checkpointing == "full"
+    assert alone["none", 1].plans[0].config.checkpointing == "full"
+    assert all(r.plans for r in alone.values())
     winner = merged.plans[0]
     assert winner.config.sequence_shards > 1 and winner.config.checkpointing != "full"
     fastest = max(r.plans[0].time.tokens_per_second for r in alone.values())
@@ -188,7 +191,8 @@ def test_a_long_sequence_searches_every_degree_and_ranks_them_with_the_rest():
         (p.config, p.time.tokens_per_second) for r in alone.values() for p in r.plans}
     assert merged.considered == sum(r.considered for r in alone.values())
     line = [r for r in merged.reasons if r.startswith("sequence parallelism")]
-    assert len(line) == 1 and all(f"ulysses x{p} " in line[0] for p in (2, 4, 8)) and "none 3" in line[0]
+    assert len(line) == 1 and "none 3" in line[0]
+    assert all(f"{kind} x{p} " in line[0] for kind in ("ulysses", "ring") for p in (2, 4, 8))
 
 
 def test_a_sequence_no_plan_fits_without_is_answered_with_ulysses():
@@ -200,17 +204,28 @@ def test_a_sequence_no_plan_fits_without_is_answered_with_ulysses():
     assert any("none: nothing fits" in r for r in result.reasons)
 
 
+U, R = ["ulysses x2", "ulysses x4", "ulysses x8"], ["ring x2", "ring x4", "ring x8"]
+
+
 @pytest.mark.parametrize("over, layouts", [
     ({"seq_len": 4096}, None),  # short: no degree unasked
-    ({"seq_len": 4096, "sequence_parallel": ["ulysses"]}, [2, 4, 8]),  # named without a degree: every one
-    ({"seq_len": 32768, "sequence_parallel": ["none", "ulysses"], "sp_size": 4}, [1, 4]),
+    ({"seq_len": 4096, "sequence_parallel": ["ulysses"]}, U),  # named without a degree: every one
+    ({"seq_len": 4096, "sequence_parallel": ["ring"]}, R),
+    ({"seq_len": 4096, "sequence_parallel": ["ulysses", "ring"]}, U + R),
+    ({"seq_len": 32768, "sequence_parallel": ["none", "ulysses"], "sp_size": 4}, ["none", "ulysses x4"]),
+    ({"seq_len": 32768, "sequence_parallel": ["none", "ulysses", "ring"], "sp_size": 4},
+     ["none", "ulysses x4", "ring x4"]),
     ({"seq_len": 32768, "sequence_parallel": ["ulysses"], "sp_size": 4}, None),
-    ({"seq_len": 32768, "sharding": ["fsdp"]}, None),  # no ZeRO stage: Ulysses cannot run
-    ({"seq_len": 32768, "method": ["dpo"]}, None),  # its loss under Ulysses is not modelled
-    ({"seq_len": 32768, "model": "Qwen/Qwen2.5-7B"}, [1, 2, 4]),  # 28 heads: not 8
+    ({"seq_len": 32768, "sharding": ["fsdp"]}, ["none"] + R),  # no ZeRO stage: ring only
+    ({"seq_len": 32768, "sharding": ["zero3"]}, ["none"] + U),  # no FSDP: Ulysses only
+    ({"seq_len": 32768, "sharding": ["fsdp"], "fsdp_version": 1}, None),  # ring runs on FSDP2
+    ({"seq_len": 32768, "sharding": ["fsdp-hybrid"]}, None),  # not modelled under hybrid sharding
+    ({"seq_len": 32768, "method": ["dpo"]}, None),  # its loss over sequence shards is not modelled
+    ({"seq_len": 32768, "model": "Qwen/Qwen2.5-7B"}, ["none", "ulysses x2", "ulysses x4"] + R),  # 28 heads
+    ({"seq_len": 16392}, ["none"] + U + ["ring x2", "ring x4"]),  # 16,392 = 8 x 2,049: not a multiple of 2 x 8
 ])
 def test_which_degrees_are_searched(over, layouts):
-    from planner.engine.degrees import sequence_requests
+    from planner.engine.degrees import layout_words, sequence_requests
     from planner.engine.suggest import _space_of
     from planner.schema.suggest import SuggestRequest
 
@@ -219,7 +234,7 @@ def test_which_degrees_are_searched(over, layouts):
     if layouts is None:
         assert found == [request]
         return
-    assert [r.sp_size if "ulysses" in r.sequence_parallel else 1 for r in found] == layouts
+    assert [layout_words((str(r.sequence_parallel[0]), r.sp_size or 1)) for r in found] == layouts
     assert len({_space_of(r).global_batch_size for r in found}) == 1
 
 

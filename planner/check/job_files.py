@@ -187,12 +187,11 @@ def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
             r.problems.append(f"{where}: deepspeed_config.deepspeed_config_file must be a path")
             ds_file = None
     par = r.section(d, "parallelism_config", where)
-    for key, what in (("parallelism_config_tp_size", "tensor parallelism"),
-                      ("parallelism_config_cp_size", "ring context parallelism")):  # (sp_size: sequence_parallel.py)
-        size = par.get(key, 1)
-        if isinstance(size, int) and not isinstance(size, bool) and size > 1:
-            r.problems.append(f"{where}: {key} {size}: {what} is not modelled yet, so planner cannot give this job "
-                              "a verdict (it would be planned as data parallelism over every GPU, which it is not)")
+    size = par.get("parallelism_config_tp_size", 1)  # (sp_size, cp_size: strategies/sequence_parallel.py)
+    if isinstance(size, int) and not isinstance(size, bool) and size > 1:
+        r.problems.append(f"{where}: parallelism_config_tp_size {size}: tensor parallelism is not modelled yet, so "
+                          "planner cannot give this job a verdict (it would be planned as data parallelism over every "
+                          "GPU, which it is not)")
     if dt == "FSDP":
         replicas = par.get("parallelism_config_dp_replicate_size", 1)
         hybrid = isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1

@@ -78,7 +78,10 @@ ROWS_PER_SAMPLE = {"dpo": 2}
 PADDED_METHODS = frozenset({"dpo", "grpo", "kto"})
 #: The ``sequence_parallel`` values that split each sequence over ``sp_size`` ranks
 #: (strategies/sequence_parallel.py): every token count of a rank is its share of the sequence.
-SEQUENCE_SHARDED = frozenset({"ulysses"})
+SEQUENCE_SHARDED = frozenset({"ulysses", "ring"})
+#: Of those, the ones whose attention splits the heads over the ranks instead (Ulysses: each rank
+#: attends over every position for its heads; ring attention keeps every head).
+HEADS_SHARDED = frozenset({"ulysses"})
 
 
 class ConfigBase(Record):
@@ -102,9 +105,16 @@ class ConfigBase(Record):
 
     @property
     def sequence_shards(self) -> int:
-        """Ranks one sequence is split over (``sp_size`` under Ulysses sequence parallelism; else 1):
+        """Ranks one sequence is split over (``sp_size`` under Ulysses or ring attention; else 1):
         each holds ``seq_len / sequence_shards`` of its positions."""
         if str(getattr(self, "sequence_parallel", "")) in SEQUENCE_SHARDED:
+            return int(getattr(self, "sp_size", 1))
+        return 1
+
+    @property
+    def heads_shards(self) -> int:
+        """Ranks attention's heads are split over (``sp_size`` under Ulysses; else 1)."""
+        if str(getattr(self, "sequence_parallel", "")) in HEADS_SHARDED:
             return int(getattr(self, "sp_size", 1))
         return 1
 

@@ -123,15 +123,18 @@ PROBS_COPY = "probs in compute dtype"
 O_PROJ_COPY = "attn out made contiguous"
 
 
-def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int, sp: int = 1) -> Saved:
-    """Tensors the attention kernel saves, from post-RoPE q/k/v to its output. ``sp``: the degree of
-    Ulysses sequence parallelism (planner/cost/sequence.py), under which the kernel saves the
-    exchanged k and v (key/value heads fewer than ``sp`` repeated: ``sequence.kv_elements``) and
-    o_proj's input is the output's all-to-all back to the rank's positions, a tensor of its own
-    (DeepSpeed ``UlyssesSPAttentionHF._partition_global_sequence``'s contiguous copy): one more
-    output-sized row, in place of Phi-3's contiguous copy (traced: a rank of P holds one q-sized
-    tensor per layer more than a plan of seq/P without it, and its recomputed layer one more in
-    backward; tests/test_traced.py)."""
+def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int, sp: int = 1, heads: int = 1) -> Saved:
+    """Tensors the attention kernel saves, from post-RoPE q/k/v to its output. ``sp``: the ranks
+    each sequence is split over (planner/cost/sequence.py), under which o_proj's input is a tensor
+    of its own: Ulysses' all-to-all back to the rank's positions (DeepSpeed
+    ``UlyssesSPAttentionHF._partition_global_sequence``'s contiguous copy; traced: a rank of P holds
+    one q-sized tensor per layer more than a plan of seq/P without it, and its recomputed layer one
+    more in backward; tests/test_traced.py), or ring attention's merged output, (b, a, s, d)-
+    contiguous, which transformers' transpose back copies (benchmarks/ring_attention_transients.py):
+    one more output-sized row, in place of Phi-3's contiguous copy. ``heads``: the ranks the heads
+    are split over (Ulysses' degree), under which the kernel saves the exchanged k and v (key/value
+    heads fewer than ``heads`` repeated: ``sequence.kv_elements``); ring attention saves the rank's
+    own k and v."""
     c, a, q, kv = dt.compute, m.num_heads, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     s = seq_len
     saved: Saved
@@ -146,7 +149,7 @@ def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int, sp: int
         if masked_sdpa(m, s):
             saved = [("q", c * q), ("k repeated", c * q), ("v repeated", c * q), ("additive mask", c * s)]
         else:
-            kv = sequence.kv_elements(m, sp) if sp > 1 else kv
+            kv = sequence.kv_elements(m, heads) if heads > 1 else kv
             saved = [("q", c * q), ("k", c * kv), ("v", c * kv)]
         saved += [("attn out", c * q), ("logsumexp fp32", FP32 * a)]
         return saved + ([(O_PROJ_COPY, c * q)] if m.fused_qkv or sp > 1 else [])
@@ -240,10 +243,11 @@ def embedding_dropout_bytes(m: ModelSpec) -> float:
 
 @cache
 def attention_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int,
-                    sp: int = 1) -> tuple[tuple[str, float], ...]:
+                    sp: int = 1, heads: int = 1) -> tuple[tuple[str, float], ...]:
     """Bytes per token the attention half of one decoder layer saves (no checkpointing): its norm,
     projections' inputs and the attention kernel's tensors (Gemma-2: and the post-attention norm),
-    and its residual dropout's mask. ``sp``: Ulysses' degree (``_attention_core``)."""
+    and its residual dropout's mask. ``sp``, ``heads``: the sequence and head splits
+    (``_attention_core``)."""
     c, r, h = dt.compute, dt.residual, m.hidden_size
     if m.family == "gpt2":  # GPT-2's own attention module: one Conv1D c_attn, its own eager softmax
         return tuple(_norm(m, h, r) + _inputs("qkv input", dt, h, 1) + _gpt2_attention(m, dt, fused, seq_len)
@@ -254,7 +258,7 @@ def attention_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int,
     if m.fused_qkv and fused:  # Phi-3 SDPA: v is a view of qkv_proj's output, so all of it stays alive
         # (eager: the value matmul saves a contiguous copy of v, so the projection's output is freed)
         saved.append(("fused qkv (kept by v view)", c * (m.num_heads + m.num_kv_heads) * m.head_dim))
-    saved += _attention_core(m, dt, fused, seq_len, sp)
+    saved += _attention_core(m, dt, fused, seq_len, sp, heads)
     if m.norms_per_layer == 4:  # Gemma-2: post-attention norm on o_proj output (c)
         saved += _norm(m, h, c)
     return tuple(saved + _residual_dropout(m))
@@ -275,10 +279,10 @@ def mlp_saved(m: ModelSpec, dt: DTypes) -> tuple[tuple[str, float], ...]:
 
 @cache
 def layer_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int,
-                sp: int = 1) -> tuple[tuple[str, float], ...]:
+                sp: int = 1, heads: int = 1) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves with no checkpointing: its attention and MLP halves
-    (``sp``: Ulysses' degree, ``_attention_core``)."""
-    return attention_saved(m, dt, fused, seq_len, sp) + mlp_saved(m, dt)
+    (``sp``, ``heads``: the sequence and head splits, ``_attention_core``)."""
+    return attention_saved(m, dt, fused, seq_len, sp, heads) + mlp_saved(m, dt)
 
 
 @cache

@@ -490,7 +490,7 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool, sp: int = 1) -> dict[str,
         return inputs
     if not fused:
         inputs["attn out (contiguous)"] = (attn_out,)
-    elif m.fused_qkv or sp > 1:  # (``sp``: Ulysses' degree; o_proj reads the output's all-to-all back)
+    elif m.fused_qkv or sp > 1:  # (``sp``: a split sequence, whose o_proj input is a copy of its own)
         inputs[activations.O_PROJ_COPY] = (attn_out,)
     return inputs
 
@@ -499,7 +499,7 @@ def _weight_gradient_inputs(m: ModelSpec, fused: bool, sp: int = 1) -> dict[str,
 def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: str, rank: int,
                         dropout: float, cast: bool, dora: bool = False,
                         keeps_inputs: bool = False, copy_bytes: int | None = None,
-                        prepared: bool = False, sp: int = 1) -> tuple[tuple[str, float], ...]:
+                        prepared: bool = False, sp: int = 1, heads: int = 1) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves (no checkpointing) when its weights are frozen and
     the target set's matmuls carry LoRA adapters (peft ``LoraLayer.forward``: ``base(x) +
     B(A(dropout(x.to(A's dtype)))) * scaling``), in the activation dtypes ``dt``.
@@ -550,7 +550,7 @@ def adapter_layer_saved(m: ModelSpec, dt, fused: bool, seq_len: int, targets: st
     on = {t.name: t for t in wrapped(m, targets)}
     own_copy = dropout > 0 or cast
     inputs = {} if keeps_inputs else _weight_gradient_inputs(m, fused, sp)
-    full = activations.layer_saved(m, activations.DTypes(c, c), fused, seq_len, sp)
+    full = activations.layer_saved(m, activations.DTypes(c, c), fused, seq_len, sp, heads)
     fp32_inputs: set[str] = set()
     if prepared:  # the MLP's intermediates in fp32, the rest of the list as at 16 bit
         mlp32 = dict(activations.mlp_saved(m, activations.DTypes(activations.FP32, activations.FP32)))

@@ -1,23 +1,25 @@
 """Sequence-parallel degrees: the requests whose spaces suggest searches as one.
 
-A degree ``p`` of Ulysses makes a data-parallel replica of ``p`` GPUs, and a search space holds its
-replicas fixed (its micro-batch sizes and accumulation follow from them), so each degree is a space
-of its own; suggest searches them all and ranks their plans as one (planner/engine/search.py
-``merged``). Which:
+A degree ``p`` of sequence parallelism makes a data-parallel replica of ``p`` GPUs, and a search
+space holds its replicas fixed (its micro-batch sizes and accumulation follow from them), so each
+layout (a realisation and its degree) is a space of its own; suggest searches them all and ranks
+their plans as one (planner/engine/search.py ``merged``). Which:
 
-- a request that names a degree (``--sequence-parallel ulysses --sp-size P``) or no Ulysses: its
-  own space, except that a long sequence (``SEQUENCE_SEARCH_MIN_TOKENS`` or more) with sequence
-  parallelism left unnamed also searches every degree;
-- ``--sequence-parallel ulysses`` without ``--sp-size``: every degree, at any length.
+- a request that names one degree (``--sequence-parallel ulysses --sp-size P``, or ``ring``) or no
+  sequence parallelism: its own space (several values named with ``--sp-size``: one each), except
+  that a long sequence (``SEQUENCE_SEARCH_MIN_TOKENS`` or more) with sequence parallelism left
+  unnamed also searches every layout;
+- ``--sequence-parallel ulysses`` (or ``ring``) without ``--sp-size``: its every degree, at any length.
 
-The degrees: those of one node Ulysses' rules allow (strategies/sequence_parallel.py ``degrees``),
-for requests whose methods and batching it can take (``sequence_searchable``), with the ZeRO
-stages among the request's sharding (Ulysses runs through DeepSpeed). Every space trains the same
-global batch, the request's, else the default of the space without sequence parallelism (a
-multiple of the GPUs, so of every degree's replicas): their plans' tokens/s are comparable.
+The degrees: those of one node each realisation's rules allow (strategies/sequence_parallel.py
+``degrees``), for requests whose methods and batching it can take (``sequence_searchable``), with
+its engine's shardings among the request's (Ulysses: the ZeRO stages; ring: FSDP2's full and
+grad-op sharding). Every space trains the same global batch, the request's, else the default of
+the space without sequence parallelism (a multiple of the GPUs, so of every degree's replicas):
+their plans' tokens/s are comparable.
 
 Below ``SEQUENCE_SEARCH_MIN_TOKENS`` no degree is searched unasked: a rank of a degree does the same
-matmuls and attention per step as one without it and adds the all-to-alls, so a degree pays only
+matmuls and attention per step as one without it and adds the exchanges, so a degree pays only
 where memory forces a slower plan without it, which long sequences do (at 32,768 tokens the 8B's
 fastest plan on 8xH100-80 without it recomputes every layer; with Ulysses over 4 GPUs none), and
 the common answer keeps its time budget (benchmarks/suggest_walltime.py).
@@ -33,12 +35,17 @@ from planner.engine.search import SearchOutcome
 from planner.engine.space import SearchSpace
 from planner.schema.suggest import SuggestRequest
 from planner.strategies.sequence_parallel import SequenceParallel, degrees, sequence_searchable
-from planner.strategies.sharding import ZERO
+from planner.strategies.sharding import ZERO, Sharding
 
 SpaceOf = Callable[[SuggestRequest], SearchSpace]
 
-#: The sequence length from which suggest searches Ulysses' degrees unasked (tokens).
+#: The sequence length from which suggest searches the sequence-parallel degrees unasked (tokens).
 SEQUENCE_SEARCH_MIN_TOKENS = 16_384
+#: Each realisation's shardings: Ulysses runs through DeepSpeed, ring attention on FSDP2 (hybrid
+#: sharding under it is not modelled: strategies/sequence_parallel.py).
+SHARDINGS = {SequenceParallel.ULYSSES: tuple(ZERO),
+             SequenceParallel.RING: (str(Sharding.FSDP), str(Sharding.FSDP_GRAD_OP))}
+KINDS = (SequenceParallel.ULYSSES, SequenceParallel.RING)
 
 
 def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:
@@ -46,29 +53,35 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
     sequence parallelism first where it is allowed; ``[request]`` where no degree is searched.
     ``space_of``: a request's search space."""
     named = {str(v) for v in request.sequence_parallel}
-    asked = "ulysses" in named and request.sp_size is None
     unnamed = not named and request.seq_len is not None and request.seq_len >= SEQUENCE_SEARCH_MIN_TOKENS
-    if not (asked or unnamed):
+    if request.sp_size is not None or not (unnamed or named - {"none"}):
         return _each_named(request, space_of)
     model, hardware = resolve_model(request.model), request.hardware()
-    zero = [s for s in (request.sharding or ZERO) if str(s) in ZERO]
-    found = degrees(model, hardware, request.seq_len or 0)
-    if not zero or not found or not sequence_searchable(model, request.method, request.batching_used):
+    layouts = []
+    for kind in KINDS:
+        if not unnamed and str(kind) not in named:
+            continue
+        shardings = [s for s in (request.sharding or SHARDINGS[kind]) if str(s) in SHARDINGS[kind]]
+        if kind == SequenceParallel.RING and request.fsdp_version == 1:
+            shardings = []
+        if shardings and sequence_searchable(model, request.method, request.batching_used, kind):
+            layouts += [(kind, p, shardings) for p in degrees(model, hardware, request.seq_len or 0, kind)]
+    if not layouts:
         return [request]  # (named: the strategy's rules refuse it with their reasons)
     base = [request.model_copy(update={"sequence_parallel": [SequenceParallel.NONE]})] if "none" in named or unnamed else []
     gbs = request.global_batch_size or _none_space(request, space_of).global_batch_size
-    return base + [request.model_copy(update={"sequence_parallel": [SequenceParallel.ULYSSES], "sp_size": p,
-                                              "sharding": zero, "global_batch_size": gbs}) for p in found]
+    return base + [request.model_copy(update={"sequence_parallel": [kind], "sp_size": p, "sharding": shardings,
+                                              "global_batch_size": gbs}) for kind, p, shardings in layouts]
 
 
 def _each_named(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:
-    """A request naming none and one degree of Ulysses: a request of each (one space holds one
-    degree), the same global batch in both."""
-    if {str(v) for v in request.sequence_parallel} != {"none", "ulysses"}:
+    """A request naming several values with one degree (``--sequence-parallel none,ulysses,ring
+    --sp-size P``): a request of each (one space holds one layout), the same global batch in all."""
+    named = list(dict.fromkeys(request.sequence_parallel))
+    if len(named) < 2:
         return [request]
     gbs = request.global_batch_size or _none_space(request, space_of).global_batch_size
-    return [request.model_copy(update={"sequence_parallel": [v], "global_batch_size": gbs})
-            for v in (SequenceParallel.NONE, SequenceParallel.ULYSSES)]
+    return [request.model_copy(update={"sequence_parallel": [v], "global_batch_size": gbs}) for v in named]
 
 
 def _none_space(request: SuggestRequest, space_of: SpaceOf) -> SearchSpace:
@@ -90,15 +103,22 @@ def searchable(requests: list[SuggestRequest],
             out.append((r, space_of(r)))
         except PlannerInputError as e:
             first = first or e
-            left.append(f"{layout_words((r.sp_size or 1) if 'ulysses' in r.sequence_parallel else 1)}: {e.problems[0]}")
+            left.append(f"{layout_words(_layout(r.sequence_parallel, r.sp_size))}: {e.problems[0]}")
     if not out and first is not None:
         raise first
     return out, left if len(requests) > 1 else []
 
 
-def layout_words(p: int) -> str:
-    """A layout as the tables say it: ``ulysses xP``, or ``none``."""
-    return f"ulysses x{p}" if p > 1 else "none"
+def _layout(values, sp_size: int | None) -> tuple[str, int]:
+    """The layout of a space or request of one ``sequence_parallel`` value: (realisation, degree)."""
+    kind = str(next(iter(values), "none"))
+    return (kind, sp_size or 2) if kind != "none" else ("none", 1)
+
+
+def layout_words(layout: tuple[str, int]) -> str:
+    """A layout as the tables say it: ``ulysses xP``, ``ring xP``, or ``none``."""
+    kind, p = layout
+    return f"{kind} x{p}" if kind != "none" and p > 1 else "none"
 
 
 def degrees_line(outcome: SearchOutcome, cands: list[Candidate], policy: NumericsPolicy,
@@ -116,8 +136,7 @@ def degrees_line(outcome: SearchOutcome, cands: list[Candidate], policy: Numeric
             best.setdefault(c.item.space, c.tokens_per_second)
     rows = []
     for i, space in enumerate(outcome.spaces):
-        p = int(space.settings.get("sp_size", 1)) if "ulysses" in space.choices.get("sequence_parallel", ()) else 1
-        words = layout_words(p)
+        words = layout_words(_layout(space.choices.get("sequence_parallel", ()), space.settings.get("sp_size")))
         rows.append((best.get(i, 0.0), f"{words} {best[i]:,.0f}" if i in best else f"{words}: nothing fits"))
     text = ", ".join([w for _, w in sorted(rows, key=lambda r: -r[0])] + [f"not searched: {w}" for w in left])
     return [f"sequence parallelism, each layout's fastest tokens/s: {text} (--sequence-parallel none: without it)"]

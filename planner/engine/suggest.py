@@ -146,8 +146,7 @@ def _suggest(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec,
              beside: Beside) -> SuggestResult:
     """``searched_spaces``: the request's spaces (planner/engine/degrees.py), their plans ranked as
     one; ``left``: the layouts its flags rule out, with why."""
-    workers = _main_workers(request, hardware)
-    outcome = merged([_search(r, model, hardware, s, workers) for r, s in searched_spaces])
+    outcome = merged(_searches(searched_spaces, model, hardware, _main_workers(request, hardware)))
     space = outcome.space
     candidates = searched(outcome)
     ranking = rank(candidates, request.numerics, request.top)
@@ -383,6 +382,35 @@ def _search(request: SuggestRequest, model: ModelSpec, hardware: HardwareSpec, s
             workers: int | None = None) -> SearchOutcome:
     return search_plans(space, model, hardware, request.margin, request.engine, request.trials, request.seed,
                         workers)
+
+
+def _searches(spaces: list[tuple[SuggestRequest, SearchSpace]], model: ModelSpec, hardware: HardwareSpec,
+              workers: int | None) -> list[SearchOutcome]:
+    """Each request's search of its space, in their order. Several spaces (the sequence-parallel
+    layouts: planner/engine/degrees.py) are split in two halves of about equal size, one searched
+    in a forked child while this process searches the other, each space in one process: forking
+    two workers for each space's shares cost more than the spaces' searches saved (8B on
+    8xH100-80 at 131,072 tokens, seven spaces: see benchmarks/suggest_walltime.py). One space, or
+    ``workers`` 1: searched here with ``workers``."""
+    if len(spaces) < 2 or workers == 1:
+        return [_search(r, model, hardware, s, workers) for r, s in spaces]
+    halves: tuple[list[int], list[int]] = ([], [])
+    for i in sorted(range(len(spaces)), key=lambda i: -spaces[i][1].size):
+        lighter = min(halves, key=lambda h: sum(spaces[j][1].size for j in h))
+        lighter.append(i)
+    theirs = Forked(_search_each, [spaces[i] for i in halves[1]], model, hardware, in_child=_one_worker)
+    try:
+        found = dict(zip(halves[0], _search_each([spaces[i] for i in halves[0]], model, hardware), strict=True))
+        found |= dict(zip(halves[1], theirs.result(), strict=True))
+    finally:
+        theirs.close()
+    return [found[i] for i in range(len(spaces))]
+
+
+def _search_each(spaces: list[tuple[SuggestRequest, SearchSpace]], model: ModelSpec,
+                 hardware: HardwareSpec) -> list[SearchOutcome]:
+    """Each space's search in this one process."""
+    return [_search(r, model, hardware, s, 1) for r, s in spaces]
 
 
 def _main_workers(request: SuggestRequest, hardware: HardwareSpec) -> int | None:

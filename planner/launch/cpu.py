@@ -13,6 +13,8 @@ Nothing here acts when CUDA is available.
 - accelerate validates a parallelism config (hybrid FSDP's replicate x shard mesh) before the
   Trainer hands it the FSDP plugin, and refuses MULTI_CPU there: it validates the processes as the
   multi-device run they stand in for (every other check, the mesh's size included, still runs).
+- ring attention (``cp_size`` above 1) has no stand-in: torch's context-parallel dispatcher has no
+  sharding rule for the CPU attention kernel, so such a launch is refused before any work.
 """
 
 import os
@@ -29,6 +31,12 @@ def before_training_arguments() -> None:
         return
     import transformers.training_args as ta
 
+    if int(os.environ.get("PARALLELISM_CONFIG_CP_SIZE", "1") or 1) > 1:
+        from planner.core.errors import PlannerInputError
+
+        raise PlannerInputError("ring attention (parallelism_config_cp_size above 1) does not run without CUDA: torch's "
+                                "context-parallel dispatcher has no rule for the CPU attention kernel",
+                                hint="Launch it on the GPUs it was planned for.")
     ta.is_torch_bf16_gpu_available = lambda: True
     _validate_parallelism_as_multi_device()
     if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":

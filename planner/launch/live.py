@@ -311,10 +311,13 @@ def _dpo(trainer) -> tuple[dict, dict]:
 
 def _sequence_parallel(trainer) -> dict:
     """The run's sequence parallelism, as its accelerator holds it (accelerate's ParallelismConfig:
-    sp_size above 1 is DeepSpeed's Ulysses, its only sp_backend)."""
+    sp_size above 1 is DeepSpeed's Ulysses, its only sp_backend; cp_size above 1 torch's ring
+    attention, its only cp_backend)."""
     pc = getattr(getattr(trainer, "accelerator", None), "parallelism_config", None)
-    sp = getattr(pc, "sp_size", 1) or 1
-    return {"sequence_parallel": "ulysses", "sp_size": sp} if sp > 1 else {"sequence_parallel": "none"}
+    sp, cp = getattr(pc, "sp_size", 1) or 1, getattr(pc, "cp_size", 1) or 1
+    if sp > 1:
+        return {"sequence_parallel": "ulysses", "sp_size": sp}
+    return {"sequence_parallel": "ring", "sp_size": cp} if cp > 1 else {"sequence_parallel": "none"}
 
 
 def observe(trainer, session) -> dict:
