@@ -1,5 +1,6 @@
-"""planner against published Ulysses runs (ALST, the Hugging Face blog, ms-swift): the longest
-sequence that fits, the peak and the step time, beside the published figure. Prints a markdown
+"""planner against published sequence-parallel runs (Ulysses: ALST, the Hugging Face blog,
+ms-swift; ring attention with checkpoint offload: TRL's 1M-token example, accelerate's offload
+PR): the longest sequence that fits, the peak and the step time, beside the published figure. Prints a markdown
 table; the provenance of each row is in ``CASES`` (source, quote, configuration, caveat).
 Run: python benchmarks/sequence_world.py"""
 
@@ -49,6 +50,34 @@ CASES = [
      "long_text/sequence_parallel.sh", "# Env: 4 * A100 / # Max Length: 16K / # GPU Memory: 4 * 43GiB, "
      "Training Speed 12s/it"))]
 
+TRL_1M = ("TRL's long-context example (huggingface/trl PR #6845 table, #6846; examples/sft_qwen3_8b_1m_context): "
+          "SFTTrainer, one PG-19 sequence of ~1M tokens a step, 8 x H100 80GB, accelerate parallelism_config_cp_size 8 "
+          "(ring attention, allgather default), FSDP2, bf16, micro-batch 1, TRL's chunked_nll loss (planner: chunked), "
+          "transformers checkpointing with offload (gradient_checkpointing_kwargs offload; planner: FSDP's own, "
+          "non-reentrant: the same GPU rows, 4 % more host RAM for the rotary copies; the script at HEAD sets "
+          "accelerate's fsdp_activation_checkpointing_offload, which is that), the model loaded in bf16 "
+          "(model_init_kwargs dtype: bf16 weights and AdamW states, planner's bf16-pure), the Trainer's default "
+          "AdamW, YaRN; 'peak GPU memory' in GB, its reading not stated")
+ACC_4175 = ("accelerate PR #4175 (activation_checkpointing_offload): 'at 1,048,576 tokens with cp_size=8, Qwen3-0.6B "
+            "goes from 27.9 GB to 20.8 GB (-25%) for +0.6% step time'; the same recipe as TRL's 1M example "
+            "(FSDP2 full checkpointing, ring attention over 8 H100s), reading not stated")
+#: the model loaded in bf16 (model_init_kwargs dtype) under FSDP2's bf16 policy: bf16 weights and AdamW states
+RING = {"sharding": "fsdp", "offload": "none", "loss": "chunked", "sequence_parallel": "ring", "sp_size": 8,
+        "precision": "bf16-pure"}
+
+CASES += [
+    ("trl-qwen3-8b-1m-cp8-offload-peak", "Qwen/Qwen3-8B", "8xH100-80",
+     RING | {"seq_len": 1_048_576, "checkpoint_offload": "host"}, 56.2, "peak GB", TRL_1M + ": '| Qwen3-8B | 1M | "
+     "364 s | 56.2 GB |'; 380 s/step after the cuDNN fallback fix (#6846)"),
+    ("trl-qwen3-0.6b-4m-cp8-offload-peak", "Qwen/Qwen3-0.6B", "8xH100-80",
+     RING | {"seq_len": 4_194_304, "checkpoint_offload": "host"}, 73.7, "peak GB", TRL_1M + ": '| Qwen3-0.6B | 4M | "
+     "2135 s | 73.7 GB |'"),
+    ("acc-qwen3-0.6b-1m-cp8-peak", "Qwen/Qwen3-0.6B", "8xH100-80", RING | {"seq_len": 1_048_576}, 27.9, "peak GB",
+     ACC_4175 + ": without offload"),
+    ("acc-qwen3-0.6b-1m-cp8-offload-peak", "Qwen/Qwen3-0.6B", "8xH100-80",
+     RING | {"seq_len": 1_048_576, "checkpoint_offload": "host"}, 20.8, "peak GB", ACC_4175 + ": with offload"),
+]
+
 BASE = {"sharding": "zero3", "offload": "optimizer", "checkpointing": "full", "precision": "bf16-mixed",
         "attention": "sdpa", "micro_batch_size": 1}
 
@@ -70,20 +99,21 @@ def longest(model: str, gpus: str, fields: dict, step: int = 8192, ceiling: int 
 
 
 def main() -> None:
-    print("| case | published | planner | error | planner's step at it |")
-    print("|---|---|---|---|---|")
+    print("| case | published | planner (device) | error | planner's step at it | planner allocated / reserved |")
+    print("|---|---|---|---|---|---|")
     for name, model, gpus, fields, published, what, _ in CASES:
         if what == "longest":
             got = longest(model, gpus, fields)
             at = plan(model, gpus, fields | {"seq_len": got}) if got else None
             step = f"{at.time.step_seconds:,.0f} s, {at.time.tokens_per_second:,.0f} tok/s" if at else ""
-            print(f"| {name} | {published:,} tokens | {got:,} tokens | {got / published - 1:+.1%} | {step} |")
+            print(f"| {name} | {published:,} tokens | {got:,} tokens | {got / published - 1:+.1%} | {step} | |")
         else:
             p = plan(model, gpus, fields)
             unit, scale = ("GiB", 2**30) if what == "peak GiB" else ("GB", 1e9)
             got = p.memory["peak"] / scale
             print(f"| {name} | {published} {unit} | {got:.1f} {unit} | {got / published - 1:+.1%} | "
-                  f"{p.time.step_seconds:,.1f} s, {p.time.tokens_per_second:,.0f} tok/s |")
+                  f"{p.time.step_seconds:,.1f} s, {p.time.tokens_per_second:,.0f} tok/s |"
+                  f" {p.allocated_peak_bytes / scale:.1f} / {p.reserved_peak_bytes / scale:.1f} {unit} |")
 
 
 if __name__ == "__main__":

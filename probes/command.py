@@ -81,6 +81,10 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
                                 hint="Trace fsdp on one node's GPU count: one rank's memory is the same.")
     if config.offload != "none":
         raise PlannerInputError("offload is not traced", hint="Trace the plan with --offload none.")
+    if str(getattr(config, "checkpoint_offload", "none")) != "none":
+        raise PlannerInputError("--checkpoint-offload is not traced: on the CPU the host copies live where the GPU's "
+                                "tensors would", hint="Trace the plan with --checkpoint-offload none: its GPU rows "
+                                                      "are the same but the checkpointed inputs.")
     if config.adapter == "lora-int8":
         raise PlannerInputError("--adapter lora-int8 is not traced: bitsandbytes' int8 matmuls do not run on fake "
                                 "tensors, and they keep other tensors than the 16-bit base a trace would run",

@@ -20,6 +20,7 @@ from planner.core.vocabulary import config_model
 from planner.strategies import (
     adapter,
     attention,
+    checkpoint_offload,
     checkpointing,
     generation,
     loss,
@@ -44,6 +45,7 @@ REGISTRY: tuple[Strategy, ...] = (
     method.STRATEGY,
     generation.STRATEGY,
     sequence_parallel.STRATEGY,
+    checkpoint_offload.STRATEGY,
 )
 TECHNIQUES: tuple[Strategy, ...] = tuple(sorted(REGISTRY, key=lambda s: s.order))
 BY_FIELD: dict[str, Strategy] = {s.field: s for s in TECHNIQUES}

@@ -195,8 +195,32 @@ def per_layer_forward_bytes(ctx: PlanContext) -> float:
             spec = ctx.layout.adapter
             kept = (adapters.kept_input_bytes(m, dt) if spec is not None and spec.base_keeps_inputs
                     and cfg.checkpoint_impl == CheckpointImpl.NON_REENTRANT else 0.0)
-            return activations.layer_input_bytes(m, dt) + kept
+            return (0.0 if _offloaded(ctx) else activations.layer_input_bytes(m, dt)) + kept
     raise ValueError(cfg.checkpointing)
+
+
+def _offloaded(ctx: PlanContext) -> bool:
+    """Full checkpointing with its inputs in host RAM (strategies/checkpoint_offload.py)."""
+    return ctx.config.checkpointing == Checkpointing.FULL and str(getattr(ctx.config, "checkpoint_offload",
+                                                                          "none")) == "host"
+
+
+def fsdp_checkpoints(ctx: PlanContext) -> bool:
+    """Whether FSDP's own activation checkpointing runs the plan's full checkpointing (FSDP, non-
+    reentrant: accelerate wraps each layer so), not the Trainer's (``_emit``)."""
+    return ctx.engine == Engine.FSDP and ctx.config.checkpoint_impl != CheckpointImpl.REENTRANT
+
+
+def offloaded_input_bytes(ctx: PlanContext) -> float:
+    """Bytes per token of one layer's checkpointed inputs that activation-checkpoint offload keeps
+    in host RAM (0 without it): the layer's input, and under FSDP's own checkpointing (which saves
+    keyword tensors too) its own copy of the rotary cos and sin (2 x head_dim, the residual's
+    dtype); strategies/checkpoint_offload.py."""
+    if not _offloaded(ctx):
+        return 0.0
+    m, dt = ctx.model, ctx.layout.dtypes
+    rotary = 2 * m.head_dim * dt.residual if fsdp_checkpoints(ctx) and not m.learned_position_embeddings else 0.0
+    return activations.layer_input_bytes(m, dt) + rotary
 
 
 def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
@@ -529,7 +553,7 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     decoder layer."""
     c = ctx.config.checkpointing
     reentrant = ctx.config.checkpoint_impl == CheckpointImpl.REENTRANT
-    fsdp = ctx.engine == Engine.FSDP and not reentrant  # (FSDP's own wraps each layer non-reentrant)
+    fsdp = fsdp_checkpoints(ctx)  # (FSDP's own wraps each layer non-reentrant)
     if c == Checkpointing.FULL and fsdp:
         files.fsdp()["fsdp_activation_checkpointing"] = True
         files.trainer_fsdp()["activation_checkpointing"] = True

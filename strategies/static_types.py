@@ -12,6 +12,7 @@ from planner.core.record import Record
 from planner.core.vocabulary import ConfigBase
 from planner.strategies.adapter import Adapter, AdapterDtype, KbitPrep, LoraTargets, Nf4Matmul
 from planner.strategies.attention import Attention
+from planner.strategies.checkpoint_offload import CheckpointOffload
 from planner.strategies.checkpointing import CheckpointImpl, Checkpointing
 from planner.strategies.generation import Generation
 from planner.strategies.loss import Loss, LossPath, ModelOutput
@@ -35,6 +36,7 @@ class TrainingConfig(ConfigBase):
     method: Method = Method.SFT
     generation: Generation = Generation.NONE
     sequence_parallel: SequenceParallel = SequenceParallel.NONE
+    checkpoint_offload: CheckpointOffload = CheckpointOffload.NONE
     checkpoint_impl: CheckpointImpl = CheckpointImpl.NON_REENTRANT
     fsdp_version: int = 2
     gradient_sync: GradientSync = GradientSync.MICRO_BATCH
@@ -84,6 +86,7 @@ class TechniqueChoices(Record):
     method: Method | None = None
     generation: Generation | None = None
     sequence_parallel: SequenceParallel | None = None
+    checkpoint_offload: CheckpointOffload | None = None
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
@@ -126,6 +129,7 @@ class TechniqueLists(Record):
     method: list[Method] = Field(default_factory=list)
     generation: list[Generation] = Field(default_factory=list)
     sequence_parallel: list[SequenceParallel] = Field(default_factory=list)
+    checkpoint_offload: list[CheckpointOffload] = Field(default_factory=list)
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None

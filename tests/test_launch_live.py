@@ -61,6 +61,10 @@ ALL_CASES = [
     ("zero3-qlora-full", "2xA100-80", dict(sharding="zero3", adapter="qlora", checkpointing="full"), 2),
     ("zero2-qlora", "2xA100-80", dict(sharding="zero2", adapter="qlora"), 2),
     ("zero1-lora-int8-full", "2xA100-80", dict(sharding="zero1", adapter="lora-int8", checkpointing="full"), 2),
+    # activation-checkpoint offload: the Trainer's (save_on_cpu around transformers' checkpoint) and
+    # accelerate's FSDP2 one (torch's OffloadWrapper around each checkpointed layer)
+    ("single-ckpt-offload", "1xA100-80", dict(checkpointing="full", checkpoint_offload="host"), 1),
+    ("fsdp-ckpt-offload", "2xA100-80", dict(sharding="fsdp", checkpointing="full", checkpoint_offload="host"), 2),
     ("single-padded", "1xA100-80", dict(batching="padded"), 1),  # one document a row, padded to the batch's longest
     # a QLoRA base prepared as TRL <= 0.25 prepares it (fp32 norms): the launch applies what runtime.json says
     ("single-qlora-kbit-prep", "1xA100-80", dict(adapter="qlora", kbit_prep="fp32-norms", checkpointing="full"), 1),
@@ -99,7 +103,7 @@ ALL_CASES = [
 #: and fp8, offload (DeepSpeed's CPU Adam is a C++ build of minutes), hybrid FSDP over two
 #: machines, padded batching, the adapter plans suggested for an RTX 4090.
 CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full", "single-dpo", "single-grpo",
-            "single-kto", "zero3-ulysses")
+            "single-kto", "zero3-ulysses", "fsdp-ckpt-offload")
 CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in CI_CASES else FULL) for c in ALL_CASES]
 
 

@@ -108,8 +108,9 @@ def test_the_ladder_takes_4bit_states_only_when_8bit_does_not_fit():
     from planner.schema.suggest import SuggestRequest
 
     assert [r.name for r in LADDER[:3]] == ["8-bit-states", "4-bit-states", "fp8"]
+    # (checkpoint offload, searched from 16,384 tokens, would fit 8-bit states at the long context)
     ask = dict(model="meta-llama/Llama-3.2-1B", gpus="1xA10G-24", sharding=["none"], offload=["none"],
-               optimizer=["adamw", "adamw-8bit", "adamw-4bit"], precision=["bf16-mixed"])
+               optimizer=["adamw", "adamw-8bit", "adamw-4bit"], precision=["bf16-mixed"], checkpoint_offload=["none"])
     assert suggest(SuggestRequest(**ask, seq_len=8192)).plans[0].config.optimizer == "adamw-8bit"
     long = suggest(SuggestRequest(**ask, seq_len=26624))
     assert long.plans[0].config.optimizer == "adamw-4bit"

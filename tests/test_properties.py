@@ -125,7 +125,9 @@ def test_checkpointing_never_increases_activations(model, gpus, cfg):
     64 KiB at the first layer's backward, more than the recompute saves). Beyond those, fewer
     activations and no higher peak. An adapter refuses selective checkpointing (strategies/adapter.py
     ALLOWS), so with one only full and none are compared."""
-    none, selective, full = (run(model, gpus, **(cfg | {"checkpointing": c})) for c in Checkpointing)
+    # (offload moves what full checkpointing keeps, and is refused without it: compared without it)
+    none, selective, full = (run(model, gpus, **(cfg | {"checkpointing": c, "checkpoint_offload": "none"}))
+                             for c in Checkpointing)
     masks = checkpoint_inputs(selective)
     assert masks == checkpoint_inputs(full) and checkpoint_inputs(none) == 0
     if cfg.get("adapter", "none") != "none":

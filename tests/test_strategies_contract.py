@@ -53,6 +53,7 @@ GPUS = ("1xH100-80", "8xH100-80", "2x8xH100-80")
 #: the other techniques' values a candidate starts from (padded batching: the batching TRL's DPO
 #: trainer runs, which a DPO plan requires)
 BASES = ({}, {"sharding": "zero3"}, {"sharding": "fsdp"}, {"sharding": "zero2"}, {"batching": "padded"},
+         {"checkpointing": "full"},  # (checkpoint offload moves what full checkpointing keeps)
          {"batching": "padded", "micro_batch_size": 2},  # (KTO's KL estimate: micro-batches of 2 or more)
          {"batching": "padded", "method": "grpo", "generation": "transformers", "completion_len": 128,
           "num_generations": 2, "grad_accum": 2})

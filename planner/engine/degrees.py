@@ -34,6 +34,7 @@ from planner.engine.ranking import Candidate, allowed_levels
 from planner.engine.search import SearchOutcome
 from planner.engine.space import SearchSpace
 from planner.schema.suggest import SuggestRequest
+from planner.strategies.checkpoint_offload import CheckpointOffload
 from planner.strategies.sequence_parallel import SequenceParallel, degrees, sequence_searchable
 from planner.strategies.sharding import ZERO, Sharding
 
@@ -51,7 +52,9 @@ KINDS = (SequenceParallel.ULYSSES, SequenceParallel.RING)
 def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:
     """``request`` (its seq_len resolved) as the requests suggest searches, the one without
     sequence parallelism first where it is allowed; ``[request]`` where no degree is searched.
-    ``space_of``: a request's search space."""
+    ``space_of``: a request's search space. A long sequence also searches activation-checkpoint
+    offload where the request leaves it unnamed (``_with_levers``)."""
+    request = _with_levers(request)
     named = {str(v) for v in request.sequence_parallel}
     unnamed = not named and request.seq_len is not None and request.seq_len >= SEQUENCE_SEARCH_MIN_TOKENS
     if request.sp_size is not None or not (unnamed or named - {"none"}):
@@ -72,6 +75,17 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
     gbs = request.global_batch_size or _none_space(request, space_of).global_batch_size
     return base + [request.model_copy(update={"sequence_parallel": [kind], "sp_size": p, "sharding": shardings,
                                               "global_batch_size": gbs}) for kind, p, shardings in layouts]
+
+
+def _with_levers(request: SuggestRequest) -> SuggestRequest:
+    """From ``SEQUENCE_SEARCH_MIN_TOKENS`` tokens, with ``--checkpoint-offload`` unnamed: the request
+    searching both values (host RAM for the checkpointed inputs only pays where the GPU cannot
+    hold them, which long sequences make likely; the rules refuse it but under full
+    checkpointing, so the combinations it adds are those)."""
+    long = request.seq_len is not None and request.seq_len >= SEQUENCE_SEARCH_MIN_TOKENS
+    if not long or request.checkpoint_offload:
+        return request
+    return request.model_copy(update={"checkpoint_offload": list(CheckpointOffload)})
 
 
 def _each_named(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:

@@ -13,6 +13,9 @@ Nothing here acts when CUDA is available.
 - accelerate validates a parallelism config (hybrid FSDP's replicate x shard mesh) before the
   Trainer hands it the FSDP plugin, and refuses MULTI_CPU there: it validates the processes as the
   multi-device run they stand in for (every other check, the mesh's size included, still runs).
+- activation-checkpoint offload packs into pinned host memory, which needs an accelerator: the
+  ``save_on_cpu`` transformers' and torch's offload wrapper call packs unpinned here (the tensors
+  are host tensors already; the packing, and what the live check sees, are the same).
 - ring attention (``cp_size`` above 1) has no stand-in: torch's context-parallel dispatcher has no
   sharding rule for the CPU attention kernel, so such a launch is refused before any work.
 """
@@ -38,10 +41,23 @@ def before_training_arguments() -> None:
                                 "context-parallel dispatcher has no rule for the CPU attention kernel",
                                 hint="Launch it on the GPUs it was planned for.")
     ta.is_torch_bf16_gpu_available = lambda: True
+    _unpinned_checkpoint_offload()
     _validate_parallelism_as_multi_device()
     if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
         # the arguments make their own PartialState and check DeepSpeed's batch sizes against it at once
         ta.PartialState = _deepspeed_partial_state()
+
+
+def _unpinned_checkpoint_offload() -> None:
+    import torch.distributed.algorithms._checkpoint.checkpoint_wrapper as wrapper
+    import transformers.modeling_utils as modeling
+    from torch.autograd.graph import save_on_cpu
+
+    class Unpinned(save_on_cpu):
+        def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+            super().__init__(pin_memory=False, device_type=device_type)
+
+    modeling.save_on_cpu = wrapper.save_on_cpu = Unpinned
 
 
 def _validate_parallelism_as_multi_device() -> None:

@@ -65,11 +65,13 @@ def _fsdp_state(module):
 
 def _layer_group(layer):
     """The FSDP2 parameter group of a decoder layer: its own, or (activation checkpointing wraps
-    the layer first) its wrapped module's."""
-    for module in (layer, getattr(layer, "_checkpoint_wrapped_module", None)):
-        state = _fsdp_state(module) if module is not None else None
+    the layer first, and checkpoint offload wraps that) a wrapped module's."""
+    module = layer
+    while module is not None:
+        state = _fsdp_state(module)
         if state is not None and state._fsdp_param_group is not None:
             return state._fsdp_param_group
+        module = getattr(module, "_checkpoint_wrapped_module", None)
     return None
 
 
@@ -175,6 +177,19 @@ def _checkpointing(model) -> tuple[str, dict]:
         return "full", {"checkpoint_wrappers": wrapped,
                         "hf_gradient_checkpointing": bool(getattr(model, "is_gradient_checkpointing", False))}
     return "none", {}
+
+
+def _checkpoint_offload(model) -> tuple[str, dict]:
+    """Whether the checkpointed layers' inputs go to host RAM: torch's ``OffloadWrapper`` (accelerate's
+    FSDP ``activation_checkpointing_offload``) or transformers' checkpoint function under
+    ``save_on_cpu`` (its ``offload``)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import OffloadWrapper
+
+    wrappers = sum(isinstance(m, OffloadWrapper) for m in model.modules())
+    functions = {getattr(layer, "_gradient_checkpointing_func", None) for layer in decoder_layers(model)}
+    hf = sum("save_on_cpu" in getattr(getattr(getattr(f, "func", f), "__code__", None), "co_names", ())
+             for f in functions if f is not None)
+    return ("host" if wrappers or hf else "none"), {"offload_wrappers": wrappers, "hf_checkpoint_offload": bool(hf)}
 
 
 def _adapter(model) -> dict:
@@ -328,6 +343,7 @@ def observe(trainer, session) -> dict:
     sharding, offload, shard_detail = _sharding_and_offload(trainer, model)
     precision, prec_detail = _precision(trainer, model, sharding)
     checkpointing, ckpt_detail = _checkpointing(model)
+    checkpoint_offload, offload_detail = _checkpoint_offload(model)
     loss = _loss(model)
     shape = getattr(session, "batch_shape", None) or (None, None)
     batching, rows = _batching(trainer, session, shape[1])
@@ -342,7 +358,8 @@ def observe(trainer, session) -> dict:
         each = trainer.accelerator.gradient_state.plugin_kwargs.get("sync_each_batch", False)
         fsdp["gradient_sync"] = "micro-batch" if each else "step"
     live = {
-        "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing, "sharding": sharding,
+        "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing,
+        "checkpoint_offload": checkpoint_offload, "sharding": sharding,
         "offload": offload, "loss": loss, "attention": model.config._attn_implementation, "method": _method(trainer),
         "micro_batch_size": shape[0] // ROWS_PER_SAMPLE.get(_method(trainer), 1) if shape[0] else shape[0],
         "grad_accum": accum, "seq_len": rows * shards if rows is not None else rows, "batching": batching,
@@ -352,8 +369,8 @@ def observe(trainer, session) -> dict:
     live |= dpo | grpo | sequence
     sequence_detail = {"positions_per_rank": rows} if shards > 1 else {}
     assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
-    return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | adapter_detail | dpo_detail
-                   | grpo_detail | sequence_detail | {"compiled": trainer.args.torch_compile}}
+    return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | offload_detail | adapter_detail
+                   | dpo_detail | grpo_detail | sequence_detail | {"compiled": trainer.args.torch_compile}}
 
 
 def differences(config, live: dict) -> list[str]:
