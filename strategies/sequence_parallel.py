@@ -44,7 +44,6 @@ from enum import StrEnum
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo
-from planner.core.lengths import Batching
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
 from planner.cost import comms, sequence
@@ -108,10 +107,22 @@ def _degree_refusals(m, kind: SequenceParallel, p: int, seq_len: int) -> list[tu
     return out
 
 
-def _unmodelled(m, method, batching, kind: SequenceParallel = SequenceParallel.ULYSSES) -> list[tuple[str, str]]:
+def pad_multiple(get) -> int:
+    """Tokens a padded row of a split sequence is padded to a multiple of (``get``: a field's value
+    by name): Ulysses ``sp_size`` (each rank an equal share: DeepSpeed's
+    ``UlyssesSPDataLoaderAdapter``), ring ``2 x sp_size`` (head-tail chunks: torch's load balancer,
+    TRL's ``pad_to_multiple_of``); 1 otherwise. planner's launch pads so (planner/launch/data.py
+    ``Padded``); planner/core/lengths.py ``shape`` models it."""
+    kind, p = str(get("sequence_parallel") or "none"), int(get("sp_size") or 2)
+    return {"ulysses": p, "ring": 2 * p}.get(kind, 1)
+
+
+def _unmodelled(m, method, kind: SequenceParallel = SequenceParallel.ULYSSES) -> list[tuple[str, str]]:
     """The rules no degree or technique changes, as (code, reason): the methods whose loss over
     sequence shards is modelled, no sliding window (Ulysses: a 4D mask it does not pass; ring:
-    accelerate refuses non-causal layers), packed rows."""
+    accelerate refuses non-causal layers). Padded rows are padded to ``pad_multiple``; right
+    padding under the causal attention both run (the mask dropped) leaves the real tokens'
+    attention as it is, and the padding's labels are -100."""
     name = "Ulysses" if kind == SequenceParallel.ULYSSES else "ring attention"
     out = []
     if str(method) not in SP_METHODS:
@@ -121,16 +132,13 @@ def _unmodelled(m, method, batching, kind: SequenceParallel = SequenceParallel.U
         why = ("needs a 4D mask, which Ulysses does not pass: not modelled" if kind == SequenceParallel.ULYSSES
                else "is not plain causal: accelerate refuses it under context parallelism")
         out.append((f"{kind} with a sliding window", f"{m.family}'s sliding-window attention {why}"))
-    if batching != Batching.PACKED:
-        out.append((f"{kind} with padded batches", f"padded batches under {name} are padded to a multiple of "
-                    "the degree by the collator, which planner's launch does not do yet: plan packed batches"))
     return out
 
 
-def sequence_searchable(m, methods, batching, kind: SequenceParallel = SequenceParallel.ULYSSES) -> bool:
-    """Whether plans of ``m`` under the training ``methods`` and ``batching`` can take ``kind`` at
-    all (``_unmodelled`` refuses none of them)."""
-    return not any(_unmodelled(m, x, batching, kind) for x in methods)
+def sequence_searchable(m, methods, kind: SequenceParallel = SequenceParallel.ULYSSES) -> bool:
+    """Whether plans of ``m`` under the training ``methods`` can take ``kind`` at all
+    (``_unmodelled`` refuses none of them)."""
+    return not any(_unmodelled(m, x, kind) for x in methods)
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -158,7 +166,7 @@ def _check(ctx: PlanContext, out: Check) -> None:
                    "eager attention (DeepSpeedSequenceParallelConfig); use --attention sdpa"
                    if kind == SequenceParallel.ULYSSES else
                    "ring attention replaces SDPA's kernels: the Trainer refuses any other attention; use --attention sdpa")
-    for code, reason in _unmodelled(m, cfg.method, cfg.batching, kind):
+    for code, reason in _unmodelled(m, cfg.method, kind):
         out.reject(code, reason, unmodelled=True)
     if p > ctx.hardware.gpus_per_node:
         out.warnings.append(f"--sp-size {p} spans nodes: every layer's exchanges cross the network")
@@ -241,6 +249,11 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     if p == 1:
         return
     block = {"parallelism_config_dp_replicate_size": 1, "parallelism_config_dp_shard_size": ctx.world_size // p}
+    if cfg.batching != "packed":
+        m = pad_multiple(lambda name: getattr(cfg, name, None))
+        files.notes.append(f"padded rows under {cfg.sequence_parallel} x{p}: planner's launch pads each micro-batch's rows "
+                           f"to a multiple of {m} tokens (with their position ids); a TRL script of your own needs "
+                           f"SFTConfig(pad_to_multiple_of={m})")
     if cfg.sequence_parallel == SequenceParallel.RING:
         files.accelerate["parallelism_config"] = block | {
             "parallelism_config_cp_size": p,

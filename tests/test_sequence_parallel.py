@@ -309,3 +309,36 @@ def test_a_trainer_arguments_parallelism_config_is_refused_not_ignored(tmp_path)
                                 "parallelism_config": {"sp_size": 4}}))
     with pytest.raises(PlannerInputError, match="parallelism_config in Trainer arguments read from a file stays a dict"):
         check(CheckRequest(model=LLAMA8, gpus="8xH100-80", training_args=args, seq_len=32768, alternatives=0))
+
+
+def test_padded_rows_of_a_split_sequence_are_padded_to_the_degree_and_modelled_so():
+    """Padded batches under Ulysses pad each row up to a multiple of sp_size (ring: 2 x sp_size):
+    the longest micro-batch's rows, the expected padded length the kernels run (the longest of the
+    batch's samples, each rounded up: rounding is monotone) and the real tokens (not rounded)."""
+    from planner.core.lengths import Batching, Lengths, shape
+    from planner.engine.space import build_space
+    from planner.launch.data import Padded
+    from planner.strategies.sequence_parallel import pad_multiple
+
+    lengths = Lengths(((1000, 3), (30001, 1)), "test")
+    assert lengths.rounded(8).counts == ((1000, 3), (30008, 1))
+    assert lengths.rounded(16).counts == ((1008, 3), (30016, 1))
+    rows = shape(Batching.PADDED, 32768, lengths, 2, 16)
+    assert rows.memory == 30016
+    assert rows.kernel == pytest.approx(1008 * (3 / 4) ** 2 + 30016 * (1 - (3 / 4) ** 2))
+    assert rows.real == pytest.approx((3 * 1000 + 30001) / 4)
+    get = {"sequence_parallel": "ring", "sp_size": 8}.get
+    assert pad_multiple(get) == 16 and pad_multiple({"sequence_parallel": "ulysses", "sp_size": 8}.get) == 8
+    assert pad_multiple({"sequence_parallel": "none", "sp_size": 8}.get) == 1
+    space = build_space(8, 32768, {"sequence_parallel": ["ulysses"], "sharding": ["zero3"]}, settings={"sp_size": 8},
+                        batching=Batching.PADDED, lengths=lengths)
+    assert space.seq_len == 30008 and space.seq_len % 8 == 0
+    batch = Padded(0, None, 8)([{"input_ids": [1] * 5}, {"input_ids": [1] * 3}])
+    assert batch["input_ids"].shape == (2, 8) and batch["labels"][0, 5:].tolist() == [-100] * 3
+
+
+def test_a_padded_ulysses_plan_is_checked_with_its_rounded_rows():
+    """The check rules of a padded plan under Ulysses: its rows (the longest, rounded up) divide
+    by the degree; no refusal for padding."""
+    ctx = _ctx(32768, 8, batching="padded")
+    assert not [c for c in check_config(ctx).codes if "padded" in c]

@@ -36,6 +36,7 @@ from planner.strategies import BY_FIELD, TECHNIQUES, PlanContext, TrainingConfig
 from planner.strategies.loss import evaluation_logits_bytes
 from planner.strategies.method import dpo, generation_batch_faults
 from planner.strategies.request_fields import TechniqueChoices
+from planner.strategies.sequence_parallel import pad_multiple
 
 #: every technique and the workload, but what the batching and the samples' lengths derive
 CONFIG_FIELDS = tuple(f for f in TrainingConfig.model_fields if f not in SHAPE_FIELDS)
@@ -249,7 +250,8 @@ def _resolve(request, reading: Reading, plan_config, model, hardware) -> tuple[T
     if values["batching"] in (Batching.PADDED, Batching.PADDED_MAX) and all(
             isinstance(values[k], int) and values[k] >= 1 for k in ("seq_len", "micro_batch_size")):
         cap = values["seq_len"]  # (rows of the samples' own lengths: core/lengths.py)
-        values |= padded_workload(values["batching"], cap, lengths_of(request), values["micro_batch_size"])
+        values |= padded_workload(values["batching"], cap, lengths_of(request), values["micro_batch_size"],
+                                  pad_multiple(values.get))
         if values["seq_len"] < cap:
             sources["seq_len"] += f" {cap}; the longest sample of --lengths is shorter"
     for s in TECHNIQUES:  # a technique's settings mean nothing while it is off (LoRA's rank without an adapter)

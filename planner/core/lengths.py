@@ -70,6 +70,17 @@ class Lengths:
         cut = sum(n for t, n in self.counts if t >= cap)
         return Lengths(tuple(kept + ([(cap, cut)] if cut else [])), self.source)
 
+    def rounded(self, multiple: int) -> "Lengths":
+        """The lengths a collator padding every row to a multiple of ``multiple`` makes (each up to
+        the next multiple; monotone, so a batch's longest row is its longest sample's, rounded)."""
+        if multiple <= 1:
+            return self
+        merged: dict[int, int] = {}
+        for t, n in self.counts:
+            up = -(-t // multiple) * multiple
+            merged[up] = merged.get(up, 0) + n
+        return Lengths(tuple(sorted(merged.items())), self.source)
+
     @property
     def mean(self) -> float:
         """Mean tokens per sample."""
@@ -99,14 +110,17 @@ class Shape:
     real: float
 
 
-def shape(batching: Batching, cap: int, lengths: Lengths | None, micro_batch_size: int) -> Shape:
+def shape(batching: Batching, cap: int, lengths: Lengths | None, micro_batch_size: int, multiple: int = 1) -> Shape:
     """A micro-batch of ``micro_batch_size`` rows at most ``cap`` tokens long, under ``batching``,
     of samples with ``lengths`` (None: every sample at least ``cap`` long, the longest batch's
-    shape for every batch)."""
+    shape for every batch); padded rows padded up to a ``multiple`` of tokens (a sequence split
+    over ranks: strategies/sequence_parallel.py ``pad_multiple``), which the kernels run and the
+    real tokens do not count."""
     if lengths is None or batching == Batching.PACKED:
         return Shape(cap, cap, cap, cap)
     seen = lengths.capped(cap)
     if batching == Batching.PADDED_MAX:
         return Shape(cap, cap, cap, seen.mean)
-    kernel = seen.longest_of(micro_batch_size)
-    return Shape(seen.longest, kernel, seen.longest_of(micro_batch_size, 2) / kernel, seen.mean)
+    padded = seen.rounded(multiple)
+    kernel = padded.longest_of(micro_batch_size)
+    return Shape(padded.longest, kernel, padded.longest_of(micro_batch_size, 2) / kernel, seen.mean)

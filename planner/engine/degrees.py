@@ -12,7 +12,7 @@ their plans as one (planner/engine/search.py ``merged``). Which:
 - ``--sequence-parallel ulysses`` (or ``ring``) without ``--sp-size``: its every degree, at any length.
 
 The degrees: those of one node each realisation's rules allow (strategies/sequence_parallel.py
-``degrees``), for requests whose methods and batching it can take (``sequence_searchable``), with
+``degrees``), for requests whose methods it can take (``sequence_searchable``), with
 its engine's shardings among the request's (Ulysses: the ZeRO stages; ring: FSDP2's full and
 grad-op sharding). Every space trains the same global batch, the request's, else the default of
 the space without sequence parallelism (a multiple of the GPUs, so of every degree's replicas):
@@ -67,7 +67,7 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
         shardings = [s for s in (request.sharding or SHARDINGS[kind]) if str(s) in SHARDINGS[kind]]
         if kind == SequenceParallel.RING and request.fsdp_version == 1:
             shardings = []
-        if shardings and sequence_searchable(model, request.method, request.batching_used, kind):
+        if shardings and sequence_searchable(model, request.method, kind):
             layouts += [(kind, p, shardings) for p in degrees(model, hardware, request.seq_len or 0, kind)]
     if not layouts:
         return [request]  # (named: the strategy's rules refuse it with their reasons)

@@ -49,6 +49,7 @@ from planner.strategies import (
 from planner.strategies.adapter import whole_load_bytes
 from planner.strategies.base import LAYOUT_INPUTS
 from planner.strategies.rates import assumed_terms, peak_dtype, peak_flops
+from planner.strategies.sequence_parallel import pad_multiple
 from planner.strategies.sharding import Sharding, engine_of
 
 
@@ -177,7 +178,7 @@ def resolve_config(request, model: ModelSpec, hardware: HardwareSpec) -> Trainin
     if batching != Batching.PACKED and any(v is not None for v in given.values()):
         fields |= {"batching": batching} | given  # a plan's own shape (its plan.json)
     elif batching != Batching.PACKED:  # rows of the samples' own lengths (planner/core/lengths.py)
-        fields |= padded_workload(batching, cap, lengths_of(request), request.micro_batch_size)
+        fields |= padded_workload(batching, cap, lengths_of(request), request.micro_batch_size, pad_multiple(fields.get))
     return TrainingConfig(**fields)
 
 

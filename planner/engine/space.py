@@ -26,6 +26,7 @@ from planner.core.vocabulary import SEQUENCE_SHARDED
 from planner.strategies import REGISTRY, SETTINGS, TrainingConfig
 from planner.strategies.method import GRPO_DEFAULTS, generation_batch_faults
 from planner.strategies.optimizer import QUANTIZED
+from planner.strategies.sequence_parallel import pad_multiple
 
 DEFAULT_GLOBAL_BATCH_TOKENS = 131_072  # 2^17 = 64 x 2048
 _ENUMS = {s.field: s.enum for s in REGISTRY}
@@ -218,7 +219,8 @@ def build_space(
                                 "--launcher trainer cannot run it; use the planner launch (the default)")
         choices[strategy.field] = tuple(dict.fromkeys(wanted))
     data_parallel = _replicas(choices.get("sequence_parallel", ()), settings or {}, data_parallel, problems)
-    rows = shape(batching, seq_len, lengths, 1) if seq_len >= 1 else None
+    multiple = _pad_multiple(choices.get("sequence_parallel", ()), settings or {})
+    rows = shape(batching, seq_len, lengths, 1, multiple) if seq_len >= 1 else None
     real = rows.real if rows else seq_len
     groups = (settings or {}).get("num_generations", GRPO_DEFAULTS["num_generations"]) if "grpo" in fixed.get("method", ()) else 1
     gbs = global_batch_size if global_batch_size is not None else default_global_batch(data_parallel, real, groups)
@@ -246,8 +248,16 @@ def build_space(
     return SearchSpace(
         choices=choices, micro_batch_sizes=tuple(divisors), seq_len=rows.memory if rows else seq_len,
         global_batch_size=gbs, data_parallel=data_parallel, settings=settings or {}, batching=batching,
-        shapes={} if batching == Batching.PACKED else {b: shape_fields(batching, seq_len, lengths, b) for b in divisors},
+        shapes={} if batching == Batching.PACKED else {b: shape_fields(batching, seq_len, lengths, b, multiple)
+                                                       for b in divisors},
     )
+
+
+def _pad_multiple(sequence_parallel: tuple[str, ...], settings: dict[str, Any]) -> int:
+    """The padding multiple of a space's rows: one sequence-parallel value a space (``_replicas``),
+    its ``pad_multiple``."""
+    kind = next(iter(sequence_parallel), "none") if len(sequence_parallel) == 1 else "none"
+    return pad_multiple({"sequence_parallel": kind, "sp_size": settings.get("sp_size")}.get)
 
 
 def _replicas(sequence_parallel: tuple[str, ...], settings: dict[str, Any], gpus: int, problems: list[str]) -> int:
@@ -302,20 +312,22 @@ def _method_sizes(methods, settings: dict[str, Any], divisors: list[int], micro_
     return divisors
 
 
-def shape_fields(batching: Batching, cap: int, lengths: Lengths | None, micro_batch_size: int) -> dict[str, float | None]:
-    """The workload fields of a micro-batch of ``micro_batch_size`` rows under ``batching`` (None
-    where a row is ``seq_len`` long, the field's default)."""
-    rows = shape(batching, cap, lengths, micro_batch_size)
+def shape_fields(batching: Batching, cap: int, lengths: Lengths | None, micro_batch_size: int,
+                 multiple: int = 1) -> dict[str, float | None]:
+    """The workload fields of a micro-batch of ``micro_batch_size`` rows under ``batching``, padded
+    rows to a ``multiple`` of tokens (None where a row is ``seq_len`` long, the field's default)."""
+    rows = shape(batching, cap, lengths, micro_batch_size, multiple)
     out = {"kernel_seq_len": rows.kernel, "attention_seq_len": rows.attention, "real_seq_len": rows.real}
     return {k: (None if v == rows.memory else v) for k, v in out.items()}
 
 
-def padded_workload(batching: Batching, cap: int, lengths: Lengths | None, micro_batch_size: int) -> dict[str, Any]:
+def padded_workload(batching: Batching, cap: int, lengths: Lengths | None, micro_batch_size: int,
+                    multiple: int = 1) -> dict[str, Any]:
     """The workload fields of a configuration whose rows are at most ``cap`` tokens under
-    ``batching``: the longest micro-batch's row length (the peak's) and the expected
-    micro-batch's shape (``shape_fields``)."""
-    return ({"batching": batching, "seq_len": shape(batching, cap, lengths, 1).memory}
-            | shape_fields(batching, cap, lengths, micro_batch_size))
+    ``batching``, padded to a ``multiple`` of tokens: the longest micro-batch's row length (the
+    peak's) and the expected micro-batch's shape (``shape_fields``)."""
+    return ({"batching": batching, "seq_len": shape(batching, cap, lengths, 1, multiple).memory}
+            | shape_fields(batching, cap, lengths, micro_batch_size, multiple))
 
 
 def reshaped(config: TrainingConfig, lengths: Lengths | None) -> TrainingConfig:
@@ -323,4 +335,5 @@ def reshaped(config: TrainingConfig, lengths: Lengths | None) -> TrainingConfig:
     its rows are padded samples of ``lengths`` (unknown lengths: the rows' shape is unchanged)."""
     if config.batching == Batching.PACKED or lengths is None:
         return config
-    return config.model_copy(update=shape_fields(config.batching, config.seq_len, lengths, config.micro_batch_size))
+    return config.model_copy(update=shape_fields(config.batching, config.seq_len, lengths, config.micro_batch_size,
+                                                 pad_multiple(lambda name: getattr(config, name, None))))

@@ -206,16 +206,18 @@ def samples(texts: list[str], tokenizer, seq_len: int, at_least: int = 0, repeat
 
 class Padded:
     """The collator of padded batching: each micro-batch's rows padded to its longest (or to
-    ``length``, padded-max), with an attention mask, and the padding's labels -100 (no loss)."""
+    ``length``, padded-max), up to a ``multiple`` of tokens (a sequence split over ranks:
+    strategies/sequence_parallel.py ``pad_multiple``), with an attention mask, and the padding's
+    labels -100 (no loss)."""
 
-    def __init__(self, pad_id: int, length: int | None = None):
-        self.pad_id, self.length = pad_id, length
+    def __init__(self, pad_id: int, length: int | None = None, multiple: int = 1):
+        self.pad_id, self.length, self.multiple = pad_id, length, multiple
 
     def __call__(self, features: list[dict]) -> dict:
         import torch
 
         rows = [list(f["input_ids"]) for f in features]
-        width = self.length or max(len(r) for r in rows)
+        width = self.length or -(-max(len(r) for r in rows) // self.multiple) * self.multiple
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         labels = torch.full((len(rows), width), -100, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -228,9 +230,10 @@ class Padded:
 
 class WithPositions:
     """``collator``'s batches with position ids ``0 .. n-1`` in every row: the positions the model
-    counts when it is given none (a packed block is one sequence). Under Ulysses every rank needs
-    them: it holds a slice of each row and its attention gathers the global positions, and
-    DeepSpeed's ``UlyssesSPDataLoaderAdapter`` refuses a batch without them."""
+    counts when it is given none (a packed block is one sequence; a padded row's padding, at its
+    end, has no loss). Under Ulysses every rank needs them: it holds a slice of each row and its
+    attention gathers the global positions, and DeepSpeed's ``UlyssesSPDataLoaderAdapter`` refuses
+    a batch without them."""
 
     def __init__(self, collator):
         self.collator = collator

@@ -268,6 +268,7 @@ def _batching(trainer, session, width: int | None) -> tuple[str, int | None]:
 
     collator = trainer.data_collator
     collator = getattr(collator, "data_collator", collator)  # (the Trainer's column-removing wrapper)
+    collator = getattr(collator, "collator", collator)  # (data.py WithPositions: a split sequence's positions)
     if type(collator).__name__ in ("DataCollatorForPreference", "DataCollatorForUnpairedPreference"):  # TRL's:
         # DPO's and KTO's pad each batch to its longest
         return str(Batching.PADDED), width
@@ -346,13 +347,13 @@ def observe(trainer, session) -> dict:
     checkpoint_offload, offload_detail = _checkpoint_offload(model)
     loss = _loss(model)
     shape = getattr(session, "batch_shape", None) or (None, None)
-    batching, rows = _batching(trainer, session, shape[1])
+    sequence = _sequence_parallel(trainer)  # (a split sequence: a rank's rows hold 1/sp_size of each one's positions)
+    shards = sequence.get("sp_size", 1)
+    batching, rows = _batching(trainer, session, shape[1] * shards if shape[1] is not None else None)
     accum = (trainer.model_wrapped.gradient_accumulation_steps() if sharding.startswith("zero")
              else trainer.args.gradient_accumulation_steps)
     adapter = _adapter(model)
     adapter_detail = adapter.pop("details", {})
-    sequence = _sequence_parallel(trainer)  # (Ulysses: a rank's rows hold 1/sp_size of each sequence's positions)
-    shards = sequence.get("sp_size", 1)
     fsdp = {"fsdp_version": shard_detail["fsdp_version"]} if "fsdp_version" in shard_detail else {}  # FSDP runs only
     if fsdp and accum > 1:  # the Trainer reduces every micro-batch only under accelerate's sync_each_batch
         each = trainer.accelerator.gradient_state.plugin_kwargs.get("sync_each_batch", False)
@@ -362,12 +363,12 @@ def observe(trainer, session) -> dict:
         "checkpoint_offload": checkpoint_offload, "sharding": sharding,
         "offload": offload, "loss": loss, "attention": model.config._attn_implementation, "method": _method(trainer),
         "micro_batch_size": shape[0] // ROWS_PER_SAMPLE.get(_method(trainer), 1) if shape[0] else shape[0],
-        "grad_accum": accum, "seq_len": rows * shards if rows is not None else rows, "batching": batching,
+        "grad_accum": accum, "seq_len": rows, "batching": batching,
     } | adapter | fsdp
     dpo, dpo_detail = _dpo(trainer)
     grpo, grpo_detail = _grpo(trainer)
     live |= dpo | grpo | sequence
-    sequence_detail = {"positions_per_rank": rows} if shards > 1 else {}
+    sequence_detail = {"positions_per_rank": shape[1]} if shards > 1 else {}
     assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
     return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | offload_detail | adapter_detail
                    | dpo_detail | grpo_detail | sequence_detail | {"compiled": trainer.args.torch_compile}}

@@ -28,6 +28,7 @@ from planner.strategies.adapter import Adapter, quantization_config
 from planner.strategies.method import Method
 from planner.strategies.optimizer import CHOICES, RUNTIME_BUILT, TRAINER_READS
 from planner.strategies.precision import Precision
+from planner.strategies.sequence_parallel import pad_multiple
 from planner.strategies.sharding import FSDP
 
 
@@ -128,14 +129,18 @@ class Session:
                      repeat=self.args.data == SAMPLE)
 
     def collator(self, tokenizer):
-        """Packed rows are all one length; padded ones are padded per micro-batch (``Padded``)."""
+        """Packed rows are all one length; padded ones are padded per micro-batch (``Padded``), to a
+        multiple of tokens where the sequence is split over ranks."""
         from transformers import default_data_collator
 
-        if self.config.batching == Batching.PACKED:  # (Ulysses: with the positions its ranks gather)
-            return WithPositions(default_data_collator) if self.config.sequence_shards > 1 else default_data_collator
+        split = self.config.sequence_shards > 1  # (with the positions the ranks of a split sequence gather)
+        if self.config.batching == Batching.PACKED:
+            return WithPositions(default_data_collator) if split else default_data_collator
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        return Padded(pad if pad is not None else 0,
-                      self.config.seq_len if self.config.batching == Batching.PADDED_MAX else None)
+        padded = Padded(pad if pad is not None else 0,
+                        self.config.seq_len if self.config.batching == Batching.PADDED_MAX else None,
+                        pad_multiple(lambda name: getattr(self.config, name, None)))
+        return WithPositions(padded) if split else padded
 
     def trainer(self):
         import transformers

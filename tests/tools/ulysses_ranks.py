@@ -62,7 +62,12 @@ def main() -> None:
         loss = loss / good
         loss.backward()
         grad, value = model.get_input_embeddings().weight.grad, loss.item()
-    print(json.dumps({"loss": value, "grad_norm": grad.norm().item(), "saved_bytes": sum(saved.values())}))
+    print(json.dumps({"loss": value, "grad_norm": grad.norm().item(), "saved_bytes": sum(saved.values())}), flush=True)
+    if world > 1:  # (left to exit, gloo's threads can abort the rank: planner/launch/train.py)
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
