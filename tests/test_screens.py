@@ -243,3 +243,19 @@ def test_a_plan_planner_cannot_emit_ends_with_how_to_run_it_and_the_plan_it_can(
         assert "llamafactory-cli" in tail and f"planner {verb}" in tail and "--dpo-logprobs fused" in tail, tail
         assert "emit" not in tail and "--out" not in tail and "full-logits" not in tail.split("Plan the job")[1], tail
         assert all(len(line) <= 80 for line in text.splitlines())
+
+
+@pytest.mark.parametrize("args, kept", [
+    (["estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100-80", "--seq-len", "131072",
+      "--sharding", "fsdp", "--sequence-parallel", "ring", "--sp-size", "8", "--checkpointing", "full"],
+     ["--seq-len", "131072"]),
+    (["estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40", "--seq-len", "8192"],
+     ["--seq-len", "8192"]),
+    (["estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "1xA100-40"], []),
+])
+def test_the_next_search_keeps_the_workload(args, kept):
+    """The suggested search plans the same rows: a search without --seq-len would plan 2,048-token
+    rows, another job."""
+    out = planner(args).stdout
+    last = " ".join(out.split("planner suggest")[-1].split())
+    assert ("--seq-len" in last) == bool(kept) and " ".join(kept) in last

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from planner.core.vocabulary import DEFAULT_SEQ_LEN
 from planner.render.layout import command, line
 from planner.strategies.method import trl_emittable
 
@@ -109,10 +110,12 @@ def estimate_next(result, asked: Asked | None, console: Console) -> None:
         line(console, "next: write this plan's launch files, or search for faster plans:")
         command(console, ["planner", "estimate", *asked.target_words(), *asked.options, "--json", ">", "plan.json"])
         command(console, ["planner", "emit", "--plan", "plan.json", "--out", PLAN_DIR])
-        command(console, ["planner", "suggest", *asked.target_words(), *method_words(result.config)])
+        command(console, ["planner", "suggest", *asked.target_words(), *method_words(result.config),
+                          *workload_words(result.config, asked.options)])
     else:
         line(console, "next: search for a plan that fits, and write its launch files:")
-        command(console, ["planner", "suggest", *asked.target_words(), *method_words(result.config), "--out", PLAN_DIR])
+        command(console, ["planner", "suggest", *asked.target_words(), *method_words(result.config),
+                          *workload_words(result.config, asked.options), "--out", PLAN_DIR])
 
 
 def method_words(config) -> list[str]:
@@ -142,7 +145,24 @@ def check_next(result, asked: Asked | None, console: Console) -> None:
         line(console, "next: launch the job as it is, or search for faster plans:")
     else:
         line(console, "next: make one of the changes above, or search for a plan that fits:")
-    command(console, ["planner", "suggest", *asked.target_words(), *method_words(result.estimate.config)])
+    command(console, ["planner", "suggest", *asked.target_words(), *method_words(result.estimate.config),
+                      *workload_words(result.estimate.config, asked.options)])
+
+
+#: The flags of a job's workload a search keeps (its rows: their length and how they are batched).
+WORKLOAD_FLAGS = ("--seq-len", "--batching", "--lengths")
+
+
+def workload_words(config, options: tuple[str, ...]) -> list[str]:
+    """The flags that keep a plan's workload in a new search: those the user gave, else the plan's
+    sequence length where it is not the default and its batching where it is not packed (a search
+    without them plans another job: 2,048-token packed rows)."""
+    given = {w: options[i + 1] for i, w in enumerate(options[:-1]) if w in WORKLOAD_FLAGS}
+    if "--seq-len" not in given and config.seq_len != DEFAULT_SEQ_LEN:
+        given["--seq-len"] = str(config.seq_len)
+    if "--batching" not in given and "--lengths" not in given and str(config.batching) != "packed":
+        given["--batching"] = str(config.batching)
+    return [w for flag in WORKLOAD_FLAGS if flag in given for w in (flag, given[flag])]
 
 
 def _without(words: tuple[str, ...], flag: str) -> list[str]:
