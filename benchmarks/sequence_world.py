@@ -1,6 +1,6 @@
 """planner against published sequence-parallel runs (Ulysses: ALST, the Hugging Face blog,
-ms-swift; ring attention with checkpoint offload: TRL's 1M-token example, accelerate's offload
-PR): the longest sequence that fits, the peak and the step time, beside the published figure. Prints a markdown
+ms-swift; ring attention: torchtitan's FSDP x CP table, TRL's 1M-token example with checkpoint
+offload, accelerate's offload PR): the longest sequence that fits, the peak and the step time, beside the published figure. Prints a markdown
 table; the provenance of each row is in ``CASES`` (source, quote, configuration, caveat).
 Run: python benchmarks/sequence_world.py"""
 
@@ -77,6 +77,17 @@ CASES += [
     ("acc-qwen3-0.6b-1m-cp8-offload-peak", "Qwen/Qwen3-0.6B", "8xH100-80",
      RING | {"seq_len": 1_048_576, "checkpoint_offload": "host"}, 20.8, "peak GB", ACC_4175 + ": with offload"),
 ]
+
+TITAN = ("torchtitan docs/performance.md @bf835b59 Table 2: 'FSDP + CP + torch.compile + Float8. Llama 3.1 8B "
+         "model. 8 GPUs. Local batch size 1. Full activation checkpointing.' H100 96 GB HBM2e (500 W), torchtitan "
+         "9dec370, torch 1963fc8 (2024-12); Memory(GiB) its max_reserved_gib; AdamW, torchtitan's own cross-entropy "
+         "over the whole logits (planner: standard), bf16 compute over fp32 parameters; planner's rows for the "
+         "80 GB card (the peak does not depend on the capacity); torch.compile's fusions are not modelled")
+CASES += [(f"torchtitan-llama8b-fsdp{8 // p}-cp{p}-{seq // 1024}k-peak", "meta-llama/Llama-3.1-8B", "8xH100-80",
+           {"sharding": "fsdp", "offload": "none", "loss": "standard", "precision": "fp8-mixed", "seq_len": seq}
+           | ({"sequence_parallel": "ring", "sp_size": p} if p > 1 else {}), gib, "peak GiB",
+           f"{TITAN}: '| FSDP {8 // p}, CP {p} | {seq} | ... | {gib} |'")
+          for p, seq, gib in ((1, 32768, 83.9), (2, 65536, 84.2), (4, 131072, 84.0), (8, 262144, 84.5))]
 
 BASE = {"sharding": "zero3", "offload": "optimizer", "checkpointing": "full", "precision": "bf16-mixed",
         "attention": "sdpa", "micro_batch_size": 1}
