@@ -298,6 +298,9 @@ class Strategy:
     #: the user names the choice (the training method): no search varies it, no change a command
     #: offers swaps it, and a suggested next command keeps it
     named: bool = False
+    #: when a search tries the values it does not try unless named anyway ("" never): the
+    #: long-context levers, from planner/core/vocabulary.py ``LONG_SEQUENCE_TOKENS``
+    searched_from: str = ""
     #: Given a combination of every technique's value (field -> value), another value of this
     #: technique whose plan dominates it: at every micro-batch no larger on the GPU or the host, at
     #: least as fast, of lower complexity, with the same numerics and ranking family; None when

@@ -34,6 +34,7 @@ from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import ALL_PHASES, LedgerDraft, Location, PagedInfo
 from planner.core.timing import TimeDraft, Window
+from planner.core.vocabulary import LONG_SEQUENCE_TOKENS
 from planner.cost import comms, overheads
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.checkpointing import Checkpointing, fsdp_checkpoints, offloaded_input_bytes
@@ -135,4 +136,5 @@ STRATEGY = Strategy(
     help="activation-checkpoint offload under full checkpointing: none, or host (each layer's input in pinned host "
          "RAM, copied on the compute stream); searched at long sequences",
     check=_check, apply=_apply, time=_time, emit=_emit, read=_read, records=CHOICES, describe=describe,
+    searched_from=f"from {LONG_SEQUENCE_TOKENS:,} tokens",
 )

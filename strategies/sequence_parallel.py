@@ -45,7 +45,7 @@ from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo
 from planner.core.timing import TimeDraft, Window
-from planner.core.vocabulary import Setting
+from planner.core.vocabulary import LONG_SEQUENCE_TOKENS, Setting
 from planner.cost import comms, sequence
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
@@ -322,4 +322,5 @@ STRATEGY = Strategy(
          "attention heads split for the attention) or ring (torch context parallelism on FSDP2: keys and values "
          "gathered for the attention); searched at long sequences",
     check=_check, time=_time, emit=_emit, read=_read, settings=SETTINGS, describe=describe, records=CHOICES,
+    searched_from=f"from {LONG_SEQUENCE_TOKENS:,} tokens",
 )

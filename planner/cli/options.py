@@ -165,7 +165,8 @@ def with_techniques(kind: str):
             values = [str(v) for v in s.enum]
             searched = [str(v) for v in s.searched] if s.searched else values
             named = [v for v in values if v not in searched]
-            unless = f" ({', '.join(named)}: only when named)" if named else ""
+            when = f"when named or {s.searched_from}" if s.searched_from else "only when named"
+            unless = f" ({', '.join(named)}: {when})" if named else ""
             enum = _with_any(s.enum) if s.any_choice else s.enum
             anyword = ", any" if s.any_choice else ""
             return Annotated[list[enum] | None,

@@ -76,6 +76,9 @@ ROWS_PER_SAMPLE = {"dpo": 2}
 #: GRPOTrainer (prompts padded left, completions right: grpo_trainer.py ``_generate_and_score_completions``)
 #: and KTOTrainer (DataCollatorForUnpairedPreference).
 PADDED_METHODS = frozenset({"dpo", "grpo", "kto"})
+#: The sequence length from which suggest searches the long-context levers unasked (tokens):
+#: sequence-parallel degrees and activation-checkpoint offload (planner/engine/degrees.py).
+LONG_SEQUENCE_TOKENS = 16_384
 #: The ``sequence_parallel`` values that split each sequence over ``sp_size`` ranks
 #: (strategies/sequence_parallel.py): every token count of a rank is its share of the sequence.
 SEQUENCE_SHARDED = frozenset({"ulysses", "ring"})

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.core.numerics import NumericsPolicy
+from planner.core.vocabulary import LONG_SEQUENCE_TOKENS
 from planner.engine.ranking import Candidate, allowed_levels
 from planner.engine.search import SearchOutcome
 from planner.engine.space import SearchSpace
@@ -40,8 +41,7 @@ from planner.strategies.sharding import ZERO, Sharding
 
 SpaceOf = Callable[[SuggestRequest], SearchSpace]
 
-#: The sequence length from which suggest searches the sequence-parallel degrees unasked (tokens).
-SEQUENCE_SEARCH_MIN_TOKENS = 16_384
+SEQUENCE_SEARCH_MIN_TOKENS = LONG_SEQUENCE_TOKENS
 #: Each realisation's shardings: Ulysses runs through DeepSpeed, ring attention on FSDP2 (hybrid
 #: sharding under it is not modelled: strategies/sequence_parallel.py).
 SHARDINGS = {SequenceParallel.ULYSSES: tuple(ZERO),
