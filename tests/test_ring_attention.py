@@ -197,3 +197,23 @@ def test_doubling_the_context_and_the_degree_keeps_the_peak_as_torchtitan_measur
     assert max(peaks) / min(peaks) < 1.01
     for r, (_, _, gib) in zip(results, TORCHTITAN, strict=True):
         assert r.allocated_peak_bytes / 2**30 * 0.95 <= gib <= r.reserved_peak_bytes / 2**30 * 1.05
+
+
+@pytest.mark.parametrize("name, gpus, layout", [
+    ("context_parallel_2gpu.yaml", "2xH100-80", ("ring", 2, "fsdp", "full")),
+    ("alst_ulysses_4gpu.yaml", "4xH100-80", ("ulysses", 2, "zero3", None)),
+])
+def test_trls_own_long_context_configs_are_read_as_their_layouts(name, gpus, layout):
+    """TRL's shipped accelerate configs for ring attention (FSDP2, cp_size 2, FSDP's activation
+    checkpointing) and ALST/Ulysses (ZeRO-3, sp_size 2 over dp_shard 2), as check reads them
+    (tests/data/recipes, provenance.csv): the realisation, the degree, the engine."""
+    from planner.check import CheckRequest, check
+
+    path = Path(__file__).resolve().parent / "data" / "recipes" / "huggingface__trl" / "examples" / \
+        "accelerate_configs" / name
+    result = check(CheckRequest(model=LLAMA8, gpus=gpus, accelerate_config=path, seq_len=16384, alternatives=0))
+    c = result.estimate.config
+    kind, p, sharding, checkpointing = layout
+    assert (str(c.sequence_parallel), c.sp_size, str(c.sharding)) == (kind, p, sharding)
+    if checkpointing:
+        assert str(c.checkpointing) == checkpointing
