@@ -17,9 +17,11 @@ ring: every head for its positions against all, the causal work balanced by head
 - Ring: each layer's attention all-gathers the group's keys and values and merges its blocks in
   fp32 (planner/cost/sequence.py ``ring_transient_elements``, ``ring_exchanged_bytes``); FSDP2
   shards the model states over the joint data-parallel x context mesh (accelerate's
-  ``dp_shard_cp``), every GPU, as FSDP without it. Not runnable on the CPU (DTensor has no sharding
-  rule for the CPU attention kernel): its rows are analytic, from torch's ring functions measured on
-  fake tensors (benchmarks/ring_attention_transients.py).
+  ``dp_shard_cp``), every GPU, as FSDP without it (hybrid sharding: each node's GPUs, replicated
+  across nodes, as hybrid sharding without it; the degree within a node, below its GPU count).
+  Not runnable on the CPU (DTensor has no sharding rule for the CPU attention kernel): its rows
+  are analytic, from torch's ring functions measured on fake tensors
+  (benchmarks/ring_attention_transients.py).
 A step trains ``micro-batch x accumulation x GPUs / sp_size`` samples (the group's ranks share
 each sample).
 
@@ -154,9 +156,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
         if not ctx.fsdp2:
             out.reject("ring without fsdp2", "ring attention (torch context parallelism) runs on FSDP2 in accelerate: "
                        "use --sharding fsdp or fsdp-grad-op (fsdp_version 2), or --sequence-parallel ulysses with ZeRO")
-        elif cfg.sharding == "fsdp-hybrid":
-            out.reject("ring with fsdp-hybrid", "ring attention under hybrid sharding (accelerate's dp_replicate x "
-                       "dp_shard x cp mesh) is not modelled yet: use --sharding fsdp or fsdp-grad-op", unmodelled=True)
+        elif cfg.sharding == "fsdp-hybrid" and p >= ctx.hardware.gpus_per_node:
+            out.reject("ring over a node under fsdp-hybrid", f"--sp-size {p} fills each node, leaving hybrid sharding "
+                       "no dp_shard_size above 1 beside its replicas, which accelerate refuses (tp/cp with pure data "
+                       "parallelism): a smaller --sp-size, or --sharding fsdp")
     if n % p:
         out.reject("sp size does not divide the gpus", f"--sp-size {p} does not divide the {n} GPU(s)")
     for code, reason in _degree_refusals(m, kind, p, cfg.seq_len):
@@ -248,7 +251,10 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     p = cfg.sequence_shards
     if p == 1:
         return
-    block = {"parallelism_config_dp_replicate_size": 1, "parallelism_config_dp_shard_size": ctx.world_size // p}
+    # (hybrid sharding: replicas across nodes, each node's GPUs sharded over dp_shard x the degree)
+    replicas = ctx.hardware.nodes if cfg.sharding == "fsdp-hybrid" else 1
+    block = {"parallelism_config_dp_replicate_size": replicas,
+             "parallelism_config_dp_shard_size": ctx.world_size // replicas // p}
     if cfg.batching != "packed":
         m = pad_multiple(lambda name: getattr(cfg, name, None))
         files.notes.append(f"padded rows under {cfg.sequence_parallel} x{p}: planner's launch pads each micro-batch's rows "

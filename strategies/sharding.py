@@ -150,6 +150,11 @@ def auto_buckets(h: int) -> dict[str, int]:
             "stage3_param_persistence_threshold": 10 * h, "stage3_max_live_parameters": ZERO3_MAX_LIVE_PARAMETERS}
 
 
+def hybrid_possible(hardware) -> bool:
+    """Whether ``hardware`` has nodes for hybrid sharding to replicate across (two or more)."""
+    return hardware.nodes > 1
+
+
 def _check(ctx: PlanContext, out: Check) -> None:
     s, n = ctx.config.sharding, ctx.world_size
     if s == Sharding.NONE and n > 1:
@@ -160,7 +165,7 @@ def _check(ctx: PlanContext, out: Check) -> None:
     if s in FSDP and ctx.config.fsdp_version == 1:
         out.warnings.append("FSDP1: deprecated by transformers 5 (FSDP2 is its default) and modelled as FSDP2 "
                             "but for its even flat shards; use it where an optimizer needs it (bitsandbytes')")
-    if s == Sharding.FSDP_HYBRID and ctx.hardware.nodes == 1:
+    if s == Sharding.FSDP_HYBRID and not hybrid_possible(ctx.hardware):
         out.reject("fsdp-hybrid on one node",
                    "fsdp-hybrid shards within a node and replicates across nodes: it needs 2+ nodes; use fsdp")
     if s not in (Sharding.NONE, Sharding.DDP) and n == 1 and ctx.config.offload == "none":  # (the offload strategy's "none")

@@ -94,10 +94,39 @@ def test_what_accelerate_or_torch_refuse_is_refused(over, code):
     assert code in check_config(_ctx(**over)).codes
 
 
-def test_hybrid_sharding_under_ring_is_refused_as_not_modelled():
+@pytest.mark.parametrize("p, refused", [(4, False), (8, True)])
+def test_hybrid_sharding_keeps_the_degree_inside_a_node_below_its_gpus(p, refused):
+    """accelerate refuses cp with replicas and no dp_shard above 1: on 2x8 GPUs under hybrid
+    sharding a degree of 8 fills each node and is refused, 4 leaves dp_shard 2."""
     ctx = PlanContext(resolve_model(LLAMA8), parse_gpus("2x8xH100-80"),
-                      _ctx().config.model_copy(update={"sharding": "fsdp-hybrid"}))
-    assert "ring with fsdp-hybrid" in check_config(ctx).codes
+                      _ctx(65536, p).config.model_copy(update={"sharding": "fsdp-hybrid"}))
+    assert ("ring over a node under fsdp-hybrid" in check_config(ctx).codes) == refused
+
+
+def test_a_hybrid_ring_plan_reads_back_through_accelerate_and_check(tmp_path, monkeypatch):
+    """Hybrid sharding over 2 nodes of 8 with ring attention over 4: the block is replicas 2 x
+    dp_shard 2 x cp 4 = 16 processes, as accelerate's launcher and ParallelismConfig read it, and
+    check reads the files back as the plan (hybrid from the replicas, ring from cp_size)."""
+    pytest.importorskip("accelerate")
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils.launch import prepare_extend_env_parallelism_config
+
+    from planner.emit.files import _draft
+
+    ctx = PlanContext(resolve_model(LLAMA8), parse_gpus("2x8xH100-80"),
+                      _ctx(65536, 4).config.model_copy(update={"sharding": "fsdp-hybrid"}))
+    block = _draft(ctx).accelerate["parallelism_config"]
+    args = launch_command_parser().parse_args(["train.py"])
+    for key, value in block.items():
+        setattr(args, key, value)
+    for key, value in prepare_extend_env_parallelism_config(args, {}).items():
+        monkeypatch.setenv(key, value)
+    pc = ParallelismConfig()
+    assert (pc.dp_replicate_size, pc.dp_shard_size, pc.cp_size, pc.total_size) == (2, 2, 4, 16)
+    plan = estimate_config(ctx.model, ctx.hardware, ctx.config)
+    back = round_trip(plan, tmp_path)
+    assert round_trip_errors(plan, back) == []
 
 
 def test_the_emitted_block_is_what_accelerates_launcher_and_parallelism_config_read(monkeypatch):

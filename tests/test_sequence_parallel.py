@@ -220,7 +220,8 @@ U, R = ["ulysses x2", "ulysses x4", "ulysses x8"], ["ring x2", "ring x4", "ring 
     ({"seq_len": 32768, "sharding": ["fsdp"]}, ["none"] + R),  # no ZeRO stage: ring only
     ({"seq_len": 32768, "sharding": ["zero3"]}, ["none"] + U),  # no FSDP: Ulysses only
     ({"seq_len": 32768, "sharding": ["fsdp"], "fsdp_version": 1}, None),  # ring runs on FSDP2
-    ({"seq_len": 32768, "sharding": ["fsdp-hybrid"]}, None),  # not modelled under hybrid sharding
+    ({"seq_len": 32768, "sharding": ["fsdp-hybrid"]}, None),  # one node: no hybrid sharding
+    ({"seq_len": 32768, "gpus": "2x8xH100-80", "sharding": ["fsdp-hybrid"]}, ["none", "ring x2", "ring x4"]),
     ({"seq_len": 32768, "method": ["dpo"]}, None),  # its loss over sequence shards is not modelled
     ({"seq_len": 32768, "model": "Qwen/Qwen2.5-7B"}, ["none", "ulysses x2", "ulysses x4"] + R),  # 28 heads
     ({"seq_len": 16392}, ["none"] + U + ["ring x2", "ring x4"]),  # 16,392 = 8 x 2,049: not a multiple of 2 x 8

@@ -12,10 +12,10 @@ their plans as one (planner/engine/search.py ``merged``). Which:
 - ``--sequence-parallel ulysses`` (or ``ring``) without ``--sp-size``: its every degree, at any length.
 
 The degrees: those of one node each realisation's rules allow (strategies/sequence_parallel.py
-``degrees``), for requests whose methods it can take (``sequence_searchable``), with
-its engine's shardings among the request's (Ulysses: the ZeRO stages; ring: FSDP2's full and
-grad-op sharding). Every space trains the same global batch, the request's, else the default of
-the space without sequence parallelism (a multiple of the GPUs, so of every degree's replicas):
+``degrees``), for requests whose methods it can take (``sequence_searchable``), with its engine's
+shardings among the request's (Ulysses: the ZeRO stages; ring: FSDP2's full, grad-op and, across
+nodes, hybrid sharding). Every space trains the same global batch, the request's, else the default
+of the space without sequence parallelism (a multiple of the GPUs, so of every degree's replicas):
 their plans' tokens/s are comparable.
 
 Below ``SEQUENCE_SEARCH_MIN_TOKENS`` no degree is searched unasked: a rank of a degree does the same
@@ -37,15 +37,14 @@ from planner.engine.space import SearchSpace
 from planner.schema.suggest import SuggestRequest
 from planner.strategies.checkpoint_offload import CheckpointOffload
 from planner.strategies.sequence_parallel import SequenceParallel, degrees, sequence_searchable
-from planner.strategies.sharding import ZERO, Sharding
+from planner.strategies.sharding import ZERO, Sharding, hybrid_possible
 
 SpaceOf = Callable[[SuggestRequest], SearchSpace]
 
 SEQUENCE_SEARCH_MIN_TOKENS = LONG_SEQUENCE_TOKENS
-#: Each realisation's shardings: Ulysses runs through DeepSpeed, ring attention on FSDP2 (hybrid
-#: sharding under it is not modelled: strategies/sequence_parallel.py).
+#: Each realisation's shardings: Ulysses runs through DeepSpeed, ring attention on FSDP2.
 SHARDINGS = {SequenceParallel.ULYSSES: tuple(ZERO),
-             SequenceParallel.RING: (str(Sharding.FSDP), str(Sharding.FSDP_GRAD_OP))}
+             SequenceParallel.RING: (str(Sharding.FSDP), str(Sharding.FSDP_GRAD_OP), str(Sharding.FSDP_HYBRID))}
 KINDS = (SequenceParallel.ULYSSES, SequenceParallel.RING)
 
 
@@ -64,11 +63,15 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
     for kind in KINDS:
         if not unnamed and str(kind) not in named:
             continue
-        shardings = [s for s in (request.sharding or SHARDINGS[kind]) if str(s) in SHARDINGS[kind]]
+        shardings = [s for s in (request.sharding or SHARDINGS[kind]) if str(s) in SHARDINGS[kind]
+                     and (str(s) != Sharding.FSDP_HYBRID or hybrid_possible(hardware))]
         if kind == SequenceParallel.RING and request.fsdp_version == 1:
             shardings = []
         if shardings and sequence_searchable(model, request.method, kind):
-            layouts += [(kind, p, shardings) for p in degrees(model, hardware, request.seq_len or 0, kind)]
+            found = degrees(model, hardware, request.seq_len or 0, kind)
+            if all(str(s) == Sharding.FSDP_HYBRID for s in shardings):  # (a whole node's ring leaves it no shards)
+                found = [p for p in found if p < hardware.gpus_per_node]
+            layouts += [(kind, p, shardings) for p in found]
     if not layouts:
         return [request]  # (named: the strategy's rules refuse it with their reasons)
     base = [request.model_copy(update={"sequence_parallel": [SequenceParallel.NONE]})] if "none" in named or unnamed else []
