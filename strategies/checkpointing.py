@@ -201,8 +201,7 @@ def per_layer_forward_bytes(ctx: PlanContext) -> float:
 
 def _offloaded(ctx: PlanContext) -> bool:
     """Full checkpointing with its inputs in host RAM (strategies/checkpoint_offload.py)."""
-    return ctx.config.checkpointing == Checkpointing.FULL and str(getattr(ctx.config, "checkpoint_offload",
-                                                                          "none")) == "host"
+    return ctx.config.checkpointing == Checkpointing.FULL and ctx.config.checkpoint_offload == "host"
 
 
 def fsdp_checkpoints(ctx: PlanContext) -> bool:

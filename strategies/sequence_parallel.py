@@ -69,9 +69,6 @@ CHOICES: dict[SequenceParallel, Choice] = {
                                   "--sp-size ranks", complexity=2, searched=False),
 }
 
-#: Each realisation's words in tables and its engine.
-REALISATIONS = {SequenceParallel.ULYSSES: Engine.DEEPSPEED, SequenceParallel.RING: Engine.FSDP}
-
 SETTINGS = (
     Setting("sp_size", int, 2, "the sequence-parallel degree (accelerate parallelism_config_sp_size under Ulysses, "
             "cp_size under ring): the ranks one sequence is split over, a divisor of the GPUs (Ulysses: and of the "
@@ -96,27 +93,37 @@ def degrees(m, hardware, seq_len: int, kind: SequenceParallel = SequenceParallel
 def _degree_refusals(m, kind: SequenceParallel, p: int, seq_len: int) -> list[tuple[str, str]]:
     """The rules of ``kind`` at degree ``p`` on a ``seq_len``-token sequence, as (code, reason)."""
     out = []
-    if kind == SequenceParallel.ULYSSES:
-        if why := sequence.ulysses_refusal(m, p):
-            out.append(("sp size and heads", f"{m.family}: {why} (UlyssesSPAttentionHF)"))
-        if seq_len % p:
+    if kind == SequenceParallel.ULYSSES and (why := sequence.ulysses_refusal(m, p)):
+        out.append(("sp size and heads", f"{m.family}: {why} (UlyssesSPAttentionHF)"))
+    if seq_len % (multiple := _row_multiple(kind, p)):
+        if kind == SequenceParallel.ULYSSES:
             out.append(("seq len not a multiple of sp size",
                         f"--seq-len {seq_len:,} is not a multiple of --sp-size {p}: each rank takes an equal share"))
-    elif seq_len % (2 * p):
-        out.append(("seq len not a multiple of 2 x sp size",
-                    f"--seq-len {seq_len:,} is not a multiple of 2 x --sp-size ({2 * p}): ring attention gives each "
-                    "rank a head and a tail chunk (torch context_parallel's load balancing)"))
+        else:
+            out.append(("seq len not a multiple of 2 x sp size",
+                        f"--seq-len {seq_len:,} is not a multiple of 2 x --sp-size ({multiple}): ring attention gives "
+                        "each rank a head and a tail chunk (torch context_parallel's load balancing)"))
     return out
+
+
+def _row_multiple(kind, p: int) -> int:
+    """Tokens a row split over ``p`` ranks by ``kind`` must be a multiple of: Ulysses ``p`` (each
+    rank an equal share: DeepSpeed's ``UlyssesSPDataLoaderAdapter``), ring ``2p`` (head-tail chunks:
+    torch's load balancer, TRL's ``pad_to_multiple_of``); 1 without sequence parallelism."""
+    return {"ulysses": p, "ring": 2 * p}.get(str(kind), 1)
 
 
 def pad_multiple(get) -> int:
     """Tokens a padded row of a split sequence is padded to a multiple of (``get``: a field's value
-    by name): Ulysses ``sp_size`` (each rank an equal share: DeepSpeed's
-    ``UlyssesSPDataLoaderAdapter``), ring ``2 x sp_size`` (head-tail chunks: torch's load balancer,
-    TRL's ``pad_to_multiple_of``); 1 otherwise. planner's launch pads so (planner/launch/data.py
-    ``Padded``); planner/core/lengths.py ``shape`` models it."""
-    kind, p = str(get("sequence_parallel") or "none"), int(get("sp_size") or 2)
-    return {"ulysses": p, "ring": 2 * p}.get(kind, 1)
+    by name; ``_row_multiple``). planner's launch pads so (planner/launch/data.py ``Padded``);
+    planner/core/lengths.py ``shape`` models it."""
+    return _row_multiple(get("sequence_parallel") or "none", int(get("sp_size") or 2))
+
+
+def ring_fills_node(p: int, hardware) -> bool:
+    """Whether ring attention over ``p`` ranks under hybrid sharding leaves a node no dp_shard above 1
+    beside its replicas, which accelerate refuses (cp with pure data parallelism)."""
+    return p >= hardware.gpus_per_node
 
 
 def _unmodelled(m, method, kind: SequenceParallel = SequenceParallel.ULYSSES) -> list[tuple[str, str]]:
@@ -156,7 +163,7 @@ def _check(ctx: PlanContext, out: Check) -> None:
         if not ctx.fsdp2:
             out.reject("ring without fsdp2", "ring attention (torch context parallelism) runs on FSDP2 in accelerate: "
                        "use --sharding fsdp or fsdp-grad-op (fsdp_version 2), or --sequence-parallel ulysses with ZeRO")
-        elif cfg.sharding == "fsdp-hybrid" and p >= ctx.hardware.gpus_per_node:
+        elif cfg.sharding == "fsdp-hybrid" and ring_fills_node(p, ctx.hardware):
             out.reject("ring over a node under fsdp-hybrid", f"--sp-size {p} fills each node, leaving hybrid sharding "
                        "no dp_shard_size above 1 beside its replicas, which accelerate refuses (tp/cp with pure data "
                        "parallelism): a smaller --sp-size, or --sharding fsdp")

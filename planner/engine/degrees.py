@@ -7,7 +7,7 @@ their plans as one (planner/engine/search.py ``merged``). Which:
 
 - a request that names one degree (``--sequence-parallel ulysses --sp-size P``, or ``ring``) or no
   sequence parallelism: its own space (several values named with ``--sp-size``: one each), except
-  that a long sequence (``SEQUENCE_SEARCH_MIN_TOKENS`` or more) with sequence parallelism left
+  that a long sequence (``LONG_SEQUENCE_TOKENS`` or more) with sequence parallelism left
   unnamed also searches every layout;
 - ``--sequence-parallel ulysses`` (or ``ring``) without ``--sp-size``: its every degree, at any length.
 
@@ -18,7 +18,7 @@ nodes, hybrid sharding). Every space trains the same global batch, the request's
 of the space without sequence parallelism (a multiple of the GPUs, so of every degree's replicas):
 their plans' tokens/s are comparable.
 
-Below ``SEQUENCE_SEARCH_MIN_TOKENS`` no degree is searched unasked: a rank of a degree does the same
+Below ``LONG_SEQUENCE_TOKENS`` no degree is searched unasked: a rank of a degree does the same
 matmuls and attention per step as one without it and adds the exchanges, so a degree pays only
 where memory forces a slower plan without it, which long sequences do (at 32,768 tokens the 8B's
 fastest plan on 8xH100-80 without it recomputes every layer; with Ulysses over 4 GPUs none), and
@@ -36,12 +36,11 @@ from planner.engine.search import SearchOutcome
 from planner.engine.space import SearchSpace
 from planner.schema.suggest import SuggestRequest
 from planner.strategies.checkpoint_offload import CheckpointOffload
-from planner.strategies.sequence_parallel import SequenceParallel, degrees, sequence_searchable
+from planner.strategies.sequence_parallel import SequenceParallel, degrees, ring_fills_node, sequence_searchable
 from planner.strategies.sharding import ZERO, Sharding, hybrid_possible
 
 SpaceOf = Callable[[SuggestRequest], SearchSpace]
 
-SEQUENCE_SEARCH_MIN_TOKENS = LONG_SEQUENCE_TOKENS
 #: Each realisation's shardings: Ulysses runs through DeepSpeed, ring attention on FSDP2.
 SHARDINGS = {SequenceParallel.ULYSSES: tuple(ZERO),
              SequenceParallel.RING: (str(Sharding.FSDP), str(Sharding.FSDP_GRAD_OP), str(Sharding.FSDP_HYBRID))}
@@ -55,7 +54,7 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
     offload where the request leaves it unnamed (``_with_levers``)."""
     request = _with_levers(request)
     named = {str(v) for v in request.sequence_parallel}
-    unnamed = not named and request.seq_len is not None and request.seq_len >= SEQUENCE_SEARCH_MIN_TOKENS
+    unnamed = not named and request.seq_len is not None and request.seq_len >= LONG_SEQUENCE_TOKENS
     if request.sp_size is not None or not (unnamed or named - {"none"}):
         return _each_named(request, space_of)
     model, hardware = resolve_model(request.model), request.hardware()
@@ -68,10 +67,9 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
         if kind == SequenceParallel.RING and request.fsdp_version == 1:
             shardings = []
         if shardings and sequence_searchable(model, request.method, kind):
-            found = degrees(model, hardware, request.seq_len or 0, kind)
-            if all(str(s) == Sharding.FSDP_HYBRID for s in shardings):  # (a whole node's ring leaves it no shards)
-                found = [p for p in found if p < hardware.gpus_per_node]
-            layouts += [(kind, p, shardings) for p in found]
+            hybrid_only = all(str(s) == Sharding.FSDP_HYBRID for s in shardings)
+            layouts += [(kind, p, shardings) for p in degrees(model, hardware, request.seq_len or 0, kind)
+                        if not (hybrid_only and ring_fills_node(p, hardware))]
     if not layouts:
         return [request]  # (named: the strategy's rules refuse it with their reasons)
     base = [request.model_copy(update={"sequence_parallel": [SequenceParallel.NONE]})] if "none" in named or unnamed else []
@@ -81,11 +79,11 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
 
 
 def _with_levers(request: SuggestRequest) -> SuggestRequest:
-    """From ``SEQUENCE_SEARCH_MIN_TOKENS`` tokens, with ``--checkpoint-offload`` unnamed: the request
+    """From ``LONG_SEQUENCE_TOKENS`` tokens, with ``--checkpoint-offload`` unnamed: the request
     searching both values (host RAM for the checkpointed inputs only pays where the GPU cannot
     hold them, which long sequences make likely; the rules refuse it but under full
     checkpointing, so the combinations it adds are those)."""
-    long = request.seq_len is not None and request.seq_len >= SEQUENCE_SEARCH_MIN_TOKENS
+    long = request.seq_len is not None and request.seq_len >= LONG_SEQUENCE_TOKENS
     if not long or request.checkpoint_offload:
         return request
     return request.model_copy(update={"checkpoint_offload": list(CheckpointOffload)})
