@@ -365,10 +365,24 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
                       traffic / rates.bandwidth(ctx), Window.FORWARD, note=f"{chunks:,} chunks (Liger)")
 
 
+#: Liger's layer kernels, all off: the chunked loss is its fused linear cross-entropy alone. The
+#: Trainer's ``use_liger_kernel`` passes ``liger_kernel_config`` to Liger's
+#: ``_apply_liger_kernel_to_instance``, which keeps the keys its model's patch function takes; with
+#: no config every kernel of that function runs (RoPE, RMSNorm, SwiGLU/GeGLU, LayerNorm), whose
+#: saved tensors are not transformers' modules' that planner counts. The fused linear
+#: cross-entropy is left to Liger's default (on): TRL's SFTTrainer refuses a config that names it
+#: on, and turns it off for its own fused LM head (trl 1.16 ``sft_trainer.py``), which is a chunked
+#: loss too. Sources: transformers 5.24 ``integrations/liger.py``, ``training_args.py``
+#: (``liger_kernel_config``); Liger-Kernel ``transformers/monkey_patch.py``.
+LIGER_LAYER_KERNELS_OFF = {"rope": False, "rms_norm": False, "swiglu": False, "geglu": False, "layer_norm": False,
+                           "cross_entropy": False}
+
+
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
     chunked = ctx.config.loss == Loss.CHUNKED
     files.training_args["use_liger_kernel"] = chunked
     if chunked:
+        files.training_args["liger_kernel_config"] = dict(LIGER_LAYER_KERNELS_OFF)
         files.extras.add("liger")
 
 
@@ -440,7 +454,14 @@ def _read(job: JobFiles, r: Reading) -> None:
         return
     liger = r.typed(d, "use_liger_kernel", (bool,), where)
     if liger is not None:
-        r.set("loss", Loss.CHUNKED if liger else Loss.STANDARD, f"{where}: use_liger_kernel")
+        kernels = r.section(d, "liger_kernel_config", where) if liger else {}
+        fused = kernels.get("fused_linear_cross_entropy", True) is not False
+        r.set("loss", Loss.CHUNKED if liger and fused else Loss.STANDARD,
+              f"{where}: use_liger_kernel" + ("" if fused else " with liger_kernel_config fused_linear_cross_entropy false"))
+        if on := [k for k in LIGER_LAYER_KERNELS_OFF if k != "cross_entropy" and kernels.get(k, True) is not False]:
+            r.warnings.append(f"{where}: use_liger_kernel also runs Liger's layer kernels where the model has them "
+                              f"({', '.join(on)} unless liger_kernel_config turns them off); planner counts "
+                              "transformers' own modules, which hold more: the activations are an upper bound")
     if "loss_type" in d:
         # (DPO's and GRPO's configs use the key for their own losses, "sigmoid", "dr_grpo", ...: check
         # refuses those recipes before this reader, planner/check/methods.py)

@@ -869,3 +869,22 @@ def test_a_zero3_qlora_job_is_planned_with_its_whole_load(tmp_path, monkeypatch)
     c = r.estimate.config
     assert (c.adapter, c.sharding, c.kbit_prep) == ("qlora", "zero3", "none") and r.estimate.feasible, r.estimate.reasons
     assert r.fits and any(row.label == WHOLE_LOAD_LABEL for row in r.estimate.ledger)
+
+
+@pytest.mark.parametrize("kernels, loss, layer_kernels", [
+    (None, "chunked", "rope, rms_norm, swiglu, geglu, layer_norm"),
+    ({"rope": False, "rms_norm": False, "swiglu": False, "geglu": False, "layer_norm": False}, "chunked", None),
+    ({"fused_linear_cross_entropy": False, "rope": False, "rms_norm": False, "swiglu": False, "geglu": False,
+      "layer_norm": False}, "standard", None),
+    ({"swiglu": False}, "chunked", "rope, rms_norm, geglu, layer_norm")])
+def test_liger_kernel_config_is_read(tmp_path, kernels, loss, layer_kernels):
+    """``use_liger_kernel`` runs every Liger kernel its ``liger_kernel_config`` leaves on (Liger's
+    patch functions default them on): the fused linear cross-entropy is the chunked loss, and the
+    layer kernels still on are named (planner counts transformers' modules: an upper bound)."""
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "max_length": 4096,
+                                "use_liger_kernel": True} | ({"liger_kernel_config": kernels} if kernels else {})))
+    r = check(CheckRequest(model=LLAMA, gpus="1xH100-80", training_args=path, alternatives=0))
+    assert r.estimate.config.loss == loss
+    said = [w for w in r.warnings if "Liger's layer kernels" in w]
+    assert (said[0].split("(")[1].split(" unless")[0] if said else None) == layer_kernels, r.warnings

@@ -13,6 +13,7 @@ import pytest
 
 from planner.engine.suggest import suggest
 from planner.schema.suggest import SuggestRequest
+from planner.strategies.loss import LIGER_LAYER_KERNELS_OFF
 
 from helpers import FULL, round_trip, round_trip_errors
 
@@ -95,7 +96,7 @@ def test_the_live_check_sees_liger_applied_as_the_trainer_applies_it():
         lce_forward.__module__ = "liger_kernel.transformers.model.llama"
         model.forward = types.MethodType(lce_forward, model)
     else:
-        _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
+        _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, **LIGER_LAYER_KERNELS_OFF)
     assert _loss(model) == "chunked"
     # bf16 mixed precision: accelerate wraps that forward in autocast and an fp32 output cast (a
     # trainer an earlier test built in this process set accelerate's process-wide state: reset it)
@@ -106,3 +107,50 @@ def test_the_live_check_sees_liger_applied_as_the_trainer_applies_it():
     prepared = accelerator.prepare_model(model)
     assert prepared.forward.__func__.__module__.startswith("accelerate"), prepared.forward
     assert _loss(accelerator.unwrap_model(prepared)) == "chunked"
+
+
+def test_the_trainer_applies_liger_s_fused_loss_alone(monkeypatch):
+    """The emitted ``liger_kernel_config`` reaches Liger through transformers' own call
+    (``integrations.liger.apply_liger_kernel``, what ``use_liger_kernel`` runs): every layer kernel
+    off, the fused linear cross-entropy left to Liger's default (on), so the model keeps
+    transformers' modules whose activations planner counts. Liger stood in by a recorder with the
+    keyword parameters of its Llama patch function (it needs Triton)."""
+    import json
+    import sys
+    import types
+
+    import transformers.integrations.liger as hf_liger
+
+    from planner.catalog.gpus import parse_gpus
+    from planner.catalog.models import resolve_model
+    from planner.emit.files import build_files, single_plan_result
+    from planner.engine.estimate import estimate_config
+    from planner.strategies import TrainingConfig
+
+    plan = estimate_config(resolve_model("meta-llama/Llama-3.1-8B"), parse_gpus("1xH100-80"),
+                           TrainingConfig(loss="chunked", checkpointing="full"))
+    args = json.loads(build_files(single_plan_result(plan))["training_args.json"])
+    assert args["use_liger_kernel"] is True
+    applied = {}
+
+    def apply_liger_kernel_to_llama(rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True,
+                                    swiglu=True, model=None):
+        applied.update(rope=rope, cross_entropy=cross_entropy, fused_linear_cross_entropy=fused_linear_cross_entropy,
+                       rms_norm=rms_norm, swiglu=swiglu)
+
+    def apply_to_instance(model, **kwargs):  # Liger's: keep the keys the family's function takes
+        import inspect
+
+        taken = inspect.signature(apply_liger_kernel_to_llama).parameters
+        apply_liger_kernel_to_llama(model=model, **{k: v for k, v in kwargs.items() if k in taken})
+
+    fake = types.ModuleType("liger_kernel.transformers")
+    fake._apply_liger_kernel_to_instance = apply_to_instance
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", fake)
+    monkeypatch.setattr(hf_liger, "is_liger_kernel_available", lambda: True)
+    model = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llama"))
+    monkeypatch.setattr(hf_liger, "PreTrainedModel", types.SimpleNamespace)
+    hf_liger.apply_liger_kernel(model, args["liger_kernel_config"])
+    assert applied == {"rope": False, "cross_entropy": False, "fused_linear_cross_entropy": True, "rms_norm": False,
+                       "swiglu": False}
+    assert set(LIGER_LAYER_KERNELS_OFF) >= {"rope", "rms_norm", "swiglu", "geglu", "layer_norm"}

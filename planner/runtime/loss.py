@@ -3,7 +3,7 @@ emitted ``use_liger_kernel`` makes the Trainer apply at the launch), or, where i
 / Triton, fake tensors), the probes' stand-in."""
 
 from planner.runtime import Site
-from planner.strategies.loss import Loss
+from planner.strategies.loss import LIGER_LAYER_KERNELS_OFF, Loss
 
 
 def prepare(model, config, site: Site, chunked_fallback=None, **_) -> str | None:
@@ -14,7 +14,7 @@ def prepare(model, config, site: Site, chunked_fallback=None, **_) -> str | None
         try:
             from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
-            _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
+            _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, **LIGER_LAYER_KERNELS_OFF)
             return "chunked loss: Liger-Kernel fused linear cross-entropy"
         except Exception as e:  # not installed, or no Triton here
             error = type(e).__name__
