@@ -77,22 +77,26 @@ class SearchSpace(Record):
         fields only) are in one share. ``refused``: asked of every partial combination (the values
         of the fields before some field, and of every field the search does not vary); an
         answer other than None holds for every completion of it, which is then not enumerated:
-        ``count(answer, n)`` gets the number n of them in the share."""
-        fields = list(self.choices)
-        enums = [[_ENUMS[f](v) for v in values] for f, values in self.choices.items()]
-        places = [[self._places[f][v] for v in values] for f, values in self.choices.items()]
+        ``count(answer, n)`` gets the number n of them in the share. A field of one value is
+        given from the start (its place and twin-free part are 0): only the others are walked."""
+        every = list(self.choices)
+        values = {k: v for k, v in self.values({}, self.micro_batch_sizes[0]).items() if k not in self.choices}
+        values |= {f: _ENUMS[f](vs[0]) for f, vs in self.choices.items() if len(vs) == 1}
+        varied = {f: vs for f, vs in self.choices.items() if len(vs) > 1}
+        fields = list(varied)
+        enums = [[_ENUMS[f](v) for v in vs] for f, vs in varied.items()]
+        places = [[self._places[f][v] for v in vs] for f, vs in varied.items()]
         free = [[0 if f in self.twin_fields else p for p in ps] for f, ps in zip(fields, places, strict=True)]
         tails = [[0] * workers for _ in range(len(fields))] + [[1] + [0] * (workers - 1)]
         for depth in reversed(range(len(fields))):  # completions of fields[depth:] by their twin-free part, mod workers
             for rest, n in enumerate(tails[depth + 1]):
                 for part in free[depth]:
                     tails[depth][(rest + part) % workers] += n
-        values = {k: v for k, v in self.values({}, self.micro_batch_sizes[0]).items() if k not in self.choices}
 
         def walk(depth: int, index: int, twin_free: int) -> Iterator[tuple[int, dict, dict]]:
             if depth == len(fields):
                 if twin_free % workers == share:
-                    yield index, {f: values[f] for f in fields}, dict(values)
+                    yield index, {f: values[f] for f in every}, dict(values)
                 return
             if refused is not None and count is not None and (answer := refused(values)) is not None:
                 if n := tails[depth][(share - twin_free) % workers]:
