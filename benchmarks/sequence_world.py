@@ -1,7 +1,9 @@
-"""planner against published sequence-parallel runs (Ulysses: ALST, the Hugging Face blog,
-ms-swift; ring attention: torchtitan's FSDP x CP table, TRL's 1M-token example with checkpoint
-offload, accelerate's offload PR): the longest sequence that fits, the peak and the step time, beside the published figure. Prints a markdown
-table; the provenance of each row is in ``CASES`` (source, quote, configuration, caveat).
+"""planner against published sequence-parallel runs (Ulysses: ALST and its ablation with the tiled
+MLP and checkpoint offload, the Hugging Face blog, ms-swift; ring attention: torchtitan's FSDP x CP
+table, TRL's 1M-token example with checkpoint offload, accelerate's offload PR): the longest
+sequence that fits, the peak and the step time, beside the published figure. Prints a markdown
+table; the provenance of each row is in ``CASES`` (source, quote, configuration, caveat). A
+published "longest" is the length a run reached, a lower bound of its limit.
 Run: python benchmarks/sequence_world.py"""
 
 import os
@@ -16,6 +18,12 @@ from planner.strategies import TrainingConfig  # noqa: E402
 ALST = ("https://arxiv.org/abs/2506.13996 (v1) Table 1, configs in snowflakedb/ArcticTraining "
         "projects/sequence-parallelism; ZeRO-3, optimizer states on the CPU (DeepSpeed CPU Adam), activation "
         "checkpointing, flash_attention_2, bf16, micro-batch 1, no TiledMLP, no checkpoint offload")
+ALST_FILES = ("snowflakedb/ArcticTraining projects/sequence-parallelism @b28638e6 (the ablation's configurations): "
+              "Llama-3.1-8B-Instruct, 8 x H100, sequence_parallel_size 8, ZeRO-3 with the optimizer on the CPU "
+              "(cpu_adam), micro-batch 1, the 'liger' model type (Liger's RMSNorm, SwiGLU and RoPE kernels too, which "
+              "hold less than the transformers modules planner counts; planner: its chunked loss); the length each "
+              "configuration ran, not a bisected limit; checkpoint offload: ArcticTraining's own (planner: the "
+              "Trainer's save_on_cpu, the same inputs); ")
 BLOG = ("https://huggingface.co/blog/ulysses-sp (2026-03-09, huggingface/blog ulysses-sp.md @5feb9948): "
         "Qwen3-4B, TRL SFTTrainer, ZeRO-3, CPU optimizer offload, gradient checkpointing, flash-attn2, SP=4 DP=1, "
         "GAS 8; loss not stated (TRL's chunked loss came later: the plain loss), memory reading not stated")
@@ -31,6 +39,17 @@ CASES = [
     ("alst-llama8b-sp8-liger-max", "meta-llama/Llama-3.1-8B", "8xH100-80",
      {"loss": "chunked", "sequence_parallel": "ulysses", "sp_size": 8}, 1_100_000, "longest", ALST
      + "; Liger (fused linear cross-entropy): '1.1M ... 9:24 ... 576.1' TFLOPS"),
+] + [(f"alst-llama8b-sp8-liger-{name}-max", "meta-llama/Llama-3.1-8B", "8xH100-80",
+      {"loss": "chunked", "sequence_parallel": "ulysses", "sp_size": 8} | fields, tokens, "longest", ALST_FILES
+      + f"{file}: '{quote}'") for name, fields, tokens, file, quote in (
+    ("tiled", {"tiled_mlp": "tiled"}, 1_200_000, "run-h100-sp8-llama-8b-yes-mlp.yml",
+     "tiled_mlp_compute: true ... attn_implementation: sdpa ... max_length: 1_200_000 # ok"),
+    ("ckpt-offload", {"checkpoint_offload": "host"}, 2_400_000, "run-h100-sp8-llama-8b-yes-act-offload.yml",
+     "activation_checkpoint_cpu_offload: true ... max_length: 2_400_000"),
+    ("tiled-ckpt-offload", {"tiled_mlp": "tiled", "checkpoint_offload": "host"}, 3_800_000,
+     "run-h100-sp8-llama-8b.yml", "activation_checkpoint_cpu_offload: true / tiled_mlp_compute: true ... "
+     "max_length: 3800000"))
+] + [
     ("alst-llama8b-dp8-liger-max", "meta-llama/Llama-3.1-8B", "8xH100-80",
      {"loss": "chunked"}, 160_000, "longest", ALST + "; Liger, no sequence parallelism: '160K ... 2:03'"),
     ("alst-llama8b-dp8-max", "meta-llama/Llama-3.1-8B", "8xH100-80",

@@ -30,6 +30,7 @@ from planner.strategies import (
     precision,
     sequence_parallel,
     sharding,
+    tiled_mlp,
 )
 from planner.strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
 
@@ -38,6 +39,7 @@ REGISTRY: tuple[Strategy, ...] = (
     precision.STRATEGY,
     optimizer.STRATEGY,
     sharding.STRATEGY,
+    tiled_mlp.STRATEGY,  # (beside sharding: a search prunes its refusals under DDP and FSDP early)
     offload.STRATEGY,
     checkpointing.STRATEGY,
     attention.STRATEGY,

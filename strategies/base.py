@@ -252,6 +252,17 @@ class Choice:
     convex: bool = field(default=True, kw_only=True)
 
 
+def unsaid_default(field: str, default: StrEnum) -> Callable[[Any], str]:
+    """A ``describe`` for a lever whose default goes without saying in a summary: '' at the
+    default (or unset), else the value."""
+
+    def describe(get) -> str:
+        value = get(field)
+        return "" if value in (None, default) else str(value)
+
+    return describe
+
+
 @dataclass(frozen=True)
 class Strategy:
     """One technique. The registry (strategies/__init__.py) lists them; everything per technique

@@ -36,7 +36,7 @@ from planner.core.ledger import ALL_PHASES, LedgerDraft, Location, PagedInfo
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import LONG_SEQUENCE_TOKENS
 from planner.cost import comms, overheads
-from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
+from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy, unsaid_default
 from planner.strategies.checkpointing import Checkpointing, fsdp_checkpoints, offloaded_input_bytes
 
 
@@ -125,16 +125,11 @@ def _read(job: JobFiles, r: Reading) -> None:
         r.set("checkpoint_offload", CheckpointOffload.NONE, f"{said}: no checkpoint offload")
 
 
-def describe(get) -> str:
-    """'' without offload (it goes without saying), else "host"."""
-    value = get("checkpoint_offload")
-    return "" if value in (None, CheckpointOffload.NONE) else str(value)
-
-
 STRATEGY = Strategy(
     "checkpoint_offload", CheckpointOffload, CheckpointOffload.NONE, order=11, short="ckpt-off",
     help="activation-checkpoint offload under full checkpointing: none, or host (each layer's input in pinned host "
          "RAM, copied on the compute stream); searched at long sequences",
-    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, records=CHOICES, describe=describe,
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, records=CHOICES,
+    describe=unsaid_default("checkpoint_offload", CheckpointOffload.NONE),
     searched_from=f"from {LONG_SEQUENCE_TOKENS:,} tokens",
 )

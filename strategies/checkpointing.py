@@ -146,7 +146,8 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
     spec = lay.adapter
     if spec is None or m.is_moe:  # (a MoE adapter plan is refused: strategies/adapter.py)
         return activations.total(activations.layer_saved(m, lay.dtypes, lay.fused_attention, cfg.seq_len,
-                                                         ctx.config.sequence_shards, ctx.config.heads_shards))
+                                                         ctx.config.sequence_shards, ctx.config.heads_shards,
+                                                         tiled(ctx)))
     cast = adapters.casts_adapter_input(spec, lay.weight_bytes, lay.dtypes.compute)
     # (a prepared base on a layer it is not modelled for is refused: strategies/adapter.py; its
     # figure is then the unprepared list's)
@@ -158,11 +159,36 @@ def layer_saved_bytes(ctx: PlanContext) -> float:
                                                           sp=ctx.config.sequence_shards, heads=ctx.config.heads_shards))
 
 
+def tiled(ctx: PlanContext) -> bool:
+    """Whether each layer's MLP runs through DeepSpeed's TiledMLP (strategies/tiled_mlp.py)."""
+    return ctx.config.tiled_mlp == "tiled"
+
+
+def tile_bytes(ctx: PlanContext) -> float:
+    """Bytes of one TiledMLP tile in its backward (0 untiled): the MLP's intermediates recomputed
+    with autograd for the tile and their gradients (planner.cost.activations
+    ``mlp_intermediates``, ``mlp_gradient_bytes``), over ``tiled_mlp_tile_tokens`` tokens (the
+    rank's share of a split sequence)."""
+    if not tiled(ctx):
+        return 0.0
+    m, lay, cfg = ctx.model, ctx.layout, ctx.config
+    # TiledMLP's backward recomputes each tile outside the forward's autocast (the Trainer's
+    # backward runs after it): over fp32 weights the tile computes in fp32
+    w = lay.weight_bytes if lay.autocast else lay.dtypes.compute
+    dt = activations.DTypes(w, w)
+    tokens = activations.tiled_mlp_tile_tokens(cfg.seq_len // cfg.sequence_shards, cfg.micro_batch_size, m.hidden_size)
+    return (activations.total(tuple(activations.mlp_intermediates(m, dt))) + activations.mlp_gradient_bytes(m, dt)) * tokens
+
+
 def mlp_backward_bytes(ctx: PlanContext) -> float:
     """One layer's MLP gradient temporaries in its backward, bytes per token
     (planner.cost.activations ``mlp_backward_transient_bytes``): over a k-bit prepared base the
-    MLP's intermediates and the residual stream are fp32, and so are their gradients."""
+    MLP's intermediates and the residual stream are fp32, and so are their gradients. Tiled
+    (``tiled``): two residual-stream gradients and TiledMLP's gradient of its whole input (the
+    input's dtype, the residual's), the intermediates' a tile's (``tile_bytes``)."""
     lay = ctx.layout
+    if tiled(ctx):
+        return 3 * lay.dtypes.residual * ctx.model.hidden_size
     if lay.adapter is not None and lay.adapter.fp32_norms:
         return activations.mlp_backward_transient_bytes(ctx.model, activations.DTypes(activations.FP32, activations.FP32))
     return activations.mlp_backward_transient_bytes(ctx.model, lay.dtypes)
@@ -395,7 +421,7 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
         "start": common | {
             "autocast_weight_copies": cast + saved_casts,
             "activations": (per_layer_forward_bytes(ctx) * below + layer_saved_bytes(ctx)
-                            + mlp_backward_bytes(ctx) + adapter_backward_bytes(ctx) + fp8_casts) * T,
+                            + mlp_backward_bytes(ctx) + adapter_backward_bytes(ctx) + fp8_casts) * T + tile_bytes(ctx),
         },
         "attention": common | {
             "gradients": common["gradients"] + _trained(ctx, params.layer_block_parameters(m, "mlp")
@@ -411,8 +437,36 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             "activations": (per_layer_forward_bytes(ctx) * below + 2 * dt.residual * m.hidden_size) * T,
         },
     }
+    if tiled(ctx):  # the top layer's last tile, then its MLP norm's backward, with the MLP's gradients
+        done = moments["start"]["gradients"] + _tiled_mlp_gradients(ctx, g)
+        moments["last MLP tile"] = moments["start"] | {"gradients": done}
+        moments["MLP norm"] = moments["start"] | {"gradients": done, "activations": (
+            per_layer_forward_bytes(ctx) * below + _tiled_norm_backward(ctx)) * T}
     label = max(moments, key=lambda k: sum(moments[k].values()))
     return label, moments[label]
+
+
+def _tiled_norm_backward(ctx: PlanContext) -> float:
+    """Bytes per token of a layer with a tiled MLP at its MLP norm's backward: the attention
+    half's saved tensors, the norm's own backward (``final_norm_backward_bytes``: RMSNorm's saved
+    fp32 input and five fp32 temporaries of the width) and two residual-stream gradients (the
+    branch's and the MLP input's). Untiled, the MLP's moments outweigh it; tiled, it can be the
+    layer's largest (traced: Qwen2.5-0.5B at 8,192 tokens)."""
+    m, dt, cfg = ctx.model, ctx.layout.dtypes, ctx.config
+    attention = activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len,
+                                                              cfg.sequence_shards, cfg.heads_shards))
+    return attention + activations.final_norm_backward_bytes(m, dt) + 2 * dt.residual * m.hidden_size
+
+
+def _tiled_mlp_gradients(ctx: PlanContext, g: float) -> float:
+    """Bytes of a layer's MLP weight gradients at its tiled backward's last tile (0 untiled): the
+    tiles accumulate them in the weights' ``.grad`` (``g`` bytes each, the moment's gradient dtype),
+    and under ZeRO, which otherwise hands each gradient to its buckets as it is made, DeepSpeed keeps
+    them there until the last tile (``ds_grad_is_ready``), in the parameters' gradient dtype."""
+    if not tiled(ctx):
+        return 0.0
+    g = g or (ctx.layout.grad_bytes if ctx.engine == Engine.DEEPSPEED else 0)
+    return _trained(ctx, params.layer_block_parameters(ctx.model, "mlp")) * g
 
 
 def _trained(ctx: PlanContext, elements: int) -> int:
@@ -487,9 +541,9 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             "gradients": 0,
             "autocast_weight_copies": params.layer_matmul_parameters(m) * cast,
             "activations": ((layer_saved_bytes(ctx) if lay.adapter
-                             else attention + activations.total(activations.mlp_saved(m, dt)))
+                             else attention + activations.total(activations.mlp_saved(m, dt, tiled(ctx))))
                             + mlp_backward_bytes(ctx) + adapter_backward_bytes(ctx)
-                            + _fp8_gradient_casts(ctx)) * T,
+                            + _fp8_gradient_casts(ctx)) * T + tile_bytes(ctx),
         },
         "last MLP weight gradient": {
             "gradients": mlp_grads * g + (big * cast if g else 0),
@@ -502,6 +556,9 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
             "activations": _attention_backward(ctx) * T,
         },
     }
+    if tiled(ctx):  # the last tile, then the MLP norm's backward, with the MLP's gradients
+        moments["last MLP weight gradient"] = moments["start"] | {"gradients": _tiled_mlp_gradients(ctx, g)}
+        moments["MLP norm"] = moments["last MLP weight gradient"] | {"activations": _tiled_norm_backward(ctx) * T}
     for moment in moments.values():
         moment["gathered_parameters"] = gathered
     label = max(moments, key=lambda k: sum(moments[k].values()))

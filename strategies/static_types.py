@@ -22,6 +22,7 @@ from planner.strategies.optimizer import Optimizer
 from planner.strategies.precision import Precision
 from planner.strategies.sequence_parallel import SequenceParallel
 from planner.strategies.sharding import GradientSync, Sharding
+from planner.strategies.tiled_mlp import TiledMlp
 
 
 class TrainingConfig(ConfigBase):
@@ -37,6 +38,7 @@ class TrainingConfig(ConfigBase):
     generation: Generation = Generation.NONE
     sequence_parallel: SequenceParallel = SequenceParallel.NONE
     checkpoint_offload: CheckpointOffload = CheckpointOffload.NONE
+    tiled_mlp: TiledMlp = TiledMlp.NONE
     checkpoint_impl: CheckpointImpl = CheckpointImpl.NON_REENTRANT
     fsdp_version: int = 2
     gradient_sync: GradientSync = GradientSync.MICRO_BATCH
@@ -87,6 +89,7 @@ class TechniqueChoices(Record):
     generation: Generation | None = None
     sequence_parallel: SequenceParallel | None = None
     checkpoint_offload: CheckpointOffload | None = None
+    tiled_mlp: TiledMlp | None = None
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
@@ -130,6 +133,7 @@ class TechniqueLists(Record):
     generation: list[Generation] = Field(default_factory=list)
     sequence_parallel: list[SequenceParallel] = Field(default_factory=list)
     checkpoint_offload: list[CheckpointOffload] = Field(default_factory=list)
+    tiled_mlp: list[TiledMlp] = Field(default_factory=list)
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None

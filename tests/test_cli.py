@@ -34,7 +34,7 @@ def test_fits_exit_0_and_json_contract():
     assert out["hardware"]["gpu"] == "A100-SXM-40" and out["hardware"]["num_gpus"] == 1
     assert out["hardware"]["gpu_memory_bytes"] == 40 * 2**30
     assert set(out["config"]) == {"optimizer", "precision", "checkpointing", "sharding", "offload", "loss",
-                                  "attention", "adapter", "method", "generation", "sequence_parallel", "checkpoint_offload", "checkpoint_impl", "fsdp_version", "gradient_sync", "zero_reduce_bucket_size",
+                                  "attention", "adapter", "method", "generation", "sequence_parallel", "checkpoint_offload", "tiled_mlp", "checkpoint_impl", "fsdp_version", "gradient_sync", "zero_reduce_bucket_size",
                                   "zero_prefetch_bucket_size", "zero_persistence_threshold", "zero_max_live_parameters",
                                   "loss_path", "model_output", "lora_rank", "lora_targets",
                                   "lora_alpha", "lora_dropout", "adapter_dtype", "nf4_matmul", "kbit_prep", "dpo_reference", "dpo_logprobs", "kto_loss",

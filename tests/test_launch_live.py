@@ -66,6 +66,9 @@ ALL_CASES = [
     ("single-ckpt-offload", "1xA100-80", dict(checkpointing="full", checkpoint_offload="host"), 1),
     ("fsdp-ckpt-offload", "2xA100-80", dict(sharding="fsdp", checkpointing="full", checkpoint_offload="host"), 2),
     ("single-padded", "1xA100-80", dict(batching="padded"), 1),  # one document a row, padded to the batch's longest
+    # DeepSpeed's TiledMLP, four tiles of the tiny model's 256 positions (its width is 64)
+    ("single-tiled-mlp", "1xA100-80", dict(checkpointing="full", tiled_mlp="tiled", seq_len=256), 1),
+    ("zero3-tiled-mlp", "2xA100-80", dict(sharding="zero3", checkpointing="full", tiled_mlp="tiled", seq_len=256), 2),
     # a QLoRA base prepared as TRL <= 0.25 prepares it (fp32 norms): the launch applies what runtime.json says
     ("single-qlora-kbit-prep", "1xA100-80", dict(adapter="qlora", kbit_prep="fp32-norms", checkpointing="full"), 1),
     # DPO through TRL's DPOTrainer: a reference copy; LoRA's adapter-disabled base; precomputed log-probabilities
@@ -106,7 +109,7 @@ ALL_CASES = [
 #: and fp8, offload (DeepSpeed's CPU Adam is a C++ build of minutes), hybrid FSDP over two
 #: machines, padded batching, the adapter plans suggested for an RTX 4090.
 CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full", "single-dpo", "single-grpo",
-            "single-kto", "zero3-ulysses", "fsdp-ckpt-offload")
+            "single-kto", "zero3-ulysses", "fsdp-ckpt-offload", "zero3-tiled-mlp")
 CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in CI_CASES else FULL) for c in ALL_CASES]
 
 

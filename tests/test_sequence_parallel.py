@@ -197,10 +197,10 @@ def test_a_long_sequence_searches_every_degree_and_ranks_them_with_the_rest():
 
 def test_a_sequence_no_plan_fits_without_is_answered_with_ulysses():
     """131,072 tokens of the 8B fit no plan of 8xH100-80 without sequence parallelism that keeps its
-    checkpointed inputs on the GPU; the search over degrees answers with one, and says that none
-    fits without either, offload aside."""
-    assert not _suggest(seq_len=131072, sequence_parallel=["none"], checkpoint_offload=["none"]).plans
-    result = _suggest(seq_len=131072, checkpoint_offload=["none"])
+    checkpointed inputs on the GPU and its MLPs whole; the search over degrees answers with one, and
+    says that none fits without either, the offload and the tiled MLP aside."""
+    assert not _suggest(seq_len=131072, sequence_parallel=["none"], checkpoint_offload=["none"], tiled_mlp=["none"]).plans
+    result = _suggest(seq_len=131072, checkpoint_offload=["none"], tiled_mlp=["none"])
     assert result.plans and result.plans[0].config.sequence_shards > 1
     assert any("none: nothing fits" in r for r in result.reasons)
 
@@ -233,8 +233,9 @@ def test_which_degrees_are_searched(over, layouts):
 
     request = SuggestRequest(**({"model": LLAMA8, "gpus": "8xH100-80"} | over))
     found = sequence_requests(request, _space_of)
-    if layouts is None:  # (from 16,384 tokens, checkpoint offload is searched too)
-        levered = {"checkpoint_offload": ["none", "host"]} if request.seq_len >= 16384 else {}
+    if layouts is None:  # (from 16,384 tokens, checkpoint offload and the tiled MLP are searched too)
+        levered = ({"checkpoint_offload": ["none", "host"], "tiled_mlp": ["none", "tiled"]}
+                   if request.seq_len >= 16384 else {})
         assert found == [request.model_copy(update=levered)]
         return
     assert [layout_words((str(r.sequence_parallel[0]), r.sp_size or 1)) for r in found] == layouts

@@ -49,10 +49,11 @@ class RuntimeArgs(Record):
     quantization: dict | None = None  # transformers BitsAndBytesConfig keyword arguments (QLoRA's 4-bit base)
     adapter_dtype: str = "auto"  # the adapters' dtype under bf16-pure: auto (16 bit) or fp32 (peft's default)
     kbit_prep: str = "none"  # peft's prepare_model_for_kbit_training on the 4-bit base: none, fp32-norms or fp32
+    tiled_mlp: str = "none"  # DeepSpeed's TiledMLP around each decoder layer's MLP: none or tiled
 
     #: The values that say nothing beyond what the standard files and the libraries' defaults do.
     @classmethod
     def neutral(cls) -> dict:
         return {"dtype": "float32", "attn_implementation": "sdpa", "optimizer": None, "checkpointing": None,
                 "lora": None, "quantization": None, "batching": Batching.PACKED, "adapter_dtype": "auto",
-                "kbit_prep": "none"}
+                "kbit_prep": "none", "tiled_mlp": "none"}

@@ -193,7 +193,8 @@ def _gpt2_attention(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
     return saved + [("v", c * h), ("out-proj input", c * h)]
 
 
-def _mlp(m: ModelSpec, dt: DTypes) -> Saved:
+def mlp_intermediates(m: ModelSpec, dt: DTypes) -> Saved:
+    """What one MLP's own ops save, bytes per token: its intermediate tensors (not its input)."""
     c, h, f, k, e = dt.compute, m.hidden_size, m.intermediate_size, m.experts_per_token, m.num_experts
     if m.mlp_kind == MlpKind.PLAIN:
         if m.activation == "gelu_new":
@@ -265,13 +266,17 @@ def attention_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int,
 
 
 @cache
-def mlp_saved(m: ModelSpec, dt: DTypes) -> tuple[tuple[str, float], ...]:
+def mlp_saved(m: ModelSpec, dt: DTypes, tiled: bool = False) -> tuple[tuple[str, float], ...]:
     """Bytes per token the MLP half of one decoder layer saves (no checkpointing): its norm, input
     and intermediate tensors (Gemma-2: and the post-feedforward norm), and its residual dropout's
-    mask."""
+    mask. ``tiled`` (DeepSpeed's TiledMLP, strategies/tiled_mlp.py): of the MLP, only its input,
+    which ``TiledMLP`` saves whole in the norm output's dtype (the residual's)."""
     c, r, h = dt.compute, dt.residual, m.hidden_size
     readers = 1 if m.fused_qkv or m.mlp_kind == MlpKind.PLAIN else 2  # gate_up, or gate and up (MoE: the router)
-    saved = _norm(m, h, r) + _inputs("mlp input", dt, h, readers) + _mlp(m, dt)
+    if tiled:
+        saved = _norm(m, h, r) + [("tiled MLP input", r * h)]
+    else:
+        saved = _norm(m, h, r) + _inputs("mlp input", dt, h, readers) + mlp_intermediates(m, dt)
     if m.norms_per_layer == 4:  # Gemma-2: post-feedforward norm on down_proj output
         saved += _norm(m, h, c)
     return tuple(saved + _residual_dropout(m))
@@ -279,10 +284,11 @@ def mlp_saved(m: ModelSpec, dt: DTypes) -> tuple[tuple[str, float], ...]:
 
 @cache
 def layer_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int,
-                sp: int = 1, heads: int = 1) -> tuple[tuple[str, float], ...]:
+                sp: int = 1, heads: int = 1, tiled: bool = False) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves with no checkpointing: its attention and MLP halves
-    (``sp``, ``heads``: the sequence and head splits, ``_attention_core``)."""
-    return attention_saved(m, dt, fused, seq_len, sp, heads) + mlp_saved(m, dt)
+    (``sp``, ``heads``: the sequence and head splits, ``_attention_core``; ``tiled``: a tiled MLP,
+    ``mlp_saved``)."""
+    return attention_saved(m, dt, fused, seq_len, sp, heads) + mlp_saved(m, dt, tiled)
 
 
 @cache
@@ -401,8 +407,27 @@ def mlp_backward_transient_bytes(m: ModelSpec, dt: DTypes) -> float:
     tensors of the intermediate size when gated, 2 when plain; per routed expert for MoE).
     Checked against traced probes (benchmarks/traced_matrix.py).
     """
-    c, r, h, f = dt.compute, dt.residual, m.hidden_size, m.intermediate_size
-    return 2 * r * h + (3 if m.mlp_kind == MlpKind.GATED else 2) * c * f * m.experts_per_token
+    return 2 * dt.residual * m.hidden_size + mlp_gradient_bytes(m, dt)
+
+
+def mlp_gradient_bytes(m: ModelSpec, dt: DTypes) -> float:
+    """The MLP's intermediate gradients in its backward, bytes per token: 3 tensors of the
+    intermediate size when gated, 2 when plain (per routed expert for MoE)."""
+    return (3 if m.mlp_kind == MlpKind.GATED else 2) * dt.compute * m.intermediate_size * m.experts_per_token
+
+
+def tiled_mlp_tiles(seq_len: int, hidden: int) -> int:
+    """How many tiles DeepSpeed's recipe cuts a rank's sequence into for ``TiledMLP``:
+    ``ceil(seqlen / hidden)`` (docs/_tutorials/ulysses-alst-sequence-parallelism.md,
+    ``tiled_mlp_forward_common``; all ranks take the largest). ``seq_len``: the positions the rank's
+    MLP sees (its share of a split sequence)."""
+    return max(1, -(-seq_len // hidden))
+
+
+def tiled_mlp_tile_tokens(seq_len: int, micro_batch: int, hidden: int) -> int:
+    """Tokens of one tile in ``TiledMLP``'s backward, which cuts the flattened (batch x sequence)
+    rows into ``tiled_mlp_tiles`` chunks (``torch.chunk``: ceil-sized, the last shorter)."""
+    return -(-(seq_len * micro_batch) // tiled_mlp_tiles(seq_len, hidden))
 
 
 @cache

@@ -38,6 +38,7 @@ from planner.schema.suggest import SuggestRequest
 from planner.strategies.checkpoint_offload import CheckpointOffload
 from planner.strategies.sequence_parallel import SequenceParallel, degrees, ring_fills_node, sequence_searchable
 from planner.strategies.sharding import ZERO, Sharding, hybrid_possible
+from planner.strategies.tiled_mlp import TiledMlp
 
 SpaceOf = Callable[[SuggestRequest], SearchSpace]
 
@@ -79,14 +80,17 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
 
 
 def _with_levers(request: SuggestRequest) -> SuggestRequest:
-    """From ``LONG_SEQUENCE_TOKENS`` tokens, with ``--checkpoint-offload`` unnamed: the request
-    searching both values (host RAM for the checkpointed inputs only pays where the GPU cannot
-    hold them, which long sequences make likely; the rules refuse it but under full
-    checkpointing, so the combinations it adds are those)."""
+    """From ``LONG_SEQUENCE_TOKENS`` tokens, each long-context lever the request leaves unnamed
+    searched with both values: activation-checkpoint offload (host RAM for the checkpointed
+    inputs only pays where the GPU cannot hold them, which long sequences make likely; the rules
+    refuse it but under full checkpointing) and the tiled MLP (a third MLP forward for a layer's
+    intermediates; the rules refuse it but under ZeRO or one GPU). The combinations they add are
+    those the rules pass."""
     long = request.seq_len is not None and request.seq_len >= LONG_SEQUENCE_TOKENS
-    if not long or request.checkpoint_offload:
+    if not long:
         return request
-    return request.model_copy(update={"checkpoint_offload": list(CheckpointOffload)})
+    levers = {"checkpoint_offload": list(CheckpointOffload), "tiled_mlp": list(TiledMlp)}
+    return request.model_copy(update={k: v for k, v in levers.items() if not getattr(request, k)})
 
 
 def _each_named(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:

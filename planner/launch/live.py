@@ -192,6 +192,16 @@ def _checkpoint_offload(model) -> tuple[str, dict]:
     return ("host" if wrappers or hf else "none"), {"offload_wrappers": wrappers, "hf_checkpoint_offload": bool(hf)}
 
 
+def _tiled_mlp(model) -> tuple[str, dict]:
+    """Whether every decoder layer's MLP runs through DeepSpeed's TiledMLP (the mark
+    planner.runtime.tiled_mlp leaves on each module it patches): tiled, none, or mixed."""
+    from planner.runtime.tiled_mlp import MARK
+
+    marked = sum(hasattr(layer.mlp, MARK) for layer in decoder_layers(model))
+    total = len(decoder_layers(model))
+    return ("tiled" if marked == total else "none" if not marked else "mixed"), {"tiled_mlp_layers": marked}
+
+
 def _adapter(model) -> dict:
     """The peft adapter on the live model, in the plan's vocabulary (none without one)."""
     configs = getattr(model, "peft_config", None)
@@ -345,6 +355,7 @@ def observe(trainer, session) -> dict:
     precision, prec_detail = _precision(trainer, model, sharding)
     checkpointing, ckpt_detail = _checkpointing(model)
     checkpoint_offload, offload_detail = _checkpoint_offload(model)
+    tiled_mlp, tiled_detail = _tiled_mlp(model)
     loss = _loss(model)
     shape = getattr(session, "batch_shape", None) or (None, None)
     sequence = _sequence_parallel(trainer)  # (a split sequence: a rank's rows hold 1/sp_size of each one's positions)
@@ -360,7 +371,7 @@ def observe(trainer, session) -> dict:
         fsdp["gradient_sync"] = "micro-batch" if each else "step"
     live = {
         "optimizer": optimizer, "precision": precision, "checkpointing": checkpointing,
-        "checkpoint_offload": checkpoint_offload, "sharding": sharding,
+        "checkpoint_offload": checkpoint_offload, "tiled_mlp": tiled_mlp, "sharding": sharding,
         "offload": offload, "loss": loss, "attention": model.config._attn_implementation, "method": _method(trainer),
         "micro_batch_size": shape[0] // ROWS_PER_SAMPLE.get(_method(trainer), 1) if shape[0] else shape[0],
         "grad_accum": accum, "seq_len": rows, "batching": batching,
@@ -370,8 +381,8 @@ def observe(trainer, session) -> dict:
     live |= dpo | grpo | sequence
     sequence_detail = {"positions_per_rank": shape[1]} if shards > 1 else {}
     assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
-    return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | offload_detail | adapter_detail
-                   | dpo_detail | grpo_detail | sequence_detail | {"compiled": trainer.args.torch_compile}}
+    return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | offload_detail | tiled_detail
+                   | adapter_detail | dpo_detail | grpo_detail | sequence_detail | {"compiled": trainer.args.torch_compile}}
 
 
 def differences(config, live: dict) -> list[str]:
