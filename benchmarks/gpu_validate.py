@@ -12,7 +12,7 @@ run last, so that successive windows cover the whole list:
 - B. probes, tier 1 (validation/cases.py);
 - C. launches (launches.py): the suggested plan, its QLoRA twin, a DPO, a KTO and a GRPO plan,
   run by their launch.sh (the ones no earlier window ran first);
-- D. probes, tiers 2 and 3;
+- D. probes, tiers 2 and 3, then torch's ring attention on the GPU's kernels (``ring_attention``);
 - E. the calibration fitted from the runs, the figure, the summary table (printed last).
 
 Every result is written to --out as it comes (at most 8 files): env.json, probes.csv,
@@ -163,6 +163,8 @@ def main() -> int:
         for case in cases:
             if case.tier > 1:
                 runner.run(case, "D")
+        if device == "cuda" and only.case(RING_KEY):
+            env["ring_attention"] = ring_attention(clock)
     with clock.phase("E"):
         env["calibrate"] = calibrate(store, args.out / "calibrate.json")
         env["figure"] = figure(records.rows, args.out / "validation.png") or "validation.png"
@@ -176,6 +178,31 @@ def main() -> int:
           + ", ".join(f"{k} {v['seconds']} s" for k, v in clock.phases.items()), flush=True)
     failed = [r["key"] for r in records.rows if r["status"] in ("error", "timeout")]
     return 1 if failed or any(_launch_failed(x) for x in launch_results) else 0
+
+
+#: The ring-attention measurement's name for --only, and the seconds it needs (4 children of ~8 s).
+RING_KEY, RING_SECONDS = "ring-attention", 40.0
+
+
+def ring_attention(clock: Clock) -> dict:
+    """torch's ring attention functions on this GPU's real kernels under a fake process group of
+    2, 4 and 8 ranks (benchmarks/ring_attention_transients.py): each rank's forward and backward
+    peaks beside planner's ``ring_transient_elements`` (no second GPU is needed: the fake group's
+    collectives move nothing, their buffers are allocated). Skipped when phase D has not the time."""
+    if clock.left("D") < clock.expect(RING_SECONDS):
+        print(f"  {RING_KEY}: skipped, {clock.left('D'):.0f} s left", flush=True)
+        return {"status": "skipped", "seconds_left": round(clock.left("D"))}
+    import ring_attention_transients as ring
+
+    started = time.monotonic()
+    try:
+        found = ring.rows("cuda", ring.GPU_CASES, deadline=clock.end("D"))
+    except Exception as e:  # (a failed child: its message, and the run goes on)
+        print(f"  {RING_KEY}: error {type(e).__name__}: {str(e)[-400:]}", flush=True)
+        return {"status": "error", "error": f"{type(e).__name__}: {str(e)[-2000:]}"}
+    print(f"  {RING_KEY} on the GPU, unit: one local q ({ring.TOKENS:,} tokens, head_dim {ring.HEAD_DIM}):", flush=True)
+    print("\n".join("    " + line for line in ring.table(found)), flush=True)
+    return {"status": "ok", "rows": found, "seconds": round(time.monotonic() - started, 1)}
 
 
 def _launch_failed(result: dict) -> bool:
@@ -200,7 +227,7 @@ def dry_run(gpu: str) -> int:
         print(f"{case.tier:<4d} {case.key:34s} {plan.hardware.spec:16s} {str(plan.fits):5s} "
               f"{plan.memory['peak'] / 2**30:8.2f} {plan.time.step_seconds:7.3f} {case.expected_seconds:6.0f}")
     print(f"probes: {len(CASES)} cases, {total:.0f} s expected; launches ~{LAUNCH_SECONDS:.0f} s; "
-          f"budget {470} s with phase ends {PHASE_ENDS}")
+          f"{RING_KEY} ~{RING_SECONDS:.0f} s (GPU only); budget {470} s with phase ends {PHASE_ENDS}")
     return 0
 
 
