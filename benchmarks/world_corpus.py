@@ -163,8 +163,8 @@ def request(case: dict) -> Mapped:
         out.assumed.append(f"kernels: {kernels} own, timed as transformers' eager code")
     if case.get("calibrates"):  # a figure a constant of planner's was fitted to: in-sample, shown only
         out.assumed.append(f"calibrates {case['calibrates']}: in-sample, not counted")
-    if case.get("activation_offload"):
-        out.refused = "activation offloading to host RAM is not modelled"
+    if case.get("activation_offload") and case.get("checkpointing") != "full":
+        out.refused = "activation offloading to host RAM without full checkpointing is not modelled"
         return out
     hw = case.get("hardware") or {}
     gid, note = gpu_id(hw)
@@ -264,9 +264,13 @@ def request(case: dict) -> Mapped:
     ckpt = case.get("checkpointing")
     if ckpt in ("full", "none", "selective"):
         out.fields["checkpointing"] = ckpt
-    elif ckpt == "unsloth":
-        out.fields["checkpointing"] = "full"
-        out.assumed.append("unsloth checkpointing as full (its offload of saved inputs to the host is not modelled)")
+        if case.get("activation_offload"):  # under full checkpointing what is saved is each layer's input
+            out.fields["checkpoint_offload"] = "host"
+            out.assumed.append("activation offloading under full checkpointing as checkpoint offload (the layers' "
+                               "inputs in host RAM)")
+    elif ckpt == "unsloth":  # Unsloth's offloaded checkpointer: each layer's input to host RAM until its backward
+        out.fields |= {"checkpointing": "full", "checkpoint_offload": "host"}
+        out.assumed.append("unsloth checkpointing as full with each layer's input in host RAM (checkpoint offload host)")
     else:
         out.assumed.append("checkpointing none")
     attention = case.get("attention")
