@@ -34,9 +34,10 @@ LLAMA405 = "meta-llama/Llama-3.1-405B"
 QWEN05, QWEN7 = "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B"
 GEMMA, MIXTRAL, GPT2 = "google/gemma-2-2b", "mistralai/Mixtral-8x7B-v0.1", "openai-community/gpt2"
 
-#: (model, --gpus, other request fields). 64 situations: the README's cases, one GPU of every memory
+#: (model, --gpus, other request fields). 66 situations: the README's cases, one GPU of every memory
 #: class (and one without bf16: V100), several nodes, every adapter (--adapter any), long and short
-#: sequences, margins, --numerics exact and any, host RAM given, and six where nothing fits.
+#: sequences (from 32,768 tokens: every sequence-parallel layout and long-context lever), margins,
+#: --numerics exact and any, host RAM given, and six where nothing fits.
 CORPUS: list[tuple[str, str, dict]] = [
     (model, gpus, extra)
     for model, gpus in [
@@ -47,7 +48,9 @@ CORPUS: list[tuple[str, str, dict]] = [
     for extra in ({}, {"adapter": ["none", "lora", "qlora", "dora", "lora-int8"]}, {"seq_len": 8192},
                   {"numerics": "any", "margin": 0.1}, {"numerics": "exact", "host_memory_gb": 256})
 ] + [(model, gpus, {}) for model, gpus in [(LLAMA405, "1xRTX4090-24"), (LLAMA70, "1xA100-40"),
-                                           (MIXTRAL, "1xRTX4090-24"), (LLAMA8, "1xT4-16")]]
+                                           (MIXTRAL, "1xRTX4090-24"), (LLAMA8, "1xT4-16")]] + [
+    # long sequences: the sequence-parallel layouts and the long-context levers (checkpoint offload, tiled MLP)
+    (LLAMA8, "8xH100-80", {"seq_len": 32768}), (QWEN05, "1xRTX4090-24", {"seq_len": 32768})]
 
 
 def _visible(request: SuggestRequest) -> tuple[dict, int, int]:

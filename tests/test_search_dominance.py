@@ -9,7 +9,7 @@ Checked here against the cost model:
 2. the refusal memo's checks are ``check_config``'s; the workers' shares partition the space and
    count exactly what they leave out;
 3. so suggest's answer is the plain exhaustive search's, in everything a user sees
-   (benchmarks/search_corpus.py runs the whole 64-situation corpus; here a covering subset).
+   (benchmarks/search_corpus.py runs the whole 66-situation corpus; here a covering subset).
 """
 
 import random
@@ -291,12 +291,14 @@ def test_a_space_without_the_twin_value_searches_the_combination_itself():
 #: A covering subset of the corpus (the default request runs the adapter option's search too):
 #: one GPU without bf16 (V100: fp16-mixed searched as itself), nothing fits (GPT-2 at 8k tokens: every
 #: rule refuses; 405B on one RTX 4090: the nearest misses and the hardware fixes), a consumer GPU under
-#: --numerics exact with host RAM given, and numerics any with a margin.
+#: --numerics exact with host RAM given, numerics any with a margin, and long sequences on one GPU
+#: (8,192 tokens, and 32,768: the long-context levers, checkpoint offload and the tiled MLP).
 SUBSET = [c for c in search_corpus.CORPUS
           if (c[0], c[1], tuple(c[2])) in {("meta-llama/Llama-3.2-1B", "1xV100-32", ()),
                                            ("openai-community/gpt2", "1xT4-16", ("seq_len",)),
                                            ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", ("numerics", "host_memory_gb")),
                                            ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", ("numerics", "margin")),
+                                           ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", ("seq_len",)),
                                            ("meta-llama/Llama-3.1-405B", "1xRTX4090-24", ())}]
 
 
@@ -305,7 +307,7 @@ SUBSET = [c for c in search_corpus.CORPUS
     ids=lambda v: str(v) if not isinstance(v, dict) else
     ",".join(f"{k}={v[k] if k != 'adapter' else 'any'}" for k in v) or "default")
 def test_suggest_with_twins_is_the_plain_exhaustive_search(model, gpus, extra):
-    assert len(SUBSET) == 5
+    assert len(SUBSET) == 7
     differ, figures = search_corpus.compare(model, gpus, extra)
     assert not differ, figures
 
