@@ -125,11 +125,19 @@ def _read(job: JobFiles, r: Reading) -> None:
         r.set("checkpoint_offload", CheckpointOffload.NONE, f"{said}: no checkpoint offload")
 
 
+def _savers(c, hardware) -> list[tuple[str, dict]]:
+    """The checkpointed inputs to host RAM, under full checkpointing (the callers keep it only
+    where the peak falls and the host holds it)."""
+    if c.checkpoint_offload != CheckpointOffload.NONE or c.checkpointing != Checkpointing.FULL:
+        return []
+    return [("checkpoint-offload none -> host", {"checkpoint_offload": CheckpointOffload.HOST})]
+
+
 STRATEGY = Strategy(
     "checkpoint_offload", CheckpointOffload, CheckpointOffload.NONE, order=11, short="ckpt-off",
     help="activation-checkpoint offload under full checkpointing: none, or host (each layer's input in pinned host "
          "RAM, copied on the compute stream); searched at long sequences",
-    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, records=CHOICES,
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, records=CHOICES, savers=_savers,
     describe=unsaid_default("checkpoint_offload", CheckpointOffload.NONE),
     searched_from=f"from {LONG_SEQUENCE_TOKENS:,} tokens",
 )

@@ -115,11 +115,18 @@ def _read(job: JobFiles, r: Reading) -> None:
         r.set("tiled_mlp", TiledMlp.NONE, f"{said}: no runtime.json tiles the MLP (no library key can)")
 
 
+def _savers(c, hardware) -> list[tuple[str, dict]]:
+    """Tiling the MLPs (the callers keep it only where the rules pass it and the peak falls)."""
+    if c.tiled_mlp != TiledMlp.NONE:
+        return []
+    return [("tiled-mlp none -> tiled (DeepSpeed's TiledMLP; the planner launch applies it)", {"tiled_mlp": TiledMlp.TILED})]
+
+
 STRATEGY = Strategy(
     "tiled_mlp", TiledMlp, TiledMlp.NONE, order=12, short="mlp",
     help="tiled MLP: none, or tiled (DeepSpeed's TiledMLP: each MLP over tiles of the sequence, recomputed in "
          "backward; zero stages or one GPU; applied by the planner launch); searched at long sequences",
-    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, records=CHOICES,
+    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, records=CHOICES, savers=_savers,
     describe=unsaid_default("tiled_mlp", TiledMlp.NONE),
     runtime="planner.runtime.tiled_mlp", searched_from=f"from {LONG_SEQUENCE_TOKENS:,} tokens",
 )

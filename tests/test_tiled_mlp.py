@@ -212,3 +212,22 @@ def test_131k_tokens_fit_without_sequence_parallelism_with_the_mlps_tiled():
                                     checkpoint_offload=["none"]))
     assert result.plans and result.plans[0].config.tiled_mlp == "tiled"
     assert result.plans[0].config.sharding.startswith("zero")
+
+
+def test_a_long_job_that_does_not_fit_is_told_to_tile_or_offload():
+    """The changes that lower a long-context job's peak (``memory_savers``: PLAN.md, check) include
+    the tiled MLP and the checkpoint offload, each only where its rules pass: Llama-3.1-8B over
+    Ulysses 8 at 1,572,864 tokens does not fit; tiled it lowers the peak, with the checkpointed
+    inputs in host RAM too; under FSDP no tiling is offered."""
+    from planner.engine.alternatives import memory_savers
+
+    config = TrainingConfig(**ULYSSES, seq_len=1_572_864)
+    plan = _plan(**ULYSSES, seq_len=1_572_864)
+    assert not plan.fits
+    savers = {a.change.split(" (")[0]: a.result for a in memory_savers(resolve_model(LLAMA), parse_gpus("8xH100-80"),
+                                                                       config)}
+    assert savers["tiled-mlp none -> tiled"].memory["peak"] < plan.memory["peak"]
+    assert savers["checkpoint-offload none -> host"].memory["peak"] < plan.memory["peak"]
+    fsdp = TrainingConfig(sharding="fsdp", checkpointing="full", seq_len=65536)
+    assert not any(a.change.startswith("tiled-mlp") for a in memory_savers(resolve_model(LLAMA),
+                                                                            parse_gpus("8xH100-80"), fsdp))
