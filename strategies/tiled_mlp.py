@@ -95,8 +95,10 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
 
 
 def _emit(ctx: PlanContext, files: EmitDraft) -> None:
+    """runtime.json's ``tiled_mlp``; DeepSpeed installed (its ``TiledMLP``), with or without ZeRO."""
     if ctx.config.tiled_mlp == TiledMlp.TILED:
         files.runtime["tiled_mlp"] = str(TiledMlp.TILED)
+        files.extras.add("deepspeed")
 
 
 def _read(job: JobFiles, r: Reading) -> None:

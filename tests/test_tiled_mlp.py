@@ -160,6 +160,9 @@ def test_the_files_say_it_and_check_reads_it_back(tmp_path):
     assert json.loads(files["runtime.json"])["tiled_mlp"] == "tiled"
     back = round_trip(plan, tmp_path / "tiled")
     assert round_trip_errors(plan, back) == []
+    one = build_files(single_plan_result(_plan(gpus="1xH100-80", checkpointing="full", seq_len=65536,
+                                               tiled_mlp="tiled")))
+    assert "deepspeed" in one["PLAN.md"].split("pip install", 1)[1].split("\n", 1)[0]  # its TiledMLP, without ZeRO
     plain = _plan(**ULYSSES, seq_len=262144)
     assert "tiled_mlp" not in json.loads(build_files(single_plan_result(plain)).get("runtime.json", "{}"))
     again = round_trip(plain, tmp_path / "plain")
