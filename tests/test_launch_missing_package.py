@@ -2,8 +2,9 @@
 paragraph that names the module and the pip install line of planner's extra that provides it
 (pyproject.toml's optional-dependencies), before it loads the model, and without a traceback. Each
 case is a way the libraries would otherwise fail without naming the module: transformers' own check
-for Liger (the chunked loss) and for bitsandbytes (QLoRA's 4-bit load), and a DeepSpeed plan, which
-transformers' arguments refuse with a TypeError.
+for Liger (the chunked loss) and for bitsandbytes (QLoRA's 4-bit load), a DeepSpeed plan, which
+transformers' arguments refuse with a TypeError, and a tiled MLP without ZeRO (DeepSpeed's TiledMLP,
+which the launch would import only when it patches the model).
 
 The child runs with the module absent: None in ``sys.modules`` is what ``import`` and
 ``importlib.util.find_spec`` (transformers' availability checks) both see for a package that is not
@@ -31,6 +32,7 @@ CASES = [
     ("chunked-loss", dict(loss="chunked"), "liger_kernel", "liger"),
     ("qlora", dict(adapter="qlora"), "bitsandbytes", "bitsandbytes"),
     ("zero3", dict(sharding="zero3"), "deepspeed", "deepspeed"),
+    ("tiled-mlp", dict(tiled_mlp="tiled"), "deepspeed", "deepspeed"),  # DeepSpeed's TiledMLP, one GPU, no ZeRO
 ]
 
 

@@ -80,7 +80,7 @@ class Session:
         impl = next((i for i in (choice.impl, choice.fsdp2) if i is not None and i.trainer_optim == optim),
                     choice.impl_for(c.sharding in FSDP and c.fsdp_version == 2))
         modules = [module for module, needed in (
-            ("deepspeed", bool(training_args.get("deepspeed"))),
+            ("deepspeed", bool(training_args.get("deepspeed")) or str(c.tiled_mlp) == "tiled"),  # (ZeRO; TiledMLP)
             ("liger_kernel.transformers", training_args.get("use_liger_kernel") is True),
             ("bitsandbytes", quantization_config(c) is not None),
             ("torchao", c.precision == Precision.FP8_MIXED),
