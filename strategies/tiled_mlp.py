@@ -76,13 +76,9 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("tiled MLP beyond sft", f"--method {c.method} with a tiled MLP is not modelled: use --tiled-mlp none")
 
 
-def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
-    """Nothing of its own: the layers' saved sets and backward moments are the checkpointing
-    strategy's rows, tiled there (strategies/checkpointing.py ``tiled``)."""
-
-
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
-    """Each MLP's forward once more in backward (its matmuls, 2 FLOPs per weight per token, and
+    """(Its memory rows are the checkpointing strategy's, tiled there: strategies/checkpointing.py
+    ``tiled``.) Each MLP's forward once more in backward (its matmuls, 2 FLOPs per weight per token, and
     its elementwise ops): the tiles' recompute; the tiles themselves are ~hidden tokens long,
     large enough to keep the matmuls efficient (not modelled as slower)."""
     if ctx.config.tiled_mlp != TiledMlp.TILED:
@@ -128,7 +124,7 @@ STRATEGY = Strategy(
     "tiled_mlp", TiledMlp, TiledMlp.NONE, order=12, short="mlp",
     help="tiled MLP: none, or tiled (DeepSpeed's TiledMLP: each MLP over tiles of the sequence, recomputed in "
          "backward; zero stages or one GPU; applied by the planner launch); searched at long sequences",
-    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, records=CHOICES, savers=_savers,
+    check=_check, time=_time, emit=_emit, read=_read, records=CHOICES, savers=_savers,
     describe=unsaid_default("tiled_mlp", TiledMlp.NONE),
     runtime="planner.runtime.tiled_mlp", searched_from=f"from {LONG_SEQUENCE_TOKENS:,} tokens",
 )
