@@ -99,8 +99,11 @@ def measure(p: int, heads: int, kv_heads: int, device: str = "cpu", timeout: flo
     process per run (the fake process group is per process). ``device`` cuda: real tensors and
     CUDA's kernels, the caching allocator's counts (the collectives of the fake group move nothing,
     their buffers are allocated as on a real ring)."""
-    out = subprocess.run([sys.executable, "-c", CHILD, str(p), str(heads), str(kv_heads), str(HEAD_DIM), str(TOKENS),
-                          device], capture_output=True, text=True, check=True, timeout=timeout).stdout.split()
+    done = subprocess.run([sys.executable, "-c", CHILD, str(p), str(heads), str(kv_heads), str(HEAD_DIM), str(TOKENS),
+                           device], capture_output=True, text=True, timeout=timeout)
+    if done.returncode:
+        raise RuntimeError(f"P={p} {heads}:{kv_heads} on {device}: {done.stderr.strip()[-600:]}")
+    out = done.stdout.split()
     return float(out[-4]), float(out[-3]), float(out[-2]), out[-1] == "True"
 
 
