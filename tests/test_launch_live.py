@@ -102,6 +102,10 @@ ALL_CASES = [
     # the same with one sample a row, each padded to its length rounded up to a multiple of 2
     ("zero3-ulysses-padded", "2xA100-80", dict(sharding="zero3", sequence_parallel="ulysses", sp_size=2,
                                                batching="padded", micro_batch_size=1, grad_accum=4), 2),
+    # Ulysses with the MLPs tiled: each rank's 128 positions of a 256-token row in two tiles
+    ("zero3-ulysses-tiled-mlp", "2xA100-80", dict(sharding="zero3", sequence_parallel="ulysses", sp_size=2,
+                                                  checkpointing="full", tiled_mlp="tiled", seq_len=256,
+                                                  micro_batch_size=1, grad_accum=4), 2),
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
 #: CI's launches: one per distributed engine (DDP, FSDP2, ZeRO-3), each with an adapter (DoRA,
 #: QLoRA, LoRA), and ZeRO-3 QLoRA (its 4-bit base in the 16-bit quant storage); the CPU launch of tests/test_gpu_validate.py runs one process (AdamW, full

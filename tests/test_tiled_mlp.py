@@ -73,10 +73,15 @@ def test_tiled_mlp_trains_the_same_gradients():
                            for p in ("bf16-pure", "bf16-mixed") for c in ("none", "full")]),
     ("meta-llama/Llama-3.2-1B", [dict(precision="bf16-mixed", checkpointing="none", micro_batch_size=2, seq_len=8192),
                                  dict(precision="bf16-pure", checkpointing="full", loss="chunked", micro_batch_size=2,
-                                      seq_len=8192)])])
+                                      seq_len=8192)]),
+    # a Ulysses rank (DeepSpeed's UlyssesSPAttentionHF under a fake group of 2): its 8,192 positions in 10 tiles
+    pytest.param("Qwen/Qwen2.5-0.5B", [dict(precision="bf16-pure", checkpointing=c, loss="chunked", seq_len=16384,
+                                            sequence_parallel="ulysses", sp_size=2) for c in ("none", "full")],
+                 id="ulysses"),
+])
 def test_the_traced_tiled_mlp_agrees_with_the_ledger(model, cells):
     """The real model with DeepSpeed's TiledMLP on fake tensors (2 layers; ceil(8192 / hidden)
-    tiles): model states to the byte, every phase within 1 % under and 5 % over the trace (the
+    tiles; a Ulysses rank's share of 16,384 positions): model states to the byte, every phase within 1 % under and 5 % over the trace (the
     traced matrix's band). The tiled layer keeps only its MLP input; its backward holds one tile's
     intermediates and gradients, the MLP's accumulated weight gradients, and its largest moment
     can be the MLP norm's fp32 backward; the tile recomputes outside autocast (fp32 over fp32
