@@ -233,8 +233,9 @@ def test_which_degrees_are_searched(over, layouts):
 
     request = SuggestRequest(**({"model": LLAMA8, "gpus": "8xH100-80"} | over))
     found = sequence_requests(request, _space_of)
-    if layouts is None:  # (from 16,384 tokens, checkpoint offload and the tiled MLP are searched too)
-        levered = ({"checkpoint_offload": ["none", "host"], "tiled_mlp": ["none", "tiled"]}
+    if layouts is None:  # (from 16,384 tokens, checkpoint offload and, but for FSDP alone, the tiled MLP too)
+        fsdp_alone = bool(request.sharding) and all(str(s).startswith("fsdp") for s in request.sharding)
+        levered = ({"checkpoint_offload": ["none", "host"]} | ({} if fsdp_alone else {"tiled_mlp": ["none", "tiled"]})
                    if request.seq_len >= 16384 else {})
         assert found == [request.model_copy(update=levered)]
         return

@@ -182,7 +182,14 @@ def test_long_sequences_search_the_tiling_and_short_ones_do_not():
     short = SuggestRequest(model=LLAMA, gpus="8xH100-80", seq_len=4096)
     assert sequence_requests(short, _space_of) == [short]
     long = sequence_requests(SuggestRequest(model=LLAMA, gpus="8xH100-80", seq_len=32768), _space_of)
-    assert all(set(r.tiled_mlp) == {"none", "tiled"} for r in long)
+    # (ring attention's layouts run on FSDP alone, where the rule refuses tiling: not searched there)
+    assert {tuple(map(str, r.tiled_mlp)) for r in long if not r.sequence_parallel or r.sequence_parallel[0] != "ring"} \
+        == {("none", "tiled")}
+    assert all("tiled" not in map(str, r.tiled_mlp) for r in long if r.sequence_parallel and
+               r.sequence_parallel[0] == "ring")
+    ring = sequence_requests(SuggestRequest(model=LLAMA, gpus="8xH100-80", seq_len=32768, sequence_parallel=["ring"],
+                                            tiled_mlp=["tiled"]), _space_of)
+    assert all(r.tiled_mlp == ["tiled"] for r in ring)  # named: searched, and refused with the rule's reason
     named = sequence_requests(SuggestRequest(model=LLAMA, gpus="8xH100-80", seq_len=32768, tiled_mlp=["none"]),
                               _space_of)
     assert all(r.tiled_mlp == ["none"] for r in named)

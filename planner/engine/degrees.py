@@ -51,9 +51,14 @@ KINDS = (SequenceParallel.ULYSSES, SequenceParallel.RING)
 def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:
     """``request`` (its seq_len resolved) as the requests suggest searches, the one without
     sequence parallelism first where it is allowed; ``[request]`` where no degree is searched.
-    ``space_of``: a request's search space. A long sequence also searches activation-checkpoint
-    offload where the request leaves it unnamed (``_with_levers``)."""
-    request = _with_levers(request)
+    ``space_of``: a request's search space. A long sequence also searches the long-context levers
+    the request leaves unnamed, in each request where they can run (``_with_levers``)."""
+    unnamed = [f for f in LEVERS if not getattr(request, f)]
+    return [_with_levers(r, unnamed) for r in _layouts(request, space_of)]
+
+
+def _layouts(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:
+    """``sequence_requests`` before the levers: a request per sequence-parallel layout searched."""
     named = {str(v) for v in request.sequence_parallel}
     unnamed = not named and request.seq_len is not None and request.seq_len >= LONG_SEQUENCE_TOKENS
     if request.sp_size is not None or not (unnamed or named - {"none"}):
@@ -79,18 +84,22 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
                                               "global_batch_size": gbs}) for kind, p, shardings in layouts]
 
 
-def _with_levers(request: SuggestRequest) -> SuggestRequest:
-    """From ``LONG_SEQUENCE_TOKENS`` tokens, each long-context lever the request leaves unnamed
-    searched with both values: activation-checkpoint offload (host RAM for the checkpointed
-    inputs only pays where the GPU cannot hold them, which long sequences make likely; the rules
-    refuse it but under full checkpointing) and the tiled MLP (a third MLP forward for a layer's
-    intermediates; the rules refuse it but under ZeRO or one GPU). The combinations they add are
-    those the rules pass."""
-    long = request.seq_len is not None and request.seq_len >= LONG_SEQUENCE_TOKENS
-    if not long:
+#: The long-context levers a long request searches unasked, each with every value.
+LEVERS = {"checkpoint_offload": tuple(CheckpointOffload), "tiled_mlp": tuple(TiledMlp)}
+
+
+def _with_levers(request: SuggestRequest, unnamed: list[str]) -> SuggestRequest:
+    """From ``LONG_SEQUENCE_TOKENS`` tokens, each of the ``unnamed`` levers searched with both
+    values: activation-checkpoint offload (host RAM for the checkpointed inputs only pays where the
+    GPU cannot hold them, which long sequences make likely; the rules refuse it but under full
+    checkpointing) and the tiled MLP (a third MLP forward for a layer's intermediates), the latter
+    only where the request's shardings hold a ZeRO stage or none (it runs there alone: a layout of
+    FSDP alone, ring attention's, searches none of it). The combinations they add are those the
+    rules pass."""
+    if request.seq_len is None or request.seq_len < LONG_SEQUENCE_TOKENS:
         return request
-    levers = {"checkpoint_offload": list(CheckpointOffload), "tiled_mlp": list(TiledMlp)}
-    return request.model_copy(update={k: v for k, v in levers.items() if not getattr(request, k)})
+    tiles = not request.sharding or any(str(s) in ZERO or str(s) == Sharding.NONE for s in request.sharding)
+    return request.model_copy(update={f: list(LEVERS[f]) for f in unnamed if f != "tiled_mlp" or tiles})
 
 
 def _each_named(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:
