@@ -64,6 +64,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
                    "zero stage, or one GPU without sharding")
     elif m.is_moe:
         out.reject("tiled MLP of a MoE model", "tiling routed experts is not modelled: use --tiled-mlp none")
+    elif m.residual_dropout > 0:  # (GPT-2's resid_pdrop and StarCoder2's residual_dropout act inside the MLP)
+        out.reject("tiled MLP with dropout in the MLP", f"{m.family}'s MLP drops out its output: TiledMLP's backward "
+                   "recomputes each tile, drawing another mask than the forward's, so its gradients would not be "
+                   "the loss's: use --tiled-mlp none")
     elif ctx.layout.adapter is not None:
         out.reject("tiled MLP with an adapter", "an adapter's tensors inside the tiled MLP are not modelled: use "
                    "--tiled-mlp none")

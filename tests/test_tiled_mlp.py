@@ -142,7 +142,8 @@ def test_the_tiles_recompute_costs_an_mlp_forward():
 def test_where_a_tiled_mlp_runs(fields, code):
     """DeepSpeed's ZeRO stages (its ``ds_grad_is_ready`` defers the MLP's gradients to the last
     tile) or one GPU alone; DDP and FSDP's hooks would reduce every tile's gradients. Adapters,
-    selective checkpointing, fp8 and the preference methods are not modelled with it."""
+    selective checkpointing, fp8 and the preference methods are not modelled with it; a dropout
+    inside the MLP would be drawn again by the tiles' recompute (wrong gradients)."""
     def tiled_codes(model: str, gpus: str, config: TrainingConfig) -> list[str]:
         codes = check_config(PlanContext(resolve_model(model), parse_gpus(gpus), config)).codes
         return [c for c in codes if c.startswith("tiled MLP")]
@@ -152,6 +153,10 @@ def test_where_a_tiled_mlp_runs(fields, code):
     assert tiled_codes(LLAMA, "1xH100-80", TrainingConfig(tiled_mlp="tiled", seq_len=4096)) == []
     assert tiled_codes("mistralai/Mixtral-8x7B-v0.1", "8xH100-80",
                        TrainingConfig(tiled_mlp="tiled", sharding="zero3", seq_len=4096)) == ["tiled MLP of a MoE model"]
+    # a dropout inside the MLP (GPT-2's resid_pdrop, StarCoder2's residual_dropout): the recompute draws another mask
+    for model in ("openai-community/gpt2", "bigcode/starcoder2-15b"):
+        assert tiled_codes(model, "8xH100-80", TrainingConfig(tiled_mlp="tiled", sharding="zero3", seq_len=1024)) == [
+            "tiled MLP with dropout in the MLP"]
 
 
 def test_the_files_say_it_and_check_reads_it_back(tmp_path):
