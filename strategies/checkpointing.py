@@ -168,14 +168,10 @@ def tile_bytes(ctx: PlanContext) -> float:
     """Bytes of one TiledMLP tile in its backward (0 untiled): the MLP's intermediates recomputed
     with autograd for the tile and their gradients (planner.cost.activations
     ``mlp_intermediates``, ``mlp_gradient_bytes``), over ``tiled_mlp_tile_tokens`` tokens (the
-    rank's share of a split sequence)."""
+    rank's share of a split sequence); no autocast (refused under it: strategies/tiled_mlp.py)."""
     if not tiled(ctx):
         return 0.0
-    m, lay, cfg = ctx.model, ctx.layout, ctx.config
-    # TiledMLP's backward recomputes each tile outside the forward's autocast (the Trainer's
-    # backward runs after it): over fp32 weights the tile computes in fp32
-    w = lay.weight_bytes if lay.autocast else lay.dtypes.compute
-    dt = activations.DTypes(w, w)
+    m, dt, cfg = ctx.model, ctx.layout.dtypes, ctx.config
     tokens = activations.tiled_mlp_tile_tokens(cfg.seq_len // cfg.sequence_shards, cfg.micro_batch_size, m.hidden_size)
     return (activations.total(tuple(activations.mlp_intermediates(m, dt))) + activations.mlp_gradient_bytes(m, dt)) * tokens
 

@@ -68,6 +68,10 @@ def _check(ctx: PlanContext, out: Check) -> None:
         out.reject("tiled MLP with dropout in the MLP", f"{m.family}'s MLP drops out its output: TiledMLP's backward "
                    "recomputes each tile, drawing another mask than the forward's, so its gradients would not be "
                    "the loss's: use --tiled-mlp none")
+    elif ctx.layout.autocast:
+        out.reject("tiled MLP under autocast", "TiledMLP's backward recomputes each tile after the forward's autocast "
+                   "has ended: over fp32 weights its matmuls run in fp32, slower many times over and not the "
+                   "forward's numerics: use --precision bf16-pure, or a zero stage (DeepSpeed's bf16 has no autocast)")
     elif ctx.layout.adapter is not None:
         out.reject("tiled MLP with an adapter", "an adapter's tensors inside the tiled MLP are not modelled: use "
                    "--tiled-mlp none")

@@ -67,7 +67,8 @@ ALL_CASES = [
     ("fsdp-ckpt-offload", "2xA100-80", dict(sharding="fsdp", checkpointing="full", checkpoint_offload="host"), 2),
     ("single-padded", "1xA100-80", dict(batching="padded"), 1),  # one document a row, padded to the batch's longest
     # DeepSpeed's TiledMLP, four tiles of the tiny model's 256 positions (its width is 64)
-    ("single-tiled-mlp", "1xA100-80", dict(checkpointing="full", tiled_mlp="tiled", seq_len=256), 1),
+    ("single-tiled-mlp", "1xA100-80", dict(precision="bf16-pure", checkpointing="full", tiled_mlp="tiled", seq_len=256),
+     1),
     ("zero3-tiled-mlp", "2xA100-80", dict(sharding="zero3", checkpointing="full", tiled_mlp="tiled", seq_len=256), 2),
     # a QLoRA base prepared as TRL <= 0.25 prepares it (fp32 norms): the launch applies what runtime.json says
     ("single-qlora-kbit-prep", "1xA100-80", dict(adapter="qlora", kbit_prep="fp32-norms", checkpointing="full"), 1),

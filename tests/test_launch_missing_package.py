@@ -32,7 +32,7 @@ CASES = [
     ("chunked-loss", dict(loss="chunked"), "liger_kernel", "liger"),
     ("qlora", dict(adapter="qlora"), "bitsandbytes", "bitsandbytes"),
     ("zero3", dict(sharding="zero3"), "deepspeed", "deepspeed"),
-    ("tiled-mlp", dict(tiled_mlp="tiled"), "deepspeed", "deepspeed"),  # DeepSpeed's TiledMLP, one GPU, no ZeRO
+    ("tiled-mlp", dict(tiled_mlp="tiled", precision="bf16-pure"), "deepspeed", "deepspeed"),  # DeepSpeed's TiledMLP, one GPU, no ZeRO
 ]
 
 

@@ -145,10 +145,10 @@ TIER2 = [
                                                       "precision": "bf16-mixed", "checkpointing": ckpt},
            expected_seconds=11.0, what="second family: tied embeddings, long sequences")
       for mbs, seq in ((4, 1024), (2, 4096)) for ckpt in ("none", "full")),
-    # DeepSpeed's TiledMLP (planner/runtime/tiled_mlp.py): 19 tiles of 16,384 positions, the tile's
-    # recompute outside autocast (fp32 over fp32 weights) and the MLP norm's backward as the layer's peak
+    # DeepSpeed's TiledMLP (planner/runtime/tiled_mlp.py): 19 tiles of 16,384 positions, the MLP
+    # norm's backward as the layer's peak (bf16-pure: under autocast the plan is refused)
     Case("qwen-0.5b-tiled-mlp-full-1x16384", 2, Q05B, {"micro_batch_size": 1, "seq_len": 16384,
-                                                      "precision": "bf16-mixed", "checkpointing": "full",
+                                                      "precision": "bf16-pure", "checkpointing": "full",
                                                       "tiled_mlp": "tiled"},
          needs=("deepspeed",), expected_seconds=20.0, what="the tiled MLP at a long sequence"),
     # the selective policy's host floor was solved on 1b-ckpt-selective alone (6.0 ms a layer a
