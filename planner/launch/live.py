@@ -197,9 +197,9 @@ def _tiled_mlp(model) -> tuple[str, dict]:
     planner.runtime.tiled_mlp leaves on each module it patches): tiled, none, or mixed."""
     from planner.runtime.tiled_mlp import MARK
 
-    marked = sum(hasattr(layer.mlp, MARK) for layer in decoder_layers(model))
-    total = len(decoder_layers(model))
-    return ("tiled" if marked == total else "none" if not marked else "mixed"), {"tiled_mlp_layers": marked}
+    layers = decoder_layers(model)
+    marked = sum(hasattr(layer.mlp, MARK) for layer in layers)
+    return ("tiled" if marked == len(layers) else "none" if not marked else "mixed"), {"tiled_mlp_layers": marked}
 
 
 def _adapter(model) -> dict:

@@ -30,6 +30,7 @@ from planner.strategies.optimizer import CHOICES, RUNTIME_BUILT, TRAINER_READS
 from planner.strategies.precision import Precision
 from planner.strategies.sequence_parallel import pad_multiple
 from planner.strategies.sharding import FSDP
+from planner.strategies.tiled_mlp import TiledMlp
 
 
 class Session:
@@ -80,7 +81,7 @@ class Session:
         impl = next((i for i in (choice.impl, choice.fsdp2) if i is not None and i.trainer_optim == optim),
                     choice.impl_for(c.sharding in FSDP and c.fsdp_version == 2))
         modules = [module for module, needed in (
-            ("deepspeed", bool(training_args.get("deepspeed")) or str(c.tiled_mlp) == "tiled"),  # (ZeRO; TiledMLP)
+            ("deepspeed", bool(training_args.get("deepspeed")) or c.tiled_mlp == TiledMlp.TILED),  # (ZeRO; TiledMLP)
             ("liger_kernel.transformers", training_args.get("use_liger_kernel") is True),
             ("bitsandbytes", quantization_config(c) is not None),
             ("torchao", c.precision == Precision.FP8_MIXED),

@@ -8,7 +8,7 @@ from types import MethodType
 
 from planner.runtime import Site
 from planner.runtime.model import decoder_layers
-from planner.strategies.tiled_mlp import tiled_mlp_tiles
+from planner.strategies.tiled_mlp import TiledMlp, tiled_mlp_tiles
 
 #: The attribute a tiled MLP module carries (planner.launch.live reads it back): its tile count rule's hidden size.
 MARK = "_planner_tiled_mlp"
@@ -44,7 +44,7 @@ def _untracked_no_grad(own):
 
 
 def prepare(model, config, site: Site, **_) -> str | None:
-    if str(config.tiled_mlp) != "tiled":
+    if config.tiled_mlp != TiledMlp.TILED:
         return None
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
 
