@@ -1,0 +1,121 @@
+"""Tensor parallelism as transformers 5 trains with it: what one rank of a tensor-parallel group of
+``t`` holds, saves and exchanges.
+
+transformers shards a model at load time (``from_pretrained(distributed_config=DistributedConfig(
+tp_size=t, ...))``) by its ``base_model_tp_plan`` and the head's ``_tp_plan``; in training every
+sharded linear runs on DTensors (transformers/distributed/tensor_parallel.py, 5.24):
+- ``colwise`` (q, k, v, gate, up; StarCoder2's ``c_fc``): weight and bias ``Shard(0)``, the input
+  made ``Replicate`` (saved whole by the matmul), the output this rank's ``Shard(-1)`` slice;
+- ``rowwise`` (o, down; ``c_proj``): weight ``Shard(-1)``, bias replicated, the partial output
+  all-reduced to ``Replicate``;
+- ``embedding_rowwise``: the input embeddings split on the vocabulary (added by
+  ``init_parallel_plans`` whenever a plan exists), the partial lookups all-reduced;
+- ``colwise_gather_output`` (the LM head): the weight split on the vocabulary, the logits
+  all-gathered, whole on every rank;
+- ``replicated_with_grad_allreduce`` (Qwen3's q/k norms) and every other parameter (the decoder
+  norms, the final norm): whole on every rank.
+A tied head shares the embeddings' ``Shard(0)`` parameter. Nothing here is sequence-parallel: the
+default plans name no norm ``sequence_parallel``, so each rank holds every position of the
+residual stream (``DistributedConfig.enable_sequence_parallel`` is "not wired up yet").
+
+The families modelled (``TP_FAMILIES``) are those whose plan is that pattern; Phi-3's fused
+projections gather their outputs (``colwise_gather_output``, ``rowwise_split_input``), MoE plans
+shard experts, GPT-2 has no plan (``from_pretrained`` raises): refused with the reason.
+"""
+
+from functools import cache
+from math import prod
+
+from planner.core.specs import MlpKind, ModelSpec
+from planner.cost.params import ParamTensor, Part, model_tensors, multiplicity
+
+#: Families whose transformers 5.24 ``base_model_tp_plan`` shards q, k, v and the MLP's input
+#: projections column-wise, o and the MLP's output projection row-wise (configuration_*.py), with
+#: ``lm_head: colwise_gather_output`` (modeling_*.py ``_tp_plan``).
+TP_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "smollm3", "starcoder2"})
+
+#: Layer parameters split on dim 0 (their output features): the colwise projections' weights and biases.
+COLWISE = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "mlp.gate_proj.", "mlp.up_proj.",
+           "mlp.fc_in.")
+#: Layer weights split on their last dim (input features); their biases stay whole (added after the reduce).
+ROWWISE = ("self_attn.o_proj.", "mlp.down_proj.", "mlp.fc_out.")
+
+
+def tp_refusal(m: ModelSpec, t: int) -> str | None:
+    """Why ``m`` cannot be planned with a tensor-parallel degree ``t`` (None: it can): a family
+    whose plan is not modelled, or heads that do not split evenly (each rank runs attention over
+    ``num_heads / t`` query and ``num_kv_heads / t`` key/value heads: transformers'
+    ``get_kv_heads_per_rank``; an uneven split leaves a rank a part of a head)."""
+    if m.family not in TP_FAMILIES:
+        why = {"phi3": "its fused projections gather their outputs (colwise_gather_output)",
+               "gpt2": "transformers has no tensor-parallel plan for it"}.get(
+            m.family, "its experts' plan" if m.is_moe else "its plan")
+        return f"{m.family}: tensor parallelism is not modelled: {why}"
+    if m.num_heads % t or m.num_kv_heads % t:
+        return (f"{m.num_heads} attention heads and {m.num_kv_heads} key/value heads do not split evenly over "
+                f"{t} ranks")
+    return None
+
+
+def _split(rows: int, t: int) -> int:
+    """Rank 0's share of a dimension of ``rows`` split ``t`` ways: ``torch.chunk``'s ceil(rows / t)
+    (DTensor ``Shard``; the last ranks hold less where ``t`` does not divide)."""
+    return -(-rows // t)
+
+
+def rank_tensor(t_: ParamTensor, t: int) -> ParamTensor:
+    """``t_`` as rank 0 of ``t`` holds it (module docstring's rules)."""
+    name, shape = t_.name, t_.shape
+    if t_.part == Part.LAYER and name.startswith(COLWISE) or t_.part in (Part.EMBEDDING, Part.HEAD):
+        return ParamTensor(name, (_split(shape[0], t), *shape[1:]), t_.part, t_.matmul, t_.experts, t_.routed)
+    if t_.part == Part.LAYER and name.startswith(ROWWISE) and len(shape) == 2:
+        return ParamTensor(name, (shape[0], _split(shape[1], t)), t_.part, t_.matmul, t_.experts, t_.routed)
+    return t_
+
+
+@cache
+def rank_tensors(m: ModelSpec, t: int) -> tuple[ParamTensor, ...]:
+    """Every parameter tensor as rank 0 of a tensor-parallel group of ``t`` holds it (layer tensors
+    once, as ``params.model_tensors``)."""
+    return tuple(rank_tensor(x, t) for x in model_tensors(m))
+
+
+@cache
+def rank_parameters(m: ModelSpec, t: int) -> int:
+    """Elements of the model's parameters one rank holds under ``t``-way tensor parallelism."""
+    return sum(prod(x.shape) * x.experts * multiplicity(m, x) for x in rank_tensors(m, t))
+
+
+@cache
+def rank_layer_parameters(m: ModelSpec, t: int) -> int:
+    """Elements of one decoder layer's parameters one rank holds under ``t``-way tensor parallelism."""
+    return sum(prod(x.shape) * x.experts for x in rank_tensors(m, t) if x.part == Part.LAYER)
+
+
+def rank_root_parameters(m: ModelSpec, t: int) -> int:
+    """Elements outside the decoder layers one rank holds (split embeddings and head, whole norm)."""
+    return rank_parameters(m, t) - m.num_layers * rank_layer_parameters(m, t)
+
+
+def layer_all_reduces(m: ModelSpec) -> tuple[int, int]:
+    """All-reduces of a (tokens, hidden) 16-bit tensor one decoder layer runs (forward, backward)
+    under tensor parallelism: forward, each row-wise projection's partial output (o, and the MLP's
+    output projection); backward, each column-wise module's input gradient, separately (each wraps
+    the shared input in its own ``DTensor.from_local``, whose backward reduces its ``Partial``
+    gradient): q, k and v, and the MLP's gate and up (or ``c_fc``). Counted with torch's
+    ``CommDebugMode`` on transformers' model (tests/test_tensor_parallel.py; Qwen3's replicated
+    q/k norms add none there)."""
+    mlp_inputs = 1 if m.mlp_kind == MlpKind.PLAIN else 2
+    return 2, 3 + mlp_inputs
+
+
+def all_reduce_bytes(tensor_bytes: float, t: int) -> float:
+    """Bytes each rank sends (and receives) in a ring all-reduce of ``tensor_bytes`` over ``t``
+    ranks: 2 (t - 1) / t of the tensor (reduce-scatter then all-gather; NCCL's ring algorithm,
+    nccl-tests' bus bandwidth convention)."""
+    return 2 * (t - 1) / t * tensor_bytes
+
+
+def all_gather_bytes(gathered_bytes: float, t: int) -> float:
+    """Bytes each rank receives in an all-gather whose result is ``gathered_bytes``: (t - 1) / t."""
+    return (t - 1) / t * gathered_bytes
