@@ -6,7 +6,7 @@ transformers 5 shards a model by its ``base_model_tp_plan`` (Llama: q, k, v, gat
 projections' input stay whole on every rank, the per-head tensors and the MLP's intermediates are
 split. Here a layer of Llama-3.1-8B's widths (SDPA, bf16) is run on fake tensors over a fake process
 group of T ranks (planner/probes/tensor_parallel.py: autograd's saved tensors of one layer, each
-storage once) and compared with planner's ``layer_saved(..., tp=T)`` and with Korthikanti et al.
+storage once) and compared with planner's ``layer_saved`` of the rank's model (``rank_model``) and with Korthikanti et al.
 2022's tensor-parallel (no sequence parallelism) figure for a GPT block, s*b*h*(10 + 24/t + 5*a*s/(h*t))
 bytes (arXiv:2205.05198 Sec. 4.2.1; eager attention and dropout, hence its s^2 term): the
 torch-native layer keeps 16*h + 8 bytes per token whole on every rank (the fp32 norm inputs and
@@ -38,7 +38,7 @@ def main() -> None:
     import transformers
 
     from planner.catalog.families import spec_from_config
-    from planner.cost import activations
+    from planner.cost import activations, tensor
 
     m = spec_from_config(transformers.AutoConfig.for_model(model_type="llama", **LLAMA_8B).to_dict(), "llama-8b", "widths")
     h, a, s = m.hidden_size, m.num_heads, args.tokens
@@ -48,7 +48,7 @@ def main() -> None:
         found = measured(t, s)
         for tp in (1, t) if t == 2 else (t,):
             row = found[f"llama {tp}"]
-            ours = activations.total(activations.layer_saved(m, activations.DTypes(2, 2), True, s, tp=tp))
+            ours = activations.total(activations.layer_saved(tensor.rank_model(m, tp), activations.DTypes(2, 2), True, s))
             megatron = h * (10 + 24 / tp + 5 * a * s / (h * tp))
             fwd, bwd = row["all_reduces"]
             print(f"{tp:>2} {row['saved_per_token']:>13,.0f} {ours:>9,.0f} {megatron:>12,.0f} {f'{fwd}/{bwd}':>20}")

@@ -132,7 +132,7 @@ def fsdp_backward_end(ctx: PlanContext) -> tuple[str, dict[str, int]]:
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     g, red = lay.gathered_bytes, lay.reduce_bytes
     root, late = params.root_parameters(m), params.late_gradient_parameters(m)
-    vh = m.vocab_size * m.hidden_size if m.tie_word_embeddings else 0
+    vh = m.vocab_rows * m.hidden_size if m.tie_word_embeddings else 0
     waiting = root_waiting_gradient(ctx)
     held = {"gathered_parameters": root * g, "communication_buffers": lay.layer_trained * red + waiting * g}
     if lay.adapter is not None:

@@ -73,7 +73,7 @@ def head_gradient_moment_bytes(ctx: PlanContext) -> int:
     one is alive: V*h*(c+4). Checked by the traced probe (tests/test_traced.py).
     """
     m, lay = ctx.model, ctx.layout
-    vh, c = m.vocab_size * m.hidden_size, lay.dtypes.compute
+    vh, c = m.vocab_rows * m.hidden_size, lay.dtypes.compute
     if lay.adapter is not None:  # a frozen head: no weight gradient
         return 0
     return vh * (c + 4) if lay.autocast else vh * c
@@ -176,7 +176,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     """
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
     tokens, c = cfg.tokens_per_micro_batch, lay.dtypes.compute
-    vh = m.vocab_size * m.hidden_size
+    vh = m.vocab_rows * m.hidden_size
     # autocast's cast of the head: of the trained fp32 weights; of a k-bit prepared base's fp32 head,
     # frozen, which autocast casts at each use without caching it
     hc = vh * c if lay.autocast or (lay.adapter is not None and lay.adapter.fp32_embeddings) else 0
@@ -235,7 +235,7 @@ def embedding_backward_bytes(ctx: PlanContext) -> tuple[int, str]:
         return 0, "the root unit's gradients under FSDP (strategies/fsdp_memory.py)"
     if lay.adapter is not None:
         return 0, "no embedding backward: an adapter's frozen embeddings need no gradient"
-    vhg = m.vocab_size * m.hidden_size * lay.grad_bytes if m.tie_word_embeddings else 0
+    vhg = m.vocab_rows * m.hidden_size * lay.grad_bytes if m.tie_word_embeddings else 0
     # ZeRO-2/3 (assumption; DeepSpeed is not traced): the gradients row holds the rank's partition,
     # so the embeddings' new full-size gradients count until DeepSpeed's hooks copy them to buckets
     full = params.late_gradient_parameters(m) * lay.grad_bytes if ctx.layout.gradients_sharded else 0
@@ -253,7 +253,7 @@ def loss_saved_bytes(ctx: PlanContext) -> int:
     made in forward, the head's (V*h in the weight's dtype, unsharded under FSDP) and the head
     input's (r*h per token)."""
     m, lay, cfg = ctx.model, ctx.layout, ctx.config
-    tokens, vh = cfg.tokens_per_micro_batch, m.vocab_size * m.hidden_size
+    tokens, vh = cfg.tokens_per_micro_batch, m.vocab_rows * m.hidden_size
     if fused_head(cfg):  # the fused head keeps the scored hidden states' copy and each token's log-normaliser
         return tokens * (m.hidden_size * lay.dtypes.compute + 4)
     if cfg.loss == Loss.CHUNKED:

@@ -163,8 +163,8 @@ def _dtypes(p: Precision, engine: Engine) -> tuple:
 
 
 def head_parameters(m) -> int:
-    """Elements of the output head's weight (the embedding's when tied)."""
-    return m.vocab_size * m.hidden_size
+    """Elements of the output head's weight (the embedding's when tied) one rank holds."""
+    return m.vocab_rows * m.hidden_size
 
 
 def autocast_layer_parameters(ctx: PlanContext) -> int:

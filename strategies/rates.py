@@ -130,7 +130,7 @@ def layer_matmul_forward_seconds(ctx: PlanContext, tensors=None) -> float:
 def head_matmul_forward_seconds(ctx: PlanContext) -> float:
     m, dtype = ctx.model, ctx.layout.compute_dtype
     flops = (compute.matmul_flops_per_token(m) - compute.matmul_flops_per_token(m, layers_only=True)) * tokens(ctx)
-    weight_bytes = m.vocab_size * m.hidden_size * DTYPE_BYTES[dtype]
+    weight_bytes = m.vocab_rows * m.hidden_size * DTYPE_BYTES[dtype]
     return max(flops / matmul_rate(ctx, dtype), weight_bytes / bandwidth(ctx))
 
 

@@ -344,7 +344,7 @@ def zero3_forward_gathered(ctx: PlanContext) -> int:
     """Elements a ZeRO-3 forward holds gathered at its peak: the output head at the loss and the
     prefetch bucket, at most ``stage3_max_live_parameters``. Unit: elements (of gathered_bytes)."""
     b = deepspeed_buckets(ctx.model.hidden_size, ctx.config)
-    return min(b["stage3_max_live_parameters"], ctx.model.vocab_size * ctx.model.hidden_size
+    return min(b["stage3_max_live_parameters"], ctx.model.vocab_rows * ctx.model.hidden_size
                + b["stage3_prefetch_bucket_size"])
 
 

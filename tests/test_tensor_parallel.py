@@ -1,11 +1,11 @@
 """Tensor parallelism's cost rows (planner/cost/tensor.py, planner/cost/activations.py ``tp``)
 against transformers' own sharding, on fake tensors over a fake process group of T ranks
 (planner/probes/tensor_parallel.py). For each modelled family, on rank 0:
-- the elements of its parameters' local shards equal ``rank_parameters`` exactly, and one layer's
-  equal ``rank_layer_parameters``;
+- the elements of its parameters' local shards are those of ``rank_model``'s parameters exactly,
+  the whole model's and one layer's;
 - what the split takes off the tensors one decoder layer saves for backward (autograd's
   saved-tensor hooks, each storage once, parameters and the shared rotary tables left out) is what
-  ``layer_saved(..., tp=T)`` takes off, to the byte per token;
+  ``layer_saved`` of ``rank_model`` takes off, to the byte per token;
 - the all-reduces one layer runs forward and backward (torch's ``CommDebugMode``) are
   ``layer_all_reduces``.
 """
@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from planner.catalog.families import spec_from_config
-from planner.cost import activations, tensor
+from planner.cost import activations, params, tensor
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -66,7 +66,7 @@ def test_rank_parameters_are_transformers_shards(sharded, family):
     assert tensor.tp_refusal(m, t) is None
     assert found[f"{family} 1"]["params"] == tensor.rank_parameters(m, 1)
     assert found[f"{family} {t}"]["params"] == tensor.rank_parameters(m, t)
-    assert found[f"{family} {t}"]["layer_params"] == tensor.rank_layer_parameters(m, t)
+    assert found[f"{family} {t}"]["layer_params"] == params.layer_parameters(tensor.rank_model(m, t))
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
@@ -81,7 +81,8 @@ def test_layer_saved_tensors_split_as_transformers_runs_them(sharded, family):
     fused = family != "gemma2"
 
     def analytic(tp: int) -> float:
-        return activations.total(activations.layer_saved(m, activations.DTypes(2, 2), fused, SEQ, tp=tp))
+        rank = tensor.rank_model(m, tp)
+        return activations.total(activations.layer_saved(rank, activations.DTypes(2, 2), fused, SEQ))
 
     taken = found[f"{family} 1"]["saved_per_token"] - found[f"{family} {t}"]["saved_per_token"]
     assert taken > 0

@@ -63,12 +63,21 @@ class ModelSpec(Record):
     # transformers builds a (b, 1, s, s) mask instead of SDPA's causal flag
     sliding_window: int | None = None
     decoder_layer_class: str = ""  # the transformers block class (FSDP's wrap unit)
+    # the ranks the input embeddings and the LM head split on the vocabulary (one rank's model under
+    # tensor parallelism: planner/cost/tensor.py ``rank_model``); the logits stay whole (gathered)
+    vocab_shards: int = Field(1, ge=1)
     published_parameters: int | None = None
     published_parameters_source: str | None = None
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
+
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of the input embeddings and the LM head this model's rank holds: the vocabulary
+        split ``vocab_shards`` ways, rank 0's ceil share (``torch.chunk``, DTensor ``Shard(0)``)."""
+        return -(-self.vocab_size // self.vocab_shards)
 
     def __hash__(self) -> int:
         # pydantic's frozen hash walks every field; the formulas memoized on a ModelSpec are hot
@@ -77,7 +86,7 @@ class ModelSpec(Record):
 
     @cached_property
     def _hash(self) -> int:
-        return hash((self.id, self.family, self.hidden_size, self.num_layers, self.vocab_size))
+        return hash((self.id, self.family, self.hidden_size, self.num_layers, self.vocab_size, self.num_heads))
 
 
 class Efficiency(Record):

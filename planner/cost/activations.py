@@ -123,8 +123,7 @@ PROBS_COPY = "probs in compute dtype"
 O_PROJ_COPY = "attn out made contiguous"
 
 
-def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int, sp: int = 1, heads: int = 1,
-                    tp: int = 1) -> Saved:
+def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int, sp: int = 1, heads: int = 1) -> Saved:
     """Tensors the attention kernel saves, from post-RoPE q/k/v to its output. ``sp``: the ranks
     each sequence is split over (planner/cost/sequence.py), under which o_proj's input is a tensor
     of its own: Ulysses' all-to-all back to the rank's positions (DeepSpeed
@@ -135,30 +134,13 @@ def _attention_core(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int, sp: int
     one more output-sized row, in place of Phi-3's contiguous copy. ``heads``: the ranks the heads
     are split over (Ulysses' degree), under which the kernel saves the exchanged k and v (key/value
     heads fewer than ``heads`` repeated: ``sequence.kv_elements``); ring attention saves the rank's
-    own k and v. ``tp``: the tensor-parallel degree, whose ranks each run ``1 / tp`` of the heads
-    (planner/cost/tensor.py): every tensor here is per head but a materialised mask; where a rank
-    keeps one key/value head for several query heads, transformers' ``repeat_kv`` (expand, then
-    reshape) is a view of it, so the "repeated" k and v it saves are that one head (traced:
-    tests/test_tensor_parallel.py, Gemma-2 eager at 4 ranks)."""
-    saved = _attention_kernel(m, dt, fused, seq_len, sp, heads)
-    if tp == 1:
-        return saved
-    one_kv_head = m.num_kv_heads // tp == 1 < m.num_heads // tp
-
-    def share(name: str, b: float) -> float:
-        if name == "additive mask":
-            return b
-        if one_kv_head and name in ("k repeated", "v repeated"):
-            return dt.compute * m.head_dim
-        return b / tp
-
-    return [(name, share(name, b)) for name, b in saved]
-
-
-def _attention_kernel(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int, sp: int, heads: int) -> Saved:
-    """``_attention_core`` on one rank of no tensor-parallel group."""
+    own k and v. One key/value head for several query heads (a rank of a tensor-parallel group,
+    planner/cost/tensor.py): transformers' ``repeat_kv`` (expand, then reshape) is a view of it, so
+    the "repeated" k and v saved are that one head (traced: tests/test_tensor_parallel.py, Gemma-2
+    eager at 4 ranks)."""
     c, a, q, kv = dt.compute, m.num_heads, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     s = seq_len
+    repeated = kv if m.num_kv_heads == 1 else q  # (repeat_kv's view of a single head)
     saved: Saved
     if fused:
         # enable_gqa (no mask: the causal flag): k/v are not repeated. The kernel's output takes q's
@@ -169,13 +151,13 @@ def _attention_kernel(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int, sp: i
         # k/v are repeated (no enable_gqa with a mask) and SDPA turns the boolean mask into an additive
         # one in q's dtype, per call, which the (memory-efficient) kernel saves: c*s per token per layer.
         if masked_sdpa(m, s):
-            saved = [("q", c * q), ("k repeated", c * q), ("v repeated", c * q), ("additive mask", c * s)]
+            saved = [("q", c * q), ("k repeated", c * repeated), ("v repeated", c * repeated), ("additive mask", c * s)]
         else:
             kv = sequence.kv_elements(m, heads) if heads > 1 else kv
             saved = [("q", c * q), ("k", c * kv), ("v", c * kv)]
         saved += [("attn out", c * q), ("logsumexp fp32", FP32 * a)]
         return saved + ([(O_PROJ_COPY, c * q)] if m.fused_qkv or sp > 1 else [])
-    saved = [("q", c * q), ("k repeated", c * q), ("v repeated", c * q)]
+    saved = [("q", c * q), ("k repeated", c * repeated), ("v repeated", c * repeated)]
     if m.attn_logit_softcapping:
         saved.append(("tanh(scores/cap)", c * a * s))
     saved.append(("softmax fp32", FP32 * a * s))
@@ -215,15 +197,8 @@ def _gpt2_attention(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int) -> Save
     return saved + [("v", c * h), ("out-proj input", c * h)]
 
 
-def mlp_intermediates(m: ModelSpec, dt: DTypes, tp: int = 1) -> Saved:
-    """What one MLP's own ops save, bytes per token: its intermediate tensors (not its input); a
-    rank of a tensor-parallel group of ``tp`` holds ``1 / tp`` of each (its slice of the
-    intermediate width: planner/cost/tensor.py; dense MLPs only)."""
-    return [(name, b / tp) for name, b in _mlp_intermediates(m, dt)] if tp > 1 else _mlp_intermediates(m, dt)
-
-
-def _mlp_intermediates(m: ModelSpec, dt: DTypes) -> Saved:
-    """``mlp_intermediates`` on one rank of no tensor-parallel group."""
+def mlp_intermediates(m: ModelSpec, dt: DTypes) -> Saved:
+    """What one MLP's own ops save, bytes per token: its intermediate tensors (not its input)."""
     c, h, f, k, e = dt.compute, m.hidden_size, m.intermediate_size, m.experts_per_token, m.num_experts
     if m.mlp_kind == MlpKind.PLAIN:
         if m.activation == "gelu_new":
@@ -273,41 +248,39 @@ def embedding_dropout_bytes(m: ModelSpec) -> float:
 
 @cache
 def attention_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int,
-                    sp: int = 1, heads: int = 1, tp: int = 1) -> tuple[tuple[str, float], ...]:
+                    sp: int = 1, heads: int = 1) -> tuple[tuple[str, float], ...]:
     """Bytes per token the attention half of one decoder layer saves (no checkpointing): its norm,
     projections' inputs and the attention kernel's tensors (Gemma-2: and the post-attention norm),
-    and its residual dropout's mask. ``sp``, ``heads``: the sequence and head splits; ``tp``: the
-    tensor-parallel degree, under which the norm and the projections' input stay whole on every
-    rank and the per-head tensors split (``_attention_core``; tests/test_tensor_parallel.py)."""
+    and its residual dropout's mask. ``sp``, ``heads``: the sequence and head splits
+    (``_attention_core``)."""
     c, r, h = dt.compute, dt.residual, m.hidden_size
     if m.family == "gpt2":  # GPT-2's own attention module: one Conv1D c_attn, its own eager softmax
         return tuple(_norm(m, h, r) + _inputs("qkv input", dt, h, 1) + _gpt2_attention(m, dt, fused, seq_len)
                      + _residual_dropout(m))
     saved = _norm(m, h, r) + _inputs("qkv input", dt, h, 1 if m.fused_qkv else 3)
     if m.qk_norm:  # Qwen3: RMSNorm over head_dim on q and k before RoPE (input is bf16 matmul output)
-        saved += _norm(m, m.head_dim, c, m.num_heads // tp) + _norm(m, m.head_dim, c, m.num_kv_heads // tp)
+        saved += _norm(m, m.head_dim, c, m.num_heads) + _norm(m, m.head_dim, c, m.num_kv_heads)
     if m.fused_qkv and fused:  # Phi-3 SDPA: v is a view of qkv_proj's output, so all of it stays alive
         # (eager: the value matmul saves a contiguous copy of v, so the projection's output is freed)
         saved.append(("fused qkv (kept by v view)", c * (m.num_heads + m.num_kv_heads) * m.head_dim))
-    saved += _attention_core(m, dt, fused, seq_len, sp, heads, tp)
+    saved += _attention_core(m, dt, fused, seq_len, sp, heads)
     if m.norms_per_layer == 4:  # Gemma-2: post-attention norm on o_proj output (c)
         saved += _norm(m, h, c)
     return tuple(saved + _residual_dropout(m))
 
 
 @cache
-def mlp_saved(m: ModelSpec, dt: DTypes, tiled: bool = False, tp: int = 1) -> tuple[tuple[str, float], ...]:
+def mlp_saved(m: ModelSpec, dt: DTypes, tiled: bool = False) -> tuple[tuple[str, float], ...]:
     """Bytes per token the MLP half of one decoder layer saves (no checkpointing): its norm, input
     and intermediate tensors (Gemma-2: and the post-feedforward norm), and its residual dropout's
     mask. ``tiled`` (DeepSpeed's TiledMLP, strategies/tiled_mlp.py): of the MLP, only its input,
-    which ``TiledMLP`` saves whole in the norm output's dtype (the residual's). ``tp``: the
-    tensor-parallel degree (``mlp_intermediates``; the norm and the input stay whole)."""
+    which ``TiledMLP`` saves whole in the norm output's dtype (the residual's)."""
     c, r, h = dt.compute, dt.residual, m.hidden_size
     readers = 1 if m.fused_qkv or m.mlp_kind == MlpKind.PLAIN else 2  # gate_up, or gate and up (MoE: the router)
     if tiled:
         saved = _norm(m, h, r) + [("tiled MLP input", r * h)]
     else:
-        saved = _norm(m, h, r) + _inputs("mlp input", dt, h, readers) + mlp_intermediates(m, dt, tp)
+        saved = _norm(m, h, r) + _inputs("mlp input", dt, h, readers) + mlp_intermediates(m, dt)
     if m.norms_per_layer == 4:  # Gemma-2: post-feedforward norm on down_proj output
         saved += _norm(m, h, c)
     return tuple(saved + _residual_dropout(m))
@@ -315,11 +288,11 @@ def mlp_saved(m: ModelSpec, dt: DTypes, tiled: bool = False, tp: int = 1) -> tup
 
 @cache
 def layer_saved(m: ModelSpec, dt: DTypes, fused: bool, seq_len: int,
-                sp: int = 1, heads: int = 1, tiled: bool = False, tp: int = 1) -> tuple[tuple[str, float], ...]:
+                sp: int = 1, heads: int = 1, tiled: bool = False) -> tuple[tuple[str, float], ...]:
     """Bytes per token one decoder layer saves with no checkpointing: its attention and MLP halves
     (``sp``, ``heads``: the sequence and head splits, ``_attention_core``; ``tiled``: a tiled MLP,
-    ``mlp_saved``; ``tp``: the tensor-parallel degree)."""
-    return attention_saved(m, dt, fused, seq_len, sp, heads, tp) + mlp_saved(m, dt, tiled, tp)
+    ``mlp_saved``)."""
+    return attention_saved(m, dt, fused, seq_len, sp, heads) + mlp_saved(m, dt, tiled)
 
 
 @cache

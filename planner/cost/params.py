@@ -102,10 +102,10 @@ def layer_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
 @cache
 def model_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
     """All parameter tensors; layer tensors appear once (multiply by ``num_layers``)."""
-    emb = [ParamTensor("embed_tokens.weight", (m.vocab_size, m.hidden_size), Part.EMBEDDING, m.tie_word_embeddings)]
+    emb = [ParamTensor("embed_tokens.weight", (m.vocab_rows, m.hidden_size), Part.EMBEDDING, m.tie_word_embeddings)]
     if m.learned_position_embeddings:
         emb.append(ParamTensor("embed_positions.weight", (m.max_position_embeddings, m.hidden_size), Part.EMBEDDING))
-    head = [] if m.tie_word_embeddings else [ParamTensor("lm_head.weight", (m.vocab_size, m.hidden_size), Part.HEAD, True)]
+    head = [] if m.tie_word_embeddings else [ParamTensor("lm_head.weight", (m.vocab_rows, m.hidden_size), Part.HEAD, True)]
     return tuple(emb) + layer_tensors(m) + tuple(_norm("norm", m, Part.FINAL_NORM)) + tuple(head)
 
 

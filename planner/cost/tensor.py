@@ -24,21 +24,14 @@ shard experts, GPT-2 has no plan (``from_pretrained`` raises): refused with the 
 """
 
 from functools import cache
-from math import prod
 
 from planner.core.specs import MlpKind, ModelSpec
-from planner.cost.params import ParamTensor, Part, model_tensors, multiplicity
+from planner.cost.params import total_parameters
 
 #: Families whose transformers 5.24 ``base_model_tp_plan`` shards q, k, v and the MLP's input
 #: projections column-wise, o and the MLP's output projection row-wise (configuration_*.py), with
 #: ``lm_head: colwise_gather_output`` (modeling_*.py ``_tp_plan``).
 TP_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "smollm3", "starcoder2"})
-
-#: Layer parameters split on dim 0 (their output features): the colwise projections' weights and biases.
-COLWISE = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "mlp.gate_proj.", "mlp.up_proj.",
-           "mlp.fc_in.")
-#: Layer weights split on their last dim (input features); their biases stay whole (added after the reduce).
-ROWWISE = ("self_attn.o_proj.", "mlp.down_proj.", "mlp.fc_out.")
 
 
 def tp_refusal(m: ModelSpec, t: int) -> str | None:
@@ -57,44 +50,28 @@ def tp_refusal(m: ModelSpec, t: int) -> str | None:
     return None
 
 
-def _split(rows: int, t: int) -> int:
-    """Rank 0's share of a dimension of ``rows`` split ``t`` ways: ``torch.chunk``'s ceil(rows / t)
-    (DTensor ``Shard``; the last ranks hold less where ``t`` does not divide)."""
-    return -(-rows // t)
-
-
-def rank_tensor(t_: ParamTensor, t: int) -> ParamTensor:
-    """``t_`` as rank 0 of ``t`` holds it (module docstring's rules)."""
-    name, shape = t_.name, t_.shape
-    if t_.part == Part.LAYER and name.startswith(COLWISE) or t_.part in (Part.EMBEDDING, Part.HEAD):
-        return ParamTensor(name, (_split(shape[0], t), *shape[1:]), t_.part, t_.matmul, t_.experts, t_.routed)
-    if t_.part == Part.LAYER and name.startswith(ROWWISE) and len(shape) == 2:
-        return ParamTensor(name, (shape[0], _split(shape[1], t)), t_.part, t_.matmul, t_.experts, t_.routed)
-    return t_
-
-
-@cache
-def rank_tensors(m: ModelSpec, t: int) -> tuple[ParamTensor, ...]:
-    """Every parameter tensor as rank 0 of a tensor-parallel group of ``t`` holds it (layer tensors
-    once, as ``params.model_tensors``)."""
-    return tuple(rank_tensor(x, t) for x in model_tensors(m))
+def rank_model(m: ModelSpec, t: int) -> ModelSpec:
+    """One rank's share of ``m`` under ``t``-way tensor parallelism, as a model of its own: ``1/t``
+    of the query and key/value heads, of the MLP's intermediate width and of the vocabulary's rows
+    (``vocab_shards``: the embeddings and the head; the logits stay whole), the hidden width and
+    every norm whole. Its parameter tensors are exactly the rank's shards of ``m``'s (colwise
+    weights and biases ``(out/t, in)``, rowwise weights ``(out, in/t)`` with whole biases), its layer
+    lists exactly what a rank saves (the norms and the projections' input whole, the per-head
+    tensors and the MLP's intermediates split), its matmul FLOPs the rank's: every cost formula
+    reads it as it reads a model (tests/test_tensor_parallel.py against transformers' sharded
+    model). ``m`` itself for ``t`` 1. Rank 0's ceil shares where ``t`` does not divide (the
+    intermediate width, the vocabulary: ``torch.chunk``); heads must divide (``tp_refusal``)."""
+    if t == 1:
+        return m
+    return m.model_copy(update={"num_heads": m.num_heads // t, "num_kv_heads": m.num_kv_heads // t,
+                                "intermediate_size": -(-m.intermediate_size // t), "vocab_shards": t,
+                                "published_parameters": None, "published_parameters_source": None})
 
 
 @cache
 def rank_parameters(m: ModelSpec, t: int) -> int:
     """Elements of the model's parameters one rank holds under ``t``-way tensor parallelism."""
-    return sum(prod(x.shape) * x.experts * multiplicity(m, x) for x in rank_tensors(m, t))
-
-
-@cache
-def rank_layer_parameters(m: ModelSpec, t: int) -> int:
-    """Elements of one decoder layer's parameters one rank holds under ``t``-way tensor parallelism."""
-    return sum(prod(x.shape) * x.experts for x in rank_tensors(m, t) if x.part == Part.LAYER)
-
-
-def rank_root_parameters(m: ModelSpec, t: int) -> int:
-    """Elements outside the decoder layers one rank holds (split embeddings and head, whole norm)."""
-    return rank_parameters(m, t) - m.num_layers * rank_layer_parameters(m, t)
+    return total_parameters(rank_model(m, t))
 
 
 def layer_all_reduces(m: ModelSpec) -> tuple[int, int]:
