@@ -30,6 +30,7 @@ from planner.strategies import (
     precision,
     sequence_parallel,
     sharding,
+    tensor_parallel,
     tiled_mlp,
 )
 from planner.strategies.base import Check, Engine, PlanContext, PlanLayout, Strategy
@@ -39,6 +40,7 @@ REGISTRY: tuple[Strategy, ...] = (
     precision.STRATEGY,
     optimizer.STRATEGY,
     sharding.STRATEGY,
+    tensor_parallel.STRATEGY,
     tiled_mlp.STRATEGY,  # (beside sharding: a search prunes its refusals under DDP and FSDP early)
     offload.STRATEGY,
     checkpointing.STRATEGY,

@@ -27,8 +27,8 @@ from planner.core.ledger import ON_GPU, LedgerDraft, Location, PagedInfo, Placem
 from planner.core.numerics import EXACT, Rung
 from planner.core.specs import HardwareSpec, ModelSpec
 from planner.core.timing import TimeDraft
-from planner.core.vocabulary import Setting
-from planner.cost import params
+from planner.core.vocabulary import Setting, tensor_shards_of
+from planner.cost import params, tensor
 from planner.cost.activations import DTypes
 from planner.cost.adapters import AdapterSpec
 
@@ -98,10 +98,32 @@ LAYOUT_FIELDS = tuple(f.name for f in fields(PlanLayout))
 
 @dataclass(frozen=True)
 class PlanContext:
+    """A plan's model, GPUs and configuration. Under tensor parallelism ``model`` is one rank's share
+    of the model given (planner/cost/tensor.py ``rank_model``), which every cost formula reads as a
+    model; ``whole_model`` is the model given."""
+
     model: ModelSpec
     hardware: HardwareSpec
     config: Any  # strategies.TrainingConfig (built from the registry)
     _once: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _whole: ModelSpec | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        t = self.tensor_shards
+        if t > 1 and self.model.vocab_shards == 1:
+            object.__setattr__(self, "_whole", self.model)
+            object.__setattr__(self, "model", tensor.rank_model(self.model, t))
+
+    @property
+    def tensor_shards(self) -> int:
+        """The configuration's tensor-parallel degree, read from its fields alone (a layout hook's
+        reads are the layout's key: ``LAYOUT_INPUTS``)."""
+        return tensor_shards_of(lambda name: getattr(self.config, name, None))
+
+    @property
+    def whole_model(self) -> ModelSpec:
+        """The model as given, whole (``model`` is a rank's share under tensor parallelism)."""
+        return self._whole or self.model
 
     def once(self, decide: Callable[["PlanContext"], T]) -> T:
         """``decide(self)``, computed once per plan: a decision several strategies read (the backward
@@ -157,7 +179,7 @@ def _late(module: str, name: str) -> Any:
 #: function of these, the model and the hardware (tests/test_search_dominance.py holds the hooks
 #: to it), so a search lays out each distinct tuple of them once.
 LAYOUT_INPUTS = ("adapter", "adapter_dtype", "attention", "fsdp_version", "kbit_prep", "lora_dropout", "lora_rank",
-                 "lora_targets", "nf4_matmul", "offload", "precision", "sharding")
+                 "lora_targets", "nf4_matmul", "offload", "precision", "sharding", "tensor_parallel", "tp_size")
 
 
 def resolve_layout(ctx: PlanContext, registry) -> PlanLayout:

@@ -228,8 +228,9 @@ def _offloaded(ctx: PlanContext) -> bool:
 
 def fsdp_checkpoints(ctx: PlanContext) -> bool:
     """Whether FSDP's own activation checkpointing runs the plan's full checkpointing (FSDP, non-
-    reentrant: accelerate wraps each layer so), not the Trainer's (``_emit``)."""
-    return ctx.engine == Engine.FSDP and ctx.config.checkpoint_impl != CheckpointImpl.REENTRANT
+    reentrant: accelerate wraps each layer so), not the Trainer's (``_emit``); not where transformers
+    applies FSDP2 at load (tensor parallelism: accelerate wraps nothing)."""
+    return ctx.engine == Engine.FSDP and ctx.config.checkpoint_impl != CheckpointImpl.REENTRANT and ctx.tensor_shards == 1
 
 
 def offloaded_input_bytes(ctx: PlanContext) -> float:

@@ -107,11 +107,13 @@ def engine_of(sharding: Sharding) -> Engine:
 
 
 def _parallelism(ctx: PlanContext) -> dict:
-    """The engine, the data-parallel degree (every GPU holds a replica of the batch: no tensor,
-    context or pipeline parallelism yet) and the sharding degree: the ranks sharing one copy of the
-    sharded states (fsdp-hybrid: a node)."""
-    s, n = ctx.config.sharding, ctx.world_size
-    degree = 1 if s in (Sharding.NONE, Sharding.DDP) else ctx.hardware.gpus_per_node if s == Sharding.FSDP_HYBRID else n
+    """The engine, the data-parallel degree (the GPUs over the tensor-parallel degree: each group of
+    ``tensor_shards`` shares its batch) and the sharding degree: the ranks sharing one copy of the
+    sharded states, each rank's share of the model under tensor parallelism (fsdp-hybrid: a node's)."""
+    s, t = ctx.config.sharding, ctx.tensor_shards
+    n = max(1, ctx.world_size // t)  # (a degree of every GPU or more is refused: strategies/tensor_parallel.py)
+    node = max(1, ctx.hardware.gpus_per_node // t)
+    degree = 1 if s in (Sharding.NONE, Sharding.DDP) else node if s == Sharding.FSDP_HYBRID else n
     engine = engine_of(s)
     return {"engine": engine, "data_parallel": n, "shard_degree": degree,
             "gradients_sharded": engine == Engine.FSDP or s in (Sharding.ZERO2, Sharding.ZERO3),
@@ -512,9 +514,14 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
             acc["deepspeed_config"]["deepspeed_multinode_launcher"] = "standard"
         args["deepspeed"] = "deepspeed_config.json"
     else:
-        _emit_fsdp(ctx, files)
-        # the Trainer's key for accelerate's GradientAccumulationPlugin (what check reads back;
-        # without accumulation it changes nothing)
+        if ctx.config.tensor_shards > 1:
+            # transformers' DistributedConfig applies FSDP2 at load time (strategies/tensor_parallel.py):
+            # accelerate runs the processes and wraps nothing
+            acc["distributed_type"] = "MULTI_GPU"
+        else:
+            _emit_fsdp(ctx, files)
+        # the Trainer's key for accelerate's GradientAccumulationPlugin, which it honours for a model
+        # sharded at load time too (what check reads back; without accumulation it changes nothing)
         sync = ctx.config.gradient_sync == GradientSync.MICRO_BATCH
         args["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": sync}}
 
@@ -576,6 +583,11 @@ def _read(job: JobFiles, r: Reading) -> None:
         if dt == "NO":
             r.set("sharding", Sharding.NONE if (job.processes or 1) <= 1 else Sharding.DDP,
                   f"{where}: distributed_type NO", REFINES)
+        elif dt == "MULTI_GPU" and (loaded := _load_sharding(job, r)) is not None:
+            r.set("sharding", loaded, f"{job.runtime_where}: load_sharding {loaded} (transformers' FSDP2 at load; "
+                  f"{where}: distributed_type MULTI_GPU)", REFINES)
+            r.set("fsdp_version", 2, f"{job.runtime_where}: transformers' DistributedConfig applies FSDP2")
+            _read_gradient_sync(job, r)
         elif dt == "MULTI_GPU":
             r.set("sharding", Sharding.DDP, f"{where}: distributed_type MULTI_GPU", REFINES)
         elif dt is not None and dt not in DISTRIBUTED_TYPES:
@@ -596,6 +608,18 @@ def _read(job: JobFiles, r: Reading) -> None:
     elif job.accelerate and job.accelerate_inline_deepspeed is not None:
         _read_buckets({}, job.accelerate_inline_deepspeed.get("zero_stage"), f"{job.accelerate_where}: deepspeed_config",
                       r)
+
+
+def _load_sharding(job: JobFiles, r: Reading) -> Sharding | None:
+    """The FSDP2 mode transformers' DistributedConfig applies at load (runtime.json's
+    ``load_sharding``, beside its tensor parallelism: strategies/tensor_parallel.py), or None."""
+    value = job.runtime.get("load_sharding") if job.runtime_where else None
+    if value is None:
+        return None
+    if value not in (Sharding.FSDP, Sharding.FSDP_HYBRID):
+        r.problems.append(f"{job.runtime_where}: load_sharding {value!r}: fsdp or fsdp-hybrid"[:300])
+        return None
+    return Sharding(value)
 
 
 def _read_buckets(zero: dict, stage, where: str, r: Reading) -> None:

@@ -22,6 +22,7 @@ from planner.strategies.optimizer import Optimizer
 from planner.strategies.precision import Precision
 from planner.strategies.sequence_parallel import SequenceParallel
 from planner.strategies.sharding import GradientSync, Sharding
+from planner.strategies.tensor_parallel import TensorParallel
 from planner.strategies.tiled_mlp import TiledMlp
 
 
@@ -39,6 +40,7 @@ class TrainingConfig(ConfigBase):
     sequence_parallel: SequenceParallel = SequenceParallel.NONE
     checkpoint_offload: CheckpointOffload = CheckpointOffload.NONE
     tiled_mlp: TiledMlp = TiledMlp.NONE
+    tensor_parallel: TensorParallel = TensorParallel.NONE
     checkpoint_impl: CheckpointImpl = CheckpointImpl.NON_REENTRANT
     fsdp_version: int = 2
     gradient_sync: GradientSync = GradientSync.MICRO_BATCH
@@ -67,6 +69,7 @@ class TrainingConfig(ConfigBase):
     vllm_gpus: int = 1
     vllm_tp: int = 0
     sp_size: int = 2
+    tp_size: int = 2
     micro_batch_size: int = 1
     grad_accum: int = 1
     seq_len: int = 2048
@@ -90,6 +93,7 @@ class TechniqueChoices(Record):
     sequence_parallel: SequenceParallel | None = None
     checkpoint_offload: CheckpointOffload | None = None
     tiled_mlp: TiledMlp | None = None
+    tensor_parallel: TensorParallel | None = None
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
@@ -118,6 +122,7 @@ class TechniqueChoices(Record):
     vllm_gpus: int | None = None
     vllm_tp: int | None = None
     sp_size: int | None = None
+    tp_size: int | None = None
 
 
 class TechniqueLists(Record):
@@ -134,6 +139,7 @@ class TechniqueLists(Record):
     sequence_parallel: list[SequenceParallel] = Field(default_factory=list)
     checkpoint_offload: list[CheckpointOffload] = Field(default_factory=list)
     tiled_mlp: list[TiledMlp] = Field(default_factory=list)
+    tensor_parallel: list[TensorParallel] = Field(default_factory=list)
     checkpoint_impl: CheckpointImpl | None = None
     fsdp_version: int | None = None
     gradient_sync: GradientSync | None = None
@@ -162,3 +168,4 @@ class TechniqueLists(Record):
     vllm_gpus: int | None = None
     vllm_tp: int | None = None
     sp_size: int | None = None
+    tp_size: int | None = None

@@ -355,7 +355,7 @@ def test_what_is_not_modelled_or_ignored_is_named(tmp_path):
     with pytest.raises(PlannerInputError) as refused:
         check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, alternatives=0))
     said = " ".join(refused.value.problems)
-    for needle in ("parallelism_config_tp_size 2: tensor parallelism is not modelled",
+    for needle in ("parallelism_config_tp_size 2: accelerate's tensor parallelism", "skips the TP preparation silently",
                    "parallelism_config_cp_comm_strategy 'alltoall': planner models ring attention's default "
                    "'allgather' strategy only"):
         assert needle in said, needle

@@ -34,12 +34,12 @@ def test_fits_exit_0_and_json_contract():
     assert out["hardware"]["gpu"] == "A100-SXM-40" and out["hardware"]["num_gpus"] == 1
     assert out["hardware"]["gpu_memory_bytes"] == 40 * 2**30
     assert set(out["config"]) == {"optimizer", "precision", "checkpointing", "sharding", "offload", "loss",
-                                  "attention", "adapter", "method", "generation", "sequence_parallel", "checkpoint_offload", "tiled_mlp", "checkpoint_impl", "fsdp_version", "gradient_sync", "zero_reduce_bucket_size",
+                                  "attention", "adapter", "method", "generation", "sequence_parallel", "checkpoint_offload", "tiled_mlp", "tensor_parallel", "checkpoint_impl", "fsdp_version", "gradient_sync", "zero_reduce_bucket_size",
                                   "zero_prefetch_bucket_size", "zero_persistence_threshold", "zero_max_live_parameters",
                                   "loss_path", "model_output", "lora_rank", "lora_targets",
                                   "lora_alpha", "lora_dropout", "adapter_dtype", "nf4_matmul", "kbit_prep", "dpo_reference", "dpo_logprobs", "kto_loss",
                                   "num_generations", "completion_len", "kl_beta", "generation_batch_size", "num_iterations", "vllm_share", "vllm_gpus", "vllm_tp",
-                                  "sp_size", "micro_batch_size", "grad_accum", "seq_len", "batching", "kernel_seq_len",
+                                  "sp_size", "tp_size", "micro_batch_size", "grad_accum", "seq_len", "batching", "kernel_seq_len",
                                   "attention_seq_len", "real_seq_len"}
     assert out["config"]["batching"] == "packed" and out["config"]["kernel_seq_len"] is None
     assert set(out["memory"]) == set(TERMS) | {"peak"}

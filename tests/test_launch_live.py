@@ -107,6 +107,10 @@ ALL_CASES = [
     ("zero3-ulysses-tiled-mlp", "2xA100-80", dict(sharding="zero3", sequence_parallel="ulysses", sp_size=2,
                                                   checkpointing="full", tiled_mlp="tiled", seq_len=256,
                                                   micro_batch_size=1, grad_accum=4), 2),
+    # transformers' tensor parallelism over two ranks, FSDP2 over two such groups (DistributedConfig at load)
+    ("fsdp-tp2", "4xA100-80", dict(sharding="fsdp", tensor_parallel="transformers", tp_size=2), 4),
+    ("fsdp-tp2-pure-full", "4xA100-80", dict(sharding="fsdp", tensor_parallel="transformers", tp_size=2,
+                                             precision="bf16-pure", checkpointing="full", gradient_sync="step"), 4),
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
 #: CI's launches: one per distributed engine (DDP, FSDP2, ZeRO-3), each with an adapter (DoRA,
 #: QLoRA, LoRA), and ZeRO-3 QLoRA (its 4-bit base in the 16-bit quant storage); the CPU launch of tests/test_gpu_validate.py runs one process (AdamW, full
@@ -114,7 +118,7 @@ ALL_CASES = [
 #: and fp8, offload (DeepSpeed's CPU Adam is a C++ build of minutes), hybrid FSDP over two
 #: machines, padded batching, the adapter plans suggested for an RTX 4090.
 CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "zero3-lora-full", "zero3-qlora-full", "single-dpo", "single-grpo",
-            "single-kto", "zero3-ulysses", "fsdp-ckpt-offload", "zero3-tiled-mlp")
+            "single-kto", "zero3-ulysses", "fsdp-ckpt-offload", "zero3-tiled-mlp", "fsdp-tp2")
 CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in CI_CASES else FULL) for c in ALL_CASES]
 
 

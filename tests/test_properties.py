@@ -70,7 +70,9 @@ def test_memory_never_decreases_as_batch_or_sequence_grow(model, gpus, cfg, more
     assert big.memory["peak"] >= small.memory["peak"]
     assert required(big) >= required(small)
     for phase in small.phase_peaks:
-        assert big.phase_peaks[phase] >= small.phase_peaks[phase] or big.paged
+        # (the load's moment, a QLoRA base's whole 4-bit copy in the allocator's cache, is a phase of
+        # its own only while it tops training's: where it no longer does, the bigger plan's peak holds it)
+        assert big.phase_peaks.get(phase, big.memory["peak"]) >= small.phase_peaks[phase] or big.paged
 
 
 @SETTINGS

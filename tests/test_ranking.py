@@ -45,7 +45,8 @@ def test_the_classification_is_the_documented_one():
 def _cand(tps, **config):
     base = dict(optimizer="adamw", precision="bf16-mixed", checkpointing="none", sharding="none",
                 offload="none", loss="standard", attention="sdpa", adapter="none", method="sft", generation="none",
-                sequence_parallel="none", checkpoint_offload="none", tiled_mlp="none", sequence_shards=1)
+                sequence_parallel="none", checkpoint_offload="none", tiled_mlp="none", tensor_parallel="none",
+                sequence_shards=1, tensor_shards=1)
     return Candidate(None, SimpleNamespace(**(base | config)), tps, 0)
 
 

@@ -118,7 +118,7 @@ def test_every_layout_field_is_decided_once():
             owners.update(part.keys())
             decided |= part
     assert all(n == 1 for n in owners.values()), owners
-    unregistered = {"trainable_parameters", "tensor_parallel", "context_parallel",
+    unregistered = {"trainable_parameters", "context_parallel",
                     "pipeline_parallel"}  # the base's, until a technique decides them
     assert set(owners) | unregistered == set(LAYOUT_FIELDS) and not set(owners) & (unregistered - {"trainable_parameters"})
     for ctx in CONTEXTS:

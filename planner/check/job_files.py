@@ -189,9 +189,11 @@ def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
     par = r.section(d, "parallelism_config", where)
     size = par.get("parallelism_config_tp_size", 1)  # (sp_size, cp_size: strategies/sequence_parallel.py)
     if isinstance(size, int) and not isinstance(size, bool) and size > 1:
-        r.problems.append(f"{where}: parallelism_config_tp_size {size}: tensor parallelism is not modelled yet, so "
-                          "planner cannot give this job a verdict (it would be planned as data parallelism over every "
-                          "GPU, which it is not)")
+        r.problems.append(f"{where}: parallelism_config_tp_size {size}: accelerate's tensor parallelism (its own "
+                          "FSDP over a model loaded with tp_plan; where the script loads the model whole, accelerate "
+                          "skips the TP preparation silently) is not modelled, so planner cannot give this job a "
+                          "verdict; planner models transformers' load-time tensor parallelism (planner suggest or "
+                          "estimate --tensor-parallel transformers, run by the planner launch)")
     if dt == "FSDP":
         replicas = par.get("parallelism_config_dp_replicate_size", 1)
         hybrid = isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1

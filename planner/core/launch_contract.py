@@ -50,10 +50,14 @@ class RuntimeArgs(Record):
     adapter_dtype: str = "auto"  # the adapters' dtype under bf16-pure: auto (16 bit) or fp32 (peft's default)
     kbit_prep: str = "none"  # peft's prepare_model_for_kbit_training on the 4-bit base: none, fp32-norms or fp32
     tiled_mlp: str = "none"  # DeepSpeed's TiledMLP around each decoder layer's MLP: none or tiled
+    tensor_parallel: str = "none"  # transformers' DistributedConfig at load: none or transformers
+    tp_size: int | None = Field(None, ge=2)  # its tensor-parallel degree
+    load_sharding: str | None = None  # the FSDP2 mode DistributedConfig applies with it: fsdp or fsdp-hybrid
 
     #: The values that say nothing beyond what the standard files and the libraries' defaults do.
     @classmethod
     def neutral(cls) -> dict:
         return {"dtype": "float32", "attn_implementation": "sdpa", "optimizer": None, "checkpointing": None,
                 "lora": None, "quantization": None, "batching": Batching.PACKED, "adapter_dtype": "auto",
-                "kbit_prep": "none", "tiled_mlp": "none"}
+                "kbit_prep": "none", "tiled_mlp": "none", "tensor_parallel": "none", "tp_size": None,
+                "load_sharding": None}

@@ -82,9 +82,22 @@ LONG_SEQUENCE_TOKENS = 16_384
 #: The ``sequence_parallel`` values that split each sequence over ``sp_size`` ranks
 #: (strategies/sequence_parallel.py): every token count of a rank is its share of the sequence.
 SEQUENCE_SHARDED = frozenset({"ulysses", "ring"})
+#: The ``tensor_parallel`` values that split each layer over ``tp_size`` ranks sharing every token
+#: (strategies/tensor_parallel.py): a data-parallel replica is ``tp_size`` GPUs.
+TENSOR_SHARDED = frozenset({"transformers"})
 #: Of those, the ones whose attention splits the heads over the ranks instead (Ulysses: each rank
 #: attends over every position for its heads; ring attention keeps every head).
 HEADS_SHARDED = frozenset({"ulysses"})
+
+
+def tensor_shards_of(get) -> int:
+    """Ranks each layer is split over (``tp_size`` under tensor parallelism; else 1): each runs every
+    token of its group's micro-batch through its share of the model. ``get``: a configuration field's
+    value by name; only ``tensor_parallel`` is read where it is none (a search remembers what a
+    layout hook reads by the fields read, in order: planner/engine/recorded.py)."""
+    if str(get("tensor_parallel") or "none") not in TENSOR_SHARDED:
+        return 1
+    return int(get("tp_size") or 1)
 
 
 class ConfigBase(Record):
@@ -121,10 +134,15 @@ class ConfigBase(Record):
             return int(getattr(self, "sp_size", 1))
         return 1
 
+    @property
+    def tensor_shards(self) -> int:
+        """Ranks each layer is split over (``tensor_shards_of``)."""
+        return tensor_shards_of(lambda name: getattr(self, name, None))
+
     def sequences_per_step(self, num_gpus: int) -> int:
         """Samples one optimizer step trains over ``num_gpus`` GPUs: micro-batch x accumulation x
-        the data-parallel replicas, each replica ``sequence_shards`` GPUs."""
-        return self.micro_batch_size * self.grad_accum * num_gpus // self.sequence_shards
+        the data-parallel replicas, each replica ``sequence_shards`` x ``tensor_shards`` GPUs."""
+        return self.micro_batch_size * self.grad_accum * num_gpus // (self.sequence_shards * self.tensor_shards)
 
     @property
     def samples_per_gpu_step(self) -> int:

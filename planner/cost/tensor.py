@@ -50,6 +50,7 @@ def tp_refusal(m: ModelSpec, t: int) -> str | None:
     return None
 
 
+@cache
 def rank_model(m: ModelSpec, t: int) -> ModelSpec:
     """One rank's share of ``m`` under ``t``-way tensor parallelism, as a model of its own: ``1/t``
     of the query and key/value heads, of the MLP's intermediate width and of the vocabulary's rows
@@ -63,7 +64,8 @@ def rank_model(m: ModelSpec, t: int) -> ModelSpec:
     intermediate width, the vocabulary: ``torch.chunk``); heads must divide (``tp_refusal``)."""
     if t == 1:
         return m
-    return m.model_copy(update={"num_heads": m.num_heads // t, "num_kv_heads": m.num_kv_heads // t,
+    # (max 1: a degree the heads do not divide is refused, its plan never written)
+    return m.model_copy(update={"num_heads": max(1, m.num_heads // t), "num_kv_heads": max(1, m.num_kv_heads // t),
                                 "intermediate_size": -(-m.intermediate_size // t), "vocab_shards": t,
                                 "published_parameters": None, "published_parameters_source": None})
 

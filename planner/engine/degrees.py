@@ -31,6 +31,7 @@ from planner.catalog.models import resolve_model
 from planner.core.errors import PlannerInputError
 from planner.core.numerics import NumericsPolicy
 from planner.core.vocabulary import LONG_SEQUENCE_TOKENS
+from planner.cost import params, tensor
 from planner.engine.ranking import Candidate, allowed_levels
 from planner.engine.search import SearchOutcome
 from planner.engine.space import SearchSpace
@@ -38,6 +39,7 @@ from planner.schema.suggest import SuggestRequest
 from planner.strategies.checkpoint_offload import CheckpointOffload
 from planner.strategies.sequence_parallel import SequenceParallel, degrees, ring_fills_node, sequence_searchable
 from planner.strategies.sharding import ZERO, Sharding, hybrid_possible
+from planner.strategies.tensor_parallel import ALLOWED, TensorParallel
 from planner.strategies.tiled_mlp import TiledMlp
 
 SpaceOf = Callable[[SuggestRequest], SearchSpace]
@@ -54,7 +56,7 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
     ``space_of``: a request's search space. A long sequence also searches the long-context levers
     the request leaves unnamed, in each request where they can run (``_with_levers``)."""
     unnamed = [f for f in LEVERS if not getattr(request, f)]
-    return [_with_levers(r, unnamed) for r in _layouts(request, space_of)]
+    return [_with_levers(r, unnamed) for r in _layouts(request, space_of)] + _tensor_layouts(request, space_of)
 
 
 def _layouts(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:
@@ -86,6 +88,45 @@ def _layouts(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]
 
 #: The long-context levers a long request searches unasked, each with every value.
 LEVERS = {"checkpoint_offload": tuple(CheckpointOffload), "tiled_mlp": tuple(TiledMlp)}
+
+
+def _tensor_layouts(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:
+    """The tensor-parallel layouts searched beside ``request``'s own (strategies/tensor_parallel.py):
+    each degree of a node that splits the model's heads and leaves FSDP ranks to shard over
+    (``tp_degrees``), FSDP2's full and (across nodes) hybrid sharding among the request's, the
+    request's global batch (else that of its space without tensor parallelism). Searched unasked
+    across nodes for a model whose 16-bit weights exceed one GPU (``tp_unasked``); named
+    (``--tensor-parallel transformers``): its degree (``--tp-size``) or every one; none where the
+    request names none, or sequence parallelism (not modelled together)."""
+    named = {str(v) for v in request.tensor_parallel}
+    hardware, model = request.hardware(), resolve_model(request.model)
+    wanted = "transformers" in named or (not named and tp_unasked(model, hardware))
+    if not wanted or request.sequence_parallel and set(map(str, request.sequence_parallel)) != {"none"}:
+        return []
+    allowed = ALLOWED["sharding"]
+    shardings = [s for s in (request.sharding or allowed) if str(s) in allowed
+                 and (str(s) != Sharding.FSDP_HYBRID or hybrid_possible(hardware))]
+    if not shardings or request.fsdp_version == 1:
+        return []
+    sizes = [request.tp_size] if request.tp_size is not None else tp_degrees(model, hardware)
+    gbs = request.global_batch_size or _none_space(request, space_of).global_batch_size
+    return [request.model_copy(update={"tensor_parallel": [TensorParallel.TRANSFORMERS], "tp_size": t,
+                                       "sharding": shardings, "global_batch_size": gbs}) for t in sizes]
+
+
+def tp_unasked(m, hardware) -> bool:
+    """Whether suggest searches tensor parallelism unasked: across nodes, for a model whose 16-bit
+    weights exceed one GPU's memory (Llama-70B and larger on 80 GB GPUs). There a group of a node's
+    GPUs divides each GPU's share of FSDP's traffic over the network by its degree, and a layer's
+    activations too; a smaller model keeps the common answer's time (benchmarks/suggest_walltime.py)."""
+    return hardware.nodes > 1 and 2 * params.total_parameters(m) > hardware.gpu.memory_bytes
+
+
+def tp_degrees(m, hardware) -> list[int]:
+    """The tensor-parallel degrees of ``m`` on ``hardware``: 2 up to a node's GPUs, each dividing
+    them and the model's heads (``tensor.tp_refusal``), below the GPUs (FSDP shards over the rest)."""
+    return [t for t in range(2, hardware.gpus_per_node + 1)
+            if hardware.gpus_per_node % t == 0 and t < hardware.num_gpus and tensor.tp_refusal(m, t) is None]
 
 
 def _with_levers(request: SuggestRequest, unnamed: list[str]) -> SuggestRequest:
@@ -131,20 +172,32 @@ def searchable(requests: list[SuggestRequest],
             out.append((r, space_of(r)))
         except PlannerInputError as e:
             first = first or e
-            left.append(f"{layout_words(_layout(r.sequence_parallel, r.sp_size))}: {e.problems[0]}")
+            left.append(f"{layout_words(_request_layout(r))}: {e.problems[0]}")
     if not out and first is not None:
         raise first
     return out, left if len(requests) > 1 else []
 
 
-def _layout(values, sp_size: int | None) -> tuple[str, int]:
-    """The layout of a space or request of one ``sequence_parallel`` value: (realisation, degree)."""
+def _layout(values, sp_size: int | None, tensor_values=(), tp_size: int | None = None) -> tuple[str, int]:
+    """The layout of a space or request of one ``sequence_parallel`` value (and one
+    ``tensor_parallel`` value): (realisation, degree); tensor parallelism's realisation is "tp"."""
+    if str(next(iter(tensor_values), "none")) != "none":
+        return "tp", tp_size or 2
     kind = str(next(iter(values), "none"))
     return (kind, sp_size or 2) if kind != "none" else ("none", 1)
 
 
+def _request_layout(r: SuggestRequest) -> tuple[str, int]:
+    return _layout(r.sequence_parallel, r.sp_size, r.tensor_parallel, r.tp_size)
+
+
+def _space_layout(space: SearchSpace) -> tuple[str, int]:
+    return _layout(space.choices.get("sequence_parallel", ()), space.settings.get("sp_size"),
+                   space.choices.get("tensor_parallel", ()), space.settings.get("tp_size"))
+
+
 def layout_words(layout: tuple[str, int]) -> str:
-    """A layout as the tables say it: ``ulysses xP``, ``ring xP``, or ``none``."""
+    """A layout as the tables say it: ``ulysses xP``, ``ring xP``, ``tp xT``, or ``none``."""
     kind, p = layout
     return f"{kind} x{p}" if kind != "none" and p > 1 else "none"
 
@@ -164,7 +217,12 @@ def degrees_line(outcome: SearchOutcome, cands: list[Candidate], policy: Numeric
             best.setdefault(c.item.space, c.tokens_per_second)
     rows = []
     for i, space in enumerate(outcome.spaces):
-        words = layout_words(_layout(space.choices.get("sequence_parallel", ()), space.settings.get("sp_size")))
+        words = layout_words(_space_layout(space))
         rows.append((best.get(i, 0.0), f"{words} {best[i]:,.0f}" if i in best else f"{words}: nothing fits"))
     text = ", ".join([w for _, w in sorted(rows, key=lambda r: -r[0])] + [f"not searched: {w}" for w in left])
-    return [f"sequence parallelism, each layout's fastest tokens/s: {text} (--sequence-parallel none: without it)"]
+    tp = any(_space_layout(s)[0] == "tp" for s in outcome.spaces)
+    sp = any(_space_layout(s)[0] not in ("tp", "none") for s in outcome.spaces)
+    what = " and ".join(w for w, on in (("sequence", sp), ("tensor", tp)) if on) or "sequence"
+    flags = " ".join(f for f, on in (("--sequence-parallel none", sp), ("--tensor-parallel none", tp)) if on)
+    return [f"{what} parallelism, each layout's fastest tokens/s: {text} ({flags or '--sequence-parallel none'}: "
+            "without it)"]

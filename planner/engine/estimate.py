@@ -137,12 +137,13 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     hardware = request.hardware()
     config = resolve_config(request, model, hardware)
     result = estimate_config(model, hardware, config, request.margin)
-    n, shards = result.hardware.num_gpus, config.sequence_shards
-    replicas = f"{n} GPUs" if shards == 1 else f"{n // shards} replica(s) of {shards} GPUs (one sequence each)"
+    n, shards, tp = result.hardware.num_gpus, config.sequence_shards, config.tensor_shards
+    replicas = (f"{n} GPUs" if shards * tp == 1 else
+                f"{n // shards // tp} replica(s) of {shards * tp} GPUs ({'one sequence' if tp == 1 else 'its micro-batch'} each)")
     said = assumptions(request, hardware, config.seq_len, config.sequences_per_step(n),
                        seq_given=request.seq_len is not None, batch_given="micro_batch_size" in request.model_fields_set,
                        batch_words=f"micro-batch {config.micro_batch_size} x accum {config.grad_accum} x {replicas} = "
-                                   + _step_tokens(config.real_tokens_per_micro_batch * config.grad_accum * n,
+                                   + _step_tokens(config.real_tokens_per_micro_batch * config.grad_accum * n // tp,
                                                   config.real_seq_len is not None))
     said += rate_assumptions(hardware, result.time.terms, engine_of(config.sharding))
     return result.model_copy(update={"assumptions": said + [f"MFU of the {result.time.mfu_basis}"],
@@ -396,20 +397,21 @@ def estimate_config(model: ModelSpec, hardware: HardwareSpec, config: TrainingCo
 def result_of(ev: Evaluation, margin: float) -> EstimateResult:
     """The full, documented result of an evaluation."""
     ctx, draft = ev.ctx, ev.ledger
-    model, hardware, config = ctx.model, ctx.hardware, ctx.config
+    hardware, config = ctx.hardware, ctx.config
     rollout = any(Phase.ROLLOUT in r.phases and r.phases is not ALL_PHASES for r in draft.rows)
     phase_peaks = {p: phase_sum(draft.rows, p, Location.GPU) for p in Phase if p != Phase.ROLLOUT or rollout}
     peak = peak_phase(draft.rows)
     memory = terms_at(draft.rows, peak) | {"peak": ev.peak}
     time = assemble(
         ev.timing, config.grad_accum, ev.tokens_per_step, ctx.world_size,
-        # (useful FLOPs at the samples' mean length: attention's share at their own lengths, roughly)
-        adapters.training_flops_per_token(model, config.real_seq_len or config.seq_len, ctx.layout.adapter),
+        # (useful FLOPs at the samples' mean length: attention's share at their own lengths, roughly;
+        # the whole model's, whose tokens the job trains, under tensor parallelism too)
+        adapters.training_flops_per_token(ctx.whole_model, config.real_seq_len or config.seq_len, ctx.layout.adapter),
         peak_flops(ctx), peak_dtype(ctx),
     )
     rated = rate_warning(time.terms, time.step_seconds, TIE_BAND, assumed_terms(hardware, ctx.engine))
     return EstimateResult(
-        model=_model_info(model, ctx.layout.trainable_parameters),
+        model=_model_info(ctx.whole_model, _trained(ctx)),
         hardware=HardwareInfo(
             gpu=hardware.gpu.id, gpu_name=hardware.gpu.name, num_gpus=hardware.num_gpus, nodes=hardware.nodes,
             gpus_per_node=hardware.gpus_per_node, gpu_memory_bytes=hardware.gpu.memory_bytes,
@@ -529,6 +531,14 @@ def _reasons(
     else:
         reasons.append(f"host RAM fits: {gib(host['peak'])} of {gib(host['usable'])} usable per node{kept_host}")
     return reasons
+
+
+def _trained(ctx: PlanContext) -> int:
+    """The parameters the plan trains: the layout's, or under tensor parallelism (whose plans train
+    the whole model: strategies/tensor_parallel.py) the whole model's, not a rank's share."""
+    if ctx.whole_model is ctx.model:
+        return ctx.layout.trainable_parameters
+    return params.total_parameters(ctx.whole_model)
 
 
 def _model_info(m: ModelSpec, trainable: int) -> ModelInfo:

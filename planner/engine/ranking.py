@@ -66,10 +66,10 @@ class Candidate:
 
 def family(c) -> tuple:
     """Plans a user would call the same: bf16- and fp16-mixed are one family (the same states and
-    speed; the tie-break prefers bf16 where it exists); each sequence-parallel degree is a family
-    of its own (another layout of the GPUs)."""
+    speed; the tie-break prefers bf16 where it exists); each sequence- and tensor-parallel degree is
+    a family of its own (another layout of the GPUs)."""
     precision = "16-bit mixed" if c.precision in SIXTEEN_BIT_MIXED else c.precision
-    return (c.optimizer, precision, c.checkpointing, engine_of(c.sharding), c.offload, c.sequence_shards)
+    return (c.optimizer, precision, c.checkpointing, engine_of(c.sharding), c.offload, c.sequence_shards, c.tensor_shards)
 
 
 def pick(cands: list[Candidate], band: float = TIE_BAND) -> Candidate:

@@ -22,7 +22,7 @@ from planner.core.errors import PlannerInputError
 from planner.core.launch_contract import Launcher
 from planner.core.lengths import Batching, Lengths, shape
 from planner.core.record import Record
-from planner.core.vocabulary import SEQUENCE_SHARDED
+from planner.core.vocabulary import SEQUENCE_SHARDED, TENSOR_SHARDED
 from planner.strategies import REGISTRY, SETTINGS, TrainingConfig
 from planner.strategies.method import GRPO_DEFAULTS, generation_batch_faults
 from planner.strategies.optimizer import QUANTIZED
@@ -223,6 +223,7 @@ def build_space(
                                 "--launcher trainer cannot run it; use the planner launch (the default)")
         choices[strategy.field] = tuple(dict.fromkeys(wanted))
     data_parallel = _replicas(choices.get("sequence_parallel", ()), settings or {}, data_parallel, problems)
+    data_parallel = _tensor_replicas(choices.get("tensor_parallel", ()), settings or {}, data_parallel, problems)
     multiple = _pad_multiple(choices.get("sequence_parallel", ()), settings or {})
     rows = shape(batching, seq_len, lengths, 1, multiple) if seq_len >= 1 else None
     real = rows.real if rows else seq_len
@@ -279,6 +280,22 @@ def _replicas(sequence_parallel: tuple[str, ...], settings: dict[str, Any], gpus
         problems.append(f"--sp-size {p} must divide the {gpus} GPUs")
         return gpus
     return gpus // p
+
+
+def _tensor_replicas(tensor_parallel: tuple[str, ...], settings: dict[str, Any], replicas: int,
+                     problems: list[str]) -> int:
+    """The data-parallel replicas left of ``replicas`` under tensor parallelism: each ``--tp-size``
+    GPUs (strategies/tensor_parallel.py). A space holds one degree."""
+    if not any(v in TENSOR_SHARDED for v in tensor_parallel):
+        return replicas
+    if len(tensor_parallel) > 1:
+        problems.append(f"--tensor-parallel {', '.join(tensor_parallel)}: name one value (a search holds one degree of "
+                        "tensor parallelism)")
+    t = int(settings.get("tp_size", TrainingConfig.model_fields["tp_size"].default))
+    if replicas % t:
+        problems.append(f"--tp-size {t} must divide the {replicas} GPUs")
+        return replicas
+    return replicas // t
 
 
 def _method_sizes(methods, settings: dict[str, Any], divisors: list[int], micro_batch_sizes: list[int] | None,

@@ -89,7 +89,8 @@ def _sharding_and_offload(trainer, model) -> tuple[str, str, dict]:
     root = _fsdp1_root(trainer) if kind == DistributedType.FSDP else None
     if root is not None:
         return _fsdp1(root, model)
-    if kind == DistributedType.FSDP:
+    # (FSDP2 applied by accelerate, or by transformers at load: DistributedConfig, under tensor parallelism)
+    if kind == DistributedType.FSDP or _fsdp2_at_load(model):
         from torch.distributed.fsdp import CPUOffloadPolicy
 
         from planner.runtime.model import decoder_layers
@@ -111,6 +112,29 @@ def _sharding_and_offload(trainer, model) -> tuple[str, str, dict]:
                                    "fsdp_param_dtype": str(policy.param_dtype).removeprefix("torch."),
                                    "fsdp_reduce_dtype": str(policy.reduce_dtype).removeprefix("torch.")}
     return ("ddp" if world > 1 else "none"), "none", {"distributed_type": str(kind)}
+
+
+def _fsdp2_at_load(model) -> bool:
+    """Whether transformers sharded ``model`` with FSDP2 when it loaded it (``DistributedConfig``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return bool(getattr(model, "is_distributed_loading_by_transformers", False)) and isinstance(model, FSDPModule)
+
+
+def _tensor_parallel(model) -> tuple[dict, dict]:
+    """The model's tensor parallelism, as transformers loaded it (its ``_tp_size``), and the
+    placements of the first decoder layer's projections (each a DTensor split on the TP mesh)."""
+    from torch.distributed.tensor import DTensor
+
+    from planner.runtime.model import decoder_layers
+
+    size = getattr(model, "_tp_size", None) or 1
+    if size == 1:
+        return {"tensor_parallel": "none"}, {}
+    first = decoder_layers(model)[0]
+    placements = {n: [str(p) for p in w.placements] for n, w in first.named_parameters()
+                  if n.endswith(("q_proj.weight", "o_proj.weight")) and isinstance(w, DTensor)}
+    return {"tensor_parallel": "transformers", "tp_size": size}, {"tp_placements": placements}
 
 
 def _fsdp1_root(trainer):
@@ -356,6 +380,7 @@ def observe(trainer, session) -> dict:
     checkpointing, ckpt_detail = _checkpointing(model)
     checkpoint_offload, offload_detail = _checkpoint_offload(model)
     tiled_mlp, tiled_detail = _tiled_mlp(model)
+    tensor, tensor_detail = _tensor_parallel(model)
     loss = _loss(model)
     shape = getattr(session, "batch_shape", None) or (None, None)
     sequence = _sequence_parallel(trainer)  # (a split sequence: a rank's rows hold 1/sp_size of each one's positions)
@@ -378,11 +403,12 @@ def observe(trainer, session) -> dict:
     } | adapter | fsdp
     dpo, dpo_detail = _dpo(trainer)
     grpo, grpo_detail = _grpo(trainer)
-    live |= dpo | grpo | sequence
+    live |= dpo | grpo | sequence | tensor
     sequence_detail = {"positions_per_rank": shape[1]} if shards > 1 else {}
     assert set(FIELDS) | {"micro_batch_size", "grad_accum", "seq_len"} <= set(live)
     return live | {"details": opt_detail | shard_detail | prec_detail | ckpt_detail | offload_detail | tiled_detail
-                   | adapter_detail | dpo_detail | grpo_detail | sequence_detail | {"compiled": trainer.args.torch_compile}}
+                   | adapter_detail | dpo_detail | grpo_detail | sequence_detail | tensor_detail
+                   | {"compiled": trainer.args.torch_compile}}
 
 
 def differences(config, live: dict) -> list[str]:
