@@ -172,9 +172,9 @@ def _read(job: JobFiles, r: Reading) -> None:
 
 
 def describe(get) -> str:
-    """'' without tensor parallelism (it goes without saying), else "tp x4"."""
+    """'' without tensor parallelism (it goes without saying), else "transformers x4"."""
     value = get("tensor_parallel")
-    return "" if value in (None, TensorParallel.NONE) else f"tp x{get('tp_size')}"
+    return "" if value in (None, TensorParallel.NONE) else f"{value} x{get('tp_size')}"
 
 
 def _parallelism(ctx: PlanContext) -> dict:

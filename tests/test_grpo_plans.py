@@ -11,7 +11,7 @@ from planner.catalog.models import resolve_model
 from planner.core.ledger import ALL_PHASES, Phase
 from planner.cost import params, rollout
 
-from helpers import run
+from helpers import FULL, run
 
 MODEL, GPUS = "Qwen/Qwen2.5-1.5B", "8xH100-80"
 BASE = dict(precision="bf16-mixed", checkpointing="full", sharding="zero2", batching="padded", seq_len=1536,
@@ -323,10 +323,10 @@ def test_under_fsdp2_each_decode_step_gathers_and_an_adapter_push_is_refused():
     assert not lora.feasible and any("not modelled" in r for r in lora.reasons)
 
 
-@pytest.mark.parametrize("model, gpus, extra", [
-    ("Qwen/Qwen2.5-7B", "8xH100-80", {}),
-    ("Qwen/Qwen2.5-1.5B", "4xA100-80", {"adapter": ["lora", "qlora"]}),
-    ("Qwen/Qwen2.5-14B", "8xA100-40", {"kl_beta": 0.04}),
+@pytest.mark.parametrize("model, gpus, extra", [  # (CI: the defaults' case; the full suite: every one)
+    pytest.param("Qwen/Qwen2.5-7B", "8xH100-80", {}, marks=FULL),
+    pytest.param("Qwen/Qwen2.5-1.5B", "4xA100-80", {"adapter": ["lora", "qlora"]}, marks=FULL),
+    pytest.param("Qwen/Qwen2.5-14B", "8xA100-40", {"kl_beta": 0.04}, marks=FULL),
     ("Qwen/Qwen2.5-7B", "8xH100-80", {"seq_len": 2048, "completion_len": 512}),  # (the defaults)
 ])
 def test_a_server_split_is_never_faster_than_its_speed_bound_and_pruning_keeps_the_answer(model, gpus, extra):

@@ -116,6 +116,8 @@ def test_the_chunked_loss_is_a_staircase():
 def test_more_shards_never_increase_per_gpu_memory(model, cfg, sizes):
     assume(cfg["sharding"] != "none")
     fewer, more = (run(model, g, host_memory_gb=100_000, **cfg) for g in sizes)
+    # (a tensor-parallel degree of every GPU is refused, its layout degenerate: compared where both run)
+    assume(cfg["tensor_parallel"] == "none" or fewer.feasible and more.feasible)
     assert required(more) <= required(fewer)
 
 

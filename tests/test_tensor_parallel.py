@@ -20,6 +20,8 @@ import pytest
 from planner.catalog.families import spec_from_config
 from planner.cost import activations, params, tensor
 
+from helpers import FULL
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -48,7 +50,7 @@ def _spec(family: str):
     return spec_from_config(config, f"tiny-{family}", "test")
 
 
-@pytest.fixture(scope="module", params=[2, 4])
+@pytest.fixture(scope="module", params=[pytest.param(2, marks=FULL), 4])  # (4: one key/value head a rank)
 def sharded(request):
     t = request.param
     configs = {f: COMMON | kw for f, kw in CONFIGS.items()}

@@ -56,7 +56,17 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
     ``space_of``: a request's search space. A long sequence also searches the long-context levers
     the request leaves unnamed, in each request where they can run (``_with_levers``)."""
     unnamed = [f for f in LEVERS if not getattr(request, f)]
-    return [_with_levers(r, unnamed) for r in _layouts(request, space_of)] + _tensor_layouts(request, space_of)
+    tensor = _tensor_layouts(request, space_of)
+    named = {str(v) for v in request.tensor_parallel}
+    base = _layouts(request, space_of)
+    if request.tp_size is None and "transformers" in named:  # (its degrees are the layouts: the request's none, if named)
+        none = [TensorParallel.NONE]
+        base = [r.model_copy(update={"tensor_parallel": none}) for r in base] if "none" in named else []
+        if not base and not tensor:
+            raise PlannerInputError(f"--tensor-parallel transformers: no degree on {request.gpus}: a degree divides a "
+                                    "node's GPUs and the model's heads, below the GPU count (FSDP shards over the rest)",
+                                    hint="Plan it on several GPUs, or leave --tensor-parallel out.")
+    return [_with_levers(r, unnamed) for r in base] + tensor
 
 
 def _layouts(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestRequest]:
@@ -99,6 +109,8 @@ def _tensor_layouts(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestR
     (``--tensor-parallel transformers``): its degree (``--tp-size``) or every one; none where the
     request names none, or sequence parallelism (not modelled together)."""
     named = {str(v) for v in request.tensor_parallel}
+    if request.tp_size is not None:  # (the request names its degree: it is its own layout)
+        return []
     hardware, model = request.hardware(), resolve_model(request.model)
     wanted = "transformers" in named or (not named and tp_unasked(model, hardware))
     if not wanted or request.sequence_parallel and set(map(str, request.sequence_parallel)) != {"none"}:
@@ -108,7 +120,9 @@ def _tensor_layouts(request: SuggestRequest, space_of: SpaceOf) -> list[SuggestR
                  and (str(s) != Sharding.FSDP_HYBRID or hybrid_possible(hardware))]
     if not shardings or request.fsdp_version == 1:
         return []
-    sizes = [request.tp_size] if request.tp_size is not None else tp_degrees(model, hardware)
+    sizes = tp_degrees(model, hardware)
+    if not sizes:
+        return []
     gbs = request.global_batch_size or _none_space(request, space_of).global_batch_size
     return [request.model_copy(update={"tensor_parallel": [TensorParallel.TRANSFORMERS], "tp_size": t,
                                        "sharding": shardings, "global_batch_size": gbs}) for t in sizes]
@@ -157,6 +171,7 @@ def _none_space(request: SuggestRequest, space_of: SpaceOf) -> SearchSpace:
     """The space without sequence parallelism whose default global batch every space trains (any
     named micro-batch left out: a degree's replicas may divide it where all the GPUs do not)."""
     return space_of(request.model_copy(update={"sequence_parallel": [SequenceParallel.NONE], "sp_size": None,
+                                               "tensor_parallel": [TensorParallel.NONE], "tp_size": None,
                                                "micro_batch_size": []}))
 
 

@@ -222,8 +222,7 @@ def build_space(
                 problems.append(f"{strategy.flag} {', '.join(fixed[strategy.field])}: no standard file can say it, so "
                                 "--launcher trainer cannot run it; use the planner launch (the default)")
         choices[strategy.field] = tuple(dict.fromkeys(wanted))
-    data_parallel = _replicas(choices.get("sequence_parallel", ()), settings or {}, data_parallel, problems)
-    data_parallel = _tensor_replicas(choices.get("tensor_parallel", ()), settings or {}, data_parallel, problems)
+    data_parallel = _replicas(choices, settings or {}, data_parallel, problems)
     multiple = _pad_multiple(choices.get("sequence_parallel", ()), settings or {})
     rows = shape(batching, seq_len, lengths, 1, multiple) if seq_len >= 1 else None
     real = rows.real if rows else seq_len
@@ -265,37 +264,31 @@ def _pad_multiple(sequence_parallel: tuple[str, ...], settings: dict[str, Any]) 
     return pad_multiple({"sequence_parallel": kind, "sp_size": settings.get("sp_size")}.get)
 
 
-def _replicas(sequence_parallel: tuple[str, ...], settings: dict[str, Any], gpus: int, problems: list[str]) -> int:
+#: The techniques whose degree makes a data-parallel replica of several GPUs: (field, the values
+#: that split, the degree's setting, what it splits).
+SPLITS = (("sequence_parallel", SEQUENCE_SHARDED, "sp_size", "sequence"),
+          ("tensor_parallel", TENSOR_SHARDED, "tp_size", "tensor"))
+
+
+def _replicas(choices: dict[str, tuple[str, ...]], settings: dict[str, Any], gpus: int, problems: list[str]) -> int:
     """The data-parallel replicas of ``gpus`` GPUs (what the global batch is divided over): each
-    replica ``--sp-size`` GPUs under Ulysses (strategies/sequence_parallel.py), else one. A space
-    holds one degree: its micro-batch sizes and accumulation follow from it."""
-    sharded = [v for v in sequence_parallel if v in SEQUENCE_SHARDED]
-    if not sharded:
-        return gpus
-    if len(sequence_parallel) > 1:
-        problems.append(f"--sequence-parallel {', '.join(sequence_parallel)}: name one value (a search holds one "
-                        "degree of sequence parallelism)")
-    p = int(settings.get("sp_size", TrainingConfig.model_fields["sp_size"].default))
-    if gpus % p:
-        problems.append(f"--sp-size {p} must divide the {gpus} GPUs")
-        return gpus
-    return gpus // p
-
-
-def _tensor_replicas(tensor_parallel: tuple[str, ...], settings: dict[str, Any], replicas: int,
-                     problems: list[str]) -> int:
-    """The data-parallel replicas left of ``replicas`` under tensor parallelism: each ``--tp-size``
-    GPUs (strategies/tensor_parallel.py). A space holds one degree."""
-    if not any(v in TENSOR_SHARDED for v in tensor_parallel):
-        return replicas
-    if len(tensor_parallel) > 1:
-        problems.append(f"--tensor-parallel {', '.join(tensor_parallel)}: name one value (a search holds one degree of "
-                        "tensor parallelism)")
-    t = int(settings.get("tp_size", TrainingConfig.model_fields["tp_size"].default))
-    if replicas % t:
-        problems.append(f"--tp-size {t} must divide the {replicas} GPUs")
-        return replicas
-    return replicas // t
+    replica ``--sp-size`` GPUs under sequence parallelism (strategies/sequence_parallel.py) and
+    ``--tp-size`` times that under tensor parallelism (strategies/tensor_parallel.py), else one. A
+    space holds one degree of each: its micro-batch sizes and accumulation follow from them."""
+    replicas = gpus
+    for field, splitting, setting, what in SPLITS:
+        values = choices.get(field, ())
+        if not any(v in splitting for v in values):
+            continue
+        if len(values) > 1:
+            problems.append(f"--{field.replace('_', '-')} {', '.join(values)}: name one value (a search holds one "
+                            f"degree of {what} parallelism)")
+        p = int(settings.get(setting, TrainingConfig.model_fields[setting].default))
+        if replicas % p:
+            problems.append(f"--{setting.replace('_', '-')} {p} must divide the {replicas} GPUs")
+            continue
+        replicas //= p
+    return replicas
 
 
 def _method_sizes(methods, settings: dict[str, Any], divisors: list[int], micro_batch_sizes: list[int] | None,
