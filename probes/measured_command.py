@@ -21,7 +21,7 @@ from planner.core.record import Record
 from planner.probes.device import NO_GPU_HINT, DeviceInfo, catalog_gpu, local_device
 from planner.probes.gpu_readings import unified_resident_bytes
 from planner.probes.measured import MeasureRequest, MeasureResult, measure
-from planner.probes.unprobed import refuse_method, refuse_ring
+from planner.probes.unprobed import refuse_method, refuse_ring, refuse_tensor_parallel
 from planner.runtime.sharding import refuse_fsdp1
 from planner.schema.estimate import EstimateResult
 from planner.schema.suggest import SuggestResult
@@ -288,6 +288,7 @@ def run_measured_probe(req, device: DeviceInfo | None = None) -> MeasuredCompari
     refuse_fsdp1(plan.config)
     refuse_method(plan.config)
     refuse_ring(plan.config)
+    refuse_tensor_parallel(plan.config)
     device = device or require_gpu()
     if plan.config.precision == "fp8-mixed" and device.capability and float(device.capability) < 8.9:
         raise PlannerInputError(f"fp8-mixed needs compute capability 8.9+; {device.name} has {device.capability}")

@@ -105,3 +105,13 @@ def test_refusals():
     assert "split evenly" in tensor.tp_refusal(m, 3)
     phi3 = spec_from_config({"model_type": "phi3", **COMMON}, "tiny-phi3", "test")  # (its own defaults unread)
     assert "not modelled" in tensor.tp_refusal(phi3, 2)
+
+
+def test_probes_refuse_a_tensor_parallel_plan_with_the_reason():
+    from planner.core.errors import PlannerInputError
+    from planner.probes.unprobed import refuse_tensor_parallel
+    from planner.strategies import TrainingConfig
+
+    refuse_tensor_parallel(TrainingConfig())  # (none: nothing to refuse)
+    with pytest.raises(PlannerInputError, match="not probed yet"):
+        refuse_tensor_parallel(TrainingConfig(sharding="fsdp", tensor_parallel="transformers", tp_size=2))
