@@ -1,6 +1,7 @@
-"""Sequence-parallel degrees: the requests whose spaces suggest searches as one.
+"""Sequence- and tensor-parallel degrees: the requests whose spaces suggest searches as one.
 
-A degree ``p`` of sequence parallelism makes a data-parallel replica of ``p`` GPUs, and a search
+A degree ``p`` of sequence (or tensor) parallelism makes a data-parallel replica of ``p`` GPUs,
+and a search
 space holds its replicas fixed (its micro-batch sizes and accumulation follow from them), so each
 layout (a realisation and its degree) is a space of its own; suggest searches them all and ranks
 their plans as one (planner/engine/search.py ``merged``). Which:
@@ -54,7 +55,10 @@ def sequence_requests(request: SuggestRequest, space_of: SpaceOf) -> list[Sugges
     """``request`` (its seq_len resolved) as the requests suggest searches, the one without
     sequence parallelism first where it is allowed; ``[request]`` where no degree is searched.
     ``space_of``: a request's search space. A long sequence also searches the long-context levers
-    the request leaves unnamed, in each request where they can run (``_with_levers``)."""
+    the request leaves unnamed, in each request where they can run (``_with_levers``). Then the
+    tensor-parallel layouts (``_tensor_layouts``); where ``--tensor-parallel transformers`` is named
+    without a degree, its degrees are the layouts and the request itself is searched only as the
+    none it also names."""
     unnamed = [f for f in LEVERS if not getattr(request, f)]
     tensor = _tensor_layouts(request, space_of)
     named = {str(v) for v in request.tensor_parallel}
