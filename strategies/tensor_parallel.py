@@ -20,7 +20,9 @@ holding the same share (``dp_shard``; hybrid: a node's, replicated across nodes)
   resharded after forward, the final norm and the head one unit kept; ``fsdp_mixed_precision``: bf16
   parameters, fp32 reductions), so accelerate neither wraps nor shards the model again (the Trainer's
   ``is_distributed_loading_by_transformers``) and the Trainer cannot save its optimizer state
-  (``save_only_model``).
+  (``save_only_model``). Its units are costed as accelerate's FSDP2 units (strategies/fsdp_memory.py:
+  the root holds the embeddings, the final norm and the head), an upper reading of transformers'
+  plan, whose embeddings are a unit of their own resharded after forward (not traced yet).
 The launch (planner/runtime/tensor_parallel.py) loads the model so; a script of one's own must too
 (``check`` says so). Sources: transformers 5.24 ``distributed/configuration_utils.py``
 (DistributedConfig), ``distributed/mixin.py`` (``init_parallel_plans``, ``maybe_distribute_model``),
