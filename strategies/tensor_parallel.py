@@ -78,10 +78,6 @@ ALLOWED = {
     "tiled_mlp": ("none",),
     "checkpoint_offload": ("none",),
 }
-#: The Trainer defers a load-time sharded model's reduction to the step's last micro-batch with
-#: ``set_requires_gradient_sync(False)``, or under hybrid sharding only the all-reduce across
-#: replicas (``set_requires_all_reduce``: each micro-batch's reduce-scatter keeps the gradients
-#: sharded), which planner's deferred reduction (unsharded gradients held) does not model.
 
 
 def _check(ctx: PlanContext, out: Check) -> None:
@@ -97,14 +93,19 @@ def _check(ctx: PlanContext, out: Check) -> None:
     elif t >= ctx.world_size:
         out.reject("tp over every gpu", f"--tp-size {t} leaves FSDP no GPUs to shard over ({ctx.world_size} in all): "
                    "a smaller --tp-size")
-    if cfg.sharding == "fsdp-hybrid" and cfg.gradient_sync == "step":  # (rules read no accumulation)
+    # The Trainer defers a load-time sharded model's reduction to the step's last micro-batch with
+    # set_requires_gradient_sync(False), or under hybrid sharding only the all-reduce across replicas
+    # (set_requires_all_reduce: each micro-batch's reduce-scatter keeps the gradients sharded), which
+    # planner's deferred reduction (unsharded gradients held) does not model. (Rules read no accumulation.)
+    if cfg.sharding == "fsdp-hybrid" and cfg.gradient_sync == "step":
         out.reject("tp with hybrid deferred sync", "--gradient-sync step under fsdp-hybrid with tensor parallelism "
                    "(the Trainer defers only the all-reduce across nodes) is not modelled: --gradient-sync micro-batch",
                    unmodelled=True)
     for field, allowed in ALLOWED.items():
         value = getattr(cfg, field)
         if value not in allowed and str(value) not in allowed:
-            out.reject(f"tp with {field} {value}", f"--{field.replace('_', '-')} {value} with tensor parallelism is not "
+            out.reject(f"tp with this {field.replace('_', ' ')}", f"--{field.replace('_', '-')} {value} with tensor "
+                       "parallelism is not "
                        f"modelled: {' or '.join(str(a) for a in allowed)}", unmodelled=True)
 
 
