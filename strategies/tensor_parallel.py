@@ -38,7 +38,7 @@ from planner.core.job import JobFiles, Reading
 from planner.core.ledger import LedgerDraft, PagedInfo, Phase
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
-from planner.cost import tensor
+from planner.cost import comms, tensor
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, PlanContext, Strategy
 
@@ -140,10 +140,10 @@ def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft:
     hidden = tokens * m.hidden_size * c
     forward_calls, backward_calls = tensor.layer_all_reduces(m)
     recompute = forward_calls if ctx.config.checkpointing == "full" else 0
-    gather = tensor.all_gather_bytes(tokens * m.vocab_size * c, t)
+    gather = comms.all_gather_bytes(tokens * m.vocab_size * c, t)
 
     def seconds(all_reduces: int, gathered: float = 0.0) -> float:
-        return rates.collective_seconds(all_reduces * tensor.all_reduce_bytes(hidden, t) + gathered, over,
+        return rates.collective_seconds(all_reduces * comms.all_reduce_bytes(hidden, t) + gathered, over,
                                         all_reduces + (1 if gathered else 0))
 
     draft.compute("communication", "tensor-parallel all-reduces and logits gather (forward)",

@@ -66,8 +66,8 @@ def test_rank_parameters_are_transformers_shards(sharded, family):
     t, found = sharded
     m = _spec(family)
     assert tensor.tp_refusal(m, t) is None
-    assert found[f"{family} 1"]["params"] == tensor.rank_parameters(m, 1)
-    assert found[f"{family} {t}"]["params"] == tensor.rank_parameters(m, t)
+    assert found[f"{family} 1"]["params"] == params.total_parameters(m)
+    assert found[f"{family} {t}"]["params"] == params.total_parameters(tensor.rank_model(m, t))
     assert found[f"{family} {t}"]["layer_params"] == params.layer_parameters(tensor.rank_model(m, t))
 
 

@@ -26,7 +26,6 @@ shard experts, GPT-2 has no plan (``from_pretrained`` raises): refused with the 
 from functools import cache
 
 from planner.core.specs import MlpKind, ModelSpec
-from planner.cost.params import total_parameters
 
 #: Families whose transformers 5.24 ``base_model_tp_plan`` shards q, k, v and the MLP's input
 #: projections column-wise, o and the MLP's output projection row-wise (configuration_*.py), with
@@ -70,12 +69,6 @@ def rank_model(m: ModelSpec, t: int) -> ModelSpec:
                                 "published_parameters": None, "published_parameters_source": None})
 
 
-@cache
-def rank_parameters(m: ModelSpec, t: int) -> int:
-    """Elements of the model's parameters one rank holds under ``t``-way tensor parallelism."""
-    return total_parameters(rank_model(m, t))
-
-
 def layer_all_reduces(m: ModelSpec) -> tuple[int, int]:
     """All-reduces of a (tokens, hidden) 16-bit tensor one decoder layer runs (forward, backward)
     under tensor parallelism: forward, each row-wise projection's partial output (o, and the MLP's
@@ -86,15 +79,3 @@ def layer_all_reduces(m: ModelSpec) -> tuple[int, int]:
     q/k norms add none there)."""
     mlp_inputs = 1 if m.mlp_kind == MlpKind.PLAIN else 2
     return 2, 3 + mlp_inputs
-
-
-def all_reduce_bytes(tensor_bytes: float, t: int) -> float:
-    """Bytes each rank sends (and receives) in a ring all-reduce of ``tensor_bytes`` over ``t``
-    ranks: 2 (t - 1) / t of the tensor (reduce-scatter then all-gather; NCCL's ring algorithm,
-    nccl-tests' bus bandwidth convention)."""
-    return 2 * (t - 1) / t * tensor_bytes
-
-
-def all_gather_bytes(gathered_bytes: float, t: int) -> float:
-    """Bytes each rank receives in an all-gather whose result is ``gathered_bytes``: (t - 1) / t."""
-    return (t - 1) / t * gathered_bytes
