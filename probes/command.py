@@ -67,7 +67,7 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
     from planner.engine.estimate import resolve_config
     from planner.probes.compare import compare_result, compare_zero_result
     from planner.probes.traced import TraceRequest, trace
-    from planner.probes.unprobed import refuse_method, refuse_ring, refuse_tensor_parallel
+    from planner.probes.unprobed import refuse_method, refuse_ring
     from planner.runtime.sharding import refuse_fsdp1
 
     spec = resolve_model(req.model)
@@ -76,7 +76,6 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
     refuse_fsdp1(config)
     refuse_method(config)
     refuse_ring(config)
-    refuse_tensor_parallel(config)
     if config.sharding == "fsdp-hybrid":
         raise PlannerInputError("--sharding fsdp-hybrid is not traced",
                                 hint="Trace fsdp on one node's GPU count: one rank's memory is the same.")

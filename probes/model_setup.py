@@ -1,5 +1,5 @@
 """What only the probes need around the runtime's model (planner/runtime/): a fake process group
-(and Ulysses' attention over it),
+(Ulysses' attention and transformers' tensor-parallel plan over it),
 optimizer states computed where fake tensors cannot run the optimizer, and the GPU kernels'
 allocations stood in for on the CPU. The model, its checkpointing, attention, loss, FSDP2 wrapping
 and optimizer are the runtime's, as every user of a plan applies them."""
@@ -16,6 +16,49 @@ def fake_process_group(world: int) -> None:
 
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+
+
+def tensor_parallel_mesh(config, world: int):
+    """The plan's ``DistributedConfig`` over ``world`` ranks (planner/runtime/tensor_parallel.py) and
+    transformers' device meshes of it (``initialize_distributed_mesh``, as ``from_pretrained``
+    builds them), over the fake process group of ``world`` ranks (``fake_process_group`` first).
+    Call it outside fake mode: a mesh holds a real rank tensor."""
+    from transformers.distributed.utils import initialize_distributed_mesh
+
+    from planner.runtime.tensor_parallel import distributed_config
+
+    dc = distributed_config(config, world, world)
+    return dc, initialize_distributed_mesh(dc)[1]
+
+
+def distributed_model(cfg, config, meshes):
+    """The model as ``from_pretrained(distributed_config=...)`` builds it before loading weights:
+    built untied (``no_tie_weights``), transformers' ``maybe_distribute_model`` (the family's
+    tensor-parallel plan on the tp mesh, then its FSDP2 units: the embeddings, each layer, the final
+    norm with the head kept gathered, the root), then tied. ``meshes``: ``tensor_parallel_mesh``'s.
+    FSDP2's sharding spec of a tensor-parallel parameter concatenates the two meshes, which reads
+    a real tensor: that call runs outside fake mode while the patch holds. Returns the model and
+    the undo of the patch."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers.initialization import no_tie_weights
+
+    from planner.runtime.model import build_model
+
+    original = DeviceMesh.__dict__["_concatenate"]
+    concatenate = DeviceMesh._concatenate
+
+    def outside_fake_mode(*args, **kwargs):
+        with unset_fake_temporarily():
+            return concatenate(*args, **kwargs)
+
+    DeviceMesh._concatenate = staticmethod(outside_fake_mode)
+    dc, manager = meshes
+    with no_tie_weights():
+        model = build_model(cfg, config)
+    model = type(model).maybe_distribute_model(model, dc, manager)
+    model.tie_weights()
+    return model, lambda: setattr(DeviceMesh, "_concatenate", original)
 
 
 def ulysses_attention(model, config):

@@ -4,7 +4,8 @@ torch's FakeTensorMode runs the model without allocating memory; the step tracke
 MemTracker, or FSDPMemTracker for sharded plans, plus the planner's phases: probes/tracker.py)
 attributes every tensor to parameters, gradients, optimizer state, activations or temporaries,
 and records each phase's peak. One process sees one rank: sharded plans run FSDP2
-(``fully_shard``) under a fake process group of the plan's world size; Ulysses plans run
+(``fully_shard``) under a fake process group of the plan's world size (tensor-parallel ones
+transformers' own parallel plans: probes/model_setup.py ``distributed_model``); Ulysses plans run
 DeepSpeed's Ulysses attention under one of their degree, rank 0 holding its share of the positions
 (probes/model_setup.py ``ulysses_attention``).
 
@@ -90,19 +91,29 @@ def run_trace(req: TraceRequest) -> TraceResult:
     fsdp = c.sharding.startswith("fsdp")
     sp = c.sequence_shards
     notes = ["real CPU tensors" if req.real else "traced on CPU fake tensors: CPU attention kernels and CPU autocast lists"]
-    mesh = None
+    mesh = meshes = None
+    tp = c.tensor_shards
     if fsdp:  # the mesh holds a real rank tensor: build it outside fake mode
         from torch.distributed.device_mesh import init_device_mesh
 
         model_setup.fake_process_group(req.world_size)
-        mesh = init_device_mesh("cpu", (req.world_size,))
+        if tp > 1:
+            meshes = model_setup.tensor_parallel_mesh(c, req.world_size)
+        else:
+            mesh = init_device_mesh("cpu", (req.world_size,))
     if sp > 1:
         model_setup.fake_process_group(sp)
     mode = contextlib.nullcontext() if req.real else FakeTensorMode(allow_non_fake_inputs=True)
     undo = (lambda: None) if req.real else model_setup.gpu_kernels()
     with mode, contextlib.ExitStack() as cleanup:
         cleanup.callback(undo)
-        model = build_model(cfg, c)
+        if meshes is not None:
+            model, unpatch = model_setup.distributed_model(cfg, c, meshes)
+            cleanup.callback(unpatch)
+            notes.append(f"tensor parallelism: transformers' DistributedConfig (TP {tp} x FSDP2 {req.world_size // tp}) "
+                         f"under a fake process group of {req.world_size} ranks, its own FSDP2 units (one rank traced)")
+        else:
+            model = build_model(cfg, c)
         notes += runtime.prepare(model, c, runtime.Site.TRACED, chunked_fallback=chunked_causal_lm_forward)
         if c.adapter != "none" and not req.real:
             cleanup.callback(model_setup.peft_on_fake_tensors())
@@ -118,7 +129,7 @@ def run_trace(req: TraceRequest) -> TraceResult:
         if nf4_saving:
             notes.append("qlora: traced over the 16-bit base; the NF4 weights computed (bitsandbytes does not run on "
                          "fake tensors), and its per-matmul dequantization not traced")
-        if fsdp:
+        if fsdp and meshes is None:
             apply_fsdp(model, c, mesh)
             notes.append(f"FSDP2 fully_shard under a fake process group of {req.world_size} ranks (one rank traced)")
         elif c.sharding.startswith("zero"):

@@ -35,13 +35,10 @@ def refuse_ring(config) -> None:
 
 
 def refuse_tensor_parallel(config) -> None:
-    """A tensor-parallel plan (transformers' DistributedConfig): the traced probe of a rank (TP and
-    FSDP2 on a two-dimensional mesh of a fake process group) is not built, and a measured probe runs
-    one GPU, not its group (PlannerInputError). Its layer rows are checked against transformers'
-    sharded model on fake tensors (tests/test_tensor_parallel.py); its launch runs live on the CPU."""
+    """A tensor-parallel plan, measured: the measured probe runs one GPU, not the group whose
+    collectives each layer runs (PlannerInputError). The traced probe runs it: transformers' own
+    split and FSDP2 units under a fake process group (probes/model_setup.py ``distributed_model``)."""
     if str(getattr(config, "tensor_parallel", "none")) != "none":
-        raise PlannerInputError("--tensor-parallel transformers is not probed yet: the trace of a tensor-parallel rank "
-                                "is not built and a measured probe runs one GPU, not its group; its layer rows are "
-                                "checked against transformers' sharded model (tests/test_tensor_parallel.py)",
-                                hint="Probe the plan without it (--tensor-parallel none), or launch it and watch the "
-                                     "first steps' memory.")
+        raise PlannerInputError("--tensor-parallel transformers is not measured: the measured probe runs one GPU, not "
+                                "the group each layer's collectives need",
+                                hint="Trace it (--fidelity traced), or launch it and watch the first steps' memory.")

@@ -315,6 +315,7 @@ def _backward_peak(ctx: PlanContext) -> BackwardPeak:
     reduce-scatter input in flight) and the first layer's (with every gradient made before it and
     the second layer's reduce-scatter input); the layers between lie on the line from the second to
     the first (each frees one layer's saved tensors, adds its gradients). Ties go to the first."""
+    from planner.strategies.fsdp_units import layer_backward_extra  # (fsdp_units imports base, as this module)
     from planner.strategies.precision import gradients_before_first_layer  # (precision imports this module)
 
     lay = ctx.layout
@@ -326,8 +327,11 @@ def _backward_peak(ctx: PlanContext) -> BackwardPeak:
                   BackwardPeak("top layer's backward", *top_layer_backward(ctx), False, False)]
     if in_flight and ctx.model.num_layers > 2:
         candidates.append(BackwardPeak("second layer's backward", *second_layer_backward(ctx), False, True))
+    fsdp = ctx.engine == Engine.FSDP  # (the units outside the layers, by instant: strategies/fsdp_units.py)
+    on_top, on_first = (layer_backward_extra(ctx, False), layer_backward_extra(ctx, True)) if fsdp else (0, 0)
     return max(candidates, key=lambda c: sum(c.held.values())
-               + (gradients * c.gradients_before + in_flight * c.reduce_scatter_in_flight))
+               + (gradients * c.gradients_before + in_flight * c.reduce_scatter_in_flight)
+               + (on_first if c.gradients_before else 0 if c.reduce_scatter_in_flight else on_top))
 
 
 def top_layer_forward(ctx: PlanContext) -> tuple[str, float] | None:
@@ -438,17 +442,23 @@ def top_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
         done = moments["start"]["gradients"] + _tiled_mlp_gradients(ctx, g)
         moments["last MLP tile"] = moments["start"] | {"gradients": done}
         moments["MLP norm"] = moments["start"] | {"gradients": done, "activations": (
-            per_layer_forward_bytes(ctx) * below + _tiled_norm_backward(ctx)) * T}
+            per_layer_forward_bytes(ctx) * below + _mlp_norm_backward(ctx)) * T}
+    else:  # untiled, the MLP norm's backward follows the MLP's, whose gradients are made
+        done = moments["start"]["gradients"] + _trained(ctx, params.layer_block_parameters(m, "mlp")) * (
+            lay.gathered_bytes if fsdp else g)
+        moments["MLP norm"] = moments["start"] | {"gradients": done, "autocast_weight_copies": saved_casts, "activations": (
+            per_layer_forward_bytes(ctx) * below + _mlp_norm_backward(ctx)) * T}
     label = max(moments, key=lambda k: sum(moments[k].values()))
     return label, moments[label]
 
 
-def _tiled_norm_backward(ctx: PlanContext) -> float:
-    """Bytes per token of a layer with a tiled MLP at its MLP norm's backward: the attention
-    half's saved tensors, the norm's own backward (``final_norm_backward_bytes``: RMSNorm's saved
-    fp32 input and five fp32 temporaries of the width) and two residual-stream gradients (the
-    branch's and the MLP input's). Untiled, the MLP's moments outweigh it; tiled, it can be the
-    layer's largest (traced: Qwen2.5-0.5B at 8,192 tokens)."""
+def _mlp_norm_backward(ctx: PlanContext) -> float:
+    """Bytes per token of a layer at its MLP norm's backward: the attention half's saved tensors,
+    the norm's own backward (``final_norm_backward_bytes``: RMSNorm's saved fp32 input and five
+    fp32 temporaries of the width) and two residual-stream gradients (the branch's and the MLP
+    input's). It can be the layer's largest moment where the MLP is narrow beside the width: tiled
+    (traced: Qwen2.5-0.5B at 8,192 tokens), or split by tensor parallelism, which leaves the width
+    whole (traced: a tiny Llama at TP 2 and 4 x FSDP2 2)."""
     m, dt, cfg = ctx.model, ctx.layout.dtypes, ctx.config
     attention = activations.total(activations.attention_saved(m, dt, ctx.layout.fused_attention, cfg.seq_len,
                                                               cfg.sequence_shards, cfg.heads_shards))
@@ -555,7 +565,10 @@ def first_layer_backward(ctx: PlanContext) -> tuple[str, dict[str, float]]:
     }
     if tiled(ctx):  # the last tile, then the MLP norm's backward, with the MLP's gradients
         moments["last MLP weight gradient"] = moments["start"] | {"gradients": _tiled_mlp_gradients(ctx, g)}
-        moments["MLP norm"] = moments["last MLP weight gradient"] | {"activations": _tiled_norm_backward(ctx) * T}
+        moments["MLP norm"] = moments["last MLP weight gradient"] | {"activations": _mlp_norm_backward(ctx) * T}
+    else:  # untiled, the MLP norm's backward follows the MLP's, whose gradients are made
+        moments["MLP norm"] = {"gradients": mlp_grads * g, "autocast_weight_copies": attention_casts,
+                               "activations": _mlp_norm_backward(ctx) * T}
     for moment in moments.values():
         moment["gathered_parameters"] = gathered
     label = max(moments, key=lambda k: sum(moments[k].values()))

@@ -15,6 +15,7 @@ from planner.cost import activations, params, preference
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.fsdp_schedule import Instant, gathered_bytes
+from planner.strategies.fsdp_units import outer_units
 from planner.strategies.method import full_logits, fused_head
 from planner.strategies.moments import LOSS_MOMENT, ROOT_REGATHER
 from planner.strategies.precision import CHOICES as PRECISIONS
@@ -184,7 +185,11 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     w = head_gradient_bytes_per_element(ctx)
     norm = vh * w + (activations.final_norm_backward_bytes(m, lay.dtypes) - activations.final_norm_bytes(m, lay.dtypes)) * tokens
     norm_label = "final norm backward: the head's gradient and the norm's fp32 temporaries"
-    held = {True: gathered_bytes(ctx, Instant.LOSS_FORWARD), False: gathered_bytes(ctx, Instant.LOSS_BACKWARD)}
+    units, g = outer_units(ctx), lay.gathered_bytes
+    output = (gathered_bytes(ctx, Instant.LOSS_FORWARD) if units.loss_forward_output is None
+              else units.loss_forward_output * g)
+    prefetch = gathered_bytes(ctx, Instant.LOSS_BACKWARD) if units.loss_backward_prefetch else 0
+    held = {True: output + units.loss_held * g, False: prefetch + units.loss_held * g}
     forward = ("chunked loss: one chunk, the head weight gradient made in forward, weight casts",
                "loss forward inside autocast", FUSED_FORWARD)
     if fused_head(cfg):
@@ -291,8 +296,9 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
         # unsharded parameters, strategies/fsdp_memory.py) while the loss's and the final norm's
         # saved tensors wait
         lay = ctx.layout
-        ledger.add("gathered_parameters", "FSDP root unit: all-gather output for backward", params.root_parameters(m),
-                   lay.gathered_bytes, phases=fwd, moment=ROOT_REGATHER)
+        units = outer_units(ctx)
+        ledger.add("gathered_parameters", "FSDP root unit: all-gather output for backward (or the kept head unit)",
+                   units.regather_output + units.loss_held, lay.gathered_bytes, phases=fwd, moment=ROOT_REGATHER)
         ledger.add("logits", "the loss's tensors saved for backward", loss_saved_bytes(ctx), 1, phases=fwd,
                    moment=ROOT_REGATHER)
         ledger.add("activations", "final norm and head input", activations.final_norm_bytes(m, lay.dtypes),

@@ -34,6 +34,7 @@ from planner.cost.activations import DTypes
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.checkpointing import Checkpointing, backward_peak
+from planner.strategies.fsdp_units import outer_units
 
 
 class Precision(StrEnum):
@@ -221,10 +222,11 @@ def gradients_before_first_layer(ctx: PlanContext) -> tuple[int, int] | None:
 
 def late_gradient_parameters(ctx: PlanContext) -> int:
     """Elements whose gradients appear only after every decoder layer's backward: the input
-    embeddings' (planner.cost.params.late_gradient_parameters); under FSDP the whole root unit's
-    (embeddings, final norm, head), which FSDP2 reduce-scatters when the root's backward ends."""
+    embeddings' (planner.cost.params.late_gradient_parameters); under FSDP the last unit's, which
+    FSDP2 reduce-scatters when its backward ends (strategies/fsdp_units.py: accelerate's root unit,
+    embeddings, final norm and head)."""
     if ctx.engine == Engine.FSDP:
-        return params.root_parameters(ctx.model)
+        return outer_units(ctx).last_unit
     return params.late_gradient_parameters(ctx.model)
 
 

@@ -35,7 +35,7 @@ from enum import StrEnum
 
 from planner.core.emitted import EmitDraft
 from planner.core.job import JobFiles, Reading
-from planner.core.ledger import LedgerDraft, PagedInfo, Phase
+from planner.core.ledger import LedgerDraft, PagedInfo
 from planner.core.timing import TimeDraft, Window
 from planner.core.vocabulary import Setting
 from planner.cost import comms, tensor
@@ -107,24 +107,6 @@ def _check(ctx: PlanContext, out: Check) -> None:
             out.reject(f"tp with this {field.replace('_', ' ')}", f"--{field.replace('_', '-')} {value} with tensor "
                        "parallelism is not "
                        f"modelled: {' or '.join(str(a) for a in allowed)}", unmodelled=True)
-
-
-def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
-    """What the vocabulary-parallel embeddings' backward holds beyond a rank's share, at the end of
-    backward: ``embedding_dense_backward`` of a ``Shard(0)`` weight under DTensor makes the whole
-    vocabulary's gradient on every rank (the rank's rows are then cut from it), in the gathered
-    parameters' dtype, and the output gradient is masked to the rank's tokens (a copy of the
-    residual's gradient). Traced (benchmarks/tp_traced.py, the explanation of the backward_end peak:
-    a (V, h) gradient and a (V/T, h) clone at the embeddings' backward, T = 2). Counted beside the
-    phase's larger moment: an upper reading where the root unit's reduce-scatter is the larger."""
-    if ctx.tensor_shards == 1:
-        return
-    m, lay, end = ctx.model, ctx.layout, frozenset({Phase.BACKWARD_END})
-    ledger.add("gradients", "vocab-parallel embeddings' backward: the whole vocabulary's gradient",
-               (m.vocab_size - m.vocab_rows) * m.hidden_size, lay.gathered_bytes, phases=end,
-               note="beyond the rank's rows; every rank makes it, then cuts its rows from it")
-    ledger.add("activations", "vocab-parallel embeddings' backward: the output gradient masked to the rank's tokens",
-               ctx.config.tokens_per_micro_batch * m.hidden_size, lay.dtypes.compute, phases=end)
 
 
 def _time(ctx: PlanContext, ledger: LedgerDraft, paged: PagedInfo | None, draft: TimeDraft) -> None:
@@ -206,6 +188,6 @@ STRATEGY = Strategy(
     "tensor_parallel", TensorParallel, TensorParallel.NONE, order=13, short="tp",
     help="tensor parallelism: none, or transformers (each layer split over --tp-size GPUs of a node at load time, "
          "FSDP2 over the rest; the planner launch loads the model so)",
-    check=_check, apply=_apply, time=_time, emit=_emit, read=_read, settings=SETTINGS, describe=describe, records=CHOICES,
+    check=_check, time=_time, emit=_emit, read=_read, settings=SETTINGS, describe=describe, records=CHOICES,
     parallelism=_parallelism, runtime="planner.runtime.tensor_parallel",
 )

@@ -259,7 +259,7 @@ def test_every_runtime_module_exists_and_has_a_hook():
     for s in REGISTRY:
         if s.runtime:
             module = import_module(s.runtime)
-            hooks = [h for h in ("model_kwargs", "prepare", "build", "apply_fsdp") if hasattr(module, h)]
+            hooks = [h for h in ("model_kwargs", "load_kwargs", "prepare", "build", "apply_fsdp") if hasattr(module, h)]
             assert hooks, f"{s.runtime} applies nothing"
     assert BY_FIELD["checkpointing"].runtime and BY_FIELD["precision"].runtime
 

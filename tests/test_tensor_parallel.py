@@ -107,11 +107,40 @@ def test_refusals():
     assert "not modelled" in tensor.tp_refusal(phi3, 2)
 
 
-def test_probes_refuse_a_tensor_parallel_plan_with_the_reason():
+def test_the_measured_probe_refuses_a_tensor_parallel_plan_with_the_reason():
     from planner.core.errors import PlannerInputError
     from planner.probes.unprobed import refuse_tensor_parallel
     from planner.strategies import TrainingConfig
 
     refuse_tensor_parallel(TrainingConfig())  # (none: nothing to refuse)
-    with pytest.raises(PlannerInputError, match="not probed yet"):
+    with pytest.raises(PlannerInputError, match="not measured"):
         refuse_tensor_parallel(TrainingConfig(sharding="fsdp", tensor_parallel="transformers", tp_size=2))
+
+
+TINY = dict(model_type="llama", hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+            num_key_value_heads=4, vocab_size=4096, max_position_embeddings=256, torch_dtype="float32")
+
+
+def test_a_traced_rank_agrees_with_the_ledger_phase_by_phase(tmp_path):
+    """A tiny Llama (its vocabulary a large share of it, as at 1B parameters) under TP 2 x FSDP2 2,
+    untied and tied, traced as transformers loads it (its plan, its own FSDP2 units: the
+    embeddings resharded, the final norm and head kept; tied, the embeddings in the kept unit)
+    against the ledger: model states to the byte, each phase within 1 % (strategies/fsdp_units.py)."""
+    from planner.probes.compare import compare_result
+    from planner.probes.traced import TraceRequest, trace_many
+    from planner.strategies import TrainingConfig
+
+    c = TrainingConfig(sharding="fsdp", precision="bf16-mixed", micro_batch_size=2, seq_len=128,
+                       tensor_parallel="transformers", tp_size=2)
+    configs = [TINY | {"tie_word_embeddings": tied} for tied in (False, True)]
+    results = trace_many([TraceRequest(config_json=cfg, config=c, world_size=4) for cfg in configs], timeout=600)
+    for config, traced in zip(configs, results, strict=True):
+        assert not isinstance(traced, str), traced
+        assert any("TP 2 x FSDP2 2" in n for n in traced.notes)
+        folder = tmp_path / str(config["tie_word_embeddings"])
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        terms = {t.term: t for t in compare_result(str(folder), c, 4, None, traced).terms}
+        assert all(t.analytic == t.traced for t in terms.values() if t.exact)
+        off = {k: f"{t.error:+.2%}" for k, t in terms.items() if k.endswith("phase") and abs(t.error) > 0.01}
+        assert not off, (config["tie_word_embeddings"], off)

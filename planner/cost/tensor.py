@@ -69,6 +69,19 @@ def rank_model(m: ModelSpec, t: int) -> ModelSpec:
                                 "published_parameters": None, "published_parameters_source": None})
 
 
+def embedding_backward_extra(m: ModelSpec) -> tuple[int, int]:
+    """(elements, elements per token) a vocabulary-parallel embeddings' backward holds beyond the
+    rank's share (``m`` a rank's model; (0, 0) unsplit): ``embedding_dense_backward`` of a
+    ``Shard(0)`` weight under DTensor makes the whole vocabulary's gradient on every rank, in the
+    weight's dtype, alive until the rank's rows cut from it (a clone) are reduce-scattered; and the
+    output gradient masked to the rank's tokens (a copy of the residual's gradient, compute dtype).
+    Traced (FSDP2 x TP 2 and 4 under a fake process group, the explanation of the end of backward:
+    a (V, h) gradient and a (V/T, h) clone)."""
+    if m.vocab_shards == 1:
+        return 0, 0
+    return m.vocab_size * m.hidden_size, m.hidden_size
+
+
 def layer_all_reduces(m: ModelSpec) -> tuple[int, int]:
     """All-reduces of a (tokens, hidden) 16-bit tensor one decoder layer runs (forward, backward)
     under tensor parallelism: forward, each row-wise projection's partial output (o, and the MLP's

@@ -101,7 +101,7 @@ class Session:
 
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(
-                self.args.model, local_files_only=True, **runtime.model_kwargs(self.config))
+                self.args.model, local_files_only=True, **runtime.load_kwargs(self.config))
         except (OSError, ValueError) as e:
             raise PlannerInputError(f"--model {self.args.model}: cannot load it locally: {str(e)[:400]}",
                                     hint="Pass a model folder (config, weights) "

@@ -3,6 +3,8 @@
 Each technique that acts on the live model has a runtime module here, named by its strategy's
 ``runtime`` (strategies/__init__.py drives which run); each may define
 - ``model_kwargs(config) -> dict``: keyword arguments of ``from_pretrained`` / ``from_config``;
+- ``load_kwargs(config) -> dict``: keyword arguments only a launch's ``from_pretrained`` takes (a
+  load sharded over the launcher's processes; the probes apply the same by hand);
 - ``prepare(model, config, site, **fallbacks) -> str | None``: change the built model before it is
   wrapped (a note says what was applied, or why not);
 - ``wrap(model, config, site) -> (model, str | None)``: replace the model by one that wraps it
@@ -37,6 +39,16 @@ def model_kwargs(config) -> dict:
     for module in modules():
         if hasattr(module, "model_kwargs"):
             out |= module.model_kwargs(config)
+    return out
+
+
+def load_kwargs(config) -> dict:
+    """``from_pretrained``'s keyword arguments in a launched process: ``model_kwargs`` and every
+    technique's ``load_kwargs``."""
+    out = model_kwargs(config)
+    for module in modules():
+        if hasattr(module, "load_kwargs"):
+            out |= module.load_kwargs(config)
     return out
 
 

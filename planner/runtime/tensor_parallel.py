@@ -21,12 +21,19 @@ def degrees(config, world: int, per_node: int) -> dict[str, int]:
     return {"tp_size": t, "fsdp_size": world // replicas // t, "dp_replicate_size": replicas}
 
 
-def model_kwargs(config) -> dict:
-    if config.tensor_shards == 1:
-        return {}
+def distributed_config(config, world: int, per_node: int):
+    """transformers' ``DistributedConfig`` of ``config`` over ``world`` processes (``degrees``),
+    bf16 parameters with fp32 reductions under bf16-mixed."""
     from transformers.distributed import DistributedConfig
 
+    return DistributedConfig(**degrees(config, world, per_node),
+                             fsdp_mixed_precision=config.precision == Precision.BF16_MIXED)
+
+
+def load_kwargs(config) -> dict:
+    """``from_pretrained``'s ``distributed_config`` over the launcher's processes (its environment)."""
+    if config.tensor_shards == 1:
+        return {}
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    return {"distributed_config": DistributedConfig(**degrees(config, world, per_node),
-                                                    fsdp_mixed_precision=config.precision == Precision.BF16_MIXED)}
+    return {"distributed_config": distributed_config(config, world, per_node)}
