@@ -4,7 +4,9 @@
 Factors: every catalog family (one model each; vocabularies 32k to 256k) x precision (bf16-mixed,
 bf16-pure, fp16-mixed, fp8-mixed) x checkpointing x attention x shape (micro-batch x sequence, up
 to 8 and 8192) x loss x sharding (none on one rank; DDP, FSDP2 and fsdp-grad-op at 2 and 8 ranks:
-one rank traced, FSDP2 under a fake process group; DDP is traced as one rank without sharding).
+one rank traced, FSDP2 under a fake process group; DDP is traced as one rank without sharding) x
+tensor degree (1, or 2 and 4 of FSDP2's 8 ranks: transformers' tensor-parallel plan and its own
+FSDP2 units on a two-dimensional mesh, probes/model_setup.py ``distributed_model``).
 
 - ``layer_matrix``: every family x precision x checkpointing x attention x shape (sharding none,
   standard loss), traced at two depths: one decoder layer's activations (their difference) and
@@ -20,7 +22,9 @@ Covering arrays are greedy: each row added covers the most value tuples not yet 
 the first in enumeration order, so the same rows come out on every run.
 
 Cells left out (``allowed``): those the planner itself refuses (its strategies' checks,
-planner.engine.estimate.check_config, on H100s), since the planner never offers them: Gemma-2 has
+planner.engine.estimate.check_config, on H100s), since the planner never offers them (tensor
+parallelism: the families transformers has a plan for, FSDP2, bf16, none or full checkpointing,
+the standard loss): Gemma-2 has
 no SDPA path; GPT-2's learned positions stop at 1024 tokens; a MoE under autocast over fp32
 parameters (a mixed precision without FSDP) would run its grouped_mm experts in fp32
 (strategies/precision.py ``moe_autocast_reason``; the trace's meta kernel refuses it outright).
@@ -45,6 +49,7 @@ FACTORS: dict[str, tuple] = {
     "shape": ((1, 8192), (8, 1024)),  # micro-batch x sequence
     "loss": ("standard", "chunked"),
     "sharding": SHARDINGS,
+    "tensor": (1, 2, 4),
 }
 LAYER_FACTORS = ("model", "precision", "checkpointing", "attention", "shape")
 #: Depths of a layer-matrix cell: one layer = (deep - shallow) / 2. Not depth 1: Gemma-2 alternates
@@ -59,20 +64,29 @@ CHECK_GPU = "H100-80"
 
 
 @functools.cache
-def _refused(model: str, sharding: str, ranks: int, precision: str, attention: str, seq_len: int) -> tuple[str, ...]:
+def _refused(model: str, sharding: str, ranks: int, precision: str, attention: str, seq_len: int,
+             tensor: int = 1, checkpointing: str = "none", loss: str = "standard") -> tuple[str, ...]:
     from planner.catalog.gpus import parse_gpus
     from planner.catalog.models import resolve_model
     from planner.engine.estimate import check_config
     from planner.strategies import PlanContext, TrainingConfig
 
-    config = TrainingConfig(precision=precision, attention=attention, seq_len=seq_len, sharding=sharding)
+    config = TrainingConfig(precision=precision, attention=attention, seq_len=seq_len, sharding=sharding,
+                            checkpointing=checkpointing, loss=loss, **_tensor_fields(tensor))
     return tuple(check_config(PlanContext(resolve_model(model), parse_gpus(f"{ranks}x{CHECK_GPU}"), config)).infeasible)
 
 
+def _tensor_fields(t: int) -> dict:
+    return {"tensor_parallel": "transformers", "tp_size": t} if t > 1 else {}
+
+
 def allowed(row: dict) -> bool:
-    """Whether the planner offers the row's configuration (only the factors its checks read)."""
+    """Whether the planner offers the row's configuration (only the factors its checks read;
+    checkpointing and loss only beside a tensor degree, whose rules read them)."""
     sharding, ranks = row.get("sharding", ("none", 1))
-    return not _refused(row["model"], sharding, ranks, row["precision"], row["attention"], row["shape"][1])
+    t = row.get("tensor", 1)
+    split = (t, row["checkpointing"], row["loss"]) if t > 1 else ()
+    return not _refused(row["model"], sharding, ranks, row["precision"], row["attention"], row["shape"][1], *split)
 
 
 def _product(names) -> list[dict]:
@@ -83,7 +97,7 @@ def _product(names) -> list[dict]:
 def layer_matrix() -> list[dict]:
     """Every allowed combination of the factors that change what a layer saves (sharding none,
     standard loss)."""
-    return [r | {"loss": "standard", "sharding": ("none", 1)} for r in _product(LAYER_FACTORS)]
+    return [r | {"loss": "standard", "sharding": ("none", 1), "tensor": 1} for r in _product(LAYER_FACTORS)]
 
 
 def full_matrix() -> list[dict]:
@@ -142,7 +156,8 @@ def plan_fields(row: dict) -> dict:
     """TrainingConfig fields of a matrix row (its world size apart: ``row["sharding"][1]``)."""
     b, s = row["shape"]
     return dict(checkpointing=row["checkpointing"], attention=row["attention"], micro_batch_size=b, seq_len=s,
-                precision=row["precision"], loss=row["loss"], sharding=row["sharding"][0])
+                precision=row["precision"], loss=row["loss"], sharding=row["sharding"][0],
+                **_tensor_fields(row.get("tensor", 1)))
 
 
 def world(row: dict) -> int:
