@@ -165,6 +165,7 @@ def test_measure_plan_compares_and_stores(tmp_path):
     assert all(m.world_size == 4 and m.communication == "modelled" and m.status == "ok" for m in rows)
 
 
+@FULL  # (CI: test_the_run_starts_with_the_allocator_it_is_given)
 def test_a_run_under_another_allocator_is_not_stored(tmp_path):
     """A validation case under torch's default allocator measures what a job without planner's
     launch reserves: the calibration (the launch's allocator) keeps nothing of it."""

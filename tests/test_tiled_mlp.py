@@ -20,7 +20,7 @@ import json
 
 import pytest
 
-from helpers import round_trip, round_trip_errors
+from helpers import FULL, round_trip, round_trip_errors
 from planner.catalog.gpus import parse_gpus
 from planner.catalog.models import catalog, resolve_model
 from planner.cost import activations
@@ -69,15 +69,15 @@ def test_tiled_mlp_trains_the_same_gradients():
 
 
 @pytest.mark.parametrize("model, cells", [
-    ("Qwen/Qwen2.5-0.5B", [dict(precision="bf16-pure", checkpointing=c, loss=loss, seq_len=8192)
-                           for c in ("none", "full") for loss in ("chunked", "standard")]),
+    pytest.param("Qwen/Qwen2.5-0.5B", [dict(precision="bf16-pure", checkpointing=c, loss=loss, seq_len=8192)
+                                        for c in ("none", "full") for loss in ("chunked", "standard")], marks=FULL),
     ("meta-llama/Llama-3.2-1B", [dict(precision="bf16-pure", checkpointing=c, loss="chunked", micro_batch_size=2,
                                       seq_len=8192) for c in ("none", "full")]),
     # a Ulysses rank (DeepSpeed's UlyssesSPAttentionHF under a fake group of 2): its 8,192 positions in 10 tiles
     pytest.param("Qwen/Qwen2.5-0.5B", [dict(precision="bf16-pure", checkpointing=c, loss="chunked", seq_len=16384,
                                             sequence_parallel="ulysses", sp_size=2) for c in ("none", "full")],
-                 id="ulysses"),
-])
+                 id="ulysses", marks=FULL),
+])  # (CI: Llama's cells; the full suite: Qwen's standard loss and a Ulysses rank too)
 def test_the_traced_tiled_mlp_agrees_with_the_ledger(model, cells):
     """The real model with DeepSpeed's TiledMLP on fake tensors (2 layers; ceil(8192 / hidden)
     tiles; a Ulysses rank's share of 16,384 positions): model states to the byte, every phase within 1 % under and 5 % over the trace (the

@@ -102,8 +102,9 @@ def matrix_traces():
     the whole matrix (docs/traced-matrix.md)."""
     rows = covering_subset() if FULL_SUITE else M.quick_subset()
     depths = (M.CI_DEPTH, M.LAYER_DEPTHS[-1])
+    # (one child per world: xdist's other worker has the other core, and each child spends seconds starting)
     results = trace_many([M.trace_request(r, d) for r in rows for d in depths], timeout=3600,
-                         workers=max(1, os.cpu_count() or 1))
+                         workers=max(1, (os.cpu_count() or 1) // 2))
     return [(r, dict(zip(depths, results[2 * i: 2 * i + 2], strict=True))) for i, r in enumerate(rows)]
 
 
@@ -153,7 +154,7 @@ def test_matrix_subset_meets_the_safety_target():
     assert all(v <= M.MEDIAN_BAND for v in medians.values()), medians
 
 
-@pytest.mark.parametrize("sharding", ["zero2", "zero3"])
+@pytest.mark.parametrize("sharding", [pytest.param("zero2", marks=FULL), "zero3"])  # (CI: ZeRO-3)
 def test_zero_plan_states_computed_and_activations_traced(sharding):
     """ZeRO plans: the rank's model states from the ZeRO partition rules on the traced parameter
     count agree with the ledger; the activations of the 16-bit module traced with sharding none agree
@@ -374,6 +375,7 @@ def test_ulysses_rank_traced_agrees_with_the_analytic_rows(seq_len, p):
     assert analytic["ulysses"] - analytic["plain"] == pytest.approx(real["ulysses"] - real["plain"], rel=0.02)
 
 
+@FULL  # (CI: the Ulysses rank's trace, test_ulysses_rank_traced_agrees_with_the_analytic_rows)
 def test_probe_cli_traces_a_zero3_ulysses_plan():
     """`planner probe` of a ZeRO-3 Ulysses plan: model states from the partition rules, a rank's
     activations traced with Ulysses, and they agree."""
