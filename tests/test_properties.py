@@ -129,6 +129,10 @@ def test_checkpointing_never_increases_activations(model, gpus, cfg):
     64 KiB at the first layer's backward, more than the recompute saves). Beyond those, fewer
     activations and no higher peak. An adapter refuses selective checkpointing (strategies/adapter.py
     ALLOWS), so with one only full and none are compared."""
+    # (tensor parallelism refuses adapters, strategies/tensor_parallel.py: with one, the first layer's
+    # moment, holding the kept unit's prefetched all-gather, can be the peak without checkpointing,
+    # where the adapter's backward temporaries are counted under full checkpointing only)
+    assume(cfg["tensor_parallel"] == "none" or cfg["adapter"] == "none")
     # (offload moves what full checkpointing keeps, and is refused without it: compared without it)
     none, selective, full = (run(model, gpus, **(cfg | {"checkpointing": c, "checkpoint_offload": "none"}))
                              for c in Checkpointing)

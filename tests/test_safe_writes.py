@@ -35,7 +35,7 @@ from planner.emit import files as emit_files
 from planner.emit.writer import MANIFEST
 from planner.strategies import PlanContext
 
-from helpers import examples, run
+from helpers import FULL, examples, run
 
 MODEL = "meta-llama/Llama-3.2-1B"
 HOSTILE = ["\n", "\r", "$(", ")", "`", "'", '"', ";", "&", "|", "\\", "#", " ", "\x1b", "\u2028", "\x00", "touch",
@@ -330,16 +330,22 @@ def test_custom_gpu_files_work_in_every_gpus_position(tmp_path, monkeypatch):
         assert Path("again", name).read_text() == Path("out-1", name).read_text()
 
 
-@pytest.mark.heavy
-def test_probe_and_tune_take_a_custom_gpu_file_and_tune_never_writes_through_a_link(tmp_path, monkeypatch):
-    """The rest of the commands with --gpus: a traced probe and a tune (analytic, two trials) on a
-    GPU file; tune's default study file planted as a symlink is refused (exit 2), its target kept."""
+@FULL  # (CI: the GPU file in suggest's and estimate's --gpus, the tune below)
+def test_probe_takes_a_custom_gpu_file(tmp_path, monkeypatch):
+    """A traced probe on a GPU file."""
+    monkeypatch.chdir(tmp_path)
+    lab_gpu(tmp_path)
+    r = CliRunner().invoke(app, ["probe", "--model", "HuggingFaceTB/SmolLM2-135M", "--gpus", "1x./lab.yaml", "--layers",
+                                 "1", "--seq-len", "128"])
+    assert r.exit_code in (0, 1) and "Traceback" not in r.output, r.output
+
+
+def test_tune_takes_a_custom_gpu_file_and_never_writes_through_a_link(tmp_path, monkeypatch):
+    """A tune (analytic, two trials) on a GPU file; tune's default study file planted as a symlink
+    is refused (exit 2), its target kept."""
     monkeypatch.chdir(tmp_path)
     lab_gpu(tmp_path)
     runner = CliRunner()
-    r = runner.invoke(app, ["probe", "--model", "HuggingFaceTB/SmolLM2-135M", "--gpus", "1x./lab.yaml", "--layers", "1",
-                            "--seq-len", "128"])
-    assert r.exit_code in (0, 1) and "Traceback" not in r.output, r.output
     tune = ["tune", "--model", MODEL, "--gpus", "2x./lab.yaml", "--fidelity", "analytic", "--trials", "2"]
     r = runner.invoke(app, [*tune, "--out", "t"])
     assert r.exit_code == 0, r.output

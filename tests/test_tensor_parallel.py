@@ -51,14 +51,22 @@ def _spec(family: str):
 
 
 @pytest.fixture(scope="module", params=[pytest.param(2, marks=FULL), 4])  # (4: one key/value head a rank)
-def sharded(request):
+def sharded(request, tmp_path_factory):
+    from filelock import FileLock
+
     t = request.param
-    configs = {f: COMMON | kw for f, kw in CONFIGS.items()}
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    run = subprocess.run([sys.executable, "-m", "planner.probes.tensor_parallel", str(t), str(SEQ), json.dumps(configs)],
-                         capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return t, json.loads(run.stdout.splitlines()[-1])
+    # (xdist's workers share their base folders' parent, this session's: the child runs once for all)
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / f"tensor-parallel-{t}.json"
+    with FileLock(f"{cache}.lock"):
+        if not cache.exists():
+            configs = {f: COMMON | kw for f, kw in CONFIGS.items()}
+            env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+            run = subprocess.run([sys.executable, "-m", "planner.probes.tensor_parallel", str(t), str(SEQ),
+                                  json.dumps(configs)], capture_output=True, text=True, timeout=600, env=env)
+            assert run.returncode == 0, run.stderr[-3000:]
+            cache.write_text(run.stdout.splitlines()[-1])
+    return t, json.loads(cache.read_text())
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))

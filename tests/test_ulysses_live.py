@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import FULL
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("deepspeed")
@@ -39,6 +41,7 @@ def _run(seq: int, world: int) -> list[dict]:
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
+@FULL  # (CI: the zero3-ulysses launch runs the same two ranks live, tests/test_launch_live.py)
 def test_two_ulysses_ranks_train_as_one_and_save_half():
     from planner.catalog.models import resolve_model
     from planner.cost import activations
