@@ -34,6 +34,7 @@ from planner.strategies.fsdp_schedule import (
     layers_saved,
     reduce_scatter_input_elements,
 )
+from planner.strategies.fsdp_units import layer_backward_extra
 from planner.strategies.moments import (
     LAST_LAYER_FORWARD,
     LOSS_MOMENT,
@@ -315,7 +316,6 @@ def _backward_peak(ctx: PlanContext) -> BackwardPeak:
     reduce-scatter input in flight) and the first layer's (with every gradient made before it and
     the second layer's reduce-scatter input); the layers between lie on the line from the second to
     the first (each frees one layer's saved tensors, adds its gradients). Ties go to the first."""
-    from planner.strategies.fsdp_units import layer_backward_extra  # (fsdp_units imports base, as this module)
     from planner.strategies.precision import gradients_before_first_layer  # (precision imports this module)
 
     lay = ctx.layout

@@ -320,6 +320,8 @@ def _apply(ctx: PlanContext, ledger: LedgerDraft) -> None:
     if held:
         what, note = (("the last layer's all-gather output", "held until the root's forward returns") if in_forward
                       else ("the top layer's all-gather output", "prefetched by the root's pre-backward"))
+        if outer_units(ctx).loss_held:  # transformers' units (strategies/fsdp_units.py)
+            what, note = "the head's unsharded weights and the last all-gather's output", "kept from its forward"
         ledger.add("gathered_parameters", f"FSDP at the loss: {what}", held, 1, phases=fwd, moment=LOSS_MOMENT,
                    note=note)
 
