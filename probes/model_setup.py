@@ -318,9 +318,11 @@ def fp8_autocast_on_cpu():
     return lambda: setattr(Float8Linear, "forward", original)
 
 
-def gpu_kernels():
+def gpu_kernels(config):
     """The GPU kernels' allocations for fake tensors on the CPU: SDPA with dropout and dropout
     (``gpu_attention_with_dropout``, ``gpu_dropout``), the mask decisions of a real run
-    (``real_mask_decisions``) and fp8's autocast (``fp8_autocast_on_cpu``). Returns one undo function."""
-    undo = [gpu_attention_with_dropout(), gpu_dropout(), real_mask_decisions(), fp8_autocast_on_cpu()]
+    (``real_mask_decisions``) and, for an fp8 plan, fp8's autocast (``fp8_autocast_on_cpu``; torchao
+    is imported only then: half a second of each trace's start). Returns one undo function."""
+    fp8 = str(config.precision) == "fp8-mixed"
+    undo = [gpu_attention_with_dropout(), gpu_dropout(), real_mask_decisions(), *([fp8_autocast_on_cpu()] if fp8 else [])]
     return lambda: [u() for u in undo]

@@ -104,7 +104,7 @@ def run_trace(req: TraceRequest) -> TraceResult:
     if sp > 1:
         model_setup.fake_process_group(sp)
     mode = contextlib.nullcontext() if req.real else FakeTensorMode(allow_non_fake_inputs=True)
-    undo = (lambda: None) if req.real else model_setup.gpu_kernels()
+    undo = (lambda: None) if req.real else model_setup.gpu_kernels(c)
     with mode, contextlib.ExitStack() as cleanup:
         cleanup.callback(undo)
         if meshes is not None:

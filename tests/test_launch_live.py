@@ -179,7 +179,7 @@ def _skip_where_deepspeed_refuses_fp16(plan, monkeypatch) -> None:
                     "(AVX512-FP16 or AVX-NE-CONVERT on x86); the case runs on CPUs with it and on CUDA GPUs")
 
 
-@pytest.mark.heavy
+@FULL  # (CI: the formats, their labels and padded batches in-process, tests/test_launch_data.py)
 def test_the_launch_trains_a_chat_dataset_with_the_models_template(tmp_path, tmp_path_factory, tiny_model):
     """TRL's conversational format (messages) and prompt-completion lines in one JSONL, rendered by
     the model's chat template, padded as planned: the run equals the plan."""
