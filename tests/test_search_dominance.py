@@ -109,8 +109,8 @@ def test_the_shares_partition_the_space_and_count_what_they_prune(workers, fixed
     assert counted == sum(refused(t) is not None for t in every) > 0
 
 
-@pytest.mark.parametrize("model, gpus, workers", [("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", 1),
-                                                  ("meta-llama/Llama-3.1-8B", "8xH100-80", 2)])
+@pytest.mark.parametrize("model, gpus, workers", [pytest.param("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", 1, marks=FULL),
+                                                  ("meta-llama/Llama-3.1-8B", "8xH100-80", 2)])  # (CI: two workers)
 def test_what_the_search_leaves_unenumerated_counts_as_each_combination_would(model, gpus, workers, monkeypatch):
     """The search with every adapter, its refused sets counted without being enumerated
     (``RefusalMemo.refused``), and the same search asking that of no partial combination: the
@@ -138,7 +138,8 @@ def test_what_the_search_leaves_unenumerated_counts_as_each_combination_would(mo
     assert [r.rank_key() for r in pruned.fitting] == [r.rank_key() for r in every.fitting]
 
 
-@pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.1-8B", "8xH100-80"), ("Qwen/Qwen2.5-0.5B", "1xV100-32")])
+@pytest.mark.parametrize("model, gpus", [pytest.param("meta-llama/Llama-3.1-8B", "8xH100-80", marks=FULL),
+                                         ("Qwen/Qwen2.5-0.5B", "1xV100-32")])
 def test_the_refusal_memo_answers_as_the_rules_do(model, gpus):
     """Learn from a random half of the combinations (every adapter), then ask about all of them:
     every check the memo assembles is ``check_config``'s up to its first refusal (codes,
@@ -162,7 +163,8 @@ def test_the_refusal_memo_answers_as_the_rules_do(model, gpus):
         assert all(getattr(config, k) == v for k, v in space.values(techniques, 1).items())
 
 
-@pytest.mark.parametrize("model, gpus", [("meta-llama/Llama-3.1-8B", "8xH100-80"), ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24"),
+@pytest.mark.parametrize("model, gpus", [pytest.param("meta-llama/Llama-3.1-8B", "8xH100-80", marks=FULL),
+                                         ("Qwen/Qwen2.5-0.5B", "1xRTX4090-24"),
                                          ("mistralai/Mixtral-8x7B-v0.1", "2x8xH100-80")])
 def test_remembered_rows_are_the_rows_the_strategies_write(model, gpus):
     """``Shared``'s row memo (planner/engine/recorded.py ``RowMemo``): over a search's worth of
@@ -302,8 +304,8 @@ SUBSET = [c for c in search_corpus.CORPUS
                                            ("meta-llama/Llama-3.1-405B", "1xRTX4090-24", ())}]
 
 
-@pytest.mark.parametrize("model, gpus, extra", [  # the consumer GPU's two: the full suite's (helpers.FULL)
-    pytest.param(*c, marks=FULL) if c[0] == "Qwen/Qwen2.5-0.5B" else c for c in SUBSET],
+@pytest.mark.parametrize("model, gpus, extra", [  # the consumer GPU's and 405B's: the full suite's (helpers.FULL)
+    pytest.param(*c, marks=FULL) if c[0] in ("Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.1-405B") else c for c in SUBSET],
     ids=lambda v: str(v) if not isinstance(v, dict) else
     ",".join(f"{k}={v[k] if k != 'adapter' else 'any'}" for k in v) or "default")
 def test_suggest_with_twins_is_the_plain_exhaustive_search(model, gpus, extra):
@@ -377,7 +379,7 @@ def test_tokens_per_second_rise_with_the_micro_batch_unless_paged_state_spills(s
 
 
 @pytest.mark.parametrize("model, gpus, seq_len, adapters", [
-    ("meta-llama/Llama-3.1-8B", "8xH100-80", 2048, ["none"]),  # most combinations fit at every size
+    pytest.param("meta-llama/Llama-3.1-8B", "8xH100-80", 2048, ["none"], marks=FULL),  # most fit at every size
     pytest.param("Qwen/Qwen2.5-0.5B", "1xRTX4090-24", 2048, ["none", "qlora"], marks=FULL),  # a consumer GPU, an adapter
     ("meta-llama/Llama-3.1-8B", "1xA100-40", 4096, ["none", "lora"]),  # boundaries inside the sizes
 ])

@@ -45,7 +45,21 @@ def _bytes(result) -> dict:
     return result.model_dump(exclude={"seconds"})
 
 
+def test_one_child_survives_a_failed_request_and_undoes_each_trace():
+    """CI's share (the full suite compares with fresh children, below): after a request the child
+    answers with an error, one child traces a LoRA plan with full checkpointing between two traces
+    of a plain plan, and the plain plan's two answers are the same bytes (the adapter's patches undone)."""
+    plain, lora = _request(QWEN), _request(SMOL, checkpointing="full", adapter="lora")
+    with TraceWorker() as worker:
+        with pytest.raises(ProbeFailedError, match="traced probe failed"):
+            worker.trace(BAD, timeout=300)
+        first, _, again = (worker.trace(p, timeout=600) for p in (plain, lora, plain))
+        assert worker.started == 1
+    assert _bytes(first) == _bytes(again)
+
+
 @pytest.mark.heavy
+@FULL  # (CI: one child's answers before and after another plan, above)
 def test_a_reused_child_answers_as_fresh_children_do():
     plans = [_request(QWEN), _request(SMOL, checkpointing="full", adapter="lora")]
     fresh = [trace_many([p], timeout=600)[0] for p in plans]  # one child each
