@@ -18,7 +18,7 @@ from planner.core.errors import PlannerInputError
 from planner.core.record import Record
 from planner.probes.compare import ZERO_STAGES, Comparison, uniform_state_bytes
 from planner.schema.estimate import EstimateRequest
-from planner.strategies import TrainingConfig
+from planner.strategies import PlanContext, TrainingConfig
 from planner.strategies.optimizer import Optimizer
 
 FIDELITIES = ("traced", "measured")
@@ -64,7 +64,7 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
         raise PlannerInputError("the traced probe needs torch and transformers",
                                 hint=f"Install the probe extra: {install_line(['probes'])} (torch first, CPU build).")
     from planner.catalog.models import model_config, resolve_model
-    from planner.engine.estimate import resolve_config
+    from planner.engine.estimate import check_config, resolve_config
     from planner.probes.compare import compare_result, compare_zero_result
     from planner.probes.traced import TraceRequest, trace
     from planner.probes.unprobed import refuse_method, refuse_ring
@@ -101,6 +101,10 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
         uniform = [str(o) for o in Optimizer if uniform_state_bytes(o) is not None]
         raise PlannerInputError(f"--optimizer {config.optimizer} with ZeRO is not probed",
                                 hint=f"Use one of {', '.join(uniform)} with ZeRO.")
+    refused = check_config(PlanContext(spec, hardware, config), first_only=True).infeasible
+    if refused:  # a plan planner refuses is not traced as something else (a split it cannot make, ...)
+        raise PlannerInputError(f"the plan is refused, so not probed: {refused[0]}"[:600],
+                                hint="Probe a plan `planner estimate` accepts with the same flags.")
     traced_config, world = config, hardware.num_gpus
     if zero or config.sharding == "ddp":
         # one rank runs the whole model: sharding none (DeepSpeed's module is 16-bit)

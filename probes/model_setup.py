@@ -53,12 +53,20 @@ def distributed_model(cfg, config, meshes):
             return concatenate(*args, **kwargs)
 
     DeviceMesh._concatenate = staticmethod(outside_fake_mode)
+
+    def undo():
+        DeviceMesh._concatenate = original
+
     dc, manager = meshes
-    with no_tie_weights():
-        model = build_model(cfg, config)
-    model = type(model).maybe_distribute_model(model, dc, manager)
-    model.tie_weights()
-    return model, lambda: setattr(DeviceMesh, "_concatenate", original)
+    try:
+        with no_tie_weights():
+            model = build_model(cfg, config)
+        model = type(model).maybe_distribute_model(model, dc, manager)
+        model.tie_weights()
+    except BaseException:
+        undo()
+        raise
+    return model, undo
 
 
 def ulysses_attention(model, config):

@@ -152,3 +152,15 @@ def test_a_traced_rank_agrees_with_the_ledger_phase_by_phase(tmp_path):
         assert all(t.analytic == t.traced for t in terms.values() if t.exact)
         off = {k: f"{t.error:+.2%}" for k, t in terms.items() if k.endswith("phase") and abs(t.error) > 0.01}
         assert not off, (config["tie_word_embeddings"], off)
+
+
+def test_the_traced_probe_refuses_a_split_the_rules_refuse():
+    """Qwen2.5-0.5B's 14 heads over 4 ranks: refused with the rule's reason (exit 2), never traced
+    as a split transformers would reject at its first forward."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    r = CliRunner().invoke(app, ["probe", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "8xH100-80", "--sharding", "fsdp",
+                                 "--tensor-parallel", "transformers", "--tp-size", "4", "--layers", "2"])
+    assert r.exit_code == 2 and "do not split evenly over 4 ranks" in " ".join(r.output.split()), r.output
