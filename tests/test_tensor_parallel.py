@@ -164,3 +164,51 @@ def test_the_traced_probe_refuses_a_split_the_rules_refuse():
     r = CliRunner().invoke(app, ["probe", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "8xH100-80", "--sharding", "fsdp",
                                  "--tensor-parallel", "transformers", "--tp-size", "4", "--layers", "2"])
     assert r.exit_code == 2 and "do not split evenly over 4 ranks" in " ".join(r.output.split()), r.output
+
+
+GLOO_RANK = r"""
+import json, os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+from planner.probes.traced import TraceRequest, run_trace
+req = TraceRequest.model_validate_json(sys.stdin.read())
+result = run_trace(req.model_copy(update={"real": True}))
+if dist.get_rank() == 0:
+    print(json.dumps({"phase_peaks": result.phase_peaks, "parameters": result.parameters_bytes}))
+dist.destroy_process_group()
+"""
+
+
+@FULL
+def test_a_fake_rank_holds_what_a_real_gloo_rank_holds(tmp_path):
+    """The traced rank (fake tensors, a fake process group) against rank 0 of four real gloo
+    processes running the same TP 2 x FSDP2 2 plan on real CPU tensors under the same tracker:
+    the same parameter bytes and the same forward, backward and step peaks to the byte. At the end
+    of backward the real rank holds one more buffer the size of the embeddings' unit in the reduce
+    dtype (V/T x h fp32) while that unit is reduce-scattered: gloo's CPU reduce-scatter (inferred
+    from the size; the fake group, as NCCL, reduces into the output)."""
+    from planner.probes.traced import TraceRequest, trace
+    from planner.strategies import TrainingConfig
+
+    c = TrainingConfig(sharding="fsdp", precision="bf16-mixed", micro_batch_size=2, seq_len=64,
+                       tensor_parallel="transformers", tp_size=2)
+    req = TraceRequest(config_json=TINY | {"tie_word_embeddings": False}, config=c, world_size=4)
+    fake = trace(req, timeout=600)
+    env = os.environ | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29637", "WORLD_SIZE": "4", "OMP_NUM_THREADS": "1",
+                        "HF_HUB_OFFLINE": "1"}
+    (tmp_path / "request.json").write_text(req.model_dump_json())
+    logs = [(tmp_path / f"out{r}", tmp_path / f"err{r}") for r in range(4)]
+    procs = []
+    for r, (out, err) in enumerate(logs):  # (each rank reads the request from a file: all start at once)
+        with (tmp_path / "request.json").open() as stdin, out.open("w") as o, err.open("w") as e:
+            procs.append(subprocess.Popen([sys.executable, "-c", GLOO_RANK], stdin=stdin, stdout=o, stderr=e, text=True,
+                                          env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}))
+    codes = [p.wait(timeout=600) for p in procs]
+    assert codes == [0] * 4, [err.read_text()[-2000:] for _, err in logs]
+    real = json.loads(logs[0][0].read_text().splitlines()[-1])
+    assert real["parameters"] == fake.parameters_bytes
+    peaks = real["phase_peaks"]
+    assert {p: peaks[p] for p in ("forward", "backward", "step")} == {
+        p: fake.phase_peaks[p] for p in ("forward", "backward", "step")}
+    embeddings = TINY["vocab_size"] // 2 * TINY["hidden_size"]
+    assert peaks["backward_end"] - fake.phase_peaks["backward_end"] == embeddings * 4
