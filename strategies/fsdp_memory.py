@@ -21,7 +21,7 @@ from planner.cost import params, tensor
 from planner.strategies.base import PlanContext
 from planner.strategies.checkpointing import backward_peak
 from planner.strategies.fsdp_schedule import Instant, forward_instants, gathered_layers, reduce_scatter_input_elements
-from planner.strategies.fsdp_units import layer_backward_extra, outer_units
+from planner.strategies.fsdp_units import layer_backward_extra, loss_forward_output, outer_units
 from planner.strategies.loss import Loss
 
 FWD, BWD = frozenset({Phase.FORWARD}), frozenset({Phase.BACKWARD})
@@ -49,8 +49,7 @@ def forward_gathered_elements(ctx: PlanContext) -> int:
         return gathered_model_elements(ctx)
     instants = [i for i in forward_instants(ctx) if (True, i) in _GATHER_WORDS]
     first = units.first_gather_output
-    at_loss = units.loss_held + (gathered_layers(ctx, Instant.LOSS_FORWARD) * layer
-                                 if units.loss_forward_output is None else units.loss_forward_output)
+    at_loss = units.loss_held + loss_forward_output(ctx)
     return units.forward_held + max([at_loss] + [gathered_layers(ctx, i) * layer
                                                  + (first if i == Instant.FIRST_LAYER_GATHER else 0) for i in instants])
 

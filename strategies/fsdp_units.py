@@ -25,6 +25,7 @@ from functools import cache
 from planner.cost import params
 from planner.cost.params import Part
 from planner.strategies.base import PlanContext
+from planner.strategies.fsdp_schedule import Instant, gathered_layers
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,12 @@ def _split(m) -> tuple[int, int]:
 
 
 def outer_units(ctx: PlanContext) -> OuterUnits:
-    """The layout of ``ctx``'s plan: transformers' under tensor parallelism, else accelerate's."""
+    """The layout of ``ctx``'s plan: transformers' under tensor parallelism, else accelerate's;
+    decided once per plan (five writers read it)."""
+    return ctx.once(_outer_units)
+
+
+def _outer_units(ctx: PlanContext) -> OuterUnits:
     m = ctx.model
     root = params.root_parameters(m)
     if ctx.tensor_shards == 1:
@@ -96,3 +102,13 @@ def layer_backward_extra(ctx: PlanContext, first: bool) -> int:
     if first:
         return (units.first_layer_prefetch - lay.layer_gathered) * lay.gathered_bytes if units.first_layer_prefetch else 0
     return -(-units.early_gradients // lay.shard_degree) * lay.grad_bytes
+
+
+def loss_forward_output(ctx: PlanContext) -> int:
+    """Elements of the all-gather output the loss's forward holds (gathered dtype): the last
+    layer's (strategies/fsdp_schedule.py), or under transformers' untied layout the kept unit's,
+    the forward's last all-gather."""
+    units = outer_units(ctx)
+    if units.loss_forward_output is None:
+        return gathered_layers(ctx, Instant.LOSS_FORWARD) * ctx.layout.layer_gathered
+    return units.loss_forward_output

@@ -15,7 +15,7 @@ from planner.cost import activations, params, preference
 from planner.strategies import rates
 from planner.strategies.base import Check, Choice, Engine, PlanContext, Strategy
 from planner.strategies.fsdp_schedule import Instant, gathered_bytes
-from planner.strategies.fsdp_units import outer_units
+from planner.strategies.fsdp_units import loss_forward_output, outer_units
 from planner.strategies.method import full_logits, fused_head
 from planner.strategies.moments import LOSS_MOMENT, ROOT_REGATHER
 from planner.strategies.precision import CHOICES as PRECISIONS
@@ -186,8 +186,7 @@ def loss_moment_bytes(ctx: PlanContext) -> tuple[int, str, int, bool]:
     norm = vh * w + (activations.final_norm_backward_bytes(m, lay.dtypes) - activations.final_norm_bytes(m, lay.dtypes)) * tokens
     norm_label = "final norm backward: the head's gradient and the norm's fp32 temporaries"
     units, g = outer_units(ctx), lay.gathered_bytes
-    output = (gathered_bytes(ctx, Instant.LOSS_FORWARD) if units.loss_forward_output is None
-              else units.loss_forward_output * g)
+    output = loss_forward_output(ctx) * g
     prefetch = gathered_bytes(ctx, Instant.LOSS_BACKWARD) if units.loss_backward_prefetch else 0
     held = {True: output + units.loss_held * g, False: prefetch + units.loss_held * g}
     forward = ("chunked loss: one chunk, the head weight gradient made in forward, weight casts",

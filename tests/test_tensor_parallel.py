@@ -210,5 +210,5 @@ def test_a_fake_rank_holds_what_a_real_gloo_rank_holds(tmp_path):
     peaks = real["phase_peaks"]
     assert {p: peaks[p] for p in ("forward", "backward", "step")} == {
         p: fake.phase_peaks[p] for p in ("forward", "backward", "step")}
-    embeddings = TINY["vocab_size"] // 2 * TINY["hidden_size"]
+    embeddings = TINY["vocab_size"] // c.tp_size * TINY["hidden_size"]  # (the rank's rows of the table)
     assert peaks["backward_end"] - fake.phase_peaks["backward_end"] == embeddings * 4
