@@ -544,11 +544,12 @@ def search(space: SearchSpace, evaluate: Evaluate, engine: str = "auto", trials:
 
 def search_plans(space: SearchSpace, model: ModelSpec, hardware: HardwareSpec, margin: float = 0.0,
                  engine: str = "auto", trials: int = 400, seed: int = 0,
-                 workers: int | None = None) -> SearchOutcome:
+                 workers: int | None = None, sized: bool = True) -> SearchOutcome:
     """``search`` with the planner's evaluator for ``model`` on ``hardware`` (candidates a rule
     refuses left unevaluated; one check and layout per combination, whatever its micro-batch),
     its rule refusals remembered and, for the exhaustive engine, candidates cut at a GPU peak
-    floor that misses."""
+    floor that misses. ``sized``: each combination's fastest fitting size only is timed and
+    recorded (suggest's question); without it every fitting size is (tune ranks them all)."""
 
     shared = Shared()  # each combination's check and context, each distinct layout
 
@@ -563,4 +564,4 @@ def search_plans(space: SearchSpace, model: ModelSpec, hardware: HardwareSpec, m
                         timed=False)
 
     return search(space, run, engine, trials, seed, RefusalMemo(model, hardware, shared), cut,
-                  Sizing(memory, time_evaluation), workers)
+                  Sizing(memory, time_evaluation) if sized else None, workers)

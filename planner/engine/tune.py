@@ -40,7 +40,7 @@ from planner.core.lengths import Batching
 from planner.core.numerics import NumericsPolicy
 from planner.engine.estimate import default_seq_len, evaluate, result_of
 from planner.engine.ranking import TIE_BAND, Candidate, allowed_levels, order, pick, searched
-from planner.engine.search import search
+from planner.engine.search import search_plans
 from planner.engine.suggest import _space
 from planner.schema.tune import Probe, ProbeOutcome, TrialRow, TuneRequest, TuneResult
 from planner.strategies import numerics_of
@@ -119,8 +119,8 @@ class _Study:
             req = req.model_copy(update={"seq_len": default_seq_len(model)})
         self.req, self.model, self.probe, self.fidelity, self.on_trial = req, model, probe, fidelity, on_trial
         self.space = _space(req, self.hardware.num_gpus, req.global_batch_size)
-        outcome = search(self.space, lambda c: evaluate(model, self.hardware, c, req.margin, skip_infeasible=True),
-                         req.engine, req.trials, req.seed)
+        outcome = search_plans(self.space, model, self.hardware, req.margin, req.engine, req.trials, req.seed,
+                               sized=False)
         self.ranked, self.levels = _ranked(outcome, req.numerics)
         self.url = req.storage or default_storage(req.out)
         self.name = req.study_name or study_name(req, fidelity)
