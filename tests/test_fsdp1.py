@@ -2,7 +2,7 @@
 step its flat parameter shards (FSDP2's DTensors they cannot), every rank holds an even 1/N of the
 model states, and the emitted files select FSDP1 with the mode's ShardingStrategy, as accelerate and
 the Trainer read them. accelerate refuses FSDP1 without an accelerator, so no launch runs here; the
-live reader (planner/launch/live.py) is held to FSDP1 modules built by torch over gloo."""
+live reader (planner/launch/live.py) is held to FSDP1 modules built by torch over a fake process group."""
 
 import json
 import os
@@ -124,16 +124,15 @@ def test_check_reads_an_fsdp1_file_as_fsdp1(tmp_path):
 LIVE = r"""
 import os, sys, json, torch, torch.distributed as dist
 from functools import partial
-rank = int(sys.argv[1])
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
-dist.init_process_group("gloo", rank=rank, world_size=2)
+from torch.testing._internal.distributed.fake_pg import FakeStore
+dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 from planner.launch.live import _fsdp1
-model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[2]))
+model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1]))
 root = FSDP(model, auto_wrap_policy=partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer}),
             device_id=torch.device("cpu"), sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, use_orig_params=True)
 apply_activation_checkpointing(root, check_fn=lambda m: isinstance(m, LlamaDecoderLayer))  # (accelerate's order)
@@ -143,17 +142,17 @@ dist.destroy_process_group()
 
 
 def test_live_reader_sees_fsdp1_modules(tmp_path):
-    """Two gloo ranks wrap the tiny Llama as accelerate does for FSDP1 (each decoder layer a unit,
-    checkpoint wrappers inside): the live reader says fsdp-grad-op, FSDP1, every layer a unit."""
+    """Rank 0 of two (a fake process group: FSDP1 shards as over two real ranks and would fall back
+    to NO_SHARD over one) wraps the tiny Llama as accelerate does for FSDP1 (each decoder layer a
+    unit, checkpoint wrappers inside): the live reader says fsdp-grad-op, FSDP1, every layer a unit.
+    The child imports planner where it is installed."""
     import subprocess
 
     script = tmp_path / "live.py"
     script.write_text(LIVE)
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(ROOT / "tests/data/tiny-llama"), "29871"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for rank in (0, 1)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs[0][1][-3000:]
-    sharding, offload, detail = json.loads(outs[0][0].strip().splitlines()[-1])
+    proc = subprocess.run([sys.executable, str(script), str(ROOT / "tests/data/tiny-llama")], capture_output=True,
+                          text=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sharding, offload, detail = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (sharding, offload) == ("fsdp-grad-op", "none")
     assert detail == {"fsdp_version": 1, "fsdp_sharding_strategy": "SHARD_GRAD_OP", "fsdp_decoder_layer_units": 2}

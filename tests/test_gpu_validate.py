@@ -78,6 +78,18 @@ def test_the_cpu_mode_runs_its_cases_and_the_launch(cpu_run):
                                              else case.allocator_conf)
     records = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
     assert len(records) == len(cases)
+    # what ran is what the case asks (test_measured.py's engine cases leave these to CI here): the
+    # peft-wrapped model, QLoRA's linears quantized by bitsandbytes, FSDP2 over a fake group of 8
+    for record in records:
+        config, notes = record["case"]["config"], (record.get("comparison") or {}).get("notes", [])
+        if record["status"] != "ok":
+            continue
+        if "adapter" in config:
+            assert any(n.startswith(f"{config['adapter']}: peft r16") for n in notes), notes
+        if config.get("adapter") == "qlora":
+            assert any("quantized to NF4" in n for n in notes), notes
+        if config.get("sharding") == "fsdp" and record["gpus"].startswith("8x"):
+            assert any("fake process group of 8 ranks" in n for n in notes), notes
     launches = json.loads((out / "launch.json").read_text())
     assert [x["name"] for x in launches] == ["suggested", "suggested-qlora", "suggested-dpo", "suggested-kto",
                                              "suggested-grpo"]

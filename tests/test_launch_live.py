@@ -81,6 +81,13 @@ ALL_CASES = [
     # GRPO with a generation batch of two steps' completions, each used twice (num_iterations)
     ("single-grpo", "1xA100-80", dict(method="grpo", batching="padded", generation="transformers", completion_len=16,
                                       num_generations=2, generation_batch_size=8, num_iterations=2), 1),
+    # DDP, DoRA on the attention projections, GRPO with a generation batch of two steps' completions,
+    # each used twice (num_iterations)
+    ("ddp-grpo-dora-attention", "2xA100-80", dict(method="grpo", batching="padded", sharding="ddp", adapter="dora",
+                                                  lora_targets="attention", lora_alpha=16, lora_rank=8,
+                                                  lora_dropout=0.0, generation="transformers", completion_len=16,
+                                                  num_generations=2, generation_batch_size=16, num_iterations=2),
+     2),
     ("ddp-grpo-lora-beta", "2xA100-80", dict(method="grpo", batching="padded", sharding="ddp", adapter="lora",
                                              generation="transformers", completion_len=16, num_generations=4,
                                              kl_beta=0.04), 2),
@@ -113,14 +120,14 @@ ALL_CASES = [
                                              precision="bf16-pure", checkpointing="full", gradient_sync="step"), 4),
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)
 #: CI's launches: one per distributed engine (DDP, FSDP2, ZeRO-3), each with an adapter (DoRA,
-#: QLoRA), a TRL trainer (GRPO, its
-#: reference and generation), a layout of several GPUs per replica each way (Ulysses; tensor
+#: QLoRA), a TRL trainer (GRPO over DDP with DoRA: its generation batch, its completions reused), a
+#: layout of several GPUs per replica each way (Ulysses; tensor
 #: parallelism with transformers' FSDP2); the CPU launch of tests/test_gpu_validate.py runs one
 #: process (AdamW, full checkpointing). The full suite (helpers.FULL) launches every case: each
 #: other optimizer, fp16 and fp8, offload (DeepSpeed's CPU Adam is a C++ build of minutes), hybrid
 #: FSDP over two machines, padded batching, DPO and KTO, checkpoint offload, the tiled MLP, ZeRO-3
 #: QLoRA (its 4-bit base in the 16-bit quant storage), the adapter plans suggested for an RTX 4090.
-CI_CASES = ("ddp-dora-attention", "fsdp-qlora", "single-grpo", "zero3-ulysses", "fsdp-tp2")
+CI_CASES = ("ddp-grpo-dora-attention", "fsdp-qlora", "zero3-ulysses", "fsdp-tp2")
 CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in CI_CASES else FULL) for c in ALL_CASES]
 
 

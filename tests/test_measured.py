@@ -85,13 +85,14 @@ def emitted_deepspeed(config: dict, world: int) -> dict:
     return json.loads(build_files(single_plan_result(plan))["deepspeed_config.json"])
 
 
-@pytest.mark.parametrize("config,world,deepspeed", [  # CI: each engine once (helpers.FULL)
+@pytest.mark.parametrize("config,world,deepspeed", [  # CI: ZeRO-3 with LoRA (helpers.FULL)
     pytest.param({}, 1, False, id="adamw-bf16-mixed", marks=FULL),
     pytest.param({"checkpointing": "full", "precision": "bf16-pure", "grad_accum": 2}, 1, False,
                  id="full-ckpt-bf16-pure-accum", marks=FULL),
-    pytest.param({"sharding": "fsdp", "grad_accum": 2}, 4, False, id="fsdp2-fake-4-ranks"),
+    # (CI measures FSDP2 as a rank of 8 and QLoRA in tests/test_gpu_validate.py's CPU run)
+    pytest.param({"sharding": "fsdp", "grad_accum": 2}, 4, False, id="fsdp2-fake-4-ranks", marks=FULL),
     pytest.param({"sharding": "zero3"}, 4, True, id="zero3-fake-4-ranks", marks=FULL),
-    pytest.param({"adapter": "qlora", "checkpointing": "full"}, 1, False, id="qlora"),
+    pytest.param({"adapter": "qlora", "checkpointing": "full"}, 1, False, id="qlora", marks=FULL),
     pytest.param({"adapter": "lora", "sharding": "zero3"}, 4, True, id="lora-zero3-fake-4-ranks"),
 ])
 @pytest.mark.heavy
