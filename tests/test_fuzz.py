@@ -4,8 +4,15 @@
 The classes issue 19 found are explicit cases (numbers past Python's 4,300-digit limit, nesting
 that overflows json's recursion or crashes libyaml's C loader, FIFOs and directories given as
 files, a non-SQLite calibration store, infinite timeouts, a plan file with no plans); the
-generated cases (hypothesis) add up, with tests/test_check.py's two, to about 1,400 inputs in
+generated cases (hypothesis) add up, with tests/test_check.py's two, to about 1,000 inputs in
 the CI profile and 15,500 under PLANNER_HYPOTHESIS=thorough (benchmarks/full_suite.sh).
+
+planner's own mutation fuzzer (tests/fuzzgen.py, issue 40) mutates real files of every kind
+planner reads and runs the command that reads each: 1,500 cases in CI, 20,000 in
+benchmarks/fuzz.py. The classes it found are explicit cases below: emit's plan reader (deep
+nesting, a FIFO or device, a plan without its peak or with a GPU of 0 bytes), a key that is an
+escape sequence or 100,000 characters long, a calibration row planner cannot use, a model_type
+that is not a name.
 """
 
 import json
@@ -172,7 +179,7 @@ def _tree(keys):
 
 
 @pytest.mark.heavy
-@settings(max_examples=examples(8000, ci=650), deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(8000, ci=250), deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), option=st.sampled_from(sorted(READERS)))
 def test_generated_job_files_end_cleanly(tmp_path_factory, data, option):
     """Every reader through ``planner.check`` (the CLI turns PlannerInputError into exit 2 and a
@@ -207,3 +214,107 @@ def test_framework_files_with_values_of_the_wrong_type_end_cleanly(tmp_path, tex
     out = CliRunner().invoke(app, ["check", "--model", "gpt2", "--gpus", "1xA100-80", "--training-args", str(path)])
     assert out.exit_code == 2 and "Traceback" not in out.output, out.output
     assert any(k in out.output for k in ("flash_attn", "fsdp_config", "attn_implementation")), out.output
+
+
+# -- the mutation fuzzer (tests/fuzzgen.py) and the classes it found, one regression case each ----
+
+@pytest.mark.heavy
+def test_mutated_files_end_cleanly():
+    """The first 1,500 cases of seed 0 of planner's own mutation fuzzer (every file kind planner
+    reads, through the command that reads it; benchmarks/fuzz.py runs the thorough profile) in a
+    child process: its address space bounded, so a case that would exhaust memory is a failure it
+    reports, and planner imported where it is installed."""
+    done = subprocess.run([sys.executable, "-P", str(ROOT / "benchmarks" / "fuzz.py"), "--count", "1500"],
+                          capture_output=True, text=True, timeout=900, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "0 failures in 0 classes" in done.stdout, done.stdout[-2000:]
+
+
+def _emitted_plan(tmp_path: Path) -> dict:
+    tiny = str(ROOT / "tests" / "data" / "tiny-llama")
+    r = runner.invoke(app, ["suggest", "--model", tiny, "--gpus", "1xA100-80", "--seq-len", "64",
+                            "--out", str(tmp_path / "seed")])
+    assert r.exit_code == 0, r.output
+    return json.loads((tmp_path / "seed" / "plan.json").read_text())
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda p: "[" * 5000 + "]" * 5000, "nested deeper"),  # json recursed past Python's limit
+    (lambda p: p["plans"][0]["memory"].pop("peak") and p, 'holds no "peak"'),  # a KeyError in emit
+    (lambda p: p["plans"][0]["hardware"].update(gpu_memory_bytes=0) or p, "gpu_memory_bytes"),  # a division by 0
+])
+def test_a_mutated_plan_file_is_bad_input(tmp_path, change, needle):
+    """Classes the fuzzer found in emit's plan reader: each is exit 2 with the reason."""
+    data = change(_emitted_plan(tmp_path))
+    path = tmp_path / "plan.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    r = runner.invoke(app, ["emit", "--plan", str(path), "--out", str(tmp_path / "out")])
+    _ok(r, needle)
+    assert r.exit_code == 2 and needle in r.output, r.output
+
+
+def test_user_text_never_acts_on_the_terminal(tmp_path):
+    """A key holding an escape sequence (it would clear the screen) is named in the warning as its
+    escape, in a message as in a screen."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "\x1b[2J": 1, "bf16": {"enabled": True}}))
+    r = runner.invoke(app, ["check", "--model", LLAMA, "--gpus", "8xH100-80", "--deepspeed-config", str(path)])
+    _ok(r, "escape")
+    assert "\x1b" not in r.output and "\\x1b[2J" in r.output, r.output
+    path = tmp_path / "runtime.json"
+    path.write_text(json.dumps({"\x1b]0;title\x07": 1}))
+    r = runner.invoke(app, ["check", "--model", LLAMA, "--gpus", "8xH100-80", "--runtime-args", str(path)])
+    assert r.exit_code == 2 and "\x1b" not in r.output and "\x07" not in r.output and "\\x1b]0;title" in r.output
+
+
+@pytest.mark.parametrize("option, name", [("--deepspeed-config", "ds.json"), ("--runtime-args", "runtime.json")])
+def test_a_huge_key_is_named_in_bounded_length(tmp_path, option, name):
+    """A key of 100,000 characters: the warning (DeepSpeed ignores it) or the error (runtime.json
+    refuses it) quotes it cut, with its length."""
+    path = tmp_path / name
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "k" * 100_000: 1}))
+    r = runner.invoke(app, ["check", "--model", LLAMA, "--gpus", "8xH100-80", option, str(path)])
+    _ok(r, option)
+    assert len(r.output) < 12_000 and "characters in all" in r.output, r.output[:3000]
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("flops_scale", {"bf16": 0.0}, "flops_scale"),  # divided by zero in strategies/rates.py
+    ("context_bytes", 10**400, "context_bytes"),
+    ("gpu", {"a": 1}, "gpu"),
+])
+def test_a_calibration_row_planner_cannot_use_is_bad_input(tmp_path, key, value, needle):
+    import fuzzgen
+
+    body = json.dumps(fuzzgen.CORRECTIONS | {key: value}).encode()
+    store = tmp_path / "store.sqlite"
+    store.write_bytes(fuzzgen.store_bytes(body))
+    r = runner.invoke(app, ["estimate", "--model", "gpt2", "--gpus", "1xA100-80", "--calibration", str(store)])
+    _ok(r, key)
+    assert r.exit_code == 2 and "is not planner's" in r.output and needle in r.output, r.output
+
+
+def test_a_model_type_of_the_wrong_type_is_bad_input(tmp_path):
+    (tmp_path / "m").mkdir()
+    config = json.loads((ROOT / "tests/data/tiny-llama/config.json").read_text()) | {"model_type": {"a": 1}}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    r = runner.invoke(app, ["estimate", "--model", str(tmp_path / "m"), "--gpus", "1xA100-80"])
+    _ok(r, "model_type")
+    assert r.exit_code == 2 and "model_type" in r.output, r.output
+
+
+def test_emit_refuses_a_fifo_or_a_device_without_reading_it(tmp_path):
+    """emit read its plan file whatever it was: a FIFO blocked forever, /dev/zero filled memory.
+    In a child with a time limit, so a hang fails the test, not the run."""
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    script = ("import sys; from typer.testing import CliRunner; from planner.cli import app\n"
+              "for path in sys.argv[1:]:\n"
+              "    r = CliRunner().invoke(app, ['emit', '--plan', path, '--out', path + '.out'])\n"
+              "    print(r.exit_code, ' '.join(r.output.split()), flush=True)\n")
+    done = subprocess.run([sys.executable, "-P", "-c", script, str(fifo), "/dev/zero", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and all(line.startswith("2 error:") for line in lines), done.stdout
+    assert "not a regular file" in lines[0] and "not a regular file" in lines[1] and "directory" in lines[2]

@@ -21,18 +21,19 @@ when unset). Nothing below the command line reads the environment.
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationError
 
 from planner.core.errors import PlannerInputError
 from planner.core.record import Record
-from planner.core.specs import Calibration, GpuSpec, HostRateSpec
+from planner.core.specs import Bytes, Calibration, GpuSpec, HostRateSpec, Rate, Scale
 
 if TYPE_CHECKING:
     import sqlite3
 
 ENV = "PLANNER_CALIBRATION"
+R = TypeVar("R", bound=Record)
 #: How a rate's source starts when a calibration store's corrections supplied it.
 CALIBRATED = "calibration store"
 OFF = ("off", "none", "0", "")
@@ -93,10 +94,10 @@ class HostRates(Record):
     gpu: str  # catalog id of the GPU beside it
     device_name: str = ""
     cpus: int | None = None  # os.cpu_count() of the host
-    cpu_optimizer_params_per_s: dict[str, float] = {}  # the bare optimizer (deepspeed, torch) -> parameters a
+    cpu_optimizer_params_per_s: dict[str, Rate] = {}  # the bare optimizer (deepspeed, torch) -> parameters a
     # second, for reference: the rate a plan uses is fitted inside its engine (Corrections)
-    page_migration_bytes_per_s: float | None = Field(None, gt=0)  # paged state's round trip, bytes a second
-    pinned_link_bytes_per_s: float | None = Field(None, gt=0)  # pinned copy, the slower direction
+    page_migration_bytes_per_s: Rate | None = None  # paged state's round trip, bytes a second
+    pinned_link_bytes_per_s: Rate | None = None  # pinned copy, the slower direction
     created: str = ""
 
     @classmethod
@@ -123,10 +124,10 @@ class Corrections(Record):
     gpu: str
     software: str  # the software of the measurements it was fitted on
     measurements: int = Field(ge=1)
-    context_bytes: int | None = None  # driver-seen process memory beyond the allocator's reserved peak
+    context_bytes: Bytes | None = None  # driver-seen process memory beyond the allocator's reserved peak
     fragmentation_fraction: float | None = Field(None, ge=0, le=1)  # (reserved - allocated) / allocated at the peak
-    flops_scale: dict[str, float] = {}  # compute dtype -> factor on the catalog's achieved FLOP/s
-    cpu_optimizer_params_per_s: dict[str, float] = {}  # engine -> the CPU step's rate fitted inside it
+    flops_scale: dict[str, Scale] = {}  # compute dtype -> factor on the catalog's achieved FLOP/s
+    cpu_optimizer_params_per_s: dict[str, Rate] = {}  # engine -> the CPU step's rate fitted inside it
     host_rates: HostRates | None = None  # measured beside this GPU (the latest in the store)
     fitted_at: str
     report: dict[str, float | int | dict[str, int] | None] = {}  # errors before / after, for people
@@ -208,6 +209,18 @@ class CalibrationStore:
         finally:
             con.close()
 
+    def _body(self, record: type[R], text: object, table: str) -> R:
+        """A stored row's JSON as ``record``; a row planner cannot read (edited, or written by
+        another tool) is an input error naming the store, never a validation traceback."""
+        try:
+            return record.model_validate_json(text if isinstance(text, str | bytes) else "")
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "its JSON"
+            raise PlannerInputError(f"calibration store {self.path}: a row of {table} is not planner's: {where}: "
+                                    f"{first['msg']}", hint=f"Run planner calibrate again into a new store, or set "
+                                                            f"{ENV}=off to ignore it.") from None
+
     def add(self, m: Measurement) -> None:
         self._write("INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (m.architecture, m.plan_key, m.device_gpu, m.software_key, m.status, m.created, m.model_dump_json()))
@@ -215,21 +228,21 @@ class CalibrationStore:
     def measurements(self, gpu: str | None = None) -> list[Measurement]:
         rows = self._read("SELECT body FROM measurements" + (" WHERE gpu = ?" if gpu else "") + " ORDER BY created",
                           (gpu,) if gpu else ())
-        return [Measurement.model_validate_json(body) for (body,) in rows]
+        return [self._body(Measurement, body, "measurements") for (body,) in rows]
 
     def save_host_rates(self, r: HostRates) -> None:
         self._write("INSERT OR REPLACE INTO host_rates VALUES (?, ?)", (r.gpu, r.model_dump_json()))
 
     def host_rates(self, gpu: str) -> HostRates | None:
         rows = self._read("SELECT body FROM host_rates WHERE gpu = ?", (gpu,))
-        return HostRates.model_validate_json(rows[0][0]) if rows else None
+        return self._body(HostRates, rows[0][0], "host_rates") if rows else None
 
     def save_corrections(self, c: Corrections) -> None:
         self._write("INSERT OR REPLACE INTO corrections VALUES (?, ?)", (c.gpu, c.model_dump_json()))
 
     def corrections(self, gpu: str) -> Corrections | None:
         rows = self._read("SELECT body FROM corrections WHERE gpu = ?", (gpu,))
-        return Corrections.model_validate_json(rows[0][0]) if rows else None
+        return self._body(Corrections, rows[0][0], "corrections") if rows else None
 
     def corrected_gpus(self) -> list[str]:
         """The GPU ids with fitted corrections."""

@@ -181,7 +181,7 @@ def spec_from_config(
     config: dict, model_id: str, source: str, published: tuple[int | None, str | None] = (None, None)
 ) -> ModelSpec:
     family = config.get("model_type")
-    if family not in ADAPTERS:
+    if not isinstance(family, str) or family not in ADAPTERS:
         raise PlannerInputError(
             f"{model_id}: model_type {family!r} is not supported",
             hint=f"Supported model types: {', '.join(SUPPORTED_FAMILIES)}.",

@@ -62,26 +62,32 @@ def block_depth(text: str) -> int:
     return deepest
 
 
-def read_mapping(path: Path, what: str, hint: str = "") -> dict:
-    """The top-level mapping of a .json / .yaml / .yml file; ``what`` names it in messages. Only
-    regular files of at most MAX_FILE_BYTES, nested at most MAX_NESTING deep, reach a parser."""
+def read_document(path: Path, what: str, hint: str = "", kind: str | None = None):
+    """The value a .json (else YAML) file holds; ``what`` names it in messages; ``kind``: "JSON" or
+    "YAML" whatever the suffix. Only regular files of at most MAX_FILE_BYTES, nested at most
+    MAX_NESTING deep, reach a parser."""
     if regular_file(path, what, hint) > MAX_FILE_BYTES:
-        raise PlannerInputError(f"{what} {path} is over {MAX_FILE_BYTES // 2**20} MiB: not a job file", hint=hint)
+        raise PlannerInputError(f"{what} {path} is over {MAX_FILE_BYTES // 2**20} MiB, more than such a file holds", hint=hint)
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: a NUL byte in the name
         raise PlannerInputError(f"cannot read {what} {path}: {e}", hint=hint) from None
     if nesting_depth(text) > MAX_NESTING or block_depth(text) > MAX_INDENT:
-        raise PlannerInputError(f"{what} {path} is nested deeper than a job file ({MAX_NESTING} brackets or {MAX_INDENT} "
-                                "columns of YAML blocks at most)", hint=hint)
-    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
+        raise PlannerInputError(f"{what} {path} is nested deeper than such a file is ({MAX_NESTING} brackets or "
+                                f"{MAX_INDENT} columns of YAML blocks at most)", hint=hint)
+    kind = kind or ("JSON" if path.suffix.lower() == ".json" else "YAML")
     try:
-        data = json.loads(text) if kind == "JSON" else yaml.load(text, Loader=_YAML_LOADER)
+        return json.loads(text) if kind == "JSON" else yaml.load(text, Loader=_YAML_LOADER)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise PlannerInputError(f"{what} {path} is not valid {kind}: {e}"[:1000], hint=hint) from None
     except (ValueError, RecursionError, OverflowError) as e:  # an integer over Python's 4,300 digits, ...
         why = "it holds a number over 4,300 digits long" if "digits" in str(e) else str(e)[:200]
         raise PlannerInputError(f"{what} {path} cannot be read as {kind}: {why}", hint=hint) from None
+
+
+def read_mapping(path: Path, what: str, hint: str = "") -> dict:
+    """The top-level mapping of a .json / .yaml / .yml file (``read_document``)."""
+    data = read_document(path, what, hint)
     if not isinstance(data, dict):
         raise PlannerInputError(f"{what} {path} must hold a mapping of keys to values", hint=hint)
     return data

@@ -6,6 +6,7 @@ The technique options of every planning command come from the strategy registry
 Exit codes: 0 fits, 1 does not fit or infeasible, 2 bad input, 3 a probe failed (planner/core/errors.py).
 """
 
+import copy
 import json
 import sys
 from collections.abc import Callable
@@ -16,7 +17,6 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 
 from planner.cli import options
@@ -27,6 +27,7 @@ from planner.core.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_PROBE_FAILED,
 from planner.core.launch_contract import Launcher
 from planner.core.numerics import NumericsPolicy
 from planner.cost.overheads import DEFAULT_MARGIN
+from planner.render.console import SafeConsole
 
 # What a screen's next command leaves out: the defaults of suggest's search-space options.
 SPACE_DEFAULTS = {"launcher": Launcher.PLANNER, "numerics": NumericsPolicy.LADDER}
@@ -48,7 +49,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
+err = SafeConsole(stderr=True)
 
 
 def _say(text: str) -> None:
@@ -415,4 +416,16 @@ def calibrate(
 
 
 def main() -> None:
-    app()
+    """Run the command line. Typer builds the click parameters of every command before it runs
+    one (~12-24 ms of the 0.5 s a planning command may take, docs/architecture.md); when the first
+    word names a command, only that command is built. Anything else (no command, --help, a word
+    that is no command) goes to the whole app, whose messages list every command."""
+    asked = sys.argv[1] if len(sys.argv) > 1 else ""
+    named = [c for c in app.registered_commands
+             if (c.name or (c.callback.__name__ if c.callback else "")).replace("_", "-") == asked]
+    if named:
+        one = copy.copy(app)
+        one.registered_commands = named
+        one()
+    else:
+        app()

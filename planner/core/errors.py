@@ -16,16 +16,33 @@ EXIT_BAD_INPUT = 2
 EXIT_PROBE_FAILED = 3  # planner probe: the probe itself failed (crash, timeout)
 
 
+#: A message stays readable whatever the input it quotes: each problem and the hint at most this
+#: many characters, at most MAX_PROBLEMS problems (a value of a million characters, or a list
+#: repeated ten thousand times, is named, not echoed).
+MAX_PROBLEM_CHARS = 800
+MAX_PROBLEMS = 20
+
+
+def bounded(text: str, limit: int = MAX_PROBLEM_CHARS) -> str:
+    """``text``, cut to ``limit`` characters with the length it had when longer."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters in all)"
+
+
 class PlannerError(Exception):
     """An error the user reads. ``problems`` holds every problem found at once; ``hint`` says what
-    to do; ``exit_code`` is what the CLI exits with."""
+    to do; ``exit_code`` is what the CLI exits with. Problems and hint are bounded in length
+    (``bounded``), and a problem is never empty."""
 
     exit_code = EXIT_BAD_INPUT
     label = "error"
 
     def __init__(self, problems: str | list[str], hint: str = "") -> None:
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        self.hint = hint
+        given = [problems] if isinstance(problems, str) else list(problems)
+        kept = [bounded(p) if p.strip() else "(a problem with no description)" for p in given[:MAX_PROBLEMS]]
+        if len(given) > MAX_PROBLEMS:
+            kept.append(f"... and {len(given) - MAX_PROBLEMS:,} more problems")
+        self.problems = kept or ["(a problem with no description)"]
+        self.hint = bounded(hint)
         super().__init__(self.message)
 
     @property

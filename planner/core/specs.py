@@ -6,10 +6,24 @@ reads files or knows a particular model or GPU.
 
 from enum import StrEnum
 from functools import cached_property
+from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
 from planner.core.record import Record
+
+#: A hardware figure read from a file (a catalog or user GPU YAML, a calibration store) before the
+#: cost model divides by it or multiplies it out: positive, finite, and below a bound no device
+#: approaches (a rate of 1e21 a second is 10,000x a 2026 GPU's 8-bit peak; 2**60 bytes is an
+#: exbibyte), so that no formula overflows or divides by zero.
+Rate = Annotated[float, Field(gt=0, le=1e21, allow_inf_nan=False)]  # per second: bytes, FLOPs, parameters
+Bytes = Annotated[int, Field(ge=0, le=2**60)]
+Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+Scale = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]  # a fitted factor on a catalog rate
+#: A model's dimension or count read from its config.json: at least 1, at most 2**31 (no model
+#: comes near; a larger one would overflow a float in the ledger's byte counts).
+Dim = Annotated[int, Field(ge=1, le=2**31)]
+Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 
 class NormKind(StrEnum):
@@ -31,14 +45,14 @@ class ModelSpec(Record):
     id: str
     family: str  # the transformers model_type (planner.catalog.families.SUPPORTED_FAMILIES)
     source: str
-    hidden_size: int = Field(ge=1)
-    num_layers: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    num_kv_heads: int = Field(ge=1)
-    head_dim: int = Field(ge=1)
-    intermediate_size: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
-    max_position_embeddings: int = Field(ge=1)
+    hidden_size: Dim
+    num_layers: Dim
+    num_heads: Dim
+    num_kv_heads: Dim
+    head_dim: Dim
+    intermediate_size: Dim
+    vocab_size: Dim
+    max_position_embeddings: Dim
     learned_position_embeddings: bool = False  # GPT-2 wpe: a hard limit on sequence length
     tie_word_embeddings: bool
     qkv_bias: bool = False
@@ -47,25 +61,25 @@ class ModelSpec(Record):
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
     fused_qkv: bool = False  # Phi-3 qkv_proj / gate_up_proj, GPT-2 c_attn (same parameters, fewer tensors)
     norm_kind: NormKind = NormKind.RMS
-    norms_per_layer: int = 2  # Gemma-2 has four
+    norms_per_layer: int = Field(2, ge=0, le=64)  # Gemma-2 has four
     mlp_kind: MlpKind = MlpKind.GATED
-    num_experts: int = 1  # Mixtral: num_local_experts
-    experts_per_token: int = 1
+    num_experts: Dim = 1  # Mixtral: num_local_experts
+    experts_per_token: Dim = 1
     activation: str = "silu"  # the MLP activation as transformers names it (GPT-2: gelu_new, a Python-level tanh GELU)
     # dropout probabilities in training (0: none); each saves a mask for backward
-    attention_dropout: float = 0.0  # on the attention probabilities (GPT-2 attn_pdrop, StarCoder2 attention_dropout)
-    residual_dropout: float = 0.0  # on each block's output before its residual add (GPT-2 resid_pdrop, StarCoder2)
-    embedding_dropout: float = 0.0  # on the embeddings' output (GPT-2 embd_pdrop, StarCoder2 embedding_dropout)
-    final_logit_softcapping: float | None = None
-    attn_logit_softcapping: float | None = None
+    attention_dropout: Probability = 0.0  # on the attention probabilities (GPT-2 attn_pdrop, StarCoder2 attention_dropout)
+    residual_dropout: Probability = 0.0  # on each block's output before its residual add (GPT-2 resid_pdrop, StarCoder2)
+    embedding_dropout: Probability = 0.0  # on the embeddings' output (GPT-2 embd_pdrop, StarCoder2 embedding_dropout)
+    final_logit_softcapping: float | None = Field(None, gt=0, allow_inf_nan=False)
+    attn_logit_softcapping: float | None = Field(None, gt=0, allow_inf_nan=False)
     # tokens a query attends back to where the model's layers use sliding-window attention
     # (Mistral v0.1, Phi-3-4k; None: full causal attention); at sequences this long or longer
     # transformers builds a (b, 1, s, s) mask instead of SDPA's causal flag
-    sliding_window: int | None = None
+    sliding_window: Dim | None = None
     decoder_layer_class: str = ""  # the transformers block class (FSDP's wrap unit)
     # the ranks the input embeddings and the LM head split on the vocabulary (one rank's model under
     # tensor parallelism: planner/cost/tensor.py ``rank_model``); the logits stay whole (gathered)
-    vocab_shards: int = Field(1, ge=1)
+    vocab_shards: Dim = 1
     published_parameters: int | None = None
     published_parameters_source: str | None = None
 
@@ -94,10 +108,11 @@ class Efficiency(Record):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gemm: dict[str, float]  # compute dtype -> achieved / dense peak on large matmuls
+    gemm: dict[str, Fraction]  # compute dtype -> achieved / dense peak on large matmuls
     attention: float = Field(gt=0, le=1)  # fused attention fwd+bwd / 16-bit dense peak
     memory_bandwidth: float = Field(gt=0, le=1)  # achieved / datasheet bandwidth
-    saturation_tokens: float = Field(0.0, ge=0)  # T0: compute rates scale by T / (T + T0), T = tokens per micro-batch
+    # T0: compute rates scale by T / (T + T0), T = tokens per micro-batch
+    saturation_tokens: float = Field(0.0, ge=0, le=2**40, allow_inf_nan=False)
     source: str
 
     def gemm_for(self, dtype: str) -> float:
@@ -110,9 +125,9 @@ class Calibration(Record):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    context_bytes: int | None = None  # CUDA context + driver-side memory per process
-    fragmentation_fraction: float | None = None  # allocator reserve / allocated peak
-    flops_scale: dict[str, float] = {}  # compute dtype -> factor applied to the efficiency table
+    context_bytes: Bytes | None = None  # CUDA context + driver-side memory per process
+    fragmentation_fraction: float | None = Field(None, ge=0, le=1)  # allocator reserve / allocated peak
+    flops_scale: dict[str, Scale] = {}  # compute dtype -> factor applied to the efficiency table
     note: str  # what it was fitted on, for the output
 
 
@@ -124,8 +139,8 @@ class HostRateSpec(Record):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cpu_optimizer_params_per_s: dict[str, float] = {}  # engine (deepspeed, fsdp) -> parameters a second per node
-    page_migration_bytes_per_s: float | None = Field(None, gt=0)  # bytes a second, the round trip's rate
+    cpu_optimizer_params_per_s: dict[str, Rate] = {}  # engine (deepspeed, fsdp) -> parameters a second per node
+    page_migration_bytes_per_s: Rate | None = None  # bytes a second, the round trip's rate
     sources: dict[str, str] = {}  # "cpu_optimizer:<engine>" or "page_migration" -> where it was measured
 
 
@@ -139,16 +154,16 @@ class GpuSpec(Record):
     vendor: str
     architecture: str
     compute_capability: str | None
-    memory_bytes: int = Field(gt=0)
-    memory_bandwidth_bytes_per_s: float = Field(gt=0)
-    dense_flops_per_s: dict[str, float | None]  # fp32, tf32, fp16, bf16, fp8; None = unsupported
+    memory_bytes: Bytes = Field(gt=0)
+    memory_bandwidth_bytes_per_s: Rate
+    dense_flops_per_s: dict[str, Rate | None]  # fp32, tf32, fp16, bf16, fp8; None = unsupported
     gpu_link_kind: str
-    gpu_link_bytes_per_s: float = Field(gt=0)  # per GPU, per direction
+    gpu_link_bytes_per_s: Rate  # per GPU, per direction
     host_link_kind: str
-    host_link_bytes_per_s: float = Field(gt=0)  # per direction
-    max_gpus_per_node: int = Field(ge=1)
-    sm_count: int | None = None  # streaming multiprocessors (None: not in its file)
-    driver_reserved_bytes: int | None = None  # nvidia-smi's total less CUDA's (None: not in its file)
+    host_link_bytes_per_s: Rate  # per direction
+    max_gpus_per_node: int = Field(ge=1, le=4096)
+    sm_count: int | None = Field(None, ge=1, le=2**20)  # streaming multiprocessors (None: not in its file)
+    driver_reserved_bytes: Bytes | None = None  # nvidia-smi's total less CUDA's (None: not in its file)
     peer_access: bool = True  # two GPUs of a node can map each other's memory (CUDA P2P)
     sources: dict[str, str]
     efficiency: Efficiency

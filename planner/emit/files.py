@@ -21,6 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from planner import __version__
+from planner.catalog.files import read_document
 from planner.catalog.models import resolve_model
 from planner.core import shell
 from planner.core.emitted import EmitDraft
@@ -47,13 +48,8 @@ MAIN_PORT = 29500
 def load_plan_file(path: Path) -> SuggestResult:
     """A suggest JSON (``planner suggest --json`` or an emitted plan.json), or one plan object
     (``planner estimate --json``), as a SuggestResult."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlannerInputError(f"cannot read plan file {path}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise PlannerInputError(f"plan file {path} is not valid JSON: {e}") from None
     hint = "Pass the JSON of `planner suggest --json`, an emitted plan.json, or `planner estimate --json`."
+    data = read_document(path, "plan file", hint, kind="JSON")
     try:
         if isinstance(data, dict) and "plans" in data:
             return SuggestResult.model_validate(data)

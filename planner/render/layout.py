@@ -16,20 +16,23 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.core import shell
+from planner.core.errors import bounded
+from planner.render.console import SafeConsole
 
 DEFAULT_WIDTH = 100  # stdout is not a terminal and COLUMNS is not set (pipes, CI logs)
 SEP = " · "
 UNBOUNDED = 100_000
+PARAGRAPH_CHARS = 2_000  # a screen's paragraph (a warning, a note) is a few hundred characters
 
 
 def console_for_stdout() -> Console:
     """The terminal's width when stdout is one; else COLUMNS when set, else 100."""
-    console = Console(highlight=False)
+    console = SafeConsole(highlight=False)
     if console.is_terminal:
         return console
     columns = os.environ.get("COLUMNS", "").strip()
     width = int(columns) if columns.isdigit() and int(columns) > 0 else DEFAULT_WIDTH
-    return Console(highlight=False, width=width)
+    return SafeConsole(highlight=False, width=width)
 
 
 def table(*columns: tuple[str, str], wrap: tuple[str, ...] = ()) -> Table:
@@ -56,8 +59,9 @@ def fits(console: Console, renderable: RenderableType) -> bool:
 
 def line(console: Console, text: str | Text, indent: int = 0, style: str | None = None, first: str = "") -> None:
     """A paragraph wrapped at spaces (plain text, no markup); continuation lines start ``indent``
-    spaces in, the first one with ``first`` (a hanging label such as '1. ') or the same indent."""
-    body = text if isinstance(text, Text) else Text(text, style=style or "")
+    spaces in, the first one with ``first`` (a hanging label such as '1. ') or the same indent.
+    At most PARAGRAPH_CHARS characters: a warning that quotes a huge key or value is cut there."""
+    body = text if isinstance(text, Text) else Text(bounded(text, PARAGRAPH_CHARS), style=style or "")
     lead = first or " " * indent
     for i, part in enumerate(body.wrap(console, max(console.width - max(indent, len(lead)), 20))):
         part.rstrip()

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from planner.catalog.gpus import parse_gpus
 from planner.core.ledger import LedgerRow, PagedInfo, Phase, allocated_peak, reserved_peak
@@ -43,14 +43,16 @@ class HardwareInfo(Record):
     model_config = ConfigDict(extra="forbid", frozen=True)
     gpu: str
     gpu_name: str
-    num_gpus: int
-    nodes: int
-    gpus_per_node: int
-    gpu_memory_bytes: int
-    host_memory_bytes_per_node: int
-    inter_node_bytes_per_s: float
-    page_migration_bytes_per_s: float | None = None  # --page-migration-gb-s (None: measured beside the GPU, else assumed)
-    cpu_optimizer_params_per_s: float | None = None  # --cpu-optimizer-gparams-s (None: measured beside the GPU, else assumed)
+    # (bounds: a plan file is read back by emit and check, which divide by these)
+    num_gpus: int = Field(ge=1)
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    gpu_memory_bytes: int = Field(gt=0)
+    host_memory_bytes_per_node: int = Field(gt=0)
+    inter_node_bytes_per_s: float = Field(gt=0)
+    # --page-migration-gb-s, --cpu-optimizer-gparams-s (None: measured beside the GPU, else assumed)
+    page_migration_bytes_per_s: float | None = Field(None, gt=0)
+    cpu_optimizer_params_per_s: float | None = Field(None, gt=0)
     calibration: str | None = None  # the measured corrections in use (planner calibrate); None: assumptions
     gpu_file: str | None = None  # a user GPU file's path (GpuSpec.file); None: a catalog GPU
     gpu_definition: dict | None = None  # that file's content as planned (GpuSpec.definition)
@@ -79,7 +81,7 @@ class EstimateResult(Record):
     memory: dict[str, int]  # bytes per GPU at the peak phase, each term, plus "peak"
     peak_phase: Phase
     phase_peaks: dict[Phase, int]
-    usable_bytes: int  # GPU memory less the safety margin
+    usable_bytes: int = Field(ge=0)  # GPU memory less the safety margin
     headroom_bytes: int  # usable - peak (negative: short by that much)
     host_memory: dict[str, int]  # bytes per node: peak, capacity, usable, and the terms
     paged: PagedInfo | None
@@ -90,6 +92,17 @@ class EstimateResult(Record):
     reasons: list[str]
     warnings: list[str]
     assumptions: list[str] = []  # what planner estimate assumed (planner/engine/assumptions.py)
+
+    @field_validator("memory", "host_memory")
+    @classmethod
+    def _has_peak(cls, terms: dict[str, int], info) -> dict[str, int]:
+        """Every plan's memory holds its "peak", and its host memory what is usable or the capacity
+        it follows from (a plan file read back is checked for them)."""
+        if "peak" not in terms:
+            raise ValueError('holds no "peak"')
+        if info.field_name == "host_memory" and not ({"usable", "capacity"} & terms.keys()):
+            raise ValueError('holds neither "usable" nor "capacity"')
+        return terms
 
     @property
     def host_usable_bytes(self) -> int:
