@@ -256,6 +256,50 @@ def test_a_failure_mid_way_leaves_the_folder_as_it_was(tmp_path, plans, monkeypa
     assert not (tmp_path / "new").exists()  # the folders made for the failed write go again
 
 
+def _killed_writer(files: dict, out: str, at: int) -> None:
+    """A writer that dies (os._exit, as under kill -9: no cleanup runs) at its ``at``-th step: a
+    file staged, an old file moved aside, a new one placed."""
+    steps = [0]
+
+    def step(real):
+        def wrapped(*a, **k):
+            steps[0] += 1
+            if steps[0] == at:
+                os._exit(9)
+            return real(*a, **k)
+        return wrapped
+
+    writer._stage, writer._place = step(writer._stage), step(writer._place)
+    os.rename = step(os.rename)
+    write_files(files, Path(out), True)
+    os._exit(0)
+
+
+def test_a_writer_killed_at_any_step_leaves_one_plan_and_the_next_run_finishes(tmp_path, plans):
+    """A plan replaced by another, the writer killed at each of its steps in turn: the next planner
+    in the folder (tune's check of --out, or any write) finds one plan there, the old or the new
+    one, whole, and no staging folder; a rerun of the write then completes."""
+    zero3, fsdp, _ = plans
+    ctx = multiprocessing.get_context("fork")
+    outcomes = set()
+    for at in range(1, 60):
+        out = tmp_path / f"k{at}"
+        write_files(zero3, out, force=False)
+        child = ctx.Process(target=_killed_writer, args=(fsdp, str(out), at))
+        child.start()
+        child.join(60)
+        if child.exitcode == 0:  # the write had fewer steps: every one was killed once
+            break
+        assert child.exitcode == 9
+        assert emit_files.foreign_plan_files(out) == []  # finishes or undoes the killed write
+        assert not list(out.glob(writer.STAGING_PREFIX + "*"))
+        assert _one_plan(out, [zero3, fsdp]), sorted(p.name for p in out.iterdir())
+        outcomes.add("new" if (out / "plan.json").read_text() == fsdp["plan.json"] else "old")
+        write_files(fsdp, out, force=True)
+        assert _one_plan(out, [fsdp])
+    assert at > 10 and outcomes == {"old", "new"}
+
+
 # -- 4. two writers ---------------------------------------------------------------------------------
 
 def _writer(files: dict, out: str, force: bool, hold: float, go, results) -> None:

@@ -257,10 +257,15 @@ def test_cli_tune_writes_the_best_plan_and_the_plot(tmp_path):
     assert plan == result["best_plan"]["config"]
     pytest.importorskip("matplotlib")
     assert (out / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    again = subprocess.run([*CLI, "tune", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "1xH100-80",
-                            "--fidelity", "analytic", "--trials", "5", "--out", str(out)],
-                           capture_output=True, text=True, timeout=600)
-    assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
+    # a rerun resumes the study and rewrites the plan it wrote; a file the user changed stops it
+    again = [*CLI, "tune", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "1xH100-80", "--fidelity", "analytic",
+             "--trials", "6", "--out", str(out)]
+    resumed = subprocess.run(again, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-2000:]
+    (out / "PLAN.md").write_text("my notes")
+    edited = subprocess.run(again, capture_output=True, text=True, timeout=600)
+    assert edited.returncode == 2 and "PLAN.md" in edited.stderr and "--force" in edited.stderr
+    assert (out / "PLAN.md").read_text() == "my notes"
 
 
 def test_timeout_stops_the_run_and_the_study_resumes(tmp_path):
@@ -280,3 +285,26 @@ def test_timeout_stops_the_run_and_the_study_resumes(tmp_path):
 
     report = tune(TuneRequest(**LLAMA, storage=url, probes=0, band=10.0), never, "analytic")
     assert report.probes == second.probes and report.best == second.best and report.stopped.startswith("probe budget")
+
+
+@pytest.mark.parametrize("content", ["table", "garbage"])
+def test_a_storage_file_of_another_program_is_refused_and_kept(tmp_path, content):
+    """--storage at an SQLite file with other tables (Optuna would add its own to it), or at a
+    file that is no database: exit 2, the file byte for byte as it was; an empty file is used."""
+    from planner.core.errors import PlannerInputError
+
+    path = tmp_path / "mine.db"
+    if content == "table":
+        con = sqlite3.connect(path)
+        con.execute("CREATE TABLE notes (x TEXT)")
+        con.commit()
+        con.close()
+    else:
+        path.write_text("my notes, not a database\n")
+    before = path.read_bytes()
+    with pytest.raises(PlannerInputError, match="another program|not an SQLite database"):
+        tune(TuneRequest(**LLAMA, storage=f"sqlite:///{path}", probes=1), analytic, "analytic")
+    assert path.read_bytes() == before
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    assert tune(TuneRequest(**LLAMA, storage=f"sqlite:///{empty}", probes=1), analytic, "analytic").trials

@@ -114,18 +114,21 @@ def probe(fields: dict, plan: Path | None, rank: int):
 
 
 def tune(request: "TuneRequest", force: bool, console) -> "TuneResult":
-    """``planner tune``: refuse an --out that has plan files (before any probe is spent), choose the
-    probe for the fidelity, run the study with a live progress line, write the best plan's files and
-    the plot."""
-    from planner.emit.files import existing_plan_files
+    """``planner tune``: refuse an --out holding files at planner's names that are not planner's own
+    (before any probe is spent; a rerun resumes the study and rewrites the plan it wrote), choose
+    the probe for the fidelity, run the study with a live progress line, write the best plan's
+    files and the plot."""
+    from planner.emit.files import foreign_plan_files
     from planner.engine.tune import tune as run_study
     from planner.probes.tune_probes import choose
     from planner.render.tune import Progress, plot
 
-    if request.out is not None and not force:
-        existing = existing_plan_files(request.out)
-        if existing:
-            raise PlannerInputError(f"{request.out} already has {', '.join(existing)}", hint="Pass --force to overwrite them.")
+    if request.out is not None and not force:  # (planner's own files: a resumed study rewrites its plan)
+        foreign = foreign_plan_files(request.out)
+        if foreign:
+            raise PlannerInputError(f"{request.out} already has {', '.join(foreign)}, not written by planner or "
+                                    "changed since", hint="Pass --force to replace planner's files there, or choose "
+                                                          "another --out.")
     chosen, probe_plan, notes = choose(request.fidelity, request.probe_timeout, request.calibration)
     with Progress(request.probes, chosen, console) as progress:
         result = run_study(request, probe_plan, chosen, progress.update, notes)
@@ -135,7 +138,7 @@ def tune(request: "TuneRequest", force: bool, console) -> "TuneResult":
 
         picture = plot(result)
         report(write_plan(single_plan_result(result.best_plan), request.out, force, calibration=request.calibration,
-                          extra={"tune.png": picture} if picture else None),
+                          extra={"tune.png": picture} if picture else None, replace_own=True),
                lambda line: console.print(line, highlight=False))
         if not picture:
             console.print("no tune.png: pip install matplotlib for the plot", highlight=False)

@@ -221,16 +221,23 @@ def write_files(files: Mapping[str, str | bytes], out: Path, force: bool) -> Wri
     return writer.write_files(files, out, force, FILE_NAMES + EXTRA_NAMES)
 
 
-def existing_plan_files(out: Path) -> list[str]:
-    """The planner file names ``out`` already holds (anything at the name, a dangling link too)."""
-    return sorted(n for n in (*FILE_NAMES, *EXTRA_NAMES, writer.MANIFEST) if writer.present(out, n))
+def foreign_plan_files(out: Path) -> list[str]:
+    """The planner file names ``out`` holds that are not planner's own unchanged files (anything at
+    the name: a user's file, an edited one, a dangling link), after finishing or undoing the write
+    of a planner killed there (planner/emit/writer.py ``recover``)."""
+    if not out.is_dir() or out.is_symlink():
+        return []
+    writer.recover(out)
+    manifest = writer.read_manifest(out)
+    return sorted(n for n in (*FILE_NAMES, *EXTRA_NAMES) if writer.present(out, n) and not writer.owned(out, n, manifest))
 
 
 def emit(search: SuggestResult, out: Path, force: bool = False, rank: int = 1, gpus: str | None = None,
-         calibration: Path | None = None, extra: dict[str, bytes] | None = None) -> Written:
-    """Write the plan at ``rank`` of ``search`` into ``out``, with ``extra`` files (EXTRA_NAMES)."""
+         calibration: Path | None = None, extra: dict[str, bytes] | None = None, replace_own: bool = False) -> Written:
+    """Write the plan at ``rank`` of ``search`` into ``out``, with ``extra`` files (EXTRA_NAMES);
+    ``replace_own``: planner's own unchanged files there are replaced without ``force``."""
     files: dict[str, str | bytes] = {**build_files(search, rank, gpus, calibration), **(extra or {})}
-    return write_files(files, out, force)
+    return writer.write_files(files, out, force, FILE_NAMES + EXTRA_NAMES, replace_own)
 
 
 def _yaml(data: dict) -> str:

@@ -15,6 +15,12 @@ never costs the user a file.
 - **One writer.** The output folder itself is locked (``flock`` on its descriptor, no lock file)
   for the whole check-and-replace, so two planners writing one folder take turns; the second sees
   the first one's plan (and, without ``force``, refuses).
+- **A killed writer.** A writer killed mid-write (``kill -9``, a power cut aside) released its
+  lock and left its staging folder. The next writer of the folder, under the lock, finishes that
+  write when its staged manifest exists (the manifest is staged after every file and before any
+  old file moves: each new file placed, each of planner's old files the plan drops removed) and
+  otherwise removes the staging folder (nothing had moved): the folder holds the old plan or the
+  new one, whole, and then the new write runs.
 """
 
 import errno
@@ -160,16 +166,19 @@ def _place(source: Path, target: Path) -> None:
         os.rename(source, target)
 
 
-def write_files(files: Mapping[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
+def write_files(files: Mapping[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...],
+                replace_own: bool = False) -> Written:
     """Write ``files`` (name -> text or bytes) into ``out`` as one plan (module docstring); ``plan_names``:
-    every file name a plan of planner's may have (the old plan's files are among them)."""
+    every file name a plan of planner's may have (the old plan's files are among them);
+    ``replace_own``: planner's own unchanged files are replaced without ``force`` (a resumed tune
+    rewrites the plan it wrote; anything else there still needs ``force``)."""
     if os.path.lexists(out) and not out.is_dir():
         raise PlannerInputError(f"--out {out} is a file, not a directory", hint="Pass a folder for the plan's files.")
     made = [p for p in (out, *out.parents) if not os.path.lexists(p)]  # the folders this write creates
     try:
         out.mkdir(parents=True, exist_ok=True)
         with _FolderLock(out):
-            return _write_locked(files, out, force, plan_names)
+            return _write_locked(files, out, force, plan_names, replace_own)
     except (OSError, PlannerInputError) as e:
         for folder in made:  # a failed write leaves no folder of its own behind
             try:
@@ -182,13 +191,47 @@ def write_files(files: Mapping[str, str | bytes], out: Path, force: bool, plan_n
                                 "permissions; nothing was changed there.") from None
 
 
-def _write_locked(files: Mapping[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...]) -> Written:
+STAGING_PREFIX = ".planner-staging-"
+
+
+def _recover(out: Path) -> None:
+    """Finish, or undo, the writes of writers killed in this folder (module docstring); called
+    under the folder's lock, so every staging folder there is a dead writer's."""
+    for staging in sorted(out.glob(STAGING_PREFIX + "*")):
+        if staging.is_symlink() or not staging.is_dir():
+            continue
+        new = read_manifest(staging)
+        if new:
+            old = read_manifest(staging / "old") or read_manifest(out)
+            for name in sorted(set(new) | set(old)):
+                if name in new and owned(out, name, new):
+                    continue
+                if present(out, name) and owned(out, name, old) and not owned(out, name, new):
+                    os.unlink(out / name)  # the old plan's file, not yet moved aside
+                if name in new and not present(out, name) and owned(staging, name, new):
+                    _place(staging / name, out / name)
+            if present(out, MANIFEST) and read_manifest(out) != new and (out / MANIFEST).is_file():
+                os.unlink(out / MANIFEST)
+            if not present(out, MANIFEST) and (staging / MANIFEST).is_file():
+                _place(staging / MANIFEST, out / MANIFEST)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def recover(out: Path) -> None:
+    """``_recover`` under the folder's lock (a live writer there is waited for, not undone)."""
+    with _FolderLock(out):
+        _recover(out)
+
+
+def _write_locked(files: Mapping[str, str | bytes], out: Path, force: bool, plan_names: tuple[str, ...],
+                  replace_own: bool = False) -> Written:
+    _recover(out)
     names = sorted(set(plan_names) | set(files) | {MANIFEST})
     there = [n for n in names if present(out, n)]
-    if there and not force:
-        raise _refusal(out, [n for n in there if n != MANIFEST] or there, force)
     manifest = read_manifest(out)
     ours = {n for n in there if n != MANIFEST and owned(out, n, manifest)}
+    if there and not force and not (replace_own and set(there) - {MANIFEST} <= ours):
+        raise _refusal(out, [n for n in there if n != MANIFEST] or there, force)
     if MANIFEST in there and ((out / MANIFEST).is_symlink() or not (out / MANIFEST).is_file()):
         raise _refusal(out, [MANIFEST], force)
     blocking = [n for n in there if n != MANIFEST and n not in ours and n in files]
@@ -198,7 +241,7 @@ def _write_locked(files: Mapping[str, str | bytes], out: Path, force: bool, plan
                            if n != MANIFEST and n not in ours])
     new_manifest = {"written_by": f"planner {__version__}",
                     "files": {n: digest(_bytes(content)) for n, content in sorted(files.items())}}
-    staging = Path(tempfile.mkdtemp(prefix=".planner-staging-", dir=out))
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
     moved: list[str] = []  # planner's old files moved into staging/old/
     placed: list[str] = []
     try:

@@ -98,9 +98,18 @@ def tune(req: TuneRequest, probe: Probe, fidelity: str, on_trial: Callable[[Tria
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    study = _Study(req, probe, fidelity, on_trial)
-    stopped = study.run()
-    return study.result(stopped, notes or [])
+    import sqlalchemy.exc
+
+    try:
+        study = _Study(req, probe, fidelity, on_trial)
+        stopped = study.run()
+        return study.result(stopped, notes or [])
+    except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError) as e:
+        # the storage failed under the study (a database locked past its timeout, a file another
+        # program changed, a server gone): what the study holds so far is kept, and a rerun resumes
+        raise PlannerInputError(f"--storage {req.storage or 'the study file'}: the study's storage failed: "
+                                f"{str(e).splitlines()[0][:300]}",
+                                hint="Check the database, then run the same planner tune again: it resumes.") from None
 
 
 class _Study:
@@ -312,6 +321,8 @@ def _open_study(url: str, name: str, req: TuneRequest):
     import sqlalchemy.exc
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
+    if url.startswith("sqlite"):
+        _refuse_foreign_sqlite(url)
     kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else None
     races = (optuna.exceptions.DuplicatedStudyError, sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError)
     for attempt in range(5):
@@ -332,6 +343,34 @@ def _open_study(url: str, name: str, req: TuneRequest):
             raise PlannerInputError(f"--storage {url}: {e}",
                                     hint="Give an Optuna storage URL, e.g. sqlite:///tune.db") from None
     raise AssertionError("unreachable")
+
+
+def _refuse_foreign_sqlite(url: str) -> None:
+    """A SQLite ``--storage`` file that exists and holds tables, but not Optuna's, is the user's
+    own database: Optuna would add its tables to it, so it is refused (so is a file that is not
+    SQLite). An empty or new file, or an Optuna study, is used."""
+    import sqlite3
+    from urllib.parse import unquote, urlparse
+
+    raw = unquote(urlparse(url).path)  # sqlite:///rel.db -> /rel.db, sqlite:////abs.db -> //abs.db
+    if len(raw) < 2:  # sqlite:// : in memory
+        return
+    path = Path(raw[1:])
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    hint = "Give a new file (sqlite:///tune.db), or an Optuna study's."
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        raise PlannerInputError(f"--storage {url}: {path} is not an SQLite database ({e})", hint=hint) from None
+    if tables and not {"studies", "trials"} <= tables:  # (optuna/storages/_rdb/models.py's table names)
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise PlannerInputError(f"--storage {url}: {path} is a database of another program (tables {shown}); "
+                                "planner does not add Optuna's tables to it", hint=hint)
 
 
 def _serialise_sqlite(engine) -> None:
