@@ -1,4 +1,4 @@
-"""A package the plan needs is missing at the launch: ``python -m planner.launch`` exits 3 with one
+"""A package the plan needs is missing at the launch: ``python -m planner.launch`` exits 2 (bad input) with one
 paragraph that names the module and the pip install line of planner's extra that provides it
 (pyproject.toml's optional-dependencies), before it loads the model, and without a traceback. Each
 case is a way the libraries would otherwise fail without naming the module: transformers' own check
@@ -38,7 +38,7 @@ CASES = [
 
 @pytest.mark.parametrize("config, module, extra", [pytest.param(*c[1:], id=c[0], marks=() if c[0] == "qlora" else FULL)
                                                    for c in CASES])
-def test_a_missing_package_exits_3_naming_it_and_its_extra(tmp_path, config, module, extra):
+def test_a_missing_package_exits_2_naming_it_and_its_extra(tmp_path, config, module, extra):
     plan = run(TINY, "1xA100-80", **(SHAPE | config))
     assert plan.feasible, plan.reasons
     write_files(build_files(single_plan_result(plan)), tmp_path / "plan", force=False)
@@ -46,7 +46,7 @@ def test_a_missing_package_exits_3_naming_it_and_its_extra(tmp_path, config, mod
                            "--model", str(tmp_path / "no-model"), "--data", "sample", "--max-steps", "1", "--no-save"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env=os.environ | {"OMP_NUM_THREADS": "1"})
-    assert done.returncode == 3, done.stderr[-3000:]
+    assert done.returncode == 2, done.stderr[-3000:]
     assert (f"planner.launch: the plan needs the Python package {module}, which is not installed. Install it with "
             f"pip install 'llm-train-planner[{extra}]'") in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -74,7 +74,7 @@ class Session:
     def packages_called_on(self, training_args: dict) -> list[str]:
         """The packages the plan's settings call on. The launch imports them before the tokenizer and
         model load: transformers and accelerate check for them with an ImportError that names no
-        module (or, for DeepSpeed, a TypeError), and a missing one then exits 3, named (train.main)."""
+        module (or, for DeepSpeed, a TypeError), and a missing one then exits 2, named (train.main)."""
         c, optim = self.config, training_args.get("optim")
         # the optimizer's: the implementation its Trainer optim name builds, or the runtime's
         choice = CHOICES[TRAINER_READS[optim]] if optim in TRAINER_READS else CHOICES[c.optimizer]

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         if module is None:  # planner's own code or the standard library: a bug, with its traceback
             raise
         print(_missing_module_message(module, e), file=sys.stderr)
-        code = 3
+        code = 2  # bad input: the environment lacks what the plan needs (1 says the live run differs)
     sys.exit(code)
 
 
