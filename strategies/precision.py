@@ -437,10 +437,11 @@ def _read(job: JobFiles, r: Reading) -> None:
         where = f"{job.accelerate_where}: mixed_precision"
         mp = r.typed(job.accelerate, "mixed_precision", (str,), job.accelerate_where, "no")
         if job.accelerate_precision_applies and mp is not None:
-            if str(mp) not in ACCELERATE_READS:
+            # accelerate's launch lowercases it (utils/launch.py: PrecisionType(mixed_precision.lower()))
+            if str(mp).lower() not in ACCELERATE_READS:
                 r.problems.append(f"{where}: mixed_precision {mp!r} is not one of {', '.join(ACCELERATE_READS)}")
             else:
-                r.set("precision", ACCELERATE_READS[str(mp)], where, REFINES)
+                r.set("precision", ACCELERATE_READS[str(mp).lower()], where, REFINES)
         fp8 = r.section(job.accelerate, "fp8_config", job.accelerate_where)
         if str(fp8.get("backend", "AO")).upper() != "AO":
             r.warnings.append(f"{job.accelerate_where}: fp8 backend {fp8.get('backend')} is modelled as torchao fp8")

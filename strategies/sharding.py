@@ -567,8 +567,10 @@ def _emit_fsdp(ctx: PlanContext, files: EmitDraft) -> None:
     files.trainer_fsdp().update(both | own | trainer1 | {"transformer_layer_cls_to_wrap": [m.decoder_layer_class]})
 
 
-#: accelerate's distributed_type -> vocabulary (NO is none on one process, else ddp).
-DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED")
+#: accelerate's distributed_type -> vocabulary (NO is none on one process, else ddp). DATA_PARALLEL is
+#: a SageMaker config's (accelerate's SageMakerDistributedType): SageMaker's data parallel library
+#: all-reduces the gradients of whole replicas, as DDP does; its MODEL_PARALLEL is not planned.
+DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED", "DATA_PARALLEL")
 ZERO_STAGES = {0: Sharding.DDP, 1: Sharding.ZERO1, 2: Sharding.ZERO2, 3: Sharding.ZERO3}
 #: The Trainer's full_shard next to accelerate's parallelism_config is hybrid sharding (the Trainer
 #: takes parallelism from accelerate): a refinement, not a contradiction.
@@ -588,10 +590,11 @@ def _read(job: JobFiles, r: Reading) -> None:
                   f"{where}: distributed_type MULTI_GPU)", REFINES)
             r.set("fsdp_version", 2, f"{job.runtime_where}: transformers' DistributedConfig applies FSDP2")
             _read_gradient_sync(job, r)
-        elif dt == "MULTI_GPU":
-            r.set("sharding", Sharding.DDP, f"{where}: distributed_type MULTI_GPU", REFINES)
+        elif dt in ("MULTI_GPU", "DATA_PARALLEL"):
+            r.set("sharding", Sharding.DDP, f"{where}: distributed_type {dt}", REFINES)
         elif dt is not None and dt not in DISTRIBUTED_TYPES:
-            r.problems.append(f"{where}: distributed_type {dt} is not planned (planner plans NO, MULTI_GPU, FSDP, DEEPSPEED)")
+            r.problems.append(f"{where}: distributed_type {dt} is not planned (planner plans NO, MULTI_GPU, FSDP, "
+                              "DEEPSPEED, and a SageMaker config's DATA_PARALLEL)")
         inline = job.accelerate_inline_deepspeed
         if inline is not None and inline.get("zero_stage") is not None:
             _stage(inline["zero_stage"], f"{where}: deepspeed_config.zero_stage", r)

@@ -50,7 +50,7 @@ def test_known_keys_match_the_installed_libraries(tmp_path):
                    check=True, capture_output=True)
     fresh = json.loads((tmp_path / "keys.json").read_text())
     shipped = json.loads((ROOT / "planner/catalog/data/known_keys.json").read_text())
-    for group in ("accelerate", "training_args", "deepspeed_zero", "deepspeed_top"):
+    for group in ("accelerate", "accelerate_sagemaker", "training_args", "deepspeed_zero", "deepspeed_top"):
         assert set(shipped[group]) == set(fresh[group]), group
 
 
@@ -888,3 +888,54 @@ def test_liger_kernel_config_is_read(tmp_path, kernels, loss, layer_kernels):
     assert r.estimate.config.loss == loss
     said = [w for w in r.warnings if "Liger's layer kernels" in w]
     assert (said[0].split("(")[1].split(" unless")[0] if said else None) == layer_kernels, r.warnings
+
+
+SAGEMAKER = ROOT / "tests/data/recipes/huggingface__notebooks/sagemaker/22_accelerate_sagemaker_examples/src"
+
+
+@pytest.mark.parametrize("path, gpus, sharding, precision", [
+    # huggingface/notebooks: DATA_PARALLEL on ml.p3.16xlarge (8 V100), fp16
+    (SAGEMAKER / "text-classification/accelerate_config.yaml", "8xV100-16", "ddp", "fp16-mixed"),
+    # teticio/audio-diffusion: 'NO' (one process) and mixed_precision 'No' (accelerate lowercases it)
+    (ROOT / "tests/data/recipes/teticio__audio-diffusion/accelerate_sagemaker.yaml", "1xV100-16", "none", "fp32"),
+])
+def test_sagemaker_accelerate_configs_are_read_as_accelerate_reads_them(path, gpus, sharding, precision):
+    """compute_environment AMAZON_SAGEMAKER: accelerate reads the file as its SageMakerConfig, whose
+    keys (ec2_instance_type, iam_role_name, ...) are known; DATA_PARALLEL (SageMaker's data parallel
+    library) is planned as DDP; the instance type is named as not read."""
+    result = check(CheckRequest(model="Qwen/Qwen2.5-0.5B", gpus=gpus, accelerate_config=path, alternatives=0))
+    c = result.estimate.config
+    assert (str(c.sharding), str(c.precision)) == (sharding, precision), result.sources
+    assert any("ec2_instance_type" in w and "not read" in w for w in result.warnings), result.warnings
+
+
+def test_sagemaker_model_parallel_and_unknown_keys_are_refused(tmp_path):
+    d = yaml.safe_load((SAGEMAKER / "text-classification/accelerate_config.yaml").read_text())
+    for change, needle in (({"distributed_type": "MODEL_PARALLEL"}, "MODEL_PARALLEL is not planned"),
+                           ({"num_processes": 8}, r"unknown key\(s\) num_processes")):  # a ClusterConfig key
+        path = tmp_path / "sm.yaml"
+        path.write_text(yaml.safe_dump(d | change))
+        with pytest.raises(PlannerInputError, match=needle):
+            check(CheckRequest(model="Qwen/Qwen2.5-0.5B", gpus="8xV100-16", accelerate_config=path, alternatives=0))
+
+
+def test_an_unquoted_no_distributed_type_is_no(tmp_path):
+    """YAML 1.1 reads ``distributed_type: NO`` as false (accelerate writes it quoted): read as NO."""
+    path = tmp_path / "acc.yaml"
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: NO\nmixed_precision: bf16\nnum_processes: 1\n")
+    result = check(CheckRequest(model="Qwen/Qwen2.5-0.5B", gpus="1xA100-80", accelerate_config=path, alternatives=0))
+    assert str(result.estimate.config.sharding) == "none" and "distributed_type NO" in result.sources["sharding"]
+
+
+def test_trainer_fsdp_config_as_a_json_path_is_read_as_transformers_reads_it(tmp_path):
+    """TrainingArguments(fsdp_config="fsdp.json") loads the file (json.load) and drops each key's
+    fsdp_ prefix (transformers 5.23 training_args.py): its offload and version are the plan's."""
+    (tmp_path / "fsdp.json").write_text(json.dumps({"fsdp_offload_params": True, "fsdp_version": 2}))
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"fsdp": "full_shard auto_wrap", "fsdp_config": "fsdp.json", "bf16": True}))
+    result = check(CheckRequest(model="Qwen/Qwen2.5-0.5B", gpus="8xA100-80", training_args=args, alternatives=0))
+    c = result.estimate.config
+    assert (str(c.sharding), str(c.offload), c.fsdp_version) == ("fsdp", "optimizer+params", 2), result.sources
+    (tmp_path / "fsdp.json").write_text("[1, 2]")
+    with pytest.raises(PlannerInputError, match="fsdp_config"):
+        check(CheckRequest(model="Qwen/Qwen2.5-0.5B", gpus="8xA100-80", training_args=args, alternatives=0))

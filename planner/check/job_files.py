@@ -155,16 +155,34 @@ def _refuse_unknown(d: dict, known: frozenset[str], where: str, what: str, r: Re
         r.problems.append(f"{where}: unknown key(s) {named}: {what} has no such key")
 
 
+def _sagemaker(d: dict, where: str, r: Reading) -> None:
+    """An accelerate config for Amazon SageMaker (compute_environment AMAZON_SAGEMAKER: accelerate
+    reads it as its SageMakerConfig): its own keys (its distributed_type: strategies/sharding.py);
+    the instance type is not read (the GPUs are --gpus)."""
+    _refuse_unknown(d, known_keys()["accelerate_sagemaker"], where, "accelerate's SageMaker config", r)
+    if "ec2_instance_type" in d:
+        r.warnings.append(f"{where}: ec2_instance_type {str(d['ec2_instance_type'])[:80]} is not read: the GPUs "
+                          "are --gpus (one process per GPU, as SageMaker starts them)")
+
+
 def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
     """The accelerate config: its own keys, processes and machines, its FSDP and inline DeepSpeed
     settings for the strategies; returns the DeepSpeed JSON it points at, if any."""
     d = _accelerate_legacy(read_mapping(path, "accelerate config"))
     where = path.name
-    _refuse_unknown(d, known_keys()["accelerate"], where, "accelerate's config", r)
+    if d.get("distributed_type") is False:  # YAML 1.1 reads an unquoted NO as false (accelerate writes 'NO')
+        d["distributed_type"] = "NO"
+    sagemaker = d.get("compute_environment") == "AMAZON_SAGEMAKER"
+    if sagemaker:
+        _sagemaker(d, where, r)
+    else:
+        _refuse_unknown(d, known_keys()["accelerate"], where, "accelerate's config", r)
     dt = r.typed(d, "distributed_type", (str,), where, "NO")
     machines = r.typed(d, "num_machines", (int,), where, 1)
-    processes = r.typed(d, "num_processes", (int,), where, 1)
-    r.machines, r.processes = (machines, f"{where}: num_machines"), (processes, f"{where}: num_processes")
+    r.machines = (machines, f"{where}: num_machines")
+    processes = None if sagemaker else r.typed(d, "num_processes", (int,), where, 1)  # (SageMaker: one per GPU)
+    if processes is not None:
+        r.processes = (processes, f"{where}: num_processes")
     if r.typed(d, "use_cpu", (bool,), where, False):
         r.problems.append(f"{where}: use_cpu is true: planner plans GPU jobs")
     if d.get("dynamo_config"):
@@ -326,9 +344,14 @@ def _training_args(path: Path, r: Reading, parts: dict, method: str | None = Non
     fsdp = d.get("fsdp")
     if fsdp:
         config = d.get("fsdp_config") or {}
+        if isinstance(config, str):  # a JSON file's path, which TrainingArguments reads (json.load)
+            config = read_mapping(beside(path, config), f"{where}: fsdp_config", hint="Give fsdp_config as a "
+                                  "mapping, or the path of a JSON file of one.") if config.endswith(".json") else config
         if not isinstance(config, dict):
-            r.problems.append(f"{where}: fsdp_config must be a mapping (a path to a JSON file is not read)")
+            r.problems.append(f"{where}: fsdp_config must be a mapping or the path of a .json file")
             config = {}
+        # TrainingArguments drops the fsdp_ prefix of each key (transformers 5.23 training_args.py)
+        config = {str(k).removeprefix("fsdp_"): v for k, v in config.items()}
         options = fsdp.split() if isinstance(fsdp, str) else (fsdp if isinstance(fsdp, list) else [])
         _add_fsdp(parts, config, where, r, accelerate=False, options=tuple(str(o) for o in options))
     ds = d.get("deepspeed")

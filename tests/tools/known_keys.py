@@ -16,7 +16,7 @@ from pathlib import Path
 import accelerate
 import deepspeed
 import transformers
-from accelerate.commands.config.config_args import ClusterConfig
+from accelerate.commands.config.config_args import ClusterConfig, SageMakerConfig
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
 IDENT = re.compile(r"[a-z][a-z0-9_]*")
@@ -52,6 +52,8 @@ def main() -> None:
         "source": {"accelerate": accelerate.__version__, "transformers": transformers.__version__,
                    "deepspeed": deepspeed.__version__},
         "accelerate": sorted(f.name for f in dataclasses.fields(ClusterConfig)),
+        # compute_environment AMAZON_SAGEMAKER: accelerate reads the file as its SageMakerConfig
+        "accelerate_sagemaker": sorted(f.name for f in dataclasses.fields(SageMakerConfig)),
         "training_args": sorted(f.name for f in dataclasses.fields(transformers.TrainingArguments)),
         "deepspeed_zero": zero_keys(),
         "deepspeed_top": deepspeed_top_keys(),
