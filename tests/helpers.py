@@ -47,6 +47,26 @@ def covering(*axes, flatten: bool = False) -> list:
     return [pytest.param(*args(r), marks=() if r in chosen else FULL) for r in rows]
 
 
+def postgres_server_bin(name: str) -> str | None:
+    """A PostgreSQL server program (initdb, pg_ctl) on PATH or in Debian's /usr/lib/postgresql/N/bin."""
+    import shutil
+    from pathlib import Path
+
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    return str(versions[-1]) if versions else None
+
+
+def postgres_testable() -> bool:
+    """Whether tests/test_tune_postgres.py can run here: a server and the psycopg2 driver."""
+    import importlib.util
+
+    return bool(postgres_server_bin("initdb") and postgres_server_bin("pg_ctl")
+                and importlib.util.find_spec("psycopg2"))
+
+
 def examples(thorough: int, ci: int | None = None) -> int:
     """Examples for a property test: ``thorough`` under the thorough profile; in CI ``ci``, else an
     eighth of it (at least 50)."""

@@ -118,6 +118,8 @@ class _Study:
 
     def __init__(self, req: TuneRequest, probe: Probe, fidelity: str,
                  on_trial: Callable[[TrialRow, int], None] | None) -> None:
+        import optuna
+
         model = resolve_model(req.model)
         self.hardware = req.hardware()
         if req.lengths is not None and req.batching_used != Batching.PACKED:
@@ -135,6 +137,9 @@ class _Study:
         self.name = req.study_name or study_name(req, fidelity)
         self.study = _open_study(self.url, self.name, req)
         _reclaim_orphans(self.study, ORPHAN_AFTER_SECONDS)
+        # a dead worker's trial whose heartbeat went stale: failed and re-enqueued now (Optuna checks
+        # only when a trial starts, which a study whose budget is spent never does)
+        optuna.storages.fail_stale_trials(self.study)
         if not self.study.trials:
             self.study.set_user_attr("request", req.model_dump(mode="json", exclude={"out", "calibration"}))
             self.study.set_user_attr("fidelity", fidelity)
