@@ -130,7 +130,7 @@ def test_check_refuses_an_rloo_recipe_with_the_reason_and_what_to_do(tmp_path):
     recipe = tmp_path / "rloo.yaml"
     recipe.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 8\nnum_generations: 8\n"
                       "use_vllm: true\nmax_completion_length: 1024\nnormalize_advantages: true\n")
-    r = subprocess.run([sys.executable, "-m", "planner", "check", "--training-args", str(recipe), "--gpus",
+    r = subprocess.run([sys.executable, "-P", "-m", "planner", "check", "--training-args", str(recipe), "--gpus",
                         "1xH100-80"], capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "COLUMNS": "80",
                                                                            "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2, r.stderr

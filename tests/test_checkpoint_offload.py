@@ -145,7 +145,7 @@ def test_131k_tokens_fit_without_sequence_parallelism_only_with_the_offload():
 def test_the_traced_probe_refuses_it_with_the_reason():
     import os
 
-    out = subprocess.run([sys.executable, "-m", "planner", "probe", "--model", "meta-llama/Llama-3.2-1B", "--gpus",
+    out = subprocess.run([sys.executable, "-P", "-m", "planner", "probe", "--model", "meta-llama/Llama-3.2-1B", "--gpus",
                           "1xH100-80", "--checkpointing", "full", "--checkpoint-offload", "host"],
                          capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     assert out.returncode == 2, out.stderr

@@ -95,7 +95,7 @@ def test_what_would_crash_or_hang_a_parser_is_refused_before_it(tmp_path):
         "    print(path.rsplit('/', 1)[-1], r.exit_code, ' '.join(r.output.split()), flush=True)\n")
     paths = [str(files[n]) for n in ("deep.yaml", "dashes.yaml", "keys.yaml", "apostrophe.yaml")] + [
         str(fifo), str(tmp_path), "/dev/zero"]
-    done = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-P", "-c", script, *paths], capture_output=True, text=True, timeout=120,
                           cwd=ROOT, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()

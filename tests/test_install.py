@@ -131,7 +131,7 @@ def test_the_printed_install_lines_install_this_project(tmp_path):
         install_line(["probes"]))
     assert len(lines) == 3 and all(line[-1].startswith(DIST + "[") for line in lines), lines
     assert lines[0][-1] == f"{DIST}[train,deepspeed]", lines[0]
-    pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--quiet",
+    pip = [sys.executable, "-P", "-m", "pip", "install", "--dry-run", "--no-index", "--quiet",
            "--disable-pip-version-check"]
     for line in lines:
         done = subprocess.run(pip + ["--find-links", str(tmp_path), *line], capture_output=True, text=True, timeout=120)
@@ -142,3 +142,15 @@ def test_the_printed_install_lines_install_this_project(tmp_path):
         done = subprocess.run(pip + ["--find-links", str(wheels), "--ignore-installed", "--no-deps", lines[0][-1]],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_every_child_python_a_test_starts_imports_the_installed_planner():
+    """A child started with ``python -m`` or ``python -c`` puts its working directory first on its
+    path: from the repository root it would import the source tree, not the wheel CI installed.
+    Every such child in the tests is started with ``-P`` (a script's own folder is not the root)."""
+    import re
+
+    pattern = re.compile(r"sys\.executable,\s*(\"-[mc]\")")
+    found = [f"{p.name}:{text[:m.start()].count(chr(10)) + 1}" for p in sorted(Path(__file__).parent.glob("*.py"))
+             for text in [p.read_text()] for m in pattern.finditer(text)]
+    assert not found, found

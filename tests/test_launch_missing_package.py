@@ -42,7 +42,7 @@ def test_a_missing_package_exits_2_naming_it_and_its_extra(tmp_path, config, mod
     plan = run(TINY, "1xA100-80", **(SHAPE | config))
     assert plan.feasible, plan.reasons
     write_files(build_files(single_plan_result(plan)), tmp_path / "plan", force=False)
-    done = subprocess.run([sys.executable, "-c", ABSENT, module, "--job-dir", str(tmp_path / "plan"),
+    done = subprocess.run([sys.executable, "-P", "-c", ABSENT, module, "--job-dir", str(tmp_path / "plan"),
                            "--model", str(tmp_path / "no-model"), "--data", "sample", "--max-steps", "1", "--no-save"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env=os.environ | {"OMP_NUM_THREADS": "1"})

@@ -200,7 +200,7 @@ def test_check_reads_a_ring_job(tmp_path):
 
 
 def test_the_probes_refuse_ring_with_the_reason():
-    out = subprocess.run([sys.executable, "-m", "planner", "probe", "--model", "meta-llama/Llama-3.2-1B", "--gpus",
+    out = subprocess.run([sys.executable, "-P", "-m", "planner", "probe", "--model", "meta-llama/Llama-3.2-1B", "--gpus",
                           "8xH100-80", "--sharding", "fsdp", "--sequence-parallel", "ring", "--sp-size", "2",
                           "--seq-len", "4096"], capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     assert out.returncode == 2, out.stderr

@@ -199,7 +199,7 @@ def test_version_imports_no_command():
     code = ("import sys; sys.argv = ['planner', '--version']; from planner.cli import main; main(); "
             "print(sorted(m for m in ('typer', 'rich', 'pydantic', 'strategies', 'planner.cli.commands') "
             "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[0].startswith("planner ") and out.splitlines()[1] == "[]"
     from typer.testing import CliRunner
 

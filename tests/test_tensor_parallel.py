@@ -62,7 +62,7 @@ def sharded(request, tmp_path_factory):
         if not cache.exists():
             configs = {f: COMMON | kw for f, kw in CONFIGS.items()}
             env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-            run = subprocess.run([sys.executable, "-m", "planner.probes.tensor_parallel", str(t), str(SEQ),
+            run = subprocess.run([sys.executable, "-P", "-m", "planner.probes.tensor_parallel", str(t), str(SEQ),
                                   json.dumps(configs)], capture_output=True, text=True, timeout=600, env=env)
             assert run.returncode == 0, run.stderr[-3000:]
             cache.write_text(run.stdout.splitlines()[-1])
@@ -201,7 +201,7 @@ def test_a_fake_rank_holds_what_a_real_gloo_rank_holds(tmp_path):
     procs = []
     for r, (out, err) in enumerate(logs):  # (each rank reads the request from a file: all start at once)
         with (tmp_path / "request.json").open() as stdin, out.open("w") as o, err.open("w") as e:
-            procs.append(subprocess.Popen([sys.executable, "-c", GLOO_RANK], stdin=stdin, stdout=o, stderr=e, text=True,
+            procs.append(subprocess.Popen([sys.executable, "-P", "-c", GLOO_RANK], stdin=stdin, stdout=o, stderr=e, text=True,
                                           env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}))
     codes = [p.wait(timeout=600) for p in procs]
     assert codes == [0] * 4, [err.read_text()[-2000:] for _, err in logs]
