@@ -31,10 +31,13 @@ def main() -> None:
                         help="address space this process may map: a case that would take more raises MemoryError "
                              "(a failure it reports) instead of meeting the machine's OOM killer")
     parser.add_argument("--verbose", action="store_true", help="print each case before it runs")
+    parser.add_argument("--launch", type=int, default=0,
+                        help="cases of python -m planner.launch (a mutated plan folder, one step of the tiny "
+                             "Llama; torch, transformers and tests/tools/tiny_model.py needed)")
     args = parser.parse_args()
     import resource
 
-    limit = int(args.memory_gb * 2**30)
+    limit = int((max(args.memory_gb, 16.0) if args.launch else args.memory_gb) * 2**30)  # (torch maps more)
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     start = time.perf_counter()
     failures: Counter = Counter()
@@ -58,7 +61,21 @@ def main() -> None:
             if (i + 1) % 1000 == 0:
                 print(f"{i + 1:,} cases, {sum(failures.values())} failures, {time.perf_counter() - start:.0f} s",
                       flush=True)
-    print(f"\n{args.count:,} cases (seed {args.seed}) in {time.perf_counter() - start:.0f} s: "
+        if args.launch:
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "tools"))
+            from tiny_model import make_tiny_model
+
+            kinds["single"] = fuzzgen.launch_seeds(work)
+            model = make_tiny_model(work / "tiny-model")
+            for i, case in enumerate(fuzzgen.launch_cases(kinds, args.launch, args.seed)):
+                targets[case.target] += 1
+                problem = fuzzgen.run_launch(case, work / "case", model)
+                if problem is not None:
+                    key = f"launch: {problem.split(':')[0]}" + (f" {problem.split(' at ')[1].split(':')[0]}"
+                                                              if " at " in problem else "")
+                    failures[key] += 1
+                    examples.setdefault(key, (i, case.mutation, problem))
+    print(f"\n{args.count + args.launch:,} cases (seed {args.seed}) in {time.perf_counter() - start:.0f} s: "
           + ", ".join(f"{t} {n}" for t, n in sorted(targets.items())))
     print(f"{sum(failures.values())} failures in {len(failures)} classes")
     for key, n in failures.most_common():

@@ -383,3 +383,81 @@ def run(case: Case, folder: Path) -> str | None:
     if time.perf_counter() - start > TIME_LIMIT:
         return f"slow: over {TIME_LIMIT} s"
     return None
+
+
+# -- the planner launch (python -m planner.launch), in process ------------------------------------
+
+LAUNCH_FILES = ("runtime.json", "plan.json", "training_args.json", "accelerate_config.yaml")
+
+
+def launch_cases(kinds: dict[str, list[tuple[str, bytes]]], count: int, seed: int = 0) -> Iterator[Case]:
+    """A plan folder for the tiny Llama (one GPU, planner's own files) with one file mutated or
+    replaced by a FIFO or a directory, launched on the tiny model folder for one step."""
+    rng = random.Random(seed)
+    seed_files = {name: data for name, data in kinds["single"]}
+    for _ in range(count):
+        muted = rng.choice(LAUNCH_FILES)
+        files = {f"job/{name}": data for name, data in seed_files.items()}
+        if rng.random() < 0.05:
+            del files[f"job/{muted}"]
+            specials, mutation = {f"job/{muted}": rng.choice(["fifo", "dir"])}, f"{muted}:path"
+        else:
+            kind, files[f"job/{muted}"] = _bytes_mutation(rng, muted, seed_files[muted])
+            specials, mutation = {}, f"{muted}:{kind}"
+        yield Case("launch", mutation, ["--job-dir", "{job}", "--model", "{tiny_model}", "--data", "sample",
+                                        "--max-steps", "1", "--no-save", "--output-dir", "{out}"], files, specials)
+
+
+def launch_seeds(work: Path) -> list[tuple[str, bytes]]:
+    """planner's files of a one-GPU plan of the tiny Llama (what launch.sh would run)."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    folder = work / "seed-single"
+    r = CliRunner().invoke(app, ["estimate", "--model", str(TINY), "--gpus", "1xA100-80", "--seq-len", "64",
+                                 "--micro-batch-size", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    (work / "single.json").write_text(r.output)
+    r = CliRunner().invoke(app, ["emit", "--plan", str(work / "single.json"), "--out", str(folder)])
+    assert r.exit_code == 0, r.output
+    return [(name, (folder / name).read_bytes()) for name in LAUNCH_FILES if (folder / name).exists()]
+
+
+def run_launch(case: Case, folder: Path, tiny_model: Path) -> str | None:
+    """None when ``python -m planner.launch`` (its main, in process) ended as documented: exit 0,
+    1 or 2 with its message, no other exception."""
+    import contextlib
+    import io
+
+    from planner.launch.train import main
+
+    args = [_fill(a, {"tiny_model": tiny_model}) for a in materialise(case, folder)]
+    err = io.StringIO()
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(TIME_LIMIT * 3)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            main(args)
+        code: object = 0
+    except SystemExit as e:
+        code = e.code
+    except _Hang:
+        return f"hang: over {TIME_LIMIT * 3} s"
+    except Exception as e:  # noqa: BLE001 - what the fuzzer looks for
+        tb, where = e.__traceback__, ""
+        while tb is not None:
+            if "planner" in tb.tb_frame.f_code.co_filename:
+                where = f"{Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}"
+            tb = tb.tb_next
+        return f"{type(e).__name__} at {where}: {str(e)[:120]}"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    if code not in (0, 1, 2, None):
+        return f"exit {code}"
+    if code == 2 and not err.getvalue().strip():
+        return "empty message"
+    if "Traceback" in err.getvalue():
+        return "traceback printed"
+    return None

@@ -221,10 +221,12 @@ def test_framework_files_with_values_of_the_wrong_type_end_cleanly(tmp_path, tex
 @pytest.mark.heavy
 def test_mutated_files_end_cleanly():
     """The first 1,500 cases of seed 0 of planner's own mutation fuzzer (every file kind planner
-    reads, through the command that reads it; benchmarks/fuzz.py runs the thorough profile) in a
+    reads, through the command that reads it; benchmarks/fuzz.py runs the thorough profile) and 60
+    of the planner launch on a mutated plan folder (one step of the tiny Llama) in a
     child process: its address space bounded, so a case that would exhaust memory is a failure it
     reports, and planner imported where it is installed."""
-    done = subprocess.run([sys.executable, "-P", str(ROOT / "benchmarks" / "fuzz.py"), "--count", "1500"],
+    done = subprocess.run([sys.executable, "-P", str(ROOT / "benchmarks" / "fuzz.py"), "--count", "1500",
+                           "--launch", "60"],
                           capture_output=True, text=True, timeout=900, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 failures in 0 classes" in done.stdout, done.stdout[-2000:]
@@ -318,3 +320,42 @@ def test_emit_refuses_a_fifo_or_a_device_without_reading_it(tmp_path):
     lines = done.stdout.splitlines()
     assert len(lines) == 3 and all(line.startswith("2 error:") for line in lines), done.stdout
     assert "not a regular file" in lines[0] and "not a regular file" in lines[1] and "directory" in lines[2]
+
+
+@pytest.fixture(scope="module")
+def launch_folder(tmp_path_factory):
+    """planner's files of a one-GPU plan of the tiny Llama, and the tiny model folder."""
+    import fuzzgen
+
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
+    from tiny_model import make_tiny_model
+
+    work = tmp_path_factory.mktemp("launch-fuzz")
+    return dict(fuzzgen.launch_seeds(work)), make_tiny_model(work / "tiny-model")
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"report_to": {"a": 1}}, "refuses the plan's arguments"),  # TypeError in the Trainer's __init__
+    ({"report_to": None}, "refuses the plan's arguments"),  # ValueError there
+    ({"logging_steps": "x"}, "logging_steps: 'x' is not a"),  # TypeError deep in trainer.train()
+    ({"per_device_train_batch_size": None}, "per_device_train_batch_size: null"),  # TypeError in the dataset
+    ({"max_grad_norm": 10**400}, "max_grad_norm"),  # OverflowError in the step
+])
+def test_the_launch_refuses_mutated_training_arguments_as_bad_input(tmp_path, capsys, launch_folder, change,
+                                                                   needle):
+    """Classes the launch fuzz (benchmarks/fuzz.py --launch) found: each is exit 2 with the field
+    named, before the model trains."""
+    from planner.launch.train import main
+
+    files, model = launch_folder
+    job = tmp_path / "job"
+    job.mkdir()
+    for name, data in files.items():
+        (job / name).write_bytes(data)
+    args = json.loads(files["training_args.json"]) | change
+    (job / "training_args.json").write_text(json.dumps(args))
+    with pytest.raises(SystemExit) as done:
+        main(["--job-dir", str(job), "--model", str(model), "--data", "sample", "--max-steps", "1", "--no-save",
+              "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and needle in err and "Traceback" not in err, err[-2000:]

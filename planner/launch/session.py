@@ -58,6 +58,9 @@ class Session:
             from trl import GRPOConfig as arguments
         elif self.config.method == Method.KTO:  # a TRL KTOConfig
             from trl import KTOConfig as arguments
+        if wrong := _mistyped(arguments, values):
+            raise PlannerInputError([f"{path}: {w}" for w in wrong],
+                                    hint="Fix the file, or write the plan's files again with planner emit.")
         try:
             (training,) = HfArgumentParser(arguments).parse_dict(values)
         except (ValueError, TypeError) as e:
@@ -186,6 +189,37 @@ class Session:
             data_collator=self.collator(tokenizer), processing_class=tokenizer)
 
 
+def _mistyped(arguments: type, values: dict) -> list[str]:
+    """The values of ``values`` whose type the arguments' dataclass field cannot hold, where that
+    field is a plain bool, int, float or str (or Optional of one): HfArgumentParser.parse_dict
+    passes a dict's values through unchecked, and the Trainer then fails deep in its loop ('>' not
+    supported between str and int). An int is a float; a str may name an enum member."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(arguments)
+    wrong = []
+    for f in dataclasses.fields(arguments):
+        if f.name not in values:
+            continue
+        allowed = typing.get_args(hints[f.name]) or (hints[f.name],)
+        kinds = [k for k in allowed if k is not type(None)]
+        if not kinds or not all(k in (bool, int, float, str) for k in kinds):
+            continue  # unions with enums, lists, dicts: the library's own checks
+        value, named = values[f.name], " or ".join(k.__name__ for k in kinds)
+        if value is None:
+            if type(None) not in allowed:
+                wrong.append(f"{f.name}: null, where a {named} belongs")
+            continue
+        fits = any(isinstance(value, k) and not (k in (int, float) and isinstance(value, bool))
+                   for k in kinds) or (float in kinds and isinstance(value, int) and not isinstance(value, bool))
+        if not fits:
+            wrong.append(f"{f.name}: {str(value)[:80]!r} is not a {named}")
+        elif isinstance(value, int | float) and not isinstance(value, bool) and not abs(value) <= 2**53:
+            wrong.append(f"{f.name}: {str(value)[:80]} is beyond what the Trainer computes with (2**53 at most)")
+    return wrong
+
+
 def _shared_dataset(rows: list[dict], training, name: str):
     """``rows`` as a ``datasets`` dataset from one file each machine's processes load: TRL caches
     precomputed reference log-probabilities beside the dataset's own cache files, which an
@@ -211,7 +245,13 @@ def _trainer_class(base=None):
     class PlanTrainer(base or Trainer):
         def __init__(self, *a, session: Session, **kw):
             self.session = session
-            super().__init__(*a, **kw)
+            try:
+                super().__init__(*a, **kw)
+            except (ValueError, TypeError) as e:  # its checks of the arguments (report_to, ...) the file set
+                raise PlannerInputError(f"{session.args.job_dir / 'training_args.json'}: the "
+                                        f"{type(self).__mro__[1].__name__} refuses the plan's arguments: {e}",
+                                        hint="Fix the file, or write the plan's files again with planner emit.") \
+                    from None
 
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()

@@ -21,8 +21,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m planner.launch",
         description="Train a model as a planner plan says (run by the plan's launch.sh under accelerate launch). "
-                    "Exit codes: 0 trained as planned, 1 the live run differs from the plan, 2 bad input, "
-                    "3 a package the plan needs is missing (the message names it and the pip install line).")
+                    "Exit codes: 0 trained as planned, 1 the live run differs from the plan, 2 bad input (a "
+                    "package the plan needs that is missing too: the message names it and the pip install line).")
     p.add_argument("--job-dir", type=Path, default=Path(os.environ.get("PLANNER_JOB_DIR", ".")),
                    help="the plan folder (planner suggest --out); default: $PLANNER_JOB_DIR, set by launch.sh")
     p.add_argument("--model", required=True, help="a local model folder, or a Hugging Face id in the local cache")
