@@ -10,7 +10,10 @@ name), then runs the command that reads it in process (typer's CliRunner):
 
 - ``emit --plan`` (plan.json, a suggest/estimate result), ``check --job-dir`` (a job folder),
 - ``estimate --gpus 1x<file>`` (a custom GPU), ``estimate --model <folder>`` (a model's config.json),
-- ``check --accelerate-config / --deepspeed-config / --training-args / --runtime-args``.
+- ``check --accelerate-config / --deepspeed-config / --training-args / --runtime-args``,
+- ``estimate --calibration`` (a store whose corrections row is mutated, or its bytes), and
+  ``estimate --model org/name`` from a local Hugging Face cache (``HF_HUB_CACHE``) with its ref,
+  snapshot or layout mutated.
 
 A case passes when the command ends as documented: exit 0, 1 or 2, no exception but SystemExit, no
 traceback, a message that is not empty, at most ``MAX_MESSAGE`` characters (a screen
@@ -63,6 +66,7 @@ class Case:
     args: list[str]
     files: dict[str, bytes] = field(default_factory=dict)  # relative path -> bytes
     special: dict[str, str] = field(default_factory=dict)  # relative path -> fifo | dir | dev | loop | dangling
+    env: dict[str, str] = field(default_factory=dict)  # environment of the command ({x}: paths, as in args)
 
 
 def _seed_folder(work: Path) -> dict[str, Path]:
@@ -242,10 +246,13 @@ SPECIALS = ["fifo", "dir", "dev", "loop", "dangling"]
 
 def cases(kinds: dict[str, list[tuple[str, bytes]]], count: int, seed: int = 0) -> Iterator[Case]:
     rng = random.Random(seed)
-    targets = ["plan", "jobdir", "gpu", "model", "accelerate", "deepspeed", "training", "runtime", "store"]
+    targets = ["plan", "jobdir", "gpu", "model", "accelerate", "deepspeed", "training", "runtime", "store", "hfcache"]
     for _ in range(count):
         target = rng.choice(targets)
         special = rng.random() < 0.04
+        if target == "hfcache":
+            yield _hf_cache_case(rng, kinds["model"][0][1])
+            continue
         if target == "jobdir":
             files = {}
             muted = rng.choice(["plan.json", "runtime.json", "accelerate_config.yaml", "training_args.json",
@@ -291,6 +298,43 @@ def cases(kinds: dict[str, list[tuple[str, bytes]]], count: int, seed: int = 0) 
         yield Case(target, f"{name}:{mutation}", args, files, specials)
 
 
+def _hf_cache_case(rng: random.Random, config: bytes) -> Case:
+    """A local Hugging Face cache (``HF_HUB_CACHE``) holding a model ``fuzz/m`` as huggingface_hub
+    lays it out (refs/main naming a snapshot folder with config.json), one part of it mutated."""
+    repo = "hub/models--fuzz--m"
+    files = {f"{repo}/refs/main": b"abc123", f"{repo}/snapshots/abc123/config.json": config}
+    specials: dict[str, str] = {}
+    part = rng.choice(["ref", "ref", "config", "config", "layout"])
+    if part == "ref":
+        mutation = rng.choice(["bytes", "nul", "traversal", "huge", "empty", "special"])
+        body = {"bytes": bytes(rng.randrange(256) for _ in range(12)), "nul": b"abc\x00123", "empty": b"",
+                "traversal": b"../../../../etc", "huge": b"a" * 3_000_000, "special": b""}[mutation]
+        if mutation == "special":
+            del files[f"{repo}/refs/main"]
+            specials[f"{repo}/refs/main"] = rng.choice(SPECIALS)
+        else:
+            files[f"{repo}/refs/main"] = body
+    elif part == "config":
+        if rng.random() < 0.3:
+            mutation = "special"
+            del files[f"{repo}/snapshots/abc123/config.json"]
+            specials[f"{repo}/snapshots/abc123/config.json"] = rng.choice(SPECIALS)
+        else:
+            mutation, files[f"{repo}/snapshots/abc123/config.json"] = _bytes_mutation(rng, "config.json", config)
+    else:
+        mutation = rng.choice(["snapshots-file", "repo-file", "no-ref", "two-snapshots"])
+        if mutation == "snapshots-file":
+            files = {f"{repo}/refs/main": b"abc123", f"{repo}/snapshots": b"not a folder"}
+        elif mutation == "repo-file":
+            files = {repo: b"not a folder"}
+        elif mutation == "no-ref":
+            del files[f"{repo}/refs/main"]
+        else:
+            files[f"{repo}/snapshots/def456/config.json"] = b"{not json"
+    return Case("hfcache", f"hf-cache {part}:{mutation}", ["estimate", "--model", "fuzz/m", "--gpus", "1xA100-80"],
+                files, specials, {"HF_HUB_CACHE": "{hub}"})
+
+
 def materialise(case: Case, folder: Path) -> list[str]:
     """Write the case's files under ``folder`` (emptied first); its command line with paths."""
     if folder.exists():
@@ -313,7 +357,7 @@ def materialise(case: Case, folder: Path) -> list[str]:
             path.symlink_to(path.name)
         else:
             path.symlink_to(folder / "missing")
-    refs = {"job": folder / "job", "out": folder / "out", "m": folder / "m"}
+    refs = {"job": folder / "job", "out": folder / "out", "m": folder / "m", "hub": folder / "hub"}
     refs |= {rel: folder / rel for rel in [*case.files, *case.special]}
     return [_fill(a, refs) for a in case.args]
 
@@ -350,7 +394,8 @@ def run(case: Case, folder: Path) -> str | None:
     signal.alarm(TIME_LIMIT)
     start = time.perf_counter()
     try:
-        r = typer.testing.CliRunner().invoke(app, args)
+        env = {k: _fill(v, {"hub": folder / "hub"}) for k, v in case.env.items()}
+        r = typer.testing.CliRunner().invoke(app, args, env=env or None)
     except _Hang:
         return f"hang: over {TIME_LIMIT} s"
     finally:

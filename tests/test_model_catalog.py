@@ -104,3 +104,26 @@ def test_count_equals_transformers_on_meta_device(model_id):
     assert params.total_parameters(spec) == meta.count_parameters(model)
     assert params.layer_parameters(spec) == meta.count_parameters(meta.decoder_layers(model)[0])
     assert len(meta.decoder_layers(model)) == spec.num_layers
+
+
+@pytest.mark.parametrize("ref, layout", [
+    (b"\xff\xfe not text", "ref"),  # UnicodeDecodeError reading refs/main (the fuzzer's class)
+    (b"../../../../etc", "ref"),  # a path out of the snapshots folder: not followed
+    (b"abc123", "loop"),  # config.json a link to itself: skipped, then refused as unknown
+])
+def test_a_hf_cache_in_an_odd_state_is_read_or_refused_cleanly(tmp_path, monkeypatch, ref, layout):
+    repo = tmp_path / "models--acme--odd"
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_bytes(ref)
+    if layout == "loop":
+        (snap / "config.json").symlink_to("config.json")
+    else:
+        (snap / "config.json").write_text(json.dumps(dict(catalog()["HuggingFaceTB/SmolLM2-135M"].config)))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    if layout == "loop":
+        with pytest.raises(PlannerInputError, match="unknown model"):
+            resolve_model("acme/odd")
+    else:  # the ref is not used; the newest snapshot is
+        assert resolve_model("acme/odd").source.endswith("abc123/config.json")

@@ -7,6 +7,7 @@ id or alias (case-insensitive); an id in the local Hugging Face cache
 
 import difflib
 import os
+import re
 from functools import cache
 from pathlib import Path
 
@@ -57,21 +58,39 @@ def _hub_cache_dirs() -> list[Path]:
 
 
 def _from_hub_cache(model_id: str) -> Path | None:
-    """config.json of ``model_id`` in the local HF cache: the snapshot refs/main names, else the newest."""
+    """config.json of ``model_id`` in the local HF cache: the snapshot refs/main names, else the
+    newest. A cache folder in another state than huggingface_hub leaves it (a ref that is no
+    commit hash, entries that cannot be read) counts as missing those entries; the config found is
+    read as any user file is (catalog/files.py)."""
     folder = "models--" + model_id.replace("/", "--")
     for root in _hub_cache_dirs():
         repo = root / folder
-        if not repo.is_dir():
-            continue
-        ref = repo / "refs" / "main"
-        if ref.is_file():
-            candidate = repo / "snapshots" / ref.read_text().strip() / "config.json"
-            if candidate.is_file():
+        try:
+            if not repo.is_dir():
+                continue
+            snapshot = _ref_commit(repo / "refs" / "main")
+            candidate = repo / "snapshots" / snapshot / "config.json" if snapshot else None
+            if candidate is not None and candidate.is_file():
                 return candidate
-        configs = sorted((repo / "snapshots").glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+            configs = [(p.stat().st_mtime, p) for p in (repo / "snapshots").glob("*/config.json") if p.is_file()]
+        except OSError:  # a loop of links, a folder it may not list
+            continue
         if configs:
-            return configs[0]
+            return max(configs)[1]
     return None
+
+
+def _ref_commit(ref: Path) -> str | None:
+    """The snapshot a ref file names (huggingface_hub writes a commit hash): one folder name of
+    letters, digits, '-' and '_', else None (never a path out of the snapshots folder)."""
+    try:
+        if not ref.is_file():
+            return None
+        with ref.open("rb") as f:
+            text = f.read(128).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return text if re.fullmatch(r"[0-9A-Za-z_-]{1,100}", text) else None
 
 
 def _read_config(path: Path) -> dict:
