@@ -359,3 +359,12 @@ def test_the_launch_refuses_mutated_training_arguments_as_bad_input(tmp_path, ca
               "--output-dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert done.value.code == 2 and needle in err and "Traceback" not in err, err[-2000:]
+
+
+def test_the_launch_shows_a_path_with_an_escape_sequence_as_text(tmp_path, capsys):
+    from planner.launch.train import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--job-dir", str(tmp_path / "no\x1b[2Jsuch"), "--model", "x", "--data", "sample"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "\x1b" not in err and "no\\x1b[2Jsuch" in err, err

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from planner.check.job_files import JOB_FILES, read_job
 from planner.core.distribution import DIST, install_line
 from planner.core.errors import PlannerInputError
+from planner.core.terminal import printable
 from planner.strategies import BY_FIELD, TrainingConfig
 
 TRAINING_ARGS = JOB_FILES["training_args"]
@@ -63,10 +64,10 @@ def plan_config(job_dir: Path) -> TrainingConfig:
 def main(argv: list[str] | None = None) -> None:
     try:
         code = run(parse_args(argv))
-    except PlannerInputError as e:
-        print("planner.launch: " + "\n  ".join(e.problems), file=sys.stderr)
+    except PlannerInputError as e:  # (paths and values the user gave, shown as text: core/terminal.py)
+        print(printable("planner.launch: " + "\n  ".join(e.problems)), file=sys.stderr)
         if e.hint:
-            print(e.hint, file=sys.stderr)
+            print(printable(e.hint), file=sys.stderr)
         code = 2
     except ImportError as e:
         module = _missing_module(e)
