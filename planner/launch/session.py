@@ -190,10 +190,12 @@ class Session:
 
 
 def _mistyped(arguments: type, values: dict) -> list[str]:
-    """The values of ``values`` whose type the arguments' dataclass field cannot hold, where that
-    field is a plain bool, int, float or str (or Optional of one): HfArgumentParser.parse_dict
-    passes a dict's values through unchecked, and the Trainer then fails deep in its loop ('>' not
-    supported between str and int). An int is a float; a str may name an enum member."""
+    """The values of ``values`` that a numeric field of the arguments' dataclass (int or float, or
+    Optional of one) cannot hold: HfArgumentParser.parse_dict passes a dict's values through
+    unchecked, and the Trainer then fails deep in its loop ('>' not supported between str and int,
+    None * int, a float overflow). Only numbers are checked: the library converts other fields'
+    values itself (``fsdp: true`` for a field annotated str), and refusing what it takes would be
+    stricter than the Trainer. A bool is an int, an int a float, as Python has them."""
     import dataclasses
     import typing
 
@@ -204,18 +206,15 @@ def _mistyped(arguments: type, values: dict) -> list[str]:
             continue
         allowed = typing.get_args(hints[f.name]) or (hints[f.name],)
         kinds = [k for k in allowed if k is not type(None)]
-        if not kinds or not all(k in (bool, int, float, str) for k in kinds):
-            continue  # unions with enums, lists, dicts: the library's own checks
+        if not kinds or not all(k in (int, float) for k in kinds):
+            continue
         value, named = values[f.name], " or ".join(k.__name__ for k in kinds)
         if value is None:
             if type(None) not in allowed:
-                wrong.append(f"{f.name}: null, where a {named} belongs")
-            continue
-        fits = any(isinstance(value, k) and not (k in (int, float) and isinstance(value, bool))
-                   for k in kinds) or (float in kinds and isinstance(value, int) and not isinstance(value, bool))
-        if not fits:
+                wrong.append(f"{f.name}: null, where a number ({named}) belongs")
+        elif not isinstance(value, int | float) or (float not in kinds and isinstance(value, float)):
             wrong.append(f"{f.name}: {str(value)[:80]!r} is not a {named}")
-        elif isinstance(value, int | float) and not isinstance(value, bool) and not abs(value) <= 2**53:
+        elif not abs(value) <= 2**53:
             wrong.append(f"{f.name}: {str(value)[:80]} is beyond what the Trainer computes with (2**53 at most)")
     return wrong
 
