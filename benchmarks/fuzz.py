@@ -23,6 +23,20 @@ os.environ["COLUMNS"] = "100"  # screens as wide wherever it runs (a terminal's 
 import fuzzgen  # noqa: E402
 
 
+def _record(failures: Counter, examples: dict, i: int, case, problem: str | None) -> None:
+    """Count a failing case under its class: the target, the kind of failure and, for an
+    exception, the planner file it was raised in (a message's own problem text otherwise)."""
+    if problem is None:
+        return
+    if problem.startswith(("hang", "message", "screen", "empty", "an esc")):
+        key = f"{case.target}: {problem[:90]}"
+    else:
+        where = f" {problem.split(' at ')[1].split(':')[0]}" if " at " in problem else ""
+        key = f"{case.target}: {problem.split(':')[0]}{where}"
+    failures[key] += 1
+    examples.setdefault(key, (i, case.mutation, problem))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=20_000)
@@ -50,14 +64,7 @@ def main() -> None:
             targets[case.target] += 1
             if args.verbose:
                 print(i, case.target, case.mutation, flush=True)
-            problem = fuzzgen.run(case, work / "case")
-            if problem is not None:
-                key = problem.split(":")[0] + (" " + problem.split(" at ")[1].split(":")[0] if " at " in problem else "")
-                key = f"{case.target}: {problem[:90]}" if problem.startswith(("hang", "message", "screen", "empty",
-                                                                              "an esc"))\
-                    else f"{case.target}: {key}"
-                failures[key] += 1
-                examples.setdefault(key, (i, case.mutation, problem))
+            _record(failures, examples, i, case, fuzzgen.run(case, work / "case"))
             if (i + 1) % 1000 == 0:
                 print(f"{i + 1:,} cases, {sum(failures.values())} failures, {time.perf_counter() - start:.0f} s",
                       flush=True)
@@ -69,12 +76,7 @@ def main() -> None:
             model = make_tiny_model(work / "tiny-model")
             for i, case in enumerate(fuzzgen.launch_cases(kinds, args.launch, args.seed)):
                 targets[case.target] += 1
-                problem = fuzzgen.run_launch(case, work / "case", model)
-                if problem is not None:
-                    key = f"launch: {problem.split(':')[0]}" + (f" {problem.split(' at ')[1].split(':')[0]}"
-                                                              if " at " in problem else "")
-                    failures[key] += 1
-                    examples.setdefault(key, (i, case.mutation, problem))
+                _record(failures, examples, i, case, fuzzgen.run_launch(case, work / "case", model))
     print(f"\n{args.count + args.launch:,} cases (seed {args.seed}) in {time.perf_counter() - start:.0f} s: "
           + ", ".join(f"{t} {n}" for t, n in sorted(targets.items())))
     print(f"{sum(failures.values())} failures in {len(failures)} classes")

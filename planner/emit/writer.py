@@ -206,7 +206,7 @@ def _recover(out: Path) -> None:
             for name in sorted(set(new) | set(old)):
                 if name in new and owned(out, name, new):
                     continue
-                if present(out, name) and owned(out, name, old) and not owned(out, name, new):
+                if present(out, name) and owned(out, name, old):
                     os.unlink(out / name)  # the old plan's file, not yet moved aside
                 if name in new and not present(out, name) and owned(staging, name, new):
                     _place(staging / name, out / name)
