@@ -45,6 +45,8 @@ def main() -> None:
                         help="address space this process may map: a case that would take more raises MemoryError "
                              "(a failure it reports) instead of meeting the machine's OOM killer")
     parser.add_argument("--verbose", action="store_true", help="print each case before it runs")
+    parser.add_argument("--only", nargs="+", choices=fuzzgen.TARGETS, default=fuzzgen.TARGETS,
+                        help="the targets to fuzz (all by default)")
     parser.add_argument("--launch", type=int, default=0,
                         help="cases of python -m planner.launch (a mutated plan folder, one step of the tiny "
                              "Llama; torch, transformers and tests/tools/tiny_model.py needed)")
@@ -60,7 +62,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         kinds = fuzzgen.seeds(work)
-        for i, case in enumerate(fuzzgen.cases(kinds, args.count, args.seed)):
+        for i, case in enumerate(fuzzgen.cases(kinds, args.count, args.seed, tuple(args.only))):
             targets[case.target] += 1
             if args.verbose:
                 print(i, case.target, case.mutation, flush=True)

@@ -31,6 +31,7 @@ import random
 import shutil
 import signal
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +91,7 @@ def seeds(work: Path) -> dict[str, list[tuple[str, bytes]]]:
     folders = _seed_folder(work)
     kinds: dict[str, list[tuple[str, bytes]]] = {k: [] for k in
                                                  ("plan", "runtime", "accelerate", "deepspeed", "training", "gpu",
-                                                  "model")}
+                                                  "model", "torchtitan")}
     for folder in folders.values():
         for name, kind in (("plan.json", "plan"), ("runtime.json", "runtime"), ("accelerate_config.yaml", "accelerate"),
                            ("deepspeed_config.json", "deepspeed"), ("training_args.json", "training")):
@@ -110,6 +111,8 @@ def seeds(work: Path) -> dict[str, list[tuple[str, bytes]]]:
             kinds["deepspeed"].append((path.name, text))
         elif path.suffix in (".yaml", ".yml", ".json"):
             kinds["training"].append((path.name, text))
+        elif path.suffix == ".toml":
+            kinds["torchtitan"].append((path.name, text))
     return kinds
 
 
@@ -140,13 +143,36 @@ def store_bytes(body: bytes) -> bytes:
 
 def _load(name: str, data: bytes):
     text = data.decode("utf-8", "replace")
+    if name.endswith(".toml"):
+        return tomllib.loads(text)
     return json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
 
 
 def _dump(name: str, tree) -> bytes:
     if name.endswith(".json"):
         return json.dumps(tree, allow_nan=True).encode()
+    if name.endswith(".toml"):
+        return _toml(tree).encode()
     return yaml.safe_dump(tree, allow_unicode=True).encode()
+
+
+def _toml(tree) -> str:
+    """A tree as TOML: each top-level key ``key = value``, tables inline (``{a = 1}``), keys quoted;
+    None (TOML has no null) as an empty table; a root that is no table as one such line."""
+    def value(v) -> str:
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(str(k))} = {value(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v) if v == v else "nan"
+        return "{}" if v is None else json.dumps(str(v), ensure_ascii=False)
+
+    if not isinstance(tree, dict):
+        return f"root = {value(tree)}\n"
+    return "".join(f"{json.dumps(str(k))} = {value(v)}\n" for k, v in tree.items())
 
 
 def _paths(tree, prefix=()) -> list[tuple]:
@@ -244,11 +270,16 @@ def _bytes_mutation(rng: random.Random, name: str, data: bytes) -> tuple[str, by
 SPECIALS = ["fifo", "dir", "dev", "loop", "dangling"]
 
 
-def cases(kinds: dict[str, list[tuple[str, bytes]]], count: int, seed: int = 0) -> Iterator[Case]:
+TARGETS = ("plan", "jobdir", "gpu", "model", "accelerate", "deepspeed", "training", "runtime", "store", "hfcache",
+           "torchtitan")
+
+
+def cases(kinds: dict[str, list[tuple[str, bytes]]], count: int, seed: int = 0,
+          targets: tuple[str, ...] = TARGETS) -> Iterator[Case]:
+    """``count`` mutated cases of ``targets`` (all by default), reproducible from ``seed``."""
     rng = random.Random(seed)
-    targets = ["plan", "jobdir", "gpu", "model", "accelerate", "deepspeed", "training", "runtime", "store", "hfcache"]
     for _ in range(count):
-        target = rng.choice(targets)
+        target = rng.choice(list(targets))
         special = rng.random() < 0.04
         if target == "hfcache":
             yield _hf_cache_case(rng, kinds["model"][0][1])
@@ -293,7 +324,8 @@ def cases(kinds: dict[str, list[tuple[str, bytes]]], count: int, seed: int = 0) 
             args = ["estimate", "--model", str(TINY), "--gpus", "1xA100-80", "--calibration", ref]
         else:
             option = {"accelerate": "--accelerate-config", "deepspeed": "--deepspeed-config",
-                      "training": "--training-args", "runtime": "--runtime-args"}[kind]
+                      "training": "--training-args", "runtime": "--runtime-args",
+                      "torchtitan": "--torchtitan-config"}[kind]
             args = ["check", "--model", str(TINY), "--gpus", "2xA100-80", option, ref]
         yield Case(target, f"{name}:{mutation}", args, files, specials)
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent / "data" / "recipes"
-KINDS = {"accelerate", "deepspeed", "trl_recipe", "llamafactory", "axolotl"}
+KINDS = {"accelerate", "deepspeed", "trl_recipe", "llamafactory", "axolotl", "torchtitan"}
 
 
 def test_every_file_has_its_provenance_and_every_row_its_file():

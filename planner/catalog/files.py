@@ -1,7 +1,8 @@
-"""Reading a user's or a catalog's JSON / YAML mapping, with every failure a clear input error."""
+"""Reading a user's or a catalog's JSON / YAML / TOML mapping, with every failure a clear input error."""
 
 import json
 import stat
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -63,8 +64,8 @@ def block_depth(text: str) -> int:
 
 
 def read_document(path: Path, what: str, hint: str = "", kind: str | None = None):
-    """The value a .json (else YAML) file holds; ``what`` names it in messages; ``kind``: "JSON" or
-    "YAML" whatever the suffix. Only regular files of at most MAX_FILE_BYTES, nested at most
+    """The value a .json / .toml (else YAML) file holds; ``what`` names it in messages; ``kind``:
+    "JSON", "TOML" or "YAML" whatever the suffix. Only regular files of at most MAX_FILE_BYTES, nested at most
     MAX_NESTING deep, reach a parser."""
     if regular_file(path, what, hint) > MAX_FILE_BYTES:
         raise PlannerInputError(f"{what} {path} is over {MAX_FILE_BYTES // 2**20} MiB, more than such a file holds", hint=hint)
@@ -75,10 +76,12 @@ def read_document(path: Path, what: str, hint: str = "", kind: str | None = None
     if nesting_depth(text) > MAX_NESTING or block_depth(text) > MAX_INDENT:
         raise PlannerInputError(f"{what} {path} is nested deeper than such a file is ({MAX_NESTING} brackets or "
                                 f"{MAX_INDENT} columns of YAML blocks at most)", hint=hint)
-    kind = kind or ("JSON" if path.suffix.lower() == ".json" else "YAML")
+    kind = kind or {".json": "JSON", ".toml": "TOML"}.get(path.suffix.lower(), "YAML")
     try:
+        if kind == "TOML":
+            return tomllib.loads(text)
         return json.loads(text) if kind == "JSON" else yaml.load(text, Loader=_YAML_LOADER)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
+    except (json.JSONDecodeError, yaml.YAMLError, tomllib.TOMLDecodeError) as e:
         raise PlannerInputError(f"{what} {path} is not valid {kind}: {e}"[:1000], hint=hint) from None
     except (ValueError, RecursionError, OverflowError) as e:  # an integer over Python's 4,300 digits, ...
         why = "it holds a number over 4,300 digits long" if "digits" in str(e) else str(e)[:200]
@@ -86,7 +89,7 @@ def read_document(path: Path, what: str, hint: str = "", kind: str | None = None
 
 
 def read_mapping(path: Path, what: str, hint: str = "") -> dict:
-    """The top-level mapping of a .json / .yaml / .yml file (``read_document``)."""
+    """The top-level mapping of a .json / .toml / .yaml / .yml file (``read_document``)."""
     data = read_document(path, what, hint)
     if not isinstance(data, dict):
         raise PlannerInputError(f"{what} {path} must hold a mapping of keys to values", hint=hint)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ConfigDict, Field, ValidationError
 
+from planner.catalog.files import read_mapping
 from planner.catalog.models import resolve_model
 from planner.check.job_files import JOB_DIR_ALSO, JOB_FILES, read_job
 from planner.core.errors import PlannerInputError
@@ -51,6 +52,7 @@ class CheckRequest(Target, DataShape, TechniqueChoices):
     deepspeed_config: Path | None = None
     training_args: Path | None = None
     runtime_args: Path | None = None  # planner's runtime.json
+    torchtitan_config: Path | None = None  # a torchtitan TOML (--job.config_file)
     job_dir: Path | None = None  # a directory of the files above (and plan.json), as `suggest --out` writes
     micro_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
     grad_accum: int | None = Field(None, ge=1, le=MAX_BATCH)
@@ -81,9 +83,10 @@ class CheckResult(Record):
 
 
 def check(request: CheckRequest) -> CheckResult:
-    reading, plan_config = _read_files(request)
+    hardware = request.hardware()
+    reading, plan_config = _read_files(request, hardware)
     model, model_source = _model(request, reading)
-    hardware = _server_split(request, reading, request.hardware())
+    hardware = _server_split(request, reading, hardware)
     config, sources = _resolve(request, reading, plan_config, model, hardware)
     if refused := check_config(PlanContext(model, hardware, config)).unmodelled:
         raise PlannerInputError([f"the job as read: {x}" for x in refused],
@@ -152,12 +155,14 @@ def _model(request: CheckRequest, reading: Reading):
                                      "or the model's config.json.") from None
 
 
-def _read_files(request: CheckRequest) -> tuple[Reading, dict | None]:
-    paths = {k: getattr(request, k) for k in JOB_FILES}
+def _read_files(request: CheckRequest, hardware) -> tuple[Reading, dict | None]:
+    paths = {k: getattr(request, k) for k in (*JOB_FILES, "torchtitan_config")}
     plan_config = None
     if request.job_dir is not None:
         if not request.job_dir.is_dir():
             raise PlannerInputError(f"--job-dir {request.job_dir} is not a directory")
+        if paths["torchtitan_config"] is None:
+            paths["torchtitan_config"] = _torchtitan_in(request.job_dir)
         for key, name in JOB_FILES.items():
             found = [request.job_dir / n for n in (name, *JOB_DIR_ALSO.get(key, ())) if (request.job_dir / n).is_file()]
             if paths[key] is None and len(found) > 1:
@@ -170,9 +175,27 @@ def _read_files(request: CheckRequest) -> tuple[Reading, dict | None]:
             plan_config = _plan_config(request.job_dir / "plan.json")
     if not any(paths.values()) and request.job_dir is None:
         raise PlannerInputError("no job files given",
-                                hint="Pass --accelerate-config, --deepspeed-config, --training-args, --runtime-args "
-                                     "or --job-dir.")
-    return read_job(paths, method=str(request.method) if request.method is not None else None), plan_config
+                                hint="Pass --accelerate-config, --deepspeed-config, --training-args, --runtime-args, "
+                                     "--torchtitan-config or --job-dir.")
+    return read_job(paths, method=str(request.method) if request.method is not None else None,
+                    gpus=(hardware.num_gpus, hardware.gpus_per_node)), plan_config
+
+
+def _torchtitan_in(folder: Path) -> Path | None:
+    """The torchtitan TOML of a job folder (a pyproject.toml is not one), if it holds one."""
+    from planner.check.torchtitan import is_torchtitan
+
+    found = []
+    for path in sorted(folder.glob("*.toml")):
+        try:
+            if path.is_file() and is_torchtitan(read_mapping(path, "TOML file")):
+                found.append(path)
+        except PlannerInputError:
+            continue  # (not a job file: named only if passed with --torchtitan-config)
+    if len(found) > 1:
+        raise PlannerInputError(f"--job-dir {folder}: {' and '.join(f.name for f in found)} are both torchtitan configs",
+                                hint="Pass the one the job runs with --torchtitan-config.")
+    return found[0] if found else None
 
 
 def _plan_config(path: Path) -> dict | None:

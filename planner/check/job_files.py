@@ -50,12 +50,15 @@ def known_keys() -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in data.items() if k != "source"}
 
 
-def read_job(paths: Mapping[str, Path | None], method: str | None = None) -> Reading:
-    """Read the files at ``paths`` (JOB_FILES keys; None: not given) and every technique in them.
-    Unreadable files and what the files get wrong are raised together as one PlannerInputError.
-    ``method``: the training method the user names (``--method``), which settles a recipe whose
-    keys two methods share (planner/check/methods.py)."""
+def read_job(paths: Mapping[str, Path | None], method: str | None = None, gpus: tuple[int, int] = (1, 1)) -> Reading:
+    """Read the files at ``paths`` (JOB_FILES keys, and ``torchtitan_config``; None: not given) and
+    every technique in them. Unreadable files and what the files get wrong are raised together as
+    one PlannerInputError. ``method``: the training method the user names (``--method``), which
+    settles a recipe whose keys two methods share (planner/check/methods.py); ``gpus``: the job's
+    GPUs and a node's (a torchtitan TOML's degrees resolve against them)."""
     r = Reading()
+    if (titan := paths.get("torchtitan_config")) is not None:
+        return _torchtitan_job(titan, [k for k in JOB_FILES if paths.get(k) is not None], r, gpus)
     errors: list[str] = []
     parts: dict = {}
     ds_source: Path | dict | None = paths.get("deepspeed_config")
@@ -94,6 +97,24 @@ def read_job(paths: Mapping[str, Path | None], method: str | None = None) -> Rea
         refused = all(REFUSAL in p for p in problems)
         raise PlannerInputError(problems, hint=REFUSAL_HINT if refused else
                                 "Fix the files (or the flags) and run planner check again.")
+    return r
+
+
+def _torchtitan_job(path: Path, others: list[str], r: Reading, gpus: tuple[int, int]) -> Reading:
+    """A torchtitan job: its TOML alone says how it runs (planner/check/torchtitan.py)."""
+    from planner.check.torchtitan import UNMODELLED, read_torchtitan
+
+    if others:
+        raise PlannerInputError(f"{path.name} is a torchtitan config, which alone says how its job runs; "
+                                f"{', '.join(others)} belong to other launchers",
+                                hint="Check the torchtitan job with its TOML alone.")
+    read_torchtitan(path, r, *gpus)
+    if r.problems:
+        unmodelled = any(UNMODELLED in p for p in r.problems)
+        raise PlannerInputError(list(dict.fromkeys(r.problems)), hint=(
+            "planner cannot give this job a verdict: what it names is not modelled yet. Check it with the change "
+            "the reason names, or measure it." if unmodelled else "Fix the file (or --gpus) and run planner check "
+                                                                   "again."))
     return r
 
 

@@ -231,7 +231,7 @@ def emit(
 
 
 @app.command(help="Will this job fit? Reads the job's own files (accelerate YAML, DeepSpeed JSON, Trainer "
-             "arguments JSON/YAML, a planner launch's runtime.json, any subset, or --job-dir); "
+             "arguments JSON/YAML, a planner launch's runtime.json, any subset, a torchtitan TOML, or --job-dir); "
              "flags fill gaps or override. Exit codes: 0 fits, "
              "1 will not fit, 2 bad input (unreadable file, unknown key, contradiction) or a job planner does not "
              "plan (preference or RL training: DPO, KTO, ORPO, GRPO, PPO, reward models).")
@@ -244,6 +244,7 @@ def check(
     deepspeed_config: Annotated[Path | None, typer.Option(help="the job's DeepSpeed JSON")] = None,
     training_args: Annotated[Path | None, typer.Option(help="the job's Trainer arguments (JSON or YAML)")] = None,
     runtime_args: Annotated[Path | None, typer.Option(help="the runtime.json of a planner launch")] = None,
+    torchtitan_config: Annotated[Path | None, typer.Option(help="a torchtitan job's TOML (--job.config_file)")] = None,
     job_dir: Annotated[Path | None, typer.Option(help="a directory holding those files, e.g. from suggest --out")] = None,
     micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", "--mbs", help="sequences per GPU per micro-batch "
                                                                                              "(from the files)")] = None,
@@ -262,7 +263,8 @@ def check(
             return run(CheckRequest(
                 **target, **techniques,
                 accelerate_config=accelerate_config, deepspeed_config=deepspeed_config, training_args=training_args,
-                runtime_args=runtime_args, job_dir=job_dir, micro_batch_size=micro_batch_size, grad_accum=grad_accum,
+                runtime_args=runtime_args, torchtitan_config=torchtitan_config, job_dir=job_dir,
+                micro_batch_size=micro_batch_size, grad_accum=grad_accum,
                 seq_len=seq_len, batching=batching, lengths=lengths))
 
     serve(plan, partial(render_check, asked=_asked(target, [], job_dir=job_dir)), as_json)

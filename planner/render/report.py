@@ -6,6 +6,7 @@ details, and ends with what to run next (next_steps.py); it reads at 80 columns 
 from dataclasses import replace
 
 from rich.console import Console
+from rich.text import Text
 
 from planner.core.formatting import gib
 from planner.render.breakdown import config_line, fit_words, reasons, render_breakdown, target_line
@@ -49,9 +50,10 @@ def render_check(result, console: Console, asked: Asked | None = None) -> None:
     reasons(r.reasons, console)
     heading(console, "The job as read")
     t = table(("setting", "left"), ("value", "left"), ("from", "left"), wrap=("from",))
-    t.add_row("model", r.model.id, result.model_source)
+    # (plain Text: file names, keys and paths the user wrote are not markup)
+    t.add_row("model", Text(r.model.id), Text(result.model_source))
     for name, where in result.sources.items():
-        t.add_row(name.replace("_", "-"), str(getattr(r.config, name)), where)
+        t.add_row(name.replace("_", "-"), Text(str(getattr(r.config, name))), Text(where))
     console.print(t)
     h = r.host_memory
     line(console, f"peak per GPU {gib(r.memory['peak'])} of {gib(r.usable_bytes)} usable "
