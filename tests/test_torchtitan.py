@@ -107,6 +107,7 @@ def _edited(tmp_path: Path, name: str = "job.toml", **sections) -> Path:
     ("8xH100-80", {"parallelism": {"fsdp_reshard_after_forward": "never"}}, "sharding", "fsdp-grad-op"),
     ("8xH100-80", {"parallelism": {"context_parallel_degree": 2}}, "sequence_parallel", "ring"),
     ("8xH100-80", {"training": {"global_batch_size": 32}}, "grad_accum", 4),
+    ("8xH100-80", {"training": {"global_batch_size": -1}}, "grad_accum", 1),
     ("8xH100-80", {"training": {"dtype": "bfloat16"}}, "precision", "bf16-pure"),
     ("8xH100-80", {"model": {"converters": ["quantize.linear.float8"]}}, "precision", "fp8-mixed"),
     ("8xH100-80", {"activation_checkpoint": {"mode": "selective", "selective_ac_option": "1"}}, "checkpointing", "full"),
@@ -136,11 +137,21 @@ def test_each_setting_reads_as_torchtitan_runs_it(tmp_path, gpus, sections, fiel
     ("8xH100-80", {"optimizer": {"name": "Lion"}}, "torchtitan builds Adam or AdamW"),
     ("8xH100-80", {"training": {"seqlen": 4096}}, "training.seqlen: torchtitan has no such key (did you mean seq_len?)"),
     ("8xH100-80", {"parallelism": {"pipeline_parallel_degree": 2}}, "pipeline parallelism is not modelled"),
+    ("8xH100-80", {"training": {"global_batch_size": 0}}, "global_batch_size = 0: -1 (one micro-batch a step)"),
 ])
 def test_what_torchtitan_refuses_or_planner_does_not_model_is_said(tmp_path, gpus, sections, problem):
     with pytest.raises(PlannerInputError) as e:
         _check(_edited(tmp_path, **sections), gpus=gpus)
     assert any(problem in p for p in e.value.problems), e.value.problems
+
+
+def test_a_section_that_is_no_table_is_bad_input(tmp_path):
+    d = tomllib.loads((TITAN / "llama3_8b.toml").read_text()) | {"training": 3}
+    path = tmp_path / "job.toml"
+    path.write_text(_toml(d))
+    with pytest.raises(PlannerInputError) as e:
+        _check(path)
+    assert any("training must be a table of keys, not 3" in p for p in e.value.problems), e.value.problems
 
 
 def test_a_custom_config_module_turns_unknown_keys_into_warnings(tmp_path):

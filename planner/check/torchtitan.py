@@ -120,6 +120,8 @@ def _keys(d: dict, t: _Sections) -> None:
             if key in allowed:
                 if name in sections and isinstance(value, dict):
                     walk(value, name)
+                elif name in sections:
+                    t.r.problems.append(f"{t.name}: {name} must be a table of keys, not {value!r}"[:300])
                 continue
             old = legacy.get(prefix, {}).get(key) if prefix else (key in legacy and next(iter(legacy[key].values())))
             here = t.where(prefix, str(key)[:80]) if prefix else f"{t.name}: section {str(key)[:80]}"
@@ -208,8 +210,9 @@ def _degrees(t: _Sections, r: Reading, gpus: int, per_node: int) -> tuple[int, i
                           "default 25 MiB buckets")
     else:
         r.set("sharding", "none", f"{where} (one GPU)")
-    if fsdp or replicate > 1:
+    if fsdp:
         r.set("fsdp_version", 2, f"{where}: torchtitan shards with FSDP2 (fully_shard)")
+    if fsdp or replicate > 1:
         r.set("gradient_sync", "micro-batch", f"{t.name}: torchtitan reduces the gradients every micro-batch")
     offload = t.get("training", "enable_cpu_offload", (bool,), False)
     if offload and not fsdp:
@@ -241,12 +244,14 @@ def _batch(t: _Sections, r: Reading, data_parallel: int) -> None:
     where = t.where(section, key) if t.said(section, key) else f"{t.name}: torchtitan's default local_batch_size 8"
     if local is not None:
         r.set("micro_batch_size", local, where)
-        total = t.get(section, "global_batch_size", (int,), None) if t.said(section, "global_batch_size") else None
-        raw = t.table(section).get("global_batch_size")
-        if isinstance(raw, int) and not isinstance(raw, bool) and raw < 0:
-            total = None  # -1: one micro-batch a step
+        raw = t.table(section).get("global_batch_size", -1)
+        if not isinstance(raw, int) or isinstance(raw, bool) or raw == 0 or raw < -1:
+            r.problems.append(f"{t.where(section, 'global_batch_size')} = {raw!r}: -1 (one micro-batch a step) or a "
+                              "positive integer")
+            return
+        total = raw if raw > 0 else None
         per_step = local * data_parallel
-        if total is not None and (total < 1 or total % per_step):
+        if total is not None and total % per_step:
             r.problems.append(f"{t.where(section, 'global_batch_size')} {total} is not a multiple of local batch "
                               f"{local} x data-parallel degree {data_parallel}: torchtitan refuses that")
         elif total is not None:
