@@ -153,11 +153,22 @@ def _emit(ctx: PlanContext, files: EmitDraft) -> None:
                        "builds the parallelism config); the Trainer saves the model only (no optimizer state)")
 
 
+#: What a job's own script must do for accelerate's tensor parallelism to run (accelerate 1.15
+#: ``Accelerator._prepare_tp``: parameters that are no DTensor are logged "we skip the TP
+#: preparation" and trained whole; transformers 5.24 ``Trainer`` takes the TP size from the model).
+TP_LOADING = ("your script must load the model sharded to it (from_pretrained(tp_plan=\"auto\", "
+              "device_mesh=accelerator.torch_device_mesh[\"tp\"]), or distributed_config=DistributedConfig("
+              "tp_size=...)); loaded whole, accelerate only logs \"we skip the TP preparation\" and every rank "
+              "trains whole layers, which this verdict does not count")
+
+
 def _read(job: JobFiles, r: Reading) -> None:
-    """runtime.json's ``tensor_parallel`` and ``tp_size`` (the planner launch's); no tensor
-    parallelism where a job's files say how it runs and none says it (accelerate's
-    ``parallelism_config_tp_size`` is refused by planner/check/job_files.py: the model's loading
-    decides it, which check cannot see)."""
+    """runtime.json's ``tensor_parallel`` and ``tp_size`` (the planner launch's); accelerate's
+    ``parallelism_config_tp_size`` (its ParallelismConfig: transformers' TP plan over the ``tp``
+    mesh, FSDP2 by accelerate over ``dp_shard``; what the model's loading decides, which check
+    cannot see, is warned: ``TP_LOADING``); no tensor parallelism where a job's files say how it
+    runs and none says it."""
+    accelerate_tp = _accelerate_tp(job, r)
     if job.runtime_where and "tensor_parallel" in job.runtime:
         value = job.runtime.get("tensor_parallel")
         if value not in set(TensorParallel):
@@ -170,8 +181,23 @@ def _read(job: JobFiles, r: Reading) -> None:
                 r.set("tp_size", size, f"{job.runtime_where}: tp_size")
         return
     said = job.runtime_where or job.training_args_where or job.accelerate_where or job.deepspeed_where
-    if said:
+    if said and not accelerate_tp:
         r.set("tensor_parallel", TensorParallel.NONE, f"{said}: no tensor parallelism")
+
+
+def _accelerate_tp(job: JobFiles, r: Reading) -> bool:
+    """accelerate's ``parallelism_config_tp_size`` above 1, read as transformers' TP of that degree
+    (its sizes are checked against the GPUs by planner/check/job_files.py)."""
+    block = job.accelerate.get("parallelism_config") if job.accelerate_where else None
+    size = block.get("parallelism_config_tp_size") if isinstance(block, dict) else None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 2:
+        return False
+    where = f"{job.accelerate_where}: parallelism_config.parallelism_config_tp_size"
+    r.set("tensor_parallel", TensorParallel.TRANSFORMERS, f"{where} {size} (transformers' TP plan, accelerate's "
+                                                         "FSDP2 over the rest)")
+    r.set("tp_size", size, where)
+    r.warnings.append(f"{where} {size}: {TP_LOADING}")
+    return True
 
 
 def describe(get) -> str:

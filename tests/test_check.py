@@ -338,14 +338,15 @@ def test_accelerate_refuses_deepspeed_keys_beside_a_deepspeed_file(tmp_path):
 
 def test_what_is_not_modelled_or_ignored_is_named(tmp_path):
     """A DeepSpeed top-level typo (DeepSpeed ignores it), DeepSpeed compile and its own Ulysses
-    sequence parallelism: each a warning naming it; accelerate's tensor / context parallelism: a
-    refusal naming it (planning them as data parallelism would be planning another job)."""
+    sequence parallelism: each a warning naming it; accelerate's context parallelism with the
+    alltoall strategy: a refusal naming it (planning it as data parallelism would be planning
+    another job)."""
     ds = write(tmp_path / "ds.json", {"zero_optimisation": {"stage": 3}, "bf16": {"enabled": True},
                                       "compile": {"deepcompile": True}, "sequence_parallel_size": 4,
                                       "train_micro_batch_size_per_gpu": 1})
     acc = write(tmp_path / "a.yaml", {"distributed_type": "FSDP", "num_processes": 8,
                                       "fsdp_config": {"fsdp_version": 2},
-                                      "parallelism_config": {"parallelism_config_tp_size": 2,
+                                      "parallelism_config": {"parallelism_config_dp_shard_size": 4,
                                                              "parallelism_config_cp_size": 2,
                                                              "parallelism_config_cp_comm_strategy": "alltoall"}})
     warned = " ".join(check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=ds, alternatives=0)).warnings)
@@ -355,15 +356,46 @@ def test_what_is_not_modelled_or_ignored_is_named(tmp_path):
     with pytest.raises(PlannerInputError) as refused:
         check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=acc, alternatives=0))
     said = " ".join(refused.value.problems)
-    for needle in ("parallelism_config_tp_size 2: accelerate's tensor parallelism", "skips the TP preparation silently",
-                   "parallelism_config_cp_comm_strategy 'alltoall': planner models ring attention's default "
-                   "'allgather' strategy only"):
+    for needle in ("parallelism_config_cp_comm_strategy 'alltoall': planner models ring attention's default "
+                   "'allgather' strategy only",):
         assert needle in said, needle
     auto = write(tmp_path / "auto.json", {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True},
                                           "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})
     warned = " ".join(check(CheckRequest(model=LLAMA, gpus="8xH100-80", deepspeed_config=auto, alternatives=0)).warnings)
     for needle in ('train_micro_batch_size_per_gpu is "auto"', 'gradient_accumulation_steps is "auto"'):
         assert needle in warned, needle
+
+
+def test_accelerate_tensor_parallelism_is_read_as_that_degree_with_what_the_script_must_do(tmp_path):
+    """accelerate's parallelism_config_tp_size is transformers' TP plan of that degree with accelerate's
+    FSDP2 over dp_shard: planned as --tensor-parallel transformers --tp-size N, with a warning that the
+    script must load the model sharded (accelerate skips TP for a model loaded whole); its sizes must
+    multiply to the GPUs, replicas only where the shard group is a node; TP without FSDP is refused by
+    the rule that refuses it in suggest."""
+    from planner.strategies.tensor_parallel import TP_LOADING
+
+    def config(dt: str = "FSDP", **sizes) -> Path:
+        return write(tmp_path / f"{dt}{len(sizes)}{sum(sizes.values())}.yaml", {
+            "distributed_type": dt, "num_processes": 8, "mixed_precision": "bf16", "fsdp_config": {"fsdp_version": 2},
+            "parallelism_config": {f"parallelism_config_{k}_size": v for k, v in sizes.items()}})
+
+    r = check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=config(tp=2, dp_shard=4), alternatives=0))
+    c = r.estimate.config
+    assert (str(c.tensor_parallel), c.tp_size, str(c.sharding), c.fsdp_version) == ("transformers", 2, "fsdp", 2)
+    assert any(TP_LOADING in w and "parallelism_config_tp_size 2" in w for w in r.warnings), r.warnings
+    same = estimate_config(resolve_model(LLAMA), parse_gpus("8xH100-80"), c, CheckRequest(model=LLAMA, gpus="8xH100-80").margin)
+    assert same.memory["peak"] == r.estimate.memory["peak"]
+    hybrid = check(CheckRequest(model=LLAMA, gpus="2x8xH100-80", accelerate_config=config(
+        tp=2, dp_shard=4, dp_replicate=2), gradient_sync="micro-batch", alternatives=0)).estimate.config
+    assert (str(hybrid.sharding), hybrid.tp_size) == ("fsdp-hybrid", 2)
+    for sizes, gpus, said in ((dict(tp=2), "8xH100-80", "tp 2 = 2 processes, but the job runs 8"),
+                              (dict(tp=2, dp_shard=2, dp_replicate=4), "2x8xH100-80", "replicas whose shard group is "
+                                                                                       "not a node's 8 GPUs")):
+        with pytest.raises(PlannerInputError) as e:
+            check(CheckRequest(model=LLAMA, gpus=gpus, accelerate_config=config(**sizes), alternatives=0))
+        assert any(said in p for p in e.value.problems), e.value.problems
+    with pytest.raises(PlannerInputError, match="with tensor parallelism is not modelled"):
+        check(CheckRequest(model=LLAMA, gpus="8xH100-80", accelerate_config=config("MULTI_GPU", tp=8), alternatives=0))
 
 
 def test_an_infeasible_job_gets_its_one_field_fixes_first(tmp_path):

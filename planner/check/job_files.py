@@ -62,7 +62,8 @@ def read_job(paths: Mapping[str, Path | None], method: str | None = None, gpus: 
     errors: list[str] = []
     parts: dict = {}
     ds_source: Path | dict | None = paths.get("deepspeed_config")
-    for key, reader in (("accelerate_config", _accelerate), ("training_args", partial(_training_args, method=method))):
+    for key, reader in (("accelerate_config", partial(_accelerate, gpus=gpus)),
+                        ("training_args", partial(_training_args, method=method))):
         path = paths.get(key)
         if path is None:
             continue
@@ -186,9 +187,10 @@ def _sagemaker(d: dict, where: str, r: Reading) -> None:
                           "are --gpus (one process per GPU, as SageMaker starts them)")
 
 
-def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
+def _accelerate(path: Path, r: Reading, parts: dict, gpus: tuple[int, int] = (1, 1)) -> Path | None:
     """The accelerate config: its own keys, processes and machines, its FSDP and inline DeepSpeed
-    settings for the strategies; returns the DeepSpeed JSON it points at, if any."""
+    settings for the strategies, its parallelism sizes against the job's GPUs (``gpus``: all, a
+    node's); returns the DeepSpeed JSON it points at, if any."""
     d = _accelerate_legacy(read_mapping(path, "accelerate config"))
     where = path.name
     if d.get("distributed_type") is False:  # YAML 1.1 reads an unquoted NO as false (accelerate writes 'NO')
@@ -226,19 +228,41 @@ def _accelerate(path: Path, r: Reading, parts: dict) -> Path | None:
             r.problems.append(f"{where}: deepspeed_config.deepspeed_config_file must be a path")
             ds_file = None
     par = r.section(d, "parallelism_config", where)
-    size = par.get("parallelism_config_tp_size", 1)  # (sp_size, cp_size: strategies/sequence_parallel.py)
-    if isinstance(size, int) and not isinstance(size, bool) and size > 1:
-        r.problems.append(f"{where}: parallelism_config_tp_size {size}: accelerate's tensor parallelism (its own "
-                          "FSDP over a model loaded with tp_plan; where the script loads the model whole, accelerate "
-                          "skips the TP preparation silently) is not modelled, so planner cannot give this job a "
-                          "verdict; planner models transformers' load-time tensor parallelism (planner suggest or "
-                          "estimate --tensor-parallel transformers, run by the planner launch)")
+    _parallelism_sizes(par, f"{where}: parallelism_config", r, gpus)  # (each degree: its strategy's reader)
     if dt == "FSDP":
         replicas = par.get("parallelism_config_dp_replicate_size", 1)
         hybrid = isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1
         _add_fsdp(parts, r.section(d, "fsdp_config", where), where, r, accelerate=True,
                   options=("hybrid_shard",) if hybrid else ())
     return beside(path, ds_file) if ds_file else None
+
+
+#: accelerate's ParallelismConfig degrees (parallelism_config.py), in its mesh order.
+PARALLELISM_SIZES = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+
+
+def _parallelism_sizes(par: dict, where: str, r: Reading, gpus: tuple[int, int]) -> None:
+    """accelerate's ParallelismConfig checks on the sizes the config names (each 1 unless set):
+    their product is the processes (``_validate_accelerator``: "total_size ... does not match
+    num_processes"; not with DeepSpeed's Ulysses, whose groups DeepSpeed forms), and tensor or
+    context parallelism needs ``dp_shard_size`` above 1 where ``dp_replicate_size`` is (its
+    ``__post_init__``). A tensor-parallel group is a node's GPUs or fewer, FSDP's shard group under
+    replicas a node (what planner's layouts are: strategies/tensor_parallel.py)."""
+    if not par:
+        return
+    sizes = {k: r.typed(par, f"parallelism_config_{k}_size", (int,), where, 1) or 1 for k in PARALLELISM_SIZES}
+    total = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["cp"] * sizes["sp"] * sizes["tp"]
+    named = " x ".join(f"{k} {v}" for k, v in sizes.items())
+    if sizes["sp"] == 1 and total not in (1, gpus[0]):
+        r.problems.append(f"{where}: {named} = {total} processes, but the job runs {gpus[0]} (--gpus): accelerate "
+                          "raises (ParallelismConfig total_size does not match num_processes)")
+    elif (sizes["tp"] > 1 or sizes["cp"] > 1) and sizes["dp_replicate"] > 1 and sizes["dp_shard"] == 1:
+        r.problems.append(f"{where}: {named}: tensor or context parallelism with dp_replicate_size above 1 needs "
+                          "dp_shard_size above 1 (accelerate raises)")
+    elif sizes["tp"] > 1 and sizes["dp_replicate"] > 1 and sizes["dp_shard"] * sizes["tp"] != gpus[1]:
+        r.problems.append(f"{where}: {named}: replicas whose shard group is not a node's {gpus[1]} GPUs are not "
+                          "modelled, so planner cannot give this job a verdict (planner's hybrid sharding shards "
+                          "within a node and replicates across nodes)")
 
 
 #: DeepSpeed sections planner reads but does not model (the output names them).
