@@ -84,8 +84,9 @@ def evaluate(part: str, row: dict, depths: tuple, traced: list) -> dict:
 def label(row: dict) -> str:
     s, w = row["sharding"]
     b, q = row["shape"]
+    t = row.get("tensor", 1)
     return (f"{row['model'].split('/')[1][:15]:15} {row['precision']:10} {row['checkpointing']:9} {row['attention']:5} "
-            f"{row['loss']:8} {b}x{q:<5} {s}{'' if s == 'none' else w}")
+            f"{row['loss']:8} {b}x{q:<5} {s}{'' if s == 'none' else w}{f' tp{t}' if t > 1 else ''}")
 
 
 def summary(results: list[dict], failed: list[str]) -> tuple[list[str], bool]:
@@ -195,11 +196,11 @@ def main() -> int:
         with args.csv.open("w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["part", "model", "precision", "checkpointing", "attention", "loss", "micro_batch_size", "seq_len",
-                        "sharding", "world_size", "depth", *(SHORT[t] for t in (*TERMS, "layer_activations"))])
+                        "sharding", "world_size", "tensor", "depth", *(SHORT[t] for t in (*TERMS, "layer_activations"))])
             for r in results:
                 row = r["row"]
                 w.writerow([r["part"], row["model"], row["precision"], row["checkpointing"], row["attention"], row["loss"],
-                            *row["shape"], *row["sharding"], r["depth"],
+                            *row["shape"], *row["sharding"], row.get("tensor", 1), r["depth"],
                             *(round(r["errors"][t], 5) if t in r["errors"] else "" for t in (*TERMS, "layer_activations"))])
     if args.table:
         write_table(args.table, results, failed, verdict, "python " + " ".join(sys.argv))
