@@ -5,8 +5,8 @@ config and caveat) and prints the rows planner can set beside its own figures:
 - **throughput**: torchtitan's bf16 rows (vanilla and async TP, FSDP2 x TP 8 on H100s), estimated as
   the nearest plan planner models: transformers' TP (no sequence parallelism), FSDP2 over the rest,
   bf16-mixed, the row's micro-batch, sequence 8,192 (torchtitan's Llama 3 default: the file does not
-  state it), checkpointing full (torchtitan's 8B ran per-op selective, which planner does not
-  combine with TP: full recomputes more, so planner's figure is the slower bound), H100-SXM-80
+  state it), the row's checkpointing (full, or planner's selective for torchtitan's per-op SAC: the
+  same policy), H100-SXM-80
   (theirs: H100 96 GB HBM2e at 500 W);
 - **activations**: Korthikanti et al. 2022's per-layer formulas (Megatron: what a GPT block saves at
   TP t, with and without sequence parallelism) beside what planner counts for transformers' TP of
@@ -45,7 +45,8 @@ def planner_tokens(row: dict) -> tuple[float, float]:
 
     model = next(v for k, v in MODELS.items() if row["model"].startswith(k))
     hw = row["hardware"]
-    config = TrainingConfig(sharding="fsdp", precision="bf16-mixed", checkpointing="full",
+    checkpointing = "selective" if str(row.get("checkpointing")).startswith("selective (per-op") else "full"
+    config = TrainingConfig(sharding="fsdp", precision="bf16-mixed", checkpointing=checkpointing,
                             micro_batch_size=row["micro_batch_size"], seq_len=SEQ, tensor_parallel="transformers",
                             tp_size=row["tp_size"])
     result = estimate_config(resolve_model(model), parse_gpus(f"{hw['nodes']}x{hw['gpus_per_node']}xH100-80"), config)

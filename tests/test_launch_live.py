@@ -115,7 +115,8 @@ ALL_CASES = [
                                                   checkpointing="full", tiled_mlp="tiled", seq_len=256,
                                                   micro_batch_size=1, grad_accum=4), 2),
     # transformers' tensor parallelism over two ranks, FSDP2 over two such groups (DistributedConfig at load)
-    ("fsdp-tp2", "4xA100-80", dict(sharding="fsdp", tensor_parallel="transformers", tp_size=2), 4),
+    ("fsdp-tp2", "4xA100-80", dict(sharding="fsdp", tensor_parallel="transformers", tp_size=2,
+                                   checkpointing="selective"), 4),
     ("fsdp-tp2-pure-full", "4xA100-80", dict(sharding="fsdp", tensor_parallel="transformers", tp_size=2,
                                              precision="bf16-pure", checkpointing="full", gradient_sync="step"), 4),
 ]  # (LoRA and QLoRA on one GPU: test_the_adapter_plan_suggested_for_an_rtx_4090_trains)

@@ -136,6 +136,10 @@ def test_checkpointing_never_increases_activations(model, gpus, cfg):
     # (offload moves what full checkpointing keeps, and is refused without it: compared without it)
     none, selective, full = (run(model, gpus, **(cfg | {"checkpointing": c, "checkpoint_offload": "none"}))
                              for c in Checkpointing)
+    # (a plan the rules refuse is never offered: selective checkpointing over a tiled MLP, say)
+    assume(none.feasible and full.feasible)
+    if not selective.feasible:
+        selective = full
     masks = checkpoint_inputs(selective)
     assert masks == checkpoint_inputs(full) and checkpoint_inputs(none) == 0
     if cfg.get("adapter", "none") != "none":
