@@ -45,7 +45,7 @@ def test_llama3_flavors_are_the_catalog_models_they_are_read_as():
 
 
 def _check(path: Path, gpus: str = "8xH100-80", **kw):
-    return check(CheckRequest(gpus=gpus, torchtitan_config=path, alternatives=0, **kw))
+    return check(CheckRequest(gpus=gpus, torchtitan_config=path, **({"alternatives": 0} | kw)))
 
 
 def test_the_8b_preset_reads_as_it_runs_and_its_verdict_is_the_estimate_of_that():
@@ -205,3 +205,23 @@ def test_published_torchtitan_peaks_are_met_by_what_the_reader_plans():
         assert abs(error) <= 0.12, (row["id"], error)
         if "pr355" not in row["id"]:
             assert 0 <= error <= 0.10, (row["id"], error)
+
+
+@pytest.mark.parametrize(("gpus", "sections"), [("8xH100-80", {"training": {"local_batch_size": 4}}),
+                                                ("1xH100-80", {})])
+def test_the_changes_offered_are_ones_torchtitan_can_run(tmp_path, gpus, sections):
+    """A torchtitan job is offered changes its TOML can say (no DeepSpeed, chunked loss or 8-bit and
+    paged optimizers, which the unrestricted search offers for these jobs), and told so; one GPU:
+    the plan that fits is found among them (bf16 weights without a master copy, full checkpointing)."""
+    from planner.check.torchtitan import EXPRESSIBLE
+
+    r = _check(_edited(tmp_path, **sections), gpus=gpus, alternatives=5)
+    assert not r.fits and r.changes
+    job = r.estimate.config
+    for change in r.changes:
+        assert all(getattr(change.config, k) == getattr(job, k) or getattr(change.config, k) in v
+                   for k, v in EXPRESSIBLE.items()), change.change
+        assert change.fits
+    assert any("changes torchtitan cannot express" in w for w in r.warnings)
+    if gpus == "1xH100-80":
+        assert str(r.changes[0].config.precision) == "bf16-pure"

@@ -12,6 +12,8 @@ that make it fit (one change, else two, else the fastest fitting plans), each wi
 when it fits, faster plans that also fit. Exit codes: 0 fits, 1 will not fit, 2 bad input.
 """
 
+from collections.abc import Callable
+from functools import partial
 from itertools import combinations
 from pathlib import Path
 
@@ -102,15 +104,27 @@ def check(request: CheckRequest) -> CheckResult:
     changes, faster = [], []
     lengths = lengths_of(request)
     if request.alternatives:
+        keep = partial(_expressible, config, reading)
         if result.fits:
-            faster = _faster_plans(model, hardware, config, request.margin, result, request.alternatives, lengths)
+            faster = _faster_plans(model, hardware, config, request.margin, result, request.alternatives, lengths, keep)
         else:
-            changes = _changes_that_fit(model, hardware, config, request.margin, result, request.alternatives, lengths)
+            changes = _changes_that_fit(model, hardware, config, request.margin, result, request.alternatives, lengths,
+                                        keep)
+        if reading.expressible:
+            warnings.append(f"changes {reading.expressible_by} cannot express (DeepSpeed, adapters, other losses and "
+                            "optimizers, ...) are not offered")
     return CheckResult(
         fits=result.fits, estimate=result, model_source=model_source, sources=sources,
         warnings=warnings,
         changes=changes, faster=faster, reasons=_reasons(result, changes, faster),
     )
+
+
+def _expressible(config: TrainingConfig, reading: Reading, change: TrainingConfig) -> bool:
+    """Whether the job's launcher can express ``change`` (``Reading.expressible``: every field it
+    names kept as the job has it, or set to a value it can say)."""
+    return all(getattr(change, k) == getattr(config, k) or getattr(change, k) in values
+               for k, values in reading.expressible.items())
 
 
 #: The ledger terms resident while the Trainer evaluates between optimizer steps (the gradients are
@@ -343,13 +357,16 @@ def _one_field_fixes(model, hardware, config, margin) -> list[Change]:
     return sorted(out, key=lambda c: (ladder_key(c.config, config), -c.tokens_per_second))
 
 
-def _changes_that_fit(model, hardware, config, margin, result, limit, lengths=None) -> list[Change]:
+def _changes_that_fit(model, hardware, config, margin, result, limit, lengths=None,
+                      keep: Callable[[TrainingConfig], bool] = lambda c: True) -> list[Change]:
     """One change if any fits (the techniques' memory savers, or for an infeasible job any one
     field), else two, else the fastest fitting plans for this job's batch (``lengths``: the
-    samples' token counts, which shape a padded micro-batch)."""
-    savers = memory_savers(model, hardware, config, margin, baseline=result, lengths=lengths) if result.feasible else []
+    samples' token counts, which shape a padded micro-batch); only those ``keep`` takes (what the
+    job's launcher can express)."""
+    savers = [a for a in (memory_savers(model, hardware, config, margin, baseline=result, lengths=lengths)
+                          if result.feasible else []) if keep(a.result.config)]
     single = ([_change(config, a.result, a.change) for a in savers if a.result.fits] if result.feasible
-              else _one_field_fixes(model, hardware, config, margin))
+              else [c for c in _one_field_fixes(model, hardware, config, margin) if keep(c.config)])
     if single:
         return single[:limit]
     pairs = []
@@ -360,13 +377,16 @@ def _changes_that_fit(model, hardware, config, margin, result, limit, lengths=No
         if r.fits:
             pairs.append(_change(config, r, f"{a.change}; {b.change}"))
     pairs.sort(key=lambda c: (ladder_key(c.config, config), -c.tokens_per_second))
-    return pairs[:limit] or _plans(model, hardware, config, margin, limit, lengths)
+    return pairs[:limit] or [c for c in _plans(model, hardware, config, margin, 4 * limit, lengths)
+                             if keep(c.config)][:limit]
 
 
-def _faster_plans(model, hardware, config, margin, result, limit, lengths=None) -> list[Change]:
+def _faster_plans(model, hardware, config, margin, result, limit, lengths=None,
+                  keep: Callable[[TrainingConfig], bool] = lambda c: True) -> list[Change]:
     """Faster plans one technique and / or the micro-batch away from the job (a bounded search,
-    planner/engine/alternatives.py ``faster_changes``; `planner suggest` searches the whole space)."""
-    return [_change(config, r) for r in faster_changes(model, hardware, config, margin, result, limit, lengths)]
+    planner/engine/alternatives.py ``faster_changes``; `planner suggest` searches the whole space),
+    those ``keep`` takes."""
+    return [_change(config, r) for r in faster_changes(model, hardware, config, margin, result, limit, lengths, keep)]
 
 
 def _plans(model, hardware, config, margin, limit, lengths=None) -> list[Change]:

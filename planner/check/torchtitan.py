@@ -48,6 +48,20 @@ from planner.core.lengths import Batching
 MARKERS = ("parallelism", "training", "activation_checkpoint")
 #: Why a job this reader cannot plan is refused (the problems carry it).
 UNMODELLED = "not modelled, so planner cannot give this job a verdict"
+#: The values a torchtitan TOML can express, per field planner reads from it (the module docstring's
+#: keys): check offers only changes within them.
+EXPRESSIBLE = {
+    "sharding": frozenset({"none", "ddp", "fsdp", "fsdp-grad-op", "fsdp-hybrid"}),
+    "precision": frozenset({"fp32", "bf16-mixed", "bf16-pure", "fp8-mixed"}),
+    "checkpointing": frozenset({"none", "selective", "full"}),
+    "offload": frozenset({"none", "optimizer+params"}),
+    "optimizer": frozenset({"adamw", "adamw-foreach"}),
+    "sequence_parallel": frozenset({"none", "ring"}),
+    **{name: frozenset({value}) for name, value in (
+        ("loss", "standard"), ("attention", "sdpa"), ("adapter", "none"), ("tensor_parallel", "none"),
+        ("tiled_mlp", "none"), ("checkpoint_offload", "none"), ("method", "sft"), ("generation", "none"),
+        ("fsdp_version", 2), ("checkpoint_impl", "non-reentrant"), ("gradient_sync", "micro-batch"))},
+}
 
 
 @cache
@@ -90,6 +104,7 @@ def read_torchtitan(path: Path, r: Reading, gpus: int, per_node: int) -> None:
     """Read a torchtitan TOML at ``path`` into ``r`` for a job on ``gpus`` GPUs (``per_node`` a
     node): every field it decides, with the key (or torchtitan's default) it came from."""
     d = read_mapping(path, "torchtitan config")
+    r.expressible, r.expressible_by = EXPRESSIBLE, "torchtitan"
     t = _Sections(d, path.name, r)
     _keys(d, t)
     if r.problems:

@@ -75,6 +75,10 @@ class Reading:
     time_as: dict[str, Any] = field(default_factory=dict)
     #: the job evaluates during training (the Trainer's eval_strategy): rows per eval micro-batch, and where
     evaluation: tuple[int, str] | None = None
+    #: the values the job's launcher can express, per field (none named: any): check offers changes
+    #: within them, and who said so (a torchtitan job cannot run DeepSpeed, say)
+    expressible: dict[str, frozenset] = field(default_factory=dict)
+    expressible_by: str = ""
 
     def set(self, name: str, value: Any, where: str, refines: Mapping[Any, set] | None = None) -> None:
         """Record ``value`` for ``name``. Two files that disagree are a contradiction, unless one

@@ -8,6 +8,7 @@ what it costs in throughput; only changes that lower the peak and stay feasible 
 ``faster_changes``: a bounded neighbourhood of the job, never a search of the whole space.
 """
 
+from collections.abc import Callable
 from itertools import product
 
 from planner.core.lengths import Lengths
@@ -61,16 +62,18 @@ def _neighbours(c: TrainingConfig) -> list[dict]:
 
 
 def faster_changes(model: ModelSpec, hardware: HardwareSpec, config: TrainingConfig, margin: float,
-                   baseline: EstimateResult, limit: int, lengths: Lengths | None = None) -> list[EstimateResult]:
+                   baseline: EstimateResult, limit: int, lengths: Lengths | None = None,
+                   keep: Callable[[TrainingConfig], bool] = lambda c: True) -> list[EstimateResult]:
     """Configurations one technique and / or the micro-batch away from ``config`` that fit and are
     faster than ``baseline`` beyond the ranking's tie band (a smaller gain is within the model's
     error, planner/engine/ranking.py ``TIE_BAND``): those that add no approximation to its numerics first, then the least
     approximation (``ladder_key``), each fastest first (ties: lower peak), at most ``limit``, each
     estimated in full. A bounded search: ``_neighbours``, evaluated without result objects.
-    ``lengths``: as ``memory_savers``'."""
+    ``lengths``: as ``memory_savers``'; ``keep``: which configurations may be offered (what the job's
+    launcher can express)."""
     found = []
     for i, update in enumerate(_neighbours(config)):
         ev = evaluate(model, hardware, reshaped(config.model_copy(update=update), lengths), margin, skip_infeasible=True)
-        if ev.fits and ev.tokens_per_second > baseline.time.tokens_per_second * (1 + TIE_BAND):
+        if ev.fits and ev.tokens_per_second > baseline.time.tokens_per_second * (1 + TIE_BAND) and keep(ev.ctx.config):
             found.append((ladder_key(ev.ctx.config, config), -ev.tokens_per_second, ev.peak, i, ev.ctx.config))
     return [estimate_config(model, hardware, c, margin) for *_, c in sorted(found)[:limit]]
