@@ -114,7 +114,8 @@ ALL_CASES = [
     ("zero3-ulysses-tiled-mlp", "2xA100-80", dict(sharding="zero3", sequence_parallel="ulysses", sp_size=2,
                                                   checkpointing="full", tiled_mlp="tiled", seq_len=256,
                                                   micro_batch_size=1, grad_accum=4), 2),
-    # transformers' tensor parallelism over two ranks, FSDP2 over two such groups (DistributedConfig at load)
+    # transformers' tensor parallelism over two ranks, FSDP2 over two such groups (DistributedConfig at load),
+    # the runtime's selective checkpointing around each DTensor layer
     ("fsdp-tp2", "4xA100-80", dict(sharding="fsdp", tensor_parallel="transformers", tp_size=2,
                                    checkpointing="selective"), 4),
     ("fsdp-tp2-pure-full", "4xA100-80", dict(sharding="fsdp", tensor_parallel="transformers", tp_size=2,
