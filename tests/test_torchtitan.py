@@ -33,15 +33,23 @@ def _ffn(dim: int, multiplier: float | None, multiple_of: int) -> int:
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
-def test_llama3_flavors_are_the_catalog_models_they_are_read_as():
-    flavors = json.loads((DATA_DIR / "torchtitan.json").read_text())["flavors"]["llama3"]
-    assert set(flavors) == {"8B", "70B", "405B"}
-    for flavor in flavors.values():
-        m = resolve_model(flavor["model"])
-        assert (m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.vocab_size) == (
-            flavor["dim"], flavor["n_layers"], flavor["n_heads"], flavor["n_kv_heads"], flavor["vocab_size"])
-        assert m.intermediate_size == _ffn(flavor["dim"], flavor["ffn_dim_multiplier"], flavor["multiple_of"])
-        assert m.family == "llama"
+def test_the_flavors_are_the_catalog_models_they_are_read_as():
+    """torchtitan's llama3 and dense qwen3 flavors (their model args at 7e4ab859) against the catalog
+    models check reads them as: every dimension, llama3's FFN width by torchtitan's own rule, Qwen3's
+    head width, q/k norms and tied embeddings."""
+    flavors = json.loads((DATA_DIR / "torchtitan.json").read_text())["flavors"]
+    assert set(flavors["llama3"]) == {"8B", "70B", "405B"}
+    assert set(flavors["qwen3"]) == {"0.6B", "1.7B", "4B", "8B", "14B", "32B"}
+    for name, family in (("llama3", "llama"), ("qwen3", "qwen3")):
+        for flavor in flavors[name].values():
+            m = resolve_model(flavor["model"])
+            assert (m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.vocab_size, m.family) == (
+                flavor["dim"], flavor["n_layers"], flavor["n_heads"], flavor["n_kv_heads"], flavor["vocab_size"], family)
+            ffn = flavor.get("hidden_dim") or _ffn(flavor["dim"], flavor["ffn_dim_multiplier"], flavor["multiple_of"])
+            assert m.intermediate_size == ffn
+            assert m.tie_word_embeddings == flavor.get("enable_weight_tying", False)
+            if name == "qwen3":
+                assert (m.head_dim, m.qk_norm) == (flavor["head_dim"], flavor["qk_norm"])
 
 
 def _check(path: Path, gpus: str = "8xH100-80", **kw):
@@ -66,6 +74,16 @@ def test_the_8b_preset_reads_as_it_runs_and_its_verdict_is_the_estimate_of_that(
     older = _check(OLDER / "llama3_8b.toml")
     assert older.estimate.config == c
     assert any("section float8: read as torchtitan read it before" in w for w in older.warnings)
+
+
+def test_the_qwen3_presets_read_as_their_catalog_models():
+    qwen = TITAN.parent.parent / "qwen3" / "train_configs"
+    small = _check(qwen / "qwen3_0.6b.toml")
+    c = small.estimate.config
+    assert small.estimate.model.id == "Qwen/Qwen3-0.6B" and small.fits
+    assert (c.micro_batch_size, c.seq_len, str(c.checkpointing)) == (4, 4096, "selective")
+    big = _check(qwen / "qwen3_32b.toml", gpus="4x8xH100-80")
+    assert big.estimate.model.id == "Qwen/Qwen3-32B" and str(big.estimate.config.checkpointing) == "full"
 
 
 @pytest.mark.parametrize(("path", "reason"), [

@@ -1,7 +1,7 @@
 """torchtitan training TOMLs (``--job.config_file``), read as the configuration they run.
 
 Facts at pytorch/torchtitan@7e4ab859 (2025-12-29, the TOML era's last release state; sections,
-keys and the llama3 flavors ship in data/torchtitan.json with their source):
+keys and the llama3 and dense qwen3 flavors ship in data/torchtitan.json with their source):
 - the loader (config/manager.py ``_dict_to_dataclass``) refuses a key no section has ("Invalid
   field names"), since eadca483 (2025-08-28; earlier ones ignored it); ``job.custom_config_module``
   adds sections of one's own. Keys of the earlier TOML era (``training.batch_size``, ``[float8]``
@@ -155,8 +155,8 @@ def _keys(d: dict, t: _Sections) -> None:
 
 
 def _model(t: _Sections, r: Reading) -> None:
-    """The catalog model of a llama3 flavor (its dimensions are the flavor's: tests/test_torchtitan.py);
-    other models are --model's to name."""
+    """The catalog model of a llama3 or dense qwen3 flavor (its dimensions are the flavor's:
+    tests/test_torchtitan.py); other models are --model's to name."""
     name = t.get("model", "name", (str,), "llama3")
     flavor = t.get("model", "flavor", (str,), "debugmodel")
     where = t.where("model", "flavor") if t.said("model", "flavor") else f"{t.name}: torchtitan's default flavor"
