@@ -28,7 +28,8 @@ def rows() -> list[dict]:
 
 def planner_figures(row: dict) -> tuple[float, float]:
     """(reserved peak GiB, tokens/s per GPU) planner reads for the row's TOML."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    if str(ROOT / "tests") not in sys.path:  # (tests/fuzzgen.py writes the TOML)
+        sys.path.insert(0, str(ROOT / "tests"))
     from fuzzgen import _toml
 
     from planner.check import CheckRequest, check

@@ -345,3 +345,21 @@ def test_a_padded_ulysses_plan_is_checked_with_its_rounded_rows():
     by the degree; no refusal for padding."""
     ctx = _ctx(32768, 8, batching="padded")
     assert not [c for c in check_config(ctx).codes if "padded" in c]
+
+
+def test_the_launch_reads_a_ring_plans_own_files_whatever_the_world(tmp_path):
+    """The planner launch reads the emitted files without the GPU count (its world is the launcher's):
+    a ring plan's parallelism sizes (dp_shard x cp = 8) are not held against one GPU."""
+    from planner.emit import build_files, single_plan_result
+    from planner.engine.estimate import estimate
+    from planner.launch.train import plan_config
+    from planner.schema.estimate import EstimateRequest
+
+    plan = estimate(EstimateRequest(model="meta-llama/Llama-3.1-8B", gpus="8xH100-80", sharding="fsdp",
+                                    sequence_parallel="ring", sp_size=2, seq_len=32768, checkpointing="full"))
+    for name, text in build_files(single_plan_result(plan)).items():
+        if name.endswith((".json", ".yaml")):
+            (tmp_path / name).write_text(text)
+    assert "parallelism_config_cp_size: 2" in (tmp_path / "accelerate_config.yaml").read_text()
+    config = plan_config(tmp_path)
+    assert (str(config.sequence_parallel), config.sp_size) == ("ring", 2)

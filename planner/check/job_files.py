@@ -50,14 +50,18 @@ def known_keys() -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in data.items() if k != "source"}
 
 
-def read_job(paths: Mapping[str, Path | None], method: str | None = None, gpus: tuple[int, int] = (1, 1)) -> Reading:
+def read_job(paths: Mapping[str, Path | None], method: str | None = None,
+             gpus: tuple[int, int] | None = None) -> Reading:
     """Read the files at ``paths`` (JOB_FILES keys, and ``torchtitan_config``; None: not given) and
     every technique in them. Unreadable files and what the files get wrong are raised together as
     one PlannerInputError. ``method``: the training method the user names (``--method``), which
     settles a recipe whose keys two methods share (planner/check/methods.py); ``gpus``: the job's
-    GPUs and a node's (a torchtitan TOML's degrees resolve against them)."""
+    GPUs and a node's (a torchtitan TOML's degrees resolve against them; None: the launcher's,
+    unknown here, as in the planner launch, whose world is the files' own)."""
     r = Reading()
     if (titan := paths.get("torchtitan_config")) is not None:
+        if gpus is None:
+            raise PlannerInputError("a torchtitan config's degrees need the job's GPUs", hint="Pass --gpus.")
         return _torchtitan_job(titan, [k for k in JOB_FILES if paths.get(k) is not None], r, gpus)
     errors: list[str] = []
     parts: dict = {}
@@ -187,7 +191,7 @@ def _sagemaker(d: dict, where: str, r: Reading) -> None:
                           "are --gpus (one process per GPU, as SageMaker starts them)")
 
 
-def _accelerate(path: Path, r: Reading, parts: dict, gpus: tuple[int, int] = (1, 1)) -> Path | None:
+def _accelerate(path: Path, r: Reading, parts: dict, gpus: tuple[int, int] | None = None) -> Path | None:
     """The accelerate config: its own keys, processes and machines, its FSDP and inline DeepSpeed
     settings for the strategies, its parallelism sizes against the job's GPUs (``gpus``: all, a
     node's); returns the DeepSpeed JSON it points at, if any."""
@@ -241,14 +245,15 @@ def _accelerate(path: Path, r: Reading, parts: dict, gpus: tuple[int, int] = (1,
 PARALLELISM_SIZES = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 
 
-def _parallelism_sizes(par: dict, where: str, r: Reading, gpus: tuple[int, int]) -> None:
+def _parallelism_sizes(par: dict, where: str, r: Reading, gpus: tuple[int, int] | None) -> None:
     """accelerate's ParallelismConfig checks on the sizes the config names (each 1 unless set):
     their product is the processes (``_validate_accelerator``: "total_size ... does not match
     num_processes"; not with DeepSpeed's Ulysses, whose groups DeepSpeed forms), and tensor or
     context parallelism needs ``dp_shard_size`` above 1 where ``dp_replicate_size`` is (its
     ``__post_init__``). A tensor-parallel group is a node's GPUs or fewer, FSDP's shard group under
-    replicas a node (what planner's layouts are: strategies/tensor_parallel.py)."""
-    if not par:
+    replicas a node (what planner's layouts are: strategies/tensor_parallel.py). ``gpus`` None: the
+    GPUs are not known here, nothing to hold the sizes against."""
+    if not par or gpus is None:
         return
     sizes = {k: r.typed(par, f"parallelism_config_{k}_size", (int,), where, 1) or 1 for k in PARALLELISM_SIZES}
     total = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["cp"] * sizes["sp"] * sizes["tp"]
