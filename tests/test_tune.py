@@ -188,6 +188,38 @@ def test_a_trial_orphaned_before_its_first_heartbeat_is_failed_and_retried(tmp_p
     assert retry[0].params == after.trials[orphan.number].params
 
 
+def test_a_probe_whose_worker_died_before_optuna_recorded_it_is_owed(tmp_path):
+    """A worker killed after recording its probe on the trial, before Optuna finished the trial: the
+    stale trial is failed and Optuna's retry queues a copy of its attributes, "probed" included. The
+    study never got that probe's result, so neither the failed trial nor its queued copy spends the
+    budget: the resumed tune probes the candidate again and then as many more as the budget holds
+    (CI once ended such a study one probe short)."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    req = TuneRequest(**LLAMA, storage=f"sqlite:///{tmp_path}/s.db", probes=1, band=10.0)
+    first = tune(req, analytic, "analytic")
+    study = _study(req.storage)
+    done = study.trials[first.trials[0].number]
+    killed = study.ask()
+    for name, dist in done.distributions.items():  # the probed plan with the next micro-batch size
+        pick = done.params[name]
+        if name == "micro_batch_size":
+            pick = dist.choices[(dist.choices.index(pick) + 1) % len(dist.choices)]
+        study._storage.set_trial_param(killed._trial_id, name, dist.to_internal_repr(pick), dist)
+    key = [done.user_attrs["candidate"][0], study.trials[killed.number].params["micro_batch_size"]]
+    for attr, value in (("candidate", key), ("probed", True), ("status", "ok"), ("fidelity", "analytic"),
+                        ("tokens_per_second", 1.0), ("predicted_tokens_per_second", 1.0)):
+        killed.set_user_attr(attr, value)
+    study._storage.set_trial_state_values(killed._trial_id, optuna.trial.TrialState.FAIL)  # as stale
+    RetryHeartbeatStaleTrialCallback(max_retry=3)(study, _study(req.storage).trials[killed.number])
+    again = tune(req.model_copy(update={"probes": 3}), analytic, "analytic")
+    after = _study(req.storage)
+    keys = probed(after)
+    assert len(keys) == 3 and len(set(keys)) == 3
+    assert tuple(key) in keys
+    assert again.probes == 3 and not next(r for r in again.trials if r.number == killed.number).probed
+
+
 def _ask_queued(url: str, start: float, n: int, q) -> None:
     """A worker that takes ``n`` queued trials from the shared study, all workers starting together."""
     from planner.engine.tune import _open_study

@@ -229,7 +229,7 @@ class _Study:
         from optuna.storages import RetryHeartbeatStaleTrialCallback
 
         req = self.req
-        spent = sum(1 for t in trials if t.user_attrs.get("probed"))
+        spent = sum(1 for t in trials if _counts(t))
         retries = [t for t in trials if t.state == optuna.trial.TrialState.WAITING
                    and (RetryHeartbeatStaleTrialCallback.retried_trial_number(t) is not None
                         or "retry_of" in t.user_attrs)]
@@ -257,7 +257,7 @@ class _Study:
 
         trials = self.trials()
         if self.on_trial is not None and frozen.state != optuna.trial.TrialState.PRUNED:
-            self.on_trial(_row(frozen), sum(1 for t in trials if t.user_attrs.get("probed")))
+            self.on_trial(_row(frozen), sum(1 for t in trials if _counts(t)))
         reason = self.stop_reason(trials)
         if reason:
             self.stopped = reason
@@ -311,8 +311,19 @@ def _best(measured: list[TrialRow], fidelity: str) -> TrialRow | None:
     return pick(cands, band).item
 
 
+def _counts(t) -> bool:
+    """A probe that counts against the budget and decides its candidate: its trial completed, or is
+    running with its probe recorded. A worker killed after recording its probe and before Optuna
+    finished the trial leaves a failed trial (and Optuna's retry a queued copy of its attributes):
+    that probe's result never reached the study, so it is owed."""
+    import optuna
+
+    return bool(t.user_attrs.get("probed")) and t.state in (optuna.trial.TrialState.COMPLETE,
+                                                            optuna.trial.TrialState.RUNNING)
+
+
 def _probed_keys(trials) -> set:
-    return {tuple(t.user_attrs["candidate"]) for t in trials if t.user_attrs.get("probed")}
+    return {tuple(t.user_attrs["candidate"]) for t in trials if _counts(t)}
 
 
 def _open_study(url: str, name: str, req: TuneRequest):
@@ -464,7 +475,7 @@ def _feasible(t) -> bool:
 def _row(t) -> TrialRow:
     a = t.user_attrs
     return TrialRow(number=t.number, state=t.state.name, config=dict(t.params), fidelity=a.get("fidelity", ""),
-                    status=a.get("status", ""), probed=bool(a.get("probed")),
+                    status=a.get("status", ""), probed=_counts(t),
                     predicted_peak_bytes=a.get("predicted_peak_bytes"),
                     predicted_tokens_per_second=a.get("predicted_tokens_per_second"), peak_bytes=a.get("peak_bytes"),
                     tokens_per_second=a.get("tokens_per_second"), message=a.get("message", ""),
