@@ -98,7 +98,7 @@ class _StepTracking(_Tracker):
         snap = self._curr_mem_snap
         dev = next(iter(snap), None)
         if discount and dev is not None:
-            self.inplace_adds += 1
+            self.inplace_adds += self.measuring  # those of the measured iteration
             total_key = next(k for k in snap[dev] if not isinstance(k, self._ref_class))
             temp = next(k for k in snap[dev] if isinstance(k, self._ref_class) and k.value == "Temp")
             snap[dev][total_key] -= discount

@@ -56,6 +56,41 @@ def test_model_states_match_to_the_byte(precision):
     assert any("CPU" in note for note in c.notes)
 
 
+WARM_UPS = {  # CI: one per fake process group (none, FSDP2, Ulysses); the full suite every optimizer kind
+    "adamw": dict(),
+    "fsdp4-lora": dict(world=4, sharding="fsdp", adapter="lora"),
+    "ulysses2": dict(sequence_parallel="ulysses", sp_size=2),
+    "adafactor-full": dict(optimizer="adafactor", checkpointing="full"),
+    "sgd-chunked": dict(optimizer="sgd", loss="chunked"),
+}
+
+
+@pytest.mark.heavy
+def test_the_warm_up_step_gives_what_a_whole_first_iteration_does():
+    """The trace's warm-up (one optimizer step over zero gradients, no forward or backward) leaves the
+    measured iteration as a whole first iteration does: the same model states to the byte, every
+    phase peak and the baseline within 4 KiB (a rank of a fake process group keeps a few small
+    tensors of its first forward: ~1 KiB under Ulysses). Tensor-parallel plans warm up with a whole
+    iteration (``warm_up_of``)."""
+    from planner.probes.traced import warm_up_of
+
+    names = [n for n in WARM_UPS if FULL_SUITE or n in ("adamw", "fsdp4-lora", "ulysses2")]
+    reqs = [request("meta-llama/Llama-3.2-1B" if "4" in n or "2" in n else QWEN, **{"micro_batch_size": 1, "seq_len": 128,
+                                                                   **WARM_UPS[n]})
+            for n in names]
+    both = trace_many([r.model_copy(update={"warm_up": w}) for r in reqs for w in ("iteration", "step")], timeout=900)
+    for name, whole, step in zip(names, both[::2], both[1::2], strict=True):
+        assert not isinstance(whole, str) and not isinstance(step, str), (name, whole, step)
+        for field in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "inplace_adds"):
+            assert getattr(step, field) == getattr(whole, field), (name, field)
+        assert step.phase_peaks.keys() == whole.phase_peaks.keys(), name
+        for phase, peak in whole.phase_peaks.items():
+            assert abs(step.phase_peaks[phase] - peak) <= 4096, (name, phase, step.phase_peaks[phase], peak)
+        assert abs(step.baseline_bytes - whole.baseline_bytes) <= 4096, name
+    tp = request(QWEN, world=4, sharding="fsdp", tensor_parallel="transformers", tp_size=2)
+    assert [warm_up_of(r) for r in (*reqs, tp)] == ["step"] * len(reqs) + ["iteration"]
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("precision, vocab", [  # CI: the in-place accumulation at a small vocabulary
     pytest.param("bf16-mixed", 8192, id="bf16-mixed-vocab-8192"),
