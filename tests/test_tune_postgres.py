@@ -71,9 +71,9 @@ def postgres():
 
 
 def _probing(engine) -> bool:
-    """A trial is probed and another is probing, its heartbeat recorded and its candidate chosen
-    (tests/test_tune.py ``_probing_now``: a worker killed before its first heartbeat leaves a trial
-    Optuna never fails)."""
+    """A trial is probed and another is probing, its heartbeat recorded and its candidate and worker
+    named (tests/test_tune.py ``_probing_now``: a worker killed before its first heartbeat leaves a
+    trial Optuna never fails; the objective names the worker after the candidate)."""
     import sqlalchemy
 
     try:
@@ -82,7 +82,7 @@ def _probing(engine) -> bool:
             beating = con.execute(sqlalchemy.text(
                 "SELECT COUNT(*) FROM trials t JOIN trial_heartbeats h ON h.trial_id = t.trial_id"
                 " JOIN trial_user_attributes a ON a.trial_id = t.trial_id"
-                " WHERE t.state = 'RUNNING' AND a.key = 'candidate'")).scalar()
+                " WHERE t.state = 'RUNNING' AND a.key = 'worker'")).scalar()
     except sqlalchemy.exc.SQLAlchemyError:  # the tables are not created yet
         return False
     return complete >= 1 and beating >= 1
@@ -103,7 +103,8 @@ def test_workers_share_a_study_and_a_killed_workers_trial_is_retried(postgres):
         time.sleep(0.2)
     engine.dispose()
     study = optuna.load_study(study_name="race", storage=postgres)
-    running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    # the other worker may have a trial just started, its candidate and worker not yet named
+    running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING and "worker" in t.user_attrs]
     assert running, "no trial was probing"
     # kill the worker whose process probes the running trial (its host:pid is a user attribute)
     pid = int(running[0].user_attrs["worker"].rsplit(":", 1)[1])
