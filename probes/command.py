@@ -63,10 +63,20 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
     if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
         raise PlannerInputError("the traced probe needs torch and transformers",
                                 hint=f"Install the probe extra: {install_line(['probes'])} (torch first, CPU build).")
+    if tracer is not None:
+        return _run_probe(req, tracer)
+    from planner.probes.trace_worker import TraceWorker
+
+    with TraceWorker() as worker:
+        worker.start()  # its child imports torch and transformers while this process resolves the plan
+        return _run_probe(req, worker.trace)
+
+
+def _run_probe(req: ProbeRequest, tracer: Callable) -> ProbeResult:
     from planner.catalog.models import model_config, resolve_model
     from planner.engine.estimate import check_config, resolve_config
     from planner.probes.compare import compare_result, compare_zero_result
-    from planner.probes.traced import TraceRequest, trace
+    from planner.probes.traced import TraceRequest
     from planner.probes.unprobed import refuse_method, refuse_ring
     from planner.runtime.sharding import refuse_fsdp1
 
@@ -112,7 +122,7 @@ def run_probe(req: ProbeRequest, tracer: Callable | None = None) -> ProbeResult:
         traced_config = TrainingConfig(**(config.model_dump() | {"sharding": "none"}
                                           | ({"precision": "bf16-pure"} if sixteen else {})))
         world = 1
-    traced = (tracer or trace)(TraceRequest(config_json=model_config(req.model), config=traced_config, world_size=world,
+    traced = tracer(TraceRequest(config_json=model_config(req.model), config=traced_config, world_size=world,
                                 layers=req.layers, explain=req.explain), timeout=req.timeout)
     compare = compare_zero_result if zero else compare_result
     gpu = hardware.gpu.file or hardware.gpu.id  # (a user GPU file by its path: its id is not the catalog's)

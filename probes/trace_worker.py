@@ -83,6 +83,12 @@ class TraceWorker:
             raise ProbeFailedError(f"traced probe failed: {value}")
         return TraceResult.model_validate(value)
 
+    def start(self) -> None:
+        """Start the child now (it imports torch and transformers while the caller prepares the
+        first request); ``trace`` starts it otherwise."""
+        with self._lock:
+            self._ensure()
+
     def close(self) -> None:
         """Stop the child (its process group) now; the next ``trace`` starts a new one."""
         if self._proc is not None:
@@ -154,8 +160,9 @@ def _read(stream, lines: queue.Queue) -> None:
 def main() -> None:
     """In the child: one request per stdin line, one answer line each (a result, or the error's text)."""
     from planner.probes.child import answer
-    from planner.probes.traced import run_trace
+    from planner.probes.traced import preload, run_trace
 
+    preload()  # while the parent prepares the first request
     for raw in sys.stdin:
         if not raw.strip():
             continue

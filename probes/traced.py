@@ -73,6 +73,17 @@ class TraceResult(Record):
     explanation: list[str] = []
 
 
+def preload() -> None:
+    """Import what ``run_trace`` imports (torch, transformers' model classes, torch's memory
+    tracker: about 4 s on 2 CPU cores), so that a child started ahead of its first request
+    (probes/trace_worker.py) has them by the time the request comes."""
+    import torch  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+
+    from planner.probes import chunked_loss, model_setup, tracker  # noqa: F401
+    from planner.runtime import model, optimizer, precision, sharding  # noqa: F401
+
+
 def run_trace(req: TraceRequest) -> TraceResult:
     """In this process: build, run ``iterations`` steps under the step tracker, report the last."""
     import torch
