@@ -12,6 +12,12 @@ bytes (arXiv:2205.05198 Sec. 4.2.1; eager attention and dropout, hence its s^2 t
 torch-native layer keeps 16*h + 8 bytes per token whole on every rank (the fp32 norm inputs and
 statistics, the normalised tensors, the projections' input) against Megatron's 10*h.
 
+Then the same layer split as torchtitan splits its Llama 3 block, tensor and sequence parallel
+(planner/probes/tensor_parallel.py ``sp``), against ``sequence_parallel_layer_bytes`` and
+Korthikanti et al.'s sequence-parallel figure, s*b*h*(34/t + 5*a*s/(h*t)) (Sec. 4.2.2, Eq. 5):
+torch's matmuls save the all-gathered inputs whole (4*h bytes per token on every rank) where
+Megatron saves the rank's shard and gathers it again in backward.
+
     python benchmarks/tp_activations.py [--tokens 1024]
 """
 
@@ -24,10 +30,10 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=1, 
                 num_key_value_heads=8, vocab_size=128256, use_cache=False)
 
 
-def measured(t: int, tokens: int) -> dict:
+def measured(t: int, tokens: int, sp: bool = False) -> dict:
     config = {"llama": LLAMA_8B | {"max_position_embeddings": tokens}}
-    out = subprocess.run([sys.executable, "-m", "planner.probes.tensor_parallel", str(t), str(tokens), json.dumps(config)],
-                         capture_output=True, text=True, check=True, timeout=900).stdout
+    out = subprocess.run([sys.executable, "-m", "planner.probes.tensor_parallel", str(t), str(tokens), json.dumps(config),
+                          *(["sp"] if sp else [])], capture_output=True, text=True, check=True, timeout=900).stdout
     return json.loads(out.splitlines()[-1])
 
 
@@ -52,6 +58,16 @@ def main() -> None:
             megatron = h * (10 + 24 / tp + 5 * a * s / (h * tp))
             fwd, bwd = row["all_reduces"]
             print(f"{tp:>2} {row['saved_per_token']:>13,.0f} {ours:>9,.0f} {megatron:>12,.0f} {f'{fwd}/{bwd}':>20}")
+    whole = activations.total(activations.layer_saved(m, activations.DTypes(2, 2), True, s))
+    print("\nTensor and sequence parallel, torchtitan's split of its Llama 3 block (on transformers' layer)")
+    print(f"{'T':>2} {'torch-native':>13} {'planner':>9} {'Megatron SP':>12} {'gathers/scatters':>20}")
+    for t in (2, 4, 8):
+        row = measured(t, s, sp=True)[f"llama {t}"]
+        ours = tensor.sequence_parallel_layer_bytes(whole, m, t, 2)
+        megatron = h * 34 / t + 5 * a * s / t  # Korthikanti Eq. 5 per token, eager attention and dropout
+        c = row["collectives"]
+        moved = f"{c['all_gather'][0]}+{c['reduce_scatter'][0]} / {c['all_gather'][1]}+{c['reduce_scatter'][1]}"
+        print(f"{t:>2} {row['saved_per_token']:>13,.0f} {ours:>9,.0f} {megatron:>12,.0f} {moved:>20}")
 
 
 if __name__ == "__main__":

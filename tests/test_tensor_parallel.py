@@ -106,6 +106,28 @@ def test_layer_all_reduces(sharded, family):
     assert tuple(found[f"{family} {t}"]["all_reduces"]) == tensor.layer_all_reduces(_spec(family))
 
 
+@pytest.mark.parametrize("t", [pytest.param(2, marks=FULL), 4])
+def test_a_sequence_parallel_layer_keeps_only_its_gathered_inputs_whole(t):
+    """torchtitan's tensor and sequence parallel split of a Llama block (planner/probes/
+    tensor_parallel.py ``sp``): a rank saves 1/t of everything the unsplit layer saves but the
+    all-gathered inputs of the column-wise projections, whole (``sequence_parallel_layer_bytes`` of
+    planner's unsplit rows, to the byte per token); its collectives are all-gathers and
+    reduce-scatters, no all-reduce."""
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-P", "-m", "planner.probes.tensor_parallel", str(t), str(SEQ),
+                          json.dumps({"llama": COMMON}), "sp"], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.splitlines()[-1])
+    m = _spec("llama")
+    whole = activations.total(activations.layer_saved(m, activations.DTypes(2, 2), True, SEQ))  # planner's rows
+    assert found["llama 1"]["saved_per_token"] == whole
+    assert found[f"llama {t}"]["saved_per_token"] == tensor.sequence_parallel_layer_bytes(whole, m, t, 2)
+    collectives = found[f"llama {t}"]["collectives"]
+    assert tuple(collectives["all_gather"]) == tensor.SP_LAYER_ALL_GATHERS
+    assert tuple(collectives["reduce_scatter"]) == tensor.SP_LAYER_REDUCE_SCATTERS
+    assert collectives["all_reduce"] == [0, 0]
+
+
 def test_refusals():
     m = _spec("llama")
     assert tensor.tp_refusal(m, 4) is None

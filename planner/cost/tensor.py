@@ -92,3 +92,41 @@ def layer_all_reduces(m: ModelSpec) -> tuple[int, int]:
     q/k norms add none there)."""
     mlp_inputs = 1 if m.mlp_kind == MlpKind.PLAIN else 2
     return 2, 3 + mlp_inputs
+
+
+# torch-native tensor and sequence parallelism (torchtitan's Llama 3 block: models/llama3/
+# parallelize.py ``apply_tp``; torch's ``parallelize_module`` styles): each norm runs on the rank's
+# positions (``SequenceParallel``), attention's and the MLP's input is all-gathered over the
+# positions (``PrepareModuleInput`` Shard(1) -> Replicate), q, k, v, gate and up are column-wise,
+# o and down row-wise with their outputs reduce-scattered over the positions (``Shard(1)``).
+# Measured on transformers' Llama layer split so (planner/probes/tensor_parallel.py ``sp``;
+# benchmarks/tp_activations.py, tests/test_tensor_parallel.py).
+
+#: The tensors a sequence-parallel layer saves whole on every rank: the all-gathered inputs of the
+#: column-wise projections, attention's (shared by q, k and v) and the MLP's (by gate and up), each
+#: ``hidden`` elements per token in the compute dtype; torch's matmuls save their input as it is
+#: given, where Megatron's sequence parallelism saves the rank's shard and gathers it again in
+#: backward (Korthikanti et al. 2022, Sec. 4.2.2).
+SP_GATHERED_INPUTS = 2
+#: (forward, backward) collectives of one sequence-parallel layer over (tokens, hidden) tensors: the
+#: two inputs all-gathered and the two outputs reduce-scattered in forward, and in backward each
+#: gathered input's gradient reduce-scattered and each output's gradient all-gathered; no
+#: all-reduce. Each moves half an all-reduce's bytes, so a layer moves two all-reduces' worth each
+#: way (transformers' split without sequence parallelism: ``layer_all_reduces``).
+SP_LAYER_ALL_GATHERS = (2, 2)
+SP_LAYER_REDUCE_SCATTERS = (2, 2)
+
+
+def sequence_parallel_layer_bytes(whole: float, m: ModelSpec, t: int, compute_bytes: int) -> float:
+    """Bytes per token (of the whole sequence) one decoder layer of ``m`` saves on a rank of a
+    ``t``-way tensor and sequence parallel group, given ``whole``: what the layer saves unsplit,
+    per token (planner/cost/activations.py ``layer_saved`` of ``m``). Every saved tensor is the
+    rank's ``1/t`` (its positions for the norms and the residual stream, its heads and MLP
+    columns inside attention and the MLP) but the ``SP_GATHERED_INPUTS`` all-gathered inputs:
+    ``(whole - G) / t + G`` with ``G = 2 x hidden x compute bytes``. Exact on transformers' Llama
+    layer split as torchtitan splits its own (tests/test_tensor_parallel.py, 2 and 4 ranks; at
+    Llama-3.2-1B's widths and 1,024 tokens: 108,680 bytes unsplit, 58,436 at 2 ranks, 33,314 at 4,
+    against 70,728 at 2 for transformers' split without sequence parallelism). Llama's block only
+    (Qwen3's q/k norms are split on the head dimension by torchtitan's own plan: not measured)."""
+    gathered = SP_GATHERED_INPUTS * m.hidden_size * compute_bytes
+    return (whole - gathered) / t + gathered
