@@ -4,8 +4,8 @@ full depth, and a 4-trial ``planner tune --fidelity traced`` of SmolLM2-135M, on
     python benchmarks/probe_speed.py [--runs 3] [--skip-probe] [--skip-tune]
 
 Each run is a fresh ``python -P -m planner`` process of this tree (PYTHONPATH set to it), timed
-whole: imports, the plan's resolution, the traced child (imports, model build on fake tensors, two
-training steps), the comparison. Prints each run and the median of each.
+whole: imports, the plan's resolution, the traced child (imports, model build on fake tensors, the
+warm-up and the measured step), the comparison. Prints each run and the median of each.
 
 - probe: ``planner probe --model Qwen/Qwen2.5-0.5B --gpus 1xH100-80 --json``: the default plan
   (bf16-mixed, AdamW, no checkpointing, micro-batch 1 x 2048 tokens, sharding none), 24 layers;

@@ -2,7 +2,8 @@
 
     python benchmarks/traced_walltime.py [--runs 3] [--checkpointing full]
 
-Each run is a fresh child process (imports, model build on fake tensors, two training steps);
+Each run is a fresh child process (imports, model build on fake tensors, the warm-up and the
+measured step: probes/traced.py ``warm_up_of``);
 prints each run, the median, and the comparison with the ledger of the last run.
 """
 

@@ -85,7 +85,8 @@ def preload() -> None:
 
 
 def run_trace(req: TraceRequest) -> TraceResult:
-    """In this process: build, run ``iterations`` steps under the step tracker, report the last."""
+    """In this process: build, warm up (``warm_up_of``), run the measured iteration under the step
+    tracker, report it."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
