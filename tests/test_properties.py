@@ -64,6 +64,9 @@ def activation_bytes(r, phase) -> int:
 @given(model=st.sampled_from(MODELS), gpus=st.sampled_from(GPUS), cfg=configs,
        more_batch=st.integers(0, 8), more_seq=st.sampled_from([0, 1, 128, 2048]))
 def test_memory_never_decreases_as_batch_or_sequence_grow(model, gpus, cfg, more_batch, more_seq):
+    # (TiledMLP's tiles are ceil(sequence / hidden): one token more can add a tile and shrink each,
+    # as DeepSpeed's recipe cuts them; test_one_token_more_can_add_a_tile_and_lower_the_peak)
+    assume(str(cfg["tiled_mlp"]) == "none" or more_seq == 0)
     small = run(model, gpus, **cfg)
     big = run(model, gpus, **(cfg | {"micro_batch_size": cfg["micro_batch_size"] + more_batch,
                                      "seq_len": cfg["seq_len"] + more_seq}))
@@ -189,3 +192,19 @@ def test_8bit_states_are_smaller_than_32bit_for_every_catalog_model():
                 b = run(model, "1xH200", optimizer=full, precision=precision)
                 states = lambda r: sum(x.bytes for x in r.ledger if x.term == "optimizer_states")  # noqa: E731
                 assert states(a) < states(b), (model, precision, eight)
+
+
+def test_one_token_more_can_add_a_tile_and_lower_the_peak():
+    """TiledMLP cuts a sequence into ceil(seq / hidden) tiles (DeepSpeed's recipe): Qwen3-0.6B's
+    2,048 tokens are 2 tiles of 1,024, 2,049 are 3 of 683, so a layer's MLP backward holds a
+    smaller tile's intermediates and the backward peak drops (the batch's growth never does: the
+    tiles are per sequence)."""
+    from planner.cost.activations import tiled_mlp_tile_tokens
+
+    assert [tiled_mlp_tile_tokens(seq, 1, 1024) for seq in (2048, 2049)] == [1024, 683]
+    cfg = dict(optimizer="adamw", precision="fp32", checkpointing="none", sharding="none", offload="none",
+               loss="standard", tiled_mlp="tiled", micro_batch_size=1, grad_accum=1)
+    short, longer = (run("Qwen/Qwen3-0.6B", "1xA100-80", **cfg, seq_len=seq) for seq in (2048, 2049))
+    assert longer.phase_peaks[Phase.BACKWARD] < short.phase_peaks[Phase.BACKWARD]
+    wider = run("Qwen/Qwen3-0.6B", "1xA100-80", **(cfg | {"micro_batch_size": 2}), seq_len=2048)
+    assert wider.phase_peaks[Phase.BACKWARD] > short.phase_peaks[Phase.BACKWARD]
