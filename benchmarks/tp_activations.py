@@ -62,7 +62,7 @@ def main() -> None:
     print("\nTensor and sequence parallel, torchtitan's split of its Llama 3 block (on transformers' layer)")
     print(f"{'T':>2} {'torch-native':>13} {'planner':>9} {'Megatron SP':>12} {'gathers/scatters':>20}")
     for t in (2, 4, 8):
-        row = measured(t, s, sp=True)[f"llama {t}"]
+        row = measured(t, s, sp=True)[f"llama {t} sp"]
         ours = tensor.sequence_parallel_layer_bytes(whole, m, t, 2)
         megatron = h * 34 / t + 5 * a * s / t  # Korthikanti Eq. 5 per token, eager attention and dropout
         c = row["collectives"]

@@ -13,7 +13,7 @@ tp_size=T))`` builds it (untied, its plan resolved by ``_resolve_parallel_plans`
 - ``collectives``: the all-reduces, all-gathers and reduce-scatters of layer 0, each [forward,
   backward].
 
-With ``sp`` (Llama's layer only) the layer is split instead as torchtitan splits its Llama 3 block,
+With ``sp`` Llama's layer is also split (keyed "llama <T> sp") as torchtitan splits its Llama 3 block,
 tensor and sequence parallel (torchtitan ``models/llama3/parallelize.py`` ``apply_tp``; torch's
 ``parallelize_module`` styles), on transformers' module names: each norm ``SequenceParallel()``,
 attention's and the MLP's input ``PrepareModuleInput`` from ``Shard(1)`` (this rank's positions) to
@@ -35,11 +35,11 @@ import sys
 
 def measure(configs: dict[str, dict], t: int, seq: int, sp: bool = False) -> dict[str, dict]:
     """The module docstring's figures for each ``family: config kwargs`` of ``configs`` at degrees 1
-    and ``t`` (this process's fake process group: ``t`` ranks); ``sp``: torchtitan's tensor and
-    sequence parallel split of a Llama layer. Gemma-2 runs eager attention (transformers has no
-    SDPA for it), the others SDPA."""
-    if sp and set(configs) - {"llama"}:
-        raise ValueError("the sequence-parallel split is torchtitan's Llama 3 block's: llama only")
+    and ``t`` (this process's fake process group: ``t`` ranks); with ``sp``, Llama's also under
+    torchtitan's tensor and sequence parallel split (keyed "llama <t> sp"). Gemma-2 runs eager
+    attention (transformers has no SDPA for it), the others SDPA."""
+    if sp and "llama" not in configs:
+        raise ValueError("the sequence-parallel split is torchtitan's Llama 3 block's: give a llama config")
     import torch
 
     from planner.probes.model_setup import fake_process_group
@@ -70,45 +70,46 @@ def measure(configs: dict[str, dict], t: int, seq: int, sp: bool = False) -> dic
 
     mesh = init_device_mesh("cpu", (t,))  # (outside fake mode: the mesh reads a real tensor)
     out = {}
-    for family, kw in configs.items():
-        for tp in (1, t):
-            cfg = transformers.AutoConfig.for_model(model_type=family, **kw)
-            cfg._attn_implementation = "eager" if family == "gemma2" else "sdpa"
-            with FakeTensorMode(allow_non_fake_inputs=True):
-                with no_tie_weights():
-                    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-                if tp > 1 and sp:
-                    _torchtitan_split(model.model.layers[0], mesh)
-                elif tp > 1:
-                    plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))
-                    apply_tensor_parallelism(model, mesh, plan)
-                model.tie_weights()
-                layer = model.model.layers[0]
-                positions = seq // tp if sp else seq  # the layer's input: this rank's positions
-                h = torch.randn(1, positions, cfg.hidden_size, dtype=torch.bfloat16, requires_grad=True)
-                pos = torch.arange(seq)[None]
-                rope = model.model.rotary_emb(h, pos)
-                skip = {ref(p) for p in model.parameters()} | {ref(x) for x in rope}
-                saved: dict[int, int] = {}
+    runs = [(family, tp, False) for family in configs for tp in (1, t)] + ([("llama", t, True)] if sp else [])
+    for family, tp, split_sequence in runs:
+        kw = configs[family]
+        cfg = transformers.AutoConfig.for_model(model_type=family, **kw)
+        cfg._attn_implementation = "eager" if family == "gemma2" else "sdpa"
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            with no_tie_weights():
+                model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+            if split_sequence:
+                _torchtitan_split(model.model.layers[0], mesh)
+            elif tp > 1:
+                plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))
+                apply_tensor_parallelism(model, mesh, plan)
+            model.tie_weights()
+            layer = model.model.layers[0]
+            positions = seq // tp if split_sequence else seq  # the layer's input: this rank's positions
+            h = torch.randn(1, positions, cfg.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+            pos = torch.arange(seq)[None]
+            rope = model.model.rotary_emb(h, pos)
+            skip = {ref(p) for p in model.parameters()} | {ref(x) for x in rope}
+            saved: dict[int, int] = {}
 
-                def pack(x, saved=saved, skip=skip):
-                    if ref(x) not in skip:
-                        saved.setdefault(ref(x), local(x).untyped_storage().nbytes())
-                    return x
+            def pack(x, saved=saved, skip=skip):
+                if ref(x) not in skip:
+                    saved.setdefault(ref(x), local(x).untyped_storage().nbytes())
+                return x
 
-                forward, backward = CommDebugMode(), CommDebugMode()
-                with forward, torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-                    y = layer(h, position_embeddings=rope, attention_mask=None, position_ids=pos)
-                y = local(y[0] if isinstance(y, tuple) else y)
-                with backward:
-                    y.float().sum().backward()
-            out[f"{family} {tp}"] = {
-                "params": sum(local(p).numel() for p in model.parameters()),
-                "layer_params": sum(local(p).numel() for p in layer.parameters()),
-                "saved_per_token": sum(saved.values()) / seq,
-                "all_reduces": [counts(forward, ops["all_reduce"]), counts(backward, ops["all_reduce"])],
-                "collectives": {name: [counts(forward, op), counts(backward, op)] for name, op in ops.items()},
-            }
+            forward, backward = CommDebugMode(), CommDebugMode()
+            with forward, torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+                y = layer(h, position_embeddings=rope, attention_mask=None, position_ids=pos)
+            y = local(y[0] if isinstance(y, tuple) else y)
+            with backward:
+                y.float().sum().backward()
+        out[f"{family} {tp}" + (" sp" if split_sequence else "")] = {
+            "params": sum(local(p).numel() for p in model.parameters()),
+            "layer_params": sum(local(p).numel() for p in layer.parameters()),
+            "saved_per_token": sum(saved.values()) / seq,
+            "all_reduces": [counts(forward, ops["all_reduce"]), counts(backward, ops["all_reduce"])],
+            "collectives": {name: [counts(forward, op), counts(backward, op)] for name, op in ops.items()},
+        }
     return out
 
 

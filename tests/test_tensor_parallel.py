@@ -63,7 +63,7 @@ def sharded(request, tmp_path_factory):
             configs = {f: COMMON | kw for f, kw in CONFIGS.items()}
             env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
             run = subprocess.run([sys.executable, "-P", "-m", "planner.probes.tensor_parallel", str(t), str(SEQ),
-                                  json.dumps(configs)], capture_output=True, text=True, timeout=600, env=env)
+                                  json.dumps(configs), "sp"], capture_output=True, text=True, timeout=600, env=env)
             assert run.returncode == 0, run.stderr[-3000:]
             cache.write_text(run.stdout.splitlines()[-1])
     return t, json.loads(cache.read_text())
@@ -106,18 +106,14 @@ def test_layer_all_reduces(sharded, family):
     assert tuple(found[f"{family} {t}"]["all_reduces"]) == tensor.layer_all_reduces(_spec(family))
 
 
-@pytest.mark.parametrize("t", [pytest.param(2, marks=FULL), 4])
-def test_a_sequence_parallel_layer_keeps_only_its_gathered_inputs_whole(t):
+def test_a_sequence_parallel_layer_keeps_only_its_gathered_inputs_whole(sharded):
     """torchtitan's tensor and sequence parallel split of a Llama block (planner/probes/
     tensor_parallel.py ``sp``): a rank saves 1/t of everything the unsplit layer saves but the
     all-gathered inputs of the column-wise projections, whole (``sequence_parallel_layer_bytes`` of
     planner's unsplit rows, to the byte per token); its collectives are all-gathers and
     reduce-scatters, no all-reduce."""
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    run = subprocess.run([sys.executable, "-P", "-m", "planner.probes.tensor_parallel", str(t), str(SEQ),
-                          json.dumps({"llama": COMMON}), "sp"], capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    found = json.loads(run.stdout.splitlines()[-1])
+    t, measured = sharded
+    found = {"llama 1": measured["llama 1"], f"llama {t}": measured[f"llama {t} sp"]}
     m = _spec("llama")
     whole = activations.total(activations.layer_saved(m, activations.DTypes(2, 2), True, SEQ))  # planner's rows
     assert found["llama 1"]["saved_per_token"] == whole

@@ -56,7 +56,9 @@ def test_model_states_match_to_the_byte(precision):
     assert any("CPU" in note for note in c.notes)
 
 
-WARM_UPS = {  # CI: FSDP2 with LoRA (tests/test_traced.py's real-allocator test checks a plain step warm-up)
+#: The full suite's (CI's traced tests all run the warm-up step: the real-allocator test below checks a
+#: plain one against real tensors, the matrix subset FSDP2's and the adapters' against the ledger)
+WARM_UPS = {
     "fsdp4-lora": (SMOL, dict(world=4, sharding="fsdp", adapter="lora")),
     "adamw": (QWEN, dict()),
     "ulysses2": ("meta-llama/Llama-3.2-1B", dict(sequence_parallel="ulysses", sp_size=2)),
@@ -65,7 +67,7 @@ WARM_UPS = {  # CI: FSDP2 with LoRA (tests/test_traced.py's real-allocator test 
 }
 
 
-@pytest.mark.heavy
+@FULL
 def test_the_warm_up_step_gives_what_a_whole_first_iteration_does():
     """The trace's warm-up (one optimizer step over zero gradients, no forward or backward) leaves the
     measured iteration as a whole first iteration does: the same model states to the byte, every
@@ -74,7 +76,7 @@ def test_the_warm_up_step_gives_what_a_whole_first_iteration_does():
     iteration (``warm_up_of``)."""
     from planner.probes.traced import warm_up_of
 
-    names = [n for n in WARM_UPS if FULL_SUITE or n == "fsdp4-lora"]
+    names = list(WARM_UPS)
     reqs = [request(WARM_UPS[n][0], **{"micro_batch_size": 1, "seq_len": 128, **WARM_UPS[n][1]}) for n in names]
     both = trace_many([r.model_copy(update={"warm_up": w}) for r in reqs for w in ("iteration", "step")], timeout=900)
     for name, whole, step in zip(names, both[::2], both[1::2], strict=True):
