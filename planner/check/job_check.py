@@ -32,7 +32,7 @@ from planner.engine.alternatives import faster_changes, memory_savers
 from planner.engine.estimate import check_config, default_seq_len, estimate_config
 from planner.engine.lengths_file import lengths_of
 from planner.engine.search import search_plans
-from planner.engine.space import build_space, padded_workload
+from planner.engine.space import SPLITS, build_space, padded_workload
 from planner.schema.estimate import EstimateResult
 from planner.schema.target import DataShape, Target
 from planner.strategies import BY_FIELD, TECHNIQUES, PlanContext, TrainingConfig, approximation_note, ladder_key
@@ -109,7 +109,7 @@ def check(request: CheckRequest) -> CheckResult:
             faster = _faster_plans(model, hardware, config, request.margin, result, request.alternatives, lengths, keep)
         else:
             changes = _changes_that_fit(model, hardware, config, request.margin, result, request.alternatives, lengths,
-                                        keep)
+                                        keep, _narrowed(config, reading))
         if reading.expressible:
             warnings.append(f"changes {reading.expressible_by} cannot express (DeepSpeed, adapters, other losses and "
                             "optimizers, ...) are not offered")
@@ -125,6 +125,16 @@ def _expressible(config: TrainingConfig, reading: Reading, change: TrainingConfi
     names kept as the job has it, or set to a value it can say)."""
     return all(getattr(change, k) == getattr(config, k) or getattr(change, k) in values
                for k, values in reading.expressible.items())
+
+
+def _narrowed(config: TrainingConfig, reading: Reading) -> dict[str, list[str]]:
+    """The techniques' values a search for this job may take (``build_space``'s ``fixed``): for each
+    technique ``Reading.expressible`` names, the job's own value and those its launcher can say. The
+    layout's splits are left to the search's default (a space holds one degree of each:
+    planner/engine/space.py ``SPLITS``); ``_expressible`` still filters what it finds."""
+    splits = {field for field, *_ in SPLITS}
+    return {f: [str(v) for v in BY_FIELD[f].choices if v == getattr(config, f) or v in values]
+            for f, values in reading.expressible.items() if f in BY_FIELD and f not in splits}
 
 
 #: The ledger terms resident while the Trainer evaluates between optimizer steps (the gradients are
@@ -358,11 +368,12 @@ def _one_field_fixes(model, hardware, config, margin) -> list[Change]:
 
 
 def _changes_that_fit(model, hardware, config, margin, result, limit, lengths=None,
-                      keep: Callable[[TrainingConfig], bool] = lambda c: True) -> list[Change]:
+                      keep: Callable[[TrainingConfig], bool] = lambda c: True,
+                      narrowed: dict[str, list[str]] | None = None) -> list[Change]:
     """One change if any fits (the techniques' memory savers, or for an infeasible job any one
     field), else two, else the fastest fitting plans for this job's batch (``lengths``: the
     samples' token counts, which shape a padded micro-batch); only those ``keep`` takes (what the
-    job's launcher can express)."""
+    job's launcher can express), the plans searched within ``narrowed`` (``_narrowed``)."""
     savers = [a for a in (memory_savers(model, hardware, config, margin, baseline=result, lengths=lengths)
                           if result.feasible else []) if keep(a.result.config)]
     single = ([_change(config, a.result, a.change) for a in savers if a.result.fits] if result.feasible
@@ -377,8 +388,8 @@ def _changes_that_fit(model, hardware, config, margin, result, limit, lengths=No
         if r.fits:
             pairs.append(_change(config, r, f"{a.change}; {b.change}"))
     pairs.sort(key=lambda c: (ladder_key(c.config, config), -c.tokens_per_second))
-    return pairs[:limit] or [c for c in _plans(model, hardware, config, margin, 4 * limit, lengths)
-                             if keep(c.config)][:limit]
+    return pairs[:limit] or [c for c in _plans(model, hardware, config, margin, limit, lengths, narrowed)
+                             if keep(c.config)]
 
 
 def _faster_plans(model, hardware, config, margin, result, limit, lengths=None,
@@ -389,11 +400,12 @@ def _faster_plans(model, hardware, config, margin, result, limit, lengths=None,
     return [_change(config, r) for r in faster_changes(model, hardware, config, margin, result, limit, lengths, keep)]
 
 
-def _plans(model, hardware, config, margin, limit, lengths=None) -> list[Change]:
-    """The fastest fitting plans with this job's sequence length, batching and global batch."""
+def _plans(model, hardware, config, margin, limit, lengths=None, fixed=None) -> list[Change]:
+    """The fastest fitting plans with this job's sequence length, batching and global batch, the
+    techniques narrowed to ``fixed``'s values (``build_space``)."""
     global_batch = config.sequences_per_step(hardware.num_gpus)
     try:
-        space = build_space(hardware.num_gpus, config.seq_len, global_batch_size=global_batch,
+        space = build_space(hardware.num_gpus, config.seq_len, fixed, global_batch_size=global_batch,
                             batching=config.batching, lengths=lengths)
     except PlannerInputError:
         return []
